@@ -1,0 +1,31 @@
+"""fuser: a JIT-compiling fusion scheduler for NVIDIA GPUs.
+
+Define a fusion in Python, and fuser classifies it, schedules it into one normalization kernel,
+plans its shared memory, renders CUDA from Jinja templates, compiles it with NVRTC and runs it,
+showing every step on the way.
+"""
+
+from fuser.dtypes import DataType
+from fuser.errors import (
+    BadInputError,
+    CompileError,
+    DefinitionError,
+    FuserError,
+    OutOfResourcesError,
+    UnsupportedFusionError,
+)
+from fuser.frontend import FusionDefinition
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BadInputError",
+    "CompileError",
+    "DataType",
+    "DefinitionError",
+    "FuserError",
+    "FusionDefinition",
+    "OutOfResourcesError",
+    "UnsupportedFusionError",
+    "__version__",
+]

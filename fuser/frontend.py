@@ -1,0 +1,140 @@
+"""The user surface: `with FusionDefinition() as fd:` and `fd.ops.*`, as nvFuser users know it.
+
+FusionDefinition builds a Fusion (ir.py) and is also the user's handle on everything after:
+execute(), validate() and the inspection calls delegate to the executor, imported when first
+used so that defining and printing fusions needs neither CuPy nor a GPU.
+"""
+
+from __future__ import annotations
+
+from fuser.dtypes import DataType
+from fuser.errors import DefinitionError
+from fuser.ir import Fusion, Scalar, Tensor
+from fuser.ops import ELEMENTWISE
+
+
+class Ops:
+    """`fd.ops`: every op of ops.py, plus the structural ones."""
+
+    def __init__(self, fusion: Fusion):
+        self._fusion = fusion
+
+    def __getattr__(self, name):
+        if name in ELEMENTWISE:
+            fusion = self._fusion
+
+            def op(*operands):
+                return fusion.elementwise(name, list(operands))
+
+            op.__name__ = name
+            op.__doc__ = ELEMENTWISE[name].doc
+            return op
+        raise AttributeError(f"fd.ops has no op {name!r}; see fuser.ops.ELEMENTWISE for the list")
+
+    def __dir__(self):
+        return sorted([*ELEMENTWISE, "cast", "broadcast_in_dim", "sum", "max", "var_mean",
+                       "size", "shape"])
+
+    def cast(self, v, dtype: DataType):
+        return self._fusion.cast(v, dtype)
+
+    def broadcast_in_dim(self, t, shape, broadcast_dims):
+        return self._fusion.broadcast_in_dim(t, shape, broadcast_dims)
+
+    def sum(self, t, dims, keepdim: bool = False, dtype: DataType | None = None):
+        return self._fusion.reduction("sum", t, dims, keepdim, dtype)
+
+    def max(self, t, dims, keepdim: bool = False, dtype: DataType | None = None):
+        return self._fusion.reduction("max", t, dims, keepdim, dtype)
+
+    def var_mean(self, t, dims, correction: int = 1, keepdim: bool = False):
+        return self._fusion.var_mean(t, dims, correction, keepdim)
+
+    def size(self, t, dim: int):
+        return self._fusion.size(t, dim)
+
+    def shape(self, t):
+        return self._fusion._require_tensor("shape", t).shape()
+
+
+class FusionDefinition:
+    """Define a fusion in a `with` block, then execute, validate and inspect it."""
+
+    def __init__(self, name: str = "fusion"):
+        if not name.isidentifier():
+            raise DefinitionError(f"FusionDefinition name {name!r} must be a Python identifier")
+        self.name = name
+        self.fusion = Fusion()
+        self.ops = Ops(self.fusion)
+        self._last_run = None  # the executor's record of the latest execute()
+
+    def __enter__(self) -> FusionDefinition:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None and not self.fusion.outputs:
+            raise DefinitionError(
+                "the fusion has no outputs; call fd.add_output(t) for each result you need"
+            )
+
+    # ----- definition -----
+
+    def define_tensor(self, shape, contiguity=None, dtype: DataType = DataType.Float) -> Tensor:
+        return self.fusion.define_tensor(shape, contiguity, dtype)
+
+    def define_scalar(self, value=None, dtype: DataType | None = None) -> Scalar:
+        return self.fusion.define_scalar(value, dtype)
+
+    def add_output(self, t) -> None:
+        self.fusion.add_output(t)
+
+    def __repr__(self) -> str:
+        return (
+            self.fusion.python_definition()
+            + "\n\nwith FusionDefinition() as fd:\n    define_fusion(fd)\n"
+        )
+
+    @classmethod
+    def from_python(cls, source: str, name: str = "fusion") -> FusionDefinition:
+        """Rebuild a fusion from the text repr(fd) printed."""
+        namespace = {"FusionDefinition": cls, "DataType": DataType}
+        exec(compile(source, f"<fuser definition {name}>", "exec"), namespace)
+        fd = namespace.get("fd")
+        if not isinstance(fd, cls):
+            fd = cls(name)
+            with fd:
+                namespace["define_fusion"](fd)
+        fd.name = name
+        return fd
+
+    # ----- execution and inspection (executor.py does the work) -----
+
+    def execute(self, inputs, *, device=None):
+        """Run the fusion on CuPy arrays or torch CUDA tensors; returns outputs of that kind."""
+        from fuser.executor import execute
+
+        return execute(self, list(inputs), device=device)
+
+    def validate(self, inputs, reference_outputs=None, *, device=None):
+        """Execute and compare with the float64 reference; raises AssertionError on mismatch."""
+        from fuser.executor import validate
+
+        return validate(self, list(inputs), reference_outputs, device=device)
+
+    def _last(self):
+        if self._last_run is None:
+            raise DefinitionError("nothing has run yet; call fd.execute(inputs) first")
+        return self._last_run
+
+    def last_schedule(self):
+        return self._last().kernel.schedule
+
+    def last_smem_plan(self):
+        return self._last().kernel.schedule.smem
+
+    def last_cuda_code(self) -> str:
+        return self._last().kernel.source
+
+    def last_resources(self):
+        """Registers, spills and shared memory of the last kernel, as CuPy reports them."""
+        return self._last().kernel.resources()

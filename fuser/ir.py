@@ -1,0 +1,425 @@
+"""The fusion IR: a DAG of values (tensors and scalars) and the expressions that define them.
+
+Shapes are symbolic. Every non-broadcast dimension of a tensor carries an `Extent`; extents that
+must be equal (the two operands of an add, a weight broadcast along a row...) are merged with
+union-find when the op is defined, so a mismatch between two fixed sizes is caught at definition
+time and a mismatch between bound sizes is caught, by name, when inputs arrive. A broadcast
+dimension (size 1) carries no extent.
+
+`Fusion.python_definition()` prints Python that rebuilds an equal fusion; it doubles as the
+fusion's canonical signature (names are assigned in definition order, so equal fusions print
+equal text).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from fuser.dtypes import DataType
+from fuser.errors import DefinitionError
+
+
+class Extent:
+    """A symbolic dimension size. Merged extents share one representative (union-find)."""
+
+    _ids = itertools.count()
+
+    def __init__(self, label: str, value: int | None = None):
+        self.label = label
+        self.value = value
+        self.id = next(Extent._ids)
+        self._parent: Extent | None = None
+
+    def find(self) -> Extent:
+        node = self
+        while node._parent is not None:
+            node = node._parent
+        return node
+
+    def union(self, other: Extent, context: str) -> None:
+        a, b = self.find(), other.find()
+        if a is b:
+            return
+        if a.value is not None and b.value is not None and a.value != b.value:
+            raise DefinitionError(
+                f"{context}: sizes {a.value} ({a.label}) and {b.value} ({b.label}) must be equal"
+            )
+        if a.value is None:
+            a, b = b, a
+        b._parent = a  # keep the representative that has a fixed value, if any
+
+    def __repr__(self) -> str:
+        root = self.find()
+        return str(root.value) if root.value is not None else root.label
+
+
+@dataclass(eq=False)
+class Val:
+    fusion: Fusion
+    index: int
+    dtype: DataType
+    definition: Expr | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.prefix}{self.index}"
+
+    def __repr__(self) -> str:
+        return self.name
+
+    # Python operators, for users who prefer `a * b` to fd.ops.mul(a, b).
+    def _binary(self, op, other, reverse=False):
+        other = self.fusion.as_val(other)
+        return self.fusion.elementwise(op, [other, self] if reverse else [self, other])
+
+    def __add__(self, o):
+        return self._binary("add", o)
+
+    def __radd__(self, o):
+        return self._binary("add", o, True)
+
+    def __sub__(self, o):
+        return self._binary("sub", o)
+
+    def __rsub__(self, o):
+        return self._binary("sub", o, True)
+
+    def __mul__(self, o):
+        return self._binary("mul", o)
+
+    def __rmul__(self, o):
+        return self._binary("mul", o, True)
+
+    def __truediv__(self, o):
+        return self._binary("div", o)
+
+    def __rtruediv__(self, o):
+        return self._binary("div", o, True)
+
+    def __neg__(self):
+        return self.fusion.elementwise("neg", [self])
+
+
+@dataclass(eq=False, repr=False)
+class Tensor(Val):
+    dims: tuple[Extent | None, ...] = ()  # None marks a broadcast (size-1) dimension
+    contiguity: tuple[bool | None, ...] = ()
+    prefix = "T"
+
+    @property
+    def ndim(self) -> int:
+        return len(self.dims)
+
+    def size(self, dim: int) -> Scalar:
+        return self.fusion.size(self, dim)
+
+    def shape(self) -> list[Scalar]:
+        return [self.size(d) for d in range(self.ndim)]
+
+
+@dataclass(eq=False, repr=False)
+class Scalar(Val):
+    value: float | int | bool | None = None  # None: a fusion input given at execute()
+    extent: Extent | None = None  # set when this scalar is a tensor's size
+    prefix = "S"
+
+
+@dataclass(frozen=True)
+class Expr:
+    op: str
+    inputs: tuple[Val, ...]
+    outputs: tuple[Val, ...]
+    attrs: tuple = ()  # sorted (name, value) pairs; values hashable
+
+    def attr(self, name):
+        return dict(self.attrs)[name]
+
+
+@dataclass(eq=False)
+class Fusion:
+    vals: list[Val] = field(default_factory=list)
+    exprs: list[Expr] = field(default_factory=list)
+    inputs: list[Val] = field(default_factory=list)
+    outputs: list[Tensor] = field(default_factory=list)
+
+    # ----- building -----
+
+    def _tensor(self, dtype, dims, contiguity=None, definition=None) -> Tensor:
+        if contiguity is None:
+            contiguity = tuple(None if d is None else True for d in dims)
+        t = Tensor(self, len(self.vals), dtype, None, tuple(dims), tuple(contiguity))
+        self.vals.append(t)
+        return t
+
+    def _scalar(self, dtype, value=None, extent=None) -> Scalar:
+        s = Scalar(self, len(self.vals), dtype, None, value, extent)
+        self.vals.append(s)
+        return s
+
+    def _define(self, op, inputs, outputs, **attrs) -> None:
+        expr = Expr(op, tuple(inputs), tuple(outputs), tuple(sorted(attrs.items())))
+        for out in outputs:
+            out.definition = expr
+        self.exprs.append(expr)
+
+    def define_tensor(self, shape, contiguity, dtype) -> Tensor:
+        if not isinstance(dtype, DataType):
+            raise DefinitionError(f"define_tensor: dtype must be a fuser.DataType, got {dtype!r}")
+        dims = []
+        for d, size in enumerate(shape):
+            if not isinstance(size, int) or size == 0 or size < -1:
+                raise DefinitionError(
+                    f"define_tensor: shape[{d}] = {size!r}; use -1 for any size, 1 for a "
+                    "broadcast dimension or a positive fixed size"
+                )
+            label = f"T{len(self.vals)}.size({d})"
+            dims.append(None if size == 1 else Extent(label, None if size == -1 else size))
+        if contiguity is None:
+            contiguity = [None if d is None else True for d in dims]
+        elif isinstance(contiguity, bool):
+            contiguity = [None if d is None else contiguity for d in dims]
+        contiguity = list(contiguity)
+        if len(contiguity) != len(dims):
+            raise DefinitionError(
+                f"define_tensor: contiguity has {len(contiguity)} entries for a rank-{len(dims)} "
+                "shape; give one per dimension (None for broadcast dimensions)"
+            )
+        for d, (extent, c) in enumerate(zip(dims, contiguity, strict=True)):
+            if extent is None and c is not None:
+                raise DefinitionError(
+                    f"define_tensor: dimension {d} is a broadcast (size 1), so its contiguity "
+                    f"must be None, not {c!r}"
+                )
+            if extent is not None and not isinstance(c, bool):
+                raise DefinitionError(
+                    f"define_tensor: dimension {d} has size {shape[d]}, so its contiguity must be "
+                    f"True or False, not {c!r}"
+                )
+        t = self._tensor(dtype, dims, contiguity)
+        self.inputs.append(t)
+        return t
+
+    def define_scalar(self, value=None, dtype=None) -> Scalar:
+        if value is None and dtype is None:
+            raise DefinitionError("define_scalar: an input scalar (no value) needs a dtype")
+        if value is not None and not isinstance(value, bool | int | float):
+            raise DefinitionError(f"define_scalar: value must be a number, got {value!r}")
+        if dtype is None:
+            dtype = (
+                DataType.Bool
+                if isinstance(value, bool)
+                else DataType.Int64
+                if isinstance(value, int)
+                else DataType.Double
+            )
+        s = self._scalar(dtype, value)
+        if value is None:
+            self.inputs.append(s)
+        return s
+
+    def as_val(self, x) -> Val:
+        """A Val of this fusion; Python numbers become constant scalars."""
+        if isinstance(x, Val):
+            if x.fusion is not self:
+                raise DefinitionError(f"{x.name} belongs to another FusionDefinition")
+            return x
+        if isinstance(x, bool | int | float):
+            return self.define_scalar(x)
+        raise DefinitionError(f"expected a tensor, a scalar or a number, got {x!r}")
+
+    def add_output(self, t: Val) -> None:
+        t = self.as_val(t)
+        if not isinstance(t, Tensor):
+            raise DefinitionError(f"add_output: {t.name} is a scalar; outputs must be tensors")
+        if t in self.inputs:
+            raise DefinitionError(f"add_output: {t.name} is a fusion input; output a copy instead")
+        if t in self.outputs:
+            raise DefinitionError(f"add_output: {t.name} is already an output")
+        self.outputs.append(t)
+
+    # ----- ops -----
+
+    def _broadcast_dims(self, op: str, tensors: list[Tensor]) -> list[Extent | None]:
+        """Right-aligned broadcasting of operand shapes (numpy / PyTorch rules)."""
+        rank = max(t.ndim for t in tensors)
+        dims: list[Extent | None] = [None] * rank
+        for t in tensors:
+            offset = rank - t.ndim
+            for d, extent in enumerate(t.dims):
+                if extent is None:
+                    continue
+                if dims[offset + d] is None:
+                    dims[offset + d] = extent
+                else:
+                    operands = ", ".join(f"{x.name}{list(x.dims)}" for x in tensors)
+                    dims[offset + d].union(extent, f"{op}({operands}) dimension {offset + d}")
+        return dims
+
+    def elementwise(self, op: str, operands: list) -> Val:
+        from fuser.ops import ELEMENTWISE
+
+        info = ELEMENTWISE[op]
+        vals = [self.as_val(x) for x in operands]
+        if len(vals) != info.arity:
+            raise DefinitionError(f"{op} takes {info.arity} operands, got {len(vals)}")
+        typed = vals
+        if op == "where":
+            if vals[0].dtype is not DataType.Bool:
+                raise DefinitionError(
+                    f"where: the condition {vals[0].name} has dtype {vals[0].dtype}; it must be "
+                    "DataType.Bool (compare with fd.ops.ne(t, 0) or cast it)"
+                )
+            typed = vals[1:]
+        tensors = [v for v in vals if isinstance(v, Tensor)]
+        operand_type = info.types.operand(
+            [v.dtype for v in typed if isinstance(v, Tensor)],
+            [v.dtype for v in typed if isinstance(v, Scalar)],
+        )
+        if op in ("abs", "neg") and operand_type is DataType.Bool:
+            raise DefinitionError(f"{op}: {vals[0].name} is Bool; {op} needs a number")
+        result_type = info.types.result(operand_type)
+        if tensors:
+            out = self._tensor(result_type, self._broadcast_dims(op, tensors))
+        else:
+            out = self._scalar(result_type)
+        self._define(op, vals, [out], compute=operand_type)
+        return out
+
+    def cast(self, v, dtype: DataType) -> Val:
+        v = self.as_val(v)
+        if not isinstance(dtype, DataType):
+            raise DefinitionError(f"cast: dtype must be a fuser.DataType, got {dtype!r}")
+        if isinstance(v, Tensor):
+            out = self._tensor(dtype, v.dims)
+        else:
+            out = self._scalar(dtype)
+        self._define("cast", [v], [out], dtype=dtype)
+        return out
+
+    def size(self, t: Tensor, dim: int) -> Scalar:
+        t = self._require_tensor("size", t)
+        d = self._normalize_dim("size", t, dim)
+        extent = t.dims[d]
+        out = self._scalar(DataType.Int64, extent=extent)
+        if extent is None:
+            out.value = 1
+        self._define("size", [t], [out], dim=d)
+        return out
+
+    def broadcast_in_dim(self, t, shape, broadcast_dims) -> Tensor:
+        t = self._require_tensor("broadcast_in_dim", t)
+        shape, broadcast_dims = list(shape), list(broadcast_dims)
+        context = f"broadcast_in_dim({t.name}, shape={shape}, broadcast_dims={broadcast_dims})"
+        if len(broadcast_dims) != t.ndim:
+            raise DefinitionError(
+                f"{context}: broadcast_dims needs one entry per dimension of {t.name} "
+                f"(rank {t.ndim})"
+            )
+        if sorted(set(broadcast_dims)) != broadcast_dims or any(
+            not 0 <= d < len(shape) for d in broadcast_dims
+        ):
+            raise DefinitionError(
+                f"{context}: broadcast_dims must be increasing and within the output rank "
+                f"{len(shape)}"
+            )
+        dims: list[Extent | None] = []
+        size_inputs = []
+        for d, size in enumerate(shape):
+            if isinstance(size, Scalar):
+                if size.extent is None and size.value != 1:
+                    raise DefinitionError(
+                        f"{context}: shape[{d}] = {size.name} is not a tensor size; pass an int "
+                        "or a size taken from a tensor (t.size(i), t.shape())"
+                    )
+                size_inputs.append(size)
+                dims.append(size.extent)
+            elif isinstance(size, int) and (size == -1 or size >= 1):
+                dims.append(
+                    None if size == 1 else Extent(f"{context}[{d}]", None if size == -1 else size)
+                )
+            else:
+                raise DefinitionError(f"{context}: shape[{d}] = {size!r} is not a valid size")
+        for i, d in enumerate(broadcast_dims):
+            src = t.dims[i]
+            if src is None:
+                continue
+            if dims[d] is None:
+                raise DefinitionError(
+                    f"{context}: dimension {i} of {t.name} has size {src}, but output dimension "
+                    f"{d} has size 1"
+                )
+            dims[d].union(src, context)
+            dims[d] = src
+        out = self._tensor(t.dtype, dims)
+        self._define(
+            "broadcast_in_dim",
+            [t, *size_inputs],
+            [out],
+            shape=tuple(s if isinstance(s, int) else s.name for s in shape),
+            broadcast_dims=tuple(broadcast_dims),
+        )
+        return out
+
+    def reduction(self, op: str, t, dims, keepdim: bool, dtype: DataType | None = None) -> Tensor:
+        from fuser.ops import sum_result_type
+
+        t = self._require_tensor(op, t)
+        dims = tuple(sorted({self._normalize_dim(op, t, d) for d in dims}))
+        if not dims:
+            raise DefinitionError(f"{op}({t.name}): dims is empty; name the dimensions to reduce")
+        if dtype is None:
+            dtype = sum_result_type(t.dtype) if op == "sum" else t.dtype
+        out_dims = [None if d in dims else e for d, e in enumerate(t.dims) if keepdim or d not in dims]
+        out = self._tensor(dtype, out_dims)
+        self._define(op, [t], [out], dims=dims, keepdim=bool(keepdim))
+        return out
+
+    def var_mean(self, t, dims, correction: int, keepdim: bool) -> tuple[Tensor, Tensor]:
+        t = self._require_tensor("var_mean", t)
+        if not t.dtype.is_float:
+            raise DefinitionError(f"var_mean: {t.name} has dtype {t.dtype}; cast it to a float type")
+        dims = tuple(sorted({self._normalize_dim("var_mean", t, d) for d in dims}))
+        out_dims = [None if d in dims else e for d, e in enumerate(t.dims) if keepdim or d not in dims]
+        var, mean = self._tensor(t.dtype, out_dims), self._tensor(t.dtype, out_dims)
+        self._define(
+            "var_mean", [t], [var, mean], dims=dims, correction=int(correction), keepdim=keepdim
+        )
+        return var, mean
+
+    def _require_tensor(self, op, t) -> Tensor:
+        t = self.as_val(t)
+        if not isinstance(t, Tensor):
+            raise DefinitionError(f"{op}: {t.name} is a scalar; {op} needs a tensor")
+        return t
+
+    @staticmethod
+    def _normalize_dim(op, t: Tensor, dim) -> int:
+        if not isinstance(dim, int) or not -t.ndim <= dim < t.ndim:
+            raise DefinitionError(
+                f"{op}: dim {dim!r} is out of range for {t.name} of rank {t.ndim}"
+            )
+        return dim % t.ndim
+
+    # ----- views -----
+
+    def graph(self) -> nx.DiGraph:
+        """Values as nodes (by name), an edge from each operand to each result."""
+        g = nx.DiGraph()
+        for v in self.vals:
+            g.add_node(v.name, val=v)
+        for e in self.exprs:
+            for i in e.inputs:
+                for o in e.outputs:
+                    g.add_edge(i.name, o.name, op=e.op)
+        return g
+
+    def uses(self, v: Val) -> list[Expr]:
+        return [e for e in self.exprs if v in e.inputs]
+
+    def python_definition(self) -> str:
+        from fuser.printer import python_definition
+
+        return python_definition(self)

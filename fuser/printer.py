@@ -1,0 +1,61 @@
+"""Prints a Fusion as Python that rebuilds it (what repr(fd) shows)."""
+
+from __future__ import annotations
+
+from fuser.ir import Fusion, Scalar, Tensor
+
+
+def _list(items) -> str:
+    return "[" + ", ".join(str(i) for i in items) + "]"
+
+
+def _input_tensor(t: Tensor) -> str:
+    shape = [1 if e is None else (-1 if e.value is None else e.value) for e in t.dims]
+    return (
+        f"{t.name} = fd.define_tensor(shape={_list(shape)}, contiguity={_list(t.contiguity)}, "
+        f"dtype={t.dtype!r})"
+    )
+
+
+def _expr_line(e) -> str:
+    outs = ", ".join(o.name for o in e.outputs)
+    args = [i.name for i in e.inputs]
+    a = dict(e.attrs)
+    if e.op == "cast":
+        call = f"cast({args[0]}, dtype={a['dtype']!r})"
+    elif e.op == "size":
+        call = f"size({args[0]}, dim={a['dim']})"
+    elif e.op == "broadcast_in_dim":
+        call = (
+            f"broadcast_in_dim({args[0]}, shape={_list(a['shape'])}, "
+            f"broadcast_dims={_list(a['broadcast_dims'])})"
+        )
+    elif e.op in ("sum", "max"):
+        call = (
+            f"{e.op}({args[0]}, dims={_list(a['dims'])}, keepdim={a['keepdim']}, "
+            f"dtype={e.outputs[0].dtype!r})"
+        )
+    elif e.op == "var_mean":
+        call = (
+            f"var_mean({args[0]}, dims={_list(a['dims'])}, correction={a['correction']}, "
+            f"keepdim={a['keepdim']})"
+        )
+    else:
+        call = f"{e.op}({', '.join(args)})"
+    return f"{outs} = fd.ops.{call}"
+
+
+def python_definition(fusion: Fusion) -> str:
+    """Python source defining `define_fusion(fd)`; running it rebuilds an equal fusion."""
+    lines = ["def define_fusion(fd: FusionDefinition) -> None:"]
+    for v in fusion.vals:
+        if v.definition is not None:
+            if v is v.definition.outputs[0]:
+                lines.append(_expr_line(v.definition))
+        elif isinstance(v, Tensor):
+            lines.append(_input_tensor(v))
+        elif isinstance(v, Scalar):
+            value = "None" if v.value is None else repr(v.value)
+            lines.append(f"{v.name} = fd.define_scalar({value}, dtype={v.dtype!r})")
+    lines += [f"fd.add_output({o.name})" for o in fusion.outputs]
+    return "\n    ".join(lines) + "\n"
