@@ -1,0 +1,333 @@
+"""What a fusion is, as a scheduler sees it: FusionInfo.
+
+Every supported fusion lives on at most two axes: a row axis and a hidden (innermost, contiguous)
+axis. Each tensor's role follows from which axes it spans:
+
+    FULL    [rows, hidden]    read or written once per element
+    ROW     [rows, 1]         a per-row statistic (rms, mean, rstd, an inner reduction)
+    COL     [hidden]          a per-column vector (weight, bias, an outer reduction)
+    SCALAR  []                constants, scalar inputs, sizes
+
+Inner reductions (over hidden) are grouped into levels: a level holds the reductions whose
+inputs depend only on earlier levels, so one block-wide round trip serves the whole level (the
+two sums of LayerNorm backward share one barrier). Outer reductions (over rows) accumulate per
+block and are finished by a small second kernel.
+
+Composite ops (var_mean) are expanded into primitives first; the expansion is a new Fusion, so
+the user's definition (and its repr) stays as written.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from fuser.dtypes import DataType
+from fuser.errors import UnsupportedFusionError
+from fuser.ir import Expr, Extent, Fusion, Scalar, Tensor, Val
+
+
+class Kind(enum.Enum):
+    POINTWISE = "pointwise"
+    INNER = "inner reduction"
+    OUTER = "outer reduction"
+    INNER_OUTER = "inner + outer reduction"
+
+
+class Role(enum.Enum):
+    FULL = "full"
+    ROW = "row"
+    COL = "col"
+    SCALAR = "scalar"
+
+
+@dataclass(frozen=True)
+class FusionInfo:
+    """A lowered fusion plus everything schedulers and codegen ask about it."""
+
+    fusion: Fusion  # the lowered fusion: primitives only
+    kind: Kind
+    roles: dict  # Val -> Role
+    row_axis: Extent | None  # union-find representative of the row extent (None: no rows)
+    hidden_axis: Extent | None
+    full_inputs: tuple[Tensor, ...]  # [rows, hidden] inputs: the row buffers
+    col_inputs: tuple[Tensor, ...]  # [hidden] inputs: loaded once per block
+    row_inputs: tuple[Tensor, ...]  # [rows, 1] inputs: one value per row
+    scalar_inputs: tuple[Scalar, ...]
+    inner_levels: tuple[tuple[Expr, ...], ...]  # inner reductions, by dependency level
+    outer_reductions: tuple[Expr, ...]
+    level: dict  # Val -> number of inner-reduction levels it waits for (0: none)
+    after_outer: frozenset  # Vals computed from an outer reduction (finalize kernel)
+    persistent: tuple[Tensor, ...]  # full inputs read in more than one phase of a row
+
+    def outputs(self, role: Role) -> tuple[Tensor, ...]:
+        return tuple(o for o in self.fusion.outputs if self.roles[o] is role)
+
+    @property
+    def row_buffer_bytes(self) -> int:
+        """Bytes of one row of every full input, per hidden element."""
+        return sum(t.dtype.itemsize for t in self.full_inputs)
+
+    def describe(self) -> str:
+        names = lambda ts: ", ".join(f"{t.name}:{t.dtype.label}" for t in ts) or "-"  # noqa: E731
+        lines = [
+            f"kind:              {self.kind.value}",
+            f"full inputs:       {names(self.full_inputs)}",
+            f"row inputs:        {names(self.row_inputs)}",
+            f"column inputs:     {names(self.col_inputs)}",
+            f"scalar inputs:     {names(self.scalar_inputs)}",
+            f"persistent:        {names(self.persistent)}",
+        ]
+        for i, level in enumerate(self.inner_levels):
+            lines.append(
+                f"inner level {i}:     "
+                + ", ".join(f"{e.op}({e.inputs[0].name})->{e.outputs[0].name}" for e in level)
+            )
+        if self.outer_reductions:
+            lines.append(
+                "outer reductions:  "
+                + ", ".join(f"{e.op}({e.inputs[0].name})->{e.outputs[0].name}"
+                            for e in self.outer_reductions)
+            )
+        outs = [f"{o.name}:{self.roles[o].value}" for o in self.fusion.outputs]
+        lines.append(f"outputs:           {', '.join(outs)}")
+        return "\n".join(lines)
+
+
+def lower(fusion: Fusion) -> Fusion:
+    """A copy of `fusion` with composite ops (var_mean) expanded into primitives."""
+    out = Fusion()
+    new: dict[Val, Val] = {}
+    for v in fusion.vals:
+        if v.definition is None:
+            if isinstance(v, Tensor):
+                shape = [1 if e is None else (-1 if e.value is None else e.value) for e in v.dims]
+                nt = out.define_tensor(shape, list(v.contiguity), v.dtype)
+                new[v] = nt
+            elif v in fusion.inputs:
+                new[v] = out.define_scalar(None, v.dtype)
+            else:
+                new[v] = out.define_scalar(v.value, v.dtype)
+            continue
+        e = v.definition
+        if v is not e.outputs[0]:
+            continue
+        args = [new[i] for i in e.inputs]
+        a = dict(e.attrs)
+        if e.op == "cast":
+            results = [out.cast(args[0], a["dtype"])]
+        elif e.op == "size":
+            results = [out.size(args[0], a["dim"])]
+        elif e.op == "broadcast_in_dim":
+            by_name = {s.name: new[s] for s in e.inputs[1:]}
+            shape = [by_name[s] if isinstance(s, str) else s for s in a["shape"]]
+            results = [out.broadcast_in_dim(args[0], shape, a["broadcast_dims"])]
+        elif e.op in ("sum", "max"):
+            results = [out.reduction(e.op, args[0], a["dims"], a["keepdim"], e.outputs[0].dtype)]
+        elif e.op == "var_mean":
+            results = _expand_var_mean(out, args[0], a["dims"], a["correction"], a["keepdim"])
+        else:
+            results = [out.elementwise(e.op, args)]
+        for old, nv in zip(e.outputs, results, strict=True):
+            new[old] = nv
+    for o in fusion.outputs:
+        out.outputs.append(new[o])
+    return out
+
+
+def _expand_var_mean(f: Fusion, x: Tensor, dims, correction, keepdim):
+    """mean = sum(x)/n; var = sum((x - mean)^2)/(n - correction): two passes, exact."""
+    count = None
+    for d in dims:
+        size = f.size(x, d)
+        count = size if count is None else f.elementwise("mul", [count, size])
+    kept = [d for d in range(x.ndim) if d not in dims]
+    mean = f.elementwise("div", [f.reduction("sum", x, dims, False), count])
+    centered = f.elementwise("sub", [x, f.broadcast_in_dim(mean, x.shape(), kept)])
+    sq = f.elementwise("mul", [centered, centered])
+    denominator = f.elementwise("sub", [count, f.define_scalar(correction)])
+    var = f.elementwise("div", [f.reduction("sum", sq, dims, False), denominator])
+    if not keepdim:
+        return [var, mean]
+    shape = [1 if d in dims else f.size(x, d) for d in range(x.ndim)]
+    return [f.broadcast_in_dim(var, shape, kept), f.broadcast_in_dim(mean, shape, kept)]
+
+
+def analyze(fusion: Fusion) -> FusionInfo:
+    """Classify `fusion`; raise UnsupportedFusionError naming what this version cannot do."""
+    lowered = lower(fusion)
+    row_axis, hidden_axis = _axes(lowered)
+
+    def role_of(v: Val) -> Role:
+        if isinstance(v, Scalar):
+            return Role.SCALAR
+        spans = {e.find() for e in v.dims if e is not None}
+        has_row = row_axis is not None and row_axis in spans
+        has_hidden = hidden_axis is not None and hidden_axis in spans
+        return {
+            (True, True): Role.FULL,
+            (True, False): Role.ROW,
+            (False, True): Role.COL,
+            (False, False): Role.SCALAR,
+        }[(has_row, has_hidden)]
+
+    roles = {v: role_of(v) for v in lowered.vals}
+    for t in lowered.inputs:
+        if isinstance(t, Tensor) and any(c is False for c in t.contiguity):
+            raise UnsupportedFusionError(
+                f"input {t.name} is declared non-contiguous (contiguity {list(t.contiguity)}); "
+                "fuser kernels read contiguous rows: pass .contiguous() tensors and declare "
+                "contiguity True"
+            )
+
+    level: dict[Val, int] = {}
+    after_outer: set[Val] = set()
+    inner: list[tuple[int, Expr]] = []
+    outer: list[Expr] = []
+    for v in lowered.vals:
+        e = v.definition
+        if e is None:
+            level[v] = 0
+            continue
+        lv = max((level[i] for i in e.inputs), default=0)
+        downstream_of_outer = any(i in after_outer for i in e.inputs)
+        if e.op in ("sum", "max"):
+            src = e.inputs[0]
+            reduced = {src.dims[d].find() for d in e.attr("dims") if src.dims[d] is not None}
+            if not reduced:
+                raise UnsupportedFusionError(
+                    f"{e.op}({src.name}, dims={list(e.attr('dims'))}) reduces only broadcast "
+                    "dimensions; drop the reduction"
+                )
+            if reduced == {hidden_axis} and roles[src] is Role.FULL:
+                if downstream_of_outer:
+                    raise UnsupportedFusionError(
+                        f"{e.outputs[0].name}: an inner reduction of an outer reduction's result"
+                    )
+                if v is e.outputs[0]:
+                    inner.append((lv, e))
+                lv += 1
+            elif reduced == {row_axis} and roles[src] is Role.FULL:
+                if v is e.outputs[0]:
+                    outer.append(e)
+                downstream_of_outer = True
+            else:
+                raise UnsupportedFusionError(
+                    f"{e.op}({src.name}, dims={list(e.attr('dims'))}): only reductions of a "
+                    "[rows, hidden] tensor over its hidden dimension (inner) or over its rows "
+                    "(outer) are supported"
+                )
+        level[v] = lv
+        if downstream_of_outer:
+            after_outer.add(v)
+            if roles[v] in (Role.FULL, Role.ROW):
+                raise UnsupportedFusionError(
+                    f"{v.name} ({roles[v].value}) uses the result of an outer reduction; "
+                    "normalizing along rows (outer persistence) is not supported"
+                )
+
+    for o in lowered.outputs:
+        if roles[o] is Role.SCALAR:
+            raise UnsupportedFusionError(
+                f"output {o.name} is a single value (no row or hidden dimension); full "
+                "reductions are not supported"
+            )
+
+    levels: dict[int, list[Expr]] = {}
+    for lv, e in inner:
+        levels.setdefault(lv, []).append(e)
+    inner_levels = tuple(tuple(levels[k]) for k in sorted(levels))
+
+    kind = {
+        (False, False): Kind.POINTWISE,
+        (True, False): Kind.INNER,
+        (False, True): Kind.OUTER,
+        (True, True): Kind.INNER_OUTER,
+    }[(bool(inner), bool(outer))]
+
+    inputs = [t for t in lowered.inputs if isinstance(t, Tensor)]
+    by_role = lambda r: tuple(t for t in inputs if roles[t] is r)  # noqa: E731
+    full_inputs = by_role(Role.FULL)
+    inner_exprs = {e for _, e in inner}
+    persistent = tuple(
+        t for t in full_inputs if _phases_using(t, lowered, level, inner_exprs) > 1
+    )
+    return FusionInfo(
+        fusion=lowered,
+        kind=kind,
+        roles=roles,
+        row_axis=row_axis,
+        hidden_axis=hidden_axis,
+        full_inputs=full_inputs,
+        col_inputs=by_role(Role.COL),
+        row_inputs=by_role(Role.ROW),
+        scalar_inputs=tuple(s for s in lowered.inputs if isinstance(s, Scalar)),
+        inner_levels=inner_levels,
+        outer_reductions=tuple(outer),
+        level=level,
+        after_outer=frozenset(after_outer),
+        persistent=persistent,
+    )
+
+
+def _phases_using(t: Tensor, fusion: Fusion, level: dict, inner: set) -> int:
+    """In how many phases of a row `t` is read: phase k feeds inner level k, the last phase
+    writes outputs and feeds outer reductions. More than one means the row must be kept."""
+    final = max(level.values(), default=0) + 1
+    phases: set[int] = set()
+    stack, seen = [t], {t}
+    while stack:
+        v = stack.pop()
+        if v in fusion.outputs:
+            phases.add(final)
+        for e in fusion.uses(v):
+            if e.op in ("sum", "max"):
+                phases.add(level[e.inputs[0]] if e in inner else final)
+                continue
+            for o in e.outputs:
+                if o not in seen:
+                    seen.add(o)
+                    stack.append(o)
+    return len(phases)
+
+
+def _axes(fusion: Fusion) -> tuple[Extent | None, Extent | None]:
+    """The row and hidden axes: the representatives of the innermost and outer extents."""
+    tensors = [v for v in fusion.vals if isinstance(v, Tensor)]
+    hidden: Extent | None = None
+    row: Extent | None = None
+    for t in tensors:
+        spans = [e.find() for e in t.dims if e is not None]
+        if len(spans) > 2:
+            raise UnsupportedFusionError(
+                f"{t.name} spans {len(spans)} dimensions; fuser supports [rows, hidden] fusions "
+                "(reshape [batch, seq, hidden] inputs to [batch * seq, hidden] first)"
+            )
+        if len(spans) == 2:
+            if hidden is None:
+                row, hidden = spans
+            elif (row, hidden) != tuple(spans):
+                raise UnsupportedFusionError(
+                    f"{t.name} has dimensions ({spans[0]}, {spans[1]}) but the fusion's rows and "
+                    f"hidden are ({row}, {hidden}); transposes are not supported"
+                )
+    if hidden is None:
+        roots = {e.find() for t in tensors for e in t.dims if e is not None}
+        if len(roots) > 1:
+            raise UnsupportedFusionError(
+                "the fusion combines unrelated 1-D tensors; give them a common [rows, hidden] "
+                "shape with broadcast_in_dim"
+            )
+        hidden = next(iter(roots), None)
+    for t in tensors:
+        for e in t.dims:
+            if e is not None and e.find() not in (row, hidden):
+                raise UnsupportedFusionError(
+                    f"{t.name} has a dimension of size {e} that is neither the rows nor the hidden "
+                    "size of the fusion"
+                )
+    return row, hidden
+
+
+def dtype_bytes(dtypes: list[DataType]) -> int:
+    return max((d.itemsize for d in dtypes), default=1)
