@@ -1,0 +1,38 @@
+# make setup | demo | test | lint | test-gpu | bench | clean
+# setup/demo/test/lint use a local .venv; test-gpu and bench run on the GPU machine, where
+# nothing can be installed, with the system python3 and the source tree on PYTHONPATH.
+
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.stamp
+
+.PHONY: setup demo test test-gpu bench lint clean
+
+setup: $(STAMP)
+
+# Reinstall only when pyproject.toml is newer than the last install.
+$(STAMP): pyproject.toml
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -e '.[dev,bench]'
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/python -m fuser demo
+
+test: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/python -m pytest -m "not gpu" -q
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+# FUSER_REQUIRE_GPU=1 turns a missing GPU into errors instead of skips.
+test-gpu:
+	FUSER_REQUIRE_GPU=1 PYTHONPATH=. python3 -m pytest -m gpu -q $(PYTEST_ARGS)
+
+bench:
+	PYTHONPATH=. python3 bench/run.py $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
