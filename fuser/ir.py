@@ -292,10 +292,7 @@ class Fusion:
         v = self.as_val(v)
         if not isinstance(dtype, DataType):
             raise DefinitionError(f"cast: dtype must be a fuser.DataType, got {dtype!r}")
-        if isinstance(v, Tensor):
-            out = self._tensor(dtype, v.dims)
-        else:
-            out = self._scalar(dtype)
+        out = self._tensor(dtype, v.dims) if isinstance(v, Tensor) else self._scalar(dtype)
         self._define("cast", [v], [out], dtype=dtype)
         return out
 
@@ -372,22 +369,27 @@ class Fusion:
             raise DefinitionError(f"{op}({t.name}): dims is empty; name the dimensions to reduce")
         if dtype is None:
             dtype = sum_result_type(t.dtype) if op == "sum" else t.dtype
-        out_dims = [None if d in dims else e for d, e in enumerate(t.dims) if keepdim or d not in dims]
-        out = self._tensor(dtype, out_dims)
+        out = self._tensor(dtype, self._reduced_dims(t, dims, keepdim))
         self._define(op, [t], [out], dims=dims, keepdim=bool(keepdim))
         return out
 
     def var_mean(self, t, dims, correction: int, keepdim: bool) -> tuple[Tensor, Tensor]:
         t = self._require_tensor("var_mean", t)
         if not t.dtype.is_float:
-            raise DefinitionError(f"var_mean: {t.name} has dtype {t.dtype}; cast it to a float type")
+            raise DefinitionError(
+                f"var_mean: {t.name} has dtype {t.dtype}; cast it to a float type"
+            )
         dims = tuple(sorted({self._normalize_dim("var_mean", t, d) for d in dims}))
-        out_dims = [None if d in dims else e for d, e in enumerate(t.dims) if keepdim or d not in dims]
+        out_dims = self._reduced_dims(t, dims, keepdim)
         var, mean = self._tensor(t.dtype, out_dims), self._tensor(t.dtype, out_dims)
         self._define(
             "var_mean", [t], [var, mean], dims=dims, correction=int(correction), keepdim=keepdim
         )
         return var, mean
+
+    @staticmethod
+    def _reduced_dims(t: Tensor, dims, keepdim: bool) -> list[Extent | None]:
+        return [None if d in dims else e for d, e in enumerate(t.dims) if keepdim or d not in dims]
 
     def _require_tensor(self, op, t) -> Tensor:
         t = self.as_val(t)

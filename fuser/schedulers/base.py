@@ -1,0 +1,150 @@
+"""Schedules: the decisions a scheduler makes, as frozen, printable data.
+
+A schedule holds only what changes the compiled binary (it is the kernel cache key and the
+header comment of the generated source). What changes per call, the grid and the number of
+partial rows, is a Launch, computed by the executor from the row count and the occupancy that
+the driver reports for the compiled kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from fuser.dtypes import DataType
+from fuser.smem import SmemPlan
+
+REGISTERS = "registers"
+SMEM = "smem"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What a heuristic may look at besides the fusion: sizes and pointer alignment."""
+
+    hidden: int  # extent of the innermost axis (1 when the fusion has none)
+    rows: int  # extent of the row axis (1 when the fusion has none)
+    align_bytes: int  # largest power of two (<= 16) dividing every data pointer
+
+    def __post_init__(self):
+        if self.hidden < 1 or self.rows < 0:
+            raise ValueError(f"bad problem size rows={self.rows} hidden={self.hidden}")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one input buffer lives while a block works on its rows."""
+
+    tensor: str  # the fusion input's name, e.g. "T0"
+    dtype: DataType
+    role: str  # "full" ([rows, hidden], reloaded each row) or "col" ([hidden], loaded once)
+    storage: str  # REGISTERS or SMEM
+    async_copy: bool  # smem only: filled with cp.async (vector of 4, 8 or 16 bytes)
+
+
+def _field_lines(obj, skip=()) -> list[str]:
+    lines = []
+    for f in fields(obj):
+        if f.name in skip:
+            continue
+        value = getattr(obj, f.name)
+        if isinstance(value, tuple) and value and isinstance(value[0], Placement):
+            value = ", ".join(
+                f"{p.tensor}:{p.dtype.label}->{p.storage}{'(cp.async)' if p.async_copy else ''}"
+                for p in value
+            )
+        lines.append(f"{f.name:<18} {value}")
+    return lines
+
+
+@dataclass(frozen=True)
+class RowSchedule:
+    """A normalization kernel: each block owns `rows_per_block` rows at a time and strides over
+    all rows (a persistent grid); inside a row, thread x of `threads_per_row` owns vectors
+    x, x + threads_per_row, ... (`batch` of them) of `vec` elements each."""
+
+    scheduler: str  # the scheduler module that made this schedule
+    reason: str  # why this storage and geometry, in words
+    hidden: int  # the kernel is specialised on the hidden size: every loop is unrolled
+    vec: int  # elements per vector access; divides hidden; at most 16 bytes per access
+    threads_per_row: int  # threads sharing one row (blockDim.x); a power of two
+    rows_per_block: int  # rows a block works on at once (blockDim.y)
+    batch: int  # vectors per thread per row = ceil(hidden / vec / threads_per_row)
+    stages: int  # smem row buffers: 2 = the next rows load while these compute
+    placements: tuple[Placement, ...]  # storage of every full and column input
+    reduction_bytes: int  # 4, or 8 when any inner reduction accumulates in double
+    regs_estimate: int  # registers per thread this schedule was sized for
+    smem: SmemPlan  # every shared buffer, with the static slot
+
+    @property
+    def threads(self) -> int:
+        return self.threads_per_row * self.rows_per_block
+
+    @property
+    def warps_per_row(self) -> int:
+        return max(1, self.threads_per_row // 32)
+
+    def placement(self, tensor: str) -> Placement:
+        return next(p for p in self.placements if p.tensor == tensor)
+
+    def __str__(self) -> str:
+        return "RowSchedule\n  " + "\n  ".join(_field_lines(self, skip=("smem",)))
+
+
+@dataclass(frozen=True)
+class PointwiseSchedule:
+    """A flat elementwise kernel: a grid-stride loop over vectors of `vec` elements; a vector
+    never crosses a row, so per-row and per-column operands are indexed once per vector."""
+
+    scheduler: str
+    reason: str
+    hidden: int  # specialised on, so row and column indices are a multiply-shift
+    vec: int
+    threads: int  # threads per block
+    unroll: int  # vectors per thread per loop iteration (independent loads in flight)
+    smem: SmemPlan  # empty: only the static slot
+
+    def __str__(self) -> str:
+        return "PointwiseSchedule\n  " + "\n  ".join(_field_lines(self, skip=("smem",)))
+
+
+@dataclass(frozen=True)
+class FinalizeSchedule:
+    """Sums the [partial_rows, hidden] fp32 partials of the outer reductions per column, then
+    runs the column epilogue (casts, ops on dW/dB) and writes the column outputs."""
+
+    hidden: int
+    cols_per_block: int  # blockDim.x: one column per thread
+    partial_lanes: int  # blockDim.y: threads sharing a column's partial rows
+    smem: SmemPlan  # the cross-lane combine buffer
+
+    def __str__(self) -> str:
+        return "FinalizeSchedule\n  " + "\n  ".join(_field_lines(self, skip=("smem",)))
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Per-call launch parameters, derived from the row count and the kernel's occupancy."""
+
+    grid: int
+    block: tuple[int, int]
+    dynamic_smem: int
+    partial_rows: int  # rows of the outer-reduction workspace (0 without outer reductions)
+
+
+def pick_vec(hidden: int, itemsizes: list[int], align_bytes: int) -> int:
+    """Largest power-of-two vector that divides hidden, keeps every access within 16 bytes and
+    within the pointers' alignment."""
+    widest = max(itemsizes, default=1)
+    vec = max(1, min(16, align_bytes) // widest)
+    while vec > 1 and hidden % vec:
+        vec //= 2
+    return vec
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)

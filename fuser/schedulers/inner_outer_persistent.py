@@ -1,0 +1,46 @@
+"""Inner-outer persistent scheduler: norm backward in one pass over the big tensors.
+
+One kernel reads each [rows, hidden] input once per row, computes the row reductions and the
+row outputs (dX), and accumulates the column reductions (dW, dB) for all rows it visits in fp32
+registers; each block then writes one partial row to a [blocks, hidden] fp32 workspace, and a
+small finalize kernel sums the partials per column (no atomics: the result is the same from run
+to run). Fusions with only outer reductions use the same kernel with no row reductions.
+
+Storage: row buffers start in shared memory (cp.async fills them, the next rows' copies in
+flight while this row computes, when two stages fit); when the plan is over budget, buffers
+move to registers, least reused first and weight-related last, as nvFuser's InnerOuter
+scheduler does.
+"""
+
+from __future__ import annotations
+
+from fuser.analysis import FusionInfo, Kind
+from fuser.device import DeviceSpec
+from fuser.schedulers.base import FinalizeSchedule, Problem, RowSchedule
+from fuser.schedulers.row_geometry import Hints, build_row_schedule
+from fuser.smem import SmemPlan
+
+FINALIZE_COLUMNS = 32  # one warp of columns per block: coalesced partial-row reads
+FINALIZE_LANES = 16  # threads splitting one column's partial rows
+
+
+def can_schedule(info: FusionInfo, problem: Problem, device: DeviceSpec) -> str | None:
+    if info.kind not in (Kind.INNER_OUTER, Kind.OUTER):
+        return f"inner_outer_persistent needs outer reductions; this fusion is {info.kind.value}"
+    return None
+
+
+def heuristic(
+    info: FusionInfo, problem: Problem, device: DeviceSpec, hints: Hints | None = None
+) -> RowSchedule:
+    return build_row_schedule(info, problem, device, "inner_outer_persistent", True, hints)
+
+
+def finalize_heuristic(info: FusionInfo, problem: Problem, device: DeviceSpec) -> FinalizeSchedule:
+    n = len(info.outer_reductions)
+    plan = SmemPlan.build(
+        [("s_lanes", n * FINALIZE_LANES * FINALIZE_COLUMNS * 8,
+          f"{n} column sum(s) x {FINALIZE_LANES} lanes x {FINALIZE_COLUMNS} columns (double)")],
+        device.smem_per_block_optin,
+    )
+    return FinalizeSchedule(problem.hidden, FINALIZE_COLUMNS, FINALIZE_LANES, plan)

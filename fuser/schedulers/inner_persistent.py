@@ -1,0 +1,26 @@
+"""Inner persistent scheduler: row reductions whose rows stay on chip between passes.
+
+RMSNorm and LayerNorm forward, softmax: every row is read once, reduced (one or more levels),
+then normalized from the copy kept in registers, or in shared memory when registers run out.
+Registers come first: a forward norm holds one or two row buffers, which fit in registers for
+hidden sizes up to tens of thousands, and registers need no extra copy.
+"""
+
+from __future__ import annotations
+
+from fuser.analysis import FusionInfo, Kind
+from fuser.device import DeviceSpec
+from fuser.schedulers.base import Problem, RowSchedule
+from fuser.schedulers.row_geometry import Hints, build_row_schedule
+
+
+def can_schedule(info: FusionInfo, problem: Problem, device: DeviceSpec) -> str | None:
+    if info.kind is not Kind.INNER:
+        return f"inner_persistent handles inner reductions only, not {info.kind.value}"
+    return None
+
+
+def heuristic(
+    info: FusionInfo, problem: Problem, device: DeviceSpec, hints: Hints | None = None
+) -> RowSchedule:
+    return build_row_schedule(info, problem, device, "inner_persistent", False, hints)

@@ -1,0 +1,36 @@
+"""Pointwise scheduler: no reductions, one flat grid-stride loop over vectors.
+
+Per-row ([rows, 1]) and per-column ([hidden]) operands are indexed from the vector's position;
+the kernel is specialised on hidden so that division is a multiply and shift.
+"""
+
+from __future__ import annotations
+
+from fuser.analysis import FusionInfo, Kind, Role
+from fuser.device import DeviceSpec
+from fuser.schedulers.base import PointwiseSchedule, Problem, pick_vec
+from fuser.smem import SmemPlan
+
+THREADS = 256
+UNROLL = 4  # independent vectors per thread per iteration
+
+
+def can_schedule(info: FusionInfo, problem: Problem, device: DeviceSpec) -> str | None:
+    if info.kind is not Kind.POINTWISE:
+        return f"pointwise handles fusions without reductions, not {info.kind.value}"
+    return None
+
+
+def heuristic(info: FusionInfo, problem: Problem, device: DeviceSpec) -> PointwiseSchedule:
+    tensors = [*info.full_inputs, *info.col_inputs, *info.outputs(Role.FULL),
+               *info.outputs(Role.COL)]
+    vec = pick_vec(problem.hidden, [t.dtype.itemsize for t in tensors], problem.align_bytes)
+    return PointwiseSchedule(
+        scheduler="pointwise",
+        reason=f"{vec}-element vectors, {THREADS} threads x {UNROLL} vectors in flight",
+        hidden=problem.hidden,
+        vec=vec,
+        threads=THREADS,
+        unroll=UNROLL,
+        smem=SmemPlan.build([], device.smem_per_block_optin),
+    )

@@ -1,0 +1,204 @@
+"""Geometry and storage search shared by the persistent (row) schedulers.
+
+The persistent schedulers differ in their storage policy, not in the shape of the kernel:
+inner_persistent keeps rows in registers first (forward norms, softmax: one pass per row), and
+inner_outer_persistent stages rows in shared memory first (backward norms: five or more row
+buffers plus fp32 weight-gradient accumulators would not fit in registers). This module turns
+a policy into a concrete schedule: it enumerates the storage candidates in policy order and
+takes the first whose shared memory and registers fit the device with at least one resident
+block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fuser.analysis import FusionInfo, Role
+from fuser.device import DeviceSpec
+from fuser.errors import OutOfResourcesError
+from fuser.ir import Tensor
+from fuser.schedulers.base import (
+    REGISTERS,
+    SMEM,
+    Placement,
+    Problem,
+    RowSchedule,
+    ceil_div,
+    next_pow2,
+    pick_vec,
+)
+from fuser.smem import SmemPlan
+
+TARGET_VECTORS_PER_THREAD = 4  # ~32 bf16 elements per thread per row: enough loads in flight
+MIN_BLOCK_THREADS = 256  # small rows are packed several to a block up to this many threads
+BASE_REGISTERS = 40  # indices, pointers, loop state and reduction temporaries
+
+
+@dataclass(frozen=True)
+class Hints:
+    """Overrides for tuning and tests; None lets the heuristic decide."""
+
+    threads_per_row: int | None = None
+    rows_per_block: int | None = None
+    stages: int | None = None
+    storage: tuple[tuple[str, str], ...] | None = None  # (tensor name, REGISTERS | SMEM)
+
+
+def _weight_related(t: Tensor, info: FusionInfo) -> bool:
+    """True when values of `t` meet a column input before any reduction (grad_out * weight):
+    such a buffer is re-read with the weight every row, so it stays in smem longest."""
+    fusion = info.fusion
+    stack, seen = [t], {t}
+    while stack:
+        v = stack.pop()
+        for e in fusion.uses(v):
+            if e.op in ("sum", "max"):
+                continue
+            if any(info.roles[i] is Role.COL for i in e.inputs):
+                return True
+            for o in e.outputs:
+                if o not in seen:
+                    seen.add(o)
+                    stack.append(o)
+    return False
+
+
+def _regs_per_vectors(batch: int, vec: int, itemsize: int) -> int:
+    return ceil_div(batch * vec * itemsize, 4)
+
+
+def blocks_per_sm(device: DeviceSpec, threads: int, regs: int, smem_total: int) -> int:
+    """Resident blocks per SM by threads, registers and shared memory (with the reserve)."""
+    by_threads = device.max_threads_per_sm // threads
+    by_regs = device.regs_per_sm // (regs * threads)
+    by_smem = device.smem_per_sm // (smem_total + device.reserved_smem_per_block)
+    return max(0, min(device.max_blocks_per_sm, by_threads, by_regs, by_smem))
+
+
+def build_row_schedule(
+    info: FusionInfo,
+    problem: Problem,
+    device: DeviceSpec,
+    scheduler: str,
+    smem_first: bool,
+    hints: Hints | None = None,
+) -> RowSchedule:
+    hints = hints or Hints()
+    fusion = info.fusion
+    full_out = info.outputs(Role.FULL)
+    itemsizes = [t.dtype.itemsize for t in (*info.full_inputs, *info.col_inputs, *full_out)]
+    hidden = problem.hidden
+    vec = pick_vec(hidden, itemsizes, problem.align_bytes)
+    vectors = hidden // vec
+    tpr = hints.threads_per_row or min(
+        device.max_threads_per_block, next_pow2(ceil_div(vectors, TARGET_VECTORS_PER_THREAD))
+    )
+    batch = ceil_div(vectors, tpr)
+    rpb = hints.rows_per_block or max(
+        1, min(MIN_BLOCK_THREADS // tpr, next_pow2(max(problem.rows, 1)))
+    )
+    threads = tpr * rpb
+    if threads > device.max_threads_per_block:
+        raise OutOfResourcesError(
+            f"{threads} threads per block ({tpr} per row x {rpb} rows) exceed the device "
+            f"limit of {device.max_threads_per_block}; lower threads_per_row or rows_per_block"
+        )
+
+    width = max((len(level) for level in info.inner_levels), default=0)
+    double = any(e.outputs[0].dtype.compute_type == "double"
+                 for level in info.inner_levels for e in level)
+    red_bytes = 8 if double else 4
+    warps = max(1, tpr // 32)
+    scratch = 2 * width * rpb * warps * red_bytes if tpr > 32 else 0
+    acc_bytes = [8 if e.outputs[0].dtype.compute_type == "double" else 4
+                 for e in info.outer_reductions]
+    combine = sum(hidden * b for b in acc_bytes) if rpb > 1 else 0
+    acc_regs = sum(_regs_per_vectors(batch, vec, b) for b in acc_bytes)
+
+    def can_async(t: Tensor) -> bool:
+        return vec * t.dtype.itemsize in (4, 8, 16)
+
+    full = list(info.full_inputs)
+    # Buffers leave smem for registers in this order: least reused first, weight-related last.
+    full.sort(key=lambda t: (_weight_related(t, info), t in info.persistent, t.index))
+    cols = list(info.col_inputs)
+
+    def candidates():
+        if hints.storage is not None:
+            forced = dict(hints.storage)
+            yield hints.stages or 1, {t.name: forced.get(t.name, REGISTERS) for t in full + cols}
+            return
+        stage_options = [hints.stages] if hints.stages else [2, 1]
+        if smem_first:
+            for stages in stage_options:
+                for moved in range(len(full) + 1):
+                    for cols_in_smem in (True, False):
+                        storage = {t.name: SMEM for t in full}
+                        storage.update({t.name: REGISTERS for t in full[:moved]})
+                        storage.update({t.name: SMEM if cols_in_smem else REGISTERS
+                                        for t in cols})
+                        yield (stages if moved < len(full) else 1), storage
+        else:
+            yield 1, {t.name: REGISTERS for t in full + cols}
+            for stages in stage_options:
+                yield stages, {**{t.name: SMEM for t in full},
+                               **{t.name: REGISTERS for t in cols}}
+                yield stages, {t.name: SMEM for t in full + cols}
+
+    max_regs = min(device.max_regs_per_thread, device.regs_per_block // threads)
+    tried = []
+    for stages, storage in candidates():
+        requests = []
+        for t in full:
+            if storage[t.name] == SMEM:
+                requests.append((f"s_{t.name}", stages * rpb * hidden * t.dtype.itemsize,
+                                 f"row buffer {t.name} ({t.dtype.label}), "
+                                 f"{stages} stage(s) x {rpb} row(s) x {hidden}"))
+        for t in cols:
+            if storage[t.name] == SMEM:
+                requests.append((f"s_{t.name}", hidden * t.dtype.itemsize,
+                                 f"column buffer {t.name} ({t.dtype.label}) x {hidden}"))
+        requests.append(("s_reduce", scratch, f"inner-reduction scratch: 2 parities x {width} "
+                         f"x {rpb} row(s) x {warps} warps x {red_bytes} B"))
+        requests.append(("s_outer", combine, f"outer-reduction combine across {rpb} rows"))
+        plan = SmemPlan.build(requests, device.smem_per_block_optin)
+        regs = BASE_REGISTERS + 4 * vec + acc_regs + sum(
+            _regs_per_vectors(batch, vec, t.dtype.itemsize)
+            for t in full + cols if storage[t.name] == REGISTERS
+        )
+        residency = blocks_per_sm(device, threads, regs, plan.total)
+        tried.append(f"stages={stages} {storage}: smem {plan.total} B, ~{regs} regs")
+        if plan.fits and regs <= max_regs and residency >= 1:
+            placements = tuple(
+                Placement(t.name, t.dtype, "full" if t in info.full_inputs else "col",
+                          storage[t.name], storage[t.name] == SMEM and can_async(t))
+                for t in fusion.inputs if isinstance(t, Tensor) and t.name in storage
+            )
+            in_smem = [t.name for t in full + cols if storage[t.name] == SMEM]
+            reason = (
+                f"{'smem-first' if smem_first else 'registers-first'} policy: "
+                f"{', '.join(in_smem) or 'nothing'} in smem"
+                f"{f' ({stages} stages)' if stages > 1 and in_smem else ''}, "
+                f"~{regs} regs/thread, ~{residency} block(s)/SM"
+            )
+            return RowSchedule(
+                scheduler=scheduler,
+                reason=reason,
+                hidden=hidden,
+                vec=vec,
+                threads_per_row=tpr,
+                rows_per_block=rpb,
+                batch=batch,
+                stages=stages if in_smem else 1,
+                placements=placements,
+                reduction_bytes=red_bytes,
+                regs_estimate=regs,
+                smem=plan,
+            )
+    raise OutOfResourcesError(
+        f"no storage fits one row of hidden {hidden} ({info.row_buffer_bytes} B per element of "
+        f"row buffers) on {device.name}: shared memory limit {device.smem_per_block_optin} B "
+        f"per block, {max_regs} registers per thread at {threads} threads. Tried:\n  "
+        + "\n  ".join(tried[-6:])
+        + "\nUse a device with more shared memory or a smaller hidden size."
+    )

@@ -1,0 +1,163 @@
+// fuser device helpers: math on compute types, vector access, cp.async, reductions.
+// Half and bfloat16 values are computed in float; casts to them round (round_half/round_bf16).
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+namespace fm {
+
+// ----- element vectors: N elements moved by one load or store -----
+
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+template <int N, typename T>
+__device__ __forceinline__ Vec<T, N> load(const T* p) {
+  return *reinterpret_cast<const Vec<T, N>*>(p);
+}
+
+template <int N, typename T>
+__device__ __forceinline__ void store(T* p, const Vec<T, N>& x) {
+  *reinterpret_cast<Vec<T, N>*>(p) = x;
+}
+
+// ----- conversions between storage and compute types -----
+
+__device__ __forceinline__ float to_compute(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_compute(__half x) { return __half2float(x); }
+template <typename T>
+__device__ __forceinline__ T to_compute(T x) { return x; }
+
+template <typename S>
+struct Storage {
+  template <typename C>
+  static __device__ __forceinline__ S from(C x) { return static_cast<S>(x); }
+};
+template <>
+struct Storage<__nv_bfloat16> {
+  template <typename C>
+  static __device__ __forceinline__ __nv_bfloat16 from(C x) {
+    return __float2bfloat16_rn(static_cast<float>(x));
+  }
+};
+template <>
+struct Storage<__half> {
+  template <typename C>
+  static __device__ __forceinline__ __half from(C x) {
+    return __float2half_rn(static_cast<float>(x));
+  }
+};
+template <typename S, typename C>
+__device__ __forceinline__ S to_storage(C x) { return Storage<S>::from(x); }
+
+__device__ __forceinline__ float round_bf16(float x) {
+  return __bfloat162float(__float2bfloat16_rn(x));
+}
+__device__ __forceinline__ float round_half(float x) { return __half2float(__float2half_rn(x)); }
+
+// ----- math, overloaded on the compute type -----
+
+__device__ __forceinline__ float sqrt(float x) { return sqrtf(x); }
+__device__ __forceinline__ double sqrt(double x) { return ::sqrt(x); }
+__device__ __forceinline__ float rsqrt(float x) { return rsqrtf(x); }
+__device__ __forceinline__ double rsqrt(double x) { return ::rsqrt(x); }
+__device__ __forceinline__ float exp(float x) { return expf(x); }
+__device__ __forceinline__ double exp(double x) { return ::exp(x); }
+__device__ __forceinline__ float log(float x) { return logf(x); }
+__device__ __forceinline__ double log(double x) { return ::log(x); }
+__device__ __forceinline__ float tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ double tanh(double x) { return ::tanh(x); }
+__device__ __forceinline__ float pow(float a, float b) { return powf(a, b); }
+__device__ __forceinline__ double pow(double a, double b) { return ::pow(a, b); }
+template <typename T>
+__device__ __forceinline__ T pow(T a, T b) {  // integer power, b >= 0 (negative gives 0)
+  T r = 1;
+  if (b < 0) return a == 1 ? 1 : 0;
+  for (; b > 0; b >>= 1, a *= a) {
+    if (b & 1) r *= a;
+  }
+  return r;
+}
+__device__ __forceinline__ float reciprocal(float x) { return 1.0f / x; }
+__device__ __forceinline__ double reciprocal(double x) { return 1.0 / x; }
+template <typename T>
+__device__ __forceinline__ T sigmoid(T x) { return T(1) / (T(1) + exp(-x)); }
+template <typename T>
+__device__ __forceinline__ T silu(T x) { return x / (T(1) + exp(-x)); }
+template <typename T>
+__device__ __forceinline__ T abs(T x) { return x < T(0) ? -x : x; }
+template <typename T>
+__device__ __forceinline__ T relu(T x) { return x > T(0) ? x : T(0); }
+__device__ __forceinline__ float max(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ double max(double a, double b) { return fmax(a, b); }
+__device__ __forceinline__ float min(float a, float b) { return fminf(a, b); }
+__device__ __forceinline__ double min(double a, double b) { return fmin(a, b); }
+template <typename T>
+__device__ __forceinline__ T max(T a, T b) { return a < b ? b : a; }
+template <typename T>
+__device__ __forceinline__ T min(T a, T b) { return b < a ? b : a; }
+
+template <typename T>
+__device__ __forceinline__ T lowest();
+template <>
+__device__ __forceinline__ float lowest<float>() { return -__int_as_float(0x7f800000); }
+template <>
+__device__ __forceinline__ double lowest<double>() {
+  return -__longlong_as_double(0x7ff0000000000000LL);
+}
+template <>
+__device__ __forceinline__ int lowest<int>() { return -2147483647 - 1; }
+template <>
+__device__ __forceinline__ long long lowest<long long>() { return -9223372036854775807LL - 1; }
+template <>
+__device__ __forceinline__ bool lowest<bool>() { return false; }
+
+__device__ __forceinline__ double inf() { return __longlong_as_double(0x7ff0000000000000LL); }
+__device__ __forceinline__ double nan() { return __longlong_as_double(0x7ff8000000000000LL); }
+
+// ----- warp reduction over groups of WIDTH lanes (WIDTH a power of two <= 32) -----
+
+template <int WIDTH, typename T, typename Op>
+__device__ __forceinline__ T warp_reduce(T x, Op op) {
+#pragma unroll
+  for (int offset = WIDTH / 2; offset > 0; offset /= 2) {
+    x = op(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  }
+  return x;
+}
+
+// ----- cp.async: global to shared without passing through registers (sm_80+) -----
+
+template <int BYTES>
+__device__ __forceinline__ void cp_async(void* smem_dst, const void* gmem_src) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  if constexpr (BYTES == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src));
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(gmem_src),
+                 "n"(BYTES));
+  }
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
+}
+
+// ----- magic zero -----
+// An int that is 0 at run time but that the compiler cannot prove is 0. Adding it to the row
+// index keeps NVRTC from hoisting every unrolled address computation out of the row loop (and
+// holding them all in registers). It lives in static shared memory: the 128-byte static slot
+// that every SmemPlan reserves. Written with atomicMin, as nvFuser does, so it is not optimised
+// away.
+__device__ __forceinline__ int magic_zero() {
+  __shared__ int fuser_zero_s;
+  if (threadIdx.x == 0 && threadIdx.y == 0) fuser_zero_s = 0;
+  __syncthreads();
+  atomicMin(&fuser_zero_s, static_cast<int>(threadIdx.x));
+  return fuser_zero_s;
+}
+
+}  // namespace fm
