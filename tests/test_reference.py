@@ -1,0 +1,558 @@
+"""The float64 oracle against formulas derived by hand, its input checks, tolerances and compare."""
+
+from __future__ import annotations
+
+import itertools
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from fuser import BadInputError, DataType, DefinitionError, FusionDefinition
+from fuser.ops import ELEMENTWISE
+from fuser.reference import (
+    bind_shapes,
+    compare,
+    evaluate,
+    output_reduction_sizes,
+    tolerance,
+)
+
+BF16, HALF, FLOAT, DOUBLE = DataType.BFloat16, DataType.Half, DataType.Float, DataType.Double
+INT32, INT64, BOOL = DataType.Int32, DataType.Int64, DataType.Bool
+bf16 = ml_dtypes.bfloat16
+
+
+def close(got, expected):
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
+# ----- whole fusions against hand-derived formulas ----------------------------------------------
+
+
+def rmsnorm(dtype=DOUBLE, eps=1e-6):
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=dtype)
+        w = fd.define_tensor([-1], dtype=dtype)
+        xf = fd.ops.cast(x, FLOAT)
+        ms = fd.ops.div(fd.ops.sum(fd.ops.mul(xf, xf), [1], keepdim=True), x.size(1))
+        rstd = fd.ops.rsqrt(fd.ops.add(ms, eps))
+        y = fd.ops.mul(fd.ops.mul(xf, rstd), fd.ops.broadcast_in_dim(w, x.shape(), [1]))
+        fd.add_output(fd.ops.cast(y, dtype))
+    return fd
+
+
+def test_rmsnorm_forward(rng):
+    x, w = rng.standard_normal((5, 33)), rng.standard_normal(33)
+    (y,) = evaluate(rmsnorm().fusion, [x, w])
+    close(y, x / np.sqrt(np.mean(x**2, axis=1, keepdims=True) + 1e-6) * w)
+    assert y.dtype == np.float64
+
+
+def test_rmsnorm_forward_bf16_is_computed_in_float64(rng):
+    x = rng.standard_normal((4, 64)).astype(bf16)
+    w = rng.standard_normal(64).astype(bf16)
+    (y,) = evaluate(rmsnorm(BF16).fusion, [x, w])
+    xd, wd = x.astype(np.float64), w.astype(np.float64)
+    exact = xd / np.sqrt(np.mean(xd**2, axis=1, keepdims=True) + 1e-6) * wd
+    close(y, exact)
+    assert y.dtype == np.float64
+    assert not np.array_equal(y, exact.astype(bf16).astype(np.float64))  # no rounding to bf16
+
+
+def test_layernorm_forward_via_var_mean(rng):
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=HALF)
+        w = fd.define_tensor([-1], dtype=HALF)
+        b = fd.define_tensor([-1], dtype=HALF)
+        xf = fd.ops.cast(x, FLOAT)
+        var, mean = fd.ops.var_mean(xf, [1], correction=0, keepdim=True)
+        rstd = fd.ops.rsqrt(var + 1e-5)
+        y = (xf - mean) * rstd * fd.ops.broadcast_in_dim(w, x.shape(), [1])
+        y = y + fd.ops.broadcast_in_dim(b, x.shape(), [1])
+        fd.add_output(fd.ops.cast(y, HALF))
+        fd.add_output(mean)
+        fd.add_output(rstd)
+    xs = (3 + 2 * rng.standard_normal((6, 40))).astype(np.float16)
+    ws, bs = rng.standard_normal(40).astype(np.float16), rng.standard_normal(40).astype(np.float16)
+    y, mean, rstd = evaluate(fd.fusion, [xs, ws, bs])
+    xd = xs.astype(np.float64)
+    mu = xd.mean(axis=1, keepdims=True)
+    sigma2 = ((xd - mu) ** 2).sum(axis=1, keepdims=True) / 40
+    close(mean, mu)
+    close(rstd, 1 / np.sqrt(sigma2 + 1e-5))
+    close(y, (xd - mu) / np.sqrt(sigma2 + 1e-5) * ws.astype(np.float64) + bs.astype(np.float64))
+    assert (y.shape, mean.shape, rstd.shape) == ((6, 40), (6, 1), (6, 1))
+
+
+@pytest.mark.parametrize(("correction", "keepdim"), [(0, False), (1, False), (1, True), (2, True)])
+def test_var_mean_correction(rng, correction, keepdim):
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1, -1], dtype=DOUBLE)
+        var, mean = fd.ops.var_mean(x, [0, 2], correction=correction, keepdim=keepdim)
+        fd.add_output(var)
+        fd.add_output(mean)
+    xs = rng.standard_normal((3, 4, 5))
+    var, mean = evaluate(fd.fusion, [xs])
+    close(var, np.var(xs, axis=(0, 2), ddof=correction, keepdims=keepdim))
+    close(mean, np.mean(xs, axis=(0, 2), keepdims=keepdim))
+
+
+def test_var_mean_of_a_single_element_with_correction_is_not_finite():
+    with FusionDefinition() as fd:
+        var, _ = fd.ops.var_mean(fd.define_tensor([-1, -1], dtype=DOUBLE), [1])
+        fd.add_output(var)
+    (var,) = evaluate(fd.fusion, [np.ones((2, 1))])
+    assert np.isnan(var).all()  # 0 / max(1 - 1, 0), as torch.var gives
+
+
+def test_softmax_max_subtracted(rng):
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=FLOAT)
+        m = fd.ops.max(x, [1], keepdim=True)
+        e = fd.ops.exp(fd.ops.sub(x, m))
+        fd.add_output(fd.ops.div(e, fd.ops.sum(e, [1], keepdim=True)))
+    xs = (50 * rng.standard_normal((3, 17))).astype(np.float32)
+    (y,) = evaluate(fd.fusion, [xs])
+    xd = xs.astype(np.float64)
+    e = np.exp(xd - xd.max(axis=1, keepdims=True))
+    close(y, e / e.sum(axis=1, keepdims=True))
+    close(y.sum(axis=1), np.ones(3))
+
+
+def test_outer_reduction_and_broadcast_back(rng):
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=DOUBLE)
+        col = fd.ops.sum(x, [0])
+        back = fd.ops.broadcast_in_dim(col, [x.size(0), x.size(1)], [1])
+        fd.add_output(fd.ops.sub(x, back))
+        fd.add_output(fd.ops.max(x, [0, 1]))
+    xs = rng.standard_normal((7, 3))
+    centered, top = evaluate(fd.fusion, [xs])
+    close(centered, xs - xs.sum(axis=0))
+    assert top.shape == () and top == xs.max()
+
+
+def test_scalar_input_and_size(rng):
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=DOUBLE)
+        scale = fd.define_scalar(dtype=DOUBLE)
+        fd.add_output(x * scale / x.size(1) + x.size(0))
+    xs = rng.standard_normal((2, 5))
+    (y,) = evaluate(fd.fusion, [xs, 3.0])
+    close(y, xs * 3.0 / 5 + 2)
+
+
+def test_scalar_inputs_are_stored_in_their_dtype():
+    """A Float scalar input of 0.1 is the float32 nearest 0.1: that is what the kernel gets."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1], dtype=DOUBLE)
+        fd.add_output(x * fd.define_scalar(dtype=FLOAT) + fd.define_scalar(dtype=INT32))
+    (y,) = evaluate(fd.fusion, [np.ones(2), 0.1, np.int32(2)])
+    assert y[0] == float(np.float32(0.1)) + 2
+
+
+def test_dead_code_is_not_evaluated():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1], dtype=DOUBLE)
+        fd.ops.broadcast_in_dim(x, [-1, -1], [1])  # unused, and its new size is unknowable
+        fd.add_output(fd.ops.neg(x))
+    (y,) = evaluate(fd.fusion, [np.arange(3.0)])
+    close(y, -np.arange(3.0))
+
+
+def test_unknowable_size_is_a_definition_error():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1], dtype=DOUBLE)
+        fd.add_output(fd.ops.broadcast_in_dim(x, [-1, -1], [1]))
+    with pytest.raises(DefinitionError, match="neither a fixed number nor equal to any input"):
+        evaluate(fd.fusion, [np.arange(3.0)])
+
+
+def test_broadcast_in_dim_sizes_fixed_later_are_known(rng):
+    with FusionDefinition() as fd:
+        w = fd.define_tensor([-1], dtype=DOUBLE)
+        x = fd.define_tensor([-1, -1], dtype=DOUBLE)
+        fd.add_output(fd.ops.broadcast_in_dim(w, [-1, -1], [1]) + x)
+    ws, xs = rng.standard_normal(4), rng.standard_normal((3, 4))
+    close(evaluate(fd.fusion, [ws, xs])[0], ws + xs)
+
+
+def test_outputs_are_writable_copies():
+    with FusionDefinition() as fd:
+        w = fd.define_tensor([-1], dtype=DOUBLE)
+        fd.add_output(fd.ops.broadcast_in_dim(w, [3, -1], [1]))
+    (y,) = evaluate(fd.fusion, [np.arange(2.0)])
+    y[0, 0] = 7.0
+    assert y.flags.writeable and y.flags.c_contiguous and y[1, 0] == 0.0
+
+
+# ----- every elementwise op against numpy written out -------------------------------------------
+
+DIRECT = {
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b,
+    "pow": lambda a, b: a**b,
+    "maximum": lambda a, b: np.where(a > b, a, b),
+    "minimum": lambda a, b: np.where(a < b, a, b),
+    "eq": lambda a, b: a == b,
+    "ne": lambda a, b: a != b,
+    "lt": lambda a, b: a < b,
+    "le": lambda a, b: a <= b,
+    "gt": lambda a, b: a > b,
+    "ge": lambda a, b: a >= b,
+    "neg": lambda a: -a,
+    "abs": lambda a: np.where(a < 0, -a, a),
+    "relu": lambda a: np.where(a > 0, a, 0.0),
+    "reciprocal": lambda a: 1 / a,
+    "sqrt": lambda a: a**0.5,
+    "rsqrt": lambda a: a**-0.5,
+    "exp": lambda a: np.e**a,
+    "log": lambda a: np.log(a),
+    "tanh": lambda a: (np.exp(2 * a) - 1) / (np.exp(2 * a) + 1),
+    "sigmoid": lambda a: np.exp(a) / (np.exp(a) + 1),
+    "silu": lambda a: a * np.exp(a) / (np.exp(a) + 1),
+    "where": lambda c, a, b: np.array([x if k else y for k, x, y in zip(c, a, b, strict=True)]),
+}
+
+
+def test_direct_table_covers_every_op():
+    assert set(DIRECT) == set(ELEMENTWISE)
+
+
+@pytest.mark.parametrize("op", sorted(ELEMENTWISE))
+def test_elementwise_op(rng, op):
+    arity = ELEMENTWISE[op].arity
+    with FusionDefinition() as fd:
+        dtypes = [BOOL, DOUBLE, DOUBLE] if op == "where" else [DOUBLE] * arity
+        ts = [fd.define_tensor([-1], dtype=d) for d in dtypes]
+        fd.add_output(getattr(fd.ops, op)(*ts))
+    values = [rng.uniform(0.25, 2.0, 9) for _ in range(arity)]
+    values[0][:3] = -values[0][:3]  # some negatives for neg/abs/relu/compare...
+    values[-1][3] = values[0][3]  # and a tie for the comparisons
+    if op in ("sqrt", "rsqrt", "log", "pow"):
+        values[0] = np.abs(values[0])
+    if op == "where":
+        values[0] = rng.uniform(size=9) < 0.5
+    (got,) = evaluate(fd.fusion, values)
+    expected = DIRECT[op](*values)
+    if expected.dtype == bool:
+        assert got.dtype == bool and np.array_equal(got, expected)
+    else:
+        close(got, expected)
+
+
+def test_broadcast_of_elementwise_is_right_aligned(rng):
+    with FusionDefinition() as fd:
+        a = fd.define_tensor([-1, 1, -1], dtype=DOUBLE)
+        b = fd.define_tensor([-1, 1], dtype=DOUBLE)
+        fd.add_output(a * b + 1)
+    xa, xb = rng.standard_normal((2, 1, 3)), rng.standard_normal((4, 1))
+    (y,) = evaluate(fd.fusion, [xa, xb])
+    assert y.shape == (2, 4, 3)
+    close(y, xa * xb + 1)
+
+
+# ----- dtypes and casts -------------------------------------------------------------------------
+
+
+def test_cast_to_float_types_does_not_round():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1], dtype=DOUBLE)
+        fd.add_output(fd.ops.cast(fd.ops.cast(x, HALF), BF16))
+    xs = np.array([1 + 2.0**-30, np.pi, 1e-9])
+    assert np.array_equal(evaluate(fd.fusion, [xs])[0], xs)
+
+
+def test_cast_to_int_truncates_toward_zero():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1], dtype=DOUBLE)
+        fd.add_output(fd.ops.cast(x, INT32))
+        fd.add_output(fd.ops.cast(fd.ops.cast(x, INT64), DOUBLE) / 2)
+    xs = np.array([-2.7, -0.5, 0.5, 2.7, 3.0, -1e10])
+    as_int, halves = evaluate(fd.fusion, [xs])
+    assert as_int.dtype == np.int64
+    assert as_int.tolist() == [-2, 0, 0, 2, 3, -10_000_000_000]
+    assert halves.tolist() == [-1.0, 0.0, 0.0, 1.0, 1.5, -5e9]
+
+
+def test_cast_to_bool_is_nonzero_and_back():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1], dtype=FLOAT)
+        b = fd.ops.cast(x, BOOL)
+        fd.add_output(b)
+        fd.add_output(fd.ops.cast(b, FLOAT) + fd.ops.cast(b, INT32))
+    flags, twos = evaluate(fd.fusion, [np.array([0.0, 0.1, -3.0, -0.0], dtype=np.float32)])
+    assert flags.dtype == bool and flags.tolist() == [False, True, True, False]
+    assert twos.tolist() == [0.0, 2.0, 2.0, 0.0]
+
+
+def test_integer_arithmetic_and_reductions():
+    with FusionDefinition() as fd:
+        a = fd.define_tensor([-1, -1], dtype=INT32)
+        b = fd.define_tensor([-1, -1], dtype=INT32)
+        fd.add_output(a / b)  # true division
+        fd.add_output(fd.ops.sum(a * b, [1]))
+        fd.add_output(fd.ops.sum(fd.ops.gt(a, b), [0, 1]))
+        fd.add_output(fd.ops.max(a, [1]))
+    xa = np.array([[7, -7, 2**30], [1, 2, 3]], dtype=np.int32)
+    xb = np.array([[2, 2, 4], [3, 2, 1]], dtype=np.int32)
+    quotient, dot, count, top = evaluate(fd.fusion, [xa, xb])
+    close(quotient, xa / xb)
+    assert dot.dtype == np.int64 and dot.tolist() == [14 - 14 + 2**32, 3 + 4 + 3]
+    assert count.dtype == np.int64 and count == 3
+    assert top.dtype == np.int64 and top.tolist() == [2**30, 3]
+
+
+def test_sum_with_dtype_and_bool_inputs():
+    with FusionDefinition() as fd:
+        m = fd.define_tensor([-1], dtype=BOOL)
+        x = fd.define_tensor([-1], dtype=BF16)
+        fd.add_output(fd.ops.sum(m, [0]))
+        fd.add_output(fd.ops.sum(x, [0], dtype=FLOAT))
+        fd.add_output(fd.ops.where(m, x, 0.5))
+    mask = np.array([True, False, True])
+    xs = np.array([1.5, 2.25, -4.0], dtype=bf16)
+    count, total, picked = evaluate(fd.fusion, [mask, xs])
+    assert count == 2 and total == -0.25
+    assert picked.tolist() == [1.5, 0.5, -4.0]
+
+
+def test_nan_and_inf_propagate_without_warnings():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1], dtype=FLOAT)
+        fd.add_output(fd.ops.log(x) + fd.ops.reciprocal(x))
+    with np.errstate(all="raise"):
+        (y,) = evaluate(fd.fusion, [np.array([0.0, -1.0, 1.0], dtype=np.float32)])
+    assert np.isnan(y[0]) or np.isinf(y[0])
+    assert np.isnan(y[1]) and y[2] == 1.0
+
+
+# ----- bad inputs -------------------------------------------------------------------------------
+
+
+def two_inputs():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=FLOAT)
+        w = fd.define_tensor([-1], dtype=FLOAT)
+        fd.add_output(x * w)
+    return fd.fusion
+
+
+def f32(*shape):
+    return np.ones(shape, dtype=np.float32)
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        ([f32(2, 3)], r"the fusion takes 2 inputs \(T0, T1\), got 1"),
+        ([f32(2, 3), f32(3), f32(3)], "takes 2 inputs .* got 3"),
+        ([f32(2, 3, 1), f32(3)], r"input 0 \(T0\): expected rank 2 .* got rank 3 with shape"),
+        ([f32(2, 3), f32(3, 1)], r"input 1 \(T1\): expected rank 1"),
+        (
+            [f32(2, 1024), f32(4096)],
+            "T1 dimension 0 has size 4096 but T0 dimension 1, which must be equal, has 1024",
+        ),
+        ([f32(2, 3), 1.0], r"input 1 \(T1\): expected a rank-1 DataType.Float array, got float"),
+        ([f32(2, 3), np.float32(1.0)], r"input 1 \(T1\): expected .* array, got float32"),
+        ([f32(2, 3), f32(3).astype(np.complex64)], r"input 1 \(T1\): .*got dtype complex64"),
+        ([f32(2, 3), np.full(3, 0.1)], "not all representable in DataType.Float"),
+        ([f32(2, 3), [1.0, 2.0, 3.0]], r"input 1 \(T1\): expected .* got list"),
+    ],
+)
+def test_bad_inputs(inputs, message):
+    with pytest.raises(BadInputError, match=message):
+        evaluate(two_inputs(), inputs)
+
+
+def test_int_inputs_take_no_floats():
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.neg(fd.define_tensor([-1], dtype=INT32)))
+    with pytest.raises(BadInputError, match=r"input 0 \(T0\): .* got dtype float32"):
+        evaluate(fd.fusion, [f32(2)])
+    with pytest.raises(BadInputError, match=r"not all representable in DataType\.Int32"):
+        evaluate(fd.fusion, [np.array([2**40])])
+    assert evaluate(fd.fusion, [np.array([2, -3])])[0].tolist() == [-2, 3]  # int64, exact
+
+
+def test_wider_arrays_holding_representable_values_are_accepted():
+    x = np.array([[1.5, -2.0]], dtype=bf16)
+    (y,) = evaluate(two_inputs(), [x.astype(np.float64), np.array([2.0, 0.5])])
+    assert y.tolist() == [[3.0, -1.0]]
+
+
+def test_fixed_and_broadcast_dimensions_are_checked():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([1, 8], dtype=FLOAT)
+        y = fd.define_tensor([-1], dtype=FLOAT)
+        fd.add_output(x + y)
+    with pytest.raises(BadInputError, match="T0 dimension 1 has size 7 but the definition fixes"):
+        evaluate(fd.fusion, [f32(1, 7), f32(7)])
+    with pytest.raises(
+        BadInputError, match=r"T1 dimension 0 has size 7 .* fixes it to 8 \(it must"
+    ):
+        evaluate(fd.fusion, [f32(1, 8), f32(7)])
+    with pytest.raises(BadInputError, match=r"T0 dimension 0 has size 2 .* broadcast dimension"):
+        evaluate(fd.fusion, [f32(2, 8), f32(8)])
+
+
+def test_scalar_input_checks():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1], dtype=FLOAT)
+        n = fd.define_scalar(dtype=INT32)
+        flag = fd.define_scalar(dtype=BOOL)
+        fd.add_output(fd.ops.where(flag, x * n, x))
+    with pytest.raises(BadInputError, match=r"input 1 \(S1\): expected a DataType.Int32 scalar"):
+        evaluate(fd.fusion, [f32(2), 2.5, True])
+    with pytest.raises(BadInputError, match=r"input 1 \(S1\): .* got an array of shape \(2,\)"):
+        evaluate(fd.fusion, [f32(2), f32(2), True])
+    with pytest.raises(BadInputError, match=r"does not fit in DataType\.Int32"):
+        evaluate(fd.fusion, [f32(2), 2**40, True])
+    with pytest.raises(BadInputError, match=r"input 2 \(S2\): expected a DataType.Bool scalar"):
+        evaluate(fd.fusion, [f32(2), 3, 1])
+    assert evaluate(fd.fusion, [f32(2), np.int32(3), np.True_])[0].tolist() == [3.0, 3.0]
+
+
+def test_empty_inputs_are_rejected():
+    with pytest.raises(BadInputError, match="T0 dimension 0 has size 0"):
+        evaluate(two_inputs(), [f32(0, 3), f32(3)])
+
+
+def test_bind_shapes_is_usable_without_data():
+    fusion = two_inputs()
+    sizes = bind_shapes(fusion, [(4, 6), (6,)])
+    assert sizes.shape(fusion.outputs[0]) == (4, 6)
+    with pytest.raises(BadInputError, match="T1 dimension 0 has size 5"):
+        bind_shapes(fusion, [(4, 6), (5,)])
+
+
+# ----- tolerances -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [DOUBLE, FLOAT, HALF, BF16])
+def test_tolerance_grows_with_reduction_size(dtype):
+    sizes = [0, 1, 2, 64, 1024, 24578, 65536, 2**20]
+    tols = [tolerance(dtype, n) for n in sizes]
+    assert tols[0] == tols[1]
+    for (r0, a0), (r1, a1) in itertools.pairwise(tols[1:]):
+        assert r1 > r0 and a1 > a0
+    assert tols[-1][0] < 2 * tols[1][0] + 1e-2  # grows, but stays a tolerance
+
+
+def test_tolerance_per_dtype():
+    rtols = [tolerance(d, 1024)[0] for d in (DOUBLE, FLOAT, HALF, BF16)]
+    assert rtols == sorted(rtols)
+    assert tolerance(DOUBLE, 1)[0] < 1e-11
+    assert 1e-6 <= tolerance(FLOAT, 1)[0] <= 1e-4
+    assert 1e-3 <= tolerance(HALF, 1)[0] <= 1e-2
+    assert 5e-3 <= tolerance(BF16, 1)[0] <= 3e-2
+    # a bf16 output rounded once, from any value, is within its own tolerance
+    x = np.random.default_rng(0).standard_normal(10_000)
+    rtol, atol = tolerance(BF16, 1)
+    assert np.all(np.abs(x.astype(bf16).astype(np.float64) - x) <= atol + rtol * np.abs(x))
+    for d in (INT32, INT64, BOOL):
+        assert tolerance(d, 4096) == (0.0, 0.0)
+    with pytest.raises(ValueError, match="reduction_size must be >= 0"):
+        tolerance(FLOAT, -1)
+
+
+def test_output_reduction_sizes():
+    fd = rmsnorm()
+    assert output_reduction_sizes(fd.fusion, [f32(3, 100), f32(100)]) == [100]
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=FLOAT)
+        m = fd.ops.max(x, [1], keepdim=True)  # max is exact: it does not count
+        e = fd.ops.exp(x - m)
+        fd.add_output(e / fd.ops.sum(e, [1], keepdim=True))
+        fd.add_output(e)
+        var, _ = fd.ops.var_mean(x, [0, 1])
+        fd.add_output(fd.ops.sum(e, [0]) + var)
+    assert output_reduction_sizes(fd.fusion, [f32(3, 50)]) == [50, 0, 3 + 150]
+
+
+# ----- compare ----------------------------------------------------------------------------------
+
+
+def bf16_rmsnorm_case(rng):
+    fd = rmsnorm(BF16)
+    x = rng.standard_normal((8, 256)).astype(bf16)
+    w = rng.standard_normal(256).astype(bf16)
+    refs = evaluate(fd.fusion, [x, w])
+    return fd.fusion, refs, output_reduction_sizes(fd.fusion, [x, w])
+
+
+def test_compare_passes_on_exact_and_on_rounded_outputs(rng):
+    fusion, refs, sizes = bf16_rmsnorm_case(rng)
+    compare(refs, refs, fusion, sizes)
+    compare([refs[0].astype(bf16)], refs, fusion, sizes)  # what a correct kernel stores
+
+
+def test_compare_reports_a_planted_error(rng):
+    fusion, refs, sizes = bf16_rmsnorm_case(rng)
+    out = refs[0].astype(bf16)
+    out[3, 17] = out[3, 17] + bf16(0.75)
+    with pytest.raises(AssertionError) as info:
+        compare([out], refs, fusion, sizes)
+    report = str(info.value)
+    name = fusion.outputs[0].name
+    assert f"output 0 ({name}, DataType.BFloat16, shape (8, 256))" in report
+    assert "1 of 2048 elements differ" in report
+    assert "worst at index (3, 17)" in report
+    assert "max abs err" in report and "max rel err" in report
+    assert "tolerance: rtol" in report and "(reduction size 256)" in report
+
+
+@pytest.mark.parametrize(
+    ("got", "ref", "ok"),
+    [
+        (np.nan, 1.0, False),
+        (1.0, np.nan, False),
+        (np.nan, np.nan, True),
+        (np.inf, np.inf, True),
+        (-np.inf, np.inf, False),
+        (np.inf, 1e30, False),
+        (1.0, 1.0 + 1e-7, True),
+        (1.0, 1.001, False),
+    ],
+)
+def test_compare_nonfinite_values(got, ref, ok):
+    fusion = two_inputs()
+    outs, refs = [np.array([[0.5, got]])], [np.array([[0.5, ref]])]
+    if ok:
+        compare(outs, refs, fusion, 1)
+    else:
+        with pytest.raises(AssertionError, match=r"1 of 2 elements differ"):
+            compare(outs, refs, fusion, 1)
+
+
+def test_compare_report_names_nan_mismatches():
+    fusion = two_inputs()
+    with pytest.raises(AssertionError, match=r"1 NaN/inf mismatches, first at index \(0, 1\)"):
+        compare([np.array([[0.5, np.nan]])], [np.array([[0.5, 2.0]])], fusion, [1])
+
+
+def test_compare_shapes_counts_and_integers():
+    fusion = two_inputs()
+    with pytest.raises(AssertionError, match=r"shape \(2, 3\), but the reference has shape"):
+        compare([np.zeros((2, 3))], [np.zeros((3, 2))], fusion, 1)
+    with pytest.raises(AssertionError, match=r"the fusion has 1 outputs \(T2\); got 2 outputs"):
+        compare([np.zeros(1)] * 2, [np.zeros(1)], fusion, 1)
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.sum(fd.define_tensor([-1, -1], dtype=INT32), [1]))
+    compare([np.array([5, 6])], [np.array([5, 6])], fd.fusion, 4096)
+    with pytest.raises(AssertionError, match=r"exact match required.*index \(1,\): got 7, expe"):
+        compare([np.array([5, 7])], [np.array([5, 6])], fd.fusion, 4096)
+
+
+def test_compare_tolerance_follows_the_reduction_size():
+    fusion = two_inputs()
+    rtol_small, _ = tolerance(FLOAT, 1)
+    rtol_big, _ = tolerance(FLOAT, 2**20)
+    ref = np.array([[1.0]])
+    off = np.array([[1.0 + (rtol_small + rtol_big) / 2]])
+    with pytest.raises(AssertionError):
+        compare([off], [ref], fusion, 1)
+    compare([off], [ref], fusion, [2**20])
