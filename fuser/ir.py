@@ -47,9 +47,11 @@ class Extent:
             raise DefinitionError(
                 f"{context}: sizes {a.value} ({a.label}) and {b.value} ({b.label}) must be equal"
             )
-        if a.value is None:
+        if a.value is None and b.value is not None:
             a, b = b, a
-        b._parent = a  # keep the representative that has a fixed value, if any
+        if a.value is None and b.id < a.id:
+            a, b = b, a
+        b._parent = a  # the representative: the fixed size if any, else the oldest extent
 
     def __repr__(self) -> str:
         root = self.find()
@@ -278,8 +280,11 @@ class Fusion:
             [v.dtype for v in typed if isinstance(v, Tensor)],
             [v.dtype for v in typed if isinstance(v, Scalar)],
         )
-        if op in ("abs", "neg") and operand_type is DataType.Bool:
-            raise DefinitionError(f"{op}: {vals[0].name} is Bool; {op} needs a number")
+        if op in ("abs", "neg", "sub") and operand_type is DataType.Bool:
+            raise DefinitionError(
+                f"{op}: operands {', '.join(v.name for v in vals)} are Bool; {op} needs numbers "
+                "(cast them, or use ne/eq for logic)"
+            )
         result_type = info.types.result(operand_type)
         if tensors:
             out = self._tensor(result_type, self._broadcast_dims(op, tensors))
@@ -326,6 +331,10 @@ class Fusion:
         size_inputs = []
         for d, size in enumerate(shape):
             if isinstance(size, Scalar):
+                if size.fusion is not self:
+                    raise DefinitionError(
+                        f"{context}: shape[{d}] = {size.name} belongs to another FusionDefinition"
+                    )
                 if size.extent is None and size.value != 1:
                     raise DefinitionError(
                         f"{context}: shape[{d}] = {size.name} is not a tensor size; pass an int "
@@ -380,10 +389,13 @@ class Fusion:
                 f"var_mean: {t.name} has dtype {t.dtype}; cast it to a float type"
             )
         dims = tuple(sorted({self._normalize_dim("var_mean", t, d) for d in dims}))
+        if not dims:
+            raise DefinitionError(f"var_mean({t.name}): dims is empty; name the dimensions")
         out_dims = self._reduced_dims(t, dims, keepdim)
         var, mean = self._tensor(t.dtype, out_dims), self._tensor(t.dtype, out_dims)
         self._define(
-            "var_mean", [t], [var, mean], dims=dims, correction=int(correction), keepdim=keepdim
+            "var_mean", [t], [var, mean], dims=dims, correction=int(correction),
+            keepdim=bool(keepdim),
         )
         return var, mean
 

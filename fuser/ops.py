@@ -51,7 +51,7 @@ class ElementwiseOp:
 @dataclass(frozen=True)
 class ReductionOp:
     name: str
-    combine: str  # CUDA expression combining two partial values {0} and {1}
+    functor: str  # CUDA functor combining two partial values (templates/fuser_math.cuh)
     identity: str  # CUDA expression of the identity, over the compute type {t}
     reference: Callable  # numpy reduction taking (array, axis=, keepdims=)
     doc: str
@@ -103,8 +103,8 @@ ELEMENTWISE: dict[str, ElementwiseOp] = {
 REDUCTIONS: dict[str, ReductionOp] = {
     op.name: op
     for op in [
-        ReductionOp("sum", "({0} + {1})", "{t}(0)", np.sum, "sum over dims"),
-        ReductionOp("max", "fm::max({0}, {1})", "fm::lowest<{t}>()", np.max, "maximum over dims"),
+        ReductionOp("sum", "fm::Sum", "{t}(0)", np.sum, "sum over dims"),
+        ReductionOp("max", "fm::Max", "fm::lowest<{t}>()", np.max, "maximum over dims"),
     ]
 }
 

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import math
+
 from fuser.ir import Fusion, Scalar, Tensor
 
 
 def _list(items) -> str:
     return "[" + ", ".join(str(i) for i in items) + "]"
+
+
+def _number(value) -> str:
+    """A constant as Python source; inf and nan need float(...) to be valid source."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"float('{value}')"
+    return repr(value)
 
 
 def _input_tensor(t: Tensor) -> str:
@@ -55,7 +64,7 @@ def python_definition(fusion: Fusion) -> str:
         elif isinstance(v, Tensor):
             lines.append(_input_tensor(v))
         elif isinstance(v, Scalar):
-            value = "None" if v.value is None else repr(v.value)
+            value = _number(v.value)
             lines.append(f"{v.name} = fd.define_scalar({value}, dtype={v.dtype!r})")
     lines += [f"fd.add_output({o.name})" for o in fusion.outputs]
     return "\n    ".join(lines) + "\n"

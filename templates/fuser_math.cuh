@@ -117,6 +117,17 @@ __device__ __forceinline__ bool lowest<bool>() { return false; }
 __device__ __forceinline__ double inf() { return __longlong_as_double(0x7ff0000000000000LL); }
 __device__ __forceinline__ double nan() { return __longlong_as_double(0x7ff8000000000000LL); }
 
+// ----- reduction functors (ops.py REDUCTIONS names them) -----
+
+struct Sum {
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+struct Max {
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return max(a, b); }
+};
+
 // ----- warp reduction over groups of WIDTH lanes (WIDTH a power of two <= 32) -----
 
 template <int WIDTH, typename T, typename Op>

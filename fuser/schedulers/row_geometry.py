@@ -31,7 +31,7 @@ from fuser.smem import SmemPlan
 
 TARGET_VECTORS_PER_THREAD = 4  # ~32 bf16 elements per thread per row: enough loads in flight
 MIN_BLOCK_THREADS = 256  # small rows are packed several to a block up to this many threads
-BASE_REGISTERS = 40  # indices, pointers, loop state and reduction temporaries
+BASE_REGISTERS = 20  # indices, pointers, loop state and reduction temporaries
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,9 @@ def build_row_schedule(
     acc_regs = sum(_regs_per_vectors(batch, vec, b) for b in acc_bytes)
 
     def can_async(t: Tensor) -> bool:
+        """cp.async copies 4, 8 or 16 bytes. Narrower vectors (a bool mask at vec 2) are copied
+        through registers, which only pays with one stage: a two-stage pipeline would stall
+        on the copy, so there they stay in registers."""
         return vec * t.dtype.itemsize in (4, 8, 16)
 
     full = list(info.full_inputs)
@@ -133,7 +136,8 @@ def build_row_schedule(
             for stages in stage_options:
                 for moved in range(len(full) + 1):
                     for cols_in_smem in (True, False):
-                        storage = {t.name: SMEM for t in full}
+                        storage = {t.name: SMEM if can_async(t) or stages == 1 else REGISTERS
+                                   for t in full}
                         storage.update({t.name: REGISTERS for t in full[:moved]})
                         storage.update({t.name: SMEM if cols_in_smem else REGISTERS
                                         for t in cols})
@@ -141,9 +145,10 @@ def build_row_schedule(
         else:
             yield 1, {t.name: REGISTERS for t in full + cols}
             for stages in stage_options:
-                yield stages, {**{t.name: SMEM for t in full},
-                               **{t.name: REGISTERS for t in cols}}
-                yield stages, {t.name: SMEM for t in full + cols}
+                in_smem = {t.name: SMEM if can_async(t) or stages == 1 else REGISTERS
+                           for t in full}
+                yield stages, {**in_smem, **{t.name: REGISTERS for t in cols}}
+                yield stages, {**in_smem, **{t.name: SMEM for t in cols}}
 
     max_regs = min(device.max_regs_per_thread, device.regs_per_block // threads)
     tried = []

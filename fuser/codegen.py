@@ -1,0 +1,405 @@
+"""Fusion + schedule -> CUDA source, through Jinja templates.
+
+All decisions are made here or earlier: this module turns the fusion's expressions into C++
+statements (one per value, named after the IR value) for each place a template evaluates
+them (kernel prologue, once per row, per element, per column), and hands the templates
+prepared lists. Templates only place what they are given. Rendering is deterministic: equal
+inputs give byte-identical source, so the source itself is a sound cache key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import jinja2
+
+from fuser.analysis import FusionInfo, Role
+from fuser.dtypes import DataType
+from fuser.errors import UnsupportedFusionError
+from fuser.ir import Expr, Scalar, Tensor, Val
+from fuser.ops import ELEMENTWISE, REDUCTIONS
+from fuser.schedulers.base import SMEM, FinalizeSchedule, PointwiseSchedule, RowSchedule
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """A rendered CUDA module and the entry points the executor launches."""
+
+    name: str  # the fusion's name
+    source: str
+    row_entry: str  # the main kernel (pointwise or row kernel)
+    finalize_entry: str | None  # the column finalize kernel, when there is one
+
+
+# ----- templates -----
+
+
+@cache
+def template_dir() -> Path:
+    """templates/ of the installed wheel (package fuser.templates), else of the source tree."""
+    try:
+        from importlib.resources import files
+
+        path = Path(str(files("fuser.templates")))
+        if (path / "fuser_math.cuh").exists():
+            return path
+    except ModuleNotFoundError:
+        pass
+    return Path(__file__).resolve().parent.parent / "templates"
+
+
+@cache
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(template_dir())),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+@cache
+def templates_hash() -> str:
+    """Hash of every template and header: part of each kernel's header, hence its cache key."""
+    digest = hashlib.sha256()
+    for path in sorted(template_dir().glob("*")):
+        if path.suffix in (".j2", ".cuh"):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+# ----- expressions -----
+
+
+def _ctype(v: Val) -> str:
+    return v.dtype.compute_type
+
+
+def _convert(expr: str, src: str, dst: str) -> str:
+    return expr if src == dst else f"static_cast<{dst}>({expr})"
+
+
+def _literal(value, dtype: DataType) -> str:
+    if dtype is DataType.Bool:
+        return "true" if value else "false"
+    if not dtype.is_float:
+        return f"{int(value)}LL"
+    value = float(value)
+    if math.isnan(value):
+        return "fm::nan()"
+    if math.isinf(value):
+        return "fm::inf()" if value > 0 else "(-fm::inf())"
+    return repr(value)
+
+
+class Emitter:
+    """Writes C++ statements for values of a fusion, given C++ expressions for what is known.
+
+    `env` maps values to expressions already available at the emission point; `emit` adds one
+    `const` statement per missing value in definition order (aliases such as broadcast_in_dim
+    emit nothing) and records the new names in `env`.
+    """
+
+    def __init__(self, info: FusionInfo, env: dict[Val, str], prefix: str):
+        self.info = info
+        self.env = dict(env)
+        self.prefix = prefix
+
+    def emit(self, targets) -> list[str]:
+        needed: set[Val] = set()
+        stack = [t for t in targets if t not in self.env]
+        while stack:
+            v = stack.pop()
+            if v in needed or v in self.env:
+                continue
+            if v.definition is None or v.definition.op in ("sum", "max"):
+                raise UnsupportedFusionError(
+                    f"{v.name} is needed where it is not available (internal scheduling error)"
+                )
+            needed.add(v)
+            stack.extend(v.definition.inputs)
+        lines = []
+        for v in sorted(needed, key=lambda v: v.index):
+            expr = self._expression(v.definition, v)
+            if v.definition.op == "broadcast_in_dim" or (
+                v.definition.op == "cast" and self._is_alias(v.definition)
+            ):
+                self.env[v] = expr
+                continue
+            name = f"{self.prefix}{v.name}"
+            lines.append(f"const {_ctype(v)} {name} = {expr};")
+            self.env[v] = name
+        return lines
+
+    @staticmethod
+    def _is_alias(e: Expr) -> bool:
+        src, dst = e.inputs[0].dtype, e.outputs[0].dtype
+        return src is dst
+
+    def _operand(self, v: Val, compute: str) -> str:
+        return _convert(self.env[v], _ctype(v), compute)
+
+    def _expression(self, e: Expr, v: Val) -> str:
+        if e.op == "broadcast_in_dim":
+            return self.env[e.inputs[0]]
+        if e.op == "cast":
+            src = e.inputs[0]
+            x = self.env[src]
+            target = e.attr("dtype")
+            if target is DataType.BFloat16:
+                return f"fm::round_bf16({_convert(x, _ctype(src), 'float')})"
+            if target is DataType.Half:
+                return f"fm::round_half({_convert(x, _ctype(src), 'float')})"
+            if target is DataType.Bool and src.dtype is not DataType.Bool:
+                return f"({x} != 0)"
+            return _convert(x, _ctype(src), target.compute_type)
+        if e.op == "size":
+            raise AssertionError("sizes are bound in the kernel prologue")
+        compute = e.attr("compute").compute_type
+        if e.op == "where":
+            args = [self.env[e.inputs[0]]] + [self._operand(i, compute) for i in e.inputs[1:]]
+        else:
+            args = [self._operand(i, compute) for i in e.inputs]
+        return ELEMENTWISE[e.op].cuda.format(*args)
+
+
+def _scalar_prologue(info: FusionInfo) -> tuple[list[str], dict[Val, str]]:
+    """Statements for every scalar value (constants, sizes, scalar arithmetic), evaluated once."""
+    env: dict[Val, str] = {}
+    lines = []
+    for s in info.scalar_inputs:
+        env[s] = s.name
+    for v in info.fusion.vals:
+        if not isinstance(v, Scalar) or v in env:
+            continue
+        if v.definition is None:
+            lines.append(f"const {_ctype(v)} {v.name} = {_literal(v.value, v.dtype)};")
+            env[v] = v.name
+        elif v.definition.op == "size":
+            extent = v.extent.find() if v.extent is not None else None
+            size = ("1LL" if extent is None else "static_cast<long long>(H)"
+                    if extent is info.hidden_axis else "n_rows")
+            lines.append(f"const long long {v.name} = {size};")
+            env[v] = v.name
+    emitter = Emitter(info, env, "")
+    scalars = [v for v in info.fusion.vals if isinstance(v, Scalar) and v not in env]
+    lines += emitter.emit(scalars)
+    return lines, emitter.env
+
+
+def _param(t: Tensor, const: bool) -> str:
+    qualifier = "const " if const else ""
+    return f"{qualifier}{t.dtype.cuda_type}* __restrict__ g_{t.name}"
+
+
+def _scalar_params(info: FusionInfo) -> list[str]:
+    return [f"{s.dtype.compute_type} {s.name}" for s in info.scalar_inputs]
+
+
+def _header(name: str, info: FusionInfo, schedules) -> list[str]:
+    lines = [f"fuser kernel module for fusion '{name}' (templates {templates_hash()})", ""]
+    lines += [*info.describe().splitlines(), ""]
+    for s in schedules:
+        lines += [*str(s).splitlines(), ""]
+        lines += ["shared memory plan:", *s.smem.table().splitlines(), ""]
+    return lines
+
+
+# ----- the row kernel (inner and inner-outer persistent) -----
+
+
+def _reduction_entry(e: Expr, var: str, value: str) -> dict:
+    op = REDUCTIONS[e.op]
+    ct = _ctype(e.outputs[0])
+    return {
+        "var": var,
+        "ctype": ct,
+        "identity": op.identity.format(t=ct),
+        "functor": f"{op.functor}{{}}",
+        "value": _convert(value, _ctype(e.inputs[0]), ct),
+    }
+
+
+def render_row(
+    name: str, info: FusionInfo, schedule: RowSchedule, finalize: FinalizeSchedule | None
+) -> KernelSource:
+    fusion = info.fusion
+    roles = info.roles
+    scalar_lines, scalar_env = _scalar_prologue(info)
+    outer_values = {e.outputs[0] for e in info.outer_reductions}
+
+    def buffer(t: Tensor) -> dict:
+        p = schedule.placement(t.name)
+        return {
+            "name": t.name,
+            "ctype": t.dtype.cuda_type,
+            "smem": p.storage == SMEM,
+            "async": p.async_copy,
+            "offset": schedule.smem.offset(f"s_{t.name}") if p.storage == SMEM else 0,
+        }
+
+    full = [buffer(t) for t in info.full_inputs]
+    cols = [buffer(t) for t in info.col_inputs]
+    element_env = dict(scalar_env)
+    for t in info.full_inputs:
+        element_env[t] = f"fm::to_compute(x_{t.name}.v[i])"
+    for t in info.col_inputs:
+        element_env[t] = f"fm::to_compute(c_{t.name}.v[i])"
+
+    # Row values: row inputs, inner reduction results, and what is computed from them alone.
+    row_env = dict(scalar_env)
+    for t in info.row_inputs:
+        row_env[t] = f"row_{t.name}"
+    row_values = [v for v in fusion.vals if roles[v] is Role.ROW and v.definition is not None
+                  and v.definition.op not in ("sum", "max")]
+
+    def row_lines(level: int) -> list[str]:
+        emitter = Emitter(info, row_env, "row_")
+        ready = [v for v in row_values if info.level[v] == level and v not in row_env]
+        lines = emitter.emit(ready)
+        row_env.update(emitter.env)
+        return lines
+
+    levels = []
+    start_lines = row_lines(0)
+    for k, level in enumerate(info.inner_levels):
+        emitter = Emitter(info, {**element_env, **row_env}, "e_")
+        element_lines = emitter.emit([e.inputs[0] for e in level])
+        reductions = [
+            _reduction_entry(e, f"row_{e.outputs[0].name}", emitter.env[e.inputs[0]])
+            for e in level
+        ]
+        for e in level:
+            row_env[e.outputs[0]] = f"row_{e.outputs[0].name}"
+        levels.append({"element_lines": element_lines, "reductions": reductions,
+                       "after_lines": row_lines(k + 1)})
+
+    # The final phase: full outputs and the values accumulated by outer reductions.
+    full_outputs = info.outputs(Role.FULL)
+    emitter = Emitter(info, {**element_env, **row_env}, "e_")
+    final_lines = emitter.emit([*full_outputs, *(e.inputs[0] for e in info.outer_reductions)])
+    outputs = [{"name": o.name, "ctype": o.dtype.cuda_type, "value": emitter.env[o]}
+               for o in full_outputs]
+    accumulators = [
+        {**_reduction_entry(e, f"acc_{e.outputs[0].name}", emitter.env[e.inputs[0]]),
+         "name": e.outputs[0].name}
+        for e in info.outer_reductions
+    ]
+    row_outputs = [{"name": o.name, "ctype": o.dtype.cuda_type, "value": row_env[o]}
+                   for o in info.outputs(Role.ROW)]
+
+    params = ([_param(t, True) for t in (*info.full_inputs, *info.col_inputs, *info.row_inputs)]
+              + [_param(o, False) for o in (*full_outputs, *info.outputs(Role.ROW))]
+              + [f"{a['ctype']}* __restrict__ g_part_{a['name']}" for a in accumulators]
+              + _scalar_params(info))
+    entry = f"{name}_row"
+    context = {
+        "header": _header(name, info, [schedule] + ([finalize] if finalize else [])),
+        "entry": entry,
+        "params": params,
+        "s": schedule,
+        "nv": schedule.hidden // schedule.vec,
+        "covers": schedule.batch * schedule.threads_per_row * schedule.vec == schedule.hidden,
+        "smem_reduce": schedule.smem.offset("s_reduce") if "s_reduce" in schedule.smem else None,
+        "smem_outer": schedule.smem.offset("s_outer") if "s_outer" in schedule.smem else None,
+        "width": max((len(lv) for lv in info.inner_levels), default=0),
+        "scalar_lines": scalar_lines,
+        "full": full,
+        "async_full": [b for b in full if b["async"]],
+        "copied_full": [b for b in full if b["smem"] and not b["async"]],
+        "cols": cols,
+        "row_inputs": [{"name": t.name, "ctype": _ctype(t)} for t in info.row_inputs],
+        "start_lines": start_lines,
+        "levels": levels,
+        "final_lines": final_lines,
+        "outputs": outputs,
+        "row_outputs": row_outputs,
+        "accumulators": accumulators,
+    }
+    source = _environment().get_template("row_kernel.cu.j2").render(context)
+    finalize_entry = None
+    if finalize is not None:
+        finalize_entry = f"{name}_finalize"
+        source += _render_finalize(finalize_entry, info, finalize, outer_values, scalar_env,
+                                   accumulators)
+    return KernelSource(name, source, entry, finalize_entry)
+
+
+def _render_finalize(entry, info, schedule, outer_values, scalar_env, accumulators) -> str:
+    env = dict(scalar_env)
+    for e in info.outer_reductions:
+        env[e.outputs[0]] = f"tot_{e.outputs[0].name}"
+    for t in info.col_inputs:
+        env[t] = f"fm::to_compute(g_{t.name}[col])"
+    col_outputs = info.outputs(Role.COL)
+    emitter = Emitter(info, env, "c_")
+    lines = emitter.emit(col_outputs)
+    params = ([f"const {a['ctype']}* __restrict__ g_part_{a['name']}" for a in accumulators]
+              + [_param(t, True) for t in info.col_inputs]
+              + [_param(o, False) for o in col_outputs]
+              + _scalar_params(info))
+    context = {
+        "entry": entry,
+        "params": params,
+        "f": schedule,
+        "smem_lanes": schedule.smem.offset("s_lanes") if accumulators else None,
+        "accumulators": accumulators,
+        "scalar_lines": _scalar_prologue(info)[0],
+        "lines": lines,
+        "outputs": [{"name": o.name, "ctype": o.dtype.cuda_type, "value": emitter.env[o]}
+                    for o in col_outputs],
+    }
+    return _environment().get_template("finalize.cu.j2").render(context)
+
+
+# ----- the pointwise kernel -----
+
+
+def render_pointwise(name: str, info: FusionInfo, schedule: PointwiseSchedule) -> KernelSource:
+    scalar_lines, scalar_env = _scalar_prologue(info)
+    env = dict(scalar_env)
+    for t in info.full_inputs:
+        env[t] = f"fm::to_compute(x_{t.name}.v[i])"
+    for t in info.col_inputs:
+        env[t] = f"fm::to_compute(c_{t.name}.v[i])"
+    row_lines_env = dict(scalar_env)
+    for t in info.row_inputs:
+        env[t] = row_lines_env[t] = f"row_{t.name}"
+    outs = {r: info.outputs(r) for r in (Role.FULL, Role.ROW, Role.COL)}
+    row_emitter = Emitter(info, row_lines_env, "row_")
+    row_lines = row_emitter.emit(outs[Role.ROW])
+    env.update(row_emitter.env)
+    emitter = Emitter(info, env, "e_")
+    element_lines = emitter.emit([*outs[Role.FULL], *outs[Role.COL]])
+    entry = f"{name}_pointwise"
+    params = ([_param(t, True) for t in (*info.full_inputs, *info.col_inputs, *info.row_inputs)]
+              + [_param(o, False) for r in (Role.FULL, Role.COL, Role.ROW) for o in outs[r]]
+              + _scalar_params(info))
+
+    def described(ts, env_):
+        return [{"name": o.name, "ctype": o.dtype.cuda_type, "value": env_[o]} for o in ts]
+
+    context = {
+        "header": _header(name, info, [schedule]),
+        "entry": entry,
+        "params": params,
+        "s": schedule,
+        "nv": schedule.hidden // schedule.vec,
+        "scalar_lines": scalar_lines,
+        "full": [{"name": t.name, "ctype": t.dtype.cuda_type} for t in info.full_inputs],
+        "cols": [{"name": t.name, "ctype": t.dtype.cuda_type} for t in info.col_inputs],
+        "row_inputs": [{"name": t.name, "ctype": _ctype(t)} for t in info.row_inputs],
+        "row_lines": row_lines,
+        "element_lines": element_lines,
+        "full_outputs": described(outs[Role.FULL], emitter.env),
+        "col_outputs": described(outs[Role.COL], emitter.env),
+        "row_outputs": described(outs[Role.ROW], row_emitter.env),
+    }
+    source = _environment().get_template("pointwise.cu.j2").render(context)
+    return KernelSource(name, source, entry, None)

@@ -1,0 +1,328 @@
+"""Compile CUDA C++ to an sm_XX cubin with NVRTC, and read the ptxas resource report.
+
+Every kernel fuser runs goes through `compile_cuda`: NVRTC (through `cuda.bindings.nvrtc`)
+builds a cubin for one exact architecture with `--ptxas-options=-v`, so the registers, spills,
+stack and static shared memory of every kernel are known on a machine without a GPU, and are the
+same numbers as for the binary that later runs. On a GPU the cubin is loaded with
+`cupy.RawModule(path=...)` (`load_module`); CuPy never compiles anything itself, so there is one
+option list (`compile_options`) and no second path whose flags could drift.
+
+Why a cubin and not PTX: PTX from a newer NVRTC does not JIT on an older driver, while a cubin
+loads on any driver of the same CUDA major (CuPy emits cubin for the same reason).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+
+from fuser.errors import CompileError
+
+#: The CUDA headers fuser's kernels may include. NVRTC has no built-in copy of them (checked
+#: with NVRTC 13.5: `#include <cuda_bf16.h>` fails without -I), so they come from a wheel
+#: (nvidia-cuda-runtime ships nvidia/cu13/include) or a CUDA toolkit.
+CUDA_HEADERS = ("cuda_fp16.h", "cuda_fp16.hpp", "cuda_bf16.h", "cuda_bf16.hpp")
+
+#: Environment variable naming a folder that holds cuda_bf16.h, to override the search.
+INCLUDE_ENV = "FUSER_CUDA_INCLUDE_DIR"
+
+
+def _nvrtc():
+    """The NVRTC bindings, imported on first use so that `import fuser` works without them."""
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError as e:  # pragma: no cover - depends on the installation
+        raise ImportError(
+            "fuser compiles kernels with NVRTC through cuda-bindings; install them with "
+            "`pip install cuda-bindings nvidia-cuda-nvrtc` (or fuser[cuda13])"
+        ) from e
+    return nvrtc
+
+
+def _check(result, what: str):
+    """Unwrap a cuda.bindings NVRTC return tuple, raising RuntimeError on a failed call."""
+    nvrtc = _nvrtc()
+    status, *values = result
+    if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise RuntimeError(f"{what} failed: {status.name}")
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+@functools.cache
+def nvrtc_version() -> tuple[int, int]:
+    """(major, minor) of the NVRTC library in use; part of every cache key."""
+    major, minor = _check(_nvrtc().nvrtcVersion(), "nvrtcVersion")
+    return int(major), int(minor)
+
+
+@functools.cache
+def _no_cache_supported() -> bool:
+    """Whether this NVRTC takes --no-cache (NVRTC 13 does; older ones may reject it)."""
+    nvrtc = _nvrtc()
+    prog = _check(nvrtc.nvrtcCreateProgram(b"", b"probe.cu", 0, [], []), "nvrtcCreateProgram")
+    try:
+        (status,) = nvrtc.nvrtcCompileProgram(prog, 1, [b"--no-cache"])
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    return status != nvrtc.nvrtcResult.NVRTC_ERROR_INVALID_OPTION
+
+
+def _has_headers(folder: str | None) -> bool:
+    return bool(folder) and os.path.isfile(os.path.join(folder, "cuda_bf16.h"))
+
+
+@functools.cache
+def cuda_include_dir() -> str | None:
+    """The folder holding cuda_fp16.h / cuda_bf16.h, or None when none was found.
+
+    Search order: $FUSER_CUDA_INCLUDE_DIR (must hold the headers), then cuda.pathfinder's
+    search for the CUDA runtime headers (pip wheel nvidia-cuda-runtime first, then conda,
+    $CUDA_PATH / $CUDA_HOME and the system toolkit), then /usr/local/cuda/include.
+    Without headers, kernels that include none still compile; the others fail with NVRTC's
+    'could not open source file' in their CompileError.
+    """
+    override = os.environ.get(INCLUDE_ENV)
+    if override:
+        if not _has_headers(override):
+            raise FileNotFoundError(f"{INCLUDE_ENV}={override} holds no cuda_bf16.h")
+        return os.path.abspath(override)
+    try:
+        from cuda import pathfinder
+
+        found = pathfinder.find_nvidia_header_directory("cudart")
+    except Exception:  # any failure of the optional search means "not found"
+        found = None
+    for folder in (found, "/usr/local/cuda/include"):
+        if _has_headers(folder):
+            return os.path.abspath(folder)
+    return None
+
+
+@functools.cache
+def cuda_headers_hash() -> str:
+    """sha256 over the CUDA headers kernels may include, so an upgraded header changes keys."""
+    digest = hashlib.sha256()
+    folder = cuda_include_dir()
+    for header in CUDA_HEADERS:
+        path = os.path.join(folder, header) if folder else ""
+        digest.update(header.encode() + b"\0")
+        if path and os.path.isfile(path):
+            with open(path, "rb") as f:
+                digest.update(f.read())
+    return digest.hexdigest()
+
+
+def compile_options(arch: int) -> tuple[str, ...]:
+    """The one NVRTC option list used for every fuser kernel.
+
+    - an exact `sm_XX` target, so NVRTC emits a cubin and runs ptxas;
+    - `-ftz=false`: denormals are kept (NVRTC's default, but CuPy passes -ftz=true when it
+      compiles; fuser checks results against float64, where flushing would show);
+    - `--fmad=true`: contractions into FMA are allowed (the default, stated for the cache key);
+    - `-default-device`: functions without an execution space are device functions;
+    - `--ptxas-options=-v` and `--warn-on-spills`: the resource report (one flag per option,
+      ptxas rejects a comma list passed through NVRTC);
+    - `--no-cache` (where NVRTC takes it): when a driver is present, NVRTC 13 keeps compiled
+      cubins in the driver's cache and on a hit skips ptxas, so the log holds no resource
+      report (seen on the H200: a second compile of the same source logged nothing). fuser
+      caches compiled modules itself;
+    - `-I` the folder with cuda_fp16.h / cuda_bf16.h when one was found.
+    """
+    options = [
+        f"--gpu-architecture=sm_{int(arch)}",
+        "-std=c++17",
+        "-ftz=false",
+        "--fmad=true",
+        "-default-device",
+        "--ptxas-options=-v",
+        "--ptxas-options=--warn-on-spills",
+    ]
+    if _no_cache_supported():
+        options.append("--no-cache")
+    include = cuda_include_dir()
+    if include:
+        options.append(f"-I{include}")
+    return tuple(options)
+
+
+@dataclass(frozen=True)
+class KernelResources:
+    """What ptxas reports for one kernel (entry function) of a cubin.
+
+    static_smem is the `__shared__` memory the kernel declares (ptxas "smem"), in bytes. The
+    driver adds the per-block reserved shared memory on top of it (1 KiB on sm_90, shown by
+    cuobjdump as SHARED = smem + 1024) which is NOT counted here: the per-block limit is
+    static_smem + dynamic <= sharedMemPerBlockOptin, and occupancy must add the reserve per block.
+    stack_frame is this function's local-memory frame (spills and local arrays);
+    cumulative_stack adds the frames of the non-inlined functions it calls.
+    """
+
+    name: str
+    registers: int
+    spill_stores: int = 0
+    spill_loads: int = 0
+    stack_frame: int = 0
+    static_smem: int = 0
+    barriers: int = 0
+    cumulative_stack: int = 0
+
+    @property
+    def spills(self) -> bool:
+        """True when ptxas spilled registers to local memory."""
+        return self.spill_stores > 0 or self.spill_loads > 0
+
+    def __str__(self) -> str:
+        return (
+            f"{self.name}: {self.registers} registers, {self.static_smem} B static smem, "
+            f"{self.spill_stores} B spill stores, {self.spill_loads} B spill loads, "
+            f"{self.stack_frame} B stack, {self.barriers} barriers"
+        )
+
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+_PROPERTIES = re.compile(r"Function properties for (\S+)")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers")
+_BARRIERS = re.compile(r"used (\d+) barriers")
+_CUMULATIVE = re.compile(r"(\d+) bytes cumulative stack size")
+_SMEM = re.compile(r"(\d+) bytes smem")
+
+
+def parse_ptxas_log(log: str) -> dict[str, KernelResources]:
+    """The ptxas `-v` report in an NVRTC (or ptxas) log, keyed by entry name, in log order.
+
+    The report comes in blocks: "Compiling entry function 'k'", "Function properties for k",
+    a frame line (NVRTC prefixes it with `ptxas .`), then "Used N registers, used B barriers,
+    S bytes cumulative stack size, M bytes smem" where the barriers, stack and smem parts are
+    left out when zero by some ptxas versions. Non-inlined device functions get a
+    "Function properties" block of their own and are not entries. Other lines are ignored.
+    """
+    frames: dict[str, tuple[int, int, int]] = {}
+    used: dict[str, dict[str, int]] = {}
+    entry = None
+    properties_of = None
+    for line in log.splitlines():
+        if m := _ENTRY.search(line):
+            entry = m.group(1)
+            used.setdefault(entry, {})
+        elif m := _PROPERTIES.search(line):
+            properties_of = m.group(1)
+        elif (m := _FRAME.search(line)) and properties_of is not None:
+            frames[properties_of] = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
+        elif (m := _USED.search(line)) and entry is not None:
+            fields = {"registers": int(m.group(1))}
+            for key, pattern in (
+                ("barriers", _BARRIERS),
+                ("cumulative_stack", _CUMULATIVE),
+                ("static_smem", _SMEM),
+            ):
+                if found := pattern.search(line):
+                    fields[key] = int(found.group(1))
+            used[entry] = fields
+    result = {}
+    for name, fields in used.items():
+        if "registers" not in fields:
+            continue
+        stack, stores, loads = frames.get(name, (0, 0, 0))
+        result[name] = KernelResources(
+            name=name, stack_frame=stack, spill_stores=stores, spill_loads=loads, **fields
+        )
+    return result
+
+
+@dataclass(frozen=True)
+class CompiledModule:
+    """A cubin with everything that made it and what ptxas said about it."""
+
+    cubin: bytes
+    log: str
+    options: tuple[str, ...]
+    resources: tuple[KernelResources, ...]
+    nvrtc_version: tuple[int, int]
+
+    @property
+    def kernel_names(self) -> tuple[str, ...]:
+        return tuple(r.name for r in self.resources)
+
+    def resource(self, name: str) -> KernelResources:
+        """The resources of the entry `name` (the plain name of an extern "C" kernel)."""
+        for r in self.resources:
+            if r.name == name:
+                return r
+        raise KeyError(f"no kernel {name!r} in this module; it has {list(self.kernel_names)}")
+
+
+def _program_log(prog) -> str:
+    nvrtc = _nvrtc()
+    size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+    buffer = bytearray(size)  # never b" " * size: that is the interned b" " when size is 1
+    _check(nvrtc.nvrtcGetProgramLog(prog, buffer), "nvrtcGetProgramLog")
+    return buffer.decode(errors="replace").rstrip("\0")
+
+
+def options_for(arch: int, include_dirs: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """compile_options(arch) followed by one -I per extra include folder, in order."""
+    return compile_options(arch) + tuple(f"-I{os.fspath(d)}" for d in include_dirs)
+
+
+def compile_cuda(
+    source: str, name: str, arch: int, include_dirs: tuple[str, ...] = ()
+) -> CompiledModule:
+    """Compile `source` to a cubin for sm_`arch`; `name` names the file in NVRTC's messages.
+
+    include_dirs are added after the CUDA headers' folder (e.g. fuser's templates folder with
+    its .cuh helpers). Raises CompileError carrying the NVRTC log, the options and the source.
+    """
+    nvrtc = _nvrtc()
+    options = options_for(arch, include_dirs)
+    filename = name if name.endswith((".cu", ".cuh")) else f"{name}.cu"
+    prog = _check(
+        nvrtc.nvrtcCreateProgram(source.encode(), filename.encode(), 0, [], []),
+        "nvrtcCreateProgram",
+    )
+    try:
+        encoded = [o.encode() for o in options]
+        (status,) = nvrtc.nvrtcCompileProgram(prog, len(encoded), encoded)
+        log = _program_log(prog)
+        if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise CompileError(
+                f"NVRTC {nvrtc_version()[0]}.{nvrtc_version()[1]} could not compile {filename} "
+                f"for sm_{arch}: {status.name}",
+                source,
+                log,
+                options,
+            )
+        if "ptxas" not in log:  # ptxas -v always prints at least "0 bytes gmem" when it runs
+            raise RuntimeError(
+                f"NVRTC compiled {filename} without running ptxas (a cached cubin?), so there is "
+                f"no resource report; options: {' '.join(options)}"
+            )
+        size = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+        cubin = bytearray(size)
+        _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    return CompiledModule(
+        cubin=bytes(cubin),
+        log=log,
+        options=options,
+        resources=tuple(parse_ptxas_log(log).values()),
+        nvrtc_version=nvrtc_version(),
+    )
+
+
+def load_module(compiled: CompiledModule, path: str):
+    """Load the cubin file at `path` (which must hold compiled.cubin) as a cupy.RawModule.
+
+    Needs a GPU. Kernels are then fetched with `.get_function(name)`. The file is checked
+    against the compiled bytes first, so a stale or truncated file cannot be loaded.
+    """
+    with open(path, "rb") as f:
+        if f.read() != compiled.cubin:
+            raise ValueError(f"{path} does not hold this module's cubin ({len(compiled.cubin)} B)")
+    import cupy
+
+    return cupy.RawModule(path=os.fspath(path))

@@ -1,0 +1,180 @@
+"""Ready fusion definitions, written with the public frontend like any user fusion.
+
+Each builder takes the storage dtype of the big tensors and returns a FusionDefinition; its
+docstring gives the inputs in order. `FUSIONS` maps the names the CLI, tests, demo and bench use
+to the builders, and `make_inputs` draws valid random inputs for any of them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fuser.dtypes import DataType
+from fuser.frontend import FusionDefinition
+
+F32 = DataType.Float
+
+
+def _row(fd: FusionDefinition, t, like):
+    """Broadcast a per-row [N] or [N, 1] tensor to the shape of `like`."""
+    return fd.ops.broadcast_in_dim(t, shape=like.shape(), broadcast_dims=[0, 1][: t.ndim])
+
+
+def rmsnorm_fwd(dtype: DataType = DataType.BFloat16, eps: float = 1e-6) -> FusionDefinition:
+    """x [N, H], weight [H] -> y = x * rsqrt(mean(x^2) + eps) * weight, rstd [N, 1] fp32."""
+    with FusionDefinition("rmsnorm_fwd") as fd:
+        x = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=dtype)
+        w = fd.define_tensor(shape=[-1], contiguity=[True], dtype=dtype)
+        xf = fd.ops.cast(x, F32)
+        ms = fd.ops.div(fd.ops.sum(fd.ops.mul(xf, xf), dims=[1], keepdim=True), x.size(1))
+        rstd = fd.ops.rsqrt(fd.ops.add(ms, fd.define_scalar(eps)))
+        y = fd.ops.mul(fd.ops.mul(xf, _row(fd, rstd, x)), fd.ops.cast(w, F32))
+        fd.add_output(fd.ops.cast(y, dtype))
+        fd.add_output(rstd)
+    return fd
+
+
+def layernorm_fwd(dtype: DataType = DataType.BFloat16, eps: float = 1e-5) -> FusionDefinition:
+    """x [N, H], weight [H], bias [H] -> y, mean [N, 1] fp32, rstd [N, 1] fp32."""
+    with FusionDefinition("layernorm_fwd") as fd:
+        x = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=dtype)
+        w = fd.define_tensor(shape=[-1], contiguity=[True], dtype=dtype)
+        b = fd.define_tensor(shape=[-1], contiguity=[True], dtype=dtype)
+        xf = fd.ops.cast(x, F32)
+        var, mean = fd.ops.var_mean(xf, dims=[1], correction=0, keepdim=True)
+        rstd = fd.ops.rsqrt(fd.ops.add(var, fd.define_scalar(eps)))
+        xhat = fd.ops.mul(fd.ops.sub(xf, _row(fd, mean, x)), _row(fd, rstd, x))
+        y = fd.ops.add(fd.ops.mul(xhat, fd.ops.cast(w, F32)), fd.ops.cast(b, F32))
+        fd.add_output(fd.ops.cast(y, dtype))
+        fd.add_output(mean)
+        fd.add_output(rstd)
+    return fd
+
+
+def softmax_fwd(dtype: DataType = DataType.BFloat16) -> FusionDefinition:
+    """x [N, H] -> softmax over the hidden dimension (max-subtracted)."""
+    with FusionDefinition("softmax_fwd") as fd:
+        x = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=dtype)
+        xf = fd.ops.cast(x, F32)
+        m = fd.ops.max(xf, dims=[1], keepdim=True)
+        e = fd.ops.exp(fd.ops.sub(xf, _row(fd, m, x)))
+        s = fd.ops.sum(e, dims=[1], keepdim=True)
+        fd.add_output(fd.ops.cast(fd.ops.div(e, _row(fd, s, x)), dtype))
+    return fd
+
+
+def rmsnorm_bwd(dtype: DataType = DataType.BFloat16) -> FusionDefinition:
+    """x [N, H], rms [N, 1] fp32 (= sqrt(mean(x^2) + eps)), grad_out [N, H], weight [H]
+    -> grad_x [N, H], grad_weight [H]."""
+    with FusionDefinition("rmsnorm_bwd") as fd:
+        x = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=dtype)
+        rms = fd.define_tensor(shape=[-1, 1], contiguity=[True, None], dtype=F32)
+        dy = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=dtype)
+        w = fd.define_tensor(shape=[-1], contiguity=[True], dtype=dtype)
+        grad_x, grad_w = _rms_backward(fd, fd.ops.cast(x, F32), rms, dy, w, x)
+        fd.add_output(fd.ops.cast(grad_x, dtype))
+        fd.add_output(fd.ops.cast(grad_w, dtype))
+    return fd
+
+
+def dropout_rmsnorm_bwd(dtype: DataType = DataType.BFloat16, p: float = 0.1) -> FusionDefinition:
+    """input1, input2 [N, H], dropout_mask [N, H] bool, rms [N, 1] fp32, grad_out [N, H],
+    weight [H] -> grad_input1, grad_input2 [N, H], grad_weight [H]; x = input2 + mask *
+    input1 / (1 - p), as in nvFuser's benchmark."""
+    with FusionDefinition("dropout_rmsnorm_bwd") as fd:
+        in1 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=dtype)
+        in2 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=dtype)
+        mask = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Bool)
+        rms = fd.define_tensor(shape=[-1, 1], contiguity=[True, None], dtype=F32)
+        dy = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=dtype)
+        w = fd.define_tensor(shape=[-1], contiguity=[True], dtype=dtype)
+        scale = fd.define_scalar(1.0 / (1.0 - p))
+        maskf = fd.ops.cast(mask, F32)
+        x = fd.ops.add(
+            fd.ops.cast(in2, F32), fd.ops.mul(fd.ops.mul(maskf, fd.ops.cast(in1, F32)), scale)
+        )
+        grad_x, grad_w = _rms_backward(fd, x, rms, dy, w, in1)
+        fd.add_output(fd.ops.cast(fd.ops.mul(fd.ops.mul(grad_x, maskf), scale), dtype))
+        fd.add_output(fd.ops.cast(grad_x, dtype))
+        fd.add_output(fd.ops.cast(grad_w, dtype))
+    return fd
+
+
+def _rms_backward(fd, x, rms, dy, w, like):
+    """d/dx of x / rms * w: (w*dy - x * mean(w*dy*x) / rms^2) / rms, and dW = sum(dy * x/rms)."""
+    inv = fd.ops.reciprocal(_row(fd, rms, like))
+    wdy = fd.ops.mul(fd.ops.cast(dy, F32), fd.ops.cast(w, F32))
+    xhat = fd.ops.mul(x, inv)
+    mean_wdy_xhat = fd.ops.div(
+        fd.ops.sum(fd.ops.mul(wdy, xhat), dims=[1], keepdim=True), like.size(1)
+    )
+    grad_x = fd.ops.mul(fd.ops.sub(wdy, fd.ops.mul(xhat, _row(fd, mean_wdy_xhat, like))), inv)
+    grad_w = fd.ops.sum(fd.ops.mul(fd.ops.cast(dy, F32), xhat), dims=[0])
+    return grad_x, grad_w
+
+
+def layernorm_bwd(dtype: DataType = DataType.BFloat16) -> FusionDefinition:
+    """x [N, H], mean [N, 1] fp32, rstd [N, 1] fp32, grad_out [N, H], weight [H]
+    -> grad_x [N, H], grad_weight [H], grad_bias [H]."""
+    with FusionDefinition("layernorm_bwd") as fd:
+        x = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=dtype)
+        mean = fd.define_tensor(shape=[-1, 1], contiguity=[True, None], dtype=F32)
+        rstd = fd.define_tensor(shape=[-1, 1], contiguity=[True, None], dtype=F32)
+        dy = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=dtype)
+        w = fd.define_tensor(shape=[-1], contiguity=[True], dtype=dtype)
+        dyf = fd.ops.cast(dy, F32)
+        xhat = fd.ops.mul(fd.ops.sub(fd.ops.cast(x, F32), _row(fd, mean, x)), _row(fd, rstd, x))
+        wdy = fd.ops.mul(dyf, fd.ops.cast(w, F32))
+        n = x.size(1)
+        c1 = fd.ops.div(fd.ops.sum(fd.ops.mul(wdy, xhat), dims=[1], keepdim=True), n)
+        c2 = fd.ops.div(fd.ops.sum(wdy, dims=[1], keepdim=True), n)
+        inner = fd.ops.sub(fd.ops.sub(wdy, fd.ops.mul(xhat, _row(fd, c1, x))), _row(fd, c2, x))
+        fd.add_output(fd.ops.cast(fd.ops.mul(inner, _row(fd, rstd, x)), dtype))
+        fd.add_output(fd.ops.cast(fd.ops.sum(fd.ops.mul(dyf, xhat), dims=[0]), dtype))
+        fd.add_output(fd.ops.cast(fd.ops.sum(dyf, dims=[0]), dtype))
+    return fd
+
+
+FUSIONS = {
+    "rmsnorm_fwd": rmsnorm_fwd,
+    "layernorm_fwd": layernorm_fwd,
+    "softmax_fwd": softmax_fwd,
+    "rmsnorm_bwd": rmsnorm_bwd,
+    "dropout_rmsnorm_bwd": dropout_rmsnorm_bwd,
+    "layernorm_bwd": layernorm_bwd,
+}
+
+
+def make_inputs(name: str, rows: int, hidden: int, dtype: DataType, rng: np.random.Generator,
+                p: float = 0.1) -> list[np.ndarray]:
+    """Random inputs of fusion `name` (host arrays, in definition order), statistics consistent
+    with the data (rms, mean and rstd computed from x, so backward inputs are realistic)."""
+    storage = dtype.numpy
+
+    def randn(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    x = randn(rows, hidden)
+    w = (1.0 + 0.1 * randn(hidden)).astype(storage)
+    if name in ("rmsnorm_fwd", "softmax_fwd"):
+        return [x.astype(storage), w] if name == "rmsnorm_fwd" else [x.astype(storage)]
+    if name == "layernorm_fwd":
+        return [x.astype(storage), w, (0.1 * randn(hidden)).astype(storage)]
+    dy = randn(rows, hidden).astype(storage)
+    if name == "rmsnorm_bwd":
+        xs = x.astype(storage)
+        rms = np.sqrt(np.mean(xs.astype(np.float64) ** 2, axis=1, keepdims=True) + 1e-6)
+        return [xs, rms.astype(np.float32), dy, w]
+    if name == "dropout_rmsnorm_bwd":
+        in1, in2 = x.astype(storage), randn(rows, hidden).astype(storage)
+        mask = rng.random((rows, hidden)) >= p
+        full = in2.astype(np.float64) + mask * in1.astype(np.float64) / (1 - p)
+        rms = np.sqrt(np.mean(full**2, axis=1, keepdims=True) + 1e-6).astype(np.float32)
+        return [in1, in2, mask, rms, dy, w]
+    if name == "layernorm_bwd":
+        xs = x.astype(storage)
+        x64 = xs.astype(np.float64)
+        mean = x64.mean(axis=1, keepdims=True)
+        rstd = 1.0 / np.sqrt(x64.var(axis=1, keepdims=True) + 1e-5)
+        return [xs, mean.astype(np.float32), rstd.astype(np.float32), dy, w]
+    raise KeyError(f"no fusion named {name!r}; known: {', '.join(FUSIONS)}")
