@@ -22,7 +22,7 @@ from fuser.dtypes import DataType
 from fuser.errors import UnsupportedFusionError
 from fuser.ir import Expr, Scalar, Tensor, Val
 from fuser.ops import ELEMENTWISE, REDUCTIONS
-from fuser.schedulers.base import SMEM, FinalizeSchedule, PointwiseSchedule, RowSchedule
+from fuser.schedulers.base import GLOBAL, SMEM, FinalizeSchedule, PointwiseSchedule, RowSchedule
 
 
 @dataclass(frozen=True)
@@ -240,6 +240,7 @@ def render_row(
             "name": t.name,
             "ctype": t.dtype.cuda_type,
             "smem": p.storage == SMEM,
+            "reread": p.storage == GLOBAL,
             "async": p.async_copy,
             "offset": schedule.smem.offset(f"s_{t.name}") if p.storage == SMEM else 0,
         }
@@ -286,9 +287,13 @@ def render_row(
     final_lines = emitter.emit([*full_outputs, *(e.inputs[0] for e in info.outer_reductions)])
     outputs = [{"name": o.name, "ctype": o.dtype.cuda_type, "value": emitter.env[o]}
                for o in full_outputs]
+    in_smem = schedule.accumulators == SMEM
     accumulators = [
         {**_reduction_entry(e, f"acc_{e.outputs[0].name}", emitter.env[e.inputs[0]]),
-         "name": e.outputs[0].name}
+         "name": e.outputs[0].name,
+         "offset": schedule.smem.offset(f"s_acc_{e.outputs[0].name}") if in_smem else None,
+         "ref": (f"s_acc_{e.outputs[0].name}[(ty * NV + j) * VEC + i]" if in_smem
+                 else f"acc_{e.outputs[0].name}[b][i]")}
         for e in info.outer_reductions
     ]
     row_outputs = [{"name": o.name, "ctype": o.dtype.cuda_type, "value": row_env[o]}
@@ -321,6 +326,7 @@ def render_row(
         "outputs": outputs,
         "row_outputs": row_outputs,
         "accumulators": accumulators,
+        "acc_in_smem": in_smem,
     }
     source = _environment().get_template("row_kernel.cu.j2").render(context)
     finalize_entry = None

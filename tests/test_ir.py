@@ -536,7 +536,7 @@ def test_graph_and_uses():
     assert nx.is_directed_acyclic_graph(g)
 
 
-# ----- IR bugs found while writing these tests (ir.py / printer.py must change, not the tests) --
+# ----- regressions: IR bugs these tests found -----
 
 
 def test_repr_of_infinite_constant_round_trips():

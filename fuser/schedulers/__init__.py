@@ -1,7 +1,8 @@
 """Schedulers, tried in order; the first whose can_schedule() returns None schedules the fusion.
 
-Each module exposes can_schedule(info, problem, device) -> reason it cannot, or None, and
-heuristic(info, problem, device[, hints]) -> a frozen schedule.
+Each module exposes can_schedule(info, problem, device) -> reason it cannot, or None,
+heuristic(info, problem, device[, hints]) -> a frozen schedule, and candidates(...) -> the
+fitting schedules in order of preference, the heuristic's first.
 """
 
 from __future__ import annotations
@@ -16,17 +17,21 @@ from fuser.schedulers.row_geometry import Hints
 SCHEDULERS = (pointwise, inner_persistent, inner_outer_persistent)
 
 
-def schedule(info: FusionInfo, problem: Problem, device: DeviceSpec, hints: Hints | None = None):
-    """The schedule of the first scheduler that accepts the fusion."""
+def candidates(info: FusionInfo, problem: Problem, device: DeviceSpec,
+               hints: Hints | None = None):
+    """Schedules of the first scheduler that accepts the fusion, best first."""
     reasons = []
     for module in SCHEDULERS:
         reason = module.can_schedule(info, problem, device)
         if reason is None:
-            if module is pointwise:
-                return module.heuristic(info, problem, device)
-            return module.heuristic(info, problem, device, hints)
+            return module.candidates(info, problem, device, hints)
         reasons.append(f"{module.__name__.rsplit('.', 1)[1]}: {reason}")
     raise UnsupportedFusionError("no scheduler accepts this fusion:\n  " + "\n  ".join(reasons))
 
 
-__all__ = ["SCHEDULERS", "Hints", "Problem", "schedule"]
+def schedule(info: FusionInfo, problem: Problem, device: DeviceSpec, hints: Hints | None = None):
+    """The heuristic's schedule: the first candidate."""
+    return next(candidates(info, problem, device, hints))
+
+
+__all__ = ["SCHEDULERS", "Hints", "Problem", "candidates", "schedule"]

@@ -14,8 +14,9 @@ from dataclasses import dataclass, fields
 from fuser.dtypes import DataType
 from fuser.smem import SmemPlan
 
-REGISTERS = "registers"
-SMEM = "smem"
+REGISTERS = "registers"  # the row stays in registers between passes
+SMEM = "smem"  # the row stays in shared memory between passes
+GLOBAL = "global"  # nothing is kept: every pass re-reads the row (mostly from L2)
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class Placement:
     tensor: str  # the fusion input's name, e.g. "T0"
     dtype: DataType
     role: str  # "full" ([rows, hidden], reloaded each row) or "col" ([hidden], loaded once)
-    storage: str  # REGISTERS or SMEM
+    storage: str  # REGISTERS, SMEM or GLOBAL
     async_copy: bool  # smem only: filled with cp.async (vector of 4, 8 or 16 bytes)
 
 
@@ -70,10 +71,13 @@ class RowSchedule:
     threads_per_row: int  # threads sharing one row (blockDim.x); a power of two
     rows_per_block: int  # rows a block works on at once (blockDim.y)
     batch: int  # vectors per thread per row = ceil(hidden / vec / threads_per_row)
+    unroll: int  # batch iterations unrolled per pass: all of them when registers hold arrays
     stages: int  # smem row buffers: 2 = the next rows load while these compute
     placements: tuple[Placement, ...]  # storage of every full and column input
+    accumulators: str  # where outer-reduction accumulators live: REGISTERS or SMEM
     reduction_bytes: int  # 4, or 8 when any inner reduction accumulates in double
     regs_estimate: int  # registers per thread this schedule was sized for
+    blocks_per_sm: int  # residency it was sized for; __launch_bounds__ holds ptxas to it
     smem: SmemPlan  # every shared buffer, with the static slot
 
     @property

@@ -14,10 +14,12 @@ scheduler does.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from fuser.analysis import FusionInfo, Kind
 from fuser.device import DeviceSpec
 from fuser.schedulers.base import FinalizeSchedule, Problem, RowSchedule
-from fuser.schedulers.row_geometry import Hints, build_row_schedule
+from fuser.schedulers.row_geometry import Hints, row_schedule_candidates
 from fuser.smem import SmemPlan
 
 FINALIZE_COLUMNS = 32  # one warp of columns per block: coalesced partial-row reads
@@ -30,10 +32,17 @@ def can_schedule(info: FusionInfo, problem: Problem, device: DeviceSpec) -> str 
     return None
 
 
+def candidates(
+    info: FusionInfo, problem: Problem, device: DeviceSpec, hints: Hints | None = None
+) -> Iterator[RowSchedule]:
+    """Fitting schedules, best first (see row_geometry.row_schedule_candidates)."""
+    return row_schedule_candidates(info, problem, device, "inner_outer_persistent", True, hints)
+
+
 def heuristic(
     info: FusionInfo, problem: Problem, device: DeviceSpec, hints: Hints | None = None
 ) -> RowSchedule:
-    return build_row_schedule(info, problem, device, "inner_outer_persistent", True, hints)
+    return next(candidates(info, problem, device, hints))
 
 
 def finalize_heuristic(info: FusionInfo, problem: Problem, device: DeviceSpec) -> FinalizeSchedule:

@@ -8,10 +8,12 @@ hidden sizes up to tens of thousands, and registers need no extra copy.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from fuser.analysis import FusionInfo, Kind
 from fuser.device import DeviceSpec
 from fuser.schedulers.base import Problem, RowSchedule
-from fuser.schedulers.row_geometry import Hints, build_row_schedule
+from fuser.schedulers.row_geometry import Hints, row_schedule_candidates
 
 
 def can_schedule(info: FusionInfo, problem: Problem, device: DeviceSpec) -> str | None:
@@ -20,7 +22,14 @@ def can_schedule(info: FusionInfo, problem: Problem, device: DeviceSpec) -> str 
     return None
 
 
+def candidates(
+    info: FusionInfo, problem: Problem, device: DeviceSpec, hints: Hints | None = None
+) -> Iterator[RowSchedule]:
+    """Fitting schedules, best first (see row_geometry.row_schedule_candidates)."""
+    return row_schedule_candidates(info, problem, device, "inner_persistent", False, hints)
+
+
 def heuristic(
     info: FusionInfo, problem: Problem, device: DeviceSpec, hints: Hints | None = None
 ) -> RowSchedule:
-    return build_row_schedule(info, problem, device, "inner_persistent", False, hints)
+    return next(candidates(info, problem, device, hints))

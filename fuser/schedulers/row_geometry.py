@@ -11,6 +11,7 @@ block.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from fuser.analysis import FusionInfo, Role
@@ -18,6 +19,7 @@ from fuser.device import DeviceSpec
 from fuser.errors import OutOfResourcesError
 from fuser.ir import Tensor
 from fuser.schedulers.base import (
+    GLOBAL,
     REGISTERS,
     SMEM,
     Placement,
@@ -31,7 +33,12 @@ from fuser.smem import SmemPlan
 
 TARGET_VECTORS_PER_THREAD = 4  # ~32 bf16 elements per thread per row: enough loads in flight
 MIN_BLOCK_THREADS = 256  # small rows are packed several to a block up to this many threads
-BASE_REGISTERS = 20  # indices, pointers, loop state and reduction temporaries
+# Registers beyond the buffers: indices, pointers, loop state, reduction temporaries. A kernel
+# cannot do with fewer than MIN_OVERHEAD; the residency is planned with PLANNED_OVERHEAD, and
+# kernels.build() lowers it when ptxas spills.
+MIN_OVERHEAD_REGISTERS = 16
+PARTIAL_UNROLL = 4  # batch iterations unrolled when no register array needs all of them
+PLANNED_OVERHEAD_REGISTERS = 32
 
 
 @dataclass(frozen=True)
@@ -75,16 +82,20 @@ def blocks_per_sm(device: DeviceSpec, threads: int, regs: int, smem_total: int) 
     return max(0, min(device.max_blocks_per_sm, by_threads, by_regs, by_smem))
 
 
-def build_row_schedule(
+def row_schedule_candidates(
     info: FusionInfo,
     problem: Problem,
     device: DeviceSpec,
     scheduler: str,
     smem_first: bool,
     hints: Hints | None = None,
-) -> RowSchedule:
+) -> Iterator[RowSchedule]:
+    """Every schedule whose estimated shared memory and registers fit, in policy order.
+
+    The first is the heuristic's choice; kernels.build() moves on to the next when ptxas
+    shows that an estimate was wrong (spills at one block per SM).
+    """
     hints = hints or Hints()
-    fusion = info.fusion
     full_out = info.outputs(Role.FULL)
     itemsizes = [t.dtype.itemsize for t in (*info.full_inputs, *info.col_inputs, *full_out)]
     hidden = problem.hidden
@@ -112,8 +123,6 @@ def build_row_schedule(
     scratch = 2 * width * rpb * warps * red_bytes if tpr > 32 else 0
     acc_bytes = [8 if e.outputs[0].dtype.compute_type == "double" else 4
                  for e in info.outer_reductions]
-    combine = sum(hidden * b for b in acc_bytes) if rpb > 1 else 0
-    acc_regs = sum(_regs_per_vectors(batch, vec, b) for b in acc_bytes)
 
     def can_async(t: Tensor) -> bool:
         """cp.async copies 4, 8 or 16 bytes. Narrower vectors (a bool mask at vec 2) are copied
@@ -125,11 +134,14 @@ def build_row_schedule(
     # Buffers leave smem for registers in this order: least reused first, weight-related last.
     full.sort(key=lambda t: (_weight_related(t, info), t in info.persistent, t.index))
     cols = list(info.col_inputs)
+    max_regs = min(device.max_regs_per_thread, device.regs_per_block // threads)
 
-    def candidates():
+    def storages():
+        """(stages, storage by tensor, accumulator storage), in policy order."""
         if hints.storage is not None:
             forced = dict(hints.storage)
-            yield hints.stages or 1, {t.name: forced.get(t.name, REGISTERS) for t in full + cols}
+            yield (hints.stages or 1,
+                   {t.name: forced.get(t.name, REGISTERS) for t in full + cols}, REGISTERS)
             return
         stage_options = [hints.stages] if hints.stages else [2, 1]
         if smem_first:
@@ -141,18 +153,31 @@ def build_row_schedule(
                         storage.update({t.name: REGISTERS for t in full[:moved]})
                         storage.update({t.name: SMEM if cols_in_smem else REGISTERS
                                         for t in cols})
-                        yield (stages if moved < len(full) else 1), storage
+                        yield (stages if moved < len(full) else 1), storage, REGISTERS
         else:
-            yield 1, {t.name: REGISTERS for t in full + cols}
+            yield 1, {t.name: REGISTERS for t in full + cols}, REGISTERS
             for stages in stage_options:
                 in_smem = {t.name: SMEM if can_async(t) or stages == 1 else REGISTERS
                            for t in full}
-                yield stages, {**in_smem, **{t.name: REGISTERS for t in cols}}
-                yield stages, {**in_smem, **{t.name: SMEM for t in cols}}
+                yield stages, {**in_smem, **{t.name: REGISTERS for t in cols}}, REGISTERS
+                yield stages, {**in_smem, **{t.name: SMEM for t in cols}}, REGISTERS
+        # Keep fewer rows on chip and re-read the others in every pass: a row just read is
+        # usually still in L2, so the second read costs L2, not HBM, bandwidth.
+        for reread in range(1, len(full) + 1):
+            for cols_in_smem in (True, False):
+                storage = {t.name: SMEM if can_async(t) else REGISTERS for t in full}
+                storage.update({t.name: GLOBAL for t in full[:reread]})
+                storage.update({t.name: SMEM if cols_in_smem else REGISTERS for t in cols})
+                yield 1, storage, REGISTERS
+        # Column accumulators too wide for registers (several outer reductions of a long row)
+        # accumulate in shared memory, each thread in its own slots; rows are re-read.
+        if info.outer_reductions:
+            for col_storage in (REGISTERS, GLOBAL):
+                yield 1, {**{t.name: GLOBAL for t in full},
+                          **{t.name: col_storage for t in cols}}, SMEM
 
-    max_regs = min(device.max_regs_per_thread, device.regs_per_block // threads)
     tried = []
-    for stages, storage in candidates():
+    for stages, storage, acc_storage in storages():
         requests = []
         for t in full:
             if storage[t.name] == SMEM:
@@ -163,43 +188,65 @@ def build_row_schedule(
             if storage[t.name] == SMEM:
                 requests.append((f"s_{t.name}", hidden * t.dtype.itemsize,
                                  f"column buffer {t.name} ({t.dtype.label}) x {hidden}"))
+        for e, nbytes in zip(info.outer_reductions, acc_bytes, strict=True):
+            if acc_storage == SMEM:
+                requests.append((f"s_acc_{e.outputs[0].name}", rpb * hidden * nbytes,
+                                 f"column accumulator {e.outputs[0].name} x {rpb} row(s) "
+                                 f"x {hidden}"))
         requests.append(("s_reduce", scratch, f"inner-reduction scratch: 2 parities x {width} "
                          f"x {rpb} row(s) x {warps} warps x {red_bytes} B"))
-        requests.append(("s_outer", combine, f"outer-reduction combine across {rpb} rows"))
+        if acc_storage == REGISTERS and rpb > 1:
+            requests.append(("s_outer", sum(hidden * b for b in acc_bytes),
+                             f"outer-reduction combine across {rpb} rows"))
         plan = SmemPlan.build(requests, device.smem_per_block_optin)
-        regs = BASE_REGISTERS + 4 * vec + acc_regs + sum(
+        acc_regs = (sum(_regs_per_vectors(batch, vec, b) for b in acc_bytes)
+                    if acc_storage == REGISTERS else 0)
+        buffers = 2 * vec + acc_regs + sum(
             _regs_per_vectors(batch, vec, t.dtype.itemsize)
             for t in full + cols if storage[t.name] == REGISTERS
         )
+        regs = min(max_regs, buffers + PLANNED_OVERHEAD_REGISTERS)
         residency = blocks_per_sm(device, threads, regs, plan.total)
-        tried.append(f"stages={stages} {storage}: smem {plan.total} B, ~{regs} regs")
-        if plan.fits and regs <= max_regs and residency >= 1:
-            placements = tuple(
-                Placement(t.name, t.dtype, "full" if t in info.full_inputs else "col",
-                          storage[t.name], storage[t.name] == SMEM and can_async(t))
-                for t in fusion.inputs if isinstance(t, Tensor) and t.name in storage
-            )
-            in_smem = [t.name for t in full + cols if storage[t.name] == SMEM]
-            reason = (
-                f"{'smem-first' if smem_first else 'registers-first'} policy: "
-                f"{', '.join(in_smem) or 'nothing'} in smem"
-                f"{f' ({stages} stages)' if stages > 1 and in_smem else ''}, "
-                f"~{regs} regs/thread, ~{residency} block(s)/SM"
-            )
-            return RowSchedule(
-                scheduler=scheduler,
-                reason=reason,
-                hidden=hidden,
-                vec=vec,
-                threads_per_row=tpr,
-                rows_per_block=rpb,
-                batch=batch,
-                stages=stages if in_smem else 1,
-                placements=placements,
-                reduction_bytes=red_bytes,
-                regs_estimate=regs,
-                smem=plan,
-            )
+        tried.append(f"stages={stages} {storage} accumulators in {acc_storage}: smem "
+                     f"{plan.total} B, >= {buffers + MIN_OVERHEAD_REGISTERS} regs")
+        if not (plan.fits and buffers + MIN_OVERHEAD_REGISTERS <= max_regs and residency >= 1):
+            continue
+        placements = tuple(
+            Placement(t.name, t.dtype, "full" if t in info.full_inputs else "col",
+                      storage[t.name], storage[t.name] == SMEM and can_async(t))
+            for t in info.fusion.inputs if isinstance(t, Tensor) and t.name in storage
+        )
+        in_smem = [t.name for t in full + cols if storage[t.name] == SMEM]
+        reread = [t.name for t in full + cols if storage[t.name] == GLOBAL]
+        reason = (
+            f"{'smem-first' if smem_first else 'registers-first'} policy: "
+            f"{', '.join(in_smem) or 'nothing'} in smem"
+            f"{f' ({stages} stages)' if stages > 1 and in_smem else ''}"
+            f"{f', {chr(44).join(reread)} re-read each pass' if reread else ''}"
+            f"{', column accumulators in smem' if acc_storage == SMEM else ''}, "
+            f"~{regs} regs/thread, ~{residency} block(s)/SM"
+        )
+        # Register arrays are indexed by the batch loop's counter, so they need it unrolled;
+        # with every row in smem or re-read, a partly unrolled loop keeps registers free.
+        register_arrays = acc_storage == REGISTERS and info.outer_reductions or any(
+            storage[t.name] == REGISTERS for t in full + cols)
+        yield RowSchedule(
+            scheduler=scheduler,
+            reason=reason,
+            hidden=hidden,
+            vec=vec,
+            threads_per_row=tpr,
+            rows_per_block=rpb,
+            batch=batch,
+            unroll=batch if register_arrays else min(batch, PARTIAL_UNROLL),
+            stages=stages if any(storage[t.name] == SMEM for t in full) else 1,
+            placements=placements,
+            accumulators=acc_storage,
+            reduction_bytes=red_bytes,
+            regs_estimate=regs,
+            blocks_per_sm=residency,
+            smem=plan,
+        )
     raise OutOfResourcesError(
         f"no storage fits one row of hidden {hidden} ({info.row_buffer_bytes} B per element of "
         f"row buffers) on {device.name}: shared memory limit {device.smem_per_block_optin} B "

@@ -1,0 +1,342 @@
+"""Run a fusion: check inputs, schedule, compile (cached), check resources, launch.
+
+Everything the host can know is checked before a launch, and each failure raises a FuserError
+that names the quantity, the value, the limit and what to change: input count, kinds, devices,
+dtypes, ranks, sizes, contiguity, pointer alignment, and the kernel's shared memory (static,
+as the driver reports it for the loaded kernel, plus the planned dynamic bytes) against the
+device's opt-in limit. Nothing in a kernel traps on a condition the host could have checked.
+
+CuPy arrays in give CuPy arrays out; torch CUDA tensors in give torch tensors out (allocated by
+torch, launched on torch's current stream, no copies).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+
+from fuser.analysis import FusionInfo, Role, analyze
+from fuser.codegen import KernelSource
+from fuser.compile import CompiledModule
+from fuser.device import DeviceSpec
+from fuser.dtypes import DataType
+from fuser.errors import BadInputError, OutOfResourcesError
+from fuser.ir import Scalar, Tensor
+from fuser.kernels import build
+from fuser.reference import bind_shapes
+from fuser.schedulers import Hints, Problem
+from fuser.schedulers.base import Launch, PointwiseSchedule, ceil_div, next_pow2
+
+POINTWISE_BLOCKS_PER_SM = 8
+
+
+@dataclass
+class Kernel:
+    """A compiled, loaded kernel module and the plans it was built from."""
+
+    source: KernelSource
+    schedule: object  # RowSchedule or PointwiseSchedule
+    finalize: object  # FinalizeSchedule or None
+    compiled: CompiledModule
+    functions: dict  # entry name -> cupy RawKernel
+    device: DeviceSpec
+
+    @property
+    def text(self) -> str:
+        return self.source.source
+
+    def resources(self) -> dict:
+        """Per entry: the ptxas report and what the driver says about the loaded kernel."""
+        report = {}
+        for name, fn in self.functions.items():
+            attrs = fn.attributes
+            report[name] = {
+                "ptxas": self.compiled.resource(name),
+                "num_regs": attrs["num_regs"],
+                "static_smem": attrs["shared_size_bytes"],
+                "local_bytes": attrs["local_size_bytes"],
+                "max_dynamic_smem": attrs["max_dynamic_shared_size_bytes"],
+            }
+        return report
+
+
+@dataclass
+class Run:
+    """What the latest execute() did: the kernel and how it was launched."""
+
+    kernel: Kernel
+    launch: Launch
+    finalize_launch: Launch | None
+
+
+_kernels: dict = {}
+_kernels_lock = threading.Lock()
+
+
+@cache
+def _cupy():
+    import cupy
+
+    return cupy
+
+
+def _info(fd) -> tuple[FusionInfo, str]:
+    """FusionInfo and signature (its Python definition) of `fd`, recomputed only when the
+    definition grew since the last call."""
+    stamp = (len(fd.fusion.vals), len(fd.fusion.outputs))
+    cached = getattr(fd, "_info_cache", None)
+    if cached is None or cached[0] != stamp:
+        fd._info_cache = (stamp, analyze(fd.fusion), fd.fusion.python_definition())
+    return fd._info_cache[1], fd._info_cache[2]
+
+
+# ----- inputs -----
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def _describe(x) -> str:
+    return f"{type(x).__module__}.{type(x).__name__}"
+
+
+def _check_tensor(i: int, t: Tensor, x, torch_kind: bool):
+    """(dtype, shape, pointer, device id) of input `x`, after checking its kind and layout."""
+    where = f"input {i} ({t.name})"
+    if torch_kind:
+        if not _is_torch(x):
+            raise BadInputError(f"{where} is a {_describe(x)}; pass all tensors as torch tensors "
+                                "or all as CuPy arrays")
+        if x.device.type != "cuda":
+            raise BadInputError(f"{where} is on {x.device}; move it to a CUDA device (.cuda())")
+        dtype = DataType.from_torch(x.dtype)
+        contiguous, ptr, dev = x.is_contiguous(), x.data_ptr(), x.device.index
+    else:
+        if not isinstance(x, _cupy().ndarray):
+            raise BadInputError(f"{where} is a {_describe(x)}; fuser runs on CuPy arrays or "
+                                "torch CUDA tensors (cupy.asarray(x) moves a numpy array)")
+        dtype = DataType.from_numpy(x.dtype)
+        contiguous, ptr, dev = x.flags.c_contiguous, x.data.ptr, x.device.id
+    if dtype is not t.dtype:
+        raise BadInputError(f"{where} has dtype {x.dtype}; the definition declares {t.dtype}")
+    if not contiguous:
+        fix = "x.contiguous()" if torch_kind else "cupy.ascontiguousarray(x)"
+        raise BadInputError(f"{where} with shape {tuple(x.shape)} is not contiguous; pass {fix}")
+    return tuple(int(s) for s in x.shape), ptr, dev
+
+
+def _alignment(pointers: list[int]) -> int:
+    """Largest power of two up to 16 dividing every pointer (16 bytes is the widest access)."""
+    align = 16
+    for p in pointers:
+        while p % align:
+            align //= 2
+    return align
+
+
+# ----- kernels -----
+
+
+def _load(fd, problem: Problem, device: DeviceSpec, hints) -> Kernel:
+    info, _ = _info(fd)
+    built = build(fd.name, info, problem, device, hints)
+    module = _cupy().RawModule(path=built.cubin_path)
+    functions = {}
+    for entry, plan in built.plans():
+        fn = module.get_function(entry)
+        _check_static_smem(fd.name, entry, fn, plan, device)
+        fn.max_dynamic_shared_size_bytes = plan.dynamic_bytes
+        functions[entry] = fn
+    return Kernel(built.source, built.schedule, built.finalize, built.compiled, functions, device)
+
+
+def _check_static_smem(name: str, entry: str, fn, plan, device: DeviceSpec) -> None:
+    """The static shared memory the driver reports must fit the plan's reserved slot, and
+    static + dynamic must fit the device: the check nvFuser's schedulers once missed."""
+    static = fn.attributes["shared_size_bytes"]
+    if static > plan.static_slot:
+        raise OutOfResourcesError(
+            f"kernel {entry} of fusion '{name}' declares {static} B of static shared memory, "
+            f"more than the {plan.static_slot} B slot its plan reserves; the plan would "
+            "under-count (this is a fuser bug: please report it with the CUDA source)"
+        )
+    if static + plan.dynamic_bytes > device.smem_per_block_optin:
+        raise OutOfResourcesError(
+            f"kernel {entry} of fusion '{name}' needs {static} B static + {plan.dynamic_bytes} B "
+            f"dynamic = {static + plan.dynamic_bytes} B of shared memory per block, over the "
+            f"device limit of {device.smem_per_block_optin} B"
+        )
+
+
+def get_kernel(fd, problem: Problem, device: DeviceSpec, hints=None) -> Kernel:
+    """The compiled kernel for this fusion, problem class and device (compiled at most once)."""
+    _, signature = _info(fd)
+    key = (signature, fd.name, problem, device, hints)
+    with _kernels_lock:
+        kernel = _kernels.get(key)
+    if kernel is None:
+        kernel = _load(fd, problem, device, hints)
+        with _kernels_lock:
+            kernel = _kernels.setdefault(key, kernel)
+    return kernel
+
+
+def _launch(kernel: Kernel, rows: int, device: DeviceSpec) -> tuple[Launch, Launch | None]:
+    s = kernel.schedule
+    fn = kernel.functions[kernel.source.row_entry]
+    cupy = _cupy()
+    if isinstance(s, PointwiseSchedule):
+        vectors = rows * (s.hidden // s.vec)
+        grid = max(1, min(ceil_div(vectors, s.threads * s.unroll),
+                          device.sm_count * POINTWISE_BLOCKS_PER_SM))
+        return Launch(grid, (s.threads, 1), 0, 0), None
+    occupancy = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
+        fn.kernel.ptr, s.threads, s.smem.dynamic_bytes
+    )
+    if occupancy < 1:
+        raise OutOfResourcesError(
+            f"kernel {kernel.source.row_entry} cannot be resident: {s.threads} threads, "
+            f"{fn.attributes['num_regs']} registers per thread, {s.smem.dynamic_bytes} B "
+            "dynamic shared memory per block"
+        )
+    grid = max(1, min(ceil_div(rows, s.rows_per_block), occupancy * device.sm_count))
+    launch = Launch(grid, (s.threads_per_row, s.rows_per_block), s.smem.dynamic_bytes,
+                    grid if kernel.finalize is not None else 0)
+    final = None
+    if kernel.finalize is not None:
+        f = kernel.finalize
+        final = Launch(ceil_div(f.hidden, f.cols_per_block), (f.cols_per_block, f.partial_lanes),
+                       f.smem.dynamic_bytes, grid)
+    return launch, final
+
+
+# ----- execute -----
+
+
+def execute(fd, inputs: list, *, device=None, hints: Hints | None = None):
+    info, _ = _info(fd)
+    fusion = fd.fusion
+    if len(inputs) != len(fusion.inputs):
+        raise BadInputError(
+            f"fusion '{fd.name}' takes {len(fusion.inputs)} inputs "
+            f"({', '.join(v.name for v in fusion.inputs)}), got {len(inputs)}"
+        )
+    tensors = [x for v, x in zip(fusion.inputs, inputs, strict=True) if isinstance(v, Tensor)]
+    torch_kind = bool(tensors) and _is_torch(tensors[0])
+    shapes, pointers, devices = [], [], set()
+    for i, (v, x) in enumerate(zip(fusion.inputs, inputs, strict=True)):
+        if isinstance(v, Scalar):
+            if not isinstance(x, bool | int | float | np.generic):
+                raise BadInputError(f"input {i} ({v.name}) is a scalar input; got {_describe(x)}")
+            shapes.append(None)
+            continue
+        shape, ptr, dev = _check_tensor(i, v, x, torch_kind)
+        shapes.append(shape)
+        pointers.append(ptr)
+        devices.add(dev)
+    if len(devices) > 1:
+        raise BadInputError(f"inputs are on devices {sorted(devices)}; put them on one device")
+    sizes = bind_shapes(fusion, shapes)
+    rows = sizes.value(info.row_axis) if info.row_axis is not None else 1
+    hidden = sizes.value(info.hidden_axis) if info.hidden_axis is not None else 1
+    cupy = _cupy()
+    device_id = devices.pop() if devices else cupy.cuda.runtime.getDevice()
+    with cupy.cuda.Device(device_id):
+        spec = DeviceSpec.get(device) if device is not None else DeviceSpec.from_cupy(device_id)
+        problem = Problem(hidden, min(next_pow2(rows), 1024), _alignment(pointers))
+        kernel = get_kernel(fd, problem, spec, hints)
+        launch, final = _launch(kernel, rows, spec)
+        outputs = _run(kernel, info, inputs, sizes, rows, launch, final, torch_kind)
+    fd._last_run = Run(kernel, launch, final)
+    return outputs
+
+
+def _allocate(shape, dtype: DataType, torch_kind: bool, like):
+    if torch_kind:
+        import torch
+
+        return torch.empty(shape, dtype=getattr(torch, dtype.numpy.name), device=like.device)
+    return _cupy().empty(shape, dtype=dtype.numpy)
+
+
+def _pointer(x, torch_kind: bool) -> np.uint64:
+    """A device pointer as a kernel argument (8 bytes, like the pointer parameter)."""
+    return np.uint64(x.data_ptr() if torch_kind else x.data.ptr)
+
+
+def _run(kernel: Kernel, info: FusionInfo, inputs, sizes, rows, launch, final, torch_kind):
+    cupy = _cupy()
+    fusion = info.fusion
+    like = next((x for v, x in zip(fusion.inputs, inputs, strict=True)
+                 if isinstance(v, Tensor)), None)
+    by_val = dict(zip(fusion.inputs, inputs, strict=True))
+    outs = {o: _allocate(sizes.shape(o), o.dtype, torch_kind, like) for o in fusion.outputs}
+    scalars = [np.array(by_val[s], dtype=s.dtype.numpy)[()] for s in info.scalar_inputs]
+    if torch_kind:
+        import torch
+
+        stream = cupy.cuda.Stream.from_external(torch.cuda.current_stream(like.device))
+    else:
+        stream = cupy.cuda.get_current_stream()
+    ptr = lambda x: _pointer(x, torch_kind)  # noqa: E731
+    n_rows = np.int64(rows)
+    source = kernel.source
+    if isinstance(kernel.schedule, PointwiseSchedule):
+        args = ([ptr(by_val[t]) for t in (*info.full_inputs, *info.col_inputs, *info.row_inputs)]
+                + [ptr(outs[o]) for r in (Role.FULL, Role.COL, Role.ROW)
+                   for o in info.outputs(r)] + scalars + [n_rows])
+        kernel.functions[source.row_entry](
+            (launch.grid,), launch.block, tuple(args), shared_mem=0, stream=stream)
+        return [outs[o] for o in fusion.outputs]
+    partials = [_allocate((max(launch.partial_rows, 1), kernel.schedule.hidden),
+                          e.outputs[0].dtype if e.outputs[0].dtype is DataType.Double
+                          else DataType.Float, torch_kind, like)
+                for e in info.outer_reductions]
+    args = ([ptr(by_val[t]) for t in (*info.full_inputs, *info.col_inputs, *info.row_inputs)]
+            + [ptr(outs[o]) for o in (*info.outputs(Role.FULL), *info.outputs(Role.ROW))]
+            + [ptr(p) for p in partials] + scalars + [n_rows])
+    kernel.functions[source.row_entry](
+        (launch.grid,), launch.block, tuple(args), shared_mem=launch.dynamic_smem, stream=stream)
+    if final is not None:
+        fargs = ([ptr(p) for p in partials] + [ptr(by_val[t]) for t in info.col_inputs]
+                 + [ptr(outs[o]) for o in info.outputs(Role.COL)] + scalars
+                 + [n_rows, np.int32(final.partial_rows)])
+        kernel.functions[source.finalize_entry](
+            (final.grid,), final.block, tuple(fargs), shared_mem=final.dynamic_smem,
+            stream=stream)
+    return [outs[o] for o in fusion.outputs]
+
+
+# ----- validate -----
+
+
+def to_host(x) -> np.ndarray:
+    if _is_torch(x):
+        import torch
+
+        if x.dtype == torch.bfloat16:
+            return x.detach().float().cpu().numpy()
+        return x.detach().cpu().numpy()
+    return _cupy().asnumpy(x)
+
+
+def validate(fd, inputs: list, reference_outputs=None, *, device=None):
+    """Execute, then compare every output with the float64 reference (or the given outputs)
+    at tolerances per dtype and reduction size; raises AssertionError naming the worst miss."""
+    from fuser.reference import compare, evaluate, output_reduction_sizes
+
+    outputs = execute(fd, inputs, device=device)
+    host_inputs = [to_host(x) if not isinstance(v, Scalar) else x
+                   for v, x in zip(fd.fusion.inputs, inputs, strict=True)]
+    if reference_outputs is None:
+        reference_outputs = evaluate(fd.fusion, host_inputs)
+    else:
+        reference_outputs = [to_host(r) if not isinstance(r, np.ndarray) else r
+                             for r in reference_outputs]
+    compare([to_host(o) for o in outputs], reference_outputs, fd.fusion,
+            output_reduction_sizes(fd.fusion, host_inputs))
+    return outputs

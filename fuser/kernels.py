@@ -1,0 +1,86 @@
+"""Fusion + problem + device -> schedule -> CUDA source -> compiled module, with no GPU.
+
+The scheduler sizes a persistent kernel for a residency (blocks per SM) from a register
+estimate, and the template asks ptxas to honour it through __launch_bounds__. An estimate is
+only an estimate: when ptxas reports spills, the kernel is rebuilt for one block fewer per SM,
+and at one block per SM the next candidate schedule is tried (another storage of the rows).
+The schedule that comes out is the one the binary was built from, so the header comment, the
+cache key and the launch all agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from fuser.analysis import FusionInfo, Role
+from fuser.cache import KernelCache, default_cache
+from fuser.codegen import KernelSource, render_pointwise, render_row, template_dir
+from fuser.compile import CompiledModule
+from fuser.device import DeviceSpec
+from fuser.errors import OutOfResourcesError
+from fuser.schedulers import Hints, Problem, candidates
+from fuser.schedulers.base import FinalizeSchedule, PointwiseSchedule, RowSchedule
+from fuser.schedulers.inner_outer_persistent import finalize_heuristic
+
+
+@dataclass(frozen=True)
+class Built:
+    """A compiled kernel module and everything it was built from."""
+
+    info: FusionInfo
+    schedule: RowSchedule | PointwiseSchedule
+    finalize: FinalizeSchedule | None
+    source: KernelSource
+    compiled: CompiledModule
+    cubin_path: str
+
+    def plans(self):
+        """(entry name, smem plan) of each kernel in the module."""
+        yield self.source.row_entry, self.schedule.smem
+        if self.finalize is not None:
+            yield self.source.finalize_entry, self.finalize.smem
+
+
+def _render(name, info, sched, final) -> KernelSource:
+    if isinstance(sched, PointwiseSchedule):
+        return render_pointwise(name, info, sched)
+    return render_row(name, info, sched, final)
+
+
+def build(
+    name: str,
+    info: FusionInfo,
+    problem: Problem,
+    device: DeviceSpec,
+    hints: Hints | None = None,
+    cache: KernelCache | None = None,
+) -> Built:
+    """Schedule, render and compile fusion `name` for `problem` on `device`."""
+    cache = cache or default_cache()
+    attempts = []
+    for sched in candidates(info, problem, device, hints):
+        final = None
+        if not isinstance(sched, PointwiseSchedule) and (
+            info.outer_reductions or info.outputs(Role.COL)
+        ):
+            final = finalize_heuristic(info, problem, device)
+        for plan in (sched.smem, final.smem if final else None):
+            if plan is not None:
+                plan.check(f"fusion '{name}' at hidden {problem.hidden}")
+        while True:
+            source = _render(name, info, sched, final)
+            compiled, path = cache.get_or_compile(source.source, name, device.arch,
+                                                  (str(template_dir()),))
+            resources = compiled.resource(source.row_entry)
+            if not resources.spills:
+                return Built(info, sched, final, source, compiled, path)
+            attempts.append(f"{sched.reason}: {resources}")
+            if not isinstance(sched, RowSchedule) or sched.blocks_per_sm == 1:
+                break
+            sched = replace(sched, blocks_per_sm=sched.blocks_per_sm - 1,
+                            reason=sched.reason + f"; ptxas spilled at {sched.blocks_per_sm} "
+                            f"block(s)/SM, rebuilt for {sched.blocks_per_sm - 1}")
+    raise OutOfResourcesError(
+        f"every schedule of fusion '{name}' at hidden {problem.hidden} spills registers on "
+        f"{device.name}:\n  " + "\n  ".join(attempts)
+    )
