@@ -228,7 +228,7 @@ def row_schedule_candidates(
         )
         # Register arrays are indexed by the batch loop's counter, so they need it unrolled;
         # with every row in smem or re-read, a partly unrolled loop keeps registers free.
-        register_arrays = acc_storage == REGISTERS and info.outer_reductions or any(
+        register_arrays = (acc_storage == REGISTERS and info.outer_reductions) or any(
             storage[t.name] == REGISTERS for t in full + cols)
         yield RowSchedule(
             scheduler=scheduler,
