@@ -1,0 +1,83 @@
+"""GB/s against hidden size for one benchmark report (the dict bench/run.py writes as json).
+
+Usage: python3 bench/plot.py REPORT.json [OUT.png]   (default: the json's name with .png)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+STYLE = {  # implementation -> (label, matplotlib format)
+    "fuser": ("fuser", "o-"),
+    "fuser_tuned": ("fuser (tuned)", "o:"),
+    "compile": ("torch.compile", "s-"),
+    "eager": ("PyTorch eager", "^-"),
+    "copy": ("device copy (ceiling)", "k--"),
+}
+
+
+def series(report: dict, impl: str) -> tuple[list[int], list[float]]:
+    """(hidden sizes, GB/s) of the sizes where `impl` has a measurement."""
+    xs, ys = [], []
+    for entry in report["results"]:
+        gbps = entry.get("impls", {}).get(impl, {}).get("gbps")
+        if gbps is not None:
+            xs.append(entry["hidden"])
+            ys.append(gbps)
+    return xs, ys
+
+
+def title(report: dict) -> str:
+    return (f"{report['fusion']}  {report['dtype']}  rows={report['rows']}\n"
+            f"{report.get('device', '?')}  ({report['date'][:10]})")
+
+
+def plot_report(report: dict, path) -> Path:
+    """Write the GB/s-vs-hidden plot of `report` to `path` (png, Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    try:
+        hidden = [e["hidden"] for e in report["results"]]
+        for impl, (label, fmt) in STYLE.items():
+            xs, ys = series(report, impl)
+            if xs:
+                ax.plot(xs, ys, fmt, label=label)
+        ax.set_xscale("log", base=2)
+        if hidden:
+            ax.set_xticks(hidden)
+            ax.set_xticklabels([str(h) for h in hidden])
+            ax.minorticks_off()
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("hidden size")
+        ax.set_ylabel("GB/s (minimal bytes / median time)")
+        ax.set_title(title(report), fontsize=10)
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="best", fontsize=9)
+        fig.tight_layout()
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120)
+    finally:
+        plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    src = Path(argv[0])
+    out = Path(argv[1]) if len(argv) > 1 else src.with_suffix(".png")
+    print(plot_report(json.loads(src.read_text()), out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

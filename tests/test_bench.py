@@ -1,0 +1,283 @@
+"""The pure parts of bench/ on the CPU (no torch, no GPU): byte counts, rows budget, argument
+parsing, tuning grid, table, json writer, plot, and the eager baselines' math (run on a tiny
+numpy stand-in for torch tensors) against the float64 oracle."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench import baselines
+from bench.run import (
+    DEFAULT_FUSIONS,
+    DEFAULT_HIDDEN,
+    TUNE_LIMIT,
+    expected_bytes,
+    finish_entry,
+    markdown_table,
+    minimal_bytes,
+    output_paths,
+    parse_args,
+    rows_for_budget,
+    tune_grid,
+    write_report,
+)
+from fuser import DataType
+from fuser.fusions import FUSIONS, make_inputs
+from fuser.reference import evaluate
+
+DTYPES = [DataType.BFloat16, DataType.Half, DataType.Float]
+
+
+# ----- a numpy stand-in for the torch tensor methods baselines.py uses --------------------------
+
+
+class T:
+    def __init__(self, a):
+        self.a = np.asarray(a)
+
+    dtype = property(lambda self: self.a.dtype)
+    shape = property(lambda self: self.a.shape)
+    nbytes = property(lambda self: self.a.nbytes)
+
+    def float(self):
+        return T(self.a.astype(np.float32))
+
+    def to(self, dtype):
+        return T(self.a.astype(dtype))
+
+    def mean(self, dim, keepdim=False):
+        return T(self.a.mean(axis=dim, keepdims=keepdim, dtype=np.float32))
+
+    def sum(self, dim, keepdim=False):
+        return T(self.a.sum(axis=dim, keepdims=keepdim, dtype=np.float32))
+
+    def var(self, dim, correction=1, keepdim=False):
+        return T(self.a.var(axis=dim, ddof=correction, keepdims=keepdim, dtype=np.float32))
+
+    def add(self, other):
+        return self + other
+
+    def rsqrt(self):
+        return T(1 / np.sqrt(self.a))
+
+    def reciprocal(self):
+        return T(1 / self.a)
+
+    def softmax(self, dim):
+        e = np.exp(self.a - self.a.max(axis=dim, keepdims=True))
+        return T(e / e.sum(axis=dim, keepdims=True))
+
+    @staticmethod
+    def _v(x):
+        return x.a if isinstance(x, T) else x
+
+    def __add__(self, o):
+        return T(self.a + self._v(o))
+
+    def __sub__(self, o):
+        return T(self.a - self._v(o))
+
+    def __mul__(self, o):
+        return T(self.a * self._v(o))
+
+    __radd__, __rmul__ = __add__, __mul__
+
+
+@pytest.mark.parametrize("dtype", [DataType.BFloat16, DataType.Float])
+@pytest.mark.parametrize("name", list(FUSIONS))
+def test_baselines_match_the_oracle(name, dtype, rng):
+    inputs = make_inputs(name, 64, 96, dtype, rng)
+    fusion = FUSIONS[name](dtype).fusion
+    refs = evaluate(fusion, inputs)
+    outs = baselines.EAGER[name](*[T(a) for a in inputs])
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    assert len(outs) == len(fusion.outputs) == len(refs)
+    for i, (o, r, v) in enumerate(zip(outs, refs, fusion.outputs, strict=True)):
+        assert o.dtype == v.dtype.numpy, (name, i)
+        assert o.shape == r.shape, (name, i)
+        got = o.a.astype(np.float64)
+        assert np.max(np.abs(got - r)) <= 2e-2 * np.max(np.abs(r)), (name, i)
+
+
+def test_baselines_cover_every_fusion():
+    assert set(baselines.EAGER) == set(FUSIONS)
+
+
+# ----- bytes ------------------------------------------------------------------------------------
+
+
+def test_expected_bytes_matches_the_reference_formulas():
+    n, h = 16384, 4096
+    assert expected_bytes("dropout_rmsnorm_bwd", n, h, 2) == n * h * 11 + n * 4 + 2 * h * 2
+    assert expected_bytes("rmsnorm_bwd", n, h, 2) == n * h * 6 + n * 4 + 2 * h * 2
+    assert expected_bytes("dropout_rmsnorm_bwd", n, h, 4) == n * h * 21 + n * 4 + 2 * h * 4
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", list(FUSIONS))
+def test_minimal_bytes_counts_every_tensor_once(name, dtype, rng):
+    rows, hidden = 24, 40
+    inputs = make_inputs(name, rows, hidden, dtype, rng)
+    fusion = FUSIONS[name](dtype).fusion
+    outputs = [np.empty(r.shape, v.dtype.numpy)
+               for r, v in zip(evaluate(fusion, inputs), fusion.outputs, strict=True)]
+    got = minimal_bytes(inputs, outputs)
+    assert got == sum(a.nbytes for a in inputs) + sum(a.nbytes for a in outputs)
+    assert got == expected_bytes(name, rows, hidden, dtype.itemsize)
+
+
+def test_rows_for_budget():
+    for name in FUSIONS:
+        for h in DEFAULT_HIDDEN:  # the default sweep fits: rows are never cut
+            assert rows_for_budget(name, 16384, h, 2) == 16384
+    rows = rows_for_budget("dropout_rmsnorm_bwd", 65536, 24578, 4)
+    assert rows < 65536 and rows % 128 == 0
+    assert expected_bytes("dropout_rmsnorm_bwd", rows, 24578, 4) <= 8 * 2**30
+    assert expected_bytes("dropout_rmsnorm_bwd", rows + 128, 24578, 4) > 8 * 2**30
+    assert rows_for_budget("rmsnorm_bwd", 100, 10**9, 4, budget=10**9) == 1
+
+
+# ----- CLI --------------------------------------------------------------------------------------
+
+
+def test_parse_args_defaults():
+    a = parse_args([])
+    assert a.fusion == list(DEFAULT_FUSIONS) == ["rmsnorm_bwd", "dropout_rmsnorm_bwd"]
+    assert a.hidden == [1024, 2048, 4096, 8192, 16384, 24578]
+    assert (a.rows, a.dtype, a.no_compile, a.tune, a.out) == (
+        16384, "bf16", False, False, "bench/results")
+    assert a.timer == "auto"
+
+
+def test_parse_args_values():
+    a = parse_args(["--fusion", "layernorm_bwd,softmax_fwd", "--hidden", "512,24578",
+                    "--rows", "4096", "--dtype", "fp32", "--no-compile", "--tune",
+                    "--out", "/tmp/x", "--timer", "events", "--gen-rows", "0"])
+    assert a.fusion == ["layernorm_bwd", "softmax_fwd"]
+    assert a.hidden == [512, 24578]
+    assert (a.rows, a.dtype, a.no_compile, a.tune, a.out, a.timer, a.gen_rows) == (
+        4096, "fp32", True, True, "/tmp/x", "events", 0)
+
+
+@pytest.mark.parametrize("argv", [
+    ["--fusion", "nope"],
+    ["--hidden", "1024,abc"],
+    ["--hidden", ""],
+    ["--dtype", "fp8"],
+    ["--rows", "0"],
+])
+def test_parse_args_rejects(argv, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+
+
+def test_tune_grid():
+    grid = tune_grid(128)
+    assert grid[0] == {} and len(grid) == TUNE_LIMIT
+    assert len({tuple(sorted(c.items())) for c in grid}) == len(grid)
+    assert {c["threads_per_row"] for c in grid if "threads_per_row" in c} == {64, 256}
+    assert {c["rows_per_block"] for c in grid if "rows_per_block" in c} <= {1, 2, 4}
+    assert {c["stages"] for c in grid if "stages" in c} == {1, 2}
+    assert all(set(c) <= {"threads_per_row", "rows_per_block", "stages"} for c in grid)
+    assert all(c.get("threads_per_row", 1) <= 1024 for c in tune_grid(1024))
+    assert not any("threads_per_row" in c for c in tune_grid(None))
+
+
+# ----- report, table, json, plot ----------------------------------------------------------------
+
+
+def fake_report() -> dict:
+    def entry(hidden, rows, fuser_us, extra=None):
+        nbytes = expected_bytes("dropout_rmsnorm_bwd", rows, hidden, 2)
+        impls = {"copy": {"time_us": nbytes / 4.0e3 / 1e3, "bytes": nbytes},
+                 "fuser": {"time_us": fuser_us, "correct": True, "max_rel_err": 0.004},
+                 "eager": {"time_us": nbytes / 0.2e3 / 1e3},
+                 "compile": {"skipped": "--no-compile"}}
+        impls.update(extra or {})
+        return finish_entry({"hidden": hidden, "rows": rows, "bytes": nbytes, "impls": impls,
+                             "max_rel_err": 0.004, "schedule": "RowSchedule\n  vec 8"})
+
+    nb = expected_bytes("dropout_rmsnorm_bwd", 16384, 4096, 2)
+    return {
+        "schema": 1, "fusion": "dropout_rmsnorm_bwd", "command": "python3 bench/run.py",
+        "date": "2026-01-02T03:04:05+00:00", "device": "NVIDIA H200", "torch": "2.11",
+        "cupy": "14.2.0", "triton": "3.6.0", "dtype": "bf16", "rows": 16384, "results": [
+            entry(2048, 16384, 1e9 * expected_bytes("dropout_rmsnorm_bwd", 16384, 2048, 2)
+                  / 3.6e12 / 1e3),
+            entry(4096, 16384, nb / 3.0e12 * 1e6,
+                  {"compile": {"error": "RuntimeError: boom"},
+                   "fuser_tuned": {"time_us": nb / 3.9e12 * 1e6, "hints": {"stages": 1}}}),
+            entry(24578, 8192, 1000.0, {"fuser": {"time_us": 1000.0, "correct": False}}),
+        ],
+    }
+
+
+def test_finish_entry_bandwidth_and_fractions():
+    r = fake_report()
+    e = r["results"][1]
+    assert e["impls"]["copy"]["gbps"] == pytest.approx(4000)
+    assert e["impls"]["fuser"]["gbps"] == pytest.approx(3000)
+    assert e["impls"]["fuser"]["fraction_of_copy"] == pytest.approx(0.75)
+    assert e["impls"]["eager"]["fraction_of_copy"] == pytest.approx(0.05)
+    assert e["impls"]["fuser_tuned"]["fraction_of_copy"] == pytest.approx(3.9 / 4)
+    assert "gbps" not in e["impls"]["compile"]
+
+
+def test_markdown_table():
+    text = markdown_table(fake_report())
+    lines = text.splitlines()
+    assert "dropout_rmsnorm_bwd" in lines[0] and "NVIDIA H200" in lines[0]
+    assert lines[2] == ("| hidden | copy | fuser | fuser tuned | torch.compile | "
+                        "PyTorch eager |")
+    assert lines[3].startswith("| --- |")
+    assert lines[4] == "| 2048 | 4000 | 3600 (0.90) | - | - | 200 (0.05) |"
+    assert lines[5] == "| 4096 | 4000 | 3000 (0.75) | 3900 (0.97) | error | 200 (0.05) |"
+    assert lines[6].startswith("| 24578 (rows 8192) | 4000 | ") and "WRONG" in lines[6]
+    assert len(lines) == 7
+
+
+def test_markdown_table_without_tuning_has_no_tuned_column():
+    r = fake_report()
+    del r["results"][1]["impls"]["fuser_tuned"]
+    assert "tuned" not in markdown_table(r)
+
+
+def test_write_report(tmp_path):
+    r = fake_report()
+    path = write_report(r, tmp_path / "out")
+    assert path == tmp_path / "out" / "2026-01-02-dropout_rmsnorm_bwd.json"
+    assert output_paths(tmp_path, r["date"], r["fusion"])[1].name == \
+        "2026-01-02-dropout_rmsnorm_bwd.png"
+    back = json.loads(path.read_text())
+    assert back == json.loads(json.dumps(r))
+    for key in ("command", "date", "device", "torch", "cupy", "triton", "dtype", "rows"):
+        assert key in back
+    e = back["results"][0]
+    for key in ("hidden", "rows", "bytes", "max_rel_err", "schedule"):
+        assert key in e
+    for impl in ("fuser", "eager", "copy"):
+        assert {"time_us", "gbps", "fraction_of_copy"} <= set(e["impls"][impl])
+    assert list(path.parent.iterdir()) == [path]  # no temporary left behind
+
+
+def test_plot_report_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    from bench.plot import plot_report, series
+
+    r = fake_report()
+    assert series(r, "compile") == ([], [])
+    assert series(r, "fuser_tuned")[0] == [4096]
+    path = plot_report(r, tmp_path / "p" / "x.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_modules_import_without_torch():
+    code = ("import sys, bench.run, bench.baselines, bench.plot; "
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
