@@ -240,7 +240,7 @@ def execute(fd, inputs: list, *, device=None, hints: Hints | None = None):
         devices.add(dev)
     if len(devices) > 1:
         raise BadInputError(f"inputs are on devices {sorted(devices)}; put them on one device")
-    sizes = bind_shapes(fusion, shapes)
+    sizes = bind_shapes(info.fusion, shapes)  # the lowered fusion's extents: info's axes
     rows = sizes.value(info.row_axis) if info.row_axis is not None else 1
     hidden = sizes.value(info.hidden_axis) if info.hidden_axis is not None else 1
     cupy = _cupy()

@@ -16,6 +16,7 @@ import pytest
 import fuser.executor as executor
 from fuser import DataType, FusionDefinition
 from fuser.fusions import FUSIONS, make_inputs
+from fuser.reference import compare, evaluate, output_reduction_sizes, tolerance
 from fuser.schedulers import Hints
 from fuser.schedulers.base import REGISTERS, SMEM
 
@@ -71,15 +72,34 @@ def run_and_validate(name, dtype, hidden, rows, rng, hints=None, torch_kind=Fals
     fd = FUSIONS[name](dtype)
     host = make_inputs(name, rows, hidden, dtype, rng)
     inputs = to_device(host, torch_kind)
-    if hints is None:
+    if hidden == 1 and name.endswith("_bwd"):
+        check_one_element_rows(fd, host, inputs)
+    elif hints is None:
         fd.validate(inputs)
     else:
-        from fuser.reference import compare, evaluate, output_reduction_sizes
-
         outs = executor.execute(fd, inputs, hints=hints)
         compare([executor.to_host(o) for o in outs], evaluate(fd.fusion, host), fd.fusion,
                 output_reduction_sizes(fd.fusion, host))
     return fd
+
+
+def check_one_element_rows(fd, host, inputs):
+    """With one element per row, a norm's input gradient is the difference of two nearly equal
+    terms (dy*w/rms and x*mean(dy*w*x)/rms^3, equal up to eps/x^2): float32 keeps about 1e-7 of
+    the terms, not of their tiny difference. Row outputs are checked against the terms' scale
+    (max |dy*w| / min rms, or rstd for LayerNorm); column outputs as usual."""
+    outs = [executor.to_host(o) for o in fd.execute(inputs)]
+    refs = evaluate(fd.fusion, host)
+    sizes = output_reduction_sizes(fd.fusion, host)
+    dy, w = host[-2].astype(np.float64), host[-1].astype(np.float64)
+    stat = host[-4] if fd.name == "layernorm_bwd" else 1.0 / host[-3].astype(np.float64)
+    scale = np.max(np.abs(dy * w)) * np.max(np.abs(stat))
+    for out, got, ref, n in zip(fd.fusion.outputs, outs, refs, sizes, strict=True):
+        rtol, atol = tolerance(out.dtype, n)
+        if out.ndim == 2:
+            atol += 1e-6 * scale
+        np.testing.assert_allclose(got.astype(np.float64), ref, rtol=rtol, atol=atol,
+                                   err_msg=f"{fd.name} output {out.name}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
@@ -143,24 +163,24 @@ def test_seed_case_fits_and_driver_agrees_with_plan(rng):
     assert row["static_smem"] + plan.dynamic_bytes <= 232448
 
 
-def _pointwise_fusions():
-    def silu_mul(fd, x, y, w, r):
-        return [fd.ops.mul(fd.ops.silu(x), y)]
+def _bias_scale(fd, x, y, w, r):
+    wb = fd.ops.broadcast_in_dim(w, shape=x.shape(), broadcast_dims=[1])
+    rb = fd.ops.broadcast_in_dim(r, shape=x.shape(), broadcast_dims=[0, 1])
+    return [fd.ops.cast(fd.ops.mul(fd.ops.add(x, wb), rb), DataType.BFloat16),
+            fd.ops.mul(fd.ops.silu(y), fd.ops.exp(fd.ops.mul(y, 0.5)))]
 
-    def bias_scale(fd, x, y, w, r):
-        wb = fd.ops.broadcast_in_dim(w, shape=x.shape(), broadcast_dims=[1])
-        rb = fd.ops.broadcast_in_dim(r, shape=x.shape(), broadcast_dims=[0, 1])
-        return [fd.ops.cast(fd.ops.mul(fd.ops.add(x, wb), rb), DataType.BFloat16)]
 
-    def where_max(fd, x, y, w, r):
-        keep = fd.ops.gt(x, y)
-        return [fd.ops.where(keep, fd.ops.maximum(x, y), fd.ops.neg(y)), keep]
+def _where_max(fd, x, y, w, r):
+    keep = fd.ops.gt(x, y)
+    biased = fd.ops.add(fd.ops.mul(fd.ops.relu(y), r), w)
+    return [fd.ops.where(keep, fd.ops.maximum(x, y), fd.ops.neg(biased)), keep]
 
-    return {"silu_mul": silu_mul, "bias_scale": bias_scale, "where_max": where_max}
+
+POINTWISE = {"bias_scale": _bias_scale, "where_max": _where_max}
 
 
 @pytest.mark.parametrize(("hidden", "rows"), [(1, 7), (127, 1000), (4096, 16384)])
-@pytest.mark.parametrize("fusion", sorted(_pointwise_fusions()))
+@pytest.mark.parametrize("fusion", sorted(POINTWISE))
 def test_pointwise_fusions_match_reference(fusion, hidden, rows, rng):
     import cupy
 
@@ -169,7 +189,7 @@ def test_pointwise_fusions_match_reference(fusion, hidden, rows, rng):
         y = fd.define_tensor([-1, -1], dtype=DataType.Float)
         w = fd.define_tensor([-1], dtype=DataType.Float)
         r = fd.define_tensor([-1, 1], contiguity=[True, None], dtype=DataType.Float)
-        for out in _pointwise_fusions()[fusion](fd, x, y, w, r):
+        for out in POINTWISE[fusion](fd, x, y, w, r):
             fd.add_output(out)
     host = [rng.standard_normal(s).astype(np.float32)
             for s in [(rows, hidden), (rows, hidden), (hidden,), (rows, 1)]]

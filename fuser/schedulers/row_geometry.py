@@ -31,7 +31,12 @@ from fuser.schedulers.base import (
 )
 from fuser.smem import SmemPlan
 
-TARGET_VECTORS_PER_THREAD = 4  # ~32 bf16 elements per thread per row: enough loads in flight
+# Vectors per thread per row. Rows kept in registers want a few per thread (~32 bf16 elements:
+# loads in flight without a pipeline). Rows kept in shared memory have cp.async keep the loads
+# in flight, and want many threads instead: one vector each, so that the SM runs enough warps
+# to hide the arithmetic of the normalization (measured on the H200, dropout + RMSNorm
+# backward at hidden 4096: 4 vectors per thread gave 0.29 of the copy bandwidth).
+TARGET_VECTORS_PER_THREAD = {False: 4, True: 1}  # by smem_first
 MIN_BLOCK_THREADS = 256  # small rows are packed several to a block up to this many threads
 # Registers beyond the buffers: indices, pointers, loop state, reduction temporaries. A kernel
 # cannot do with fewer than MIN_OVERHEAD; the residency is planned with PLANNED_OVERHEAD, and
@@ -101,8 +106,9 @@ def row_schedule_candidates(
     hidden = problem.hidden
     vec = pick_vec(hidden, itemsizes, problem.align_bytes)
     vectors = hidden // vec
+    per_thread = TARGET_VECTORS_PER_THREAD[smem_first]
     tpr = hints.threads_per_row or min(
-        device.max_threads_per_block, next_pow2(ceil_div(vectors, TARGET_VECTORS_PER_THREAD))
+        device.max_threads_per_block, next_pow2(ceil_div(vectors, per_thread))
     )
     batch = ceil_div(vectors, tpr)
     rpb = hints.rows_per_block or max(
