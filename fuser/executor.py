@@ -35,7 +35,8 @@ POINTWISE_BLOCKS_PER_SM = 8
 
 @dataclass
 class Kernel:
-    """A compiled, loaded kernel module and the plans it was built from."""
+    """A compiled, loaded kernel module, the plans it was built from, and its argument layout
+    (computed once, so that a call only gathers pointers)."""
 
     source: KernelSource
     schedule: object  # RowSchedule or PointwiseSchedule
@@ -43,6 +44,9 @@ class Kernel:
     compiled: CompiledModule
     functions: dict  # entry name -> cupy RawKernel
     device: DeviceSpec
+    occupancy: int  # resident blocks per SM of the main kernel, as the driver computes it
+    row_args: tuple  # ("in" | "out" | "part" | "scalar", index) per main-kernel parameter
+    finalize_args: tuple  # the same for the finalize kernel
 
     @property
     def text(self) -> str:
@@ -61,6 +65,25 @@ class Kernel:
                 "max_dynamic_smem": attrs["max_dynamic_shared_size_bytes"],
             }
         return report
+
+
+def _argument_layout(info: FusionInfo, pointwise: bool) -> tuple[tuple, tuple]:
+    """Parameter order of the rendered kernels (codegen.py writes them in this order)."""
+    fusion = info.fusion
+    index_in = {v: i for i, v in enumerate(fusion.inputs)}
+    index_out = {v: i for i, v in enumerate(fusion.outputs)}
+    loaded = [("in", index_in[t]) for t in (*info.full_inputs, *info.col_inputs,
+                                             *info.row_inputs)]
+    scalars = [("scalar", index_in[s]) for s in info.scalar_inputs]
+    if pointwise:
+        outs = [("out", index_out[o]) for r in (Role.FULL, Role.COL, Role.ROW)
+                for o in info.outputs(r)]
+        return tuple(loaded + outs + scalars), ()
+    outs = [("out", index_out[o]) for o in (*info.outputs(Role.FULL), *info.outputs(Role.ROW))]
+    parts = [("part", k) for k in range(len(info.outer_reductions))]
+    final = (parts + [("in", index_in[t]) for t in info.col_inputs]
+             + [("out", index_out[o]) for o in info.outputs(Role.COL)] + scalars)
+    return tuple(loaded + outs + parts + scalars), tuple(final)
 
 
 @dataclass
@@ -151,7 +174,20 @@ def _load(fd, problem: Problem, device: DeviceSpec, hints) -> Kernel:
         _check_static_smem(fd.name, entry, fn, plan, device)
         fn.max_dynamic_shared_size_bytes = plan.dynamic_bytes
         functions[entry] = fn
-    return Kernel(built.source, built.schedule, built.finalize, built.compiled, functions, device)
+    s = built.schedule
+    pointwise = isinstance(s, PointwiseSchedule)
+    occupancy = POINTWISE_BLOCKS_PER_SM if pointwise else (
+        _cupy().cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
+            functions[built.source.row_entry].kernel.ptr, s.threads, s.smem.dynamic_bytes))
+    if occupancy < 1:
+        raise OutOfResourcesError(
+            f"kernel {built.source.row_entry} cannot be resident: {s.threads} threads, "
+            f"{functions[built.source.row_entry].num_regs} registers per thread, "
+            f"{s.smem.dynamic_bytes} B dynamic shared memory per block"
+        )
+    row_args, finalize_args = _argument_layout(info, pointwise)
+    return Kernel(built.source, s, built.finalize, built.compiled, functions, device, occupancy,
+                  row_args, finalize_args)
 
 
 def _check_static_smem(name: str, entry: str, fn, plan, device: DeviceSpec) -> None:
@@ -187,23 +223,12 @@ def get_kernel(fd, problem: Problem, device: DeviceSpec, hints=None) -> Kernel:
 
 def _launch(kernel: Kernel, rows: int, device: DeviceSpec) -> tuple[Launch, Launch | None]:
     s = kernel.schedule
-    fn = kernel.functions[kernel.source.row_entry]
-    cupy = _cupy()
     if isinstance(s, PointwiseSchedule):
         vectors = rows * (s.hidden // s.vec)
         grid = max(1, min(ceil_div(vectors, s.threads * s.unroll),
-                          device.sm_count * POINTWISE_BLOCKS_PER_SM))
+                          device.sm_count * kernel.occupancy))
         return Launch(grid, (s.threads, 1), 0, 0), None
-    occupancy = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
-        fn.kernel.ptr, s.threads, s.smem.dynamic_bytes
-    )
-    if occupancy < 1:
-        raise OutOfResourcesError(
-            f"kernel {kernel.source.row_entry} cannot be resident: {s.threads} threads, "
-            f"{fn.attributes['num_regs']} registers per thread, {s.smem.dynamic_bytes} B "
-            "dynamic shared memory per block"
-        )
-    grid = max(1, min(ceil_div(rows, s.rows_per_block), occupancy * device.sm_count))
+    grid = max(1, min(ceil_div(rows, s.rows_per_block), kernel.occupancy * device.sm_count))
     launch = Launch(grid, (s.threads_per_row, s.rows_per_block), s.smem.dynamic_bytes,
                     grid if kernel.finalize is not None else 0)
     final = None
@@ -263,52 +288,52 @@ def _allocate(shape, dtype: DataType, torch_kind: bool, like):
     return _cupy().empty(shape, dtype=dtype.numpy)
 
 
-def _pointer(x, torch_kind: bool) -> np.uint64:
-    """A device pointer as a kernel argument (8 bytes, like the pointer parameter)."""
-    return np.uint64(x.data_ptr() if torch_kind else x.data.ptr)
+_torch_streams: dict = {}
+
+
+def _stream(torch_kind: bool, like):
+    """The stream to launch on: torch's current stream for torch tensors (wrapped once per
+    stream), else CuPy's current stream."""
+    cupy = _cupy()
+    if not torch_kind:
+        return cupy.cuda.get_current_stream()
+    import torch
+
+    current = torch.cuda.current_stream(like.device)
+    wrapped = _torch_streams.get(current.cuda_stream)
+    if wrapped is None:
+        wrapped = _torch_streams[current.cuda_stream] = cupy.cuda.Stream.from_external(current)
+    return wrapped
 
 
 def _run(kernel: Kernel, info: FusionInfo, inputs, sizes, rows, launch, final, torch_kind):
-    cupy = _cupy()
     fusion = info.fusion
     like = next((x for v, x in zip(fusion.inputs, inputs, strict=True)
                  if isinstance(v, Tensor)), None)
-    by_val = dict(zip(fusion.inputs, inputs, strict=True))
-    outs = {o: _allocate(sizes.shape(o), o.dtype, torch_kind, like) for o in fusion.outputs}
-    scalars = [np.array(by_val[s], dtype=s.dtype.numpy)[()] for s in info.scalar_inputs]
-    if torch_kind:
-        import torch
-
-        stream = cupy.cuda.Stream.from_external(torch.cuda.current_stream(like.device))
-    else:
-        stream = cupy.cuda.get_current_stream()
-    ptr = lambda x: _pointer(x, torch_kind)  # noqa: E731
-    n_rows = np.int64(rows)
-    source = kernel.source
-    if isinstance(kernel.schedule, PointwiseSchedule):
-        args = ([ptr(by_val[t]) for t in (*info.full_inputs, *info.col_inputs, *info.row_inputs)]
-                + [ptr(outs[o]) for r in (Role.FULL, Role.COL, Role.ROW)
-                   for o in info.outputs(r)] + scalars + [n_rows])
-        kernel.functions[source.row_entry](
-            (launch.grid,), launch.block, tuple(args), shared_mem=0, stream=stream)
-        return [outs[o] for o in fusion.outputs]
+    outs = [_allocate(sizes.shape(o), o.dtype, torch_kind, like) for o in fusion.outputs]
     partials = [_allocate((max(launch.partial_rows, 1), kernel.schedule.hidden),
                           e.outputs[0].dtype if e.outputs[0].dtype is DataType.Double
                           else DataType.Float, torch_kind, like)
                 for e in info.outer_reductions]
-    args = ([ptr(by_val[t]) for t in (*info.full_inputs, *info.col_inputs, *info.row_inputs)]
-            + [ptr(outs[o]) for o in (*info.outputs(Role.FULL), *info.outputs(Role.ROW))]
-            + [ptr(p) for p in partials] + scalars + [n_rows])
-    kernel.functions[source.row_entry](
-        (launch.grid,), launch.block, tuple(args), shared_mem=launch.dynamic_smem, stream=stream)
+    def pointer(x) -> np.uint64:
+        """A device pointer as a kernel argument (8 bytes, like the pointer parameter)."""
+        return np.uint64(x.data_ptr() if torch_kind else x.data.ptr)
+
+    scalars = {i: np.array(inputs[i], dtype=v.dtype.numpy)[()]
+               for i, v in enumerate(fusion.inputs) if isinstance(v, Scalar)}
+    sources = {"in": lambda i: pointer(inputs[i]), "out": lambda i: pointer(outs[i]),
+               "part": lambda i: pointer(partials[i]), "scalar": scalars.__getitem__}
+    stream = _stream(torch_kind, like)
+    n_rows = np.int64(rows)
+    args = (*(sources[kind](i) for kind, i in kernel.row_args), n_rows)
+    kernel.functions[kernel.source.row_entry](
+        (launch.grid,), launch.block, args, shared_mem=launch.dynamic_smem, stream=stream)
     if final is not None:
-        fargs = ([ptr(p) for p in partials] + [ptr(by_val[t]) for t in info.col_inputs]
-                 + [ptr(outs[o]) for o in info.outputs(Role.COL)] + scalars
-                 + [n_rows, np.int32(final.partial_rows)])
-        kernel.functions[source.finalize_entry](
-            (final.grid,), final.block, tuple(fargs), shared_mem=final.dynamic_smem,
-            stream=stream)
-    return [outs[o] for o in fusion.outputs]
+        fargs = (*(sources[kind](i) for kind, i in kernel.finalize_args), n_rows,
+                 np.int32(final.partial_rows))
+        kernel.functions[kernel.source.finalize_entry](
+            (final.grid,), final.block, fargs, shared_mem=final.dynamic_smem, stream=stream)
+    return outs
 
 
 # ----- validate -----

@@ -86,20 +86,23 @@ def run_and_validate(name, dtype, hidden, rows, rng, hints=None, torch_kind=Fals
 def check_one_element_rows(fd, host, inputs):
     """With one element per row, a norm's input gradient is the difference of two nearly equal
     terms (dy*w/rms and x*mean(dy*w*x)/rms^3, equal up to eps/x^2): float32 keeps about 1e-7 of
-    the terms, not of their tiny difference. Row outputs are checked against the terms' scale
-    (max |dy*w| / min rms, or rstd for LayerNorm); column outputs as usual."""
+    the terms, not of their tiny difference. Row outputs are checked against each element's
+    terms (|dy*w| times 1/rms, or rstd for LayerNorm, times the dropout scale); column outputs
+    as usual."""
     outs = [executor.to_host(o) for o in fd.execute(inputs)]
     refs = evaluate(fd.fusion, host)
     sizes = output_reduction_sizes(fd.fusion, host)
     dy, w = host[-2].astype(np.float64), host[-1].astype(np.float64)
     stat = host[-4] if fd.name == "layernorm_bwd" else 1.0 / host[-3].astype(np.float64)
-    scale = np.max(np.abs(dy * w)) * np.max(np.abs(stat))
+    terms = np.abs(dy * w * stat) * 2.0  # 2 >= the dropout scale 1 / (1 - p)
     for out, got, ref, n in zip(fd.fusion.outputs, outs, refs, sizes, strict=True):
         rtol, atol = tolerance(out.dtype, n)
-        if out.ndim == 2:
-            atol += 1e-6 * scale
-        np.testing.assert_allclose(got.astype(np.float64), ref, rtol=rtol, atol=atol,
-                                   err_msg=f"{fd.name} output {out.name}")
+        allowed = atol + rtol * np.abs(ref) + (1e-5 * terms if out.ndim == 2 else 0.0)
+        err = np.abs(got.astype(np.float64) - ref)
+        assert np.all(err <= allowed), (
+            f"{fd.name} output {out.name}: {np.sum(err > allowed)} elements off, worst "
+            f"{np.max(err - allowed):.3g} beyond the allowed error"
+        )
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
@@ -167,7 +170,7 @@ def _bias_scale(fd, x, y, w, r):
     wb = fd.ops.broadcast_in_dim(w, shape=x.shape(), broadcast_dims=[1])
     rb = fd.ops.broadcast_in_dim(r, shape=x.shape(), broadcast_dims=[0, 1])
     return [fd.ops.cast(fd.ops.mul(fd.ops.add(x, wb), rb), DataType.BFloat16),
-            fd.ops.mul(fd.ops.silu(y), fd.ops.exp(fd.ops.mul(y, 0.5)))]
+            fd.ops.mul(fd.ops.silu(y), fd.ops.exp(fd.ops.mul(x, 0.5)))]
 
 
 def _where_max(fd, x, y, w, r):

@@ -31,12 +31,16 @@ from fuser.schedulers.base import (
 )
 from fuser.smem import SmemPlan
 
-# Vectors per thread per row. Rows kept in registers want a few per thread (~32 bf16 elements:
-# loads in flight without a pipeline). Rows kept in shared memory have cp.async keep the loads
-# in flight, and want many threads instead: one vector each, so that the SM runs enough warps
-# to hide the arithmetic of the normalization (measured on the H200, dropout + RMSNorm
-# backward at hidden 4096: 4 vectors per thread gave 0.29 of the copy bandwidth).
-TARGET_VECTORS_PER_THREAD = {False: 4, True: 1}  # by smem_first
+# Vectors per thread per row, by storage policy (smem_first). Rows kept in registers want a
+# few per thread (~32 bf16 elements: loads in flight without a pipeline). Rows staged in shared
+# memory have cp.async keep loads in flight and want more warps: two vectors per thread, at
+# most 512 threads per row unless that leaves a thread more than 8 vectors. Measured on the
+# H200 (bf16, 16384 rows, --tune of bench/run.py, 2026-11-30): rmsnorm_bwd at hidden 4096 /
+# 8192 ran 0.81 / 0.88 of the copy with 2 vectors per thread against 0.69 / 0.70 with 1 and
+# 0.36 with 4; dropout_rmsnorm_bwd at 16384 ran 0.94 with 512 threads against 0.80 with 1024.
+TARGET_VECTORS_PER_THREAD = {False: 4, True: 2}
+MAX_THREADS_PER_ROW = {False: 1024, True: 512}
+MAX_VECTORS_PER_THREAD = 8
 MIN_BLOCK_THREADS = 256  # small rows are packed several to a block up to this many threads
 # Registers beyond the buffers: indices, pointers, loop state, reduction temporaries. A kernel
 # cannot do with fewer than MIN_OVERHEAD; the residency is planned with PLANNED_OVERHEAD, and
@@ -106,10 +110,12 @@ def row_schedule_candidates(
     hidden = problem.hidden
     vec = pick_vec(hidden, itemsizes, problem.align_bytes)
     vectors = hidden // vec
-    per_thread = TARGET_VECTORS_PER_THREAD[smem_first]
     tpr = hints.threads_per_row or min(
-        device.max_threads_per_block, next_pow2(ceil_div(vectors, per_thread))
+        MAX_THREADS_PER_ROW[smem_first],
+        next_pow2(ceil_div(vectors, TARGET_VECTORS_PER_THREAD[smem_first])),
     )
+    if not hints.threads_per_row and ceil_div(vectors, tpr) > MAX_VECTORS_PER_THREAD:
+        tpr = device.max_threads_per_block
     batch = ceil_div(vectors, tpr)
     rpb = hints.rows_per_block or max(
         1, min(MIN_BLOCK_THREADS // tpr, next_pow2(max(problem.rows, 1)))
