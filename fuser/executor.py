@@ -242,9 +242,44 @@ def _launch(kernel: Kernel, rows: int, device: DeviceSpec) -> tuple[Launch, Laun
 # ----- execute -----
 
 
-def execute(fd, inputs: list, *, device=None, hints: Hints | None = None):
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """What a call needs that depends only on its inputs' kinds, dtypes, shapes, devices and
+    alignment: calls with equal signatures reuse it and only gather pointers and allocate."""
+
+    kernel: Kernel
+    launch: Launch
+    finalize_launch: Launch | None
+    torch_kind: bool
+    device_id: int
+    align: int  # every data pointer must be a multiple of this (the kernel's vector accesses)
+    rows: int
+    outputs: tuple  # (shape, DataType) per fusion output
+    partials: tuple  # (shape, DataType) per outer reduction's workspace
+    scalar_types: dict  # input index -> numpy type of each scalar input (its kernel parameter)
+
+
+MAX_PLANS = 64  # plans kept per fusion definition (distinct shapes seen recently)
+
+
+def _signature(inputs) -> tuple:
+    """Kind, dtype, shape, contiguity and device of every input: the plan cache key."""
+    key = []
+    for x in inputs:
+        module = type(x).__module__
+        if module.startswith("torch"):
+            key.append((x.dtype, x.shape, x.is_contiguous(), x.get_device()))
+        elif module.startswith("cupy"):
+            key.append((x.dtype, x.shape, x.flags.c_contiguous, x.device.id))
+        else:
+            key.append((type(x),))
+    return tuple(key)
+
+
+def _plan(fd, inputs: list, device, hints) -> Plan:
+    """Check every input against the definition, then schedule, compile and size the call."""
     info, _ = _info(fd)
-    fusion = fd.fusion
+    fusion = info.fusion
     if len(inputs) != len(fusion.inputs):
         raise BadInputError(
             f"fusion '{fd.name}' takes {len(fusion.inputs)} inputs "
@@ -265,19 +300,57 @@ def execute(fd, inputs: list, *, device=None, hints: Hints | None = None):
         devices.add(dev)
     if len(devices) > 1:
         raise BadInputError(f"inputs are on devices {sorted(devices)}; put them on one device")
-    sizes = bind_shapes(info.fusion, shapes)  # the lowered fusion's extents: info's axes
+    sizes = bind_shapes(fusion, shapes)
     rows = sizes.value(info.row_axis) if info.row_axis is not None else 1
     hidden = sizes.value(info.hidden_axis) if info.hidden_axis is not None else 1
     cupy = _cupy()
     device_id = devices.pop() if devices else cupy.cuda.runtime.getDevice()
+    align = _alignment(pointers)
     with cupy.cuda.Device(device_id):
         spec = DeviceSpec.get(device) if device is not None else DeviceSpec.from_cupy(device_id)
-        problem = Problem(hidden, min(next_pow2(rows), 1024), _alignment(pointers))
-        kernel = get_kernel(fd, problem, spec, hints)
-        launch, final = _launch(kernel, rows, spec)
-        outputs = _run(kernel, info, inputs, sizes, rows, launch, final, torch_kind)
-    fd._last_run = Run(kernel, launch, final)
+        kernel = get_kernel(fd, Problem(hidden, min(next_pow2(rows), 1024), align), spec, hints)
+    launch, final = _launch(kernel, rows, spec)
+    partials = tuple(
+        ((max(launch.partial_rows, 1), hidden),
+         DataType.Double if e.outputs[0].dtype is DataType.Double else DataType.Float)
+        for e in info.outer_reductions
+    )
+    scalar_types = {i: v.dtype.numpy.type for i, v in enumerate(fusion.inputs)
+                    if isinstance(v, Scalar)}
+    return Plan(kernel, launch, final, torch_kind, device_id, align, rows,
+                tuple((sizes.shape(o), o.dtype) for o in fusion.outputs), partials, scalar_types)
+
+
+def execute(fd, inputs: list, *, device=None, hints: Hints | None = None):
+    inputs = list(inputs)
+    plans = fd.__dict__.setdefault("_plans", {})
+    try:
+        key = (_signature(inputs), device, hints)
+        plan = plans.get(key)
+    except TypeError:  # an unhashable input: the full checks will name it
+        key, plan = None, None
+    if plan is None:
+        plan = _plan(fd, inputs, device, hints)
+        if key is not None:
+            if len(plans) >= MAX_PLANS:
+                plans.pop(next(iter(plans)))
+            plans[key] = plan
+    pointers = _pointers(plan, inputs)
+    if any(p % plan.align for p in pointers.values()):
+        # Same shapes, but an input starts at an address the cached kernel cannot load with
+        # its vector width (a view at an offset): plan this call on its own.
+        plan = _plan(fd, inputs, device, hints)
+    outputs = _run(plan, inputs, pointers)
+    fd._last_run = Run(plan.kernel, plan.launch, plan.finalize_launch)
     return outputs
+
+
+def _pointers(plan: Plan, inputs: list) -> dict[int, int]:
+    """Data pointer of every tensor input the kernels read, by input index."""
+    indices = {i for kind, i in plan.kernel.row_args + plan.kernel.finalize_args if kind == "in"}
+    if plan.torch_kind:
+        return {i: inputs[i].data_ptr() for i in indices}
+    return {i: inputs[i].data.ptr for i in indices}
 
 
 def _allocate(shape, dtype: DataType, torch_kind: bool, like):
@@ -291,7 +364,7 @@ def _allocate(shape, dtype: DataType, torch_kind: bool, like):
 _torch_streams: dict = {}
 
 
-def _stream(torch_kind: bool, like):
+def _stream(torch_kind: bool, device_id: int):
     """The stream to launch on: torch's current stream for torch tensors (wrapped once per
     stream), else CuPy's current stream."""
     cupy = _cupy()
@@ -299,40 +372,38 @@ def _stream(torch_kind: bool, like):
         return cupy.cuda.get_current_stream()
     import torch
 
-    current = torch.cuda.current_stream(like.device)
+    current = torch.cuda.current_stream(device_id)
     wrapped = _torch_streams.get(current.cuda_stream)
     if wrapped is None:
         wrapped = _torch_streams[current.cuda_stream] = cupy.cuda.Stream.from_external(current)
     return wrapped
 
 
-def _run(kernel: Kernel, info: FusionInfo, inputs, sizes, rows, launch, final, torch_kind):
-    fusion = info.fusion
-    like = next((x for v, x in zip(fusion.inputs, inputs, strict=True)
-                 if isinstance(v, Tensor)), None)
-    outs = [_allocate(sizes.shape(o), o.dtype, torch_kind, like) for o in fusion.outputs]
-    partials = [_allocate((max(launch.partial_rows, 1), kernel.schedule.hidden),
-                          e.outputs[0].dtype if e.outputs[0].dtype is DataType.Double
-                          else DataType.Float, torch_kind, like)
-                for e in info.outer_reductions]
-    def pointer(x) -> np.uint64:
-        """A device pointer as a kernel argument (8 bytes, like the pointer parameter)."""
-        return np.uint64(x.data_ptr() if torch_kind else x.data.ptr)
-
-    scalars = {i: np.array(inputs[i], dtype=v.dtype.numpy)[()]
-               for i, v in enumerate(fusion.inputs) if isinstance(v, Scalar)}
-    sources = {"in": lambda i: pointer(inputs[i]), "out": lambda i: pointer(outs[i]),
-               "part": lambda i: pointer(partials[i]), "scalar": scalars.__getitem__}
-    stream = _stream(torch_kind, like)
-    n_rows = np.int64(rows)
-    args = (*(sources[kind](i) for kind, i in kernel.row_args), n_rows)
-    kernel.functions[kernel.source.row_entry](
-        (launch.grid,), launch.block, args, shared_mem=launch.dynamic_smem, stream=stream)
-    if final is not None:
-        fargs = (*(sources[kind](i) for kind, i in kernel.finalize_args), n_rows,
-                 np.int32(final.partial_rows))
-        kernel.functions[kernel.source.finalize_entry](
-            (final.grid,), final.block, fargs, shared_mem=final.dynamic_smem, stream=stream)
+def _run(plan: Plan, inputs: list, pointers: dict[int, int]) -> list:
+    kernel, torch_kind = plan.kernel, plan.torch_kind
+    like = inputs[next(iter(pointers))]
+    outs = [_allocate(shape, dtype, torch_kind, like) for shape, dtype in plan.outputs]
+    partials = [_allocate(shape, dtype, torch_kind, like) for shape, dtype in plan.partials]
+    address = (lambda x: x.data_ptr()) if torch_kind else (lambda x: x.data.ptr)
+    values = {
+        "in": lambda i: np.uint64(pointers[i]),
+        "out": lambda i: np.uint64(address(outs[i])),
+        "part": lambda i: np.uint64(address(partials[i])),
+        "scalar": lambda i: plan.scalar_types[i](inputs[i]),
+    }
+    stream = _stream(torch_kind, plan.device_id)
+    n_rows = np.int64(plan.rows)
+    args = (*(values[kind](i) for kind, i in kernel.row_args), n_rows)
+    with _cupy().cuda.Device(plan.device_id):
+        kernel.functions[kernel.source.row_entry](
+            (plan.launch.grid,), plan.launch.block, args,
+            shared_mem=plan.launch.dynamic_smem, stream=stream)
+        final = plan.finalize_launch
+        if final is not None:
+            fargs = (*(values[kind](i) for kind, i in kernel.finalize_args), n_rows,
+                     np.int32(final.partial_rows))
+            kernel.functions[kernel.source.finalize_entry](
+                (final.grid,), final.block, fargs, shared_mem=final.dynamic_smem, stream=stream)
     return outs
 
 

@@ -97,7 +97,7 @@ def check_one_element_rows(fd, host, inputs):
     terms = np.abs(dy * w * stat) * 2.0  # 2 >= the dropout scale 1 / (1 - p)
     for out, got, ref, n in zip(fd.fusion.outputs, outs, refs, sizes, strict=True):
         rtol, atol = tolerance(out.dtype, n)
-        allowed = atol + rtol * np.abs(ref) + (1e-5 * terms if out.ndim == 2 else 0.0)
+        allowed = atol + rtol * np.abs(ref) + (1e-4 * terms if out.ndim == 2 else 0.0)
         err = np.abs(got.astype(np.float64) - ref)
         assert np.all(err <= allowed), (
             f"{fd.name} output {out.name}: {np.sum(err > allowed)} elements off, worst "
@@ -197,3 +197,45 @@ def test_pointwise_fusions_match_reference(fusion, hidden, rows, rng):
     host = [rng.standard_normal(s).astype(np.float32)
             for s in [(rows, hidden), (rows, hidden), (hidden,), (rows, 1)]]
     fd.validate([cupy.asarray(a) for a in host])
+
+
+def _bwd_inputs(rng, rows=64, hidden=1024):
+    import cupy
+
+    host = make_inputs("dropout_rmsnorm_bwd", rows, hidden, DataType.BFloat16, rng)
+    return [cupy.asarray(a) for a in host]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda x: x.__setitem__(2, x[2].astype("float32")), r"input 2 \(T2\) has dtype float32"),
+        (lambda x: x.__setitem__(3, x[3][:, :1].reshape(-1)), r"expected rank 2"),
+        (lambda x: x.__setitem__(3, x[3][:32]), r"T3 dimension 0 has size 32 but"),
+        (lambda x: x.__setitem__(5, x[5][:512]), r"T5 dimension 0 has size 512 but"),
+        (lambda x: x.__setitem__(4, __import__("cupy").asfortranarray(x[4])), r"not contiguous"),
+        (lambda x: x.__setitem__(0, x[0].get()), r"fuser runs on CuPy arrays or torch"),
+        (lambda x: x.pop(), r"takes 6 inputs"),
+    ],
+)
+def test_bad_inputs_raise_before_any_launch(change, message, rng, monkeypatch):
+    """Wrong mask dtype, rms of the wrong shape, mismatched hidden between x and weight, a
+    non-contiguous grad, host arrays, a missing input: a BadInputError naming the numbers, and
+    no kernel launched."""
+    from fuser import BadInputError
+
+    fd = FUSIONS["dropout_rmsnorm_bwd"](DataType.BFloat16)
+    inputs = _bwd_inputs(rng)
+    change(inputs)
+    monkeypatch.setattr(executor, "_run", lambda *a: pytest.fail("launched"))
+    with pytest.raises(BadInputError, match=message):
+        fd.execute(inputs)
+
+
+def test_second_call_compiles_nothing(rng, monkeypatch):
+    fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
+    host = make_inputs("rmsnorm_bwd", 100, 2048, DataType.BFloat16, rng)
+    fd.execute(to_device(host))
+    monkeypatch.setattr(executor, "build", lambda *a, **k: pytest.fail("compiled again"))
+    host = make_inputs("rmsnorm_bwd", 120, 2048, DataType.BFloat16, rng)  # same row bucket
+    fd.validate(to_device(host))
