@@ -13,7 +13,7 @@ torch, launched on torch's current stream, no copies).
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 
 import numpy as np
@@ -257,6 +257,7 @@ class Plan:
     outputs: tuple  # (shape, DataType) per fusion output
     partials: tuple  # (shape, DataType) per outer reduction's workspace
     scalar_types: dict  # input index -> numpy type of each scalar input (its kernel parameter)
+    workspaces: dict = field(default_factory=dict, compare=False)  # stream -> partial buffers
 
 
 MAX_PLANS = 64  # plans kept per fusion definition (distinct shapes seen recently)
@@ -353,12 +354,21 @@ def _pointers(plan: Plan, inputs: list) -> dict[int, int]:
     return {i: inputs[i].data.ptr for i in indices}
 
 
+@cache
+def _array_dtype(dtype: DataType, torch_kind: bool):
+    if torch_kind:
+        import torch
+
+        return getattr(torch, dtype.numpy.name)
+    return dtype.numpy
+
+
 def _allocate(shape, dtype: DataType, torch_kind: bool, like):
     if torch_kind:
         import torch
 
-        return torch.empty(shape, dtype=getattr(torch, dtype.numpy.name), device=like.device)
-    return _cupy().empty(shape, dtype=dtype.numpy)
+        return torch.empty(shape, dtype=_array_dtype(dtype, True), device=like.device)
+    return _cupy().empty(shape, dtype=_array_dtype(dtype, False))
 
 
 _torch_streams: dict = {}
@@ -383,7 +393,13 @@ def _run(plan: Plan, inputs: list, pointers: dict[int, int]) -> list:
     kernel, torch_kind = plan.kernel, plan.torch_kind
     like = inputs[next(iter(pointers))]
     outs = [_allocate(shape, dtype, torch_kind, like) for shape, dtype in plan.outputs]
-    partials = [_allocate(shape, dtype, torch_kind, like) for shape, dtype in plan.partials]
+    stream = _stream(torch_kind, plan.device_id)
+    # The partial rows are written and read only by this call's kernels, in stream order, so
+    # one buffer per stream serves every call (an allocation less per call).
+    partials = plan.workspaces.get(stream.ptr)
+    if partials is None:
+        partials = plan.workspaces[stream.ptr] = [
+            _allocate(shape, dtype, torch_kind, like) for shape, dtype in plan.partials]
     address = (lambda x: x.data_ptr()) if torch_kind else (lambda x: x.data.ptr)
     values = {
         "in": lambda i: np.uint64(pointers[i]),
@@ -391,7 +407,6 @@ def _run(plan: Plan, inputs: list, pointers: dict[int, int]) -> list:
         "part": lambda i: np.uint64(address(partials[i])),
         "scalar": lambda i: plan.scalar_types[i](inputs[i]),
     }
-    stream = _stream(torch_kind, plan.device_id)
     n_rows = np.int64(plan.rows)
     args = (*(values[kind](i) for kind, i in kernel.row_args), n_rows)
     with _cupy().cuda.Device(plan.device_id):
