@@ -72,8 +72,8 @@ def run_and_validate(name, dtype, hidden, rows, rng, hints=None, torch_kind=Fals
     fd = FUSIONS[name](dtype)
     host = make_inputs(name, rows, hidden, dtype, rng)
     inputs = to_device(host, torch_kind)
-    if hidden == 1 and name.endswith("_bwd"):
-        check_one_element_rows(fd, host, inputs)
+    if hidden <= 3 and name.endswith("_bwd"):
+        check_short_rows(fd, host, inputs)
     elif hints is None:
         fd.validate(inputs)
     else:
@@ -83,10 +83,11 @@ def run_and_validate(name, dtype, hidden, rows, rng, hints=None, torch_kind=Fals
     return fd
 
 
-def check_one_element_rows(fd, host, inputs):
-    """With one element per row, a norm's input gradient is the difference of two nearly equal
-    terms (dy*w/rms and x*mean(dy*w*x)/rms^3, equal up to eps/x^2): float32 keeps about 1e-7 of
-    the terms, not of their tiny difference. Row outputs are checked against each element's
+def check_short_rows(fd, host, inputs):
+    """With one to three elements per row, a norm's input gradient is often the difference of
+    two nearly equal terms (dy*w/rms and x*mean(dy*w*x)/rms^3, equal up to eps/x^2 for one
+    element, and close when one element dominates a short row): float32 keeps about 1e-7 of
+    the terms, not of their small difference. Row outputs are checked against each element's
     terms (|dy*w| times 1/rms, or rstd for LayerNorm, times the dropout scale); column outputs
     as usual."""
     outs = [executor.to_host(o) for o in fd.execute(inputs)]

@@ -31,14 +31,17 @@ from fuser.schedulers.base import (
 )
 from fuser.smem import SmemPlan
 
-# Vectors per thread per row, by storage policy (smem_first). Rows kept in registers want a
-# few per thread (~32 bf16 elements: loads in flight without a pipeline). Rows staged in shared
-# memory have cp.async keep loads in flight and want more warps: two vectors per thread, at
-# most 512 threads per row unless that leaves a thread more than 8 vectors. Measured on the
-# H200 (bf16, 16384 rows, --tune of bench/run.py, 2026-11-30): rmsnorm_bwd at hidden 4096 /
-# 8192 ran 0.81 / 0.88 of the copy with 2 vectors per thread against 0.69 / 0.70 with 1 and
-# 0.36 with 4; dropout_rmsnorm_bwd at 16384 ran 0.94 with 512 threads against 0.80 with 1024.
+# Threads per row, by storage policy (smem_first). Rows kept in registers want a few vectors
+# per thread (~32 bf16 elements: loads in flight without a pipeline). Rows staged in shared
+# memory have cp.async keep loads in flight and want more warps: one vector per thread up to
+# 256 threads per row, then two, at most 512 threads unless that leaves a thread more than 8
+# vectors. Measured on the H200 (bf16, 16384 rows, bench/run.py --tune, 2026-11-30), as the
+# fraction of the copy bandwidth: dropout_rmsnorm_bwd at hidden 2048 ran 0.72 with 256
+# threads (1 vector each) and 0.33 with 128 (2 each); rmsnorm_bwd at 4096 / 8192 ran 0.81 /
+# 0.88 with 2 vectors per thread against 0.69 / 0.70 with 1 and 0.36 with 4;
+# dropout_rmsnorm_bwd at 16384 ran 0.94 with 512 threads against 0.80 with 1024.
 TARGET_VECTORS_PER_THREAD = {False: 4, True: 2}
+ONE_VECTOR_UP_TO = 256  # smem-first: threads per row that still get one vector each
 MAX_THREADS_PER_ROW = {False: 1024, True: 512}
 MAX_VECTORS_PER_THREAD = 8
 MIN_BLOCK_THREADS = 256  # small rows are packed several to a block up to this many threads
@@ -120,9 +123,10 @@ def row_schedule_candidates(
     hidden = problem.hidden
     vec = pick_vec(hidden, itemsizes, problem.align_bytes)
     vectors = hidden // vec
+    per_thread = 1 if smem_first and vectors <= ONE_VECTOR_UP_TO else (
+        TARGET_VECTORS_PER_THREAD[smem_first])
     tpr = hints.threads_per_row or min(
-        MAX_THREADS_PER_ROW[smem_first],
-        next_pow2(ceil_div(vectors, TARGET_VECTORS_PER_THREAD[smem_first])),
+        MAX_THREADS_PER_ROW[smem_first], next_pow2(ceil_div(vectors, per_thread))
     )
     if not hints.threads_per_row and ceil_div(vectors, tpr) > MAX_VECTORS_PER_THREAD:
         tpr = device.max_threads_per_block
