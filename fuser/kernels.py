@@ -2,8 +2,9 @@
 
 The scheduler sizes a persistent kernel for a residency (blocks per SM) from a register
 estimate, and the template asks ptxas to honour it through __launch_bounds__. An estimate is
-only an estimate: when ptxas reports spills, the kernel is rebuilt for one block fewer per SM,
-and at one block per SM the next candidate schedule is tried (another storage of the rows).
+only an estimate: when ptxas reports spills, the kernel is rebuilt for one block fewer per SM;
+at one block per SM, with a batch loop unrolled half as far (where no register array needs it
+fully unrolled); then the next candidate schedule is tried (another storage of the rows).
 The schedule that comes out is the one the binary was built from, so the header comment, the
 cache key and the launch all agree.
 """
@@ -75,11 +76,18 @@ def build(
             if not resources.spills:
                 return Built(info, sched, final, source, compiled, path)
             attempts.append(f"{sched.reason}: {resources}")
-            if not isinstance(sched, RowSchedule) or sched.blocks_per_sm == 1:
+            if not isinstance(sched, RowSchedule):
                 break
-            sched = replace(sched, blocks_per_sm=sched.blocks_per_sm - 1,
-                            reason=sched.reason + f"; ptxas spilled at {sched.blocks_per_sm} "
-                            f"block(s)/SM, rebuilt for {sched.blocks_per_sm - 1}")
+            if sched.blocks_per_sm > 1:
+                sched = replace(sched, blocks_per_sm=sched.blocks_per_sm - 1,
+                                reason=sched.reason + f"; ptxas spilled at {sched.blocks_per_sm} "
+                                f"block(s)/SM, rebuilt for {sched.blocks_per_sm - 1}")
+            elif not sched.full_unroll and sched.unroll > 1:
+                sched = replace(sched, unroll=sched.unroll // 2,
+                                reason=sched.reason + f"; ptxas spilled unrolling {sched.unroll}, "
+                                f"rebuilt unrolling {sched.unroll // 2}")
+            else:
+                break
     raise OutOfResourcesError(
         f"every schedule of fusion '{name}' at hidden {problem.hidden} spills registers on "
         f"{device.name}:\n  " + "\n  ".join(attempts)

@@ -71,7 +71,8 @@ class RowSchedule:
     threads_per_row: int  # threads sharing one row (blockDim.x); a power of two
     rows_per_block: int  # rows a block works on at once (blockDim.y)
     batch: int  # vectors per thread per row = ceil(hidden / vec / threads_per_row)
-    unroll: int  # batch iterations unrolled per pass: all of them when registers hold arrays
+    unroll: int  # batch iterations unrolled per pass
+    full_unroll: bool  # register arrays are indexed by the batch loop: it must unroll fully
     stages: int  # smem row buffers: 2 = the next rows load while these compute
     placements: tuple[Placement, ...]  # storage of every full and column input
     accumulators: str  # where outer-reduction accumulators live: REGISTERS or SMEM

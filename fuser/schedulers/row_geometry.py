@@ -266,6 +266,7 @@ def row_schedule_candidates(
             rows_per_block=rpb,
             batch=batch,
             unroll=batch if register_arrays else min(batch, PARTIAL_UNROLL),
+            full_unroll=bool(register_arrays),
             stages=stages if any(storage[t.name] == SMEM for t in full) else 1,
             placements=placements,
             accumulators=acc_storage,

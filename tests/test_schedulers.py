@@ -1,0 +1,196 @@
+"""CPU: classification, scheduler choices on every device preset, shared-memory plans (exact
+aligned layouts, the static slot, the first seed's hidden size and its neighbours), and the
+same fusion spelled three ways scheduling the same way."""
+
+from __future__ import annotations
+
+import pytest
+
+from fuser import DataType, FusionDefinition, OutOfResourcesError
+from fuser.analysis import Kind, analyze
+from fuser.device import DeviceSpec
+from fuser.fusions import FUSIONS
+from fuser.kernels import build
+from fuser.schedulers import Problem, schedule
+from fuser.schedulers.base import GLOBAL, REGISTERS, SMEM, PointwiseSchedule, RowSchedule
+from fuser.smem import ALIGNMENT, STATIC_SLOT, SmemPlan, align
+
+H200 = DeviceSpec.get("h200")
+SMALL = DeviceSpec.get("sm89-100kb")
+DTYPES = [DataType.Float, DataType.Half, DataType.BFloat16]
+
+
+def plan_for(name, dtype, hidden, device=H200, rows=16384):
+    info = analyze(FUSIONS[name](dtype).fusion)
+    return info, schedule(info, Problem(hidden, rows, 16), device)
+
+
+def assert_plan_invariants(plan: SmemPlan):
+    ends = 0
+    for b in plan.buffers:
+        assert b.offset % ALIGNMENT == 0, b
+        assert b.offset >= ends, f"{b.name} overlaps the buffer before it"
+        ends = b.offset + align(b.nbytes)
+    assert plan.dynamic_bytes == ends
+    assert plan.static_slot == STATIC_SLOT == 128
+    assert plan.total == plan.dynamic_bytes + STATIC_SLOT <= plan.limit
+    assert plan.headroom == plan.limit - plan.total >= 0
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [("rmsnorm_fwd", Kind.INNER), ("layernorm_fwd", Kind.INNER), ("softmax_fwd", Kind.INNER),
+     ("rmsnorm_bwd", Kind.INNER_OUTER), ("dropout_rmsnorm_bwd", Kind.INNER_OUTER),
+     ("layernorm_bwd", Kind.INNER_OUTER)],
+)
+def test_classification(name, kind):
+    assert analyze(FUSIONS[name](DataType.BFloat16).fusion).kind is kind
+
+
+def test_layernorm_backward_reduces_both_row_sums_in_one_level():
+    info = analyze(FUSIONS["layernorm_bwd"](DataType.BFloat16).fusion)
+    assert [len(level) for level in info.inner_levels] == [2]
+    assert len(info.outer_reductions) == 2
+    assert [t.name for t in info.persistent] == ["T0", "T3"]  # x and grad_out, not the stats
+
+
+def test_seed_case_exact_plan():
+    """dropout + RMSNorm backward, bf16, hidden 24578 on the H200 (NVIDIA/Fuser #5272): every
+    row buffer in smem, each rounded up to 128 bytes, the static slot counted, and it fits."""
+    _, s = plan_for("dropout_rmsnorm_bwd", DataType.BFloat16, 24578)
+    sizes = {b.name: (b.nbytes, b.offset) for b in s.smem.buffers}
+    assert s.vec == 2 and s.threads_per_row == 1024 and s.batch == 13
+    assert {n: b for n, (b, _) in sizes.items()} == {
+        "s_T0": 49156, "s_T1": 49156, "s_T2": 24578, "s_T4": 49156, "s_T5": 49156,
+        "s_reduce": 2 * 32 * 4,
+    }
+    assert s.smem.dynamic_bytes == 4 * 49280 + 24704 + 256 == 222080
+    assert s.smem.total == 222208 <= 232448
+    assert_plan_invariants(s.smem)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize(
+    "hidden",
+    [24578 + d for d in range(-16, 17)] + [1024, 4096, 8192, 12288, 16384, 20480, 24576, 32768],
+)
+def test_plan_invariants_and_offline_compile_around_the_seed(hidden, dtype, tmp_path_factory):
+    """The sweep of the first seed's neighbourhood: plans hold their invariants and every
+    kernel compiles with zero spills and static shared memory within the reserved slot."""
+    fd = FUSIONS["dropout_rmsnorm_bwd"](dtype)
+    built = build(fd.name, analyze(fd.fusion), Problem(hidden, 16384, 16), H200)
+    for entry, plan in built.plans():
+        assert_plan_invariants(plan)
+        r = built.compiled.resource(entry)
+        assert not r.spills, f"{entry}: {r}"
+        assert r.static_smem <= plan.static_slot
+
+
+def test_storage_policy_moves_least_reused_buffers_first():
+    """Over budget, row buffers leave smem least-reused first, the weight-related (grad_out,
+    which meets the weight every row) last; the mask is copied through registers."""
+    _, s = plan_for("dropout_rmsnorm_bwd", DataType.BFloat16, 32768)
+    storage = {p.tensor: p.storage for p in s.placements}
+    assert storage["T4"] == SMEM  # grad_out
+    assert storage["T0"] == SMEM and storage["T1"] == SMEM
+
+
+@pytest.mark.parametrize(
+    ("device", "hidden", "expected"),
+    [(H200, 4096, {"T0": SMEM, "T1": SMEM, "T4": SMEM, "T5": SMEM}),
+     (H200, 24578, {"T0": SMEM, "T1": SMEM, "T4": SMEM}),
+     (SMALL, 8192, {"T0": REGISTERS, "T1": SMEM, "T4": SMEM}),
+     (SMALL, 24578, {"T0": GLOBAL, "T1": GLOBAL, "T4": SMEM})],
+)
+def test_storage_choices_per_device(device, hidden, expected):
+    """The 100 KB part leaves the all-smem plan much earlier than the H200."""
+    _, s = plan_for("dropout_rmsnorm_bwd", DataType.BFloat16, hidden, device)
+    storage = {p.tensor: p.storage for p in s.placements}
+    assert {k: storage[k] for k in expected} == expected
+    assert s.smem.total <= device.smem_per_block_optin
+
+
+@pytest.mark.parametrize("device", ["h100", "h200", "a100", "sm89-100kb"])
+@pytest.mark.parametrize("name", sorted(FUSIONS))
+def test_every_fusion_schedules_on_every_preset(name, device):
+    spec = DeviceSpec.get(device)
+    for hidden in (1, 127, 4096, 16384):
+        _, s = plan_for(name, DataType.BFloat16, hidden, spec)
+        assert isinstance(s, RowSchedule)
+        assert s.hidden % s.vec == 0 and s.vec * 2 <= 16
+        assert s.threads_per_row * s.rows_per_block <= spec.max_threads_per_block
+        assert s.batch * s.threads_per_row * s.vec >= hidden
+        assert_plan_invariants(s.smem)
+
+
+def test_pointwise_fusion_gets_the_pointwise_scheduler():
+    with FusionDefinition("scale") as fd:
+        x = fd.define_tensor([-1, -1], dtype=DataType.BFloat16)
+        fd.add_output(fd.ops.mul(x, 2.0))
+    s = schedule(analyze(fd.fusion), Problem(4096, 100, 16), H200)
+    assert isinstance(s, PointwiseSchedule) and s.vec == 8
+
+
+def test_too_large_row_raises_with_the_numbers():
+    with pytest.raises(OutOfResourcesError, match=r"hidden 32768 .*101376 B per block"):
+        plan_for("dropout_rmsnorm_bwd", DataType.Float, 32768, SMALL)
+
+
+def test_smem_plan_table_and_limit_error():
+    plan = SmemPlan.build([("s_a", 100, "a"), ("s_b", 129, "b"), ("s_c", 0, "nothing")], 400)
+    assert [(b.name, b.offset) for b in plan.buffers] == [("s_a", 0), ("s_b", 128)]
+    assert plan.dynamic_bytes == 384 and plan.total == 512 and plan.headroom == -112
+    text = plan.table()
+    assert "static slot" in text and "headroom -112 B" in text
+    with pytest.raises(OutOfResourcesError, match=r"needs 512 B .* over the device limit of "
+                       r"400 B by 112 B"):
+        plan.check("test kernel")
+
+
+# ----- the same fusion spelled differently -----
+
+
+def _rmsnorm_bwd_spelled(style: str) -> FusionDefinition:
+    """RMSNorm backward written three ways: sub vs add(neg), reciprocal vs div, op order."""
+    F32 = DataType.Float
+    with FusionDefinition(f"rmsnorm_bwd_{style}") as fd:
+        x = fd.define_tensor([-1, -1], dtype=DataType.BFloat16)
+        rms = fd.define_tensor([-1, 1], contiguity=[True, None], dtype=F32)
+        dy = fd.define_tensor([-1, -1], dtype=DataType.BFloat16)
+        w = fd.define_tensor([-1], dtype=DataType.BFloat16)
+        rms_b = fd.ops.broadcast_in_dim(rms, shape=x.shape(), broadcast_dims=[0, 1])
+        if style == "reciprocal":
+            inv = fd.ops.reciprocal(rms_b)
+        else:
+            inv = fd.ops.div(fd.define_scalar(1.0), rms_b)
+        xf, dyf = fd.ops.cast(x, F32), fd.ops.cast(dy, F32)
+        if style == "reordered":
+            wdy, xhat = fd.ops.mul(fd.ops.cast(w, F32), dyf), fd.ops.mul(inv, xf)
+        else:
+            wdy, xhat = fd.ops.mul(dyf, fd.ops.cast(w, F32)), fd.ops.mul(xf, inv)
+        mean = fd.ops.div(fd.ops.sum(fd.ops.mul(wdy, xhat), dims=[1], keepdim=True), x.size(1))
+        proj = fd.ops.mul(xhat, fd.ops.broadcast_in_dim(mean, shape=x.shape(),
+                                                        broadcast_dims=[0, 1]))
+        diff = (fd.ops.add(wdy, fd.ops.neg(proj)) if style == "add_neg"
+                else fd.ops.sub(wdy, proj))
+        fd.add_output(fd.ops.cast(fd.ops.mul(diff, inv), DataType.BFloat16))
+        fd.add_output(fd.ops.cast(fd.ops.sum(fd.ops.mul(dyf, xhat), dims=[0]), DataType.BFloat16))
+    return fd
+
+
+def _shape_of(s: RowSchedule):
+    return (s.scheduler, s.vec, s.threads_per_row, s.rows_per_block, s.batch, s.stages,
+            s.accumulators, tuple(p.storage for p in s.placements),
+            tuple(b.nbytes for b in s.smem.buffers))
+
+
+@pytest.mark.parametrize("hidden", [1024, 4096, 24578])
+def test_respellings_classify_and_schedule_the_same(hidden):
+    shapes = set()
+    for style in ("reciprocal", "add_neg", "reordered"):
+        info = analyze(_rmsnorm_bwd_spelled(style).fusion)
+        assert info.kind is Kind.INNER_OUTER
+        shapes.add(_shape_of(schedule(info, Problem(hidden, 16384, 16), H200)))
+    reference = analyze(FUSIONS["rmsnorm_bwd"](DataType.BFloat16).fusion)
+    shapes.add(_shape_of(schedule(reference, Problem(hidden, 16384, 16), H200)))
+    assert len(shapes) == 1, shapes
