@@ -1,0 +1,74 @@
+"""CPU: the command line shows every step with no GPU, and the installed wheel carries the
+templates it renders from."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from fuser.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_show_prints_every_step(capsys):
+    assert main(["show", "dropout_rmsnorm_bwd", "--shape", "16384x24578", "--dtype", "bf16",
+                 "--device", "h200"]) == 0
+    out = capsys.readouterr().out
+    for section in ("fusion definition (repr)", "classification", "schedule",
+                    "shared memory plan: dropout_rmsnorm_bwd_row", "ptxas report",
+                    "CUDA source"):
+        assert f"=== {section}" in out or section in out, section
+    assert "total 222208 B = dynamic 222080 + static 128; limit 232448 B" in out
+    assert "dropout_rmsnorm_bwd_row: 64 registers, 128 B static smem, 0 B spill stores" in out
+    assert 'extern "C" __global__' in out
+
+
+def test_demo_without_a_gpu_schedules_for_the_h200(capsys, monkeypatch):
+    monkeypatch.setattr("fuser.cli._gpu_available", lambda: False)
+    assert main(["demo", "--shape", "64x4096"]) == 0
+    out = capsys.readouterr().out
+    assert "dropout_rmsnorm_bwd" in out and "no CUDA GPU here" in out
+
+
+def test_errors_are_reported_not_raised(capsys):
+    assert main(["show", "layernorm_bwd", "--shape", "64x1048576", "--dtype", "fp32",
+                 "--device", "sm89-100kb"]) == 1
+    assert "OutOfResourcesError" in capsys.readouterr().err
+
+
+def test_bad_shape_is_a_usage_error():
+    with pytest.raises(SystemExit):
+        main(["show", "rmsnorm_fwd", "--shape", "4096"])
+
+
+@pytest.mark.slow
+def test_wheel_ships_the_templates(tmp_path):
+    """Build the wheel, install it (without dependencies: they are already here) into a
+    fresh folder, and render and compile a kernel from the installed copy, outside the repo."""
+    subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path / "dist"),
+                    str(ROOT)], check=True, capture_output=True)
+    wheel = next((tmp_path / "dist").glob("fuser-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "fuser/templates/row_kernel.cu.j2" in names
+    assert "fuser/templates/fuser_math.cuh" in names
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target),
+                    str(wheel)], check=True, capture_output=True)
+    probe = (
+        "import fuser, fuser.codegen as c; from fuser.cli import describe; "
+        "from fuser.device import DeviceSpec; "
+        "text = describe('rmsnorm_fwd', 64, 1024, 'bf16', DeviceSpec.get('h200'))[0]; "
+        "print(fuser.__file__); print(c.template_dir()); print('ptxas' in text)"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, check=True,
+                            capture_output=True, text=True,
+                            env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin",
+                                 "HOME": str(tmp_path), "FUSER_CACHE_DIR": str(tmp_path / "c")})
+    module, templates, compiled = result.stdout.split()
+    assert module.startswith(str(target)) and templates.startswith(str(target))
+    assert compiled == "True"
