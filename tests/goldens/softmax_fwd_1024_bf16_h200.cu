@@ -1,0 +1,139 @@
+// fuser kernel module for fusion 'softmax_fwd' (templates <templates>)
+// 
+// kind:              inner reduction
+// full inputs:       T0:BFloat16
+// row inputs:        -
+// column inputs:     -
+// scalar inputs:     -
+// persistent:        T0:BFloat16
+// inner level 0:     max(T1)->T2
+// inner level 1:     sum(T7)->T8
+// outputs:           T13:full
+// 
+// RowSchedule
+//   scheduler          inner_persistent
+//   reason             registers-first policy: nothing in smem, ~64 regs/thread, ~4 block(s)/SM
+//   hidden             1024
+//   vec                8
+//   threads_per_row    32
+//   rows_per_block     8
+//   batch              4
+//   unroll             4
+//   full_unroll        True
+//   stages             1
+//   placements         T0:BFloat16->registers
+//   accumulators       registers
+//   reduction_bytes    4
+//   regs_estimate      64
+//   blocks_per_sm      4
+// 
+// shared memory plan:
+// buffer       bytes  offset  aligned  purpose
+// static slot    128  static      128  static __shared__ (magic zero)
+// total 128 B = dynamic 0 + static 128; limit 232448 B; headroom 232320 B; alignment 128 B
+// 
+#include "fuser_math.cuh"
+
+// Each block works on 8 row(s) at a time and strides over all rows.
+// Thread x of a row owns vectors x, x + 32, ... (4 of them, 8 elements each);
+// shared row buffers are indexed the same way, so a thread only ever reads back what it copied.
+extern "C" __global__ void __launch_bounds__(256, 4)
+softmax_fwd_row(
+    const __nv_bfloat16* __restrict__ g_T0,
+    __nv_bfloat16* __restrict__ g_T13,
+    long long n_rows)
+{
+  constexpr int H = 1024;
+  constexpr int VEC = 8;
+  constexpr int NV = 128;  // vectors per row
+  constexpr int TPR = 32;
+  constexpr int RPB = 8;
+  constexpr int BATCH = 4;
+  constexpr int STAGES = 1;
+  const int tx = threadIdx.x;
+  const int ty = threadIdx.y;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int zero = fm::magic_zero();
+  const long long S3 = n_rows;
+  const long long S4 = static_cast<long long>(H);
+  const long long S9 = n_rows;
+  const long long S10 = static_cast<long long>(H);
+
+  // Column inputs: loaded once per block.
+#pragma unroll
+  for (int b = 0; b < BATCH; ++b) {
+    const int j = b * TPR + tx;
+    if (j < NV) {
+    }
+  }
+
+
+  const long long row_stride = static_cast<long long>(gridDim.x) * RPB;
+  long long row0 = static_cast<long long>(blockIdx.x) * RPB;
+  for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
+    const long long row = row0 + ty + zero;
+    const bool valid = row < n_rows;
+    const int stage = STAGES == 2 ? (it & 1) : 0;
+    // Row buffers kept in registers: every load of the row issued before any is used.
+    fm::Vec<__nv_bfloat16, VEC> r_T0[BATCH];
+#pragma unroll
+    for (int b = 0; b < BATCH; ++b) {
+      const int j = b * TPR + tx;
+      r_T0[b] = (valid && j < NV) ? fm::load<VEC>(g_T0 + row * H + j * VEC) : fm::Vec<__nv_bfloat16, VEC>{};
+    }
+
+    // Inner reduction level 0.
+    float row_T2 = fm::lowest<float>();
+#pragma unroll 4
+    for (int b = 0; b < BATCH; ++b) {
+      const int j = b * TPR + tx;
+      if (true) {
+        const fm::Vec<__nv_bfloat16, VEC> x_T0 = r_T0[b];
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) {
+          const float e_T1 = fm::to_compute(x_T0.v[i]);
+          row_T2 = fm::Max{}(row_T2, e_T1);
+        }
+      }
+    }
+    row_T2 = fm::warp_reduce<(TPR < 32 ? TPR : 32)>(row_T2, fm::Max{});
+
+    // Inner reduction level 1.
+    float row_T8 = float(0);
+#pragma unroll 4
+    for (int b = 0; b < BATCH; ++b) {
+      const int j = b * TPR + tx;
+      if (true) {
+        const fm::Vec<__nv_bfloat16, VEC> x_T0 = r_T0[b];
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) {
+          const float e_T1 = fm::to_compute(x_T0.v[i]);
+          const float e_T6 = (e_T1 - row_T2);
+          const float e_T7 = fm::exp(e_T6);
+          row_T8 = fm::Sum{}(row_T8, e_T7);
+        }
+      }
+    }
+    row_T8 = fm::warp_reduce<(TPR < 32 ? TPR : 32)>(row_T8, fm::Sum{});
+
+    // Outputs of the row.
+#pragma unroll 4
+    for (int b = 0; b < BATCH; ++b) {
+      const int j = b * TPR + tx;
+      if (true) {
+        const fm::Vec<__nv_bfloat16, VEC> x_T0 = r_T0[b];
+        fm::Vec<__nv_bfloat16, VEC> o_T13;
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) {
+          const float e_T1 = fm::to_compute(x_T0.v[i]);
+          const float e_T6 = (e_T1 - row_T2);
+          const float e_T7 = fm::exp(e_T6);
+          const float e_T12 = (e_T7 / row_T8);
+          const float e_T13 = fm::round_bf16(e_T12);
+          o_T13.v[i] = fm::to_storage<__nv_bfloat16>(e_T13);
+        }
+        if (valid) fm::store<VEC>(g_T13 + row * H + j * VEC, o_T13);
+      }
+    }
+  }
+}
