@@ -193,6 +193,17 @@ def _scalar_prologue(info: FusionInfo) -> tuple[list[str], dict[Val, str]]:
     return lines, emitter.env
 
 
+def _element_env(info: FusionInfo, scalar_env: dict[Val, str]) -> dict[Val, str]:
+    """Inside a per-element loop: element i of the vectors the templates name x_<input>
+    (row inputs) and c_<input> (column inputs), converted to the compute type."""
+    env = dict(scalar_env)
+    for t in info.full_inputs:
+        env[t] = f"fm::to_compute(x_{t.name}.v[i])"
+    for t in info.col_inputs:
+        env[t] = f"fm::to_compute(c_{t.name}.v[i])"
+    return env
+
+
 def _param(t: Tensor, const: bool) -> str:
     qualifier = "const " if const else ""
     return f"{qualifier}{t.dtype.cuda_type}* __restrict__ g_{t.name}"
@@ -247,11 +258,7 @@ def render_row(
 
     full = [buffer(t) for t in info.full_inputs]
     cols = [buffer(t) for t in info.col_inputs]
-    element_env = dict(scalar_env)
-    for t in info.full_inputs:
-        element_env[t] = f"fm::to_compute(x_{t.name}.v[i])"
-    for t in info.col_inputs:
-        element_env[t] = f"fm::to_compute(c_{t.name}.v[i])"
+    element_env = _element_env(info, scalar_env)
 
     # Row values: row inputs, inner reduction results, and what is computed from them alone.
     row_env = dict(scalar_env)
@@ -369,11 +376,7 @@ def _render_finalize(entry, info, schedule, outer_values, scalar_env, accumulato
 
 def render_pointwise(name: str, info: FusionInfo, schedule: PointwiseSchedule) -> KernelSource:
     scalar_lines, scalar_env = _scalar_prologue(info)
-    env = dict(scalar_env)
-    for t in info.full_inputs:
-        env[t] = f"fm::to_compute(x_{t.name}.v[i])"
-    for t in info.col_inputs:
-        env[t] = f"fm::to_compute(c_{t.name}.v[i])"
+    env = _element_env(info, scalar_env)
     row_lines_env = dict(scalar_env)
     for t in info.row_inputs:
         env[t] = row_lines_env[t] = f"row_{t.name}"

@@ -156,23 +156,14 @@ H100 = DeviceSpec(
 H200 = dataclasses.replace(H100, name="H200", l2_bytes=60 * MiB)
 
 # Ampere A100 (sm_80): 164 KiB smem per SM, 163 KiB per block opt-in.
-A100 = DeviceSpec(
+A100 = dataclasses.replace(
+    H100,
     name="A100",
     arch=80,
     sm_count=108,
     smem_per_block_optin=166912,
     smem_per_sm=167936,
-    reserved_smem_per_block=1024,
-    smem_per_block_default=49152,
-    regs_per_block=65536,
-    regs_per_sm=65536,
-    max_regs_per_thread=255,
-    max_threads_per_block=1024,
-    max_threads_per_sm=2048,
-    max_blocks_per_sm=32,
-    warp_size=32,
     l2_bytes=40 * MiB,
-    max_grid_x=2**31 - 1,
 )
 
 # An Ada part with the L40S's counts (sm_89): 100 KiB smem per SM, 99 KiB per block opt-in,
