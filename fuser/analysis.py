@@ -22,7 +22,6 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from fuser.dtypes import DataType
 from fuser.errors import UnsupportedFusionError
 from fuser.ir import Expr, Extent, Fusion, Scalar, Tensor, Val
 
@@ -328,6 +327,3 @@ def _axes(fusion: Fusion) -> tuple[Extent | None, Extent | None]:
                 )
     return row, hidden
 
-
-def dtype_bytes(dtypes: list[DataType]) -> int:
-    return max((d.itemsize for d in dtypes), default=1)

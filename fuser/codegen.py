@@ -243,7 +243,6 @@ def render_row(
     fusion = info.fusion
     roles = info.roles
     scalar_lines, scalar_env = _scalar_prologue(info)
-    outer_values = {e.outputs[0] for e in info.outer_reductions}
 
     def buffer(t: Tensor) -> dict:
         p = schedule.placement(t.name)
@@ -339,12 +338,12 @@ def render_row(
     finalize_entry = None
     if finalize is not None:
         finalize_entry = f"{name}_finalize"
-        source += _render_finalize(finalize_entry, info, finalize, outer_values, scalar_env,
+        source += _render_finalize(finalize_entry, info, finalize, scalar_env,
                                    accumulators)
     return KernelSource(name, source, entry, finalize_entry)
 
 
-def _render_finalize(entry, info, schedule, outer_values, scalar_env, accumulators) -> str:
+def _render_finalize(entry, info, schedule, scalar_env, accumulators) -> str:
     env = dict(scalar_env)
     for e in info.outer_reductions:
         env[e.outputs[0]] = f"tot_{e.outputs[0].name}"

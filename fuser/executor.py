@@ -48,10 +48,6 @@ class Kernel:
     row_args: tuple  # ("in" | "out" | "part" | "scalar", index) per main-kernel parameter
     finalize_args: tuple  # the same for the finalize kernel
 
-    @property
-    def text(self) -> str:
-        return self.source.source
-
     def resources(self) -> dict:
         """Per entry: the ptxas report and what the driver says about the loaded kernel."""
         report = {}

@@ -85,10 +85,6 @@ class RowSchedule:
     def threads(self) -> int:
         return self.threads_per_row * self.rows_per_block
 
-    @property
-    def warps_per_row(self) -> int:
-        return max(1, self.threads_per_row // 32)
-
     def placement(self, tensor: str) -> Placement:
         return next(p for p in self.placements if p.tensor == tensor)
 
