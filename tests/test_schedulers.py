@@ -194,3 +194,20 @@ def test_respellings_classify_and_schedule_the_same(hidden):
     reference = analyze(FUSIONS["rmsnorm_bwd"](DataType.BFloat16).fusion)
     shapes.add(_shape_of(schedule(reference, Problem(hidden, 16384, 16), H200)))
     assert len(shapes) == 1, shapes
+
+
+@pytest.mark.parametrize("smem_first", [False, True])
+@pytest.mark.parametrize("itemsizes", [(2, 2, 1, 2, 2), (4, 4, 1, 4, 4), (1,), (8, 4)])
+def test_row_split_covers_every_hidden_exactly(itemsizes, smem_first):
+    """For every hidden size from 1 to 200000: the vectors tile the row exactly (vec divides
+    hidden, at most 16 bytes per access), every thread round but the last is full and the last
+    is not empty, and a row of each input fits its shared buffer of hidden elements."""
+    from fuser.schedulers.row_geometry import row_split
+
+    widest = max(itemsizes)
+    for hidden in range(1, 200001):
+        vec, tpr, batch = row_split(hidden, list(itemsizes), 16, smem_first, H200)
+        vectors = hidden // vec
+        assert vectors * vec == hidden and vec * widest <= 16
+        assert tpr & (tpr - 1) == 0 and tpr <= H200.max_threads_per_block
+        assert (batch - 1) * tpr < vectors <= batch * tpr

@@ -104,6 +104,26 @@ def blocks_per_sm(device: DeviceSpec, threads: int, regs: int, smem_total: int) 
     return max(0, min(device.max_blocks_per_sm, by_threads, by_regs, by_smem))
 
 
+def row_split(hidden: int, itemsizes: list[int], align_bytes: int, smem_first: bool,
+              device: DeviceSpec, threads_per_row: int | None = None) -> tuple[int, int, int]:
+    """(vec, threads per row, batch): how a row is cut into vectors and dealt to threads.
+
+    Vector v = b * threads_per_row + x (b < batch) goes to thread x; its vec elements are
+    v * vec ... v * vec + vec - 1. vec divides hidden, so the vectors cover the row exactly,
+    and batch is the fewest rounds that reach the last vector.
+    """
+    vec = pick_vec(hidden, itemsizes, align_bytes)
+    vectors = hidden // vec
+    per_thread = 1 if smem_first and vectors <= ONE_VECTOR_UP_TO else (
+        TARGET_VECTORS_PER_THREAD[smem_first])
+    tpr = threads_per_row or min(
+        MAX_THREADS_PER_ROW[smem_first], next_pow2(ceil_div(vectors, per_thread))
+    )
+    if not threads_per_row and ceil_div(vectors, tpr) > MAX_VECTORS_PER_THREAD:
+        tpr = device.max_threads_per_block
+    return vec, tpr, ceil_div(vectors, tpr)
+
+
 def row_schedule_candidates(
     info: FusionInfo,
     problem: Problem,
@@ -121,16 +141,8 @@ def row_schedule_candidates(
     full_out = info.outputs(Role.FULL)
     itemsizes = [t.dtype.itemsize for t in (*info.full_inputs, *info.col_inputs, *full_out)]
     hidden = problem.hidden
-    vec = pick_vec(hidden, itemsizes, problem.align_bytes)
-    vectors = hidden // vec
-    per_thread = 1 if smem_first and vectors <= ONE_VECTOR_UP_TO else (
-        TARGET_VECTORS_PER_THREAD[smem_first])
-    tpr = hints.threads_per_row or min(
-        MAX_THREADS_PER_ROW[smem_first], next_pow2(ceil_div(vectors, per_thread))
-    )
-    if not hints.threads_per_row and ceil_div(vectors, tpr) > MAX_VECTORS_PER_THREAD:
-        tpr = device.max_threads_per_block
-    batch = ceil_div(vectors, tpr)
+    vec, tpr, batch = row_split(hidden, itemsizes, problem.align_bytes, smem_first, device,
+                                hints.threads_per_row)
     rpb = hints.rows_per_block or max(
         1, min(MIN_BLOCK_THREADS // tpr, next_pow2(max(problem.rows, 1)))
     )

@@ -1,0 +1,77 @@
+"""CPU: the kernel builder. A compile error carries the numbered source and leaves nothing in
+the cache; spills make the builder rebuild for fewer blocks per SM; nothing is half-built."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import fuser.kernels as kernels
+from fuser import CompileError, DataType
+from fuser.analysis import analyze
+from fuser.cache import KernelCache
+from fuser.device import DeviceSpec
+from fuser.fusions import FUSIONS
+from fuser.schedulers import Problem
+
+H200 = DeviceSpec.get("h200")
+
+
+def _build(cache, name="rmsnorm_bwd", hidden=1024):
+    fd = FUSIONS[name](DataType.BFloat16)
+    return kernels.build(fd.name, analyze(fd.fusion), Problem(hidden, 16384, 16), H200,
+                         cache=cache)
+
+
+def test_compile_error_leaves_no_entry_and_the_next_build_works(tmp_path, monkeypatch):
+    cache = KernelCache(str(tmp_path))
+    real = kernels._render
+
+    def broken(*args):
+        source = real(*args)
+        return dataclasses.replace(source, source=source.source.replace("const int tx", "int tx ="))
+
+    monkeypatch.setattr(kernels, "_render", broken)
+    with pytest.raises(CompileError) as error:
+        _build(cache)
+    assert "rmsnorm_bwd_row" in error.value.source and error.value.log
+    assert "--gpu-architecture=sm_90" in str(error.value)
+    assert any(line.strip().startswith("1  ") for line in str(error.value).splitlines())
+    assert cache.stats()["entries"] == 0 and cache.stats()["in_memory"] == 0
+    monkeypatch.setattr(kernels, "_render", real)
+    built = _build(cache)
+    assert not built.compiled.resource(built.source.row_entry).spills
+    assert cache.stats()["entries"] == 1
+
+
+def test_spills_rebuild_for_fewer_blocks_per_sm(tmp_path, monkeypatch):
+    """ptxas's report decides: a kernel that spills is rebuilt for one block per SM fewer."""
+    cache = KernelCache(str(tmp_path))
+    real = cache.get_or_compile
+    first = _build(KernelCache(str(tmp_path / "probe")))
+    planned = first.schedule.blocks_per_sm
+    assert planned > 1
+
+    class Spilling:
+        """The real module, but its row kernel reports spills at the planned residency."""
+
+        def __init__(self, compiled):
+            self._compiled = compiled
+
+        def resource(self, name):
+            r = self._compiled.resource(name)
+            return dataclasses.replace(r, spill_stores=64) if spilling else r
+
+    def get_or_compile(source, *args):
+        nonlocal spilling
+        spilling = f"__launch_bounds__({first.schedule.threads}, {planned})" in source
+        compiled, path = real(source, *args)
+        return Spilling(compiled), path
+
+    spilling = False
+    monkeypatch.setattr(cache, "get_or_compile", get_or_compile)
+    built = _build(cache)
+    assert built.schedule.blocks_per_sm == planned - 1
+    assert f"ptxas spilled at {planned} block(s)/SM" in built.schedule.reason
+    assert f"__launch_bounds__({first.schedule.threads}, {planned - 1})" in built.source.source
