@@ -22,7 +22,14 @@ from fuser.dtypes import DataType
 from fuser.errors import UnsupportedFusionError
 from fuser.ir import Expr, Scalar, Tensor, Val
 from fuser.ops import ELEMENTWISE, REDUCTIONS
-from fuser.schedulers.base import GLOBAL, SMEM, FinalizeSchedule, PointwiseSchedule, RowSchedule
+from fuser.schedulers.base import (
+    GLOBAL,
+    REGISTERS,
+    SMEM,
+    FinalizeSchedule,
+    PointwiseSchedule,
+    RowSchedule,
+)
 
 
 @dataclass(frozen=True)
@@ -294,12 +301,16 @@ def render_row(
     outputs = [{"name": o.name, "ctype": o.dtype.cuda_type, "value": emitter.env[o]}
                for o in full_outputs]
     in_smem = schedule.accumulators == SMEM
+    refs = {  # element i of vector j of this thread's accumulator, wherever it lives
+        REGISTERS: "acc_{0}[b][i]",
+        SMEM: "s_acc_{0}[(ty * NV + j) * VEC + i]",
+        GLOBAL: "g_part_{0}[(static_cast<long long>(blockIdx.x) * RPB + ty) * H + j * VEC + i]",
+    }
     accumulators = [
         {**_reduction_entry(e, f"acc_{e.outputs[0].name}", emitter.env[e.inputs[0]]),
          "name": e.outputs[0].name,
          "offset": schedule.smem.offset(f"s_acc_{e.outputs[0].name}") if in_smem else None,
-         "ref": (f"s_acc_{e.outputs[0].name}[(ty * NV + j) * VEC + i]" if in_smem
-                 else f"acc_{e.outputs[0].name}[b][i]")}
+         "ref": refs[schedule.accumulators].format(e.outputs[0].name)}
         for e in info.outer_reductions
     ]
     row_outputs = [{"name": o.name, "ctype": o.dtype.cuda_type, "value": row_env[o]}
@@ -332,7 +343,7 @@ def render_row(
         "outputs": outputs,
         "row_outputs": row_outputs,
         "accumulators": accumulators,
-        "acc_in_smem": in_smem,
+        "acc_storage": schedule.accumulators,
     }
     source = _environment().get_template("row_kernel.cu.j2").render(context)
     finalize_entry = None

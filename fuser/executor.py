@@ -225,13 +225,14 @@ def _launch(kernel: Kernel, rows: int, device: DeviceSpec) -> tuple[Launch, Laun
                           device.sm_count * kernel.occupancy))
         return Launch(grid, (s.threads, 1), 0, 0), None
     grid = max(1, min(ceil_div(rows, s.rows_per_block), kernel.occupancy * device.sm_count))
+    partial_rows = grid * s.partial_rows_per_block if kernel.finalize is not None else 0
     launch = Launch(grid, (s.threads_per_row, s.rows_per_block), s.smem.dynamic_bytes,
-                    grid if kernel.finalize is not None else 0)
+                    partial_rows)
     final = None
     if kernel.finalize is not None:
         f = kernel.finalize
         final = Launch(ceil_div(f.hidden, f.cols_per_block), (f.cols_per_block, f.partial_lanes),
-                       f.smem.dynamic_bytes, grid)
+                       f.smem.dynamic_bytes, partial_rows)
     return launch, final
 
 

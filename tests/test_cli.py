@@ -35,10 +35,15 @@ def test_demo_without_a_gpu_schedules_for_the_h200(capsys, monkeypatch):
     assert "dropout_rmsnorm_bwd" in out and "no CUDA GPU here" in out
 
 
-def test_errors_are_reported_not_raised(capsys):
-    assert main(["show", "layernorm_bwd", "--shape", "64x1048576", "--dtype", "fp32",
-                 "--device", "sm89-100kb"]) == 1
-    assert "OutOfResourcesError" in capsys.readouterr().err
+def test_errors_are_reported_not_raised(capsys, monkeypatch):
+    from fuser import OutOfResourcesError
+
+    def out_of_resources(*args):
+        raise OutOfResourcesError("needs 300000 B of shared memory, over the limit of 232448 B")
+
+    monkeypatch.setattr("fuser.cli.describe", out_of_resources)
+    assert main(["show", "layernorm_bwd", "--shape", "64x4096"]) == 1
+    assert "OutOfResourcesError: needs 300000 B" in capsys.readouterr().err
 
 
 def test_bad_shape_is_a_usage_error():

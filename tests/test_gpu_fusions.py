@@ -273,3 +273,14 @@ def test_demo_runs_validates_and_times_on_the_gpu(capsys):
     out = capsys.readouterr().out
     assert "validated against the float64 reference on 512 rows: ok (3 outputs)" in out
     assert "fuser / copy =" in out
+
+
+@pytest.mark.parametrize("dtype", [DataType.Float, DataType.BFloat16], ids=lambda d: d.name)
+@pytest.mark.parametrize(
+    "hidden", [24578 + d for d in (-16, -8, -4, -2, 2, 4, 8, 16)] + [32768, 65537, 131072, 1048576]
+)
+@pytest.mark.parametrize("name", sorted(FUSIONS))
+def test_every_size_runs(name, hidden, dtype, rng):
+    """Around the first seed's hidden size and far past what one block holds: rows re-read
+    each pass, column accumulators in the workspace. Rows fit the host reference's memory."""
+    run_and_validate(name, dtype, hidden, max(1, min(1000, MAX_ELEMENTS // hidden)), rng)

@@ -46,3 +46,12 @@ def test_rendering_is_deterministic():
     a = compile_and_check("dropout_rmsnorm_bwd", DataType.BFloat16, 4096).source.source
     b = compile_and_check("dropout_rmsnorm_bwd", DataType.BFloat16, 4096).source.source
     assert a == b
+
+
+@pytest.mark.parametrize("dtype", [DataType.Float, DataType.BFloat16], ids=lambda d: d.name)
+@pytest.mark.parametrize("hidden", [32768, 65537, 131072, 1048576])
+@pytest.mark.parametrize("name", sorted(FUSIONS))
+def test_long_rows_compile_without_spills(name, hidden, dtype):
+    """Rows too long to keep on chip are re-read each pass, and column accumulators too wide
+    for registers or shared memory live in the block's partial rows: every size schedules."""
+    compile_and_check(name, dtype, hidden, rows=1000)

@@ -11,7 +11,7 @@ from fuser.analysis import Kind, analyze
 from fuser.device import DeviceSpec
 from fuser.fusions import FUSIONS
 from fuser.kernels import build
-from fuser.schedulers import Problem, schedule
+from fuser.schedulers import Hints, Problem, schedule
 from fuser.schedulers.base import GLOBAL, REGISTERS, SMEM, PointwiseSchedule, RowSchedule
 from fuser.smem import ALIGNMENT, STATIC_SLOT, SmemPlan, align
 
@@ -100,7 +100,7 @@ def test_storage_policy_moves_least_reused_buffers_first():
     [(H200, 4096, {"T0": SMEM, "T1": SMEM, "T4": SMEM, "T5": SMEM}),
      (H200, 24578, {"T0": SMEM, "T1": SMEM, "T4": SMEM}),
      (SMALL, 8192, {"T0": REGISTERS, "T1": SMEM, "T4": SMEM}),
-     (SMALL, 24578, {"T0": GLOBAL, "T1": GLOBAL, "T4": SMEM})],
+     (SMALL, 24578, {"T0": GLOBAL, "T1": SMEM, "T4": SMEM, "T5": GLOBAL})],
 )
 def test_storage_choices_per_device(device, hidden, expected):
     """The 100 KB part leaves the all-smem plan much earlier than the H200."""
@@ -131,9 +131,24 @@ def test_pointwise_fusion_gets_the_pointwise_scheduler():
     assert isinstance(s, PointwiseSchedule) and s.vec == 8
 
 
-def test_too_large_row_raises_with_the_numbers():
-    with pytest.raises(OutOfResourcesError, match=r"hidden 32768 .*101376 B per block"):
-        plan_for("dropout_rmsnorm_bwd", DataType.Float, 32768, SMALL)
+def test_a_storage_that_cannot_fit_raises_with_the_numbers():
+    """Every size schedules by itself (re-reading rows at worst); a forced storage that cannot
+    hold the row names the row, the limits and what was tried."""
+    info = analyze(FUSIONS["dropout_rmsnorm_bwd"](DataType.Float).fusion)
+    forced = Hints(storage=(("T0", REGISTERS),))
+    with pytest.raises(OutOfResourcesError, match=r"hidden 1048576 \(13 B per element.*"
+                       r"232448 B per block, 64 registers per thread at 1024 threads"):
+        schedule(info, Problem(1048576, 64, 16), H200, forced)
+    with pytest.raises(OutOfResourcesError, match=r"2048 threads per block .* limit of 1024"):
+        schedule(info, Problem(4096, 64, 16), H200, Hints(threads_per_row=1024,
+                                                            rows_per_block=2))
+
+
+@pytest.mark.parametrize("name", sorted(FUSIONS))
+def test_every_size_schedules_on_the_smallest_part(name):
+    for hidden in (32768, 65537, 131072, 1048576):
+        _, s = plan_for(name, DataType.Float, hidden, SMALL, rows=64)
+        assert_plan_invariants(s.smem)
 
 
 def test_smem_plan_table_and_limit_error():

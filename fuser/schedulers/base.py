@@ -75,7 +75,7 @@ class RowSchedule:
     full_unroll: bool  # register arrays are indexed by the batch loop: it must unroll fully
     stages: int  # smem row buffers: 2 = the next rows load while these compute
     placements: tuple[Placement, ...]  # storage of every full and column input
-    accumulators: str  # where outer-reduction accumulators live: REGISTERS or SMEM
+    accumulators: str  # where outer-reduction accumulators live: REGISTERS, SMEM or GLOBAL
     reduction_bytes: int  # 4, or 8 when any inner reduction accumulates in double
     regs_estimate: int  # registers per thread this schedule was sized for
     blocks_per_sm: int  # residency it was sized for; __launch_bounds__ holds ptxas to it
@@ -84,6 +84,12 @@ class RowSchedule:
     @property
     def threads(self) -> int:
         return self.threads_per_row * self.rows_per_block
+
+    @property
+    def partial_rows_per_block(self) -> int:
+        """Workspace rows a block writes: one, or one per row slot when the accumulators live
+        in the workspace itself (each slot then owns a partial row and nothing is folded)."""
+        return self.rows_per_block if self.accumulators == GLOBAL else 1
 
     def placement(self, tensor: str) -> Placement:
         return next(p for p in self.placements if p.tensor == tensor)

@@ -203,17 +203,20 @@ def row_schedule_candidates(
         # Keep fewer rows on chip and re-read the others in every pass: a row just read is
         # usually still in L2, so the second read costs L2, not HBM, bandwidth.
         for reread in range(1, len(full) + 1):
-            for cols_in_smem in (True, False):
+            for col_storage in (SMEM, REGISTERS, GLOBAL):
                 storage = {t.name: SMEM if can_async(t) else REGISTERS for t in full}
                 storage.update({t.name: GLOBAL for t in full[:reread]})
-                storage.update({t.name: SMEM if cols_in_smem else REGISTERS for t in cols})
+                storage.update({t.name: col_storage for t in cols})
                 yield 1, storage, REGISTERS
         # Column accumulators too wide for registers (several outer reductions of a long row)
-        # accumulate in shared memory, each thread in its own slots; rows are re-read.
+        # accumulate in shared memory, each thread in its own slots, and when shared memory
+        # cannot hold them either, in the block's own partial rows of the workspace (read and
+        # written each row; while the partial rows fit in L2, that traffic stays in L2).
         if info.outer_reductions:
-            for col_storage in (REGISTERS, GLOBAL):
-                yield 1, {**{t.name: GLOBAL for t in full},
-                          **{t.name: col_storage for t in cols}}, SMEM
+            for acc_storage in (SMEM, GLOBAL):
+                for col_storage in (SMEM, REGISTERS, GLOBAL):
+                    yield 1, {**{t.name: GLOBAL for t in full},
+                              **{t.name: col_storage for t in cols}}, acc_storage
 
     tried = []
     for stages, storage, acc_storage in storages():
@@ -262,7 +265,7 @@ def row_schedule_candidates(
             f"{', '.join(in_smem) or 'nothing'} in smem"
             f"{f' ({stages} stages)' if stages > 1 and in_smem else ''}"
             f"{f', {chr(44).join(reread)} re-read each pass' if reread else ''}"
-            f"{', column accumulators in smem' if acc_storage == SMEM else ''}, "
+            f"{'' if acc_storage == REGISTERS else f', column accumulators in {acc_storage}'}, "
             f"~{regs} regs/thread, ~{residency} block(s)/SM"
         )
         # Register arrays are indexed by the batch loop's counter, so they need it unrolled;

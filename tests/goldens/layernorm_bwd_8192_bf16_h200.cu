@@ -91,8 +91,8 @@ layernorm_bwd_row(
   const long long S32 = n_rows;
   const long long S33 = static_cast<long long>(H);
 
-  // Column inputs: loaded once per block.
-#pragma unroll
+  // Column inputs kept on chip: loaded once per block.
+#pragma unroll 2
   for (int b = 0; b < BATCH; ++b) {
     const int j = b * TPR + tx;
     if (j < NV) {
@@ -104,7 +104,7 @@ layernorm_bwd_row(
   // Column accumulators, in registers.
   float acc_T38[BATCH][VEC];
   float acc_T40[BATCH][VEC];
-#pragma unroll
+#pragma unroll 2
   for (int b = 0; b < BATCH; ++b) {
     const int j = b * TPR + tx;
 #pragma unroll

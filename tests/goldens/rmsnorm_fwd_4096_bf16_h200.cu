@@ -62,9 +62,9 @@ rmsnorm_fwd_row(
   const long long S10 = n_rows;
   const long long S11 = static_cast<long long>(H);
 
-  // Column inputs: loaded once per block.
+  // Column inputs kept on chip: loaded once per block.
   fm::Vec<__nv_bfloat16, VEC> r_T1[BATCH];
-#pragma unroll
+#pragma unroll 4
   for (int b = 0; b < BATCH; ++b) {
     const int j = b * TPR + tx;
     if (j < NV) {
