@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.stamp
 
-.PHONY: setup demo test test-gpu bench lint clean
+.PHONY: setup demo test test-gpu sanitize bench lint clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,15 @@ lint: setup
 # FUSER_REQUIRE_GPU=1 turns a missing GPU into errors instead of skips.
 test-gpu:
 	FUSER_REQUIRE_GPU=1 PYTHONPATH=. python3 -m pytest -m gpu -q $(PYTEST_ARGS)
+
+# compute-sanitizer memcheck and racecheck over kernels of every storage (GPU machine).
+SANITIZE_TESTS ?= seed_case or each_storage_path or (forward and rmsnorm_fwd-4096-7-BFloat16) or (softmax_fwd-1024-7-Float)
+sanitize:
+	for tool in memcheck racecheck; do \
+	  FUSER_REQUIRE_GPU=1 PYTHONPATH=. compute-sanitizer --tool $$tool --error-exitcode 1 \
+	    python3 -m pytest -m gpu -q -p no:cacheprovider -k "$(SANITIZE_TESTS)" \
+	    tests/test_gpu_fusions.py || exit 1; \
+	done
 
 bench:
 	PYTHONPATH=. python3 bench/run.py $(BENCH_ARGS)
