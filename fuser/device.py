@@ -168,23 +168,16 @@ A100 = dataclasses.replace(
 
 # An Ada part with the L40S's counts (sm_89): 100 KiB smem per SM, 99 KiB per block opt-in,
 # 48 warps and 24 blocks per SM. The small-smem case schedulers tuned on Hopper tend to break on.
-SMALL_SMEM = DeviceSpec(
+SMALL_SMEM = dataclasses.replace(
+    H100,
     name="sm89-100KB",
     arch=89,
     sm_count=142,
     smem_per_block_optin=101376,
     smem_per_sm=102400,
-    reserved_smem_per_block=1024,
-    smem_per_block_default=49152,
-    regs_per_block=65536,
-    regs_per_sm=65536,
-    max_regs_per_thread=255,
-    max_threads_per_block=1024,
     max_threads_per_sm=1536,
     max_blocks_per_sm=24,
-    warp_size=32,
     l2_bytes=96 * MiB,
-    max_grid_x=2**31 - 1,
 )
 
 PRESETS: dict[str, DeviceSpec] = {
