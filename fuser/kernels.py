@@ -11,6 +11,8 @@ cache key and the launch all agree.
 
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass, replace
 
 from fuser.analysis import FusionInfo, Role
@@ -74,7 +76,9 @@ def build(
                                                   (str(template_dir()),))
             resources = compiled.resource(source.row_entry)
             if not resources.spills:
-                return Built(info, sched, final, source, compiled, path)
+                built = Built(info, sched, final, source, compiled, path)
+                _dump(built)
+                return built
             attempts.append(f"{sched.reason}: {resources}")
             if not isinstance(sched, RowSchedule):
                 break
@@ -92,3 +96,23 @@ def build(
         f"every schedule of fusion '{name}' at hidden {problem.hidden} spills registers on "
         f"{device.name}:\n  " + "\n  ".join(attempts)
     )
+
+
+def _dump(built: Built) -> None:
+    """With FUSER_DUMP_DIR set, write each built module's CUDA source and a report (schedule,
+    shared-memory plans, ptxas resources) there, named after the fusion and the source hash:
+    what nvFuser users get from NVFUSER_DUMP=cuda_to_file,scheduler_params,ptxas_verbose."""
+    folder = os.environ.get("FUSER_DUMP_DIR")
+    if not folder:
+        return
+    os.makedirs(folder, exist_ok=True)
+    stem = os.path.join(folder, f"{built.source.name}_"
+                        f"{hashlib.sha256(built.source.source.encode()).hexdigest()[:12]}")
+    report = [str(built.schedule)] + ([str(built.finalize)] if built.finalize else [])
+    for entry, plan in built.plans():
+        report += [f"shared memory plan of {entry}:", plan.table(),
+                   str(built.compiled.resource(entry))]
+    with open(stem + ".cu", "w") as f:
+        f.write(built.source.source)
+    with open(stem + ".txt", "w") as f:
+        f.write("\n\n".join(report) + "\n")

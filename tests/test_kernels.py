@@ -75,3 +75,14 @@ def test_spills_rebuild_for_fewer_blocks_per_sm(tmp_path, monkeypatch):
     assert built.schedule.blocks_per_sm == planned - 1
     assert f"ptxas spilled at {planned} block(s)/SM" in built.schedule.reason
     assert f"__launch_bounds__({first.schedule.threads}, {planned - 1})" in built.source.source
+
+
+def test_dump_dir_receives_source_and_report(tmp_path, monkeypatch):
+    monkeypatch.setenv("FUSER_DUMP_DIR", str(tmp_path / "dump"))
+    built = _build(KernelCache(str(tmp_path / "cache")))
+    sources = list((tmp_path / "dump").glob("rmsnorm_bwd_*.cu"))
+    reports = list((tmp_path / "dump").glob("rmsnorm_bwd_*.txt"))
+    assert len(sources) == len(reports) == 1
+    assert sources[0].read_text() == built.source.source
+    report = reports[0].read_text()
+    assert "RowSchedule" in report and "static slot" in report and "registers" in report
