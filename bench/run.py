@@ -125,14 +125,19 @@ def rows_for_budget(fusion: str, rows: int, hidden: int, itemsize: int,
     return int(fit // 128 * 128 if fit >= 128 else fit)
 
 
+CLUSTER_TUNE_FROM = 16384  # hidden sizes from which --tune also splits rows over clusters
+
+
 def tune_grid(threads_per_row: int | None, limit: int = TUNE_LIMIT,
-              max_threads: int = 1024) -> list[dict]:
-    """Hints kwargs to try, the heuristic's (all None) first: each knob alone, then
-    threads_per_row x stages; threads_per_row in {x/2, 2x} of the heuristic's x."""
+              max_threads: int = 1024, clusters: tuple[int, ...] = ()) -> list[dict]:
+    """Hints kwargs to try, the heuristic's (all None) first: rows split over each cluster
+    size given, each knob alone, then threads_per_row x stages; threads_per_row in {x/2, 2x}
+    of the heuristic's x."""
     tprs = []
     if threads_per_row:
         tprs = [t for t in (threads_per_row // 2, threads_per_row * 2) if 1 <= t <= max_threads]
     grid = [{}]
+    grid += [{"cluster": k} for k in clusters]
     grid += [{"threads_per_row": t} for t in tprs]
     grid += [{"rows_per_block": r} for r in (1, 2, 4)]
     grid += [{"stages": s} for s in (1, 2)]
@@ -462,7 +467,9 @@ def tune(fd, inputs, ref, schedule, entry: dict, timed) -> None:
     from fuser.schedulers import Hints
 
     configs = []
-    for cfg in tune_grid(getattr(schedule, "threads_per_row", None)):
+    long_rows = schedule.hidden >= CLUSTER_TUNE_FROM
+    for cfg in tune_grid(getattr(schedule, "threads_per_row", None),
+                         clusters=(2, 4) if long_rows else ()):
         hints = Hints(**cfg)
         row = {"hints": cfg}
         try:

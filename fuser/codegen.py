@@ -232,6 +232,26 @@ def _header(name: str, info: FusionInfo, schedules) -> list[str]:
 # ----- the row kernel (inner and inner-outer persistent) -----
 
 
+def _cluster_names(schedule: RowSchedule) -> dict[str, str]:
+    """C++ expressions the row template uses for the vectors a block owns. Without a cluster a
+    block owns whole rows; in a cluster of k blocks, each owns [jbase, jend) of every row its
+    cluster works on, keeps only those vectors (NVC of them) in shared memory, and the cluster
+    (not the block) owns rows and partial rows."""
+    if schedule.cluster == 1:
+        return {
+            "J": "b * TPR + tx", "JEND": "NV", "NVS": "NV", "JS": "j", "OWNER": "blockIdx.x",
+            "OUTER_STRIDE": "H", "ROW_WRITER": "tx == 0",
+            "ROW0": "static_cast<long long>(blockIdx.x) * RPB",
+            "ROWSTEP": "static_cast<long long>(gridDim.x) * RPB",
+        }
+    return {
+        "J": "jbase + b * TPR + tx", "JEND": "jend", "NVS": "NVC", "JS": "(j - jbase)",
+        "OWNER": "cluster", "OUTER_STRIDE": "NVC * VEC", "ROW_WRITER": "tx == 0 && rank == 0",
+        "ROW0": "static_cast<long long>(cluster) * RPB",
+        "ROWSTEP": "static_cast<long long>(fm::cluster_count()) * RPB",
+    }
+
+
 def _reduction_entry(e: Expr, var: str, value: str) -> dict:
     op = REDUCTIONS[e.op]
     ct = _ctype(e.outputs[0])
@@ -301,10 +321,12 @@ def render_row(
     outputs = [{"name": o.name, "ctype": o.dtype.cuda_type, "value": emitter.env[o]}
                for o in full_outputs]
     in_smem = schedule.accumulators == SMEM
+    where = _cluster_names(schedule)
     refs = {  # element i of vector j of this thread's accumulator, wherever it lives
         REGISTERS: "acc_{0}[b][i]",
-        SMEM: "s_acc_{0}[(ty * NV + j) * VEC + i]",
-        GLOBAL: "g_part_{0}[(static_cast<long long>(blockIdx.x) * RPB + ty) * H + j * VEC + i]",
+        SMEM: f"s_acc_{{0}}[(ty * {where['NVS']} + {where['JS']}) * VEC + i]",
+        GLOBAL: f"g_part_{{0}}[(static_cast<long long>({where['OWNER']}) * RPB + ty) * H + "
+                "j * VEC + i]",
     }
     accumulators = [
         {**_reduction_entry(e, f"acc_{e.outputs[0].name}", emitter.env[e.inputs[0]]),
@@ -327,7 +349,14 @@ def render_row(
         "params": params,
         "s": schedule,
         "nv": schedule.hidden // schedule.vec,
-        "covers": schedule.batch * schedule.threads_per_row * schedule.vec == schedule.hidden,
+        "covers": (schedule.batch * schedule.threads_per_row * schedule.vec * schedule.cluster
+                   == schedule.hidden),
+        "nvc": -(-schedule.hidden // schedule.vec // schedule.cluster),
+        "cluster_dims": (f"__cluster_dims__({schedule.cluster}, 1, 1) "
+                         if schedule.cluster > 1 else ""),
+        "smem_cluster": (schedule.smem.offset("s_cluster") if "s_cluster" in schedule.smem
+                         else None),
+        **where,
         "smem_reduce": schedule.smem.offset("s_reduce") if "s_reduce" in schedule.smem else None,
         "smem_outer": schedule.smem.offset("s_outer") if "s_outer" in schedule.smem else None,
         "width": max((len(lv) for lv in info.inner_levels), default=0),

@@ -224,8 +224,11 @@ def _launch(kernel: Kernel, rows: int, device: DeviceSpec) -> tuple[Launch, Laun
         grid = max(1, min(ceil_div(vectors, s.threads * s.unroll),
                           device.sm_count * kernel.occupancy))
         return Launch(grid, (s.threads, 1), 0, 0), None
-    grid = max(1, min(ceil_div(rows, s.rows_per_block), kernel.occupancy * device.sm_count))
-    partial_rows = grid * s.partial_rows_per_block if kernel.finalize is not None else 0
+    # A cluster of k blocks works on each group of rows: the grid is a multiple of k.
+    clusters = max(1, min(ceil_div(rows, s.rows_per_block),
+                          kernel.occupancy * device.sm_count // s.cluster))
+    grid = clusters * s.cluster
+    partial_rows = clusters * s.partial_rows_per_block if kernel.finalize is not None else 0
     launch = Launch(grid, (s.threads_per_row, s.rows_per_block), s.smem.dynamic_bytes,
                     partial_rows)
     final = None

@@ -157,6 +157,47 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
 }
 
+// ----- thread-block clusters (sm_90): rank, barrier, reads of a peer block's shared memory --
+// Plain PTX, so that no cooperative_groups (and its CCCL headers) is needed under NVRTC.
+
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ unsigned cluster_index() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ unsigned cluster_count() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
+  return r;
+}
+// Every thread of every block of the cluster arrives; shared-memory writes before it are
+// visible to the peers' reads after it (release / acquire).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n"
+               "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ unsigned peer_address(const void* local, unsigned rank) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(local));
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(address), "r"(rank));
+  return remote;
+}
+__device__ __forceinline__ float load_peer(const float* local, unsigned rank) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(peer_address(local, rank)));
+  return v;
+}
+__device__ __forceinline__ double load_peer(const double* local, unsigned rank) {
+  double v;
+  asm volatile("ld.shared::cluster.f64 %0, [%1];\n" : "=d"(v) : "r"(peer_address(local, rank)));
+  return v;
+}
+
 // ----- magic zero -----
 // An int that is 0 at run time but that the compiler cannot prove is 0. Adding it to the row
 // index keeps NVRTC from hoisting every unrolled address computation out of the row loop (and

@@ -281,3 +281,9 @@ def test_bench_modules_import_without_torch():
     code = ("import sys, bench.run, bench.baselines, bench.plot; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
+
+
+def test_tune_grid_splits_long_rows_over_clusters():
+    grid = tune_grid(1024, clusters=(2, 4))
+    assert grid[:3] == [{}, {"cluster": 2}, {"cluster": 4}]
+    assert not any("cluster" in c for c in tune_grid(1024))

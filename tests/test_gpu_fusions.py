@@ -284,3 +284,13 @@ def test_every_size_runs(name, hidden, dtype, rng):
     """Around the first seed's hidden size and far past what one block holds: rows re-read
     each pass, column accumulators in the workspace. Rows fit the host reference's memory."""
     run_and_validate(name, dtype, hidden, max(1, min(1000, MAX_ELEMENTS // hidden)), rng)
+
+
+@pytest.mark.parametrize("cluster", [2, 4])
+@pytest.mark.parametrize(("name", "hidden"), [("dropout_rmsnorm_bwd", 24578),
+                                              ("rmsnorm_bwd", 65536), ("layernorm_bwd", 32768),
+                                              ("rmsnorm_fwd", 131072), ("softmax_fwd", 65537)])
+def test_cluster_split_rows_match_reference(name, hidden, cluster, rng):
+    """Rows split over a thread-block cluster, the row sums exchanged through distributed
+    shared memory: outputs, row statistics and column sums against the reference."""
+    run_and_validate(name, DataType.BFloat16, hidden, 1000, rng, hints=Hints(cluster=cluster))

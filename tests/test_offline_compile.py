@@ -55,3 +55,24 @@ def test_long_rows_compile_without_spills(name, hidden, dtype):
     """Rows too long to keep on chip are re-read each pass, and column accumulators too wide
     for registers or shared memory live in the block's partial rows: every size schedules."""
     compile_and_check(name, dtype, hidden, rows=1000)
+
+
+@pytest.mark.parametrize("cluster", [2, 4, 8])
+@pytest.mark.parametrize(("name", "hidden"), [("dropout_rmsnorm_bwd", 24578),
+                                              ("rmsnorm_bwd", 65536), ("layernorm_bwd", 32768),
+                                              ("rmsnorm_fwd", 131072), ("softmax_fwd", 65537)])
+def test_cluster_split_rows_compile_without_spills(name, hidden, cluster):
+    """Rows split over a thread-block cluster (each block keeps 1/cluster of every row, row
+    sums exchanged through distributed shared memory) compile clean and plan per block."""
+    from fuser.schedulers import Hints
+
+    fd = FUSIONS[name](DataType.BFloat16)
+    built = build(fd.name, analyze(fd.fusion), Problem(hidden, 16384, 16), H200,
+                  Hints(cluster=cluster))
+    s = built.schedule
+    assert s.cluster == cluster and f"__cluster_dims__({cluster}, 1, 1)" in built.source.source
+    assert s.batch * s.threads_per_row * s.vec * cluster >= hidden
+    for entry, plan in built.plans():
+        r = built.compiled.resource(entry)
+        assert not r.spills, f"{entry}: {r}"
+        assert plan.total <= H200.smem_per_block_optin

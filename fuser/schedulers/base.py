@@ -70,7 +70,8 @@ class RowSchedule:
     vec: int  # elements per vector access; divides hidden; at most 16 bytes per access
     threads_per_row: int  # threads sharing one row (blockDim.x); a power of two
     rows_per_block: int  # rows a block works on at once (blockDim.y)
-    batch: int  # vectors per thread per row = ceil(hidden / vec / threads_per_row)
+    cluster: int  # blocks sharing each row as a thread-block cluster (1: a block owns rows)
+    batch: int  # vectors per thread per row = ceil(hidden / vec / cluster / threads_per_row)
     unroll: int  # batch iterations unrolled per pass
     full_unroll: bool  # register arrays are indexed by the batch loop: it must unroll fully
     stages: int  # smem row buffers: 2 = the next rows load while these compute

@@ -60,6 +60,7 @@ class Hints:
 
     threads_per_row: int | None = None
     rows_per_block: int | None = None
+    cluster: int | None = None  # blocks of a thread-block cluster sharing each row (sm_90)
     stages: int | None = None
     storage: tuple[tuple[str, str], ...] | None = None  # (tensor name, REGISTERS | SMEM)
 
@@ -105,15 +106,17 @@ def blocks_per_sm(device: DeviceSpec, threads: int, regs: int, smem_total: int) 
 
 
 def row_split(hidden: int, itemsizes: list[int], align_bytes: int, smem_first: bool,
-              device: DeviceSpec, threads_per_row: int | None = None) -> tuple[int, int, int]:
+              device: DeviceSpec, threads_per_row: int | None = None,
+              parts: int = 1) -> tuple[int, int, int]:
     """(vec, threads per row, batch): how a row is cut into vectors and dealt to threads.
 
-    Vector v = b * threads_per_row + x (b < batch) goes to thread x; its vec elements are
-    v * vec ... v * vec + vec - 1. vec divides hidden, so the vectors cover the row exactly,
-    and batch is the fewest rounds that reach the last vector.
+    The row's vectors are split into `parts` equal ranges (the blocks of a cluster; one range
+    without a cluster). In a range, vector v = b * threads_per_row + x (b < batch) goes to
+    thread x; its vec elements are v * vec ... v * vec + vec - 1. vec divides hidden, so the
+    vectors cover the row exactly, and batch is the fewest rounds that reach the last vector.
     """
     vec = pick_vec(hidden, itemsizes, align_bytes)
-    vectors = hidden // vec
+    vectors = ceil_div(hidden // vec, parts)
     per_thread = 1 if smem_first and vectors <= ONE_VECTOR_UP_TO else (
         TARGET_VECTORS_PER_THREAD[smem_first])
     tpr = threads_per_row or min(
@@ -141,8 +144,17 @@ def row_schedule_candidates(
     full_out = info.outputs(Role.FULL)
     itemsizes = [t.dtype.itemsize for t in (*info.full_inputs, *info.col_inputs, *full_out)]
     hidden = problem.hidden
+    cluster = hints.cluster or 1
     vec, tpr, batch = row_split(hidden, itemsizes, problem.align_bytes, smem_first, device,
-                                hints.threads_per_row)
+                                hints.threads_per_row, cluster)
+    if cluster > 1 and (cluster not in (2, 4, 8) or cluster > hidden // vec
+                        or device.arch < 90):
+        raise OutOfResourcesError(
+            f"a cluster of {cluster} blocks per row needs sm_90 ({device.name} is sm_"
+            f"{device.arch}), a power of two up to 8, and at least that many vectors "
+            f"({hidden // vec} of {vec} elements at hidden {hidden})"
+        )
+    part = ceil_div(hidden // vec, cluster) * vec  # elements of a row each block keeps
     rpb = hints.rows_per_block or max(
         1, min(MIN_BLOCK_THREADS // tpr, next_pow2(max(problem.rows, 1)))
     )
@@ -182,7 +194,7 @@ def row_schedule_candidates(
                    {t.name: forced.get(t.name, REGISTERS) for t in full + cols}, REGISTERS)
             return
         stage_options = [hints.stages] if hints.stages else (
-            [1, 2] if _short_rows(info, hidden, device) else [2, 1])
+            [1, 2] if _short_rows(info, part, device) else [2, 1])
         if smem_first:
             for stages in stage_options:
                 for moved in range(len(full) + 1):
@@ -223,23 +235,27 @@ def row_schedule_candidates(
         requests = []
         for t in full:
             if storage[t.name] == SMEM:
-                requests.append((f"s_{t.name}", stages * rpb * hidden * t.dtype.itemsize,
+                requests.append((f"s_{t.name}", stages * rpb * part * t.dtype.itemsize,
                                  f"row buffer {t.name} ({t.dtype.label}), "
-                                 f"{stages} stage(s) x {rpb} row(s) x {hidden}"))
+                                 f"{stages} stage(s) x {rpb} row(s) x {part}"))
         for t in cols:
             if storage[t.name] == SMEM:
-                requests.append((f"s_{t.name}", hidden * t.dtype.itemsize,
-                                 f"column buffer {t.name} ({t.dtype.label}) x {hidden}"))
+                requests.append((f"s_{t.name}", part * t.dtype.itemsize,
+                                 f"column buffer {t.name} ({t.dtype.label}) x {part}"))
         for e, nbytes in zip(info.outer_reductions, acc_bytes, strict=True):
             if acc_storage == SMEM:
-                requests.append((f"s_acc_{e.outputs[0].name}", rpb * hidden * nbytes,
+                requests.append((f"s_acc_{e.outputs[0].name}", rpb * part * nbytes,
                                  f"column accumulator {e.outputs[0].name} x {rpb} row(s) "
-                                 f"x {hidden}"))
+                                 f"x {part}"))
         requests.append(("s_reduce", scratch, f"inner-reduction scratch: 2 parities x {width} "
                          f"x {rpb} row(s) x {warps} warps x {red_bytes} B"))
         if acc_storage == REGISTERS and rpb > 1:
-            requests.append(("s_outer", sum(hidden * b for b in acc_bytes),
+            requests.append(("s_outer", sum(part * b for b in acc_bytes),
                              f"outer-reduction combine across {rpb} rows"))
+        if cluster > 1:
+            requests.append(("s_cluster", 2 * width * rpb * red_bytes,
+                             f"cluster exchange: 2 parities x {width} x {rpb} row(s) x "
+                             f"{red_bytes} B, read by the {cluster} blocks of the cluster"))
         plan = SmemPlan.build(requests, device.smem_per_block_optin)
         acc_regs = (sum(_regs_per_vectors(batch, vec, b) for b in acc_bytes)
                     if acc_storage == REGISTERS else 0)
@@ -265,7 +281,8 @@ def row_schedule_candidates(
             f"{', '.join(in_smem) or 'nothing'} in smem"
             f"{f' ({stages} stages)' if stages > 1 and in_smem else ''}"
             f"{f', {chr(44).join(reread)} re-read each pass' if reread else ''}"
-            f"{'' if acc_storage == REGISTERS else f', column accumulators in {acc_storage}'}, "
+            f"{'' if acc_storage == REGISTERS else f', column accumulators in {acc_storage}'}"
+            f"{f', rows split over a cluster of {cluster} blocks' if cluster > 1 else ''}, "
             f"~{regs} regs/thread, ~{residency} block(s)/SM"
         )
         # Register arrays are indexed by the batch loop's counter, so they need it unrolled;
@@ -280,6 +297,7 @@ def row_schedule_candidates(
             threads_per_row=tpr,
             rows_per_block=rpb,
             batch=batch,
+            cluster=cluster,
             unroll=batch if register_arrays else min(batch, PARTIAL_UNROLL),
             full_unroll=bool(register_arrays),
             stages=stages if any(storage[t.name] == SMEM for t in full) else 1,

@@ -17,6 +17,7 @@
 //   vec                2
 //   threads_per_row    1024
 //   rows_per_block     1
+//   cluster            1
 //   batch              13
 //   unroll             13
 //   full_unroll        True

@@ -17,6 +17,7 @@
 //   vec                8
 //   threads_per_row    512
 //   rows_per_block     1
+//   cluster            1
 //   batch              2
 //   unroll             2
 //   full_unroll        True

@@ -16,6 +16,7 @@
 //   vec                8
 //   threads_per_row    128
 //   rows_per_block     2
+//   cluster            1
 //   batch              4
 //   unroll             4
 //   full_unroll        True

@@ -17,6 +17,7 @@
 //   vec                8
 //   threads_per_row    32
 //   rows_per_block     8
+//   cluster            1
 //   batch              4
 //   unroll             4
 //   full_unroll        True
