@@ -1,0 +1,102 @@
+"""GPU: failures leave nothing behind. After a compile error, a resource error or a bad input
+(with the caller on a stream and device of their own), the current device and stream are the
+caller's, no half-built kernel is cached, and the next call with good inputs works."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import fuser.executor as executor
+import fuser.kernels as kernels
+from fuser import BadInputError, CompileError, DataType, OutOfResourcesError
+from fuser.fusions import FUSIONS, make_inputs
+from fuser.schedulers import Hints
+
+pytestmark = pytest.mark.gpu
+
+
+def _inputs(rng, hidden=2048, rows=64):
+    import cupy
+
+    host = make_inputs("rmsnorm_bwd", rows, hidden, DataType.BFloat16, rng)
+    return [cupy.asarray(a) for a in host]
+
+
+def _state():
+    import cupy
+
+    return cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr
+
+
+def test_compile_error_changes_nothing_and_the_next_call_works(rng, monkeypatch):
+    import cupy
+
+    fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
+    real = kernels._render
+
+    def broken(*args):
+        source = real(*args)
+        return dataclasses.replace(source, source=source.source + "\n#error planted\n")
+
+    monkeypatch.setattr(kernels, "_render", broken)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        before = _state()
+        with pytest.raises(CompileError, match="planted"):
+            fd.execute(_inputs(rng))
+        assert _state() == before
+    assert not fd.__dict__.get("_plans")
+    monkeypatch.setattr(kernels, "_render", real)
+    fd.validate(_inputs(rng))
+
+
+def test_resource_error_changes_nothing(rng):
+    import cupy
+
+    fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
+    hints = Hints(threads_per_row=1024, rows_per_block=2)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        before = _state()
+        with pytest.raises(OutOfResourcesError, match="2048 threads per block"):
+            executor.execute(fd, _inputs(rng), hints=hints)
+        assert _state() == before
+    fd.validate(_inputs(rng))
+
+
+def test_bad_input_after_a_stream_switch_leaves_the_callers_stream(rng):
+    import cupy
+
+    fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
+    good = _inputs(rng)
+    bad = list(good)
+    bad[1] = bad[1].astype(np.float64)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        with pytest.raises(BadInputError, match="dtype float64"):
+            fd.execute(bad)
+        assert cupy.cuda.get_current_stream().ptr == stream.ptr
+        outs = fd.execute(good)  # runs on the caller's stream
+        stream.synchronize()
+    assert all(bool(cupy.isfinite(o.astype(np.float32)).all()) for o in outs)
+
+
+def test_torch_stream_is_respected_and_restored(rng):
+    torch = pytest.importorskip("torch")
+    fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
+    host = make_inputs("rmsnorm_bwd", 64, 2048, DataType.BFloat16, rng)
+    inputs = [torch.from_numpy(a.astype(np.float32)).cuda().bfloat16()
+              if a.dtype.name == "bfloat16" else torch.from_numpy(a).cuda() for a in host]
+    side = torch.cuda.Stream()
+    before = torch.cuda.current_stream()
+    with torch.cuda.stream(side):
+        outs = fd.execute(inputs)
+        with pytest.raises(BadInputError):
+            fd.execute(inputs[:2])
+        assert torch.cuda.current_stream() == side
+    side.synchronize()
+    assert torch.cuda.current_stream() == before
+    assert all(torch.isfinite(o.float()).all() for o in outs)
