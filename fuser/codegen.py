@@ -357,6 +357,12 @@ def render_row(
         "smem_cluster": (schedule.smem.offset("s_cluster") if "s_cluster" in schedule.smem
                          else None),
         **where,
+        # Structural choices the template makes, decided here.
+        "clustered": schedule.cluster > 1,
+        "pipelined": schedule.stages == 2,  # the next rows load while this one computes
+        "pending_copies": 1 if schedule.stages == 2 else 0,  # cp.async groups left in flight
+        "cross_warp": schedule.threads_per_row > 32,  # a row spans warps: reduce through smem
+        "fold_rows": schedule.rows_per_block > 1,  # fold the block's rows' accumulators
         "smem_reduce": schedule.smem.offset("s_reduce") if "s_reduce" in schedule.smem else None,
         "smem_outer": schedule.smem.offset("s_outer") if "s_outer" in schedule.smem else None,
         "width": max((len(lv) for lv in info.inner_levels), default=0),
