@@ -252,6 +252,20 @@ def _cluster_names(schedule: RowSchedule) -> dict[str, str]:
     }
 
 
+def _fetch(t: Tensor, storage: str, full: bool, where: dict[str, str]) -> str:
+    """C++ expression of vector j of input `t` in a pass over the row, wherever it is kept."""
+    if storage == REGISTERS:
+        return f"r_{t.name}[b]"
+    if full and storage == SMEM:
+        return f"s_{t.name}[(stage * RPB + ty) * {where['NVS']} + {where['JS']}]"
+    if full:
+        return (f"(valid ? fm::load<VEC>(g_{t.name} + row * H + j * VEC) : "
+                f"fm::Vec<{t.dtype.cuda_type}, VEC>{{}})")
+    if storage == SMEM:
+        return f"s_{t.name}[{where['JS']}]"
+    return f"fm::load<VEC>(g_{t.name} + j * VEC)"
+
+
 def _reduction_entry(e: Expr, var: str, value: str) -> dict:
     op = REDUCTIONS[e.op]
     ct = _ctype(e.outputs[0])
@@ -270,6 +284,7 @@ def render_row(
     fusion = info.fusion
     roles = info.roles
     scalar_lines, scalar_env = _scalar_prologue(info)
+    where = _cluster_names(schedule)
 
     def buffer(t: Tensor) -> dict:
         p = schedule.placement(t.name)
@@ -280,6 +295,7 @@ def render_row(
             "reread": p.storage == GLOBAL,
             "async": p.async_copy,
             "offset": schedule.smem.offset(f"s_{t.name}") if p.storage == SMEM else 0,
+            "fetch": _fetch(t, p.storage, p.role == "full", where),
         }
 
     full = [buffer(t) for t in info.full_inputs]
@@ -321,7 +337,6 @@ def render_row(
     outputs = [{"name": o.name, "ctype": o.dtype.cuda_type, "value": emitter.env[o]}
                for o in full_outputs]
     in_smem = schedule.accumulators == SMEM
-    where = _cluster_names(schedule)
     refs = {  # element i of vector j of this thread's accumulator, wherever it lives
         REGISTERS: "acc_{0}[b][i]",
         SMEM: f"s_acc_{{0}}[(ty * {where['NVS']} + {where['JS']}) * VEC + i]",
@@ -349,8 +364,9 @@ def render_row(
         "params": params,
         "s": schedule,
         "nv": schedule.hidden // schedule.vec,
-        "covers": (schedule.batch * schedule.threads_per_row * schedule.vec * schedule.cluster
-                   == schedule.hidden),
+        # Whether every vector a thread visits lies in its block's range (no bound check).
+        "in_range": ("true" if schedule.batch * schedule.threads_per_row * schedule.vec
+                     * schedule.cluster == schedule.hidden else f"j < {where['JEND']}"),
         "nvc": -(-schedule.hidden // schedule.vec // schedule.cluster),
         "cluster_dims": (f"__cluster_dims__({schedule.cluster}, 1, 1) "
                          if schedule.cluster > 1 else ""),
@@ -384,12 +400,12 @@ def render_row(
     finalize_entry = None
     if finalize is not None:
         finalize_entry = f"{name}_finalize"
-        source += _render_finalize(finalize_entry, info, finalize, scalar_env,
+        source += _render_finalize(finalize_entry, info, finalize, scalar_lines, scalar_env,
                                    accumulators)
     return KernelSource(name, source, entry, finalize_entry)
 
 
-def _render_finalize(entry, info, schedule, scalar_env, accumulators) -> str:
+def _render_finalize(entry, info, schedule, scalar_lines, scalar_env, accumulators) -> str:
     env = dict(scalar_env)
     for e in info.outer_reductions:
         env[e.outputs[0]] = f"tot_{e.outputs[0].name}"
@@ -408,7 +424,7 @@ def _render_finalize(entry, info, schedule, scalar_env, accumulators) -> str:
         "f": schedule,
         "smem_lanes": schedule.smem.offset("s_lanes") if accumulators else None,
         "accumulators": accumulators,
-        "scalar_lines": _scalar_prologue(info)[0],
+        "scalar_lines": scalar_lines,
         "lines": lines,
         "outputs": [{"name": o.name, "ctype": o.dtype.cuda_type, "value": emitter.env[o]}
                     for o in col_outputs],

@@ -180,6 +180,10 @@ def row_schedule_candidates(
         on the copy, so there they stay in registers."""
         return vec * t.dtype.itemsize in (4, 8, 16)
 
+    def staged(stages: int) -> dict[str, str]:
+        """Every row buffer in smem that `stages` allows there, the others in registers."""
+        return {t.name: SMEM if can_async(t) or stages == 1 else REGISTERS for t in full}
+
     full = list(info.full_inputs)
     # Buffers leave smem for registers in this order: least reused first, weight-related last.
     full.sort(key=lambda t: (_weight_related(t, info), t in info.persistent, t.index))
@@ -199,8 +203,7 @@ def row_schedule_candidates(
             for stages in stage_options:
                 for moved in range(len(full) + 1):
                     for cols_in_smem in (True, False):
-                        storage = {t.name: SMEM if can_async(t) or stages == 1 else REGISTERS
-                                   for t in full}
+                        storage = staged(stages)
                         storage.update({t.name: REGISTERS for t in full[:moved]})
                         storage.update({t.name: SMEM if cols_in_smem else REGISTERS
                                         for t in cols})
@@ -208,8 +211,7 @@ def row_schedule_candidates(
         else:
             yield 1, {t.name: REGISTERS for t in full + cols}, REGISTERS
             for stages in stage_options:
-                in_smem = {t.name: SMEM if can_async(t) or stages == 1 else REGISTERS
-                           for t in full}
+                in_smem = staged(stages)
                 yield stages, {**in_smem, **{t.name: REGISTERS for t in cols}}, REGISTERS
                 yield stages, {**in_smem, **{t.name: SMEM for t in cols}}, REGISTERS
         # Keep fewer rows on chip and re-read the others in every pass: a row just read is
