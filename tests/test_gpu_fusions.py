@@ -4,10 +4,13 @@ Sizes hit the schedulers' boundaries: hidden 1 and 3 (one-element vectors, a sin
 row), 127 (odd), 1024, 4096 and 8192 (full 16-byte vectors, one to many warps per row), 24578
 (the first seed's hidden: 2-element vectors, shared memory nearly full), and row counts 1, 7
 (fewer rows than a block holds), 1000 and 16384 (many rows per block over the persistent grid).
-Above 2**26 elements the float64 reference runs a block of rows at a time (chunked_reference).
+Above 2**24 elements a prime number of distinct rows is drawn and tiled on the GPU
+(validate_tiled), so the float64 reference stays small while every output row is checked.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -22,32 +25,22 @@ from fuser.schedulers.base import GLOBAL, REGISTERS, SMEM
 pytestmark = pytest.mark.gpu
 
 DTYPES = [DataType.Float, DataType.Half, DataType.BFloat16]
-MAX_ELEMENTS = 1 << 26  # above this, the reference is evaluated a block of rows at a time
-CHUNK_ROWS = 2048
+FULL_ELEMENTS = 1 << 24  # up to this, every row is drawn on the host and checked there
+BLOCK_ELEMENTS = 1 << 23  # above it, the distinct rows drawn and evaluated in float64
+
+
+def prime_at_most(n: int) -> int:
+    """The largest prime <= n (1 for n < 2). A prime count of distinct rows cannot line up with
+    the kernels' row strides (SM counts times powers of two), so a row written to the wrong
+    place lands on a row with different data."""
+    for k in range(n, 1, -1):
+        if all(k % d for d in range(2, math.isqrt(k) + 1)):
+            return k
+    return 1
 
 
 def cases(hiddens, rows_list):
     return [(h, r) for h in hiddens for r in rows_list]
-
-
-def chunked_reference(fusion, host, chunk_rows=CHUNK_ROWS):
-    """The float64 reference a block of rows at a time, so host memory stays bounded. Rows are
-    independent except through the column sums, which the oracle computes exactly (its casts
-    to float types do not round): row outputs concatenate, column outputs add up."""
-    for o in fusion.outputs:
-        if o.ndim == 1:
-            e = o.definition
-            e = e.inputs[0].definition if e.op == "cast" else e
-            assert e.op == "sum", f"{o.name} is not a column sum; it cannot be chunked"
-    rows = max(a.shape[0] for a in host if isinstance(a, np.ndarray) and a.ndim == 2)
-    parts = []
-    for start in range(0, rows, chunk_rows):
-        piece = [a[start:start + chunk_rows] if isinstance(a, np.ndarray) and a.ndim == 2
-                 else a for a in host]
-        parts.append(evaluate(fusion, piece))
-    return [np.concatenate([p[k] for p in parts]) if o.ndim == 2
-            else np.sum([p[k] for p in parts], axis=0)
-            for k, o in enumerate(fusion.outputs)]
 
 
 @pytest.fixture(autouse=True)
@@ -90,17 +83,82 @@ def to_device(arrays, torch_kind=False):
 
 def run_and_validate(name, dtype, hidden, rows, rng, hints=None, torch_kind=False):
     fd = FUSIONS[name](dtype)
+    if rows * hidden > FULL_ELEMENTS:
+        assert not torch_kind, "tiled validation runs on CuPy arrays"
+        validate_tiled(fd, name, dtype, hidden, rows, rng, hints)
+        return fd
     host = make_inputs(name, rows, hidden, dtype, rng)
     inputs = to_device(host, torch_kind)
     if hidden <= 3 and name.endswith("_bwd"):
         check_short_rows(fd, host, inputs)
-    elif hints is None and rows * hidden <= MAX_ELEMENTS:
+    elif hints is None:
         fd.validate(inputs)
     else:
         outs = executor.execute(fd, inputs, hints=hints)
-        compare([executor.to_host(o) for o in outs], chunked_reference(fd.fusion, host),
-                fd.fusion, output_reduction_sizes(fd.fusion, host))
+        compare([executor.to_host(o) for o in outs], evaluate(fd.fusion, host), fd.fusion,
+                output_reduction_sizes(fd.fusion, host))
     return fd
+
+
+def validate_tiled(fd, name, dtype, hidden, rows, rng, hints):
+    """Run `rows` rows built from a prime number of distinct rows repeated, and check every
+    output row on the GPU against the float64 reference of the distinct rows; a column output
+    is the full tiles' sum times their count plus the last partial tile's. A tile that fails
+    is compared on the host, for the usual report."""
+    import cupy
+
+    distinct = prime_at_most(max(1, min(rows, BLOCK_ELEMENTS // hidden)))
+    repeats, rest = divmod(rows, distinct)
+    host = make_inputs(name, distinct, hidden, dtype, rng)
+    index = cupy.arange(rows) % distinct
+
+    def tiled(a):  # rows gathered as bytes: no kernel of CuPy's needs to know bfloat16
+        d = cupy.asarray(a)
+        return d.view(cupy.uint8)[index].view(d.dtype) if a.ndim == 2 else d
+
+    inputs = [tiled(a) if isinstance(a, np.ndarray) else a for a in host]
+    outs = executor.execute(fd, inputs, hints=hints)
+
+    def rows_of(arrays, count):
+        return [a[:count] if isinstance(a, np.ndarray) and a.ndim == 2 else a for a in arrays]
+
+    block_refs = evaluate(fd.fusion, host)
+    rest_refs = evaluate(fd.fusion, rows_of(host, rest)) if rest else None
+    full_shapes = [np.broadcast_to(np.zeros((), a.dtype), (rows, *a.shape[1:]))
+                   if isinstance(a, np.ndarray) and a.ndim == 2 else a for a in host]
+    sizes = output_reduction_sizes(fd.fusion, full_shapes)
+    refs = [ref if o.ndim == 2 else repeats * ref + (rest_refs[k] if rest else 0.0)
+            for k, (o, ref) in enumerate(zip(fd.fusion.outputs, block_refs, strict=True))]
+
+    def check_on_host(start):
+        tile = [o[start:start + distinct] if o.ndim == 2 else o for o in outs]
+        count = min(distinct, rows - start)
+        expected = [r[:count] if o.ndim == 2 else r
+                    for o, r in zip(fd.fusion.outputs, refs, strict=True)]
+        compare([executor.to_host(t) for t in tile], expected, fd.fusion, sizes)
+
+    check_on_host(0)  # the first tile's rows and the column outputs, with the full report
+    row_outputs = [(t, o, cupy.asarray(r), n) for t, o, r, n
+                   in zip(fd.fusion.outputs, outs, refs, sizes, strict=True) if t.ndim == 2]
+    for start in range(distinct, rows, distinct):
+        if not all(within_tolerance(t, o[start:start + distinct], ref, n)
+                   for t, o, ref, n in row_outputs):
+            check_on_host(start)
+            raise AssertionError(f"rows from {start}: outside the tolerance on the GPU only")
+
+
+def within_tolerance(t, got, ref, n) -> bool:
+    """compare()'s rule on the GPU: |got - ref| <= atol + rtol |ref|, or equal (inf), or both
+    NaN. bf16 is widened by its bits, which needs nothing of CuPy's bfloat16 support."""
+    import cupy
+
+    ref = ref[:got.shape[0]]
+    if got.dtype.name == "bfloat16":
+        got = (got.view(cupy.uint16).astype(cupy.uint32) << 16).view(cupy.float32)
+    got = got.astype(cupy.float64)
+    rtol, atol = tolerance(t.dtype, n)
+    ok = (cupy.abs(got - ref) <= atol + rtol * cupy.abs(ref)) | (got == ref)
+    return bool((ok | (cupy.isnan(got) & cupy.isnan(ref))).all())
 
 
 def check_short_rows(fd, host, inputs):
@@ -282,8 +340,8 @@ def test_demo_runs_validates_and_times_on_the_gpu(capsys):
 @pytest.mark.parametrize("name", sorted(FUSIONS))
 def test_every_size_runs(name, hidden, dtype, rng):
     """Around the first seed's hidden size and far past what one block holds: rows re-read
-    each pass, column accumulators in the workspace. Rows fit the host reference's memory."""
-    run_and_validate(name, dtype, hidden, max(1, min(1000, MAX_ELEMENTS // hidden)), rng)
+    each pass, column accumulators in the workspace."""
+    run_and_validate(name, dtype, hidden, min(1000, max(1, (1 << 28) // hidden)), rng)
 
 
 @pytest.mark.parametrize("cluster", [2, 4])

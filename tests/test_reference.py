@@ -556,3 +556,20 @@ def test_compare_tolerance_follows_the_reduction_size():
     with pytest.raises(AssertionError):
         compare([off], [ref], fusion, 1)
     compare([off], [ref], fusion, [2**20])
+
+
+def test_compare_judges_a_cancelling_sum_by_the_size_of_its_neighbours(rng):
+    """A column sum of 16384 float terms that cancels to near zero rounds like its neighbours
+    (the partial sums are as large): float32 accumulation error passes, a lost term does not."""
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.sum(fd.define_tensor([-1, -1], dtype=FLOAT), [0]))
+    terms = rng.standard_normal((16384, 64))
+    terms[:, 0] -= terms[:, 0].mean()  # column 0 cancels to about 1e-13
+    ref = terms.sum(axis=0)
+    rounded = np.cumsum(terms.astype(np.float32), axis=0, dtype=np.float32)[-1]  # serial
+    assert abs(rounded[0] - ref[0]) > 1e-6  # far beyond any bound relative to ref[0]
+    compare([rounded], [ref], fd.fusion, [16384])
+    lost = ref.copy()
+    lost[0] -= terms[123, 0]
+    with pytest.raises(AssertionError, match=r"1 of 64 elements differ"):
+        compare([lost], [ref], fd.fusion, [16384])
