@@ -30,8 +30,10 @@ lint: setup
 test-gpu:
 	FUSER_REQUIRE_GPU=1 PYTHONPATH=. python3 -m pytest -m gpu -q $(PYTEST_ARGS)
 
-# compute-sanitizer memcheck and racecheck over kernels of every storage (GPU machine).
-SANITIZE_TESTS ?= seed_case or each_storage_path or (forward and rmsnorm_fwd-4096-7-BFloat16) or (softmax_fwd-1024-7-Float)
+# compute-sanitizer memcheck and racecheck (GPU machine): the seed case, every row storage
+# (registers, smem, re-read), a persistent kernel of each fusion (4096 x 7 rows) and a
+# cluster-split kernel of each fusion.
+SANITIZE_TESTS ?= seed_case or each_storage_path or 4096-7-BFloat16 or cluster2
 sanitize:
 	for tool in memcheck racecheck; do \
 	  FUSER_REQUIRE_GPU=1 PYTHONPATH=. compute-sanitizer --tool $$tool --error-exitcode 1 \

@@ -469,7 +469,7 @@ def tune(fd, inputs, ref, schedule, entry: dict, timed) -> None:
     configs = []
     long_rows = schedule.hidden >= CLUSTER_TUNE_FROM
     for cfg in tune_grid(getattr(schedule, "threads_per_row", None),
-                         clusters=(2, 4) if long_rows else ()):
+                         clusters=(1, 2, 4, 8) if long_rows else ()):
         hints = Hints(**cfg)
         row = {"hints": cfg}
         try:

@@ -45,6 +45,7 @@ class Kernel:
     functions: dict  # entry name -> cupy RawKernel
     device: DeviceSpec
     occupancy: int  # resident blocks per SM of the main kernel, as the driver computes it
+    resident_groups: int  # clusters (or blocks, without a cluster) resident on the whole GPU
     row_args: tuple  # ("in" | "out" | "part" | "scalar", index) per main-kernel parameter
     finalize_args: tuple  # the same for the finalize kernel
 
@@ -181,9 +182,34 @@ def _load(fd, problem: Problem, device: DeviceSpec, hints) -> Kernel:
             f"{functions[built.source.row_entry].num_regs} registers per thread, "
             f"{s.smem.dynamic_bytes} B dynamic shared memory per block"
         )
+    groups = occupancy * device.sm_count
+    if not pointwise and s.cluster > 1:
+        groups = _max_active_clusters(functions[built.source.row_entry], s)
     row_args, finalize_args = _argument_layout(info, pointwise)
     return Kernel(built.source, s, built.finalize, built.compiled, functions, device, occupancy,
-                  row_args, finalize_args)
+                  groups, row_args, finalize_args)
+
+
+def _max_active_clusters(fn, s) -> int:
+    """How many clusters of the kernel the driver can keep resident at once. Not SMs x blocks
+    per SM / cluster: a cluster must fit in one GPC, and a GPC's SM count need not be a
+    multiple of the cluster size (on the H200, 32 clusters of 4 one-block SMs are resident,
+    not 33). A persistent grid one cluster over that runs a second wave for the last cluster,
+    which doubles the kernel's time."""
+    from cuda.bindings import driver
+
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = s.cluster, 1, 1
+    config.blockDimX, config.blockDimY, config.blockDimZ = s.threads_per_row, s.rows_per_block, 1
+    config.sharedMemBytes = s.smem.dynamic_bytes
+    err, clusters = driver.cuOccupancyMaxActiveClusters(driver.CUfunction(fn.kernel.ptr), config)
+    if err != driver.CUresult.CUDA_SUCCESS or clusters < 1:
+        raise OutOfResourcesError(
+            f"clusters of {s.cluster} blocks ({s.threads} threads, {s.smem.dynamic_bytes} B "
+            f"dynamic shared memory each) cannot be resident: the driver says {err.name}, "
+            f"{clusters} cluster(s); use a smaller cluster (Hints(cluster=...))"
+        )
+    return clusters
 
 
 def _check_static_smem(name: str, entry: str, fn, plan, device: DeviceSpec) -> None:
@@ -224,9 +250,9 @@ def _launch(kernel: Kernel, rows: int, device: DeviceSpec) -> tuple[Launch, Laun
         grid = max(1, min(ceil_div(vectors, s.threads * s.unroll),
                           device.sm_count * kernel.occupancy))
         return Launch(grid, (s.threads, 1), 0, 0), None
-    # A cluster of k blocks works on each group of rows: the grid is a multiple of k.
-    clusters = max(1, min(ceil_div(rows, s.rows_per_block),
-                          kernel.occupancy * device.sm_count // s.cluster))
+    # A cluster of k blocks works on each group of rows: the grid is a multiple of k, and no
+    # larger than what is resident at once (a persistent grid has no second wave).
+    clusters = max(1, min(ceil_div(rows, s.rows_per_block), kernel.resident_groups))
     grid = clusters * s.cluster
     partial_rows = clusters * s.partial_rows_per_block if kernel.finalize is not None else 0
     launch = Launch(grid, (s.threads_per_row, s.rows_per_block), s.smem.dynamic_bytes,

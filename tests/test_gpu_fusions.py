@@ -344,11 +344,17 @@ def test_every_size_runs(name, hidden, dtype, rng):
     run_and_validate(name, dtype, hidden, min(1000, max(1, (1 << 28) // hidden)), rng)
 
 
-@pytest.mark.parametrize("cluster", [2, 4])
+@pytest.mark.parametrize("cluster", [2, 4, 8], ids=lambda k: f"cluster{k}")
 @pytest.mark.parametrize(("name", "hidden"), [("dropout_rmsnorm_bwd", 24578),
                                               ("rmsnorm_bwd", 65536), ("layernorm_bwd", 32768),
-                                              ("rmsnorm_fwd", 131072), ("softmax_fwd", 65537)])
+                                              ("rmsnorm_fwd", 131072), ("softmax_fwd", 65537),
+                                              ("layernorm_fwd", 65536)])
 def test_cluster_split_rows_match_reference(name, hidden, cluster, rng):
     """Rows split over a thread-block cluster, the row sums exchanged through distributed
     shared memory: outputs, row statistics and column sums against the reference."""
-    run_and_validate(name, DataType.BFloat16, hidden, 1000, rng, hints=Hints(cluster=cluster))
+    fd = run_and_validate(name, DataType.BFloat16, hidden, 1000, rng, hints=Hints(cluster=cluster))
+    kernel, launch = fd._last_run.kernel, fd._last_run.launch
+    assert launch.grid % cluster == 0
+    # No second wave: the grid is at most the clusters the driver keeps resident at once.
+    assert launch.grid // cluster <= kernel.resident_groups
+    assert kernel.resident_groups <= kernel.occupancy * kernel.device.sm_count // cluster

@@ -110,6 +110,27 @@ def test_storage_choices_per_device(device, hidden, expected):
     assert s.smem.total <= device.smem_per_block_optin
 
 
+def _off_chip(s: RowSchedule) -> bool:
+    return s.accumulators == GLOBAL or any(p.storage == GLOBAL for p in s.placements)
+
+
+@pytest.mark.parametrize(
+    ("device", "hidden", "cluster", "off_chip"),
+    [(H200, 32768, 1, False), (H200, 65536, 2, False), (H200, 131072, 4, False),
+     (H200, 262144, 8, False), (H200, 1048576, 8, True),
+     (DeviceSpec.get("a100"), 65536, 1, True)],
+)
+def test_long_rows_split_over_the_smallest_cluster_that_keeps_them_on_chip(
+        device, hidden, cluster, off_chip):
+    """rmsnorm_bwd, bf16: a row one block cannot hold on chip is split over 2, 4, then 8 blocks
+    of a cluster (sm_90); rows are re-read from global memory only when 8 cannot hold it, and
+    on parts without clusters (the A100: sm_80)."""
+    _, s = plan_for("rmsnorm_bwd", DataType.BFloat16, hidden, device)
+    assert (s.cluster, _off_chip(s)) == (cluster, off_chip), s.reason
+    assert (f"cluster of {cluster} blocks" in s.reason) == (cluster > 1)
+    assert s.batch * s.threads_per_row * s.vec * s.cluster >= hidden
+
+
 @pytest.mark.parametrize("device", ["h100", "h200", "a100", "sm89-100kb"])
 @pytest.mark.parametrize("name", sorted(FUSIONS))
 def test_every_fusion_schedules_on_every_preset(name, device):
@@ -136,8 +157,8 @@ def test_a_storage_that_cannot_fit_raises_with_the_numbers():
     hold the row names the row, the limits and what was tried."""
     info = analyze(FUSIONS["dropout_rmsnorm_bwd"](DataType.Float).fusion)
     forced = Hints(storage=(("T0", REGISTERS),))
-    with pytest.raises(OutOfResourcesError, match=r"hidden 1048576 \(13 B per element.*"
-                       r"232448 B per block, 64 registers per thread at 1024 threads"):
+    with pytest.raises(OutOfResourcesError, match=r"(?s)hidden 1048576 \(13 B per element.*"
+                       r"232448 B per block.*of 64 registers per thread at 1024 threads"):
         schedule(info, Problem(1048576, 64, 16), H200, forced)
     with pytest.raises(OutOfResourcesError, match=r"2048 threads per block .* limit of 1024"):
         schedule(info, Problem(4096, 64, 16), H200, Hints(threads_per_row=1024,

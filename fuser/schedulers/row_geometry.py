@@ -44,6 +44,7 @@ TARGET_VECTORS_PER_THREAD = {False: 4, True: 2}
 ONE_VECTOR_UP_TO = 256  # smem-first: threads per row that still get one vector each
 MAX_THREADS_PER_ROW = {False: 1024, True: 512}
 MAX_VECTORS_PER_THREAD = 8
+CLUSTER_SIZES = (2, 4, 8)  # blocks a row is split over, in order, when one block cannot hold it
 MIN_BLOCK_THREADS = 256  # small rows are packed several to a block up to this many threads
 # Registers beyond the buffers: indices, pointers, loop state, reduction temporaries. A kernel
 # cannot do with fewer than MIN_OVERHEAD; the residency is planned with PLANNED_OVERHEAD, and
@@ -138,13 +139,42 @@ def row_schedule_candidates(
     """Every schedule whose estimated shared memory and registers fit, in policy order.
 
     The first is the heuristic's choice; kernels.build() moves on to the next when ptxas
-    shows that an estimate was wrong (spills at one block per SM).
+    shows that an estimate was wrong (spills at one block per SM). Rows stay on chip as long
+    as any cluster size can hold them there: one block first, then the row split over 2, 4
+    and 8 blocks of a cluster (sm_90), and only then re-read from global memory in every
+    pass, split over the largest cluster, which keeps the most of the row on chip.
     """
     hints = hints or Hints()
-    full_out = info.outputs(Role.FULL)
-    itemsizes = [t.dtype.itemsize for t in (*info.full_inputs, *info.col_inputs, *full_out)]
+    tried: list[str] = []
+    if hints.cluster is not None or hints.storage is not None:
+        phases = [(hints.cluster or 1, None)]
+    else:
+        itemsizes = [t.dtype.itemsize for t in _row_tensors(info)]
+        vectors = problem.hidden // pick_vec(problem.hidden, itemsizes, problem.align_bytes)
+        splits = [1] + [k for k in CLUSTER_SIZES if device.arch >= 90 and k <= vectors]
+        phases = [(k, False) for k in splits] + [(splits[-1], True)]
+    for cluster, off_chip in phases:
+        yield from _candidates(info, problem, device, scheduler, smem_first, hints, cluster,
+                               off_chip, tried)
+    raise OutOfResourcesError(
+        f"no storage fits one row of hidden {problem.hidden} ({info.row_buffer_bytes} B per "
+        f"element of row buffers) on {device.name}: shared memory limit "
+        f"{device.smem_per_block_optin} B per block. Tried:\n  " + "\n  ".join(tried[-6:])
+        + "\nUse a device with more shared memory or a smaller hidden size."
+    )
+
+
+def _row_tensors(info: FusionInfo) -> list[Tensor]:
+    return [*info.full_inputs, *info.col_inputs, *info.outputs(Role.FULL)]
+
+
+def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, scheduler: str,
+                smem_first: bool, hints: Hints, cluster: int, off_chip: bool | None,
+                tried: list[str]) -> Iterator[RowSchedule]:
+    """The fitting schedules of one cluster size: with every row buffer and accumulator on
+    chip (off_chip False), with some re-read from global memory (True), or both (None)."""
+    itemsizes = [t.dtype.itemsize for t in _row_tensors(info)]
     hidden = problem.hidden
-    cluster = hints.cluster or 1
     vec, tpr, batch = row_split(hidden, itemsizes, problem.align_bytes, smem_first, device,
                                 hints.threads_per_row, cluster)
     if cluster > 1 and (cluster not in (2, 4, 8) or cluster > hidden // vec
@@ -197,6 +227,12 @@ def row_schedule_candidates(
             yield (hints.stages or 1,
                    {t.name: forced.get(t.name, REGISTERS) for t in full + cols}, REGISTERS)
             return
+        if off_chip is not True:
+            yield from on_chip()
+        if off_chip is not False:
+            yield from re_read()
+
+    def on_chip():
         stage_options = [hints.stages] if hints.stages else (
             [1, 2] if _short_rows(info, part, device) else [2, 1])
         if smem_first:
@@ -214,6 +250,8 @@ def row_schedule_candidates(
                 in_smem = staged(stages)
                 yield stages, {**in_smem, **{t.name: REGISTERS for t in cols}}, REGISTERS
                 yield stages, {**in_smem, **{t.name: SMEM for t in cols}}, REGISTERS
+
+    def re_read():
         # Keep fewer rows on chip and re-read the others in every pass: a row just read is
         # usually still in L2, so the second read costs L2, not HBM, bandwidth.
         for reread in range(1, len(full) + 1):
@@ -232,7 +270,6 @@ def row_schedule_candidates(
                     yield 1, {**{t.name: GLOBAL for t in full},
                               **{t.name: col_storage for t in cols}}, acc_storage
 
-    tried = []
     for stages, storage, acc_storage in storages():
         requests = []
         for t in full:
@@ -267,8 +304,9 @@ def row_schedule_candidates(
         )
         regs = min(max_regs, buffers + PLANNED_OVERHEAD_REGISTERS)
         residency = blocks_per_sm(device, threads, regs, plan.total)
-        tried.append(f"stages={stages} {storage} accumulators in {acc_storage}: smem "
-                     f"{plan.total} B, >= {buffers + MIN_OVERHEAD_REGISTERS} regs")
+        tried.append(f"cluster={cluster} stages={stages} {storage} accumulators in "
+                     f"{acc_storage}: smem {plan.total} B, >= {buffers + MIN_OVERHEAD_REGISTERS} "
+                     f"of {max_regs} registers per thread at {threads} threads")
         if not (plan.fits and buffers + MIN_OVERHEAD_REGISTERS <= max_regs and residency >= 1):
             continue
         placements = tuple(
@@ -310,10 +348,3 @@ def row_schedule_candidates(
             blocks_per_sm=residency,
             smem=plan,
         )
-    raise OutOfResourcesError(
-        f"no storage fits one row of hidden {hidden} ({info.row_buffer_bytes} B per element of "
-        f"row buffers) on {device.name}: shared memory limit {device.smem_per_block_optin} B "
-        f"per block, {max_regs} registers per thread at {threads} threads. Tried:\n  "
-        + "\n  ".join(tried[-6:])
-        + "\nUse a device with more shared memory or a smaller hidden size."
-    )
