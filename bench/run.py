@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 DEFAULT_FUSIONS = ("rmsnorm_bwd", "dropout_rmsnorm_bwd")
-DEFAULT_HIDDEN = (1024, 2048, 4096, 8192, 16384, 24578)
+DEFAULT_HIDDEN = (1024, 2048, 4096, 8192, 16384, 24578, 32768, 65536, 131072)
 DTYPES = {"bf16": "BFloat16", "fp16": "Half", "fp32": "Float"}
 ITEMSIZE = {"bf16": 2, "fp16": 2, "fp32": 4}
 IMPLS = ("fuser", "fuser_tuned", "compile", "eager", "copy")

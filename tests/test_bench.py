@@ -149,7 +149,7 @@ def test_rows_for_budget():
 def test_parse_args_defaults():
     a = parse_args([])
     assert a.fusion == list(DEFAULT_FUSIONS) == ["rmsnorm_bwd", "dropout_rmsnorm_bwd"]
-    assert a.hidden == [1024, 2048, 4096, 8192, 16384, 24578]
+    assert a.hidden == [1024, 2048, 4096, 8192, 16384, 24578, 32768, 65536, 131072]
     assert (a.rows, a.dtype, a.no_compile, a.tune, a.out) == (
         16384, "bf16", False, False, "bench/results")
     assert a.timer == "auto"
