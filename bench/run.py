@@ -307,9 +307,9 @@ def environment() -> dict:
             env[mod] = __import__(mod).__version__
         except Exception as exc:
             env[mod] = f"unavailable ({type(exc).__name__})"
-    try:
+    try:  # "-dirty": the measured tree differs from that commit (a copy of a working tree)
         env["git"] = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+            ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10,
             cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
     except Exception:
         env["git"] = None
