@@ -126,18 +126,23 @@ def rows_for_budget(fusion: str, rows: int, hidden: int, itemsize: int,
 
 
 CLUSTER_TUNE_FROM = 16384  # hidden sizes from which --tune also splits rows over clusters
+# The finalize kernel sums ~SMs x blocks/SM partial rows per column; at small hidden sizes its
+# H / 32 blocks are fewer than the SMs, so --tune also tries more threads per column.
+FINALIZE_LANES_TUNE = (32,)
 
 
 def tune_grid(threads_per_row: int | None, limit: int = TUNE_LIMIT,
-              max_threads: int = 1024, clusters: tuple[int, ...] = ()) -> list[dict]:
+              max_threads: int = 1024, clusters: tuple[int, ...] = (),
+              finalize_lanes: tuple[int, ...] = ()) -> list[dict]:
     """Hints kwargs to try, the heuristic's (all None) first: rows split over each cluster
-    size given, each knob alone, then threads_per_row x stages; threads_per_row in {x/2, 2x}
-    of the heuristic's x."""
+    size given, each finalize_lanes given, each knob alone, then threads_per_row x stages;
+    threads_per_row in {x/2, 2x} of the heuristic's x."""
     tprs = []
     if threads_per_row:
         tprs = [t for t in (threads_per_row // 2, threads_per_row * 2) if 1 <= t <= max_threads]
     grid = [{}]
     grid += [{"cluster": k} for k in clusters]
+    grid += [{"finalize_lanes": n} for n in finalize_lanes]
     grid += [{"threads_per_row": t} for t in tprs]
     grid += [{"rows_per_block": r} for r in (1, 2, 4)]
     grid += [{"stages": s} for s in (1, 2)]
@@ -468,8 +473,10 @@ def tune(fd, inputs, ref, schedule, entry: dict, timed) -> None:
 
     configs = []
     long_rows = schedule.hidden >= CLUSTER_TUNE_FROM
+    has_finalize = fd._last().kernel.finalize is not None
     for cfg in tune_grid(getattr(schedule, "threads_per_row", None),
-                         clusters=(1, 2, 4, 8) if long_rows else ()):
+                         clusters=(1, 2, 4, 8) if long_rows else (),
+                         finalize_lanes=FINALIZE_LANES_TUNE if has_finalize else ()):
         hints = Hints(**cfg)
         row = {"hints": cfg}
         try:

@@ -66,7 +66,7 @@ def build(
         if not isinstance(sched, PointwiseSchedule) and (
             info.outer_reductions or info.outputs(Role.COL)
         ):
-            final = finalize_heuristic(info, problem, device)
+            final = finalize_heuristic(info, problem, device, hints and hints.finalize_lanes)
         for plan in (sched.smem, final.smem if final else None):
             if plan is not None:
                 plan.check(f"fusion '{name}' at hidden {problem.hidden}")

@@ -289,3 +289,4 @@ def test_tune_grid_splits_long_rows_over_clusters():
     grid = tune_grid(1024, clusters=(2, 4))
     assert grid[:3] == [{}, {"cluster": 2}, {"cluster": 4}]
     assert not any("cluster" in c for c in tune_grid(1024))
+    assert tune_grid(256, finalize_lanes=(32,))[:2] == [{}, {"finalize_lanes": 32}]

@@ -76,3 +76,22 @@ def test_cluster_split_rows_compile_without_spills(name, hidden, cluster):
         r = built.compiled.resource(entry)
         assert not r.spills, f"{entry}: {r}"
         assert plan.total <= H200.smem_per_block_optin
+
+
+def test_finalize_lanes_hint_sets_the_finalize_block():
+    """Hints(finalize_lanes=n): n threads per column sum the partial rows, the block is
+    32 x n threads, the smem plan holds n x 32 doubles per column sum; out of range raises."""
+    from fuser import OutOfResourcesError
+    from fuser.schedulers import Hints
+
+    fd = FUSIONS["layernorm_bwd"](DataType.BFloat16)
+    info = analyze(fd.fusion)
+    built = build(fd.name, info, Problem(2048, 16384, 16), H200, Hints(finalize_lanes=32))
+    f = built.finalize
+    assert (f.cols_per_block, f.partial_lanes) == (32, 32)
+    assert [(b.name, b.nbytes) for b in f.smem.buffers] == [("s_lanes", 2 * 32 * 32 * 8)]
+    assert "__launch_bounds__(1024)" in built.source.source
+    assert "constexpr int LANES = 32;" in built.source.source
+    assert not built.compiled.resource(built.source.finalize_entry).spills
+    with pytest.raises(OutOfResourcesError, match=r"finalize_lanes=64: .* at most 32 lanes"):
+        build(fd.name, info, Problem(2048, 16384, 16), H200, Hints(finalize_lanes=64))

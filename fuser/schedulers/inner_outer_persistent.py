@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 from fuser.analysis import FusionInfo, Kind
 from fuser.device import DeviceSpec
+from fuser.errors import OutOfResourcesError
 from fuser.schedulers.base import FinalizeSchedule, Problem, RowSchedule
 from fuser.schedulers.row_geometry import Hints, row_schedule_candidates
 from fuser.smem import SmemPlan
@@ -45,11 +46,21 @@ def heuristic(
     return next(candidates(info, problem, device, hints))
 
 
-def finalize_heuristic(info: FusionInfo, problem: Problem, device: DeviceSpec) -> FinalizeSchedule:
+def finalize_heuristic(info: FusionInfo, problem: Problem, device: DeviceSpec,
+                       lanes: int | None = None) -> FinalizeSchedule:
+    """One block per 32 columns, `lanes` threads (FINALIZE_LANES unless tuned) striding each
+    column's partial rows."""
+    lanes = lanes or FINALIZE_LANES
+    if lanes < 1 or lanes * FINALIZE_COLUMNS > device.max_threads_per_block:
+        raise OutOfResourcesError(
+            f"finalize_lanes={lanes}: {lanes} x {FINALIZE_COLUMNS} columns must be 1 to "
+            f"{device.max_threads_per_block} threads per block; use at most "
+            f"{device.max_threads_per_block // FINALIZE_COLUMNS} lanes"
+        )
     n = len(info.outer_reductions)
     plan = SmemPlan.build(
-        [("s_lanes", n * FINALIZE_LANES * FINALIZE_COLUMNS * 8,
-          f"{n} column sum(s) x {FINALIZE_LANES} lanes x {FINALIZE_COLUMNS} columns (double)")],
+        [("s_lanes", n * lanes * FINALIZE_COLUMNS * 8,
+          f"{n} column sum(s) x {lanes} lanes x {FINALIZE_COLUMNS} columns (double)")],
         device.smem_per_block_optin,
     )
-    return FinalizeSchedule(problem.hidden, FINALIZE_COLUMNS, FINALIZE_LANES, plan)
+    return FinalizeSchedule(problem.hidden, FINALIZE_COLUMNS, lanes, plan)

@@ -64,6 +64,7 @@ class Hints:
     cluster: int | None = None  # blocks of a thread-block cluster sharing each row (sm_90)
     stages: int | None = None
     storage: tuple[tuple[str, str], ...] | None = None  # (tensor name, REGISTERS | SMEM)
+    finalize_lanes: int | None = None  # threads summing one column's partial rows (finalize)
 
 
 def _weight_related(t: Tensor, info: FusionInfo) -> bool:
