@@ -148,15 +148,17 @@ def row_schedule_candidates(
     hints = hints or Hints()
     tried: list[str] = []
     if hints.cluster is not None or hints.storage is not None:
-        phases = [(hints.cluster or 1, None)]
+        phases = [(hints.cluster or 1, None, "as hinted")]
     else:
         itemsizes = [t.dtype.itemsize for t in _row_tensors(info)]
         vectors = problem.hidden // pick_vec(problem.hidden, itemsizes, problem.align_bytes)
         splits = [1] + [k for k in CLUSTER_SIZES if device.arch >= 90 and k <= vectors]
-        phases = [(k, False) for k in splits] + [(splits[-1], True)]
-    for cluster, off_chip in phases:
+        phases = [(1, False, "")]
+        phases += [(k, False, "no fewer blocks keep the row on chip") for k in splits[1:]]
+        phases.append((splits[-1], True, f"{splits[-1]} block(s) cannot keep the row on chip"))
+    for cluster, off_chip, why in phases:
         yield from _candidates(info, problem, device, scheduler, smem_first, hints, cluster,
-                               off_chip, tried)
+                               off_chip, why, tried)
     raise OutOfResourcesError(
         f"no storage fits one row of hidden {problem.hidden} ({info.row_buffer_bytes} B per "
         f"element of row buffers) on {device.name}: shared memory limit "
@@ -171,9 +173,10 @@ def _row_tensors(info: FusionInfo) -> list[Tensor]:
 
 def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, scheduler: str,
                 smem_first: bool, hints: Hints, cluster: int, off_chip: bool | None,
-                tried: list[str]) -> Iterator[RowSchedule]:
+                why: str, tried: list[str]) -> Iterator[RowSchedule]:
     """The fitting schedules of one cluster size: with every row buffer and accumulator on
-    chip (off_chip False), with some re-read from global memory (True), or both (None)."""
+    chip (off_chip False), with some re-read from global memory (True), or both (None). `why`
+    says in the reason why this cluster size and storage were reached."""
     itemsizes = [t.dtype.itemsize for t in _row_tensors(info)]
     hidden = problem.hidden
     vec, tpr, batch = row_split(hidden, itemsizes, problem.align_bytes, smem_first, device,
@@ -316,6 +319,8 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
             for t in info.fusion.inputs if isinstance(t, Tensor) and t.name in storage
         )
         in_smem = [t.name for t in full + cols if storage[t.name] == SMEM]
+        split = (f", rows split over a cluster of {cluster} blocks of {part} elements (the "
+                 f"last {hidden - (cluster - 1) * part})" if cluster > 1 else "")
         reread = [t.name for t in full + cols if storage[t.name] == GLOBAL]
         reason = (
             f"{'smem-first' if smem_first else 'registers-first'} policy: "
@@ -323,8 +328,8 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
             f"{f' ({stages} stages)' if stages > 1 and in_smem else ''}"
             f"{f', {chr(44).join(reread)} re-read each pass' if reread else ''}"
             f"{'' if acc_storage == REGISTERS else f', column accumulators in {acc_storage}'}"
-            f"{f', rows split over a cluster of {cluster} blocks' if cluster > 1 else ''}, "
-            f"~{regs} regs/thread, ~{residency} block(s)/SM"
+            f"{split}, ~{regs} regs/thread, ~{residency} block(s)/SM"
+            f"{f' ({why})' if why else ''}"
         )
         # Register arrays are indexed by the batch loop's counter, so they need it unrolled;
         # with every row in smem or re-read, a partly unrolled loop keeps registers free.
