@@ -573,3 +573,17 @@ def test_compare_judges_a_cancelling_sum_by_the_size_of_its_neighbours(rng):
     lost[0] -= terms[123, 0]
     with pytest.raises(AssertionError, match=r"1 of 64 elements differ"):
         compare([lost], [ref], fd.fusion, [16384])
+
+
+@pytest.mark.parametrize("dtype", [FLOAT, DOUBLE], ids=lambda d: d.name)
+def test_an_outlier_sum_does_not_loosen_the_others(dtype):
+    """The allowance for a sum output follows its median size: one huge column (a weight
+    gradient's outlier feature, or 1e200 in double) leaves the others' tolerance tight."""
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.sum(fd.define_tensor([-1, -1], dtype=dtype), [0]))
+    ref = np.ones(64)
+    ref[0] = 1e4 if dtype is FLOAT else 1e200
+    got = ref.copy()
+    got[5] = 1.01
+    with pytest.raises(AssertionError, match=r"1 of 64 elements differ"):
+        compare([got], [ref], fd.fusion, [16384])
