@@ -126,8 +126,8 @@ def rows_for_budget(fusion: str, rows: int, hidden: int, itemsize: int,
 
 
 CLUSTER_TUNE_FROM = 16384  # hidden sizes from which --tune also splits rows over clusters
-# The finalize kernel sums ~SMs x blocks/SM partial rows per column; at small hidden sizes its
-# H / 32 blocks are fewer than the SMs, so --tune also tries more threads per column.
+# The finalize kernel sums ~SMs x blocks/SM partial rows per column; its H / 32 blocks are
+# fewer than the SMs up to hidden 4096, so --tune also tries more threads per column.
 FINALIZE_LANES_TUNE = (32,)
 
 
@@ -473,10 +473,14 @@ def tune(fd, inputs, ref, schedule, entry: dict, timed) -> None:
 
     configs = []
     long_rows = schedule.hidden >= CLUSTER_TUNE_FROM
-    has_finalize = fd._last().kernel.finalize is not None
+    has_finalize = len(fd.last_resources()) > 1  # a finalize kernel beside the row kernel
+    # Knobs are tried at the heuristic's cluster size: their values derive from its split.
+    cluster = {"cluster": schedule.cluster} if getattr(schedule, "cluster", 1) > 1 else {}
     for cfg in tune_grid(getattr(schedule, "threads_per_row", None),
                          clusters=(1, 2, 4, 8) if long_rows else (),
                          finalize_lanes=FINALIZE_LANES_TUNE if has_finalize else ()):
+        if cfg and "cluster" not in cfg:
+            cfg = {**cluster, **cfg}
         hints = Hints(**cfg)
         row = {"hints": cfg}
         try:

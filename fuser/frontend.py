@@ -133,7 +133,7 @@ class FusionDefinition:
         return self._last().kernel.schedule.smem
 
     def last_cuda_code(self) -> str:
-        return self._last().kernel.source
+        return self._last().kernel.source.source
 
     def last_resources(self):
         """Registers, spills and shared memory of the last kernel, as CuPy reports them."""

@@ -4,11 +4,12 @@ the cache; spills make the builder rebuild for fewer blocks per SM; nothing is h
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 
 import fuser.kernels as kernels
-from fuser import CompileError, DataType
+from fuser import CompileError, DataType, DefinitionError
 from fuser.analysis import analyze
 from fuser.cache import KernelCache
 from fuser.device import DeviceSpec
@@ -86,3 +87,17 @@ def test_dump_dir_receives_source_and_report(tmp_path, monkeypatch):
     assert sources[0].read_text() == built.source.source
     report = reports[0].read_text()
     assert "RowSchedule" in report and "static slot" in report and "registers" in report
+
+
+def test_last_accessors_return_what_ran():
+    """fd.last_cuda_code() is the CUDA text (not the KernelSource record), and the schedule and
+    plan are the ones the kernel was built from; before any run they say so."""
+    fd = FUSIONS["rmsnorm_fwd"](DataType.BFloat16)
+    with pytest.raises(DefinitionError, match="nothing has run yet"):
+        fd.last_cuda_code()
+    built = kernels.build(fd.name, analyze(fd.fusion), Problem(4096, 64, 16),
+                          DeviceSpec.get("h200"))
+    fd._last_run = SimpleNamespace(kernel=SimpleNamespace(source=built.source,
+                                                          schedule=built.schedule))
+    assert fd.last_cuda_code() == built.source.source
+    assert fd.last_schedule() is built.schedule and fd.last_smem_plan() is built.schedule.smem

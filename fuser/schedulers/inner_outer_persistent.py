@@ -50,7 +50,7 @@ def finalize_heuristic(info: FusionInfo, problem: Problem, device: DeviceSpec,
                        lanes: int | None = None) -> FinalizeSchedule:
     """One block per 32 columns, `lanes` threads (FINALIZE_LANES unless tuned) striding each
     column's partial rows."""
-    lanes = lanes or FINALIZE_LANES
+    lanes = FINALIZE_LANES if lanes is None else lanes
     if lanes < 1 or lanes * FINALIZE_COLUMNS > device.max_threads_per_block:
         raise OutOfResourcesError(
             f"finalize_lanes={lanes}: {lanes} x {FINALIZE_COLUMNS} columns must be 1 to "

@@ -154,7 +154,8 @@ def row_schedule_candidates(
         vectors = problem.hidden // pick_vec(problem.hidden, itemsizes, problem.align_bytes)
         splits = [1] + [k for k in CLUSTER_SIZES if device.arch >= 90 and k <= vectors]
         phases = [(1, False, "")]
-        phases += [(k, False, "no fewer blocks keep the row on chip") for k in splits[1:]]
+        phases += [(k, False, "the plans for fewer blocks do not keep the row on chip")
+                   for k in splits[1:]]
         phases.append((splits[-1], True, f"{splits[-1]} block(s) cannot keep the row on chip"))
     for cluster, off_chip, why in phases:
         yield from _candidates(info, problem, device, scheduler, smem_first, hints, cluster,
@@ -165,6 +166,14 @@ def row_schedule_candidates(
         f"{device.smem_per_block_optin} B per block. Tried:\n  " + "\n  ".join(tried[-6:])
         + "\nUse a device with more shared memory or a smaller hidden size."
     )
+
+
+def _split_words(hidden: int, part: int, cluster: int) -> str:
+    """'a cluster of 4 blocks of 16386 elements (16386+16386+16386+16380)': each block's
+    share of the row, listed when they differ (the last ones may hold less, or nothing)."""
+    shares = [min(part, max(0, hidden - k * part)) for k in range(cluster)]
+    listed = "" if len(set(shares)) == 1 else f" ({'+'.join(map(str, shares))})"
+    return f"a cluster of {cluster} blocks of {part} elements{listed}"
 
 
 def _row_tensors(info: FusionInfo) -> list[Tensor]:
@@ -181,7 +190,7 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
     hidden = problem.hidden
     vec, tpr, batch = row_split(hidden, itemsizes, problem.align_bytes, smem_first, device,
                                 hints.threads_per_row, cluster)
-    if cluster > 1 and (cluster not in (2, 4, 8) or cluster > hidden // vec
+    if cluster > 1 and (cluster not in CLUSTER_SIZES or cluster > hidden // vec
                         or device.arch < 90):
         raise OutOfResourcesError(
             f"a cluster of {cluster} blocks per row needs sm_90 ({device.name} is sm_"
@@ -193,11 +202,11 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
         1, min(MIN_BLOCK_THREADS // tpr, next_pow2(max(problem.rows, 1)))
     )
     threads = tpr * rpb
-    if threads > device.max_threads_per_block:
-        raise OutOfResourcesError(
-            f"{threads} threads per block ({tpr} per row x {rpb} rows) exceed the device "
-            f"limit of {device.max_threads_per_block}; lower threads_per_row or rows_per_block"
-        )
+    if threads > device.max_threads_per_block:  # another cluster size may need fewer
+        tried.append(f"cluster={cluster}: {threads} threads per block ({tpr} per row x {rpb} "
+                     f"rows) exceed the device limit of {device.max_threads_per_block}; lower "
+                     f"threads_per_row or rows_per_block")
+        return
 
     width = max((len(level) for level in info.inner_levels), default=0)
     double = any(e.outputs[0].dtype.compute_type == "double"
@@ -319,8 +328,7 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
             for t in info.fusion.inputs if isinstance(t, Tensor) and t.name in storage
         )
         in_smem = [t.name for t in full + cols if storage[t.name] == SMEM]
-        split = (f", rows split over a cluster of {cluster} blocks of {part} elements (the "
-                 f"last {hidden - (cluster - 1) * part})" if cluster > 1 else "")
+        split = f", rows split over {_split_words(hidden, part, cluster)}" if cluster > 1 else ""
         reread = [t.name for t in full + cols if storage[t.name] == GLOBAL]
         reason = (
             f"{'smem-first' if smem_first else 'registers-first'} policy: "
