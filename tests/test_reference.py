@@ -587,3 +587,24 @@ def test_an_outlier_sum_does_not_loosen_the_others(dtype):
     got[5] = 1.01
     with pytest.raises(AssertionError, match=r"1 of 64 elements differ"):
         compare([got], [ref], fd.fusion, [16384])
+
+
+@pytest.mark.parametrize(
+    ("index", "change", "message"),
+    [(2, lambda a: a.astype(np.float32), r"input 2 \(T2\): expected a rank-2 DataType.Bool"),
+     (3, lambda a: a[:, 0], r"input 3 \(T3\): expected rank 2 .* got rank 1 with shape \(8,\)"),
+     (3, lambda a: a[:4], r"T3 dimension 0 has size 4 but T0 dimension 0, .* has 8"),
+     (5, lambda a: a[:32], r"T5 dimension 0 has size 32 but T0 dimension 1, .* has 64")],
+    ids=["mask-dtype", "rms-rank", "rms-rows", "weight-hidden"],
+)
+def test_norm_backward_inputs_are_checked_with_their_names(index, change, message):
+    """dropout + RMSNorm backward: a float mask, an rms of the wrong rank or rows, a weight
+    whose hidden differs from x's: the shared checks (bind_shapes, the dtype check) name the
+    input and the sizes. The executor runs the same shape binding before any launch."""
+    from fuser.fusions import FUSIONS, make_inputs
+
+    fd = FUSIONS["dropout_rmsnorm_bwd"](BF16)
+    host = make_inputs("dropout_rmsnorm_bwd", 8, 64, BF16, np.random.default_rng(0))
+    host[index] = change(host[index])
+    with pytest.raises(BadInputError, match=message):
+        evaluate(fd.fusion, host)
