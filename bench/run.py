@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python3 bench/run.py [--fusion rmsnorm_bwd,dropout_rmsnorm_bwd]
         [--hidden 1024,2048,...] [--rows 16384] [--dtype bf16|fp16|fp32] [--no-compile]
-        [--tune] [--out bench/results]
+        [--tune] [--breakdown] [--out bench/results]
 
 For each fusion and hidden size: inputs from fuser.fusions.make_inputs, each implementation's
 median time, bandwidth = minimal bytes (every input read once, every output written once, from
@@ -91,6 +91,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="rows drawn by make_inputs on the host, tiled on the GPU to --rows "
                         "(0: draw all rows; slow at large sizes) (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--breakdown", action="store_true",
+                   help="also record each kernel's device time per call (torch.profiler) for "
+                        "fuser and torch.compile: kernels_us in the json")
     args = p.parse_args(argv)
     from fuser.fusions import FUSIONS
 
@@ -230,6 +233,13 @@ def markdown_table(report: dict) -> str:
         cells += [_cell(impls.get(c)) for c in cols]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def kernels_line(kernels: dict) -> str:
+    """'rmsnorm_bwd_row 61.2, rmsnorm_bwd_finalize 8.1' (names cut to 40 characters)."""
+    if "error" in kernels:
+        return kernels["error"][:200]
+    return ", ".join(f"{name[:40]} {us:.1f}" for name, us in kernels.items())
 
 
 def error_record(exc: BaseException) -> dict:
@@ -374,6 +384,17 @@ def sync():
     torch.cuda.synchronize()
 
 
+def breakdown(fn) -> dict:
+    """Kernel name -> device us per call (bench/breakdown.py), or {"error": ...}: a profiler
+    that cannot start costs the entry its breakdown, not its measurements."""
+    from bench.breakdown import profile_kernels
+
+    try:
+        return profile_kernels(fn, sync)
+    except Exception as exc:
+        return error_record(exc)
+
+
 def bench_size(fusion: str, hidden: int, args, dtype, timer) -> dict:
     """Measure every implementation at one hidden size; failures become {"error": ...}."""
     from bench import baselines
@@ -431,6 +452,8 @@ def bench_size(fusion: str, hidden: int, args, dtype, timer) -> dict:
         sync()
         m.update(timed(lambda: fd.execute(inputs)))
         impls["fuser"] = m
+        if args.breakdown:
+            m["kernels_us"] = breakdown(lambda: fd.execute(inputs))
         if args.tune:
             tune(fd, inputs, ref, schedule, entry, timed)
     except Exception as exc:
@@ -460,6 +483,8 @@ def bench_size(fusion: str, hidden: int, args, dtype, timer) -> dict:
             del outs
             impls["compile"] = m
             m.update(timed(lambda: fn(*inputs)))
+            if args.breakdown:
+                m["kernels_us"] = breakdown(lambda: fn(*inputs))
         except Exception as exc:
             impls["compile"] = {**impls.get("compile", {}), **error_record(exc)}
     return finish_entry(entry)
@@ -557,6 +582,9 @@ def run_fusion(fusion: str, args, env: dict, timer_desc: str, timer, dtype) -> d
         for k, m in entry["impls"].items():
             if "error" in m:
                 print(f"[bench]   {k}: {m['error'][:500]}", flush=True)
+            if "kernels_us" in m:
+                print(f"[bench]   {k} kernels (us per call of {m.get('time_us', 0):.1f}): "
+                      f"{kernels_line(m['kernels_us'])}", flush=True)
         write_report(report, args.out)
         try:
             plot_report(report, png_path)

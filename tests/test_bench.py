@@ -13,12 +13,14 @@ import numpy as np
 import pytest
 
 from bench import baselines
+from bench.breakdown import kernel_times
 from bench.run import (
     DEFAULT_FUSIONS,
     DEFAULT_HIDDEN,
     TUNE_LIMIT,
     expected_bytes,
     finish_entry,
+    kernels_line,
     markdown_table,
     minimal_bytes,
     output_paths,
@@ -154,7 +156,8 @@ def test_parse_args_defaults():
     assert a.hidden == [1024, 2048, 4096, 8192, 16384, 24578, 32768, 65536, 131072]
     assert (a.rows, a.dtype, a.no_compile, a.tune, a.out) == (
         16384, "bf16", False, False, "bench/results")
-    assert a.timer == "auto"
+    assert a.timer == "auto" and not a.breakdown
+    assert parse_args(["--breakdown"]).breakdown
 
 
 def test_parse_args_values():
@@ -290,3 +293,23 @@ def test_tune_grid_splits_long_rows_over_clusters():
     assert grid[:3] == [{}, {"cluster": 2}, {"cluster": 4}]
     assert not any("cluster" in c for c in tune_grid(1024))
     assert tune_grid(256, finalize_lanes=(32,))[:2] == [{}, {"finalize_lanes": 32}]
+
+
+def _event(name, device, us):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(name=name, device_type=SimpleNamespace(name=device),
+                           time_range=SimpleNamespace(elapsed_us=lambda: us))
+
+
+def test_kernel_times_sum_device_kernels_per_call():
+    """Only events on the CUDA device count; the same kernel's launches add up, per call,
+    largest first; the printed line names each with its time."""
+    events = [_event("rmsnorm_bwd_row", "CUDA", 60.0), _event("rmsnorm_bwd_finalize", "CUDA", 8.0),
+              _event("rmsnorm_bwd_row", "CUDA", 62.0), _event("cudaLaunchKernel", "CPU", 5.0),
+              _event("rmsnorm_bwd_finalize", "CUDA", 9.0)]
+    times = kernel_times(events, calls=2)
+    assert times == {"rmsnorm_bwd_row": 61.0, "rmsnorm_bwd_finalize": 8.5}
+    assert list(times) == ["rmsnorm_bwd_row", "rmsnorm_bwd_finalize"]
+    assert kernels_line(times) == "rmsnorm_bwd_row 61.0, rmsnorm_bwd_finalize 8.5"
+    assert kernels_line({"error": "RuntimeError: no CUPTI"}) == "RuntimeError: no CUPTI"
