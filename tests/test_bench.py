@@ -313,3 +313,15 @@ def test_kernel_times_sum_device_kernels_per_call():
     assert list(times) == ["rmsnorm_bwd_row", "rmsnorm_bwd_finalize"]
     assert kernels_line(times) == "rmsnorm_bwd_row 61.0, rmsnorm_bwd_finalize 8.5"
     assert kernels_line({"error": "RuntimeError: no CUPTI"}) == "RuntimeError: no CUPTI"
+
+
+def test_host_profile_arguments():
+    from bench.host_profile import parse_args as host_args
+
+    a = host_args([])
+    assert (a.fusion, a.hidden, a.rows, a.kind, a.calls, a.top) == (
+        "rmsnorm_bwd", 1024, 16, "torch", 2000, 25)
+    a = host_args(["--kind", "cupy", "--hidden", "2048", "--calls", "10"])
+    assert (a.kind, a.hidden, a.calls) == ("cupy", 2048, 10)
+    with pytest.raises(SystemExit):
+        host_args(["--calls", "0"])

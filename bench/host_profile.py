@@ -1,0 +1,88 @@
+"""Host time of fd.execute: microseconds per call, and where they go (cProfile).
+
+    PYTHONPATH=. python3 bench/host_profile.py [--fusion rmsnorm_bwd] [--hidden 1024]
+        [--rows 16] [--kind torch|cupy] [--calls 2000] [--top 25]
+
+A small problem keeps the GPU idle, so the loop measures what Python, CuPy and torch spend to
+check, allocate and launch. At small hidden sizes the bench's fuser time is this cost, not
+the kernel's (bench json: host_us against time_us).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import time
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--fusion", default="rmsnorm_bwd")
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--rows", type=int, default=16)
+    p.add_argument("--kind", choices=("torch", "cupy"), default="torch",
+                   help="array kind of the inputs (and outputs)")
+    p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--top", type=int, default=25, help="cProfile entries printed")
+    args = p.parse_args(argv)
+    if min(args.hidden, args.rows, args.calls, args.top) < 1:
+        p.error("--hidden, --rows, --calls and --top must be positive")
+    return args
+
+
+def device_arrays(host: list, kind: str) -> list:
+    """Host arrays of make_inputs on the GPU as torch tensors or CuPy arrays."""
+    import numpy as np
+
+    if kind == "cupy":
+        import cupy
+
+        return [cupy.asarray(a) if isinstance(a, np.ndarray) else a for a in host]
+    import torch
+
+    out = []
+    for a in host:
+        if not isinstance(a, np.ndarray):
+            out.append(a)
+        elif a.dtype.name == "bfloat16":
+            out.append(torch.from_numpy(a.astype(np.float32)).cuda().bfloat16())
+        else:
+            out.append(torch.from_numpy(a).cuda())
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    import cupy
+    import numpy as np
+
+    from fuser import DataType
+    from fuser.fusions import FUSIONS, make_inputs
+
+    args = parse_args(argv)
+    fd = FUSIONS[args.fusion](DataType.BFloat16)
+    host = make_inputs(args.fusion, args.rows, args.hidden, DataType.BFloat16,
+                       np.random.default_rng(0))
+    inputs = device_arrays(host, args.kind)
+    for _ in range(50):  # compile, plan, warm the allocators
+        fd.execute(inputs)
+    cupy.cuda.runtime.deviceSynchronize()
+    start = time.perf_counter()
+    for _ in range(args.calls):
+        fd.execute(inputs)
+    per_call = (time.perf_counter() - start) / args.calls * 1e6
+    cupy.cuda.runtime.deviceSynchronize()
+    print(f"{args.fusion} [{args.rows} x {args.hidden}] bf16, {args.kind} inputs: "
+          f"{per_call:.1f} us per fd.execute ({args.calls} calls)")
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(args.calls):
+        fd.execute(inputs)
+    profiler.disable()
+    cupy.cuda.runtime.deviceSynchronize()
+    pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(args.top)
+
+
+if __name__ == "__main__":
+    main()
