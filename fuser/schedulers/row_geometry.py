@@ -147,10 +147,11 @@ def row_schedule_candidates(
     """
     hints = hints or Hints()
     tried: list[str] = []
+    itemsizes = [t.dtype.itemsize
+                 for t in (*info.full_inputs, *info.col_inputs, *info.outputs(Role.FULL))]
     if hints.cluster is not None or hints.storage is not None:
         phases = [(hints.cluster or 1, None, "as hinted")]
     else:
-        itemsizes = [t.dtype.itemsize for t in _row_tensors(info)]
         vectors = problem.hidden // pick_vec(problem.hidden, itemsizes, problem.align_bytes)
         splits = [1] + [k for k in CLUSTER_SIZES if device.arch >= 90 and k <= vectors]
         phases = [(1, False, "")]
@@ -158,8 +159,8 @@ def row_schedule_candidates(
                    for k in splits[1:]]
         phases.append((splits[-1], True, f"{splits[-1]} block(s) cannot keep the row on chip"))
     for cluster, off_chip, why in phases:
-        yield from _candidates(info, problem, device, scheduler, smem_first, hints, cluster,
-                               off_chip, why, tried)
+        yield from _candidates(info, problem, device, scheduler, smem_first, hints, itemsizes,
+                               cluster, off_chip, why, tried)
     raise OutOfResourcesError(
         f"no storage fits one row of hidden {problem.hidden} ({info.row_buffer_bytes} B per "
         f"element of row buffers) on {device.name}: shared memory limit "
@@ -176,17 +177,13 @@ def _split_words(hidden: int, part: int, cluster: int) -> str:
     return f"a cluster of {cluster} blocks of {part} elements{listed}"
 
 
-def _row_tensors(info: FusionInfo) -> list[Tensor]:
-    return [*info.full_inputs, *info.col_inputs, *info.outputs(Role.FULL)]
-
-
 def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, scheduler: str,
-                smem_first: bool, hints: Hints, cluster: int, off_chip: bool | None,
-                why: str, tried: list[str]) -> Iterator[RowSchedule]:
+                smem_first: bool, hints: Hints, itemsizes: list[int], cluster: int,
+                off_chip: bool | None, why: str, tried: list[str]) -> Iterator[RowSchedule]:
     """The fitting schedules of one cluster size: with every row buffer and accumulator on
     chip (off_chip False), with some re-read from global memory (True), or both (None). `why`
-    says in the reason why this cluster size and storage were reached."""
-    itemsizes = [t.dtype.itemsize for t in _row_tensors(info)]
+    says in the reason why this cluster size and storage were reached; `itemsizes` are those
+    of the tensors a row's vectors must suit."""
     hidden = problem.hidden
     vec, tpr, batch = row_split(hidden, itemsizes, problem.align_bytes, smem_first, device,
                                 hints.threads_per_row, cluster)
