@@ -11,6 +11,7 @@ from fuser.errors import (
     CompileError,
     DefinitionError,
     FuserError,
+    LaunchError,
     OutOfResourcesError,
     UnsupportedFusionError,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "DefinitionError",
     "FuserError",
     "FusionDefinition",
+    "LaunchError",
     "OutOfResourcesError",
     "UnsupportedFusionError",
     "__version__",

@@ -39,3 +39,7 @@ class CompileError(FuserError):
             f"{message}\n--- NVRTC log ---\n{log.strip()}\n--- options ---\n"
             f"{' '.join(self.options)}\n--- schedule ---\n{schedule}\n--- source ---\n{numbered}"
         )
+
+
+class LaunchError(FuserError):
+    """The driver refused a kernel launch that passed every host-side check."""

@@ -12,6 +12,7 @@ torch, launched on torch's current stream, no copies).
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from dataclasses import dataclass, field
 from functools import cache
@@ -26,6 +27,7 @@ from fuser.dtypes import DataType
 from fuser.errors import BadInputError, OutOfResourcesError
 from fuser.ir import Scalar, Tensor
 from fuser.kernels import build
+from fuser.launch import POINTER, EntryLauncher, ctype_of
 from fuser.reference import bind_shapes
 from fuser.schedulers import Hints, Problem
 from fuser.schedulers.base import Launch, PointwiseSchedule, ceil_div, next_pow2
@@ -42,7 +44,8 @@ class Kernel:
     schedule: object  # RowSchedule or PointwiseSchedule
     finalize: object  # FinalizeSchedule or None
     compiled: CompiledModule
-    functions: dict  # entry name -> cupy RawKernel
+    functions: dict  # entry name -> cupy RawKernel (its attributes; launches go through:)
+    launchers: dict  # entry name -> EntryLauncher
     device: DeviceSpec
     occupancy: int  # resident blocks per SM of the main kernel, as the driver computes it
     resident_groups: int  # clusters (or blocks, without a cluster) resident on the whole GPU
@@ -186,8 +189,24 @@ def _load(fd, problem: Problem, device: DeviceSpec, hints) -> Kernel:
     if not pointwise and s.cluster > 1:
         groups = _max_active_clusters(functions[built.source.row_entry], s)
     row_args, finalize_args = _argument_layout(info, pointwise)
-    return Kernel(built.source, s, built.finalize, built.compiled, functions, device, occupancy,
-                  groups, row_args, finalize_args)
+    launchers = {built.source.row_entry: _launcher(
+        built.source.row_entry, functions, info, row_args, [ctypes.c_int64])}
+    if built.finalize is not None:
+        launchers[built.source.finalize_entry] = _launcher(
+            built.source.finalize_entry, functions, info, finalize_args,
+            [ctypes.c_int64, ctypes.c_int32])
+    return Kernel(built.source, s, built.finalize, built.compiled, functions, launchers, device,
+                  occupancy, groups, row_args, finalize_args)
+
+
+def _launcher(entry: str, functions: dict, info: FusionInfo, layout: tuple,
+              trailing: list) -> EntryLauncher:
+    """The launcher of one entry: a pointer per tensor parameter, the scalar inputs' own
+    types, then the trailing sizes (n_rows, and the finalize's partial row count)."""
+    inputs = info.fusion.inputs
+    types = [ctype_of(inputs[i].dtype.numpy) if kind == "scalar" else POINTER
+             for kind, i in layout]
+    return EntryLauncher(entry, functions[entry].kernel.ptr, types + trailing)
 
 
 def _max_active_clusters(fn, s) -> int:
@@ -397,22 +416,18 @@ def _allocate(shape, dtype: DataType, torch_kind: bool, like):
     return _cupy().empty(shape, dtype=_array_dtype(dtype, False))
 
 
-_torch_streams: dict = {}
-
-
-def _stream(torch_kind: bool, device_id: int):
-    """The stream to launch on: torch's current stream for torch tensors (wrapped once per
-    stream), else CuPy's current stream."""
-    cupy = _cupy()
+def _stream(torch_kind: bool, device_id: int) -> int:
+    """The stream to launch on, as a handle: torch's current stream for torch tensors, else
+    CuPy's. torch's raw-stream getter (what torch.compile's kernels call) skips building a
+    Stream object; the public call is the fallback."""
     if not torch_kind:
-        return cupy.cuda.get_current_stream()
+        return _cupy().cuda.get_current_stream(device_id).ptr
     import torch
 
-    current = torch.cuda.current_stream(device_id)
-    wrapped = _torch_streams.get(current.cuda_stream)
-    if wrapped is None:
-        wrapped = _torch_streams[current.cuda_stream] = cupy.cuda.Stream.from_external(current)
-    return wrapped
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device_id)
+    return torch.cuda.current_stream(device_id).cuda_stream
 
 
 def _run(plan: Plan, inputs: list, pointers: dict[int, int]) -> list:
@@ -422,29 +437,28 @@ def _run(plan: Plan, inputs: list, pointers: dict[int, int]) -> list:
     stream = _stream(torch_kind, plan.device_id)
     # The partial rows are written and read only by this call's kernels, in stream order, so
     # one buffer per stream serves every call (an allocation less per call).
-    partials = plan.workspaces.get(stream.ptr)
+    partials = plan.workspaces.get(stream)
     if partials is None:
-        partials = plan.workspaces[stream.ptr] = [
+        partials = plan.workspaces[stream] = [
             _allocate(shape, dtype, torch_kind, like) for shape, dtype in plan.partials]
     address = (lambda x: x.data_ptr()) if torch_kind else (lambda x: x.data.ptr)
     values = {
-        "in": lambda i: np.uint64(pointers[i]),
-        "out": lambda i: np.uint64(address(outs[i])),
-        "part": lambda i: np.uint64(address(partials[i])),
-        "scalar": lambda i: plan.scalar_types[i](inputs[i]),
+        "in": pointers,
+        "out": [address(o) for o in outs],
+        "part": [address(p) for p in partials],
+        "scalar": {i: t(inputs[i]) for i, t in plan.scalar_types.items()},
     }
-    n_rows = np.int64(plan.rows)
-    args = (*(values[kind](i) for kind, i in kernel.row_args), n_rows)
+    row_args = [values[kind][i] for kind, i in kernel.row_args]
+    row_args.append(plan.rows)
+    launch, final = plan.launch, plan.finalize_launch
     with _cupy().cuda.Device(plan.device_id):
-        kernel.functions[kernel.source.row_entry](
-            (plan.launch.grid,), plan.launch.block, args,
-            shared_mem=plan.launch.dynamic_smem, stream=stream)
-        final = plan.finalize_launch
+        kernel.launchers[kernel.source.row_entry](
+            launch.grid, launch.block, launch.dynamic_smem, stream, row_args)
         if final is not None:
-            fargs = (*(values[kind](i) for kind, i in kernel.finalize_args), n_rows,
-                     np.int32(final.partial_rows))
-            kernel.functions[kernel.source.finalize_entry](
-                (final.grid,), final.block, fargs, shared_mem=final.dynamic_smem, stream=stream)
+            final_args = [values[kind][i] for kind, i in kernel.finalize_args]
+            final_args += [plan.rows, final.partial_rows]
+            kernel.launchers[kernel.source.finalize_entry](
+                final.grid, final.block, final.dynamic_smem, stream, final_args)
     return outs
 
 

@@ -11,7 +11,7 @@ import pytest
 
 import fuser.executor as executor
 import fuser.kernels as kernels
-from fuser import BadInputError, CompileError, DataType, OutOfResourcesError
+from fuser import BadInputError, CompileError, DataType, LaunchError, OutOfResourcesError
 from fuser.fusions import FUSIONS, make_inputs
 from fuser.schedulers import Hints
 
@@ -100,3 +100,51 @@ def test_torch_stream_is_respected_and_restored(rng):
     side.synchronize()
     assert torch.cuda.current_stream() == before
     assert all(torch.isfinite(o.float()).all() for o in outs)
+
+
+def test_a_refused_launch_names_the_numbers_and_the_next_call_works(rng):
+    fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
+    fd.validate(_inputs(rng))
+    kernel = fd._last_run.kernel
+    launcher = kernel.launchers[kernel.source.row_entry]
+    before = _state()
+    with pytest.raises(LaunchError, match=r"rmsnorm_bwd_row \(grid 1, block 2048 x 1, 0 B .*"
+                                          r"CUDA_ERROR_INVALID_VALUE"):
+        launcher(1, (2048, 1), 0, 0, [0] * len(launcher._values))
+    assert _state() == before
+    fd.validate(_inputs(rng))
+
+
+def test_threads_launching_one_kernel_get_their_own_arguments(rng):
+    """Each kernel entry stages its parameters in one buffer per entry (fuser/launch.py);
+    threads calling the same fusion on their own streams must still get their own results."""
+    import threading
+
+    import cupy
+
+    fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
+    sets = [_inputs(rng) for _ in range(4)]
+    expected = [[cupy.asnumpy(o) for o in fd.execute(inputs)] for inputs in sets]
+    results, errors = {}, []
+
+    def work(k: int) -> None:
+        try:
+            stream = cupy.cuda.Stream(non_blocking=True)
+            with stream:
+                for _ in range(25):
+                    outs = fd.execute(sets[k])
+                stream.synchronize()
+            results[k] = [cupy.asnumpy(o) for o in outs]
+        except Exception as exc:  # reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(sets))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for k, outs in results.items():
+        for got, want in zip(outs, expected[k], strict=True):
+            np.testing.assert_array_equal(got, want)
+    assert len(results) == len(sets)
