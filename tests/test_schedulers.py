@@ -135,6 +135,22 @@ def test_long_rows_split_over_the_smallest_cluster_that_keeps_them_on_chip(
     assert s.batch * s.threads_per_row * s.vec * s.cluster >= hidden
 
 
+
+@pytest.mark.parametrize("name", ["rmsnorm_bwd", "dropout_rmsnorm_bwd"])
+@pytest.mark.parametrize(
+    ("hidden", "threads_per_row", "rows_per_block", "batch"),
+    [(512, 64, 2, 1), (1024, 128, 1, 1), (2048, 128, 1, 2), (4096, 256, 1, 2)],
+)
+def test_short_backward_rows_get_small_blocks_of_one_row(name, hidden, threads_per_row,
+                                                         rows_per_block, batch):
+    """bf16 on the H200: the block shapes measured fastest (row_geometry.py's table). Rows
+    are packed two to a block only below 128 threads per row, and never with more than one
+    vector per thread, which ran at a third of the copy bandwidth."""
+    _, s = plan_for(name, DataType.BFloat16, hidden)
+    assert (s.threads_per_row, s.rows_per_block, s.batch) == (
+        threads_per_row, rows_per_block, batch), s
+    assert s.rows_per_block == 1 or s.batch == 1
+
 @pytest.mark.parametrize("device", ["h100", "h200", "a100", "sm89-100kb"])
 @pytest.mark.parametrize("name", sorted(FUSIONS))
 def test_every_fusion_schedules_on_every_preset(name, device):

@@ -34,18 +34,23 @@ from fuser.smem import SmemPlan
 # Threads per row, by storage policy (smem_first). Rows kept in registers want a few vectors
 # per thread (~32 bf16 elements: loads in flight without a pipeline). Rows staged in shared
 # memory have cp.async keep loads in flight and want more warps: one vector per thread up to
-# 256 threads per row, then two, at most 512 threads unless that leaves a thread more than 8
-# vectors. Measured on the H200 (bf16, 16384 rows, bench/run.py --tune, 2026-11-30), as the
-# fraction of the copy bandwidth: dropout_rmsnorm_bwd at hidden 2048 ran 0.72 with 256
-# threads (1 vector each) and 0.33 with 128 (2 each); rmsnorm_bwd at 4096 / 8192 ran 0.81 /
-# 0.88 with 2 vectors per thread against 0.69 / 0.70 with 1 and 0.36 with 4;
-# dropout_rmsnorm_bwd at 16384 ran 0.94 with 512 threads against 0.80 with 1024.
+# 128 threads per row, then two, at most 512 threads unless that leaves a thread more than 8
+# vectors. Small blocks pay there: more of them fit an SM, so more rows are in flight. As the
+# row kernel's fraction of the copy bandwidth on the H200 (bf16, 16384 rows, 2026-11-30):
+# rmsnorm_bwd at hidden 1024 ran 0.94 with 128-thread blocks of one row against 0.88 with
+# 256-thread blocks of two; at 2048, 0.89 with 128 threads of 2 vectors each (8 blocks per
+# SM) against 0.78 with 256 threads of one; at 4096 / 8192, 0.91 / 0.88 with 2 vectors per
+# thread against 0.69 / 0.70 with 1 and 0.36 with 4; dropout_rmsnorm_bwd at 1024 ran 1.05
+# (the copy of its bytes is slower than the kernel) against 0.88, and at 16384 0.94 with 512
+# threads against 0.80 with 1024. Rows packed several to a block with more than one vector per
+# thread ran at a third of that (rmsnorm_bwd 4096, 2 rows of 256 threads: 0.33).
 TARGET_VECTORS_PER_THREAD = {False: 4, True: 2}
-ONE_VECTOR_UP_TO = 256  # smem-first: threads per row that still get one vector each
+ONE_VECTOR_UP_TO = 128  # smem-first: threads per row that still get one vector each
 MAX_THREADS_PER_ROW = {False: 1024, True: 512}
 MAX_VECTORS_PER_THREAD = 8
 CLUSTER_SIZES = (2, 4, 8)  # blocks a row is split over, in order, when one block cannot hold it
-MIN_BLOCK_THREADS = 256  # small rows are packed several to a block up to this many threads
+# Short rows are packed several to a block up to this many threads, by policy (smem_first).
+MIN_BLOCK_THREADS = {False: 256, True: 128}
 # Registers beyond the buffers: indices, pointers, loop state, reduction temporaries. A kernel
 # cannot do with fewer than MIN_OVERHEAD; the residency is planned with PLANNED_OVERHEAD, and
 # kernels.build() lowers it when ptxas spills.
@@ -196,7 +201,7 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
         )
     part = ceil_div(hidden // vec, cluster) * vec  # elements of a row each block keeps
     rpb = hints.rows_per_block or max(
-        1, min(MIN_BLOCK_THREADS // tpr, next_pow2(max(problem.rows, 1)))
+        1, min(MIN_BLOCK_THREADS[smem_first] // tpr, next_pow2(max(problem.rows, 1)))
     )
     threads = tpr * rpb
     if threads > device.max_threads_per_block:  # another cluster size may need fewer
