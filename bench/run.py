@@ -131,7 +131,7 @@ def rows_for_budget(fusion: str, rows: int, hidden: int, itemsize: int,
 CLUSTER_TUNE_FROM = 16384  # hidden sizes from which --tune also splits rows over clusters
 # The finalize kernel sums ~SMs x blocks/SM partial rows per column; its H / 32 blocks are
 # fewer than the SMs up to hidden 4096, so --tune also tries more threads per column.
-FINALIZE_LANES_TUNE = (32,)
+FINALIZE_LANES_TUNE = (16, 64)
 
 
 def tune_grid(threads_per_row: int | None, limit: int = TUNE_LIMIT,

@@ -79,8 +79,9 @@ def test_cluster_split_rows_compile_without_spills(name, hidden, cluster):
 
 
 def test_finalize_lanes_hint_sets_the_finalize_block():
-    """Hints(finalize_lanes=n): n threads per column sum the partial rows, the block is
-    32 x n threads, the smem plan holds n x 32 doubles per column sum; out of range raises."""
+    """Hints(finalize_lanes=n): n threads per column sum the partial rows, 512 / n columns
+    (1 to 32) per block, the smem plan holds n x columns doubles per column sum; a block over
+    the device's thread limit raises."""
     from fuser import OutOfResourcesError
     from fuser.schedulers import Hints
 
@@ -88,10 +89,20 @@ def test_finalize_lanes_hint_sets_the_finalize_block():
     info = analyze(fd.fusion)
     built = build(fd.name, info, Problem(2048, 16384, 16), H200, Hints(finalize_lanes=32))
     f = built.finalize
-    assert (f.cols_per_block, f.partial_lanes) == (32, 32)
-    assert [(b.name, b.nbytes) for b in f.smem.buffers] == [("s_lanes", 2 * 32 * 32 * 8)]
-    assert "__launch_bounds__(1024)" in built.source.source
+    assert (f.cols_per_block, f.partial_lanes) == (16, 32)
+    assert [(b.name, b.nbytes) for b in f.smem.buffers] == [("s_lanes", 2 * 32 * 16 * 8)]
+    assert "__launch_bounds__(512)" in built.source.source
     assert "constexpr int LANES = 32;" in built.source.source
     assert not built.compiled.resource(built.source.finalize_entry).spills
-    with pytest.raises(OutOfResourcesError, match=r"finalize_lanes=64: .* at most 32 lanes"):
-        build(fd.name, info, Problem(2048, 16384, 16), H200, Hints(finalize_lanes=64))
+    with pytest.raises(OutOfResourcesError, match=r"finalize_lanes=2048: .* use 1 to 1024 lanes"):
+        build(fd.name, info, Problem(2048, 16384, 16), H200, Hints(finalize_lanes=2048))
+
+
+@pytest.mark.parametrize(("hidden", "cols"), [(1024, 8), (2048, 8), (8192, 16), (24578, 32)])
+def test_finalize_blocks_cover_every_sm_twice_where_the_columns_allow(hidden, cols):
+    from fuser.schedulers.inner_outer_persistent import finalize_heuristic
+
+    info = analyze(FUSIONS["rmsnorm_bwd"](DataType.BFloat16).fusion)
+    f = finalize_heuristic(info, Problem(hidden, 16384, 16), H200)
+    assert (f.cols_per_block, f.partial_lanes) == (cols, 512 // cols)
+    assert -(-hidden // cols) >= 2 * H200.sm_count or cols == 8

@@ -23,8 +23,15 @@ from fuser.schedulers.base import FinalizeSchedule, Problem, RowSchedule
 from fuser.schedulers.row_geometry import Hints, row_schedule_candidates
 from fuser.smem import SmemPlan
 
-FINALIZE_COLUMNS = 32  # one warp of columns per block: coalesced partial-row reads
-FINALIZE_LANES = 16  # threads splitting one column's partial rows
+# The finalize reads [partial rows, hidden] fp32 (about 1000 x hidden at 8 blocks per SM) that
+# the row kernel just wrote to L2. Its time is the latency of each thread's chain of loads, so
+# it wants many blocks and few partial rows per thread: FINALIZE_THREADS per block, split into
+# as many columns as still leave every SM two blocks (at least 8 columns: a warp then reads
+# whole 32-byte sectors), the rest lanes that stride a column's partial rows. Measured on the
+# H200 (rmsnorm_bwd, bf16, 16384 rows, 1056 partial rows): 32 columns x 16 lanes took 6.0 us
+# at hidden 2048 (64 blocks) and 6.6 us at 1024.
+FINALIZE_THREADS = 512
+FINALIZE_COLUMNS = (32, 16, 8)
 
 
 def can_schedule(info: FusionInfo, problem: Problem, device: DeviceSpec) -> str | None:
@@ -46,21 +53,34 @@ def heuristic(
     return next(candidates(info, problem, device, hints))
 
 
+def finalize_columns(hidden: int, device: DeviceSpec) -> int:
+    """The widest column tile that still gives every SM two finalize blocks (else the
+    narrowest)."""
+    for cols in FINALIZE_COLUMNS:
+        if -(-hidden // cols) >= 2 * device.sm_count:
+            return cols
+    return FINALIZE_COLUMNS[-1]
+
+
 def finalize_heuristic(info: FusionInfo, problem: Problem, device: DeviceSpec,
                        lanes: int | None = None) -> FinalizeSchedule:
-    """One block per 32 columns, `lanes` threads (FINALIZE_LANES unless tuned) striding each
-    column's partial rows."""
-    lanes = FINALIZE_LANES if lanes is None else lanes
-    if lanes < 1 or lanes * FINALIZE_COLUMNS > device.max_threads_per_block:
+    """Columns per block from finalize_columns() and the rest of FINALIZE_THREADS as lanes;
+    a `lanes` hint fixes the lanes and leaves FINALIZE_THREADS / lanes columns (1 to 32)."""
+    if lanes is None:
+        cols = finalize_columns(problem.hidden, device)
+        lanes = FINALIZE_THREADS // cols
+    else:
+        cols = max(1, min(FINALIZE_COLUMNS[0], FINALIZE_THREADS // max(lanes, 1)))
+    if lanes < 1 or lanes * cols > device.max_threads_per_block:
         raise OutOfResourcesError(
-            f"finalize_lanes={lanes}: {lanes} x {FINALIZE_COLUMNS} columns must be 1 to "
-            f"{device.max_threads_per_block} threads per block; use at most "
-            f"{device.max_threads_per_block // FINALIZE_COLUMNS} lanes"
+            f"finalize_lanes={lanes}: {lanes} lanes x {cols} column(s) must be 1 to "
+            f"{device.max_threads_per_block} threads per block; use 1 to "
+            f"{device.max_threads_per_block} lanes"
         )
     n = len(info.outer_reductions)
     plan = SmemPlan.build(
-        [("s_lanes", n * lanes * FINALIZE_COLUMNS * 8,
-          f"{n} column sum(s) x {lanes} lanes x {FINALIZE_COLUMNS} columns (double)")],
+        [("s_lanes", n * lanes * cols * 8,
+          f"{n} column sum(s) x {lanes} lanes x {cols} columns (double)")],
         device.smem_per_block_optin,
     )
-    return FinalizeSchedule(problem.hidden, FINALIZE_COLUMNS, lanes, plan)
+    return FinalizeSchedule(problem.hidden, cols, lanes, plan)

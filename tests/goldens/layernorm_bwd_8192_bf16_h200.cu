@@ -39,12 +39,12 @@
 // 
 // FinalizeSchedule
 //   hidden             8192
-//   cols_per_block     32
-//   partial_lanes      16
+//   cols_per_block     16
+//   partial_lanes      32
 // 
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
-// s_lanes       8192       0     8192  2 column sum(s) x 16 lanes x 32 columns (double)
+// s_lanes       8192       0     8192  2 column sum(s) x 32 lanes x 16 columns (double)
 // static slot    128  static      128  static __shared__ (magic zero)
 // total 8320 B = dynamic 8192 + static 128; limit 232448 B; headroom 224128 B; alignment 128 B
 // 
@@ -129,6 +129,10 @@ layernorm_bwd_row(
     }
   }
   fm::cp_async_commit();
+  // Per-row values load a row ahead too: loaded in the iteration that uses them, their
+  // latency would stall every row although the row buffers are already on chip.
+  float ahead_T1 = row0 + ty < n_rows ? fm::to_compute(g_T1[row0 + ty]) : float(0);
+  float ahead_T2 = row0 + ty < n_rows ? fm::to_compute(g_T2[row0 + ty]) : float(0);
   for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
     const long long row = row0 + ty + zero;
     const bool valid = row < n_rows;
@@ -146,13 +150,15 @@ layernorm_bwd_row(
       }
     }
     fm::cp_async_commit();
+    const float row_T1 = ahead_T1;
+    ahead_T1 = next < n_rows ? fm::to_compute(g_T1[next]) : float(0);
+    const float row_T2 = ahead_T2;
+    ahead_T2 = next < n_rows ? fm::to_compute(g_T2[next]) : float(0);
     // Row buffers kept in registers: every load of the row issued before any is used.
 #pragma unroll
     for (int b = 0; b < BATCH; ++b) {
       const int j = b * TPR + tx;
     }
-    const float row_T1 = valid ? fm::to_compute(g_T1[row]) : float(0);
-    const float row_T2 = valid ? fm::to_compute(g_T2[row]) : float(0);
     fm::cp_async_wait<1>();
 
     // Inner reduction level 0.
@@ -267,8 +273,8 @@ layernorm_bwd_finalize(
     int partial_rows)
 {
   constexpr int H = 8192;
-  constexpr int COLS = 32;
-  constexpr int LANES = 16;
+  constexpr int COLS = 16;
+  constexpr int LANES = 32;
   const int lane = threadIdx.y;
   const int col = blockIdx.x * COLS + threadIdx.x;
   extern __shared__ __align__(128) unsigned char smem[];
