@@ -375,6 +375,7 @@ def render_row(
         **where,
         # Structural choices the template makes, decided here.
         "clustered": schedule.cluster > 1,
+        "finalized": finalize is not None,  # a finalize kernel follows: let it launch early
         "pipelined": schedule.stages == 2,  # the next rows load while this one computes
         "pending_copies": 1 if schedule.stages == 2 else 0,  # cp.async groups left in flight
         "cross_warp": schedule.threads_per_row > 32,  # a row spans warps: reduce through smem

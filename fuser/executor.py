@@ -194,19 +194,20 @@ def _load(fd, problem: Problem, device: DeviceSpec, hints) -> Kernel:
     if built.finalize is not None:
         launchers[built.source.finalize_entry] = _launcher(
             built.source.finalize_entry, functions, info, finalize_args,
-            [ctypes.c_int64, ctypes.c_int32])
+            [ctypes.c_int64, ctypes.c_int32], programmatic=device.arch >= 90)
     return Kernel(built.source, s, built.finalize, built.compiled, functions, launchers, device,
                   occupancy, groups, row_args, finalize_args)
 
 
 def _launcher(entry: str, functions: dict, info: FusionInfo, layout: tuple,
-              trailing: list) -> EntryLauncher:
+              trailing: list, programmatic: bool = False) -> EntryLauncher:
     """The launcher of one entry: a pointer per tensor parameter, the scalar inputs' own
-    types, then the trailing sizes (n_rows, and the finalize's partial row count)."""
+    types, then the trailing sizes (n_rows, and the finalize's partial row count). The
+    finalize launches programmatically on sm_90 (it overlaps the row kernel's end)."""
     inputs = info.fusion.inputs
     types = [ctype_of(inputs[i].dtype.numpy) if kind == "scalar" else POINTER
              for kind, i in layout]
-    return EntryLauncher(entry, functions[entry].kernel.ptr, types + trailing)
+    return EntryLauncher(entry, functions[entry].kernel.ptr, types + trailing, programmatic)
 
 
 def _max_active_clusters(fn, s) -> int:

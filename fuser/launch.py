@@ -30,12 +30,17 @@ def ctype_of(numpy_type) -> type:
 class EntryLauncher:
     """Launches one kernel entry with parameters of the given ctypes types, in order."""
 
-    def __init__(self, name: str, function_ptr: int, param_types: list[type]):
+    def __init__(self, name: str, function_ptr: int, param_types: list[type],
+                 programmatic: bool = False):
         from cuda.bindings import driver
 
         self.name = name
         self._driver = driver
         self._function = driver.CUfunction(function_ptr)
+        # Programmatic stream serialization (sm_90): this grid may launch while the previous
+        # kernel in the stream is still running, and waits for it in wait_for_prior_grid().
+        self._programmatic = programmatic
+        self._configs: dict = {}  # (grid, block, shared_mem) -> CUlaunchConfig
         self._values = [t() for t in param_types]
         self._addresses = (ctypes.c_void_p * len(self._values))(
             *(ctypes.addressof(v) for v in self._values))
@@ -48,10 +53,35 @@ class EntryLauncher:
         with self._lock:
             for slot, value in zip(self._values, args, strict=True):
                 slot.value = value
-            (err,) = driver.cuLaunchKernel(self._function, grid, 1, 1, block[0], block[1], 1,
-                                           shared_mem, stream, self._params, 0)
+            if self._programmatic:
+                config = self._config(grid, block, shared_mem)
+                config.hStream = stream
+                (err,) = driver.cuLaunchKernelEx(config, self._function, self._params, 0)
+            else:
+                (err,) = driver.cuLaunchKernel(self._function, grid, 1, 1, block[0], block[1],
+                                               1, shared_mem, stream, self._params, 0)
         if err != driver.CUresult.CUDA_SUCCESS:
             self._raise(err, grid, block, shared_mem)
+
+    def _config(self, grid: int, block: tuple[int, int], shared_mem: int):
+        """The launch configuration with the programmatic-serialization attribute, built
+        once per shape (called under the lock)."""
+        key = (grid, block, shared_mem)
+        config = self._configs.get(key)
+        if config is None:
+            driver = self._driver
+            attr = driver.CUlaunchAttribute()
+            ids = driver.CUlaunchAttributeID
+            attr.id = ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            config = driver.CUlaunchConfig()
+            config.gridDimX, config.gridDimY, config.gridDimZ = grid, 1, 1
+            config.blockDimX, config.blockDimY, config.blockDimZ = block[0], block[1], 1
+            config.sharedMemBytes = shared_mem
+            config.attrs = [attr]
+            config.numAttrs = 1
+            self._configs[key] = config
+        return config
 
     def _raise(self, err, grid: int, block: tuple[int, int], shared_mem: int) -> None:
         what = (f"launch of {self.name} (grid {grid}, block {block[0]} x {block[1]}, "

@@ -198,6 +198,23 @@ __device__ __forceinline__ double load_peer(const double* local, unsigned rank) 
   return v;
 }
 
+// ----- programmatic dependent launch (sm_90): the finalize launches while the row kernel ends --
+// The row kernel allows its dependent grid to launch as soon as it starts; the finalize, launched
+// with programmatic stream serialization, waits here until the row kernel has finished and its
+// writes are visible. Without that launch attribute (or before sm_90) both are no-ops.
+
+__device__ __forceinline__ void allow_dependent_launch() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_prior_grid() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // ----- magic zero -----
 // An int that is 0 at run time but that the compiler cannot prove is 0. Adding it to the row
 // index keeps NVRTC from hoisting every unrolled address computation out of the row loop (and

@@ -79,6 +79,7 @@ dropout_rmsnorm_bwd_row(
   const int ty = threadIdx.y;
   extern __shared__ __align__(128) unsigned char smem[];
   const int zero = fm::magic_zero();
+  fm::allow_dependent_launch();  // the finalize may launch now; it waits for this grid's end
   fm::Vec<__nv_bfloat16, VEC>* s_T0 = reinterpret_cast<fm::Vec<__nv_bfloat16, VEC>*>(smem + 0);
   fm::Vec<__nv_bfloat16, VEC>* s_T1 = reinterpret_cast<fm::Vec<__nv_bfloat16, VEC>*>(smem + 49280);
   fm::Vec<bool, VEC>* s_T2 = reinterpret_cast<fm::Vec<bool, VEC>*>(smem + 98560);
@@ -271,6 +272,7 @@ dropout_rmsnorm_bwd_finalize(
   constexpr int LANES = 16;
   const int lane = threadIdx.y;
   const int col = blockIdx.x * COLS + threadIdx.x;
+  fm::wait_for_prior_grid();  // the row kernel's partial rows are complete past this point
   extern __shared__ __align__(128) unsigned char smem[];
   double* s_lanes = reinterpret_cast<double*>(smem + 0);
   double sum_T33 = 0;

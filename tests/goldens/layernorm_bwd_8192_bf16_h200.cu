@@ -76,6 +76,7 @@ layernorm_bwd_row(
   const int ty = threadIdx.y;
   extern __shared__ __align__(128) unsigned char smem[];
   const int zero = fm::magic_zero();
+  fm::allow_dependent_launch();  // the finalize may launch now; it waits for this grid's end
   fm::Vec<__nv_bfloat16, VEC>* s_T0 = reinterpret_cast<fm::Vec<__nv_bfloat16, VEC>*>(smem + 0);
   fm::Vec<__nv_bfloat16, VEC>* s_T3 = reinterpret_cast<fm::Vec<__nv_bfloat16, VEC>*>(smem + 32768);
   fm::Vec<__nv_bfloat16, VEC>* s_T4 = reinterpret_cast<fm::Vec<__nv_bfloat16, VEC>*>(smem + 65536);
@@ -277,6 +278,7 @@ layernorm_bwd_finalize(
   constexpr int LANES = 32;
   const int lane = threadIdx.y;
   const int col = blockIdx.x * COLS + threadIdx.x;
+  fm::wait_for_prior_grid();  // the row kernel's partial rows are complete past this point
   extern __shared__ __align__(128) unsigned char smem[];
   double* s_lanes = reinterpret_cast<double*>(smem + 0);
   double sum_T38 = 0;
