@@ -124,6 +124,7 @@ class FinalizeSchedule:
     hidden: int
     cols_per_block: int  # blockDim.x: one column per thread
     partial_lanes: int  # blockDim.y: threads sharing a column's partial rows
+    unroll: int  # partial rows a lane loads before adding them (in order) to its sum
     smem: SmemPlan  # the cross-lane combine buffer
 
     def __str__(self) -> str:

@@ -32,6 +32,10 @@ from fuser.smem import SmemPlan
 # at hidden 2048 (64 blocks) and 6.6 us at 1024.
 FINALIZE_THREADS = 512
 FINALIZE_COLUMNS = (32, 16, 8)
+# Partial rows each lane loads before it adds them to its sum: unrolled, the loads are all in
+# flight at once while the adds stay in row order (the same sum on every run). 16 covers a
+# lane's share at 8 blocks per SM and 64 lanes (~1056 / 64) in one round trip to L2.
+FINALIZE_UNROLL = 16
 
 
 def can_schedule(info: FusionInfo, problem: Problem, device: DeviceSpec) -> str | None:
@@ -83,4 +87,4 @@ def finalize_heuristic(info: FusionInfo, problem: Problem, device: DeviceSpec,
           f"{n} column sum(s) x {lanes} lanes x {cols} columns (double)")],
         device.smem_per_block_optin,
     )
-    return FinalizeSchedule(problem.hidden, cols, lanes, plan)
+    return FinalizeSchedule(problem.hidden, cols, lanes, FINALIZE_UNROLL, plan)

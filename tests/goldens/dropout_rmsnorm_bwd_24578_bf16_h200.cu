@@ -43,6 +43,7 @@
 //   hidden             24578
 //   cols_per_block     32
 //   partial_lanes      16
+//   unroll             16
 // 
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
@@ -277,7 +278,7 @@ dropout_rmsnorm_bwd_finalize(
   double* s_lanes = reinterpret_cast<double*>(smem + 0);
   double sum_T33 = 0;
   if (col < H) {
-#pragma unroll 4
+#pragma unroll 16
     for (int p = lane; p < partial_rows; p += LANES) {
       sum_T33 = fm::Sum{}(sum_T33, static_cast<double>(g_part_T33[static_cast<long long>(p) * H + col]));
     }

@@ -41,6 +41,7 @@
 //   hidden             8192
 //   cols_per_block     16
 //   partial_lanes      32
+//   unroll             16
 // 
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
@@ -284,7 +285,7 @@ layernorm_bwd_finalize(
   double sum_T38 = 0;
   double sum_T40 = 0;
   if (col < H) {
-#pragma unroll 4
+#pragma unroll 16
     for (int p = lane; p < partial_rows; p += LANES) {
       sum_T38 = fm::Sum{}(sum_T38, static_cast<double>(g_part_T38[static_cast<long long>(p) * H + col]));
       sum_T40 = fm::Sum{}(sum_T40, static_cast<double>(g_part_T40[static_cast<long long>(p) * H + col]));
