@@ -478,8 +478,9 @@ def to_host(x) -> np.ndarray:
 
 def validate(fd, inputs: list, reference_outputs=None, *, device=None):
     """Execute, then compare every output with the float64 reference (or the given outputs)
-    at tolerances per dtype and reduction size; raises AssertionError naming the worst miss."""
-    from fuser.reference import compare, evaluate, output_reduction_sizes
+    at tolerances per dtype, reduction size and, for float32 / float64 outputs, the outputs'
+    sensitivity to a rounding of the inputs; raises AssertionError naming the worst miss."""
+    from fuser.reference import compare, evaluate, input_sensitivity, output_reduction_sizes
 
     outputs = execute(fd, inputs, device=device)
     host_inputs = [to_host(x) if not isinstance(v, Scalar) else x
@@ -490,5 +491,6 @@ def validate(fd, inputs: list, reference_outputs=None, *, device=None):
         reference_outputs = [to_host(r) if not isinstance(r, np.ndarray) else r
                              for r in reference_outputs]
     compare([to_host(o) for o in outputs], reference_outputs, fd.fusion,
-            output_reduction_sizes(fd.fusion, host_inputs))
+            output_reduction_sizes(fd.fusion, host_inputs),
+            input_sensitivity(fd.fusion, host_inputs))
     return outputs

@@ -21,8 +21,10 @@ from fuser.fusions import FUSIONS, make_inputs
 from fuser.reference import (
     compare,
     evaluate,
+    input_sensitivity,
     is_sum,
     output_reduction_sizes,
+    sensitivity_allowance,
     sum_allowance,
     tolerance,
 )
@@ -105,7 +107,7 @@ def run_and_validate(name, dtype, hidden, rows, rng, hints=None, torch_kind=Fals
     else:
         outs = executor.execute(fd, inputs, hints=hints)
         compare([executor.to_host(o) for o in outs], evaluate(fd.fusion, host), fd.fusion,
-                output_reduction_sizes(fd.fusion, host))
+                output_reduction_sizes(fd.fusion, host), input_sensitivity(fd.fusion, host))
     return fd
 
 
@@ -135,47 +137,58 @@ def validate_tiled(fd, name, dtype, hidden, rows, rng, hints):
         assert o.ndim == 2 or is_sum(o), f"{o.name} is not a column sum; it cannot be tiled"
     block_refs = evaluate(fd.fusion, host)
     rest_refs = evaluate(fd.fusion, rows_of(host, rest)) if rest else None
+    block_spread = input_sensitivity(fd.fusion, host)
+    rest_spread = input_sensitivity(fd.fusion, rows_of(host, rest)) if rest else None
     full_shapes = [np.broadcast_to(np.zeros((), a.dtype), (rows, *a.shape[1:]))
                    if isinstance(a, np.ndarray) and a.ndim == 2 else a for a in host]
     sizes = output_reduction_sizes(fd.fusion, full_shapes)
     refs = [ref if o.ndim == 2 else repeats * ref + (rest_refs[k] if rest else 0.0)
             for k, (o, ref) in enumerate(zip(fd.fusion.outputs, block_refs, strict=True))]
+    spreads = [spread if spread is None or o.ndim == 2 else
+               repeats * spread + (rest_spread[k] if rest else 0.0)
+               for k, (o, spread) in enumerate(zip(fd.fusion.outputs, block_spread, strict=True))]
 
     def check_on_host(start):
         tile = [o[start:start + distinct] if o.ndim == 2 else o for o in outs]
         count = min(distinct, rows - start)
         expected = [r[:count] if o.ndim == 2 else r
                     for o, r in zip(fd.fusion.outputs, refs, strict=True)]
+        spread = [p[:count] if p is not None and o.ndim == 2 else p
+                  for o, p in zip(fd.fusion.outputs, spreads, strict=True)]
         try:
-            compare([executor.to_host(t) for t in tile], expected, fd.fusion, sizes)
+            compare([executor.to_host(t) for t in tile], expected, fd.fusion, sizes, spread)
         except AssertionError as exc:
             raise AssertionError(f"rows {start} to {start + count - 1} (row indices below "
                                  f"count from {start}):\n{exc}") from None
 
     check_on_host(0)  # the first tile's rows and the column outputs, with the full report
-    row_outputs = [(t, o, cupy.asarray(r), n) for t, o, r, n
-                   in zip(fd.fusion.outputs, outs, refs, sizes, strict=True) if t.ndim == 2]
+    row_outputs = [(t, o, cupy.asarray(r), n, None if p is None else cupy.asarray(p))
+                   for t, o, r, n, p in zip(fd.fusion.outputs, outs, refs, sizes, spreads,
+                                            strict=True) if t.ndim == 2]
     for start in range(distinct, rows, distinct):
-        if not all(within_tolerance(t, o[start:start + distinct], ref, n)
-                   for t, o, ref, n in row_outputs):
+        if not all(within_tolerance(t, o[start:start + distinct], ref, n, p)
+                   for t, o, ref, n, p in row_outputs):
             check_on_host(start)
             raise AssertionError(f"rows from {start}: outside the tolerance on the GPU only")
 
 
-def within_tolerance(t, got, ref, n) -> bool:
+def within_tolerance(t, got, ref, n, spread=None) -> bool:
     """compare()'s rule on the GPU: where both are finite, |got - ref| <= atol + rtol |ref|
-    (plus sum_allowance for a sum output); elsewhere the same inf or both NaN. bf16 is
-    widened by its bits, which needs nothing of CuPy's bfloat16 support."""
+    (plus sum_allowance for a sum output and sensitivity_allowance where `spread` is given);
+    elsewhere the same inf or both NaN. bf16 is widened by its bits, which needs nothing of
+    CuPy's bfloat16 support."""
     import cupy
 
     ref = ref[:got.shape[0]]
+    spread = None if spread is None else spread[:got.shape[0]]
     if got.dtype.name == "bfloat16":
         got = (got.view(cupy.uint16).astype(cupy.uint32) << 16).view(cupy.float32)
     got = got.astype(cupy.float64)
     rtol, atol = tolerance(t.dtype, n)
     finite = cupy.isfinite(got) & cupy.isfinite(ref)
     typical = float(cupy.median(cupy.abs(ref[finite]))) if bool(finite.any()) else 0.0
-    allowed = atol + sum_allowance(t, n, typical) + rtol * cupy.abs(ref)
+    allowed = (atol + sum_allowance(t, n, typical) + rtol * cupy.abs(ref)
+               + sensitivity_allowance(spread))
     close = cupy.abs(got - ref) <= allowed
     same = (got == ref) | (cupy.isnan(got) & cupy.isnan(ref))
     return bool(cupy.where(finite, close, same).all())

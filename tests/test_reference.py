@@ -608,3 +608,66 @@ def test_norm_backward_inputs_are_checked_with_their_names(index, change, messag
     host[index] = change(host[index])
     with pytest.raises(BadInputError, match=message):
         evaluate(fd.fusion, host)
+
+
+def _float32_layernorm(x, w, b, eps=1e-5):
+    """What a float32 kernel computes for layernorm_fwd: every op rounded to float32."""
+    x, w, b = (a.astype(np.float32) for a in (x, w, b))
+    mean = x.mean(axis=1, keepdims=True, dtype=np.float32)
+    var = ((x - mean) ** 2).mean(axis=1, keepdims=True, dtype=np.float32)
+    rstd = (np.float32(1) / np.sqrt(var + np.float32(eps))).astype(np.float32)
+    return [(x - mean) * rstd * w + b, mean, rstd]
+
+
+def _short_layernorm_rows(rng, rows=64):
+    """Rows of 3 elements near 100 that agree to about 1e-3: x - mean cancels to a thousandth
+    of x, so one float32 rounding of x moves the output by about 1e-2 of itself. Every other
+    row is well conditioned."""
+    x = rng.standard_normal((rows, 3))
+    x[::2] = 100.0 + 1e-3 * rng.standard_normal((rows // 2, 3))
+    return [x.astype(np.float32), (1 + 0.1 * rng.standard_normal(3)).astype(np.float32),
+            (0.1 * rng.standard_normal(3)).astype(np.float32)]
+
+
+def test_ill_conditioned_rows_get_the_allowance_a_float32_kernel_needs(rng):
+    from fuser.fusions import layernorm_fwd
+    from fuser.reference import input_sensitivity, output_reduction_sizes
+
+    fusion = layernorm_fwd(FLOAT).fusion
+    inputs = _short_layernorm_rows(rng)
+    refs = evaluate(fusion, inputs)
+    sizes = output_reduction_sizes(fusion, inputs)
+    kernel = _float32_layernorm(*inputs)
+    with pytest.raises(AssertionError, match="output 0"):
+        compare(kernel, refs, fusion, sizes)  # the plain tolerance cannot hold, by ~1000x
+    spread = input_sensitivity(fusion, inputs)
+    compare(kernel, refs, fusion, sizes, spread)
+    y_spread = spread[0]
+    assert y_spread[1::2].max() < 1e-5 < y_spread[::2].min()  # only the cancelling rows
+    assert all(np.array_equal(a, b) for a, b in zip(spread, input_sensitivity(fusion, inputs),
+                                                     strict=True))  # a fixed draw
+
+
+def test_the_allowance_still_catches_an_error_in_a_well_conditioned_row(rng):
+    from fuser.fusions import layernorm_fwd
+    from fuser.reference import input_sensitivity, output_reduction_sizes
+
+    fusion = layernorm_fwd(FLOAT).fusion
+    inputs = _short_layernorm_rows(rng)
+    refs = evaluate(fusion, inputs)
+    kernel = _float32_layernorm(*inputs)
+    kernel[0][5, 1] *= np.float32(1.0001)  # row 5 is well conditioned
+    with pytest.raises(AssertionError, match=r"1 of 192 elements differ .*\n.*worst at index "
+                                             r"\(5, 1\)"):
+        compare(kernel, refs, fusion, output_reduction_sizes(fusion, inputs),
+                input_sensitivity(fusion, inputs))
+
+
+def test_half_and_bfloat16_outputs_get_no_sensitivity_allowance(rng):
+    from fuser.fusions import layernorm_fwd
+    from fuser.reference import input_sensitivity
+
+    inputs = [a.astype(bf16) for a in _short_layernorm_rows(rng)]
+    spread = input_sensitivity(layernorm_fwd(DataType.BFloat16).fusion, inputs)
+    assert spread[0] is None  # y is stored in bf16, whose rounding is far coarser
+    assert spread[1] is not None and spread[2] is not None  # mean and rstd are float32

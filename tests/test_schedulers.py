@@ -255,15 +255,23 @@ def test_respellings_classify_and_schedule_the_same(hidden):
 @pytest.mark.parametrize("smem_first", [False, True])
 @pytest.mark.parametrize("itemsizes", [(2, 2, 1, 2, 2), (4, 4, 1, 4, 4), (1,), (8, 4)])
 def test_row_split_covers_every_hidden_exactly(itemsizes, smem_first):
-    """For every hidden size from 1 to 200000: the vectors tile the row exactly (vec divides
-    hidden, at most 16 bytes per access), every thread round but the last is full and the last
-    is not empty, and a row of each input fits its shared buffer of hidden elements."""
-    from fuser.schedulers.row_geometry import row_split
+    """For every hidden size from 1 to 200000, whole or split over the 2, 4 or 8 blocks of a
+    cluster: the vectors tile the row exactly (vec divides hidden, at most 16 bytes per
+    access), the blocks' shares add up to the row with none over its buffer of `part`
+    vectors, and in a block every thread round but the last is full and the last not empty."""
+    from fuser.schedulers.row_geometry import CLUSTER_SIZES, row_split
 
     widest = max(itemsizes)
     for hidden in range(1, 200001):
-        vec, tpr, batch = row_split(hidden, list(itemsizes), 16, smem_first, H200)
-        vectors = hidden // vec
-        assert vectors * vec == hidden and vec * widest <= 16
-        assert tpr & (tpr - 1) == 0 and tpr <= H200.max_threads_per_block
-        assert (batch - 1) * tpr < vectors <= batch * tpr
+        for parts in (1, *CLUSTER_SIZES):
+            vec, tpr, batch = row_split(hidden, list(itemsizes), 16, smem_first, H200,
+                                        parts=parts)
+            vectors = hidden // vec
+            if vectors < parts:  # the scheduler never splits fewer vectors than blocks
+                continue
+            part = -(-vectors // parts)
+            shares = [min(part, max(0, vectors - k * part)) for k in range(parts)]
+            assert vectors * vec == hidden and vec * widest <= 16
+            assert sum(shares) == vectors and max(shares) == part
+            assert tpr & (tpr - 1) == 0 and tpr <= H200.max_threads_per_block
+            assert (batch - 1) * tpr < part <= batch * tpr
