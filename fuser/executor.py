@@ -33,6 +33,7 @@ from fuser.schedulers import Hints, Problem
 from fuser.schedulers.base import Launch, PointwiseSchedule, ceil_div, next_pow2
 
 POINTWISE_BLOCKS_PER_SM = 8
+PER_THREAD_STREAM = 2  # cudaStreamPerThread: the same handle in every thread
 
 
 @dataclass
@@ -205,9 +206,9 @@ def _launcher(entry: str, functions: dict, info: FusionInfo, layout: tuple,
     types, then the trailing sizes (n_rows, and the finalize's partial row count). The
     finalize launches programmatically on sm_90 (it overlaps the row kernel's end)."""
     inputs = info.fusion.inputs
-    types = [ctype_of(inputs[i].dtype.numpy) if kind == "scalar" else POINTER
-             for kind, i in layout]
-    return EntryLauncher(entry, functions[entry].kernel.ptr, types + trailing, programmatic)
+    types = [ctype_of(inputs[i].dtype) if kind == "scalar" else POINTER for kind, i in layout]
+    fn = functions[entry]
+    return EntryLauncher(entry, fn.kernel.ptr, types + trailing, fn.num_regs, programmatic)
 
 
 def _max_active_clusters(fn, s) -> int:
@@ -251,9 +252,11 @@ def _check_static_smem(name: str, entry: str, fn, plan, device: DeviceSpec) -> N
 
 
 def get_kernel(fd, problem: Problem, device: DeviceSpec, hints=None) -> Kernel:
-    """The compiled kernel for this fusion, problem class and device (compiled at most once)."""
+    """The compiled kernel for this fusion, problem class and device (compiled at most once),
+    loaded on the current device: each GPU has its own function handles and attributes, so
+    the current device's id is part of the key even where two GPUs share a DeviceSpec."""
     _, signature = _info(fd)
-    key = (signature, fd.name, problem, device, hints)
+    key = (signature, fd.name, problem, device, hints, _cupy().cuda.runtime.getDevice())
     with _kernels_lock:
         kernel = _kernels.get(key)
     if kernel is None:
@@ -304,6 +307,9 @@ class Plan:
     partials: tuple  # (shape, DataType) per outer reduction's workspace
     scalar_types: dict  # input index -> numpy type of each scalar input (its kernel parameter)
     workspaces: dict = field(default_factory=dict, compare=False)  # stream -> partial buffers
+    # Held from the row kernel's launch to the finalize's, so that two threads sharing a stream
+    # cannot enqueue row A, row B, finalize A (which would read B's partial rows).
+    lock: threading.Lock = field(default_factory=threading.Lock, compare=False)
 
 
 MAX_PLANS = 64  # plans kept per fusion definition (distinct shapes seen recently)
@@ -437,10 +443,13 @@ def _run(plan: Plan, inputs: list, pointers: dict[int, int]) -> list:
     outs = [_allocate(shape, dtype, torch_kind, like) for shape, dtype in plan.outputs]
     stream = _stream(torch_kind, plan.device_id)
     # The partial rows are written and read only by this call's kernels, in stream order, so
-    # one buffer per stream serves every call (an allocation less per call).
-    partials = plan.workspaces.get(stream)
+    # one buffer per stream serves every call (an allocation less per call). The per-thread
+    # default stream has one handle for a different stream in every thread: its buffers are
+    # per thread.
+    owner = (stream, threading.get_ident()) if stream == PER_THREAD_STREAM else stream
+    partials = plan.workspaces.get(owner)
     if partials is None:
-        partials = plan.workspaces[stream] = [
+        partials = plan.workspaces[owner] = [
             _allocate(shape, dtype, torch_kind, like) for shape, dtype in plan.partials]
     address = (lambda x: x.data_ptr()) if torch_kind else (lambda x: x.data.ptr)
     values = {
@@ -452,7 +461,8 @@ def _run(plan: Plan, inputs: list, pointers: dict[int, int]) -> list:
     row_args = [values[kind][i] for kind, i in kernel.row_args]
     row_args.append(plan.rows)
     launch, final = plan.launch, plan.finalize_launch
-    with _cupy().cuda.Device(plan.device_id):
+    with _cupy().cuda.Device(plan.device_id), plan.lock:
+        _bind_context(plan.device_id)
         kernel.launchers[kernel.source.row_entry](
             launch.grid, launch.block, launch.dynamic_smem, stream, row_args)
         if final is not None:
@@ -461,6 +471,17 @@ def _run(plan: Plan, inputs: list, pointers: dict[int, int]) -> list:
             kernel.launchers[kernel.source.finalize_entry](
                 final.grid, final.block, final.dynamic_smem, stream, final_args)
     return outs
+
+
+def _bind_context(device_id: int) -> None:
+    """Make the device's primary context current in this thread if no context is: the driver
+    launches into the current context, and a thread that made no CUDA call yet has none (the
+    runtime binds it lazily, as cudaSetDevice does)."""
+    from cuda.bindings import driver
+
+    err, context = driver.cuCtxGetCurrent()
+    if err != driver.CUresult.CUDA_SUCCESS or int(context) == 0:
+        _cupy().cuda.runtime.setDevice(device_id)
 
 
 # ----- validate -----

@@ -15,26 +15,30 @@ from __future__ import annotations
 import ctypes
 import threading
 
-import numpy as np
-
+from fuser.dtypes import DataType
 from fuser.errors import LaunchError, OutOfResourcesError
 
 POINTER = ctypes.c_uint64  # device addresses are 64-bit parameters
+# Scalar parameters are declared in their compute type (codegen._scalar_params): a Half or
+# BFloat16 scalar is a float parameter.
+_COMPUTE_CTYPES = {"bool": ctypes.c_bool, "int": ctypes.c_int32, "long long": ctypes.c_int64,
+                   "float": ctypes.c_float, "double": ctypes.c_double}
 
 
-def ctype_of(numpy_type) -> type:
-    """The ctypes type of a kernel parameter of this numpy scalar type."""
-    return np.ctypeslib.as_ctypes_type(np.dtype(numpy_type))
+def ctype_of(dtype: DataType) -> type:
+    """The ctypes type of a kernel parameter holding a scalar of this dtype."""
+    return _COMPUTE_CTYPES[dtype.compute_type]
 
 
 class EntryLauncher:
     """Launches one kernel entry with parameters of the given ctypes types, in order."""
 
     def __init__(self, name: str, function_ptr: int, param_types: list[type],
-                 programmatic: bool = False):
+                 registers: int, programmatic: bool = False):
         from cuda.bindings import driver
 
         self.name = name
+        self.registers = registers  # per thread, as the driver reports for the loaded kernel
         self._driver = driver
         self._function = driver.CUfunction(function_ptr)
         # Programmatic stream serialization (sm_90): this grid may launch while the previous
@@ -87,7 +91,10 @@ class EntryLauncher:
         what = (f"launch of {self.name} (grid {grid}, block {block[0]} x {block[1]}, "
                 f"{shared_mem} B dynamic shared memory) failed: {err.name}")
         if err == self._driver.CUresult.CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES:
-            raise OutOfResourcesError(f"{what}; the block needs more registers than the SM "
-                                      "has: lower threads_per_row or rows_per_block (Hints)")
+            threads = block[0] * block[1]
+            raise OutOfResourcesError(
+                f"{what}; {threads} threads x {self.registers} registers = "
+                f"{threads * self.registers} registers per block may exceed what the device "
+                "gives a block: lower threads_per_row or rows_per_block (Hints)")
         raise LaunchError(f"{what}; the host checks passed, so this is a fuser bug: please "
                           "report it with fd.last_cuda_code() and the input shapes")

@@ -115,9 +115,12 @@ def test_a_refused_launch_names_the_numbers_and_the_next_call_works(rng):
     fd.validate(_inputs(rng))
 
 
-def test_threads_launching_one_kernel_get_their_own_arguments(rng):
-    """Each kernel entry stages its parameters in one buffer per entry (fuser/launch.py);
-    threads calling the same fusion on their own streams must still get their own results."""
+@pytest.mark.parametrize("streams", ["own", "shared", "per-thread default"])
+def test_threads_launching_one_kernel_get_their_own_arguments(rng, streams):
+    """Each kernel entry stages its parameters in one buffer per entry (fuser/launch.py), and
+    a plan's partial rows are one buffer per stream: threads calling the same fusion on their
+    own streams, on one shared stream, or each on its per-thread default stream (one handle
+    for a different stream per thread) must still get their own results."""
     import threading
 
     import cupy
@@ -126,10 +129,13 @@ def test_threads_launching_one_kernel_get_their_own_arguments(rng):
     sets = [_inputs(rng) for _ in range(4)]
     expected = [[cupy.asnumpy(o) for o in fd.execute(inputs)] for inputs in sets]
     results, errors = {}, []
+    shared = cupy.cuda.Stream(non_blocking=True)
 
     def work(k: int) -> None:
         try:
-            stream = cupy.cuda.Stream(non_blocking=True)
+            stream = {"own": lambda: cupy.cuda.Stream(non_blocking=True),
+                      "shared": lambda: shared,
+                      "per-thread default": lambda: cupy.cuda.Stream.ptds}[streams]()
             with stream:
                 for _ in range(25):
                     outs = fd.execute(sets[k])
@@ -148,3 +154,33 @@ def test_threads_launching_one_kernel_get_their_own_arguments(rng):
         for got, want in zip(outs, expected[k], strict=True):
             np.testing.assert_array_equal(got, want)
     assert len(results) == len(sets)
+
+
+def test_a_thread_with_no_cuda_call_yet_can_execute(rng):
+    """The driver launches into the current context, which a fresh thread does not have
+    until some CUDA call binds it. With torch tensors nothing else binds it: torch's cached
+    allocations and its raw-stream getter make no such call. execute() binds the device's
+    primary context itself."""
+    import threading
+
+    torch = pytest.importorskip("torch")
+    fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
+    host = make_inputs("rmsnorm_bwd", 64, 2048, DataType.BFloat16, rng)
+    inputs = [torch.from_numpy(a.astype(np.float32)).cuda().bfloat16()
+              if a.dtype.name == "bfloat16" else torch.from_numpy(a).cuda() for a in host]
+    expected = [o.float().cpu() for o in fd.execute(inputs)]
+    got, errors = [], []
+
+    def work() -> None:
+        try:
+            got.extend(fd.execute(inputs))
+        except Exception as exc:  # reported by the main thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert not errors, errors
+    torch.cuda.synchronize()
+    for g, want in zip(got, expected, strict=True):
+        assert torch.equal(g.float().cpu(), want)

@@ -185,6 +185,20 @@ def test_a_storage_that_cannot_fit_raises_with_the_numbers():
                                                             rows_per_block=2))
 
 
+def test_a_copied_row_buffer_keeps_one_stage_and_compiles():
+    """At hidden 24578 (vec 2) the bool mask's 2-byte vectors are too narrow for cp.async and
+    are copied through registers; forced into shared memory with two stages asked for, the
+    schedule keeps one stage (cp.async fills the second), and the kernel compiles."""
+    info = analyze(FUSIONS["dropout_rmsnorm_bwd"](DataType.BFloat16).fusion)
+    all_smem = Hints(storage=tuple((n, SMEM) for n in ("T0", "T1", "T2", "T4", "T5")), stages=2)
+    built = build("dropout_rmsnorm_bwd", info, Problem(24578, 64, 16), H200, all_smem)
+    s = built.schedule
+    assert s.vec == 2 and s.stages == 1
+    assert {p.tensor: p.storage for p in s.placements}["T2"] == SMEM
+    assert "T2:Bool->smem, " in str(s)  # copied, not cp.async
+    assert not built.compiled.resource(built.source.row_entry).spills
+
+
 @pytest.mark.parametrize("name", sorted(FUSIONS))
 def test_every_size_schedules_on_the_smallest_part(name):
     for hidden in (32768, 65537, 131072, 1048576):

@@ -286,6 +286,8 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
                               **{t.name: col_storage for t in cols}}, acc_storage
 
     for stages, storage, acc_storage in storages():
+        if any(storage[t.name] == SMEM and not can_async(t) for t in full):
+            stages = 1  # cp.async fills the two-stage pipeline; a copied row buffer has one
         requests = []
         for t in full:
             if storage[t.name] == SMEM:
