@@ -314,6 +314,34 @@ def compile_cuda(
     )
 
 
+def ptx_of(source: str, name: str, arch: int, include_dirs: tuple[str, ...] = ()) -> str:
+    """The PTX NVRTC makes of `source` for compute_`arch`, with fuser's options otherwise (no
+    ptxas runs): what the compiler made of a template, e.g. whether a vector store stayed one
+    instruction. Raises CompileError like compile_cuda()."""
+    nvrtc = _nvrtc()
+    options = tuple(
+        f"--gpu-architecture=compute_{int(arch)}" if o.startswith("--gpu-architecture=") else o
+        for o in options_for(arch, include_dirs) if not o.startswith("--ptxas-options")
+    )
+    filename = name if name.endswith((".cu", ".cuh")) else f"{name}.cu"
+    prog = _check(
+        nvrtc.nvrtcCreateProgram(source.encode(), filename.encode(), 0, [], []),
+        "nvrtcCreateProgram",
+    )
+    try:
+        encoded = [o.encode() for o in options]
+        (status,) = nvrtc.nvrtcCompileProgram(prog, len(encoded), encoded)
+        if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise CompileError(f"NVRTC could not compile {filename} to PTX: {status.name}",
+                               source, _program_log(prog), options)
+        size = _check(nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
+        ptx = bytearray(size)
+        _check(nvrtc.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    return ptx.decode(errors="replace").rstrip("\0")
+
+
 def load_module(compiled: CompiledModule, path: str):
     """Load the cubin file at `path` (which must hold compiled.cubin) as a cupy.RawModule.
 

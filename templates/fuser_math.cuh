@@ -18,9 +18,37 @@ __device__ __forceinline__ Vec<T, N> load(const T* p) {
   return *reinterpret_cast<const Vec<T, N>*>(p);
 }
 
+// Stores of 4, 8 and 16 bytes are written as one PTX instruction. Left to the compiler, a
+// vector whose elements were computed one by one could be stored element by element,
+// interleaved with the math (16 four-byte stores for fp32 rows of blocks of several rows:
+// such kernels ran at a third of the bandwidth); the instruction count is pinned by a CPU
+// test on the PTX.
+__device__ __forceinline__ void store_bits(void* p, unsigned a) {
+  asm volatile("st.global.b32 [%0], %1;\n" ::"l"(p), "r"(a) : "memory");
+}
+__device__ __forceinline__ void store_bits(void* p, uint2 a) {
+  asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" ::"l"(p), "r"(a.x), "r"(a.y) : "memory");
+}
+__device__ __forceinline__ void store_bits(void* p, uint4 a) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(a.x), "r"(a.y),
+               "r"(a.z), "r"(a.w) : "memory");
+}
+
+template <int BYTES> struct Bits { using type = void; };  // 1 or 2 bytes: a plain store
+template <> struct Bits<4> { using type = unsigned; };
+template <> struct Bits<8> { using type = uint2; };
+template <> struct Bits<16> { using type = uint4; };
+
 template <int N, typename T>
 __device__ __forceinline__ void store(T* p, const Vec<T, N>& x) {
-  *reinterpret_cast<Vec<T, N>*>(p) = x;
+  using B = typename Bits<sizeof(T) * N>::type;
+  if constexpr (sizeof(T) * N >= 4) {
+    B bits;
+    memcpy(&bits, &x, sizeof(B));
+    store_bits(p, bits);
+  } else {
+    *reinterpret_cast<Vec<T, N>*>(p) = x;
+  }
 }
 
 // ----- conversions between storage and compute types -----

@@ -4,10 +4,12 @@ sizes the GPU tests run: zero spills, and the static shared memory ptxas reports
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from fuser import DataType
-from fuser.analysis import analyze
+from fuser.analysis import Role, analyze
 from fuser.device import DeviceSpec
 from fuser.fusions import FUSIONS
 from fuser.kernels import build
@@ -106,3 +108,46 @@ def test_finalize_blocks_cover_every_sm_twice_where_the_columns_allow(hidden, co
     f = finalize_heuristic(info, Problem(hidden, 16384, 16), H200)
     assert (f.cols_per_block, f.partial_lanes) == (cols, 512 // cols)
     assert -(-hidden // cols) >= 2 * H200.sm_count or cols == 8
+
+
+def _row_entry_ptx(ptx: str, entry: str) -> str:
+    start = ptx.index(f".entry {entry}(")
+    end = ptx.find(".entry ", start + 1)
+    return ptx[start:end if end > 0 else len(ptx)]
+
+
+def _global_store_bytes(ptx: str) -> list[int]:
+    """Bytes written by each st.global instruction (st.global.v4.b32 -> 16)."""
+    sizes = []
+    for line in ptx.splitlines():
+        m = re.match(r"\s*(?:@!?%p\d+\s+)?st\.global(?:\.v(\d))?\.[a-z](\d+)\s", line)
+        if m:
+            sizes.append(int(m.group(1) or 1) * int(m.group(2)) // 8)
+    return sizes
+
+
+@pytest.mark.parametrize("dtype", [DataType.Float, DataType.BFloat16], ids=lambda d: d.name)
+@pytest.mark.parametrize("hidden", [1024, 2048, 4096])
+@pytest.mark.parametrize("name", sorted(FUSIONS))
+def test_full_row_outputs_are_stored_as_whole_vectors(name, hidden, dtype):
+    """In the PTX of the row kernel, every store of a full-row output is one instruction of
+    the schedule's vector width. Left to itself the compiler had stored the vectors of blocks
+    of several rows element by element (rmsnorm_fwd, fp32, 1024: 16 four-byte stores per row
+    pass instead of 4 of 16 bytes; such kernels ran at a third of the copy bandwidth). The
+    only narrower stores left are per-row values and the partial rows of column sums, one
+    element per store."""
+    from fuser.codegen import template_dir
+    from fuser.compile import ptx_of
+
+    fd = FUSIONS[name](dtype)
+    info = analyze(fd.fusion)
+    built = build(fd.name, info, Problem(hidden, 16384, 16), H200)
+    s = built.schedule
+    ptx = _row_entry_ptx(ptx_of(built.source.source, name, 90, (str(template_dir()),)),
+                         built.source.row_entry)
+    width = s.vec * dtype.itemsize
+    stores = _global_store_bytes(ptx)
+    assert stores.count(width) >= len(info.outputs(Role.FULL)), (stores, s)
+    narrow = [b for b in stores if b < width]
+    allowed = len(info.outputs(Role.ROW)) + len(info.outer_reductions) * s.vec * s.batch
+    assert len(narrow) <= allowed, (stores, s)
