@@ -43,7 +43,9 @@ from fuser.smem import SmemPlan
 # thread against 0.69 / 0.70 with 1 and 0.36 with 4; dropout_rmsnorm_bwd at 1024 ran 1.05
 # (the copy of its bytes is slower than the kernel) against 0.88, and at 16384 0.94 with 512
 # threads against 0.80 with 1024. Rows packed several to a block with more than one vector per
-# thread ran at a third of that (rmsnorm_bwd 4096, 2 rows of 256 threads: 0.33).
+# thread ran at a third of that (rmsnorm_bwd 4096, 2 rows of 256 threads: 0.33); the PTX
+# showed the output vectors stored element by element, which fm::store now prevents (not
+# re-measured yet: the one-row blocks above were faster with one vector per thread too).
 TARGET_VECTORS_PER_THREAD = {False: 4, True: 2}
 ONE_VECTOR_UP_TO = 128  # smem-first: threads per row that still get one vector each
 MAX_THREADS_PER_ROW = {False: 1024, True: 512}
