@@ -18,11 +18,11 @@ __device__ __forceinline__ Vec<T, N> load(const T* p) {
   return *reinterpret_cast<const Vec<T, N>*>(p);
 }
 
-// Stores of 4, 8 and 16 bytes are written as one PTX instruction. Left to the compiler, a
-// vector whose elements were computed one by one could be stored element by element,
-// interleaved with the math (16 four-byte stores for fp32 rows of blocks of several rows:
-// such kernels ran at a third of the bandwidth); the instruction count is pinned by a CPU
-// test on the PTX.
+// Stores to global memory (st.global: never pass a shared-memory pointer) of 4, 8 and 16
+// bytes are written as one PTX instruction. Left to the compiler, a vector whose elements
+// were computed one by one could be stored element by element, interleaved with the math
+// (16 four-byte stores for fp32 rows of blocks of several rows: such kernels ran at a third
+// of the bandwidth); a CPU test on the PTX pins the instruction count.
 __device__ __forceinline__ void store_bits(void* p, unsigned a) {
   asm volatile("st.global.b32 [%0], %1;\n" ::"l"(p), "r"(a) : "memory");
 }
