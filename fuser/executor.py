@@ -449,8 +449,7 @@ def _run(plan: Plan, inputs: list, pointers: dict[int, int]) -> list:
     owner = (stream, threading.get_ident()) if stream == PER_THREAD_STREAM else stream
     partials = plan.workspaces.get(owner)
     if partials is None:
-        partials = plan.workspaces[owner] = [
-            _allocate(shape, dtype, torch_kind, like) for shape, dtype in plan.partials]
+        partials = plan.workspaces[owner] = _workspace(plan, like)
     address = (lambda x: x.data_ptr()) if torch_kind else (lambda x: x.data.ptr)
     values = {
         "in": pointers,
@@ -471,6 +470,24 @@ def _run(plan: Plan, inputs: list, pointers: dict[int, int]) -> list:
             kernel.launchers[kernel.source.finalize_entry](
                 final.grid, final.block, final.dynamic_smem, stream, final_args)
     return outs
+
+
+def _workspace(plan: Plan, like) -> list:
+    """The partial-row buffers of one stream. A device out of memory for them is named with
+    their size (torch's and CuPy's own errors would not say what the memory was for)."""
+    try:
+        return [_allocate(shape, dtype, plan.torch_kind, like) for shape, dtype in plan.partials]
+    except Exception as exc:
+        if "OutOfMemory" not in type(exc).__name__:
+            raise
+        sizes = " + ".join(f"{shape[0]} x {shape[1]} x {dtype.itemsize} B"
+                           for shape, dtype in plan.partials)
+        total = sum(shape[0] * shape[1] * dtype.itemsize for shape, dtype in plan.partials)
+        raise OutOfResourcesError(
+            f"the column-sum workspace ({sizes} = {total} B: one partial row per resident "
+            f"block) does not fit in the free memory of device {plan.device_id} ({exc}); free "
+            "device memory or run on a device with more"
+        ) from None
 
 
 def _bind_context(device_id: int) -> None:

@@ -184,3 +184,26 @@ def test_a_thread_with_no_cuda_call_yet_can_execute(rng):
     torch.cuda.synchronize()
     for g, want in zip(got, expected, strict=True):
         assert torch.equal(g.float().cpu(), want)
+
+
+def test_a_workspace_the_device_cannot_hold_is_named_with_its_size(rng, monkeypatch):
+    """Out of device memory for the partial rows: an OutOfResourcesError with the workspace's
+    shape and bytes, not the allocator's bare error; nothing is cached and the next call
+    works."""
+    import cupy
+
+    fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
+    real = executor._allocate
+
+    def short_of_memory(shape, dtype, torch_kind, like):
+        if dtype is DataType.Float and len(shape) == 2 and shape[1] == 2048:
+            raise cupy.cuda.memory.OutOfMemoryError(shape[0] * shape[1] * 4, 0)
+        return real(shape, dtype, torch_kind, like)
+
+    monkeypatch.setattr(executor, "_allocate", short_of_memory)
+    with pytest.raises(OutOfResourcesError, match=r"column-sum workspace \(\d+ x 2048 x 4 B = "
+                                                  r"\d+ B: one partial row per resident block\)"):
+        fd.execute(_inputs(rng))
+    monkeypatch.setattr(executor, "_allocate", real)
+    assert not any(p.workspaces for p in fd.__dict__.get("_plans", {}).values())
+    fd.validate(_inputs(rng))
