@@ -136,14 +136,16 @@ FINALIZE_LANES_TUNE = (16, 64)
 
 def tune_grid(threads_per_row: int | None, limit: int = TUNE_LIMIT,
               max_threads: int = 1024, clusters: tuple[int, ...] = (),
-              finalize_lanes: tuple[int, ...] = ()) -> list[dict]:
-    """Hints kwargs to try, the heuristic's (all None) first: rows split over each cluster
-    size given, each finalize_lanes given, each knob alone, then threads_per_row x stages;
+              finalize_lanes: tuple[int, ...] = (), aligned_copy: bool = False) -> list[dict]:
+    """Hints kwargs to try, the heuristic's (all None) first: aligned 16-byte row copies
+    (where asked: vectors narrower than 16 bytes), rows split over each cluster size given,
+    each finalize_lanes given, each knob alone, then threads_per_row x stages;
     threads_per_row in {x/2, 2x} of the heuristic's x."""
     tprs = []
     if threads_per_row:
         tprs = [t for t in (threads_per_row // 2, threads_per_row * 2) if 1 <= t <= max_threads]
     grid = [{}]
+    grid += [{"aligned_copy": True}] if aligned_copy else []
     grid += [{"cluster": k} for k in clusters]
     grid += [{"finalize_lanes": n} for n in finalize_lanes]
     grid += [{"threads_per_row": t} for t in tprs]
@@ -501,9 +503,11 @@ def tune(fd, inputs, ref, schedule, entry: dict, timed) -> None:
     has_finalize = len(fd.last_resources()) > 1  # a finalize kernel beside the row kernel
     # Knobs are tried at the heuristic's cluster size: their values derive from its split.
     cluster = {"cluster": schedule.cluster} if getattr(schedule, "cluster", 1) > 1 else {}
+    narrow = getattr(schedule, "vec", 16) * inputs[0].element_size() < 16
     for cfg in tune_grid(getattr(schedule, "threads_per_row", None),
                          clusters=(1, 2, 4, 8) if long_rows else (),
-                         finalize_lanes=FINALIZE_LANES_TUNE if has_finalize else ()):
+                         finalize_lanes=FINALIZE_LANES_TUNE if has_finalize else (),
+                         aligned_copy=narrow):
         if cfg and "cluster" not in cfg:
             cfg = {**cluster, **cfg}
         hints = Hints(**cfg)

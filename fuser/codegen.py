@@ -29,6 +29,8 @@ from fuser.schedulers.base import (
     FinalizeSchedule,
     PointwiseSchedule,
     RowSchedule,
+    aligned_row_bytes,
+    aligned_row_chunks,
 )
 
 
@@ -252,10 +254,12 @@ def _cluster_names(schedule: RowSchedule) -> dict[str, str]:
     }
 
 
-def _fetch(t: Tensor, storage: str, full: bool, where: dict[str, str]) -> str:
+def _fetch(t: Tensor, storage: str, full: bool, where: dict[str, str], aligned: bool) -> str:
     """C++ expression of vector j of input `t` in a pass over the row, wherever it is kept."""
     if storage == REGISTERS:
         return f"r_{t.name}[b]"
+    if full and storage == SMEM and aligned:
+        return f"s_{t.name}_row[{where['JS']}]"  # the row at its offset in its 16-byte chunks
     if full and storage == SMEM:
         return f"s_{t.name}[(stage * RPB + ty) * {where['NVS']} + {where['JS']}]"
     if full:
@@ -288,6 +292,7 @@ def render_row(
 
     def buffer(t: Tensor) -> dict:
         p = schedule.placement(t.name)
+        aligned = schedule.aligned_copy and p.role == "full" and p.storage == SMEM
         return {
             "name": t.name,
             "ctype": t.dtype.cuda_type,
@@ -295,7 +300,11 @@ def render_row(
             "reread": p.storage == GLOBAL,
             "async": p.async_copy,
             "offset": schedule.smem.offset(f"s_{t.name}") if p.storage == SMEM else 0,
-            "fetch": _fetch(t, p.storage, p.role == "full", where),
+            "fetch": _fetch(t, p.storage, p.role == "full", where, aligned),
+            # Aligned copies: bytes of one row slot, and 16-byte chunks each thread copies.
+            "slot": aligned_row_bytes(schedule.hidden, t.dtype.itemsize) if aligned else 0,
+            "rounds": (-(-aligned_row_chunks(schedule.hidden, t.dtype.itemsize)
+                         // schedule.threads_per_row) if aligned else 0),
         }
 
     full = [buffer(t) for t in info.full_inputs]
@@ -377,6 +386,7 @@ def render_row(
         "clustered": schedule.cluster > 1,
         "finalized": finalize is not None,  # a finalize kernel follows: let it launch early
         "pipelined": schedule.stages == 2,  # the next rows load while this one computes
+        "aligned_copy": schedule.aligned_copy,  # 16-byte chunks from below each row's start
         "pending_copies": 1 if schedule.stages == 2 else 0,  # cp.async groups left in flight
         "cross_warp": schedule.threads_per_row > 32,  # a row spans warps: reduce through smem
         "fold_rows": schedule.rows_per_block > 1,  # fold the block's rows' accumulators

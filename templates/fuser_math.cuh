@@ -179,6 +179,37 @@ __device__ __forceinline__ void cp_async(void* smem_dst, const void* gmem_src) {
                  "n"(BYTES));
   }
 }
+// 16 bytes into shared memory, of which the first `src_bytes` (1 to 16) are read from global
+// memory and the rest are zero: the last chunk of a row never reads past the row's end.
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, int src_bytes) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src),
+               "r"(src_bytes));
+}
+
+// Copy one row of `bytes` bytes starting at `row` (any address) into `slot` as the 16-byte
+// chunks from the boundary at or below `row`: thread x of `threads` copies chunks x,
+// x + threads, ... (ROUNDS of them). The row then starts row_offset(row) bytes into the slot.
+template <int ROUNDS>
+__device__ __forceinline__ void copy_row_chunks(unsigned char* slot, const void* row, int bytes,
+                                                int x, int threads) {
+  const unsigned long long start = reinterpret_cast<unsigned long long>(row);
+  const unsigned char* base = reinterpret_cast<const unsigned char*>(start & ~15ull);
+  const int span = static_cast<int>(start & 15ull) + bytes;  // bytes from base to the row's end
+#pragma unroll
+  for (int c = 0; c < ROUNDS; ++c) {
+    const int k = c * threads + x;
+    const int left = span - 16 * k;
+    if (left > 0) cp_async_16(slot + 16 * k, base + 16 * k, left < 16 ? left : 16);
+  }
+}
+
+// Where the row `byte_offset` bytes past `base` starts in its 16-byte chunks (integer math:
+// the row may lie past the tensor's end for a block's idle row slot, which is never read).
+__device__ __forceinline__ int row_offset(const void* base, long long byte_offset) {
+  return static_cast<int>((reinterpret_cast<unsigned long long>(base) + byte_offset) & 15ull);
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
 template <int PENDING>
 __device__ __forceinline__ void cp_async_wait() {

@@ -398,6 +398,20 @@ def test_cluster_split_rows_match_reference(name, hidden, cluster, rng):
     assert kernel.resident_groups <= kernel.occupancy * kernel.device.sm_count // cluster
 
 
+@pytest.mark.parametrize("dtype", [DataType.BFloat16, DataType.Float], ids=lambda d: d.name)
+@pytest.mark.parametrize("rows", [1, 7, 400])
+@pytest.mark.parametrize("hidden", [130, 4098, 24577, 24578])
+@pytest.mark.parametrize("name", sorted(FUSIONS))
+def test_aligned_copy_matches_reference(name, hidden, rows, dtype, rng):
+    """Hints(aligned_copy=True): row buffers filled with 16-byte copies from below each row's
+    start (rows of these sizes start on 2-, 4- or 8-byte boundaries), the last chunk of the
+    last row reading only up to the tensor's end (make sanitize runs these under memcheck)."""
+    fd = run_and_validate(name, dtype, hidden, rows, rng, hints=Hints(aligned_copy=True))
+    s = fd._last_run.kernel.schedule
+    if (name, hidden) in (("rmsnorm_bwd", 24578), ("dropout_rmsnorm_bwd", 24578)):
+        assert s.aligned_copy, s
+
+
 @pytest.mark.parametrize("name", ["rmsnorm_bwd", "layernorm_bwd"])
 def test_finalize_with_more_lanes_matches_reference(name, rng):
     """Hints(finalize_lanes=32): 32 threads per column sum the partial rows (bench --tune)."""

@@ -151,3 +151,29 @@ def test_full_row_outputs_are_stored_as_whole_vectors(name, hidden, dtype):
     narrow = [b for b in stores if b < width]
     allowed = len(info.outputs(Role.ROW)) + len(info.outer_reductions) * s.vec * s.batch
     assert len(narrow) <= allowed, (stores, s)
+
+
+@pytest.mark.parametrize("dtype", [DataType.Float, DataType.BFloat16], ids=lambda d: d.name)
+@pytest.mark.parametrize("hidden", [4098, 24577, 24578, 24580])
+@pytest.mark.parametrize("name", sorted(FUSIONS))
+def test_aligned_copy_kernels_compile_with_16_byte_copies_only(name, hidden, dtype):
+    """Hints(aligned_copy=True) where vectors are narrower than 16 bytes: no spills, and when
+    the schedule uses it, every cp.async of the row kernel moves 16 bytes with a source size
+    (the row's last chunk reads only up to the row's end), with no 4- or 8-byte cp.async."""
+    from fuser.codegen import template_dir
+    from fuser.compile import ptx_of
+    from fuser.schedulers import Hints
+
+    fd = FUSIONS[name](dtype)
+    built = build(fd.name, analyze(fd.fusion), Problem(hidden, 16384, 16), H200,
+                  Hints(aligned_copy=True))
+    for entry, _ in built.plans():
+        assert not built.compiled.resource(entry).spills, entry
+    if not built.schedule.aligned_copy:
+        return
+    ptx = _row_entry_ptx(ptx_of(built.source.source, name, 90, (str(template_dir()),)),
+                         built.source.row_entry)
+    copies = re.findall(r"cp\.async\.(\w+)\.shared\.global \[[^\]]+\], \[[^\]]+\], (\d+)(, %r\d+)?",
+                        ptx)
+    assert copies, ptx[:2000]
+    assert all(c == ("cg", "16", c[2]) and c[2] for c in copies), copies

@@ -289,3 +289,75 @@ def test_row_split_covers_every_hidden_exactly(itemsizes, smem_first):
             assert sum(shares) == vectors and max(shares) == part
             assert tpr & (tpr - 1) == 0 and tpr <= H200.max_threads_per_block
             assert (batch - 1) * tpr < part <= batch * tpr
+
+
+def _copied_chunks(start: int, nbytes: int, threads: int, rounds: int) -> list[tuple[int, int]]:
+    """(address, bytes) of every cp.async that fm::copy_row_chunks issues for one row (the
+    device code, step for step)."""
+    base, span = start & ~15, (start & 15) + nbytes
+    copies = []
+    for x in range(threads):
+        for c in range(rounds):
+            k = c * threads + x
+            left = span - 16 * k
+            if left > 0:
+                copies.append((base + 16 * k, min(16, left)))
+    return sorted(copies)
+
+
+@pytest.mark.parametrize("itemsize", [1, 2, 4, 8])
+def test_aligned_chunks_cover_every_row_exactly_and_fit_the_slot(itemsize):
+    """For every hidden size from 1 to 200000 and every offset a row of it can start at past
+    a 16-byte boundary: the 16-byte chunks copied from that boundary reach exactly the row's
+    last byte (the last chunk reads only what is left, zero-filling the rest), none starts
+    past it, and they fit the planned slot with the row at its offset. The chunk walk itself
+    is replayed byte for byte below 3000."""
+    import numpy as np
+
+    from fuser.schedulers.base import aligned_row_bytes, aligned_row_chunks
+
+    hidden = np.arange(1, 200001, dtype=np.int64)
+    nbytes = hidden * itemsize
+    slot = np.array([aligned_row_bytes(h, itemsize) for h in range(1, 200001)])
+    chunks_max = np.array([aligned_row_chunks(h, itemsize) for h in range(1, 200001)])
+    assert (slot == 16 * chunks_max).all()
+    for row in range(16):  # row r starts r * hidden * itemsize bytes past a 16-byte base
+        shift = (row * nbytes) % 16
+        needed = -(-(shift + nbytes) // 16)
+        assert (needed <= chunks_max).all()
+        assert (shift + nbytes <= slot).all()
+        assert (16 * (needed - 1) < shift + nbytes).all()  # the last chunk is not empty
+    for h in range(1, 3000, 7):
+        for row in range(4):
+            start, n = 4096 + row * h * itemsize, h * itemsize
+            threads = 32
+            rounds = -(-aligned_row_chunks(h, itemsize) // threads)
+            copies = _copied_chunks(start, n, threads, rounds)
+            covered = start & ~15
+            for address, size in copies:
+                assert address == covered and address % 16 == 0 and 1 <= size <= 16
+                covered += size
+            assert covered == start + n
+
+
+def test_aligned_copy_hint_plans_chunked_row_slots():
+    """Hints(aligned_copy=True) at the seed's hidden size: each smem row buffer holds whole
+    16-byte chunks per row slot (the row plus up to 15 bytes before it), the plan says so,
+    and the schedule's repr shows the choice; with a cluster, or inputs not 16-byte aligned,
+    it is not used."""
+    info = analyze(FUSIONS["dropout_rmsnorm_bwd"](DataType.BFloat16).fusion)
+    s = schedule(info, Problem(24578, 16384, 16), H200, Hints(aligned_copy=True))
+    assert s.aligned_copy and "rows copied in aligned 16-byte chunks" in s.reason
+    assert "aligned_copy       True" in str(s)
+    chunks = {"T0": 3074, "T1": 3074, "T2": 1538, "T4": 3074}
+    buffers = {b.name: b for b in s.smem.buffers}
+    for name, n in chunks.items():
+        b = buffers[f"s_{name}"]
+        assert b.nbytes == s.stages * 16 * n, b
+        assert f"in {n} 16-byte chunks" in b.purpose
+        assert s.placement(name).async_copy
+    assert_plan_invariants(s.smem)
+    assert not schedule(info, Problem(24578, 16384, 4), H200, Hints(aligned_copy=True)).aligned_copy
+    clustered = Hints(aligned_copy=True, cluster=2)
+    assert not schedule(info, Problem(24578, 16384, 16), H200, clustered).aligned_copy
+    assert not schedule(info, Problem(24578, 16384, 16), H200).aligned_copy  # off by default

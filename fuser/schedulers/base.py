@@ -43,6 +43,18 @@ class Placement:
     async_copy: bool  # smem only: filled with cp.async (vector of 4, 8 or 16 bytes)
 
 
+def aligned_row_bytes(hidden: int, itemsize: int) -> int:
+    """Bytes of a row slot filled by 16-byte copies from the 16-byte boundary at or below the
+    row's start: whole chunks covering the row at any offset (0 to 15 bytes)."""
+    return 16 * aligned_row_chunks(hidden, itemsize)
+
+
+def aligned_row_chunks(hidden: int, itemsize: int) -> int:
+    """16-byte chunks that cover a row of hidden x itemsize bytes starting 0 to 15 bytes past
+    a 16-byte boundary."""
+    return -(-(hidden * itemsize + 15) // 16)
+
+
 def _field_lines(obj, skip=()) -> list[str]:
     lines = []
     for f in fields(obj):
@@ -75,6 +87,11 @@ class RowSchedule:
     unroll: int  # batch iterations unrolled per pass
     full_unroll: bool  # register arrays are indexed by the batch loop: it must unroll fully
     stages: int  # smem row buffers: 2 = the next rows load while these compute
+    # smem row buffers filled by 16-byte cp.async from the 16-byte boundary at or below each
+    # row's start, whatever vec is: rows of a hidden size like 24578 start on 4-byte
+    # boundaries, and element-wide copies move 4 bytes each. Threads read the row at its
+    # offset in the buffer (after a barrier: each thread no longer reads only what it copied).
+    aligned_copy: bool
     placements: tuple[Placement, ...]  # storage of every full and column input
     accumulators: str  # where outer-reduction accumulators live: REGISTERS, SMEM or GLOBAL
     reduction_bytes: int  # 4, or 8 when any inner reduction accumulates in double

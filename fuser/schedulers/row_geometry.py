@@ -25,6 +25,8 @@ from fuser.schedulers.base import (
     Placement,
     Problem,
     RowSchedule,
+    aligned_row_bytes,
+    aligned_row_chunks,
     ceil_div,
     next_pow2,
     pick_vec,
@@ -72,6 +74,10 @@ class Hints:
     stages: int | None = None
     storage: tuple[tuple[str, str], ...] | None = None  # (tensor name, REGISTERS | SMEM)
     finalize_lanes: int | None = None  # threads summing one column's partial rows (finalize)
+    # Fill smem row buffers with 16-byte copies from below each row's start (RowSchedule.
+    # aligned_copy) where vec is narrower than 16 bytes; one block per row only. Off unless
+    # asked: not yet measured on a GPU.
+    aligned_copy: bool = False
 
 
 def _weight_related(t: Tensor, info: FusionInfo) -> bool:
@@ -202,6 +208,10 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
             f"({hidden // vec} of {vec} elements at hidden {hidden})"
         )
     part = ceil_div(hidden // vec, cluster) * vec  # elements of a row each block keeps
+    # 16-byte copies from below the row's start need the inputs 16-byte aligned and a whole
+    # row per block; they only pay where a vector is narrower than 16 bytes.
+    aligned = (hints.aligned_copy and cluster == 1 and problem.align_bytes >= 16
+               and any(vec * t.dtype.itemsize < 16 for t in info.full_inputs))
     rpb = hints.rows_per_block or max(
         1, min(MIN_BLOCK_THREADS[smem_first] // tpr, next_pow2(max(problem.rows, 1)))
     )
@@ -224,8 +234,11 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
     def can_async(t: Tensor) -> bool:
         """cp.async copies 4, 8 or 16 bytes. Narrower vectors (a bool mask at vec 2) are copied
         through registers, which only pays with one stage: a two-stage pipeline would stall
-        on the copy, so there they stay in registers."""
-        return vec * t.dtype.itemsize in (4, 8, 16)
+        on the copy, so there they stay in registers. Aligned copies are always 16 bytes."""
+        return aligned or vec * t.dtype.itemsize in (4, 8, 16)
+
+    def row_slot_bytes(t: Tensor) -> int:
+        return aligned_row_bytes(part, t.dtype.itemsize) if aligned else part * t.dtype.itemsize
 
     def staged(stages: int) -> dict[str, str]:
         """Every row buffer in smem that `stages` allows there, the others in registers."""
@@ -293,9 +306,11 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
         requests = []
         for t in full:
             if storage[t.name] == SMEM:
-                requests.append((f"s_{t.name}", stages * rpb * part * t.dtype.itemsize,
+                slot = ("" if not aligned else
+                        f" in {aligned_row_chunks(part, t.dtype.itemsize)} 16-byte chunks")
+                requests.append((f"s_{t.name}", stages * rpb * row_slot_bytes(t),
                                  f"row buffer {t.name} ({t.dtype.label}), "
-                                 f"{stages} stage(s) x {rpb} row(s) x {part}"))
+                                 f"{stages} stage(s) x {rpb} row(s) x {part}{slot}"))
         for t in cols:
             if storage[t.name] == SMEM:
                 requests.append((f"s_{t.name}", part * t.dtype.itemsize,
@@ -341,6 +356,7 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
             f"{', '.join(in_smem) or 'nothing'} in smem"
             f"{f' ({stages} stages)' if stages > 1 and in_smem else ''}"
             f"{f', {chr(44).join(reread)} re-read each pass' if reread else ''}"
+            f"{', rows copied in aligned 16-byte chunks' if aligned and in_smem else ''}"
             f"{'' if acc_storage == REGISTERS else f', column accumulators in {acc_storage}'}"
             f"{split}, ~{regs} regs/thread, ~{residency} block(s)/SM"
             f"{f' ({why})' if why else ''}"
@@ -361,6 +377,7 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
             unroll=batch if register_arrays else min(batch, PARTIAL_UNROLL),
             full_unroll=bool(register_arrays),
             stages=stages if any(storage[t.name] == SMEM for t in full) else 1,
+            aligned_copy=aligned and any(storage[t.name] == SMEM for t in full),
             placements=placements,
             accumulators=acc_storage,
             reduction_bytes=red_bytes,

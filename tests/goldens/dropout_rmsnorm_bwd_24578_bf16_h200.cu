@@ -22,6 +22,7 @@
 //   unroll             13
 //   full_unroll        True
 //   stages             1
+//   aligned_copy       False
 //   placements         T0:BFloat16->smem(cp.async), T1:BFloat16->smem(cp.async), T2:Bool->smem, T4:BFloat16->smem(cp.async), T5:BFloat16->smem(cp.async)
 //   accumulators       registers
 //   reduction_bytes    4

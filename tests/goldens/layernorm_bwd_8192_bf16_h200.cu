@@ -22,6 +22,7 @@
 //   unroll             2
 //   full_unroll        True
 //   stages             2
+//   aligned_copy       False
 //   placements         T0:BFloat16->smem(cp.async), T3:BFloat16->smem(cp.async), T4:BFloat16->smem(cp.async)
 //   accumulators       registers
 //   reduction_bytes    4

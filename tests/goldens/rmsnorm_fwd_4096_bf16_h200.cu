@@ -21,6 +21,7 @@
 //   unroll             4
 //   full_unroll        True
 //   stages             1
+//   aligned_copy       False
 //   placements         T0:BFloat16->registers, T1:BFloat16->registers
 //   accumulators       registers
 //   reduction_bytes    4

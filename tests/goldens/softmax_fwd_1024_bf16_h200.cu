@@ -22,6 +22,7 @@
 //   unroll             4
 //   full_unroll        True
 //   stages             1
+//   aligned_copy       False
 //   placements         T0:BFloat16->registers
 //   accumulators       registers
 //   reduction_bytes    4
