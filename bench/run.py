@@ -503,7 +503,8 @@ def tune(fd, inputs, ref, schedule, entry: dict, timed) -> None:
     has_finalize = len(fd.last_resources()) > 1  # a finalize kernel beside the row kernel
     # Knobs are tried at the heuristic's cluster size: their values derive from its split.
     cluster = {"cluster": schedule.cluster} if getattr(schedule, "cluster", 1) > 1 else {}
-    narrow = getattr(schedule, "vec", 16) * inputs[0].element_size() < 16
+    narrow = any(getattr(schedule, "vec", 16) * t.element_size() < 16
+                 for t in inputs if getattr(t, "dim", lambda: 0)() == 2)
     for cfg in tune_grid(getattr(schedule, "threads_per_row", None),
                          clusters=(1, 2, 4, 8) if long_rows else (),
                          finalize_lanes=FINALIZE_LANES_TUNE if has_finalize else (),

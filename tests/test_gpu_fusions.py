@@ -408,8 +408,9 @@ def test_aligned_copy_matches_reference(name, hidden, rows, dtype, rng):
     last row reading only up to the tensor's end (make sanitize runs these under memcheck)."""
     fd = run_and_validate(name, dtype, hidden, rows, rng, hints=Hints(aligned_copy=True))
     s = fd._last_run.kernel.schedule
-    if (name, hidden) in (("rmsnorm_bwd", 24578), ("dropout_rmsnorm_bwd", 24578)):
-        assert s.aligned_copy, s
+    if (name, hidden, dtype) in (("rmsnorm_bwd", 24578, DataType.BFloat16),
+                                 ("dropout_rmsnorm_bwd", 24578, DataType.BFloat16)):
+        assert s.aligned_copy, s  # fp32 rows this long are split over a cluster instead
 
 
 @pytest.mark.parametrize("name", ["rmsnorm_bwd", "layernorm_bwd"])

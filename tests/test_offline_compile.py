@@ -177,3 +177,6 @@ def test_aligned_copy_kernels_compile_with_16_byte_copies_only(name, hidden, dty
                         ptx)
     assert copies, ptx[:2000]
     assert all(c == ("cg", "16", c[2]) and c[2] for c in copies), copies
+    # wait_group only waits for committed groups: copies never committed would be read early.
+    assert "cp.async.commit_group" in ptx
+    assert ptx.index("cp.async.commit_group") < ptx.index("cp.async.wait_group")
