@@ -1,6 +1,7 @@
 """python -m fuser: look at every step of a fusion, with or without a GPU.
 
     python -m fuser show dropout_rmsnorm_bwd --shape 16384x24578 --dtype bf16 --device h200
+    python -m fuser show rmsnorm_bwd --shape 16384x24578 --hint aligned_copy=true --hint stages=1
     python -m fuser demo            # the headline fusion, step by step; runs it if a GPU is here
     python -m fuser info            # device presets, versions, kernel cache
     python -m fuser cache-clear
@@ -12,6 +13,7 @@ by NVRTC, so the ptxas report is the real one.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from fuser.analysis import analyze
@@ -20,7 +22,8 @@ from fuser.dtypes import DataType
 from fuser.errors import FuserError
 from fuser.fusions import FUSIONS, make_inputs
 from fuser.kernels import Built, build
-from fuser.schedulers import Problem
+from fuser.schedulers import Hints, Problem
+from fuser.schedulers.base import GLOBAL, REGISTERS, SMEM
 
 DTYPES = {"bf16": DataType.BFloat16, "fp16": DataType.Half, "fp32": DataType.Float}
 HEADLINE = ("dropout_rmsnorm_bwd", 16384, 24578, "bf16")
@@ -38,17 +41,55 @@ def _shape(text: str) -> tuple[int, int]:
     return rows, hidden
 
 
+_HINT_KINDS = {f.name: f.type for f in dataclasses.fields(Hints)}
+STORAGES = (REGISTERS, SMEM, GLOBAL)
+
+
+def _hint(text: str) -> tuple[str, object]:
+    """KEY=VALUE of a Hints field: an int, true/false for aligned_copy, and for storage a
+    comma list of TENSOR:registers|smem|global."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or key not in _HINT_KINDS:
+        raise argparse.ArgumentTypeError(
+            f"hint {text!r} is not KEY=VALUE with KEY one of {', '.join(_HINT_KINDS)}")
+    value = value.strip()
+    if key == "aligned_copy":
+        if value.lower() not in ("true", "false", "1", "0"):
+            raise argparse.ArgumentTypeError(f"aligned_copy={value!r}: use true or false")
+        return key, value.lower() in ("true", "1")
+    if key == "storage":
+        pairs = tuple(tuple(item.split(":", 1)) for item in value.split(",") if item)
+        if not pairs or any(len(p) != 2 or p[1] not in STORAGES for p in pairs):
+            raise argparse.ArgumentTypeError(
+                f"storage={value!r}: use TENSOR:STORAGE pairs, e.g. T0:smem,T2:registers")
+        return key, pairs
+    try:
+        return key, int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{key}={value!r}: an integer is needed") from None
+
+
+def _hint_words(hints: Hints | None) -> str:
+    """'  with aligned_copy=True, stages=2': the hints that are set, for a title."""
+    if hints is None:
+        return ""
+    set_ = [f"{k}={v}" for k, v in dataclasses.asdict(hints).items() if v not in (None, False)]
+    return f"  with {', '.join(set_)}" if set_ else ""
+
+
 def _section(title: str) -> str:
     return f"\n=== {title} " + "=" * max(0, 72 - len(title))
 
 
-def describe(name: str, rows: int, hidden: int, dtype: str, device: DeviceSpec) -> tuple:
+def describe(name: str, rows: int, hidden: int, dtype: str, device: DeviceSpec,
+             hints: Hints | None = None) -> tuple:
     """Every step for fusion `name`: (printable report, the fusion definition, the build)."""
     fd = FUSIONS[name](DTYPES[dtype])
     info = analyze(fd.fusion)
-    built: Built = build(fd.name, info, Problem(hidden, min(rows, 1024), 16), device)
+    built: Built = build(fd.name, info, Problem(hidden, min(rows, 1024), 16), device, hints)
     parts = [
-        _section(f"{name}  [{rows} x {hidden}]  {dtype}  on {device.name}"),
+        _section(f"{name}  [{rows} x {hidden}]  {dtype}  on {device.name}" + _hint_words(hints)),
         "fusion definition (repr):",
         repr(fd).rstrip(),
         _section("classification"),
@@ -128,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("--shape", type=_shape, default=(16384, 4096), help="ROWSxHIDDEN")
     show.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     show.add_argument("--device", choices=sorted(PRESETS), default="h200")
+    show.add_argument("--hint", type=_hint, action="append", default=[], metavar="KEY=VALUE",
+                      help="override the heuristic (fuser.schedulers.Hints), e.g. "
+                           "aligned_copy=true, stages=2, threads_per_row=256, cluster=2")
     demo = sub.add_parser("demo", help="the headline fusion, every step; runs it on a GPU")
     demo.add_argument("--shape", type=_shape, default=HEADLINE[1:3], help="ROWSxHIDDEN")
     sub.add_parser("info", help="device presets, versions and the kernel cache")
@@ -136,7 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "show":
             rows, hidden = args.shape
-            print(describe(args.fusion, rows, hidden, args.dtype, DeviceSpec.get(args.device))[0])
+            hints = Hints(**dict(args.hint)) if args.hint else None
+            print(describe(args.fusion, rows, hidden, args.dtype, DeviceSpec.get(args.device),
+                           hints)[0])
         elif args.command == "demo":
             rows, hidden = args.shape
             gpu = _gpu_available()

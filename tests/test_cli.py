@@ -51,6 +51,33 @@ def test_bad_shape_is_a_usage_error():
         main(["show", "rmsnorm_fwd", "--shape", "4096"])
 
 
+def test_show_takes_hints(capsys):
+    """--hint KEY=VALUE overrides the heuristic as Hints does: the title says which, and the
+    schedule, plan and source follow them."""
+    assert main(["show", "rmsnorm_bwd", "--shape", "16384x24578", "--hint", "aligned_copy=true",
+                 "--hint", "stages=1"]) == 0
+    out = capsys.readouterr().out
+    assert "on H200  with stages=1, aligned_copy=True" in out
+    assert "aligned_copy       True" in out and "in 3074 16-byte chunks" in out
+    assert "fm::copy_row_chunks<" in out
+    assert main(["show", "rmsnorm_bwd", "--shape", "64x4098",
+                 "--hint", "storage=T0:smem,T2:registers,T3:registers"]) == 0
+    out = capsys.readouterr().out
+    assert "T0:BFloat16->smem(cp.async), T2:BFloat16->registers, T3:BFloat16->registers" in out
+
+
+@pytest.mark.parametrize(("hint", "message"), [
+    ("foo=1", "KEY one of threads_per_row, rows_per_block, cluster, stages, storage"),
+    ("stages=two", "stages='two': an integer is needed"),
+    ("aligned_copy=maybe", "use true or false"),
+    ("storage=T0:disk", "use TENSOR:STORAGE pairs"),
+])
+def test_a_bad_hint_is_a_usage_error_that_names_the_choices(hint, message, capsys):
+    with pytest.raises(SystemExit):
+        main(["show", "rmsnorm_bwd", "--hint", hint])
+    assert message in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_wheel_ships_the_templates(tmp_path):
     """Build the wheel, install it (without dependencies: they are already here) into a
