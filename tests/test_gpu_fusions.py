@@ -106,8 +106,9 @@ def run_and_validate(name, dtype, hidden, rows, rng, hints=None, torch_kind=Fals
         fd.validate(inputs)
     else:
         outs = executor.execute(fd, inputs, hints=hints)
-        compare([executor.to_host(o) for o in outs], evaluate(fd.fusion, host), fd.fusion,
-                output_reduction_sizes(fd.fusion, host), input_sensitivity(fd.fusion, host))
+        refs = evaluate(fd.fusion, host)
+        compare([executor.to_host(o) for o in outs], refs, fd.fusion,
+                output_reduction_sizes(fd.fusion, host), input_sensitivity(fd.fusion, host, refs))
     return fd
 
 
@@ -137,8 +138,8 @@ def validate_tiled(fd, name, dtype, hidden, rows, rng, hints):
         assert o.ndim == 2 or is_sum(o), f"{o.name} is not a column sum; it cannot be tiled"
     block_refs = evaluate(fd.fusion, host)
     rest_refs = evaluate(fd.fusion, rows_of(host, rest)) if rest else None
-    block_spread = input_sensitivity(fd.fusion, host)
-    rest_spread = input_sensitivity(fd.fusion, rows_of(host, rest)) if rest else None
+    block_spread = input_sensitivity(fd.fusion, host, block_refs)
+    rest_spread = input_sensitivity(fd.fusion, rows_of(host, rest), rest_refs) if rest else None
     full_shapes = [np.broadcast_to(np.zeros((), a.dtype), (rows, *a.shape[1:]))
                    if isinstance(a, np.ndarray) and a.ndim == 2 else a for a in host]
     sizes = output_reduction_sizes(fd.fusion, full_shapes)

@@ -646,6 +646,8 @@ def test_ill_conditioned_rows_get_the_allowance_a_float32_kernel_needs(rng):
     assert y_spread[1::2].max() < 1e-5 < y_spread[::2].min()  # only the cancelling rows
     assert all(np.array_equal(a, b) for a, b in zip(spread, input_sensitivity(fusion, inputs),
                                                      strict=True))  # a fixed draw
+    given = input_sensitivity(fusion, inputs, refs)  # the oracle's outputs passed in
+    assert all(np.array_equal(a, b) for a, b in zip(spread, given, strict=True))
 
 
 def test_the_allowance_still_catches_an_error_in_a_well_conditioned_row(rng):
