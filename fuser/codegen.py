@@ -29,8 +29,6 @@ from fuser.schedulers.base import (
     FinalizeSchedule,
     PointwiseSchedule,
     RowSchedule,
-    aligned_row_bytes,
-    aligned_row_chunks,
 )
 
 
@@ -293,6 +291,9 @@ def render_row(
     def buffer(t: Tensor) -> dict:
         p = schedule.placement(t.name)
         aligned = schedule.aligned_copy and p.role == "full" and p.storage == SMEM
+        # Aligned copies: one row slot of the planned buffer (stages x rows slots), in bytes.
+        slot = (schedule.smem.buffer(f"s_{t.name}").nbytes
+                // (schedule.stages * schedule.rows_per_block) if aligned else 0)
         return {
             "name": t.name,
             "ctype": t.dtype.cuda_type,
@@ -301,10 +302,8 @@ def render_row(
             "async": p.async_copy,
             "offset": schedule.smem.offset(f"s_{t.name}") if p.storage == SMEM else 0,
             "fetch": _fetch(t, p.storage, p.role == "full", where, aligned),
-            # Aligned copies: bytes of one row slot, and 16-byte chunks each thread copies.
-            "slot": aligned_row_bytes(schedule.hidden, t.dtype.itemsize) if aligned else 0,
-            "rounds": (-(-aligned_row_chunks(schedule.hidden, t.dtype.itemsize)
-                         // schedule.threads_per_row) if aligned else 0),
+            "slot": slot,
+            "rounds": -(-(slot // 16) // schedule.threads_per_row),  # chunks per thread
         }
 
     full = [buffer(t) for t in info.full_inputs]

@@ -72,11 +72,14 @@ class SmemPlan:
     def fits(self) -> bool:
         return self.total <= self.limit
 
-    def offset(self, name: str) -> int:
+    def buffer(self, name: str) -> SmemBuffer:
         for b in self.buffers:
             if b.name == name:
-                return b.offset
+                return b
         raise KeyError(f"no shared buffer {name!r} in the plan")
+
+    def offset(self, name: str) -> int:
+        return self.buffer(name).offset
 
     def __contains__(self, name: str) -> bool:
         return any(b.name == name for b in self.buffers)
