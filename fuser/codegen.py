@@ -239,13 +239,15 @@ def _cluster_names(schedule: RowSchedule) -> dict[str, str]:
     (not the block) owns rows and partial rows."""
     if schedule.cluster == 1:
         return {
-            "J": "b * TPR + tx", "JEND": "NV", "NVS": "NV", "JS": "j", "OWNER": "blockIdx.x",
+            "J": "b * TPR + tx", "JBASE": "0", "JEND": "NV", "NVS": "NV", "JS": "j",
+            "OWNER": "blockIdx.x",
             "OUTER_STRIDE": "H", "ROW_WRITER": "tx == 0",
             "ROW0": "static_cast<long long>(blockIdx.x) * RPB",
             "ROWSTEP": "static_cast<long long>(gridDim.x) * RPB",
         }
     return {
-        "J": "jbase + b * TPR + tx", "JEND": "jend", "NVS": "NVC", "JS": "(j - jbase)",
+        "J": "jbase + b * TPR + tx", "JBASE": "jbase", "JEND": "jend", "NVS": "NVC",
+        "JS": "(j - jbase)",
         "OWNER": "cluster", "OUTER_STRIDE": "NVC * VEC", "ROW_WRITER": "tx == 0 && rank == 0",
         "ROW0": "static_cast<long long>(cluster) * RPB",
         "ROWSTEP": "static_cast<long long>(fm::cluster_count()) * RPB",

@@ -187,12 +187,15 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
                "r"(src_bytes));
 }
 
-// Copy one row of `bytes` bytes starting at `row` (any address) into `slot` as the 16-byte
-// chunks from the boundary at or below `row`: thread x of `threads` copies chunks x,
-// x + threads, ... (ROUNDS of them). The row then starts row_offset(row) bytes into the slot.
+// Copy one row (or a cluster block's part of it) of `bytes` bytes starting at `row` (any
+// address) into `slot` as the 16-byte chunks from the boundary at or below `row`: thread x of
+// `threads` copies chunks x, x + threads, ... (ROUNDS of them). The row then starts
+// row_offset() bytes into the slot. A part with no bytes (the last blocks of a cluster may
+// own none) copies nothing: its address may lie past the tensor's end.
 template <int ROUNDS>
 __device__ __forceinline__ void copy_row_chunks(unsigned char* slot, const void* row, int bytes,
                                                 int x, int threads) {
+  if (bytes <= 0) return;
   const unsigned long long start = reinterpret_cast<unsigned long long>(row);
   const unsigned char* base = reinterpret_cast<const unsigned char*>(start & ~15ull);
   const int span = static_cast<int>(start & 15ull) + bytes;  // bytes from base to the row's end

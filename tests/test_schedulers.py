@@ -343,8 +343,7 @@ def test_aligned_chunks_cover_every_row_exactly_and_fit_the_slot(itemsize):
 def test_aligned_copy_hint_plans_chunked_row_slots():
     """Hints(aligned_copy=True) at the seed's hidden size: each smem row buffer holds whole
     16-byte chunks per row slot (the row plus up to 15 bytes before it), the plan says so,
-    and the schedule's repr shows the choice; with a cluster, or inputs not 16-byte aligned,
-    it is not used."""
+    and the schedule's repr shows the choice; inputs not 16-byte aligned cannot use it."""
     info = analyze(FUSIONS["dropout_rmsnorm_bwd"](DataType.BFloat16).fusion)
     s = schedule(info, Problem(24578, 16384, 16), H200, Hints(aligned_copy=True))
     assert s.aligned_copy and "rows copied in aligned 16-byte chunks" in s.reason
@@ -358,6 +357,10 @@ def test_aligned_copy_hint_plans_chunked_row_slots():
         assert s.placement(name).async_copy
     assert_plan_invariants(s.smem)
     assert not schedule(info, Problem(24578, 16384, 4), H200, Hints(aligned_copy=True)).aligned_copy
-    clustered = Hints(aligned_copy=True, cluster=2)
-    assert not schedule(info, Problem(24578, 16384, 16), H200, clustered).aligned_copy
     assert not schedule(info, Problem(24578, 16384, 16), H200).aligned_copy  # off by default
+    # Split over a cluster, each block's slot holds the chunks of its part (12290 elements).
+    c = schedule(info, Problem(24578, 16384, 16), H200, Hints(aligned_copy=True, cluster=2))
+    assert c.aligned_copy and c.cluster == 2
+    part_chunks = -(-(12290 * 2 + 15) // 16)
+    t0 = next(b for b in c.smem.buffers if b.name == "s_T0")
+    assert t0.nbytes == c.stages * 16 * part_chunks and f"in {part_chunks} 16-byte" in t0.purpose

@@ -75,8 +75,8 @@ class Hints:
     storage: tuple[tuple[str, str], ...] | None = None  # (tensor name, REGISTERS | SMEM)
     finalize_lanes: int | None = None  # threads summing one column's partial rows (finalize)
     # Fill smem row buffers with 16-byte copies from below each row's start (RowSchedule.
-    # aligned_copy) where vec is narrower than 16 bytes; one block per row only. Off unless
-    # asked: not yet measured on a GPU.
+    # aligned_copy) where vec is narrower than 16 bytes. Off unless asked: not yet measured
+    # on a GPU.
     aligned_copy: bool = False
 
 
@@ -208,9 +208,9 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
             f"({hidden // vec} of {vec} elements at hidden {hidden})"
         )
     part = ceil_div(hidden // vec, cluster) * vec  # elements of a row each block keeps
-    # 16-byte copies from below the row's start need the inputs 16-byte aligned and a whole
-    # row per block; they only pay where a vector is narrower than 16 bytes.
-    aligned = (hints.aligned_copy and cluster == 1 and problem.align_bytes >= 16
+    # 16-byte copies from below the row's (or the block's part's) start need the inputs
+    # 16-byte aligned; they only pay where a vector is narrower than 16 bytes.
+    aligned = (hints.aligned_copy and problem.align_bytes >= 16
                and any(vec * t.dtype.itemsize < 16 for t in info.full_inputs))
     rpb = hints.rows_per_block or max(
         1, min(MIN_BLOCK_THREADS[smem_first] // tpr, next_pow2(max(problem.rows, 1)))
