@@ -35,7 +35,7 @@ test-gpu:
 # cluster-split kernel of each fusion and an aligned-copy kernel of each fusion (24578 x 400). API errors are not reported: cuda-bindings probes the
 # driver's entry points with cuGetProcAddress, and every probe this driver lacks counts as one
 # (34 on the H200's 580 driver); fuser raises on any API error it gets itself.
-SANITIZE_TESTS ?= seed_case or each_storage_path or 4096-7-BFloat16 or cluster2 or (aligned_copy_matches_reference and 24578-400-BFloat16)
+SANITIZE_TESTS ?= seed_case or each_storage_path or 4096-7-BFloat16 or cluster2 or (aligned_copy_matches_reference and 24578-400) or aligned_copy_over_a_forced_cluster
 sanitize:
 	for tool in memcheck racecheck; do \
 	  FUSER_REQUIRE_GPU=1 PYTHONPATH=. compute-sanitizer --tool $$tool --error-exitcode 1 \

@@ -345,7 +345,7 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
             continue
         placements = tuple(
             Placement(t.name, t.dtype, "full" if t in info.full_inputs else "col",
-                      storage[t.name], storage[t.name] == SMEM and can_async(t))
+                      storage[t.name], storage[t.name] == SMEM and t in full and can_async(t))
             for t in info.fusion.inputs if isinstance(t, Tensor) and t.name in storage
         )
         in_smem = [t.name for t in full + cols if storage[t.name] == SMEM]

@@ -23,7 +23,7 @@
 //   full_unroll        True
 //   stages             1
 //   aligned_copy       False
-//   placements         T0:BFloat16->smem(cp.async), T1:BFloat16->smem(cp.async), T2:Bool->smem, T4:BFloat16->smem(cp.async), T5:BFloat16->smem(cp.async)
+//   placements         T0:BFloat16->smem(cp.async), T1:BFloat16->smem(cp.async), T2:Bool->smem, T4:BFloat16->smem(cp.async), T5:BFloat16->smem
 //   accumulators       registers
 //   reduction_bytes    4
 //   regs_estimate      62

@@ -23,7 +23,7 @@
 //   full_unroll        True
 //   stages             2
 //   aligned_copy       False
-//   placements         T0:BFloat16->smem(cp.async), T3:BFloat16->smem(cp.async), T4:BFloat16->smem(cp.async)
+//   placements         T0:BFloat16->smem(cp.async), T3:BFloat16->smem(cp.async), T4:BFloat16->smem
 //   accumulators       registers
 //   reduction_bytes    4
 //   regs_estimate      80
