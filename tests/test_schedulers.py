@@ -136,6 +136,31 @@ def test_long_rows_split_over_the_smallest_cluster_that_keeps_them_on_chip(
 
 
 
+@pytest.mark.parametrize(
+    ("device", "last_on_chip", "beyond"),
+    [("h200", 32768, "cluster"), ("h100", 32768, "cluster"), ("a100", 32768, "re-read"),
+     ("sm89-100kb", 24576, "re-read")],
+)
+def test_where_each_preset_leaves_one_block_on_chip(device, last_on_chip, beyond):
+    """rmsnorm_bwd, bf16, hidden in steps of 1024: the largest row one block keeps on chip on
+    each preset, and what the next size gets: a split over a cluster on sm_90, rows re-read
+    from global memory where there are no clusters (the 100 KB part leaves earliest)."""
+    info = analyze(FUSIONS["rmsnorm_bwd"](DataType.BFloat16).fusion)
+    spec = DeviceSpec.get(device)
+
+    def plan(hidden):
+        return schedule(info, Problem(hidden, 16384, 16), spec)
+
+    below, above = plan(last_on_chip), plan(last_on_chip + 1024)
+    assert below.cluster == 1 and not _off_chip(below), below.reason
+    if beyond == "cluster":
+        assert above.cluster == 2 and not _off_chip(above), above.reason
+    else:
+        assert above.cluster == 1 and _off_chip(above) and "re-read each pass" in above.reason
+    assert_plan_invariants(below.smem)
+    assert_plan_invariants(above.smem)
+
+
 @pytest.mark.parametrize("name", ["rmsnorm_bwd", "dropout_rmsnorm_bwd"])
 @pytest.mark.parametrize(
     ("hidden", "threads_per_row", "rows_per_block", "batch"),
