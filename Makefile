@@ -1,4 +1,4 @@
-# make setup | demo | test | lint | test-gpu | bench | clean
+# make setup | demo | test | lint | test-gpu | sanitize (memcheck, racecheck) | bench | clean
 # setup/demo/test/lint use a local .venv; test-gpu and bench run on the GPU machine, where
 # nothing can be installed, with the system python3 and the source tree on PYTHONPATH.
 
@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.stamp
 
-.PHONY: setup demo test test-gpu sanitize bench lint clean
+.PHONY: setup demo test test-gpu sanitize memcheck racecheck bench lint clean
 
 setup: $(STAMP)
 
@@ -30,19 +30,26 @@ lint: setup
 test-gpu:
 	FUSER_REQUIRE_GPU=1 PYTHONPATH=. python3 -m pytest -m gpu -q $(PYTEST_ARGS)
 
-# compute-sanitizer memcheck and racecheck (GPU machine): the seed case, every row storage
-# (registers, smem, re-read), a persistent kernel of each fusion (4096 x 7 rows), a
-# cluster-split kernel of each fusion and an aligned-copy kernel of each fusion (24578 x 400). API errors are not reported: cuda-bindings probes the
-# driver's entry points with cuGetProcAddress, and every probe this driver lacks counts as one
-# (34 on the H200's 580 driver); fuser raises on any API error it gets itself.
+# compute-sanitizer (GPU machine). memcheck: the seed case, every row storage (registers,
+# smem, re-read), a persistent kernel of each fusion (4096 x 7 rows), a cluster-split kernel
+# of each fusion, and aligned-copy kernels (24578 x 400, and over forced clusters). racecheck,
+# about ten times slower, on one persistent and one cluster-split kernel of each fusion and
+# the aligned copies at 24578 (make racecheck alone fits one 10-minute device call). API
+# errors are not reported: cuda-bindings probes the driver's entry points with
+# cuGetProcAddress, and every probe this driver lacks counts as one (34 on the H200's 580
+# driver); fuser raises on any API error it gets itself.
 SANITIZE_TESTS ?= seed_case or each_storage_path or 4096-7-BFloat16 or cluster2 or (aligned_copy_matches_reference and 24578-400) or aligned_copy_over_a_forced_cluster
-sanitize:
-	for tool in memcheck racecheck; do \
-	  FUSER_REQUIRE_GPU=1 PYTHONPATH=. compute-sanitizer --tool $$tool --error-exitcode 1 \
-	    --report-api-errors no \
-	    python3 -m pytest -m gpu -q -p no:cacheprovider -k "$(SANITIZE_TESTS)" \
-	    tests/test_gpu_fusions.py || exit 1; \
-	done
+RACECHECK_TESTS ?= 4096-7-BFloat16 or cluster2 or (aligned_copy_matches_reference and 24578-400-BFloat16)
+SANITIZER := FUSER_REQUIRE_GPU=1 PYTHONPATH=. compute-sanitizer --error-exitcode 1 --report-api-errors no
+sanitize: memcheck racecheck
+
+memcheck:
+	$(SANITIZER) --tool memcheck python3 -m pytest -m gpu -q -p no:cacheprovider \
+	  -k "$(SANITIZE_TESTS)" tests/test_gpu_fusions.py
+
+racecheck:
+	$(SANITIZER) --tool racecheck python3 -m pytest -m gpu -q -p no:cacheprovider \
+	  -k "$(RACECHECK_TESTS)" tests/test_gpu_fusions.py
 
 bench:
 	PYTHONPATH=. python3 bench/run.py $(BENCH_ARGS)
