@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import hashlib
 import json
 import math
 import os
@@ -312,6 +313,20 @@ def time_events(fn) -> float:
 # ----- GPU side ---------------------------------------------------------------------------------
 
 
+def source_digest(root: Path | None = None) -> str:
+    """A digest of the code that makes the kernels (fuser/**/*.py and templates/*): it names
+    the measured source even where the git metadata beside a copied tree is stale (the GPU
+    machine's copy said an older commit twice); recompute it at a commit to match a json."""
+    root = root or Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    files = sorted([*root.glob("fuser/**/*.py"), *root.glob("templates/*")])
+    for path in files:
+        if path.is_file():
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
 def environment() -> dict:
     import torch
 
@@ -324,6 +339,7 @@ def environment() -> dict:
             env[mod] = __import__(mod).__version__
         except Exception as exc:
             env[mod] = f"unavailable ({type(exc).__name__})"
+    env["source"] = source_digest()
     try:  # "-dirty": the measured tree differs from that commit (a copy of a working tree)
         env["git"] = subprocess.run(
             ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10,

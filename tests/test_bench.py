@@ -328,3 +328,25 @@ def test_host_profile_arguments():
     assert (a.kind, a.hidden, a.calls) == ("cupy", 2048, 10)
     with pytest.raises(SystemExit):
         host_args(["--calls", "0"])
+
+
+def test_source_digest_names_the_kernel_code(tmp_path):
+    """The digest recorded in every json covers fuser's Python and the templates: equal trees
+    give equal digests, and a changed template or module changes it; bytecode caches do not."""
+    from bench.run import source_digest
+
+    (tmp_path / "fuser" / "schedulers").mkdir(parents=True)
+    (tmp_path / "templates").mkdir()
+    (tmp_path / "fuser" / "a.py").write_text("x = 1\n")
+    (tmp_path / "fuser" / "schedulers" / "b.py").write_text("y = 2\n")
+    (tmp_path / "templates" / "k.cu.j2").write_text("// kernel\n")
+    first = source_digest(tmp_path)
+    assert len(first) == 12 and first == source_digest(tmp_path)
+    (tmp_path / "fuser" / "__pycache__").mkdir()
+    (tmp_path / "fuser" / "__pycache__" / "a.cpython-312.pyc").write_bytes(b"\0")
+    assert source_digest(tmp_path) == first
+    (tmp_path / "templates" / "k.cu.j2").write_text("// kernel, changed\n")
+    second = source_digest(tmp_path)
+    assert second != first
+    (tmp_path / "fuser" / "schedulers" / "b.py").write_text("y = 3\n")
+    assert source_digest(tmp_path) not in (first, second)
