@@ -13,6 +13,7 @@ loads on any driver of the same CUDA major (CuPy emits cubin for the same reason
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -268,17 +269,16 @@ def options_for(arch: int, include_dirs: tuple[str, ...] = ()) -> tuple[str, ...
     return compile_options(arch) + tuple(f"-I{os.fspath(d)}" for d in include_dirs)
 
 
-def compile_cuda(
-    source: str, name: str, arch: int, include_dirs: tuple[str, ...] = ()
-) -> CompiledModule:
-    """Compile `source` to a cubin for sm_`arch`; `name` names the file in NVRTC's messages.
+def _filename(name: str) -> str:
+    return name if name.endswith((".cu", ".cuh")) else f"{name}.cu"
 
-    include_dirs are added after the CUDA headers' folder (e.g. fuser's templates folder with
-    its .cuh helpers). Raises CompileError carrying the NVRTC log, the options and the source.
-    """
+
+@contextlib.contextmanager
+def _program(source: str, name: str, options: tuple[str, ...], target: str):
+    """An NVRTC program of `source` compiled with `options`, as (program, log), destroyed on
+    leaving; a failed compile raises CompileError naming the file and `target`."""
     nvrtc = _nvrtc()
-    options = options_for(arch, include_dirs)
-    filename = name if name.endswith((".cu", ".cuh")) else f"{name}.cu"
+    filename = _filename(name)
     prog = _check(
         nvrtc.nvrtcCreateProgram(source.encode(), filename.encode(), 0, [], []),
         "nvrtcCreateProgram",
@@ -290,21 +290,35 @@ def compile_cuda(
         if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise CompileError(
                 f"NVRTC {nvrtc_version()[0]}.{nvrtc_version()[1]} could not compile {filename} "
-                f"for sm_{arch}: {status.name}",
+                f"{target}: {status.name}",
                 source,
                 log,
                 options,
             )
+        yield prog, log
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def compile_cuda(
+    source: str, name: str, arch: int, include_dirs: tuple[str, ...] = ()
+) -> CompiledModule:
+    """Compile `source` to a cubin for sm_`arch`; `name` names the file in NVRTC's messages.
+
+    include_dirs are added after the CUDA headers' folder (e.g. fuser's templates folder with
+    its .cuh helpers). Raises CompileError carrying the NVRTC log, the options and the source.
+    """
+    nvrtc = _nvrtc()
+    options = options_for(arch, include_dirs)
+    with _program(source, name, options, f"for sm_{arch}") as (prog, log):
         if "ptxas" not in log:  # ptxas -v always prints at least "0 bytes gmem" when it runs
             raise RuntimeError(
-                f"NVRTC compiled {filename} without running ptxas (a cached cubin?), so there is "
-                f"no resource report; options: {' '.join(options)}"
+                f"NVRTC compiled {_filename(name)} without running ptxas (a cached cubin?), so "
+                f"there is no resource report; options: {' '.join(options)}"
             )
         size = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
         cubin = bytearray(size)
         _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
     return CompiledModule(
         cubin=bytes(cubin),
         log=log,
@@ -323,22 +337,10 @@ def ptx_of(source: str, name: str, arch: int, include_dirs: tuple[str, ...] = ()
         f"--gpu-architecture=compute_{int(arch)}" if o.startswith("--gpu-architecture=") else o
         for o in options_for(arch, include_dirs) if not o.startswith("--ptxas-options")
     )
-    filename = name if name.endswith((".cu", ".cuh")) else f"{name}.cu"
-    prog = _check(
-        nvrtc.nvrtcCreateProgram(source.encode(), filename.encode(), 0, [], []),
-        "nvrtcCreateProgram",
-    )
-    try:
-        encoded = [o.encode() for o in options]
-        (status,) = nvrtc.nvrtcCompileProgram(prog, len(encoded), encoded)
-        if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise CompileError(f"NVRTC could not compile {filename} to PTX: {status.name}",
-                               source, _program_log(prog), options)
+    with _program(source, name, options, f"to PTX for compute_{arch}") as (prog, _):
         size = _check(nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
         ptx = bytearray(size)
         _check(nvrtc.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
     return ptx.decode(errors="replace").rstrip("\0")
 
 
