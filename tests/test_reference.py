@@ -570,7 +570,8 @@ def test_compare_judges_a_cancelling_sum_by_the_size_of_its_neighbours(rng):
     assert abs(rounded[0] - ref[0]) > 1e-6  # far beyond any bound relative to ref[0]
     compare([rounded], [ref], fd.fusion, [16384])
     lost = ref.copy()
-    lost[0] -= terms[123, 0]
+    lost[0] -= terms[np.argmax(np.abs(terms[:, 0])), 0]  # a term as large as they come: a
+    # random one can be smaller than the allowance (about 1 seed in 200 drew one)
     with pytest.raises(AssertionError, match=r"1 of 64 elements differ"):
         compare([lost], [ref], fd.fusion, [16384])
 
@@ -643,7 +644,9 @@ def test_ill_conditioned_rows_get_the_allowance_a_float32_kernel_needs(rng):
     spread = input_sensitivity(fusion, inputs)
     compare(kernel, refs, fusion, sizes, spread)
     y_spread = spread[0]
-    assert y_spread[1::2].max() < 1e-5 < y_spread[::2].min()  # only the cancelling rows
+    # Only the cancelling rows get a large allowance (over 3000 seeds: random rows at most
+    # 3.5e-5, their median 2.2e-7; cancelling rows at least 8.2e-4).
+    assert y_spread[1::2].max() < 1e-4 < 2e-4 < y_spread[::2].min()
     assert all(np.array_equal(a, b) for a, b in zip(spread, input_sensitivity(fusion, inputs),
                                                      strict=True))  # a fixed draw
     given = input_sensitivity(fusion, inputs, refs)  # the oracle's outputs passed in
@@ -658,7 +661,7 @@ def test_the_allowance_still_catches_an_error_in_a_well_conditioned_row(rng):
     inputs = _short_layernorm_rows(rng)
     refs = evaluate(fusion, inputs)
     kernel = _float32_layernorm(*inputs)
-    kernel[0][5, 1] *= np.float32(1.0001)  # row 5 is well conditioned
+    kernel[0][5, 1] += np.float32(1e-3)  # row 5 is well conditioned; 100x its tolerance
     with pytest.raises(AssertionError, match=r"1 of 192 elements differ .*\n.*worst at index "
                                              r"\(5, 1\)"):
         compare(kernel, refs, fusion, output_reduction_sizes(fusion, inputs),
