@@ -138,15 +138,16 @@ FINALIZE_LANES_TUNE = (16, 64)
 def tune_grid(threads_per_row: int | None, limit: int = TUNE_LIMIT,
               max_threads: int = 1024, clusters: tuple[int, ...] = (),
               finalize_lanes: tuple[int, ...] = (), aligned_copy: bool = False) -> list[dict]:
-    """Hints kwargs to try, the heuristic's (all None) first: aligned 16-byte row copies
-    (where asked: vectors narrower than 16 bytes), rows split over each cluster size given,
-    each finalize_lanes given, each knob alone, then threads_per_row x stages;
+    """Hints kwargs to try, the heuristic's (all None) first: copies of vec bytes instead of
+    aligned 16-byte row copies (where asked: vectors narrower than 16 bytes), rows split
+    over each cluster size given, each finalize_lanes given, each knob alone, then
+    threads_per_row x stages;
     threads_per_row in {x/2, 2x} of the heuristic's x."""
     tprs = []
     if threads_per_row:
         tprs = [t for t in (threads_per_row // 2, threads_per_row * 2) if 1 <= t <= max_threads]
     grid = [{}]
-    grid += [{"aligned_copy": True}] if aligned_copy else []
+    grid += [{"aligned_copy": False}] if aligned_copy else []
     grid += [{"cluster": k} for k in clusters]
     grid += [{"finalize_lanes": n} for n in finalize_lanes]
     grid += [{"threads_per_row": t} for t in tprs]
@@ -254,8 +255,8 @@ def error_record(exc: BaseException) -> dict:
 
 def short_schedule(schedule) -> dict:
     """The geometry of a schedule (for tuning rows)."""
-    keys = ("scheduler", "vec", "threads_per_row", "rows_per_block", "batch", "stages",
-            "blocks_per_sm")
+    keys = ("scheduler", "vec", "threads_per_row", "rows_per_block", "cluster", "batch",
+            "stages", "aligned_copy", "blocks_per_sm")
     return {k: getattr(schedule, k) for k in keys if hasattr(schedule, k)}
 
 
@@ -606,6 +607,8 @@ def run_fusion(fusion: str, args, env: dict, timer_desc: str, timer, dtype) -> d
             if "kernels_us" in m:
                 print(f"[bench]   {k} kernels (us per call of {m.get('time_us', 0):.1f}): "
                       f"{kernels_line(m['kernels_us'])}", flush=True)
+            if "hints" in m:
+                print(f"[bench]   {k} hints: {m['hints']}", flush=True)
         write_report(report, args.out)
         try:
             plot_report(report, png_path)

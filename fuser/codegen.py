@@ -254,6 +254,20 @@ def _cluster_names(schedule: RowSchedule) -> dict[str, str]:
     }
 
 
+def _output_store(schedule: RowSchedule) -> str:
+    """The device function that stores a vector of a full-row output. NVRTC split plain vector
+    stores into element stores in blocks of several rows and in batch loops not fully
+    unrolled (every such schedule of the six fusions at 1024 to 65536, fp32 and bf16; a CPU
+    test on the PTX pins it), so those get fm::store_vector, one st.global by inline PTX.
+    Elsewhere the plain fm::store stays whole, and leaves the compiler free to schedule: the
+    inline PTX cost rmsnorm_bwd bf16 at 65536 (cluster of 2, 8 vectors per thread) 32 B of
+    spills on NVRTC 13.0, and the cluster-of-4 fallback that avoided them ran 16% slower on
+    the H200."""
+    if schedule.rows_per_block > 1 or not schedule.full_unroll:
+        return "fm::store_vector"
+    return "fm::store"
+
+
 def _fetch(t: Tensor, storage: str, full: bool, where: dict[str, str], aligned: bool) -> str:
     """C++ expression of vector j of input `t` in a pass over the row, wherever it is kept."""
     if storage == REGISTERS:
@@ -388,6 +402,7 @@ def render_row(
         "finalized": finalize is not None,  # a finalize kernel follows: let it launch early
         "pipelined": schedule.stages == 2,  # the next rows load while this one computes
         "aligned_copy": schedule.aligned_copy,  # 16-byte chunks from below each row's start
+        "store": _output_store(schedule),
         "pending_copies": 1 if schedule.stages == 2 else 0,  # cp.async groups left in flight
         "cross_warp": schedule.threads_per_row > 32,  # a row spans warps: reduce through smem
         "fold_rows": schedule.rows_per_block > 1,  # fold the block's rows' accumulators

@@ -18,11 +18,19 @@ __device__ __forceinline__ Vec<T, N> load(const T* p) {
   return *reinterpret_cast<const Vec<T, N>*>(p);
 }
 
-// Stores to global memory (st.global: never pass a shared-memory pointer) of 4, 8 and 16
-// bytes are written as one PTX instruction. Left to the compiler, a vector whose elements
-// were computed one by one could be stored element by element, interleaved with the math
-// (16 four-byte stores for fp32 rows of blocks of several rows: such kernels ran at a third
-// of the bandwidth); a CPU test on the PTX pins the instruction count.
+// A plain vector store: the compiler keeps it whole in blocks of one row whose batch loop is
+// fully unrolled, and schedules it freely.
+template <int N, typename T>
+__device__ __forceinline__ void store(T* p, const Vec<T, N>& x) {
+  *reinterpret_cast<Vec<T, N>*>(p) = x;
+}
+
+// A vector store to global memory (st.global: never pass a shared-memory pointer) of 4, 8 or
+// 16 bytes written as one PTX instruction. In blocks of several rows, or with a batch loop
+// not fully unrolled, the compiler split plain vector stores into element stores interleaved
+// with the math (16 four-byte stores per fp32 row pass; such kernels ran at a third of the
+// bandwidth). The inline PTX is an ordering point for the compiler, which costs registers
+// elsewhere; codegen picks this store only where the plain one was split.
 __device__ __forceinline__ void store_bits(void* p, unsigned a) {
   asm volatile("st.global.b32 [%0], %1;\n" ::"l"(p), "r"(a) : "memory");
 }
@@ -40,14 +48,14 @@ template <> struct Bits<8> { using type = uint2; };
 template <> struct Bits<16> { using type = uint4; };
 
 template <int N, typename T>
-__device__ __forceinline__ void store(T* p, const Vec<T, N>& x) {
+__device__ __forceinline__ void store_vector(T* p, const Vec<T, N>& x) {
   using B = typename Bits<sizeof(T) * N>::type;
   if constexpr (sizeof(T) * N >= 4) {
     B bits;
     memcpy(&bits, &x, sizeof(B));
     store_bits(p, bits);
   } else {
-    *reinterpret_cast<Vec<T, N>*>(p) = x;
+    store<N>(p, x);
   }
 }
 

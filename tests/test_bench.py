@@ -294,7 +294,7 @@ def test_tune_grid_splits_long_rows_over_clusters():
     assert not any("cluster" in c for c in tune_grid(1024))
     assert tune_grid(256, finalize_lanes=(32,))[:2] == [{}, {"finalize_lanes": 32}]
     assert tune_grid(256, clusters=(2,), aligned_copy=True)[:3] == [
-        {}, {"aligned_copy": True}, {"cluster": 2}]
+        {}, {"aligned_copy": False}, {"cluster": 2}]
     assert not any("aligned_copy" in c for c in tune_grid(256))
 
 

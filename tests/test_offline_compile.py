@@ -127,7 +127,7 @@ def _global_store_bytes(ptx: str) -> list[int]:
 
 
 @pytest.mark.parametrize("dtype", [DataType.Float, DataType.BFloat16], ids=lambda d: d.name)
-@pytest.mark.parametrize("hidden", [1024, 2048, 4096])
+@pytest.mark.parametrize("hidden", [1024, 2048, 4096, 65536])
 @pytest.mark.parametrize("name", sorted(FUSIONS))
 def test_full_row_outputs_are_stored_as_whole_vectors(name, hidden, dtype):
     """In the PTX of the row kernel, every store of a full-row output is one instruction of

@@ -54,14 +54,20 @@ def test_layernorm_backward_reduces_both_row_sums_in_one_level():
     assert [t.name for t in info.persistent] == ["T0", "T3"]  # x and grad_out, not the stats
 
 
-def test_seed_case_exact_plan():
+@pytest.mark.parametrize("aligned", [True, False])
+def test_seed_case_exact_plan(aligned):
     """dropout + RMSNorm backward, bf16, hidden 24578 on the H200 (NVIDIA/Fuser #5272): every
-    row buffer in smem, each rounded up to 128 bytes, the static slot counted, and it fits."""
-    _, s = plan_for("dropout_rmsnorm_bwd", DataType.BFloat16, 24578)
+    row buffer in smem, each rounded up to 128 bytes, the static slot counted, and it fits.
+    Row buffers hold whole 16-byte chunks (the row plus the bytes before it back to a 16-byte
+    boundary) by default, and the row itself with aligned_copy=False."""
+    info = analyze(FUSIONS["dropout_rmsnorm_bwd"](DataType.BFloat16).fusion)
+    s = schedule(info, Problem(24578, 16384, 16), H200, Hints(aligned_copy=aligned))
     sizes = {b.name: (b.nbytes, b.offset) for b in s.smem.buffers}
     assert s.vec == 2 and s.threads_per_row == 1024 and s.batch == 13
+    assert s.aligned_copy is aligned
+    row, mask = (16 * 3074, 16 * 1538) if aligned else (49156, 24578)
     assert {n: b for n, (b, _) in sizes.items()} == {
-        "s_T0": 49156, "s_T1": 49156, "s_T2": 24578, "s_T4": 49156, "s_T5": 49156,
+        "s_T0": row, "s_T1": row, "s_T2": mask, "s_T4": row, "s_T5": 49156,
         "s_reduce": 2 * 32 * 4,
     }
     assert s.smem.dynamic_bytes == 4 * 49280 + 24704 + 256 == 222080
@@ -215,7 +221,8 @@ def test_a_copied_row_buffer_keeps_one_stage_and_compiles():
     are copied through registers; forced into shared memory with two stages asked for, the
     schedule keeps one stage (cp.async fills the second), and the kernel compiles."""
     info = analyze(FUSIONS["dropout_rmsnorm_bwd"](DataType.BFloat16).fusion)
-    all_smem = Hints(storage=tuple((n, SMEM) for n in ("T0", "T1", "T2", "T4", "T5")), stages=2)
+    all_smem = Hints(storage=tuple((n, SMEM) for n in ("T0", "T1", "T2", "T4", "T5")), stages=2,
+                     aligned_copy=False)
     built = build("dropout_rmsnorm_bwd", info, Problem(24578, 64, 16), H200, all_smem)
     s = built.schedule
     assert s.vec == 2 and s.stages == 1
@@ -382,7 +389,9 @@ def test_aligned_copy_hint_plans_chunked_row_slots():
         assert s.placement(name).async_copy
     assert_plan_invariants(s.smem)
     assert not schedule(info, Problem(24578, 16384, 4), H200, Hints(aligned_copy=True)).aligned_copy
-    assert not schedule(info, Problem(24578, 16384, 16), H200).aligned_copy  # off by default
+    assert schedule(info, Problem(24578, 16384, 16), H200).aligned_copy  # on by default
+    off = Hints(aligned_copy=False)
+    assert not schedule(info, Problem(24578, 16384, 16), H200, off).aligned_copy
     # Split over a cluster, each block's slot holds the chunks of its part (12290 elements).
     c = schedule(info, Problem(24578, 16384, 16), H200, Hints(aligned_copy=True, cluster=2))
     assert c.aligned_copy and c.cluster == 2

@@ -46,7 +46,7 @@ from fuser.smem import SmemPlan
 # (the copy of its bytes is slower than the kernel) against 0.88, and at 16384 0.94 with 512
 # threads against 0.80 with 1024. Rows packed several to a block with more than one vector per
 # thread ran at a third of that (rmsnorm_bwd 4096, 2 rows of 256 threads: 0.33); the PTX
-# showed the output vectors stored element by element, which fm::store now prevents (not
+# showed the output vectors stored element by element, which fm::store_vector now prevents (not
 # re-measured yet: the one-row blocks above were faster with one vector per thread too).
 TARGET_VECTORS_PER_THREAD = {False: 4, True: 2}
 ONE_VECTOR_UP_TO = 128  # smem-first: threads per row that still get one vector each
@@ -75,9 +75,9 @@ class Hints:
     storage: tuple[tuple[str, str], ...] | None = None  # (tensor name, REGISTERS | SMEM)
     finalize_lanes: int | None = None  # threads summing one column's partial rows (finalize)
     # Fill smem row buffers with 16-byte copies from below each row's start (RowSchedule.
-    # aligned_copy) where vec is narrower than 16 bytes. Off unless asked: not yet measured
-    # on a GPU.
-    aligned_copy: bool = False
+    # aligned_copy) where vec is narrower than 16 bytes and the inputs are 16-byte aligned.
+    # None and True: wherever that holds; False: never (copies of vec bytes).
+    aligned_copy: bool | None = None
 
 
 def _weight_related(t: Tensor, info: FusionInfo) -> bool:
@@ -172,14 +172,54 @@ def row_schedule_candidates(
                    for k in splits[1:]]
         phases.append((splits[-1], True, f"{splits[-1]} block(s) cannot keep the row on chip"))
     for cluster, off_chip, why in phases:
-        yield from _candidates(info, problem, device, scheduler, smem_first, hints, itemsizes,
-                               cluster, off_chip, why, tried)
+        def of_phase(chunked: bool, cluster=cluster, off_chip=off_chip, why=why):
+            return _candidates(info, problem, device, scheduler, smem_first, hints, itemsizes,
+                               cluster, off_chip, why, tried, chunked)
+        yield from _copy_choice(of_phase, hints)
     raise OutOfResourcesError(
         f"no storage fits one row of hidden {problem.hidden} ({info.row_buffer_bytes} B per "
         f"element of row buffers) on {device.name}: shared memory limit "
         f"{device.smem_per_block_optin} B per block. Tried:\n  " + "\n  ".join(tried[-6:])
         + "\nUse a device with more shared memory or a smaller hidden size."
     )
+
+
+def _rereads(s: RowSchedule) -> int:
+    """Row buffers (and accumulators) a schedule keeps in global memory, re-read every pass."""
+    return (sum(p.role == "full" and p.storage == GLOBAL for p in s.placements)
+            + (s.accumulators == GLOBAL))
+
+
+def _copy_choice(of_phase, hints: Hints) -> Iterator[RowSchedule]:
+    """One phase's candidates, those with aligned 16-byte row copies first, unless their
+    slightly larger row slots (up to 15 bytes per row) leave more buffers re-read from global
+    memory than copies of vec bytes do (the 100 KB part at hidden 24578 would re-read two
+    input rows instead of one input row and the weight)."""
+    if hints.aligned_copy is False:
+        yield from of_phase(False)
+        return
+    chunked = of_phase(True)
+    first = next(chunked, None)
+    if first is None or not first.aligned_copy:  # nothing fits, or no row to copy in chunks
+        if first is not None:
+            yield first
+            yield from chunked
+        else:
+            yield from of_phase(False)
+        return
+    plain = of_phase(False)
+    other = next(plain, None)
+    if other is not None and _rereads(other) < _rereads(first):
+        yield other
+        yield from plain
+        yield first
+        yield from chunked
+    else:
+        yield first
+        yield from chunked
+        if other is not None:
+            yield other
+            yield from plain
 
 
 def _split_words(hidden: int, part: int, cluster: int) -> str:
@@ -192,11 +232,13 @@ def _split_words(hidden: int, part: int, cluster: int) -> str:
 
 def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, scheduler: str,
                 smem_first: bool, hints: Hints, itemsizes: list[int], cluster: int,
-                off_chip: bool | None, why: str, tried: list[str]) -> Iterator[RowSchedule]:
+                off_chip: bool | None, why: str, tried: list[str],
+                chunked: bool) -> Iterator[RowSchedule]:
     """The fitting schedules of one cluster size: with every row buffer and accumulator on
     chip (off_chip False), with some re-read from global memory (True), or both (None). `why`
     says in the reason why this cluster size and storage were reached; `itemsizes` are those
-    of the tensors a row's vectors must suit."""
+    of the tensors a row's vectors must suit; `chunked` asks for aligned 16-byte row copies
+    where they apply."""
     hidden = problem.hidden
     vec, tpr, batch = row_split(hidden, itemsizes, problem.align_bytes, smem_first, device,
                                 hints.threads_per_row, cluster)
@@ -209,8 +251,10 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
         )
     part = ceil_div(hidden // vec, cluster) * vec  # elements of a row each block keeps
     # 16-byte copies from below the row's (or the block's part's) start need the inputs
-    # 16-byte aligned; they only pay where a vector is narrower than 16 bytes.
-    aligned = (hints.aligned_copy and problem.align_bytes >= 16
+    # 16-byte aligned; they only pay where a vector is narrower than 16 bytes. On the H200
+    # (bf16, 16384 rows, hidden 24578: 2-element vectors) they took dropout_rmsnorm_bwd from
+    # 0.57 to 0.82 of the copy bandwidth and rmsnorm_bwd from 0.60 to 0.69.
+    aligned = (chunked and problem.align_bytes >= 16
                and any(vec * t.dtype.itemsize < 16 for t in info.full_inputs))
     rpb = hints.rows_per_block or max(
         1, min(MIN_BLOCK_THREADS[smem_first] // tpr, next_pow2(max(problem.rows, 1)))

@@ -12,7 +12,7 @@
 // 
 // RowSchedule
 //   scheduler          inner_outer_persistent
-//   reason             smem-first policy: T0, T1, T2, T4, T5 in smem, ~62 regs/thread, ~1 block(s)/SM
+//   reason             smem-first policy: T0, T1, T2, T4, T5 in smem, rows copied in aligned 16-byte chunks, ~62 regs/thread, ~1 block(s)/SM
 //   hidden             24578
 //   vec                2
 //   threads_per_row    1024
@@ -22,8 +22,8 @@
 //   unroll             13
 //   full_unroll        True
 //   stages             1
-//   aligned_copy       False
-//   placements         T0:BFloat16->smem(cp.async), T1:BFloat16->smem(cp.async), T2:Bool->smem, T4:BFloat16->smem(cp.async), T5:BFloat16->smem
+//   aligned_copy       True
+//   placements         T0:BFloat16->smem(cp.async), T1:BFloat16->smem(cp.async), T2:Bool->smem(cp.async), T4:BFloat16->smem(cp.async), T5:BFloat16->smem
 //   accumulators       registers
 //   reduction_bytes    4
 //   regs_estimate      62
@@ -31,10 +31,10 @@
 // 
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
-// s_T0         49156       0    49280  row buffer T0 (BFloat16), 1 stage(s) x 1 row(s) x 24578
-// s_T1         49156   49280    49280  row buffer T1 (BFloat16), 1 stage(s) x 1 row(s) x 24578
-// s_T2         24578   98560    24704  row buffer T2 (Bool), 1 stage(s) x 1 row(s) x 24578
-// s_T4         49156  123264    49280  row buffer T4 (BFloat16), 1 stage(s) x 1 row(s) x 24578
+// s_T0         49184       0    49280  row buffer T0 (BFloat16), 1 stage(s) x 1 row(s) x 24578 in 3074 16-byte chunks
+// s_T1         49184   49280    49280  row buffer T1 (BFloat16), 1 stage(s) x 1 row(s) x 24578 in 3074 16-byte chunks
+// s_T2         24608   98560    24704  row buffer T2 (Bool), 1 stage(s) x 1 row(s) x 24578 in 1538 16-byte chunks
+// s_T4         49184  123264    49280  row buffer T4 (BFloat16), 1 stage(s) x 1 row(s) x 24578 in 3074 16-byte chunks
 // s_T5         49156  172544    49280  column buffer T5 (BFloat16) x 24578
 // s_reduce       256  221824      256  inner-reduction scratch: 2 parities x 1 x 1 row(s) x 32 warps x 4 B
 // static slot    128  static      128  static __shared__ (magic zero)
@@ -56,7 +56,8 @@
 
 // Each block works on 1 row(s) at a time and strides over all rows.
 // Thread x of a row owns vectors x, x + 1024, ... (13 of them, 2 elements each);
-// shared row buffers are indexed the same way, so a thread only ever reads back what it copied.
+// Shared row buffers are filled in 16-byte chunks from the 16-byte boundary at or below each
+// row's start; a thread reads its vectors at the row's offset, after a barrier.
 extern "C" __global__ void __launch_bounds__(1024, 1)
 dropout_rmsnorm_bwd_row(
     const __nv_bfloat16* __restrict__ g_T0,
@@ -82,10 +83,6 @@ dropout_rmsnorm_bwd_row(
   extern __shared__ __align__(128) unsigned char smem[];
   const int zero = fm::magic_zero();
   fm::allow_dependent_launch();  // the finalize may launch now; it waits for this grid's end
-  fm::Vec<__nv_bfloat16, VEC>* s_T0 = reinterpret_cast<fm::Vec<__nv_bfloat16, VEC>*>(smem + 0);
-  fm::Vec<__nv_bfloat16, VEC>* s_T1 = reinterpret_cast<fm::Vec<__nv_bfloat16, VEC>*>(smem + 49280);
-  fm::Vec<bool, VEC>* s_T2 = reinterpret_cast<fm::Vec<bool, VEC>*>(smem + 98560);
-  fm::Vec<__nv_bfloat16, VEC>* s_T4 = reinterpret_cast<fm::Vec<__nv_bfloat16, VEC>*>(smem + 123264);
   fm::Vec<__nv_bfloat16, VEC>* s_T5 = reinterpret_cast<fm::Vec<__nv_bfloat16, VEC>*>(smem + 172544);
   float* s_reduce = reinterpret_cast<float*>(smem + 221824);
   const double S6 = 1.1111111111111112;
@@ -122,28 +119,14 @@ dropout_rmsnorm_bwd_row(
     const long long row = row0 + ty + zero;
     const bool valid = row < n_rows;
     const int stage = STAGES == 2 ? (it & 1) : 0;
+    __syncthreads();  // every thread is done with the row the copies below overwrite
     if (valid) {
-#pragma unroll
-      for (int b = 0; b < BATCH; ++b) {
-        const int j = b * TPR + tx;
-        if (j < NV) {
-          fm::cp_async<VEC * sizeof(__nv_bfloat16)>(&s_T0[ty * NV + j], g_T0 + row * H + j * VEC);
-          fm::cp_async<VEC * sizeof(__nv_bfloat16)>(&s_T1[ty * NV + j], g_T1 + row * H + j * VEC);
-          fm::cp_async<VEC * sizeof(__nv_bfloat16)>(&s_T4[ty * NV + j], g_T4 + row * H + j * VEC);
-        }
-      }
+      fm::copy_row_chunks<4>(smem + 0 + ty * 49184, g_T0 + row * H + 0 * VEC, (NV - 0) * VEC * static_cast<int>(sizeof(__nv_bfloat16)), tx, TPR);
+      fm::copy_row_chunks<4>(smem + 49280 + ty * 49184, g_T1 + row * H + 0 * VEC, (NV - 0) * VEC * static_cast<int>(sizeof(__nv_bfloat16)), tx, TPR);
+      fm::copy_row_chunks<2>(smem + 98560 + ty * 24608, g_T2 + row * H + 0 * VEC, (NV - 0) * VEC * static_cast<int>(sizeof(bool)), tx, TPR);
+      fm::copy_row_chunks<4>(smem + 123264 + ty * 49184, g_T4 + row * H + 0 * VEC, (NV - 0) * VEC * static_cast<int>(sizeof(__nv_bfloat16)), tx, TPR);
     }
     fm::cp_async_commit();
-    // Row buffers too narrow for cp.async: copied through registers.
-    if (valid) {
-#pragma unroll
-      for (int b = 0; b < BATCH; ++b) {
-        const int j = b * TPR + tx;
-        if (j < NV) {
-          s_T2[ty * NV + j] = fm::load<VEC>(g_T2 + row * H + j * VEC);
-        }
-      }
-    }
     // Row buffers kept in registers: every load of the row issued before any is used.
 #pragma unroll
     for (int b = 0; b < BATCH; ++b) {
@@ -151,6 +134,11 @@ dropout_rmsnorm_bwd_row(
     }
     const float row_T3 = valid ? fm::to_compute(g_T3[row]) : float(0);
     fm::cp_async_wait<0>();
+    __syncthreads();  // the row's chunks were copied by every thread of the row
+    const fm::Vec<__nv_bfloat16, VEC>* s_T0_row = reinterpret_cast<const fm::Vec<__nv_bfloat16, VEC>*>(smem + 0 + (stage * RPB + ty) * 49184 + fm::row_offset(g_T0, (row * H + 0 * VEC) * static_cast<long long>(sizeof(__nv_bfloat16))));
+    const fm::Vec<__nv_bfloat16, VEC>* s_T1_row = reinterpret_cast<const fm::Vec<__nv_bfloat16, VEC>*>(smem + 49280 + (stage * RPB + ty) * 49184 + fm::row_offset(g_T1, (row * H + 0 * VEC) * static_cast<long long>(sizeof(__nv_bfloat16))));
+    const fm::Vec<bool, VEC>* s_T2_row = reinterpret_cast<const fm::Vec<bool, VEC>*>(smem + 98560 + (stage * RPB + ty) * 24608 + fm::row_offset(g_T2, (row * H + 0 * VEC) * static_cast<long long>(sizeof(bool))));
+    const fm::Vec<__nv_bfloat16, VEC>* s_T4_row = reinterpret_cast<const fm::Vec<__nv_bfloat16, VEC>*>(smem + 123264 + (stage * RPB + ty) * 49184 + fm::row_offset(g_T4, (row * H + 0 * VEC) * static_cast<long long>(sizeof(__nv_bfloat16))));
 
     // Inner reduction level 0.
     float row_T22 = float(0);
@@ -158,10 +146,10 @@ dropout_rmsnorm_bwd_row(
     for (int b = 0; b < BATCH; ++b) {
       const int j = b * TPR + tx;
       if (j < NV) {
-        const fm::Vec<__nv_bfloat16, VEC> x_T0 = s_T0[(stage * RPB + ty) * NV + j];
-        const fm::Vec<__nv_bfloat16, VEC> x_T1 = s_T1[(stage * RPB + ty) * NV + j];
-        const fm::Vec<bool, VEC> x_T2 = s_T2[(stage * RPB + ty) * NV + j];
-        const fm::Vec<__nv_bfloat16, VEC> x_T4 = s_T4[(stage * RPB + ty) * NV + j];
+        const fm::Vec<__nv_bfloat16, VEC> x_T0 = s_T0_row[j];
+        const fm::Vec<__nv_bfloat16, VEC> x_T1 = s_T1_row[j];
+        const fm::Vec<bool, VEC> x_T2 = s_T2_row[j];
+        const fm::Vec<__nv_bfloat16, VEC> x_T4 = s_T4_row[j];
         const fm::Vec<__nv_bfloat16, VEC> c_T5 = s_T5[j];
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
@@ -204,10 +192,10 @@ dropout_rmsnorm_bwd_row(
     for (int b = 0; b < BATCH; ++b) {
       const int j = b * TPR + tx;
       if (j < NV) {
-        const fm::Vec<__nv_bfloat16, VEC> x_T0 = s_T0[(stage * RPB + ty) * NV + j];
-        const fm::Vec<__nv_bfloat16, VEC> x_T1 = s_T1[(stage * RPB + ty) * NV + j];
-        const fm::Vec<bool, VEC> x_T2 = s_T2[(stage * RPB + ty) * NV + j];
-        const fm::Vec<__nv_bfloat16, VEC> x_T4 = s_T4[(stage * RPB + ty) * NV + j];
+        const fm::Vec<__nv_bfloat16, VEC> x_T0 = s_T0_row[j];
+        const fm::Vec<__nv_bfloat16, VEC> x_T1 = s_T1_row[j];
+        const fm::Vec<bool, VEC> x_T2 = s_T2_row[j];
+        const fm::Vec<__nv_bfloat16, VEC> x_T4 = s_T4_row[j];
         const fm::Vec<__nv_bfloat16, VEC> c_T5 = s_T5[j];
         fm::Vec<__nv_bfloat16, VEC> o_T36;
         fm::Vec<__nv_bfloat16, VEC> o_T37;

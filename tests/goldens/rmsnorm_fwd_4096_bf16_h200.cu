@@ -142,7 +142,7 @@ rmsnorm_fwd_row(
           const float e_T16 = fm::round_bf16(e_T15);
           o_T16.v[i] = fm::to_storage<__nv_bfloat16>(e_T16);
         }
-        if (valid) fm::store<VEC>(g_T16 + row * H + j * VEC, o_T16);
+        if (valid) fm::store_vector<VEC>(g_T16 + row * H + j * VEC, o_T16);
       }
     }
     if (valid && tx == 0) g_T9[row] = fm::to_storage<float>(row_T9);

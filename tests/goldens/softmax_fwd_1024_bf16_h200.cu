@@ -134,7 +134,7 @@ softmax_fwd_row(
           const float e_T13 = fm::round_bf16(e_T12);
           o_T13.v[i] = fm::to_storage<__nv_bfloat16>(e_T13);
         }
-        if (valid) fm::store<VEC>(g_T13 + row * H + j * VEC, o_T13);
+        if (valid) fm::store_vector<VEC>(g_T13 + row * H + j * VEC, o_T13);
       }
     }
   }
