@@ -113,10 +113,14 @@ class Emitter:
     emit nothing) and records the new names in `env`.
     """
 
-    def __init__(self, info: FusionInfo, env: dict[Val, str], prefix: str):
+    def __init__(self, info: FusionInfo, env: dict[Val, str], prefix: str,
+                 reciprocals: dict[tuple[Val, str], str] | None = None):
         self.info = info
         self.env = dict(env)
         self.prefix = prefix
+        # (row value, compute type) -> the C++ name of its reciprocal, computed once per row:
+        # an element divided by it is multiplied by the reciprocal instead.
+        self.reciprocals = reciprocals if reciprocals is not None else {}
 
     def emit(self, targets) -> list[str]:
         needed: set[Val] = set()
@@ -171,9 +175,36 @@ class Emitter:
         compute = e.attr("compute").compute_type
         if e.op == "where":
             args = [self.env[e.inputs[0]]] + [self._operand(i, compute) for i in e.inputs[1:]]
+        elif e.op == "div" and (_through_broadcasts(e.inputs[1]), compute) in self.reciprocals:
+            rcp = self.reciprocals[(_through_broadcasts(e.inputs[1]), compute)]
+            return f"({self._operand(e.inputs[0], compute)} * {rcp})"
         else:
             args = [self._operand(i, compute) for i in e.inputs]
         return ELEMENTWISE[e.op].cuda.format(*args)
+
+
+def _through_broadcasts(v: Val) -> Val:
+    """The value a chain of broadcast_in_dim aliases stands for."""
+    while v.definition is not None and v.definition.op == "broadcast_in_dim":
+        v = v.definition.inputs[0]
+    return v
+
+
+def _row_divisors(info: FusionInfo) -> dict[Val, set[str]]:
+    """Row values that elements are divided by, with the compute types of those divisions.
+    A division costs the H200 about ten instructions per element (IEEE div.rn with its slow
+    path), a multiply one: fuser divides by such a value through its reciprocal, computed once
+    per row (x * (1 / s) is within 1.5 ulp of x / s). softmax_fwd, which divides every element
+    by its row's sum, is compute-bound without it."""
+    out: dict[Val, set[str]] = {}
+    for v in info.fusion.vals:
+        d = v.definition
+        if d is None or d.op != "div" or info.roles[v] is Role.ROW:
+            continue
+        src = _through_broadcasts(d.inputs[1])
+        if info.roles.get(src) is Role.ROW:
+            out.setdefault(src, set()).add(d.attr("compute").compute_type)
+    return out
 
 
 def _scalar_prologue(info: FusionInfo) -> tuple[list[str], dict[Val, str]]:
@@ -333,17 +364,28 @@ def render_row(
     row_values = [v for v in fusion.vals if roles[v] is Role.ROW and v.definition is not None
                   and v.definition.op not in ("sum", "max")]
 
+    divisors = _row_divisors(info)
+    reciprocals: dict[tuple[Val, str], str] = {}
+
     def row_lines(level: int) -> list[str]:
+        """The row values of `level`, then the reciprocal of each divisor now known."""
         emitter = Emitter(info, row_env, "row_")
         ready = [v for v in row_values if info.level[v] == level and v not in row_env]
         lines = emitter.emit(ready)
         row_env.update(emitter.env)
+        for v, computes in divisors.items():
+            for ct in sorted(computes):
+                if v in row_env and (v, ct) not in reciprocals:
+                    name = f"row_rcp{'_d' if ct == 'double' else ''}_{v.name}"
+                    lines.append(f"const {ct} {name} = {ct}(1) / "
+                                 f"{_convert(row_env[v], _ctype(v), ct)};")
+                    reciprocals[(v, ct)] = name
         return lines
 
     levels = []
     start_lines = row_lines(0)
     for k, level in enumerate(info.inner_levels):
-        emitter = Emitter(info, {**element_env, **row_env}, "e_")
+        emitter = Emitter(info, {**element_env, **row_env}, "e_", reciprocals)
         element_lines = emitter.emit([e.inputs[0] for e in level])
         reductions = [
             _reduction_entry(e, f"row_{e.outputs[0].name}", emitter.env[e.inputs[0]])
@@ -356,7 +398,7 @@ def render_row(
 
     # The final phase: full outputs and the values accumulated by outer reductions.
     full_outputs = info.outputs(Role.FULL)
-    emitter = Emitter(info, {**element_env, **row_env}, "e_")
+    emitter = Emitter(info, {**element_env, **row_env}, "e_", reciprocals)
     final_lines = emitter.emit([*full_outputs, *(e.inputs[0] for e in info.outer_reductions)])
     outputs = [{"name": o.name, "ctype": o.dtype.cuda_type, "value": emitter.env[o]}
                for o in full_outputs]

@@ -99,7 +99,16 @@ __device__ __forceinline__ float sqrt(float x) { return sqrtf(x); }
 __device__ __forceinline__ double sqrt(double x) { return ::sqrt(x); }
 __device__ __forceinline__ float rsqrt(float x) { return rsqrtf(x); }
 __device__ __forceinline__ double rsqrt(double x) { return ::rsqrt(x); }
-__device__ __forceinline__ float exp(float x) { return expf(x); }
+// exp(x) = 2^(x log2 e) on the special function unit: two instructions where expf takes about
+// nine, as Triton's tl.exp does. Relative error: ex2.approx's 2 ulp plus |x| * 2^-24 from
+// rounding x log2 e (6e-7 at |x| = 10), far inside float outputs' 1e-5; results below 2^-126
+// flush to zero. softmax_fwd evaluates exp twice per element and was compute-bound with
+// expf: 0.65 of the copy bandwidth at hidden 4096 on the H200, 0.75 with this.
+__device__ __forceinline__ float exp(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+  return y;
+}
 __device__ __forceinline__ double exp(double x) { return ::exp(x); }
 __device__ __forceinline__ float log(float x) { return logf(x); }
 __device__ __forceinline__ double log(double x) { return ::log(x); }

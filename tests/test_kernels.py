@@ -101,3 +101,31 @@ def test_last_accessors_return_what_ran():
                                                           schedule=built.schedule))
     assert fd.last_cuda_code() == built.source.source
     assert fd.last_schedule() is built.schedule and fd.last_smem_plan() is built.schedule.smem
+
+
+def _normalize_by(divisor: str):
+    """x / (a row value or a full tensor), fp32: what the division is made of."""
+    from fuser import FusionDefinition
+
+    with FusionDefinition(f"normalize_by_{divisor}") as fd:
+        x = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)
+        s = fd.ops.sum(fd.ops.abs(x), dims=[1], keepdim=True)
+        row = fd.ops.broadcast_in_dim(s, shape=x.shape(), broadcast_dims=[0, 1])
+        full = fd.ops.add(fd.ops.abs(x), fd.define_scalar(1.0))
+        fd.add_output(fd.ops.div(x, row if divisor == "row" else full))
+    return fd
+
+
+def test_division_by_a_row_value_multiplies_by_its_reciprocal(tmp_path):
+    """An element divided by a row value (softmax's sum) is multiplied by the value's
+    reciprocal, computed once per row; a division by a full tensor stays a division."""
+    cache = KernelCache(str(tmp_path))
+    for divisor, expected in (("row", "* row_rcp_"), ("full", " / ")):
+        fd = _normalize_by(divisor)
+        built = kernels.build(fd.name, analyze(fd.fusion), Problem(1024, 64, 16), H200,
+                              cache=cache)
+        source = built.source.source
+        outputs = [line for line in source.splitlines() if "const float e_" in line
+                   and ("/" in line or "row_rcp_" in line)]
+        assert outputs and all(expected in line for line in outputs), outputs
+        assert ("const float row_rcp_" in source) == (divisor == "row")

@@ -117,6 +117,7 @@ softmax_fwd_row(
       }
     }
     row_T8 = fm::warp_reduce<(TPR < 32 ? TPR : 32)>(row_T8, fm::Sum{});
+    const float row_rcp_T8 = float(1) / row_T8;
 
     // Outputs of the row.
 #pragma unroll 4
@@ -130,7 +131,7 @@ softmax_fwd_row(
           const float e_T1 = fm::to_compute(x_T0.v[i]);
           const float e_T6 = (e_T1 - row_T2);
           const float e_T7 = fm::exp(e_T6);
-          const float e_T12 = (e_T7 / row_T8);
+          const float e_T12 = (e_T7 * row_rcp_T8);
           const float e_T13 = fm::round_bf16(e_T12);
           o_T13.v[i] = fm::to_storage<__nv_bfloat16>(e_T13);
         }
