@@ -270,11 +270,13 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
         )
     part = ceil_div(hidden // vec, cluster) * vec  # elements of a row each block keeps
     # 16-byte copies from below the row's (or the block's part's) start need the inputs
-    # 16-byte aligned; they only pay where a vector is narrower than 16 bytes. On the H200
-    # (bf16, 16384 rows, hidden 24578: 2-element vectors) they took dropout_rmsnorm_bwd from
-    # 0.57 to 0.82 of the copy bandwidth and rmsnorm_bwd from 0.60 to 0.69.
+    # 16-byte aligned; they pay where the vectors of the widest input are narrower than 16
+    # bytes. On the H200 (bf16, 16384 rows, hidden 24578: 2-element vectors) they took
+    # dropout_rmsnorm_bwd from 0.57 to 0.82 of the copy bandwidth and rmsnorm_bwd from 0.60
+    # to 0.69; where only the bool mask's vectors were narrow (8 bytes at 8192), they cost
+    # dropout_rmsnorm_bwd 0.86 -> 0.67.
     aligned = (chunked and problem.align_bytes >= 16
-               and any(vec * t.dtype.itemsize < 16 for t in info.full_inputs))
+               and vec * max(t.dtype.itemsize for t in info.full_inputs) < 16)
     rpb = hints.rows_per_block or max(
         1, min(_min_block_threads(info, smem_first) // tpr, next_pow2(max(problem.rows, 1)))
     )
