@@ -340,6 +340,12 @@ def environment() -> dict:
             env[mod] = __import__(mod).__version__
         except Exception as exc:
             env[mod] = f"unavailable ({type(exc).__name__})"
+    try:  # which plans ptxas spills (and so which one build() takes) differs between versions
+        from fuser.compile import nvrtc_version
+
+        env["nvrtc"] = ".".join(map(str, nvrtc_version()))
+    except Exception as exc:
+        env["nvrtc"] = f"unavailable ({type(exc).__name__})"
     env["source"] = source_digest()
     try:  # "-dirty": the measured tree differs from that commit (a copy of a working tree)
         env["git"] = subprocess.run(
@@ -632,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
     timer_desc, timer = make_timer(args.timer)
     env = environment()
     print(f"[bench] {env['device']}, torch {env['torch']}, cupy {env['cupy']}, "
-          f"triton {env['triton']}; timer: {timer_desc}", flush=True)
+          f"triton {env['triton']}, NVRTC {env['nvrtc']}; timer: {timer_desc}", flush=True)
     tables = []
     for fusion in args.fusion:  # each table as soon as its fusion is done, all again at the end
         tables.append(markdown_table(run_fusion(fusion, args, env, timer_desc, timer, dtype)))
