@@ -404,14 +404,25 @@ def test_cluster_split_rows_match_reference(name, hidden, cluster, rng):
 @pytest.mark.parametrize("hidden", [130, 4098, 24577, 24578])
 @pytest.mark.parametrize("name", sorted(FUSIONS))
 def test_aligned_copy_matches_reference(name, hidden, rows, dtype, rng):
-    """Hints(aligned_copy=True): row buffers filled with 16-byte copies from below each row's
-    (or cluster block's part's) start (rows of these sizes start on 2-, 4- or 8-byte
-    boundaries), the last chunk of the last row reading only up to the tensor's end (make
-    sanitize runs these under memcheck)."""
+    """Aligned copies (the default where vectors are narrow): row buffers filled with 16-byte
+    copies from below each row's (or cluster block's part's) start (rows of these sizes start
+    on 2-, 4- or 8-byte boundaries), the last chunk of the last row reading only up to the
+    tensor's end (make sanitize runs these under memcheck)."""
     fd = run_and_validate(name, dtype, hidden, rows, rng, hints=Hints(aligned_copy=True))
     s = fd._last_run.kernel.schedule
     if hidden in (24577, 24578) and name.endswith("_bwd"):
         assert s.aligned_copy, s  # with one block per row, or each block's part of a cluster
+
+
+@pytest.mark.parametrize("rows", [7, 400])
+@pytest.mark.parametrize("hidden", [4098, 24578])
+@pytest.mark.parametrize("name", ["dropout_rmsnorm_bwd", "layernorm_bwd", "rmsnorm_bwd"])
+def test_vector_copies_match_reference(name, hidden, rows, rng):
+    """Hints(aligned_copy=False): row buffers filled with copies of vec bytes (cp.async of 4
+    bytes, the mask's 2-byte vectors through registers), the default before aligned copies."""
+    fd = run_and_validate(name, DataType.BFloat16, hidden, rows, rng,
+                          hints=Hints(aligned_copy=False))
+    assert not fd._last_run.kernel.schedule.aligned_copy
 
 
 @pytest.mark.parametrize(("hidden", "cluster"), [(18, 8), (4098, 4), (131074, 8)])
