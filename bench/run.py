@@ -137,11 +137,13 @@ FINALIZE_LANES_TUNE = (16, 64)
 
 def tune_grid(threads_per_row: int | None, limit: int = TUNE_LIMIT,
               max_threads: int = 1024, clusters: tuple[int, ...] = (),
-              finalize_lanes: tuple[int, ...] = (), aligned_copy: bool = False) -> list[dict]:
+              finalize_lanes: tuple[int, ...] = (), aligned_copy: bool = False,
+              staged: tuple[tuple[str, str], ...] | None = None) -> list[dict]:
     """Hints kwargs to try, the heuristic's (all None) first: copies of vec bytes instead of
     aligned 16-byte row copies (where asked: vectors narrower than 16 bytes), rows split
-    over each cluster size given, each finalize_lanes given, each knob alone, then
-    threads_per_row x stages;
+    over each cluster size given, each finalize_lanes given, the row buffers staged in
+    shared memory with two stages and with one (where `staged` gives the storage: the
+    registers-first forward kernels), each knob alone, then threads_per_row x stages;
     threads_per_row in {x/2, 2x} of the heuristic's x."""
     tprs = []
     if threads_per_row:
@@ -150,6 +152,7 @@ def tune_grid(threads_per_row: int | None, limit: int = TUNE_LIMIT,
     grid += [{"aligned_copy": False}] if aligned_copy else []
     grid += [{"cluster": k} for k in clusters]
     grid += [{"finalize_lanes": n} for n in finalize_lanes]
+    grid += [{"storage": staged, "stages": s} for s in (2, 1)] if staged else []
     grid += [{"threads_per_row": t} for t in tprs]
     grid += [{"rows_per_block": r} for r in (1, 2, 4)]
     grid += [{"stages": s} for s in (1, 2)]
@@ -526,12 +529,20 @@ def tune(fd, inputs, ref, schedule, entry: dict, timed) -> None:
     has_finalize = len(fd.last_resources()) > 1  # a finalize kernel beside the row kernel
     # Knobs are tried at the heuristic's cluster size: their values derive from its split.
     cluster = {"cluster": schedule.cluster} if getattr(schedule, "cluster", 1) > 1 else {}
-    narrow = any(getattr(schedule, "vec", 16) * t.element_size() < 16
-                 for t in inputs if getattr(t, "dim", lambda: 0)() == 2)
+    widest = max((t.element_size() for t in inputs if getattr(t, "dim", lambda: 0)() == 2),
+                 default=0)
+    narrow = getattr(schedule, "vec", 16) * widest < 16
+    # Registers-first kernels hold one row per block in flight; staging rows in shared memory
+    # lets the next row load while this one computes.
+    staged = None
+    if getattr(schedule, "scheduler", None) == "inner_persistent":
+        from fuser.analysis import analyze
+
+        staged = tuple((t.name, "smem") for t in analyze(fd.fusion).full_inputs)
     for cfg in tune_grid(getattr(schedule, "threads_per_row", None),
                          clusters=(1, 2, 4, 8) if long_rows else (),
                          finalize_lanes=FINALIZE_LANES_TUNE if has_finalize else (),
-                         aligned_copy=narrow):
+                         aligned_copy=narrow, staged=staged):
         if cfg and "cluster" not in cfg:
             cfg = {**cluster, **cfg}
         hints = Hints(**cfg)

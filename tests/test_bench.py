@@ -288,6 +288,13 @@ def test_bench_modules_import_without_torch():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
 
 
+def test_tune_grid_stages_registers_first_rows_in_shared_memory():
+    staged = (("T0", "smem"),)
+    assert tune_grid(512, staged=staged)[1:3] == [{"storage": staged, "stages": 2},
+                                                  {"storage": staged, "stages": 1}]
+    assert not any("storage" in c for c in tune_grid(512))
+
+
 def test_tune_grid_splits_long_rows_over_clusters():
     grid = tune_grid(1024, clusters=(2, 4))
     assert grid[:3] == [{}, {"cluster": 2}, {"cluster": 4}]
