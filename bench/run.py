@@ -537,8 +537,9 @@ def tune(fd, inputs, ref, schedule, entry: dict, timed) -> None:
     staged = None
     if getattr(schedule, "scheduler", None) == "inner_persistent":
         from fuser.analysis import analyze
+        from fuser.schedulers.base import SMEM
 
-        staged = tuple((t.name, "smem") for t in analyze(fd.fusion).full_inputs)
+        staged = tuple((t.name, SMEM) for t in analyze(fd.fusion).full_inputs)
     for cfg in tune_grid(getattr(schedule, "threads_per_row", None),
                          clusters=(1, 2, 4, 8) if long_rows else (),
                          finalize_lanes=FINALIZE_LANES_TUNE if has_finalize else (),

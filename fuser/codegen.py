@@ -175,8 +175,8 @@ class Emitter:
         compute = e.attr("compute").compute_type
         if e.op == "where":
             args = [self.env[e.inputs[0]]] + [self._operand(i, compute) for i in e.inputs[1:]]
-        elif e.op == "div" and (_through_broadcasts(e.inputs[1]), compute) in self.reciprocals:
-            rcp = self.reciprocals[(_through_broadcasts(e.inputs[1]), compute)]
+        elif e.op == "div" and (
+                rcp := self.reciprocals.get((_through_broadcasts(e.inputs[1]), compute))):
             return f"({self._operand(e.inputs[0], compute)} * {rcp})"
         else:
             args = [self._operand(i, compute) for i in e.inputs]
