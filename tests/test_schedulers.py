@@ -413,3 +413,15 @@ def test_aligned_copy_hint_plans_chunked_row_slots():
     part_chunks = -(-(12290 * 2 + 15) // 16)
     t0 = next(b for b in c.smem.buffers if b.name == "s_T0")
     assert t0.nbytes == c.stages * 16 * part_chunks and f"in {part_chunks} 16-byte" in t0.purpose
+
+
+def test_no_fit_error_lists_each_attempt_once_and_names_aligned_copies():
+    """Aligned and vector row copies are both tried; the error names which is which and
+    lists no attempt twice."""
+    info = analyze(FUSIONS["dropout_rmsnorm_bwd"](DataType.BFloat16).fusion)
+    forced = Hints(cluster=1, storage=tuple((n, SMEM) for n in ("T0", "T1", "T2", "T4")))
+    with pytest.raises(OutOfResourcesError) as error:
+        schedule(info, Problem(49154, 16384, 16), H200, forced)
+    tried = [line for line in str(error.value).splitlines() if line.startswith("  cluster=")]
+    assert len(tried) == len(set(tried)) == 2
+    assert sum("aligned copies" in line for line in tried) == 1

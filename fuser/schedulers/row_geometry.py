@@ -187,7 +187,8 @@ def row_schedule_candidates(
     raise OutOfResourcesError(
         f"no storage fits one row of hidden {problem.hidden} ({info.row_buffer_bytes} B per "
         f"element of row buffers) on {device.name}: shared memory limit "
-        f"{device.smem_per_block_optin} B per block. Tried:\n  " + "\n  ".join(tried[-6:])
+        f"{device.smem_per_block_optin} B per block. Tried:\n  "
+        + "\n  ".join(list(dict.fromkeys(tried))[-6:])
         + "\nUse a device with more shared memory or a smaller hidden size."
     )
 
@@ -403,7 +404,8 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
         )
         regs = min(max_regs, buffers + PLANNED_OVERHEAD_REGISTERS)
         residency = blocks_per_sm(device, threads, regs, plan.total)
-        tried.append(f"cluster={cluster} stages={stages} {storage} accumulators in "
+        tried.append(f"cluster={cluster} stages={stages}{' aligned copies' if aligned else ''} "
+                     f"{storage} accumulators in "
                      f"{acc_storage}: smem {plan.total} B, >= {buffers + MIN_OVERHEAD_REGISTERS} "
                      f"of {max_regs} registers per thread at {threads} threads")
         if not (plan.fits and buffers + MIN_OVERHEAD_REGISTERS <= max_regs and residency >= 1):
