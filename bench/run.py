@@ -140,7 +140,7 @@ def tune_grid(threads_per_row: int | None, limit: int = TUNE_LIMIT,
               finalize_lanes: tuple[int, ...] = (), aligned_copy: bool = False,
               staged: tuple[tuple[str, str], ...] | None = None) -> list[dict]:
     """Hints kwargs to try, the heuristic's (all None) first: copies of vec bytes instead of
-    aligned 16-byte row copies (where asked: vectors narrower than 16 bytes), rows split
+    aligned 16-byte row copies (where asked: the heuristic's schedule uses them), rows split
     over each cluster size given, each finalize_lanes given, the row buffers staged in
     shared memory with two stages and with one (where `staged` gives the storage: the
     registers-first forward kernels), each knob alone, then threads_per_row x stages;
@@ -529,9 +529,6 @@ def tune(fd, inputs, ref, schedule, entry: dict, timed) -> None:
     has_finalize = len(fd.last_resources()) > 1  # a finalize kernel beside the row kernel
     # Knobs are tried at the heuristic's cluster size: their values derive from its split.
     cluster = {"cluster": schedule.cluster} if getattr(schedule, "cluster", 1) > 1 else {}
-    widest = max((t.element_size() for t in inputs if getattr(t, "dim", lambda: 0)() == 2),
-                 default=0)
-    narrow = getattr(schedule, "vec", 16) * widest < 16
     # Registers-first kernels hold one row per block in flight; staging rows in shared memory
     # lets the next row load while this one computes.
     staged = None
@@ -543,7 +540,8 @@ def tune(fd, inputs, ref, schedule, entry: dict, timed) -> None:
     for cfg in tune_grid(getattr(schedule, "threads_per_row", None),
                          clusters=(1, 2, 4, 8) if long_rows else (),
                          finalize_lanes=FINALIZE_LANES_TUNE if has_finalize else (),
-                         aligned_copy=narrow, staged=staged):
+                         aligned_copy=getattr(schedule, "aligned_copy", False),
+                         staged=staged):
         if cfg and "cluster" not in cfg:
             cfg = {**cluster, **cfg}
         hints = Hints(**cfg)

@@ -310,10 +310,14 @@ def tolerance(dtype: DataType, reduction_size: int = 1) -> tuple[float, float]:
     return rtol + growth, atol + growth
 
 
+def _compute_eps(dtype: DataType) -> float:
+    """The machine epsilon of the type a floating dtype is computed in (float or double)."""
+    return float(np.finfo(np.float64 if dtype is DataType.Double else np.float32).eps)
+
+
 def _growth(dtype: DataType, reduction_size: int) -> float:
     """The sqrt(n) rounding growth of a sum of n terms, in the compute type's epsilons."""
-    eps = np.finfo(np.float64 if dtype is DataType.Double else np.float32).eps
-    return _REDUCTION_GROWTH * float(eps) * math.sqrt(max(reduction_size, 1))
+    return _REDUCTION_GROWTH * _compute_eps(dtype) * math.sqrt(max(reduction_size, 1))
 
 
 def input_sensitivity(fusion: Fusion, inputs: list,
@@ -355,7 +359,7 @@ def _moved(v: Val, x, draw: str, rng: np.random.Generator):
     alternating along the last axis or random; other inputs as they are."""
     if not (isinstance(v, Tensor) and v.dtype.is_float):
         return x
-    eps = float(np.finfo(np.float64 if v.dtype is DataType.Double else np.float32).eps)
+    eps = _compute_eps(v.dtype)
     shape = np.shape(x)
     if draw == "alternating":
         signs = np.broadcast_to(1.0 - 2.0 * (np.arange(shape[-1] if shape else 1) % 2), shape)

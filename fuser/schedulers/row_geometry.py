@@ -11,8 +11,9 @@ block.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import chain
 
 from fuser.analysis import FusionInfo, Role
 from fuser.device import DeviceSpec
@@ -199,45 +200,37 @@ def _rereads(s: RowSchedule) -> int:
             + (s.accumulators == GLOBAL))
 
 
-def _copy_choice(of_phase, hints: Hints) -> Iterator[RowSchedule]:
+def _copy_choice(of_phase, hints: Hints) -> Iterable[RowSchedule]:
     """One phase's candidates, those with aligned 16-byte row copies first, unless their
     slightly larger row slots (up to 15 bytes per row) leave more buffers re-read from global
     memory than copies of vec bytes do (the 100 KB part at hidden 24578 would re-read two
     input rows instead of one input row and the weight)."""
     if hints.aligned_copy is False:
-        yield from of_phase(False)
-        return
+        return of_phase(False)
     chunked = of_phase(True)
     first = next(chunked, None)
-    if first is None or not first.aligned_copy:  # nothing fits, or no row to copy in chunks
-        if first is not None:
-            yield first
-            yield from chunked
-        else:
-            yield from of_phase(False)
-        return
+    if first is None:
+        return of_phase(False)
+    if not first.aligned_copy:  # no row buffer to copy in chunks: the same plans either way
+        return chain([first], chunked)
     plain = of_phase(False)
     other = next(plain, None)
     if other is not None and _rereads(other) < _rereads(first):
-        yield other
-        yield from plain
-        yield first
-        yield from chunked
-    else:
-        yield first
-        yield from chunked
-        if other is not None:
-            yield other
-            yield from plain
+        return chain([other], plain, [first], chunked)
+    return chain([first], chunked, [other] if other is not None else [], plain)
+
+
+def _accumulator_bytes(info: FusionInfo) -> list[int]:
+    """Bytes per element of each outer reduction's accumulator (and partial row)."""
+    return [8 if e.outputs[0].dtype.compute_type == "double" else 4
+            for e in info.outer_reductions]
 
 
 def _min_block_threads(info: FusionInfo, smem_first: bool) -> int:
     """Threads a block of short rows reaches by packing rows (see PACK_FOR_PARTIALS)."""
     if smem_first and info.outer_reductions:
         row_bytes = sum(t.dtype.itemsize for t in (*info.full_inputs, *info.outputs(Role.FULL)))
-        partial_bytes = sum(8 if e.outputs[0].dtype.compute_type == "double" else 4
-                            for e in info.outer_reductions)
-        if partial_bytes >= PACK_FOR_PARTIALS * row_bytes:
+        if sum(_accumulator_bytes(info)) >= PACK_FOR_PARTIALS * row_bytes:
             return 2 * MIN_BLOCK_THREADS[smem_first]
     return MIN_BLOCK_THREADS[smem_first]
 
@@ -294,8 +287,7 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
     red_bytes = 8 if double else 4
     warps = max(1, tpr // 32)
     scratch = 2 * width * rpb * warps * red_bytes if tpr > 32 else 0
-    acc_bytes = [8 if e.outputs[0].dtype.compute_type == "double" else 4
-                 for e in info.outer_reductions]
+    acc_bytes = _accumulator_bytes(info)
 
     def can_async(t: Tensor) -> bool:
         """cp.async copies 4, 8 or 16 bytes. Narrower vectors (a bool mask at vec 2) are copied
