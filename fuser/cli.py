@@ -23,7 +23,7 @@ from fuser.errors import FuserError
 from fuser.fusions import FUSIONS, make_inputs
 from fuser.kernels import Built, build
 from fuser.schedulers import Hints, Problem
-from fuser.schedulers.base import GLOBAL, REGISTERS, SMEM
+from fuser.schedulers.base import GLOBAL, REGISTERS, RING, SMEM
 
 DTYPES = {"bf16": DataType.BFloat16, "fp16": DataType.Half, "fp32": DataType.Float}
 HEADLINE = ("dropout_rmsnorm_bwd", 16384, 24578, "bf16")
@@ -42,12 +42,12 @@ def _shape(text: str) -> tuple[int, int]:
 
 
 _HINT_KINDS = {f.name: f.type for f in dataclasses.fields(Hints)}
-STORAGES = (REGISTERS, SMEM, GLOBAL)
+STORAGES = (REGISTERS, SMEM, GLOBAL, RING)
 
 
 def _hint(text: str) -> tuple[str, object]:
     """KEY=VALUE of a Hints field: an int, true/false for aligned_copy, and for storage a
-    comma list of TENSOR:registers|smem|global."""
+    comma list of TENSOR:registers|smem|global|ring."""
     key, sep, value = text.partition("=")
     key = key.strip()
     if not sep or key not in _HINT_KINDS:

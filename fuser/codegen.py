@@ -23,8 +23,10 @@ from fuser.errors import UnsupportedFusionError
 from fuser.ir import Expr, Scalar, Tensor, Val
 from fuser.ops import ELEMENTWISE, REDUCTIONS
 from fuser.schedulers.base import (
+    BULK,
     GLOBAL,
     REGISTERS,
+    RING,
     SMEM,
     FinalizeSchedule,
     PointwiseSchedule,
@@ -59,9 +61,16 @@ def template_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "templates"
 
 
+def _nest(code: str, width: int) -> str:
+    """`code` indented by `width` more spaces, except blank lines and preprocessor lines
+    (#pragma stays in column 0, as everywhere in the templates)."""
+    return "".join(line if not line.strip() or line.startswith("#") else " " * width + line
+                   for line in code.splitlines(keepends=True))
+
+
 @cache
 def _environment() -> jinja2.Environment:
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template_dir())),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
@@ -69,6 +78,8 @@ def _environment() -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
+    env.filters["nest"] = _nest
+    return env
 
 
 @cache
@@ -299,10 +310,14 @@ def _output_store(schedule: RowSchedule) -> str:
     return "fm::store"
 
 
-def _fetch(t: Tensor, storage: str, full: bool, where: dict[str, str], aligned: bool) -> str:
-    """C++ expression of vector j of input `t` in a pass over the row, wherever it is kept."""
+def _fetch(t: Tensor, storage: str, full: bool, where: dict[str, str], aligned: bool,
+           ring_slot_vectors: int) -> str:
+    """C++ expression of vector j of input `t` in a pass over the row, wherever it is kept
+    (`ring_slot_vectors`: vectors between the slots of its staging ring buffer)."""
     if storage == REGISTERS:
         return f"r_{t.name}[b]"
+    if storage == RING:  # vector u * TPR + tx of the chunk in the slot being read
+        return f"ring_{t.name}[ring_slot * {ring_slot_vectors} + u * TPR + tx]"
     if full and storage == SMEM and aligned:
         return f"s_{t.name}_row[{where['JS']}]"  # the row at its offset in its 16-byte chunks
     if full and storage == SMEM:
@@ -341,19 +356,39 @@ def render_row(
         # Aligned copies: one row slot of the planned buffer (stages x rows slots), in bytes.
         slot = (schedule.smem.buffer(f"s_{t.name}").nbytes
                 // (schedule.stages * schedule.rows_per_block) if aligned else 0)
+        ring = schedule.ring
+        # Bytes between a ring buffer's slots (each 128-byte aligned), and in vectors.
+        ring_slot = (schedule.smem.buffer(f"s_ring_{t.name}").nbytes // ring.depth
+                     if p.storage == RING else 0)
+        ring_vectors = ring_slot // (schedule.vec * t.dtype.itemsize)
         return {
             "name": t.name,
             "ctype": t.dtype.cuda_type,
             "smem": p.storage == SMEM,
-            "reread": p.storage == GLOBAL,
+            "reread": p.storage in (GLOBAL, RING),
+            "ring": p.storage == RING,
             "async": p.async_copy,
-            "offset": schedule.smem.offset(f"s_{t.name}") if p.storage == SMEM else 0,
-            "fetch": _fetch(t, p.storage, p.role == "full", where, aligned),
+            "offset": (schedule.smem.offset(f"s_{t.name}") if p.storage == SMEM
+                       else schedule.smem.offset(f"s_ring_{t.name}") if p.storage == RING
+                       else 0),
+            "ring_vectors": ring_vectors,
+            "fetch": _fetch(t, p.storage, p.role == "full", where, aligned, ring_vectors),
             "slot": slot,
             "rounds": -(-(slot // 16) // schedule.threads_per_row),  # chunks per thread
         }
 
     full = [buffer(t) for t in info.full_inputs]
+    ring = None
+    if schedule.ring is not None:
+        ring = {
+            "ring": schedule.ring,
+            "bulk": schedule.ring.fill == BULK,
+            "tensors": [b for b in full if b["ring"]],
+            # Bytes of one vector of every ring buffer: a chunk's mbarrier counts vectors x this.
+            "vector_bytes": " + ".join(f"sizeof({b['ctype']})" for b in full if b["ring"]),
+            "barriers": (schedule.smem.offset("s_ring_full") if schedule.ring.fill == BULK
+                         else None),
+        }
     cols = [buffer(t) for t in info.col_inputs]
     element_env = _element_env(info, scalar_env)
 
@@ -453,6 +488,7 @@ def render_row(
         "width": max((len(lv) for lv in info.inner_levels), default=0),
         "scalar_lines": scalar_lines,
         "full": full,
+        "ring": ring,  # the staging ring of the re-read row buffers, or None
         "async_full": [b for b in full if b["async"]],
         "copied_full": [b for b in full if b["smem"] and not b["async"]],
         "cols": cols,

@@ -236,6 +236,53 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
 }
 
+// ----- mbarriers and the bulk copy engine (sm_90): the staging ring's bulk fill -----
+// One thread arrives on a slot's mbarrier announcing the bytes on their way (expect_tx), and
+// hands the copies to the bulk copy engine (cp.async.bulk), which counts them off the barrier
+// as they land; the phase completes when all have. Readers wait on the phase's parity.
+// Sources, destinations and sizes are multiples of 16 bytes (the scheduler checks this).
+
+__device__ __forceinline__ unsigned smem_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbarrier_init(unsigned long long* bar, unsigned arrivals) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)),
+               "r"(arrivals) : "memory");
+#endif
+}
+__device__ __forceinline__ void fence_mbarrier_init() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void mbarrier_expect_tx(unsigned long long* bar, int bytes) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
+                   smem_address(bar)), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_copy(void* smem_dst, const void* gmem_src, int bytes,
+                                          unsigned long long* bar) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+      ::"r"(smem_address(smem_dst)), "l"(gmem_src), "r"(bytes), "r"(smem_address(bar))
+      : "memory");
+#endif
+}
+__device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, unsigned parity) {
+#if __CUDA_ARCH__ >= 900
+  unsigned done;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(smem_address(bar)), "r"(parity) : "memory");
+  } while (!done);
+#endif
+}
+
 // ----- thread-block clusters (sm_90): rank, barrier, reads of a peer block's shared memory --
 // Plain PTX, so that no cooperative_groups (and its CCCL headers) is needed under NVRTC.
 

@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 import pytest
+from ring_cases import RING_CASES, ring_hints
 
 import fuser.executor as executor
 from fuser import DataType, FusionDefinition
@@ -29,7 +30,7 @@ from fuser.reference import (
     tolerance,
 )
 from fuser.schedulers import Hints
-from fuser.schedulers.base import GLOBAL, REGISTERS, SMEM
+from fuser.schedulers.base import BULK, GLOBAL, REGISTERS, SMEM
 
 pytestmark = pytest.mark.gpu
 
@@ -256,6 +257,19 @@ def test_each_storage_path_matches_reference(storage, hidden, rng):
     names = [t.name for t in fd.fusion.inputs if t.dtype is DataType.BFloat16]
     hints = Hints(storage=tuple((n, storage) for n in names), stages=1)
     run_and_validate("rmsnorm_bwd", DataType.BFloat16, hidden, 333, rng, hints=hints)
+
+
+@pytest.mark.parametrize("dtype", [DataType.BFloat16, DataType.Float], ids=lambda d: d.name)
+@pytest.mark.parametrize("rows", [7, 400])
+@pytest.mark.parametrize(("name", "hidden", "cluster"), RING_CASES)
+def test_staging_ring_matches_reference(name, hidden, cluster, rows, dtype, rng):
+    """Rows forced through the staging ring (ring_cases.py): bulk copies completing on
+    mbarriers, per-thread cp.async, and the ring of each block's part of a cluster; 7 rows
+    (fewer than the blocks) and 400 (several per block, so the ring runs on across rows)."""
+    fd = run_and_validate(name, dtype, hidden, rows, rng,
+                          hints=ring_hints(name, dtype, hidden, cluster=cluster))
+    ring = fd._last_run.kernel.schedule.ring
+    assert ring is not None and (ring.fill == BULK) == (hidden % 8 == 0)
 
 
 def test_weight_gradient_is_identical_from_run_to_run(rng):

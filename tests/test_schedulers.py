@@ -12,7 +12,14 @@ from fuser.device import DeviceSpec
 from fuser.fusions import FUSIONS
 from fuser.kernels import build
 from fuser.schedulers import Hints, Problem, schedule
-from fuser.schedulers.base import GLOBAL, REGISTERS, SMEM, PointwiseSchedule, RowSchedule
+from fuser.schedulers.base import (
+    GLOBAL,
+    REGISTERS,
+    RING,
+    SMEM,
+    PointwiseSchedule,
+    RowSchedule,
+)
 from fuser.smem import ALIGNMENT, STATIC_SLOT, SmemPlan, align
 
 H200 = DeviceSpec.get("h200")
@@ -129,7 +136,7 @@ def test_storage_choices_per_device(device, hidden, expected):
 
 
 def _off_chip(s: RowSchedule) -> bool:
-    return s.accumulators == GLOBAL or any(p.storage == GLOBAL for p in s.placements)
+    return s.accumulators == GLOBAL or any(p.storage in (GLOBAL, RING) for p in s.placements)
 
 
 @pytest.mark.parametrize(

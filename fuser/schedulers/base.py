@@ -17,6 +17,9 @@ from fuser.smem import SmemPlan
 REGISTERS = "registers"  # the row stays in registers between passes
 SMEM = "smem"  # the row stays in shared memory between passes
 GLOBAL = "global"  # nothing is kept: every pass re-reads the row (mostly from L2)
+RING = "ring"  # re-read every pass like GLOBAL, streamed through a shared-memory staging ring
+BULK = "cp.async.bulk"  # a ring filled by the bulk copy engine, one mbarrier per slot (sm_90)
+ASYNC = "cp.async"  # a ring filled by each thread's own cp.async vector copies
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,7 @@ class Placement:
     tensor: str  # the fusion input's name, e.g. "T0"
     dtype: DataType
     role: str  # "full" ([rows, hidden], reloaded each row) or "col" ([hidden], loaded once)
-    storage: str  # REGISTERS, SMEM or GLOBAL
+    storage: str  # REGISTERS, SMEM, GLOBAL or RING
     async_copy: bool  # smem only: filled with cp.async (vector of 4, 8 or 16 bytes)
 
 
@@ -53,6 +56,47 @@ def aligned_row_chunks(hidden: int, itemsize: int) -> int:
     """16-byte chunks that cover a row of hidden x itemsize bytes starting 0 to 15 bytes past
     a 16-byte boundary."""
     return -(-(hidden * itemsize + 15) // 16)
+
+
+@dataclass(frozen=True)
+class StagingRing:
+    """How rows that no storage keeps on chip are streamed through shared memory: every pass
+    over a row reads the block's part of it (the whole row, or a cluster block's share) in
+    `chunks` chunks of `chunk_vectors` vectors, each into the next of `depth` slots, while the
+    next depth - 1 chunks are on their way. The chunk arithmetic lives here, and the template
+    only places these numbers: chunk c holds vectors [c * chunk_vectors, min((c + 1) *
+    chunk_vectors, part)) of the part, so the last (tail) chunk holds what is left."""
+
+    fill: str  # BULK or ASYNC
+    tensors: tuple[str, ...]  # the full inputs that go through the ring
+    depth: int  # slots; depth - 1 chunks are in flight while one is read
+    units: int  # vectors per thread per chunk (divides the schedule's batch)
+    chunk_vectors: int  # vectors per chunk: units x threads per row
+    chunks: int  # chunks per pass: batch / units
+    part_vectors: int  # vectors of a block's part of the row (the last block may own fewer)
+    vec: int  # elements per vector
+    passes: int  # passes over each row: one per inner reduction level, one for the outputs
+
+    @property
+    def chunk_elements(self) -> int:
+        return self.chunk_vectors * self.vec
+
+    @property
+    def tail_elements(self) -> int:
+        """Elements of the last chunk of a full part."""
+        return (self.part_vectors - (self.chunks - 1) * self.chunk_vectors) * self.vec
+
+    def spans(self, part_vectors: int) -> list[tuple[int, int]]:
+        """(first element, elements) of each chunk of a part of `part_vectors` vectors, in
+        element units from the part's start; a chunk past a short part's end holds nothing."""
+        return [(c * self.chunk_elements,
+                 max(0, min(self.chunk_vectors, part_vectors - c * self.chunk_vectors)) * self.vec)
+                for c in range(self.chunks)]
+
+    def __str__(self) -> str:
+        return (f"{', '.join(self.tensors)} by {self.fill}: {self.depth} slots, {self.chunks} "
+                f"chunk(s) of {self.chunk_elements} elements (tail {self.tail_elements}) per "
+                f"pass, {self.passes} pass(es) per row")
 
 
 def _field_lines(obj, skip=()) -> list[str]:
@@ -94,6 +138,7 @@ class RowSchedule:
     aligned_copy: bool
     placements: tuple[Placement, ...]  # storage of every full and column input
     accumulators: str  # where outer-reduction accumulators live: REGISTERS, SMEM or GLOBAL
+    ring: StagingRing | None  # the staging ring of the RING placements (None without any)
     reduction_bytes: int  # 4, or 8 when any inner reduction accumulates in double
     regs_estimate: int  # registers per thread this schedule was sized for
     blocks_per_sm: int  # residency it was sized for; __launch_bounds__ holds ptxas to it
@@ -113,7 +158,8 @@ class RowSchedule:
         return next(p for p in self.placements if p.tensor == tensor)
 
     def __str__(self) -> str:
-        return "RowSchedule\n  " + "\n  ".join(_field_lines(self, skip=("smem",)))
+        skip = ("smem",) if self.ring else ("smem", "ring")  # no ring: nothing to show
+        return "RowSchedule\n  " + "\n  ".join(_field_lines(self, skip=skip))
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from fuser.ir import Tensor
 from fuser.schedulers.base import (
     GLOBAL,
     REGISTERS,
+    RING,
     SMEM,
     Placement,
     Problem,
@@ -32,6 +33,7 @@ from fuser.schedulers.base import (
     next_pow2,
     pick_vec,
 )
+from fuser.schedulers.staging import plan_ring
 from fuser.smem import SmemPlan
 
 # Threads per row, by storage policy (smem_first). Rows kept in registers want a few vectors
@@ -196,7 +198,7 @@ def row_schedule_candidates(
 
 def _rereads(s: RowSchedule) -> int:
     """Row buffers (and accumulators) a schedule keeps in global memory, re-read every pass."""
-    return (sum(p.role == "full" and p.storage == GLOBAL for p in s.placements)
+    return (sum(p.role == "full" and p.storage in (GLOBAL, RING) for p in s.placements)
             + (s.accumulators == GLOBAL))
 
 
@@ -341,24 +343,31 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
 
     def re_read():
         # Keep fewer rows on chip and re-read the others in every pass: a row just read is
-        # usually still in L2, so the second read costs L2, not HBM, bandwidth.
+        # usually still in L2, so the second read costs L2, not HBM, bandwidth. They stream
+        # through a staging ring where one fits (with the column inputs wherever that leaves
+        # room for it), else they are loaded straight into registers.
         for reread in range(1, len(full) + 1):
-            for col_storage in (SMEM, REGISTERS, GLOBAL):
-                storage = {t.name: SMEM if can_async(t) else REGISTERS for t in full}
-                storage.update({t.name: GLOBAL for t in full[:reread]})
-                storage.update({t.name: col_storage for t in cols})
-                yield 1, storage, REGISTERS
+            for through in (RING, GLOBAL):
+                for col_storage in (SMEM, REGISTERS, GLOBAL):
+                    storage = {t.name: SMEM if can_async(t) else REGISTERS for t in full}
+                    storage.update({t.name: through for t in full[:reread]})
+                    storage.update({t.name: col_storage for t in cols})
+                    yield 1, storage, REGISTERS
         # Column accumulators too wide for registers (several outer reductions of a long row)
         # accumulate in shared memory, each thread in its own slots, and when shared memory
         # cannot hold them either, in the block's own partial rows of the workspace (read and
         # written each row; while the partial rows fit in L2, that traffic stays in L2).
         if info.outer_reductions:
             for acc_storage in (SMEM, GLOBAL):
-                for col_storage in (SMEM, REGISTERS, GLOBAL):
-                    yield 1, {**{t.name: GLOBAL for t in full},
-                              **{t.name: col_storage for t in cols}}, acc_storage
+                for through in (RING, GLOBAL):
+                    for col_storage in (SMEM, REGISTERS, GLOBAL):
+                        yield 1, {**{t.name: through for t in full},
+                                  **{t.name: col_storage for t in cols}}, acc_storage
 
-    for stages, storage, acc_storage in storages():
+    passes = len(info.inner_levels) + 1  # one per inner reduction level, one for the outputs
+
+    def _schedule(stages: int, storage: dict[str, str], acc_storage: str) -> RowSchedule | None:
+        """The schedule of one storage choice, or None (noted in `tried`) when it does not fit."""
         if any(storage[t.name] == SMEM and not can_async(t) for t in full):
             stages = 1  # cp.async fills the two-stage pipeline; a copied row buffer has one
         requests = []
@@ -369,6 +378,28 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
                 requests.append((f"s_{t.name}", stages * rpb * row_slot_bytes(t),
                                  f"row buffer {t.name} ({t.dtype.label}), "
                                  f"{stages} stage(s) x {rpb} row(s) x {part}{slot}"))
+        if any(storage[t.name] == RING for t in cols):
+            tried.append(f"{storage}: a staging ring holds row buffers, not the column inputs "
+                         f"{', '.join(t.name for t in cols if storage[t.name] == RING)}; give "
+                         f"those {SMEM}, {REGISTERS} or {GLOBAL}")
+            return None
+        ringed = [t for t in full if storage[t.name] == RING]
+        ring = None
+        if ringed:
+            room = SmemPlan.build(requests, device.smem_per_block_optin).headroom
+            planned = plan_ring([(t.name, t.dtype.itemsize) for t in ringed], hidden, vec, tpr,
+                                batch, cluster, passes, problem.align_bytes, device.arch,
+                                room) if rpb == 1 else None
+            left = [t.name for t in ringed if planned is None or t.name not in planned[0].tensors]
+            if planned is None or (left and hints.storage is not None):
+                tried.append(f"cluster={cluster} {storage}: no staging ring for "
+                             f"{', '.join(left)} (one row per block, vectors of 4, 8 or 16 "
+                             f"bytes, and {room} B of shared memory left at {rpb} row(s) "
+                             f"per block)")
+                return None
+            ring, ring_requests = planned
+            requests += ring_requests
+            storage = {**storage, **{n: GLOBAL for n in left}}  # copied by plain loads
         for t in cols:
             if storage[t.name] == SMEM:
                 requests.append((f"s_{t.name}", part * t.dtype.itemsize,
@@ -401,21 +432,25 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
                      f"{acc_storage}: smem {plan.total} B, >= {buffers + MIN_OVERHEAD_REGISTERS} "
                      f"of {max_regs} registers per thread at {threads} threads")
         if not (plan.fits and buffers + MIN_OVERHEAD_REGISTERS <= max_regs and residency >= 1):
-            continue
+            return None
         placements = tuple(
             Placement(t.name, t.dtype, "full" if t in info.full_inputs else "col",
                       storage[t.name], storage[t.name] == SMEM and t in full and can_async(t))
             for t in info.fusion.inputs if isinstance(t, Tensor) and t.name in storage
         )
         in_smem = [t.name for t in full + cols if storage[t.name] == SMEM]
+        rows_aligned = aligned and any(storage[t.name] == SMEM for t in full)
         split = f", rows split over {_split_words(hidden, part, cluster)}" if cluster > 1 else ""
         reread = [t.name for t in full + cols if storage[t.name] == GLOBAL]
+        through_ring = (f", {', '.join(ring.tensors)} re-read each pass through a staging ring "
+                        f"({ring.fill}, {ring.depth} slots x {ring.chunks} chunk(s))"
+                        if ring else "")
         reason = (
             f"{'smem-first' if smem_first else 'registers-first'} policy: "
             f"{', '.join(in_smem) or 'nothing'} in smem"
             f"{f' ({stages} stages)' if stages > 1 and in_smem else ''}"
-            f"{f', {chr(44).join(reread)} re-read each pass' if reread else ''}"
-            f"{', rows copied in aligned 16-byte chunks' if aligned and in_smem else ''}"
+            f"{f', {chr(44).join(reread)} re-read each pass' if reread else ''}{through_ring}"
+            f"{', rows copied in aligned 16-byte chunks' if rows_aligned else ''}"
             f"{'' if acc_storage == REGISTERS else f', column accumulators in {acc_storage}'}"
             f"{split}, ~{regs} regs/thread, ~{residency} block(s)/SM"
             f"{f' ({why})' if why else ''}"
@@ -424,7 +459,7 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
         # with every row in smem or re-read, a partly unrolled loop keeps registers free.
         register_arrays = (acc_storage == REGISTERS and info.outer_reductions) or any(
             storage[t.name] == REGISTERS for t in full + cols)
-        yield RowSchedule(
+        return RowSchedule(
             scheduler=scheduler,
             reason=reason,
             hidden=hidden,
@@ -433,14 +468,21 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
             rows_per_block=rpb,
             batch=batch,
             cluster=cluster,
-            unroll=batch if register_arrays else min(batch, PARTIAL_UNROLL),
+            unroll=(batch if register_arrays else ring.units if ring
+                    else min(batch, PARTIAL_UNROLL)),
             full_unroll=bool(register_arrays),
             stages=stages if any(storage[t.name] == SMEM for t in full) else 1,
-            aligned_copy=aligned and any(storage[t.name] == SMEM for t in full),
+            aligned_copy=rows_aligned,
             placements=placements,
             accumulators=acc_storage,
+            ring=ring,
             reduction_bytes=red_bytes,
             regs_estimate=regs,
             blocks_per_sm=residency,
             smem=plan,
         )
+
+    for stages, storage, acc_storage in storages():
+        schedule = _schedule(stages, storage, acc_storage)
+        if schedule is not None:
+            yield schedule

@@ -1,0 +1,35 @@
+"""Rows forced through the staging ring, for the CPU compile tests (test_staging.py) and the
+GPU reference tests (test_gpu_fusions.py)."""
+
+from __future__ import annotations
+
+from fuser import DataType
+from fuser.analysis import analyze
+from fuser.fusions import FUSIONS
+from fuser.schedulers import Hints
+from fuser.schedulers.base import GLOBAL, RING, SMEM, pick_vec
+
+
+def ring_hints(name: str, dtype: DataType, hidden: int, align_bytes: int = 16,
+               cluster: int | None = None) -> Hints:
+    """Every full input the ring can take through it (the others re-read by plain loads),
+    every column input in shared memory, one row per block (a ring serves one row)."""
+    info = analyze(FUSIONS[name](dtype).fusion)
+    sizes = [t.dtype.itemsize for t in (*info.full_inputs, *info.col_inputs)]
+    vec = pick_vec(hidden, sizes, align_bytes)
+    ringed = {t.name: RING if (hidden * t.dtype.itemsize % 16 == 0 or
+                               vec * t.dtype.itemsize >= 4) else GLOBAL
+              for t in info.full_inputs}
+    return Hints(storage=(*ringed.items(), *((t.name, SMEM) for t in info.col_inputs)),
+                 rows_per_block=1, cluster=cluster)
+
+
+# (fusion, hidden, cluster) forced through a ring: bulk-filled where rows are whole multiples
+# of 16 bytes (4096; 24576 over a cluster of 2), by cp.async where they are not (24578). At
+# 24578 dropout + RMSNorm backward spills (its 13 ring chunks unrolled for the dW registers)
+# and LayerNorm backward's two dW/dB register arrays need 72 of the 64 registers a 1024-thread
+# block allows: the scheduler keeps those rows on chip anyway.
+RING_CASES = ([(n, 4096, None) for n in sorted(FUSIONS)]
+              + [(n, 24576, 2) for n in sorted(FUSIONS)]
+              + [(n, 24578, None) for n in ("layernorm_fwd", "rmsnorm_bwd", "rmsnorm_fwd",
+                                           "softmax_fwd")])
