@@ -32,14 +32,15 @@ test-gpu:
 
 # compute-sanitizer (GPU machine). memcheck: the seed case, every row storage (registers,
 # smem, re-read), a persistent kernel of each fusion (4096 x 7 rows), a cluster-split kernel
-# of each fusion, and aligned-copy kernels (24578 x 400, and over forced clusters). racecheck,
-# about ten times slower, on one persistent and one cluster-split kernel of each fusion and
-# the aligned copies at 24578 (make racecheck alone fits one 10-minute device call). API
+# of each fusion, aligned-copy kernels (24578 x 400, and over forced clusters), and a staging
+# ring of each fusion (bulk, cp.async and cluster, 400 rows). racecheck, about ten times
+# slower, on one persistent and one cluster-split kernel of each fusion, the aligned copies at
+# 24578 and three rings (make racecheck alone fits one 10-minute device call). API
 # errors are not reported: cuda-bindings probes the driver's entry points with
 # cuGetProcAddress, and every probe this driver lacks counts as one (34 on the H200's 580
 # driver); fuser raises on any API error it gets itself.
-SANITIZE_TESTS ?= seed_case or each_storage_path or 4096-7-BFloat16 or cluster2 or (aligned_copy_matches_reference and 24578-400) or aligned_copy_over_a_forced_cluster
-RACECHECK_TESTS ?= 4096-7-BFloat16 or cluster2 or (aligned_copy_matches_reference and 24578-400-BFloat16)
+SANITIZE_TESTS ?= seed_case or each_storage_path or 4096-7-BFloat16 or cluster2 or (aligned_copy_matches_reference and 24578-400) or aligned_copy_over_a_forced_cluster or (staging_ring and 400-BFloat16)
+RACECHECK_TESTS ?= 4096-7-BFloat16 or cluster2 or (aligned_copy_matches_reference and 24578-400-BFloat16) or (staging_ring and 400-BFloat16 and (softmax_fwd-24576 or rmsnorm_bwd-4096 or rmsnorm_bwd-24578))
 SANITIZER := FUSER_REQUIRE_GPU=1 PYTHONPATH=. compute-sanitizer --error-exitcode 1 --report-api-errors no
 sanitize: memcheck racecheck
 
