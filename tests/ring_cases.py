@@ -13,7 +13,8 @@ from fuser.schedulers.base import GLOBAL, RING, SMEM, pick_vec
 def ring_hints(name: str, dtype: DataType, hidden: int, align_bytes: int = 16,
                cluster: int | None = None) -> Hints:
     """Every full input the ring can take through it (the others re-read by plain loads),
-    every column input in shared memory, one row per block (a ring serves one row)."""
+    every column input in shared memory; a ring serves one row per block, which the
+    scheduler then takes by itself."""
     info = analyze(FUSIONS[name](dtype).fusion)
     sizes = [t.dtype.itemsize for t in (*info.full_inputs, *info.col_inputs)]
     vec = pick_vec(hidden, sizes, align_bytes)
@@ -21,7 +22,7 @@ def ring_hints(name: str, dtype: DataType, hidden: int, align_bytes: int = 16,
                                vec * t.dtype.itemsize >= 4) else GLOBAL
               for t in info.full_inputs}
     return Hints(storage=(*ringed.items(), *((t.name, SMEM) for t in info.col_inputs)),
-                 rows_per_block=1, cluster=cluster)
+                 cluster=cluster)
 
 
 # (fusion, hidden, cluster) forced through a ring: bulk-filled where rows are whole multiples

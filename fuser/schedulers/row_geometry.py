@@ -74,8 +74,10 @@ SHORT_ROWS_PER_SM = 12  # rows per SM one stage must hold to skip the two-stage 
 PARTIAL_UNROLL = 4  # batch iterations unrolled when no register array needs all of them
 PLANNED_OVERHEAD_REGISTERS = 32
 # Registers-first kernels of this many passes over each row stream their rows through a
-# staging ring where one fits (see ring_first in _candidates).
+# staging ring where one fits, for rows of at least RING_MIN_THREADS threads (measured from
+# there: 2048 bf16 elements); see ring_first in _candidates.
 RING_PASSES_FIRST = 3
+RING_MIN_THREADS = 64
 
 
 @dataclass(frozen=True)
@@ -291,7 +293,6 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
                  for level in info.inner_levels for e in level)
     red_bytes = 8 if double else 4
     warps = max(1, tpr // 32)
-    scratch = 2 * width * rpb * warps * red_bytes if tpr > 32 else 0
     acc_bytes = _accumulator_bytes(info)
 
     def can_async(t: Tensor) -> bool:
@@ -311,7 +312,6 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
     # Buffers leave smem for registers in this order: least reused first, weight-related last.
     full.sort(key=lambda t: (_weight_related(t, info), t in info.persistent, t.index))
     cols = list(info.col_inputs)
-    max_regs = min(device.max_regs_per_thread, device.regs_per_block // threads)
 
     def storages():
         """(stages, storage by tensor, accumulator storage), in policy order."""
@@ -349,17 +349,19 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
 
     def ring_first(in_registers: dict[str, str]) -> bool:
         """Whether a registers-first kernel streams its rows through a bulk-filled ring of
-        whole rows (RING_DEPTHS[0] rows in flight per block, within RING_BYTES) instead of
-        holding one row in registers: where the register plan fits one row per block (the
-        ring serves one) and either leaves a single block per SM, or the fusion makes three
-        passes over each row (softmax, LayerNorm). Measured on the H200 (bf16, 16384 rows,
-        fraction of the copy bandwidth, ring against registers): softmax_fwd 0.81 / 0.76 at
-        8192 and 0.71 / 0.55 at 16384, layernorm_fwd 0.88 / 0.78 and 0.87 / 0.69, and
-        rmsnorm_fwd (two passes) 0.90 / 0.77 at 16384 (one block per SM) but 0.89 / 0.91 at
-        8192 (three). Split over a cluster the ring lost (0.38 to 0.67 against 0.65 to 0.91
-        at 32768 to 131072), and copied by cp.async in chunks of a vector per thread too
-        (0.20 to 0.31 at 24578)."""
-        if (hints.storage is not None or cluster > 1 or rpb > 1 or problem.align_bytes < 16
+        whole rows (RING_DEPTHS[0] rows in flight per block, within RING_BYTES; one row per
+        block) instead of holding them in registers: where the register plan fits, rows span
+        at least RING_MIN_THREADS threads, and either the register plan leaves a single
+        block per SM or the fusion makes three passes over each row (softmax, LayerNorm).
+        Measured on the H200 (bf16, 16384 rows, fraction of the copy bandwidth, ring against
+        registers): softmax_fwd 0.80 / 0.77 at 2048, 0.82 / 0.75 at 4096, 0.81 / 0.76 at
+        8192, 0.71 / 0.55 at 16384; layernorm_fwd 0.89 / 0.76, 0.85 / 0.76, 0.88 / 0.78,
+        0.87 / 0.69; rmsnorm_fwd (two passes) 0.90 / 0.77 at 16384 (one block per SM) but
+        0.95 / 0.99, 0.88 / 0.91 and 0.89 / 0.91 at 2048 to 8192 (three). Split over a
+        cluster the ring lost (0.38 to 0.67 against 0.65 to 0.91 at 32768 to 131072), and
+        copied by cp.async in chunks of a vector per thread too (0.20 to 0.31 at 24578)."""
+        if (hints.storage is not None or cluster > 1 or tpr < RING_MIN_THREADS
+                or problem.align_bytes < 16
                 or device.arch < 90 or any(hidden * t.dtype.itemsize % 16 for t in full)
                 or RING_DEPTHS[0] * hidden * sum(t.dtype.itemsize for t in full) > RING_BYTES):
             return False
@@ -394,7 +396,13 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
     passes = len(info.inner_levels) + 1  # one per inner reduction level, one for the outputs
 
     def _schedule(stages: int, storage: dict[str, str], acc_storage: str) -> RowSchedule | None:
-        """The schedule of one storage choice, or None (noted in `tried`) when it does not fit."""
+        """The schedule of one storage choice, or None (noted in `tried`) when it does not fit.
+        A staging ring serves one row per block: storages with one take one row per block
+        unless rows_per_block is hinted."""
+        rows = 1 if hints.rows_per_block is None and RING in storage.values() else rpb
+        block_threads = tpr * rows
+        max_regs = min(device.max_regs_per_thread, device.regs_per_block // block_threads)
+        scratch = 2 * width * rows * warps * red_bytes if tpr > 32 else 0
         if any(storage[t.name] == SMEM and not can_async(t) for t in full):
             stages = 1  # cp.async fills the two-stage pipeline; a copied row buffer has one
         requests = []
@@ -402,9 +410,9 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
             if storage[t.name] == SMEM:
                 slot = ("" if not aligned else
                         f" in {aligned_row_chunks(part, t.dtype.itemsize)} 16-byte chunks")
-                requests.append((f"s_{t.name}", stages * rpb * row_slot_bytes(t),
+                requests.append((f"s_{t.name}", stages * rows * row_slot_bytes(t),
                                  f"row buffer {t.name} ({t.dtype.label}), "
-                                 f"{stages} stage(s) x {rpb} row(s) x {part}{slot}"))
+                                 f"{stages} stage(s) x {rows} row(s) x {part}{slot}"))
         if any(storage[t.name] == RING for t in cols):
             tried.append(f"{storage}: a staging ring holds row buffers, not the column inputs "
                          f"{', '.join(t.name for t in cols if storage[t.name] == RING)}; give "
@@ -416,12 +424,12 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
             room = SmemPlan.build(requests, device.smem_per_block_optin).headroom
             planned = plan_ring([(t.name, t.dtype.itemsize) for t in ringed], hidden, vec, tpr,
                                 batch, cluster, passes, problem.align_bytes, device.arch,
-                                room) if rpb == 1 else None
+                                room) if rows == 1 else None
             left = [t.name for t in ringed if planned is None or t.name not in planned[0].tensors]
             if planned is None or (left and hints.storage is not None):
                 tried.append(f"cluster={cluster} {storage}: no staging ring for "
                              f"{', '.join(left)} (one row per block, vectors of 4, 8 or 16 "
-                             f"bytes, and {room} B of shared memory left at {rpb} row(s) "
+                             f"bytes, and {room} B of shared memory left at {rows} row(s) "
                              f"per block)")
                 return None
             ring, ring_requests = planned
@@ -433,17 +441,17 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
                                  f"column buffer {t.name} ({t.dtype.label}) x {part}"))
         for e, nbytes in zip(info.outer_reductions, acc_bytes, strict=True):
             if acc_storage == SMEM:
-                requests.append((f"s_acc_{e.outputs[0].name}", rpb * part * nbytes,
-                                 f"column accumulator {e.outputs[0].name} x {rpb} row(s) "
+                requests.append((f"s_acc_{e.outputs[0].name}", rows * part * nbytes,
+                                 f"column accumulator {e.outputs[0].name} x {rows} row(s) "
                                  f"x {part}"))
         requests.append(("s_reduce", scratch, f"inner-reduction scratch: 2 parities x {width} "
-                         f"x {rpb} row(s) x {warps} warps x {red_bytes} B"))
-        if acc_storage == REGISTERS and rpb > 1:
+                         f"x {rows} row(s) x {warps} warps x {red_bytes} B"))
+        if acc_storage == REGISTERS and rows > 1:
             requests.append(("s_outer", sum(part * b for b in acc_bytes),
-                             f"outer-reduction combine across {rpb} rows"))
+                             f"outer-reduction combine across {rows} rows"))
         if cluster > 1:
-            requests.append(("s_cluster", 2 * width * rpb * red_bytes,
-                             f"cluster exchange: 2 parities x {width} x {rpb} row(s) x "
+            requests.append(("s_cluster", 2 * width * rows * red_bytes,
+                             f"cluster exchange: 2 parities x {width} x {rows} row(s) x "
                              f"{red_bytes} B, read by the {cluster} blocks of the cluster"))
         plan = SmemPlan.build(requests, device.smem_per_block_optin)
         acc_regs = (sum(_regs_per_vectors(batch, vec, b) for b in acc_bytes)
@@ -453,11 +461,11 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
             for t in full + cols if storage[t.name] == REGISTERS
         )
         regs = min(max_regs, buffers + PLANNED_OVERHEAD_REGISTERS)
-        residency = blocks_per_sm(device, threads, regs, plan.total)
+        residency = blocks_per_sm(device, block_threads, regs, plan.total)
         tried.append(f"cluster={cluster} stages={stages}{' aligned copies' if aligned else ''} "
                      f"{storage} accumulators in "
                      f"{acc_storage}: smem {plan.total} B, >= {buffers + MIN_OVERHEAD_REGISTERS} "
-                     f"of {max_regs} registers per thread at {threads} threads")
+                     f"of {max_regs} registers per thread at {block_threads} threads")
         if not (plan.fits and buffers + MIN_OVERHEAD_REGISTERS <= max_regs and residency >= 1):
             return None
         placements = tuple(
@@ -492,7 +500,7 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
             hidden=hidden,
             vec=vec,
             threads_per_row=tpr,
-            rows_per_block=rpb,
+            rows_per_block=rows,
             batch=batch,
             cluster=cluster,
             unroll=(batch if register_arrays else ring.units if ring
