@@ -138,13 +138,15 @@ FINALIZE_LANES_TUNE = (16, 64)
 def tune_grid(threads_per_row: int | None, limit: int = TUNE_LIMIT,
               max_threads: int = 1024, clusters: tuple[int, ...] = (),
               finalize_lanes: tuple[int, ...] = (), aligned_copy: bool = False,
-              staged: tuple[tuple[str, str], ...] | None = None) -> list[dict]:
+              staged: tuple[tuple[str, str], ...] | None = None,
+              ringed: tuple[tuple[str, str], ...] | None = None) -> list[dict]:
     """Hints kwargs to try, the heuristic's (all None) first: copies of vec bytes instead of
     aligned 16-byte row copies (where asked: the heuristic's schedule uses them), rows split
     over each cluster size given, each finalize_lanes given, the row buffers staged in
     shared memory with two stages and with one (where `staged` gives the storage: the
-    registers-first forward kernels), each knob alone, then threads_per_row x stages;
-    threads_per_row in {x/2, 2x} of the heuristic's x."""
+    registers-first forward kernels), the rows streamed through the staging ring (where
+    `ringed` gives the storage: schedules without a ring), each knob alone, then
+    threads_per_row x stages; threads_per_row in {x/2, 2x} of the heuristic's x."""
     tprs = []
     if threads_per_row:
         tprs = [t for t in (threads_per_row // 2, threads_per_row * 2) if 1 <= t <= max_threads]
@@ -153,6 +155,7 @@ def tune_grid(threads_per_row: int | None, limit: int = TUNE_LIMIT,
     grid += [{"cluster": k} for k in clusters]
     grid += [{"finalize_lanes": n} for n in finalize_lanes]
     grid += [{"storage": staged, "stages": s} for s in (2, 1)] if staged else []
+    grid += [{"storage": ringed}] if ringed else []
     grid += [{"threads_per_row": t} for t in tprs]
     grid += [{"rows_per_block": r} for r in (1, 2, 4)]
     grid += [{"stages": s} for s in (1, 2)]
@@ -530,18 +533,24 @@ def tune(fd, inputs, ref, schedule, entry: dict, timed) -> None:
     # Knobs are tried at the heuristic's cluster size: their values derive from its split.
     cluster = {"cluster": schedule.cluster} if getattr(schedule, "cluster", 1) > 1 else {}
     # Registers-first kernels hold one row per block in flight; staging rows in shared memory
-    # lets the next row load while this one computes.
-    staged = None
-    if getattr(schedule, "scheduler", None) == "inner_persistent":
+    # lets the next row load while this one computes. The staging ring keeps up to 4 rows (or
+    # chunks of a row) in flight per block.
+    staged = ringed = None
+    if getattr(schedule, "scheduler", None) in ("inner_persistent", "inner_outer_persistent"):
         from fuser.analysis import analyze
-        from fuser.schedulers.base import SMEM
+        from fuser.schedulers.base import RING, SMEM
 
-        staged = tuple((t.name, SMEM) for t in analyze(fd.fusion).full_inputs)
+        info = analyze(fd.fusion)
+        if schedule.scheduler == "inner_persistent":
+            staged = tuple((t.name, SMEM) for t in info.full_inputs)
+        if schedule.ring is None:
+            ringed = (tuple((t.name, RING) for t in info.full_inputs)
+                      + tuple((t.name, SMEM) for t in info.col_inputs))
     for cfg in tune_grid(getattr(schedule, "threads_per_row", None),
                          clusters=(1, 2, 4, 8) if long_rows else (),
                          finalize_lanes=FINALIZE_LANES_TUNE if has_finalize else (),
                          aligned_copy=getattr(schedule, "aligned_copy", False),
-                         staged=staged):
+                         staged=staged, ringed=ringed):
         if cfg and "cluster" not in cfg:
             cfg = {**cluster, **cfg}
         hints = Hints(**cfg)

@@ -292,6 +292,8 @@ def test_tune_grid_stages_registers_first_rows_in_shared_memory():
     staged = (("T0", "smem"),)
     assert tune_grid(512, staged=staged)[1:3] == [{"storage": staged, "stages": 2},
                                                   {"storage": staged, "stages": 1}]
+    ringed = (("T0", "ring"), ("T1", "smem"))
+    assert tune_grid(512, staged=staged, ringed=ringed)[3] == {"storage": ringed}
     assert not any("storage" in c for c in tune_grid(512))
 
 
