@@ -265,7 +265,8 @@ def test_each_storage_path_matches_reference(storage, hidden, rng):
 def test_staging_ring_matches_reference(name, hidden, cluster, rows, dtype, rng):
     """Rows forced through the staging ring (ring_cases.py): bulk copies completing on
     mbarriers, per-thread cp.async, and the ring of each block's part of a cluster; 7 rows
-    (fewer than the blocks) and 400 (several per block, so the ring runs on across rows)."""
+    (one per block, the grid capped at the row count) and 400 (several per block, so the ring
+    runs on across rows)."""
     fd = run_and_validate(name, dtype, hidden, rows, rng,
                           hints=ring_hints(name, dtype, hidden, cluster=cluster))
     ring = fd._last_run.kernel.schedule.ring

@@ -60,7 +60,7 @@ def aligned_row_chunks(hidden: int, itemsize: int) -> int:
 
 @dataclass(frozen=True)
 class StagingRing:
-    """How rows that no storage keeps on chip are streamed through shared memory: every pass
+    """How re-read rows are streamed through shared memory: every pass
     over a row reads the block's part of it (the whole row, or a cluster block's share) in
     `chunks` chunks of `chunk_vectors` vectors, each into the next of `depth` slots, while the
     next depth - 1 chunks are on their way. The chunk arithmetic lives here, and the template

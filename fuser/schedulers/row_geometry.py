@@ -88,7 +88,8 @@ class Hints:
     rows_per_block: int | None = None
     cluster: int | None = None  # blocks of a thread-block cluster sharing each row (sm_90)
     stages: int | None = None
-    storage: tuple[tuple[str, str], ...] | None = None  # (tensor name, REGISTERS | SMEM)
+    # (tensor name, REGISTERS | SMEM | GLOBAL | RING); tensors not named are in registers
+    storage: tuple[tuple[str, str], ...] | None = None
     finalize_lanes: int | None = None  # threads summing one column's partial rows (finalize)
     # Fill smem row buffers with 16-byte copies from below each row's start (RowSchedule.
     # aligned_copy) where vec is narrower than 16 bytes and the inputs are 16-byte aligned.
@@ -172,7 +173,9 @@ def row_schedule_candidates(
     shows that an estimate was wrong (spills at one block per SM). Rows stay on chip as long
     as any cluster size can hold them there: one block first, then the row split over 2, 4
     and 8 blocks of a cluster (sm_90), and only then re-read from global memory in every
-    pass, split over the largest cluster, which keeps the most of the row on chip.
+    pass (through a staging ring where one fits), split over the largest cluster, which keeps
+    the most of the row on chip. Registers-first kernels take a ring of whole rows before
+    registers where that measured faster (ring_first in _candidates).
     """
     hints = hints or Hints()
     tried: list[str] = []
@@ -349,8 +352,10 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
 
     def ring_first(in_registers: dict[str, str]) -> bool:
         """Whether a registers-first kernel streams its rows through a bulk-filled ring of
-        whole rows (RING_DEPTHS[0] rows in flight per block, within RING_BYTES; one row per
-        block) instead of holding them in registers: where the register plan fits, rows span
+        whole rows (RING_DEPTHS[0] slots within RING_BYTES, one row per block) instead of
+        holding them in registers. Every pass refetches the row into the next slot (from L2),
+        so with three passes the slots hold about a row and a third ahead. It pays where the
+        register plan fits, where the register plan fits, rows span
         at least RING_MIN_THREADS threads, and either the register plan leaves a single
         block per SM or the fusion makes three passes over each row (softmax, LayerNorm).
         Measured on the H200 (bf16, 16384 rows, fraction of the copy bandwidth, ring against
@@ -373,8 +378,9 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
     def re_read():
         # Keep fewer rows on chip and re-read the others in every pass: a row just read is
         # usually still in L2, so the second read costs L2, not HBM, bandwidth. They stream
-        # through a staging ring where one fits (with the column inputs wherever that leaves
-        # room for it), else they are loaded straight into registers.
+        # through a staging ring where one fits (sized to the shared memory the row buffers
+        # leave, before the column inputs and scratch are placed: a ring that then does not fit
+        # moves on to the column inputs' next storage), else they go straight to registers.
         for reread in range(1, len(full) + 1):
             for through in (RING, GLOBAL):
                 for col_storage in (SMEM, REGISTERS, GLOBAL):
@@ -482,7 +488,7 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
                         if ring else "")
         reason = (
             f"{'smem-first' if smem_first else 'registers-first'} policy: "
-            f"{', '.join(in_smem) or 'nothing'} in smem"
+            f"{', '.join(in_smem) or ('only the staging ring' if ring else 'nothing')} in smem"
             f"{f' ({stages} stages)' if stages > 1 and in_smem else ''}"
             f"{f', {chr(44).join(reread)} re-read each pass' if reread else ''}{through_ring}"
             f"{', rows copied in aligned 16-byte chunks' if rows_aligned else ''}"

@@ -1,7 +1,9 @@
-"""Staging rings: rows that no storage keeps on chip, re-read in chunks through shared memory.
+"""Staging rings: rows re-read in every pass, streamed in chunks through shared memory.
 
 When neither registers nor shared memory of one block (or of a cluster of 8, on sm_90) hold a
-row's buffers, some are re-read from global memory in every pass over the row. Loaded straight
+row's buffers, some are re-read from global memory in every pass over the row (and
+registers-first kernels re-read whole rows by choice where that measured faster:
+row_geometry.ring_first). Loaded straight
 into registers, each thread has only the loads of its unrolled iterations in flight; a ring of
 `depth` chunk slots keeps depth - 1 chunks of the row in flight while the block works on one.
 Where every chunk of every row starts on a 16-byte boundary and is a multiple of 16 bytes (and
@@ -55,8 +57,8 @@ def plan_ring(tensors: list[tuple[str, int]], hidden: int, vec: int, threads_per
             bulk = all(bulk_aligned(hidden, vec, size, chunk_vectors, part_vectors, cluster,
                                     align_bytes, arch) for _, size in tensors)
             members = tensors if bulk else [(n, s) for n, s in tensors if vec * s in ASYNC_BYTES]
-            if not members:
-                return None
+            if not members:  # another chunk size may be bulk-aligned
+                continue
             slots = {n: align(chunk_vectors * vec * s) for n, s in members}
             barriers = align(depth * MBARRIER_BYTES) if bulk else 0
             data = depth * sum(slots.values())
