@@ -153,3 +153,24 @@ def test_ring_kernels_compile_without_spills(name, hidden, cluster, dtype):
         assert not r.spills, f"{entry} spills: {r}\n{built.schedule}"
         assert r.static_smem <= plan.static_slot
     assert ("fm::mbarrier_wait" in built.source.source) == (ring.fill == BULK)
+
+
+@pytest.mark.parametrize(("hidden", "fill"), [(4096, BULK), (24578, ASYNC)])
+def test_ring_ptx_copies_with_the_planned_engine(hidden, fill):
+    """The PTX of a ring kernel (rmsnorm_bwd, bf16) issues its chunks with the fill the plan
+    names: cp.async.bulk completing on mbarriers that readers wait on by parity, or cp.async
+    of 4-byte vectors in commit groups; never both."""
+    from fuser.codegen import template_dir
+    from fuser.compile import ptx_of
+
+    fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
+    built = build(fd.name, analyze(fd.fusion), Problem(hidden, 1000, 16), H200,
+                  ring_hints("rmsnorm_bwd", DataType.BFloat16, hidden))
+    assert built.schedule.ring.fill == fill
+    ptx = ptx_of(built.source.source, fd.name, 90, (str(template_dir()),))
+    bulk = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx
+    assert bulk == (fill == BULK)
+    assert ("mbarrier.try_wait.parity" in ptx) == bulk
+    assert ("mbarrier.arrive.expect_tx" in ptx) == bulk
+    if fill == ASYNC:
+        assert "cp.async.ca.shared.global" in ptx and "cp.async.wait_group 3" in ptx
