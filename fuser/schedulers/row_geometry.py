@@ -355,9 +355,9 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
         whole rows (RING_DEPTHS[0] slots within RING_BYTES, one row per block) instead of
         holding them in registers. Every pass refetches the row into the next slot (from L2),
         so with three passes the slots hold about a row and a third ahead. It pays where the
-        register plan fits, where the register plan fits, rows span
-        at least RING_MIN_THREADS threads, and either the register plan leaves a single
-        block per SM or the fusion makes three passes over each row (softmax, LayerNorm).
+        register plan fits, rows span at least RING_MIN_THREADS threads, and either the
+        register plan leaves a single block per SM or the fusion makes three passes over each
+        row (softmax, LayerNorm).
         Measured on the H200 (bf16, 16384 rows, fraction of the copy bandwidth, ring against
         registers): softmax_fwd 0.80 / 0.77 at 2048, 0.82 / 0.75 at 4096, 0.81 / 0.76 at
         8192, 0.71 / 0.55 at 16384; layernorm_fwd 0.89 / 0.76, 0.85 / 0.76, 0.88 / 0.78,
@@ -370,10 +370,9 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
                 or device.arch < 90 or any(hidden * t.dtype.itemsize % 16 for t in full)
                 or RING_DEPTHS[0] * hidden * sum(t.dtype.itemsize for t in full) > RING_BYTES):
             return False
-        if passes >= RING_PASSES_FIRST:
-            return _schedule(1, in_registers, REGISTERS) is not None
         registers = _schedule(1, in_registers, REGISTERS)
-        return registers is not None and registers.blocks_per_sm <= 1
+        return registers is not None and (passes >= RING_PASSES_FIRST
+                                          or registers.blocks_per_sm <= 1)
 
     def re_read():
         # Keep fewer rows on chip and re-read the others in every pass: a row just read is
