@@ -174,3 +174,17 @@ def test_ring_ptx_copies_with_the_planned_engine(hidden, fill):
     assert ("mbarrier.arrive.expect_tx" in ptx) == bulk
     if fill == ASYNC:
         assert "cp.async.ca.shared.global" in ptx and "cp.async.wait_group 3" in ptx
+
+
+def test_a_bulk_filled_ring_does_not_compile_below_sm_90():
+    """The bulk copy helpers are empty below sm_90; a kernel whose ring they fill refuses to
+    compile there instead of reading slots nothing filled (the scheduler never plans one)."""
+    from fuser import CompileError
+    from fuser.codegen import template_dir
+    from fuser.compile import compile_cuda
+
+    fd = FUSIONS["softmax_fwd"](DataType.BFloat16)
+    built = build(fd.name, analyze(fd.fusion), Problem(8192, 1000, 16), H200)
+    assert built.schedule.ring.fill == BULK
+    with pytest.raises(CompileError, match=r"filled by cp\.async\.bulk on mbarriers, which needs"):
+        compile_cuda(built.source.source, fd.name, 80, (str(template_dir()),))
