@@ -362,7 +362,7 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
         registers): softmax_fwd 0.80 / 0.77 at 2048, 0.82 / 0.75 at 4096, 0.81 / 0.76 at
         8192, 0.71 / 0.55 at 16384; layernorm_fwd 0.89 / 0.76, 0.85 / 0.76, 0.88 / 0.78,
         0.87 / 0.69; rmsnorm_fwd (two passes) 0.90 / 0.77 at 16384 (one block per SM) but
-        0.95 / 0.99, 0.88 / 0.91 and 0.89 / 0.91 at 2048 to 8192 (three). Split over a
+        0.95 / 0.99, 0.88 / 0.91 and 0.89 / 0.91 at 2048 to 8192 (three blocks per SM). Split over a
         cluster the ring lost (0.38 to 0.67 against 0.65 to 0.91 at 32768 to 131072), and
         copied by cp.async in chunks of a vector per thread too (0.20 to 0.31 at 24578)."""
         if (hints.storage is not None or cluster > 1 or tpr < RING_MIN_THREADS
