@@ -491,6 +491,7 @@ def render_row(
         "ring": ring,  # the staging ring of the re-read row buffers, or None
         "async_full": [b for b in full if b["async"]],
         "copied_full": [b for b in full if b["smem"] and not b["async"]],
+        "registers_full": [b for b in full if not b["smem"] and not b["reread"]],
         "cols": cols,
         "row_inputs": [{"name": t.name, "ctype": _ctype(t)} for t in info.row_inputs],
         "start_lines": start_lines,

@@ -127,11 +127,6 @@ dropout_rmsnorm_bwd_row(
       fm::copy_row_chunks<4>(smem + 123264 + ty * 49184, g_T4 + row * H + 0 * VEC, (NV - 0) * VEC * static_cast<int>(sizeof(__nv_bfloat16)), tx, TPR);
     }
     fm::cp_async_commit();
-    // Row buffers kept in registers: every load of the row issued before any is used.
-#pragma unroll
-    for (int b = 0; b < BATCH; ++b) {
-      const int j = b * TPR + tx;
-    }
     const float row_T3 = valid ? fm::to_compute(g_T3[row]) : float(0);
     fm::cp_async_wait<0>();
     __syncthreads();  // the row's chunks were copied by every thread of the row

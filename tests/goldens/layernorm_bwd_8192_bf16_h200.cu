@@ -157,11 +157,6 @@ layernorm_bwd_row(
     ahead_T1 = next < n_rows ? fm::to_compute(g_T1[next]) : float(0);
     const float row_T2 = ahead_T2;
     ahead_T2 = next < n_rows ? fm::to_compute(g_T2[next]) : float(0);
-    // Row buffers kept in registers: every load of the row issued before any is used.
-#pragma unroll
-    for (int b = 0; b < BATCH; ++b) {
-      const int j = b * TPR + tx;
-    }
     fm::cp_async_wait<1>();
 
     // Inner reduction level 0.
