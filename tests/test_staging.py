@@ -184,7 +184,8 @@ def test_a_bulk_filled_ring_does_not_compile_below_sm_90():
     from fuser.compile import compile_cuda
 
     fd = FUSIONS["softmax_fwd"](DataType.BFloat16)
-    built = build(fd.name, analyze(fd.fusion), Problem(8192, 1000, 16), H200)
+    built = build(fd.name, analyze(fd.fusion), Problem(8192, 1000, 16), H200,
+                  ring_hints(fd.name, DataType.BFloat16, 8192))
     assert built.schedule.ring.fill == BULK
     with pytest.raises(CompileError, match=r"filled by cp\.async\.bulk on mbarriers, which needs"):
         compile_cuda(built.source.source, fd.name, 80, (str(template_dir()),))

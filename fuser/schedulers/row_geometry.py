@@ -73,10 +73,17 @@ MIN_OVERHEAD_REGISTERS = 16
 SHORT_ROWS_PER_SM = 12  # rows per SM one stage must hold to skip the two-stage pipeline
 PARTIAL_UNROLL = 4  # batch iterations unrolled when no register array needs all of them
 PLANNED_OVERHEAD_REGISTERS = 32
-# Registers-first kernels of this many passes over each row stream their rows through a
-# staging ring where one fits, for rows of at least RING_MIN_THREADS threads (measured from
-# there: 2048 bf16 elements); see ring_first in _candidates.
-RING_PASSES_FIRST = 3
+# Registers-first kernels of this many passes over each row (softmax, LayerNorm: two
+# reduction levels and the output) stage their rows in shared memory before trying registers:
+# the row is read from global memory once and its later passes read shared memory, where
+# registers or a ring of whole rows (which refetches the row from L2 every pass) measured
+# slower. H200, bf16, 16384 rows, row kernel in us, staged / ring / registers: softmax_fwd
+# 2048 43.2 / 45.2, 4096 79.8 / 83.2, 8192 153.9 / 160.6, 16384 307.9 / 361.3,
+# 24578 684.1 / - / 818.9; layernorm_fwd 16384 278.7 / 295.2.
+STAGED_PASSES_FIRST = 3
+# Registers-first kernels whose register plan leaves one block per SM stream their rows
+# through a staging ring where one fits, for rows of at least RING_MIN_THREADS threads
+# (measured from there: 2048 bf16 elements); see ring_first in _candidates.
 RING_MIN_THREADS = 64
 
 
@@ -342,37 +349,44 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
                         yield (stages if moved < len(full) else 1), storage, REGISTERS
         else:
             in_registers = {t.name: REGISTERS for t in full + cols}
+            staged_first = passes >= STAGED_PASSES_FIRST
+
+            def in_smem(col_storages: tuple[str, str]):
+                for stages in stage_options:
+                    for col_storage in col_storages:
+                        yield (stages, {**staged(stages), **{t.name: col_storage for t in cols}},
+                               REGISTERS)
+
+            # Rows staged first keep the columns in smem too: in registers they cost blocks
+            # per SM (layernorm_fwd 8192: 106 registers, 2 blocks per SM, 178.9 us; in smem
+            # 54 registers, 4 blocks, 147.8 us).
+            if staged_first:
+                yield from in_smem((SMEM, REGISTERS))
             if ring_first(in_registers):
                 yield 1, {**{t.name: RING for t in full}, **{t.name: SMEM for t in cols}}, REGISTERS
             yield 1, in_registers, REGISTERS
-            for stages in stage_options:
-                in_smem = staged(stages)
-                yield stages, {**in_smem, **{t.name: REGISTERS for t in cols}}, REGISTERS
-                yield stages, {**in_smem, **{t.name: SMEM for t in cols}}, REGISTERS
+            if not staged_first:
+                yield from in_smem((REGISTERS, SMEM))
 
     def ring_first(in_registers: dict[str, str]) -> bool:
         """Whether a registers-first kernel streams its rows through a bulk-filled ring of
         whole rows (RING_DEPTHS[0] slots within RING_BYTES, one row per block) instead of
-        holding them in registers. Every pass refetches the row into the next slot (from L2),
-        so with three passes the slots hold about a row and a third ahead. It pays where the
-        register plan fits, rows span at least RING_MIN_THREADS threads, and either the
-        register plan leaves a single block per SM or the fusion makes three passes over each
-        row (softmax, LayerNorm).
+        holding them in registers: where the register plan fits but leaves a single block per
+        SM, and rows span at least RING_MIN_THREADS threads. Every pass refetches the row into
+        the next slot (from L2), so fusions of STAGED_PASSES_FIRST passes stage rows in shared
+        memory before this.
         Measured on the H200 (bf16, 16384 rows, fraction of the copy bandwidth, ring against
-        registers): softmax_fwd 0.80 / 0.77 at 2048, 0.82 / 0.75 at 4096, 0.81 / 0.76 at
-        8192, 0.71 / 0.55 at 16384; layernorm_fwd 0.89 / 0.76, 0.85 / 0.76, 0.88 / 0.78,
-        0.87 / 0.69; rmsnorm_fwd (two passes) 0.90 / 0.77 at 16384 (one block per SM) but
-        0.95 / 0.99, 0.88 / 0.91 and 0.89 / 0.91 at 2048 to 8192 (three blocks per SM). Split over a
-        cluster the ring lost (0.38 to 0.67 against 0.65 to 0.91 at 32768 to 131072), and
-        copied by cp.async in chunks of a vector per thread too (0.20 to 0.31 at 24578)."""
+        registers): rmsnorm_fwd (two passes) 0.90 / 0.77 at 16384 (one block per SM) but
+        0.95 / 0.99, 0.88 / 0.91 and 0.89 / 0.91 at 2048 to 8192 (three blocks per SM). Split
+        over a cluster the ring lost (0.38 to 0.67 against 0.65 to 0.91 at 32768 to 131072),
+        and copied by cp.async in chunks of a vector per thread too (0.20 to 0.31 at 24578)."""
         if (hints.storage is not None or cluster > 1 or tpr < RING_MIN_THREADS
                 or problem.align_bytes < 16
                 or device.arch < 90 or any(hidden * t.dtype.itemsize % 16 for t in full)
                 or RING_DEPTHS[0] * hidden * sum(t.dtype.itemsize for t in full) > RING_BYTES):
             return False
         registers = _schedule(1, in_registers, REGISTERS)
-        return registers is not None and (passes >= RING_PASSES_FIRST
-                                          or registers.blocks_per_sm <= 1)
+        return registers is not None and registers.blocks_per_sm <= 1
 
     def re_read():
         # Keep fewer rows on chip and re-read the others in every pass: a row just read is

@@ -12,7 +12,7 @@
 // 
 // RowSchedule
 //   scheduler          inner_persistent
-//   reason             registers-first policy: nothing in smem, ~64 regs/thread, ~4 block(s)/SM
+//   reason             registers-first policy: T0 in smem, ~48 regs/thread, ~5 block(s)/SM
 //   hidden             1024
 //   vec                8
 //   threads_per_row    32
@@ -20,26 +20,27 @@
 //   cluster            1
 //   batch              4
 //   unroll             4
-//   full_unroll        True
+//   full_unroll        False
 //   stages             1
 //   aligned_copy       False
-//   placements         T0:BFloat16->registers
+//   placements         T0:BFloat16->smem(cp.async)
 //   accumulators       registers
 //   reduction_bytes    4
-//   regs_estimate      64
-//   blocks_per_sm      4
+//   regs_estimate      48
+//   blocks_per_sm      5
 // 
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
+// s_T0         16384       0    16384  row buffer T0 (BFloat16), 1 stage(s) x 8 row(s) x 1024
 // static slot    128  static      128  static __shared__ (magic zero)
-// total 128 B = dynamic 0 + static 128; limit 232448 B; headroom 232320 B; alignment 128 B
+// total 16512 B = dynamic 16384 + static 128; limit 232448 B; headroom 215936 B; alignment 128 B
 // 
 #include "fuser_math.cuh"
 
 // Each block works on 8 row(s) at a time and strides over all rows.
 // Thread x of a row owns vectors x, x + 32, ... (4 of them, 8 elements each);
 // shared row buffers are indexed the same way, so a thread only ever reads back what it copied.
-extern "C" __global__ void __launch_bounds__(256, 4)
+extern "C" __global__ void __launch_bounds__(256, 5)
 softmax_fwd_row(
     const __nv_bfloat16* __restrict__ g_T0,
     __nv_bfloat16* __restrict__ g_T13,
@@ -56,6 +57,7 @@ softmax_fwd_row(
   const int ty = threadIdx.y;
   extern __shared__ __align__(128) unsigned char smem[];
   const int zero = fm::magic_zero();
+  fm::Vec<__nv_bfloat16, VEC>* s_T0 = reinterpret_cast<fm::Vec<__nv_bfloat16, VEC>*>(smem + 0);
   const long long S3 = n_rows;
   const long long S4 = static_cast<long long>(H);
   const long long S9 = n_rows;
@@ -76,13 +78,17 @@ softmax_fwd_row(
     const long long row = row0 + ty + zero;
     const bool valid = row < n_rows;
     const int stage = STAGES == 2 ? (it & 1) : 0;
-    // Row buffers kept in registers: every load of the row issued before any is used.
-    fm::Vec<__nv_bfloat16, VEC> r_T0[BATCH];
+    if (valid) {
 #pragma unroll
-    for (int b = 0; b < BATCH; ++b) {
-      const int j = b * TPR + tx;
-      r_T0[b] = (valid && j < NV) ? fm::load<VEC>(g_T0 + row * H + j * VEC) : fm::Vec<__nv_bfloat16, VEC>{};
+      for (int b = 0; b < BATCH; ++b) {
+        const int j = b * TPR + tx;
+        if (j < NV) {
+          fm::cp_async<VEC * sizeof(__nv_bfloat16)>(&s_T0[ty * NV + j], g_T0 + row * H + j * VEC);
+        }
+      }
     }
+    fm::cp_async_commit();
+    fm::cp_async_wait<0>();
 
     // Inner reduction level 0.
     float row_T2 = fm::lowest<float>();
@@ -90,7 +96,7 @@ softmax_fwd_row(
     for (int b = 0; b < BATCH; ++b) {
       const int j = b * TPR + tx;
       if (true) {
-        const fm::Vec<__nv_bfloat16, VEC> x_T0 = r_T0[b];
+        const fm::Vec<__nv_bfloat16, VEC> x_T0 = s_T0[(stage * RPB + ty) * NV + j];
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
           const float e_T1 = fm::to_compute(x_T0.v[i]);
@@ -106,7 +112,7 @@ softmax_fwd_row(
     for (int b = 0; b < BATCH; ++b) {
       const int j = b * TPR + tx;
       if (true) {
-        const fm::Vec<__nv_bfloat16, VEC> x_T0 = r_T0[b];
+        const fm::Vec<__nv_bfloat16, VEC> x_T0 = s_T0[(stage * RPB + ty) * NV + j];
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
           const float e_T1 = fm::to_compute(x_T0.v[i]);
@@ -124,7 +130,7 @@ softmax_fwd_row(
     for (int b = 0; b < BATCH; ++b) {
       const int j = b * TPR + tx;
       if (true) {
-        const fm::Vec<__nv_bfloat16, VEC> x_T0 = r_T0[b];
+        const fm::Vec<__nv_bfloat16, VEC> x_T0 = s_T0[(stage * RPB + ty) * NV + j];
         fm::Vec<__nv_bfloat16, VEC> o_T13;
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
