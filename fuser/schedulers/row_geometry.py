@@ -181,8 +181,9 @@ def row_schedule_candidates(
     as any cluster size can hold them there: one block first, then the row split over 2, 4
     and 8 blocks of a cluster (sm_90), and only then re-read from global memory in every
     pass (through a staging ring where one fits), split over the largest cluster, which keeps
-    the most of the row on chip. Registers-first kernels take a ring of whole rows before
-    registers where that measured faster (ring_first in _candidates).
+    the most of the row on chip. Registers-first kernels of STAGED_PASSES_FIRST passes try
+    their rows in shared memory before registers, and the others take a ring of whole rows
+    before registers where that measured faster (ring_first in _candidates).
     """
     hints = hints or Hints()
     tried: list[str] = []

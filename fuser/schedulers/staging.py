@@ -2,9 +2,9 @@
 
 When neither registers nor shared memory of one block (or of a cluster of 8, on sm_90) hold a
 row's buffers, some are re-read from global memory in every pass over the row (and
-registers-first kernels re-read whole rows by choice where that measured faster:
-row_geometry.ring_first). Loaded straight
-into registers, each thread has only the loads of its unrolled iterations in flight; a ring of
+registers-first kernels whose register plan leaves one block per SM re-read whole rows by
+choice, where that measured faster: row_geometry.ring_first). Loaded straight into
+registers, each thread has only the loads of its unrolled iterations in flight; a ring of
 `depth` chunk slots keeps depth - 1 chunks of the row in flight while the block works on one.
 Where every chunk of every row starts on a 16-byte boundary and is a multiple of 16 bytes (and
 the device is sm_90), one thread hands each chunk to the bulk copy engine (cp.async.bulk),
