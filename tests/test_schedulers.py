@@ -135,6 +135,30 @@ def test_storage_choices_per_device(device, hidden, expected):
     assert s.smem.total <= device.smem_per_block_optin
 
 
+@pytest.mark.parametrize("name", ["softmax_fwd", "layernorm_fwd"])
+@pytest.mark.parametrize("hidden", [1024, 2048, 8192, 16384, 24578, 32768])
+def test_three_pass_forward_rows_are_staged_in_smem_with_their_columns(name, hidden):
+    """softmax and LayerNorm forward (two reduction levels and the output) keep their rows,
+    and LayerNorm its weight and bias, in shared memory wherever one block holds them: never
+    in registers, and never through the whole-row ring, which refetches each pass. (Built:
+    at 32768 the estimate's two stages with the columns in registers spill, and the build
+    takes one stage with everything in smem.)"""
+    info = analyze(FUSIONS[name](DataType.BFloat16).fusion)
+    s = build(name, info, Problem(hidden, 16384, 16), H200).schedule
+    assert s.ring is None and s.cluster == 1, s.reason
+    assert {p.storage for p in s.placements} == {SMEM}, s.reason
+    assert_plan_invariants(s.smem)
+
+
+@pytest.mark.parametrize(("hidden", "ring"), [(8192, False), (16384, True)])
+def test_two_pass_forward_takes_the_ring_only_at_one_block_per_sm(hidden, ring):
+    """rmsnorm_fwd keeps its rows in registers while they leave several blocks per SM, and
+    streams them through the bulk-filled ring where registers would leave one (16384, bf16)."""
+    _, s = plan_for("rmsnorm_fwd", DataType.BFloat16, hidden)
+    assert (s.ring is not None) == ring, s.reason
+    assert s.placement("T0").storage == (RING if ring else REGISTERS)
+
+
 def _off_chip(s: RowSchedule) -> bool:
     return s.accumulators == GLOBAL or any(p.storage in (GLOBAL, RING) for p in s.placements)
 
