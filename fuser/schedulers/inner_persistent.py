@@ -3,7 +3,9 @@
 RMSNorm and LayerNorm forward, softmax: every row is read once, reduced (one or more levels),
 then normalized from the copy kept in registers, or in shared memory when registers run out.
 Registers come first: a forward norm holds one or two row buffers, which fit in registers for
-hidden sizes up to tens of thousands, and registers need no extra copy.
+hidden sizes up to tens of thousands, and registers need no extra copy. Fusions of three passes
+over each row (softmax, LayerNorm forward) stage rows in shared memory first, where that
+measured faster (row_geometry.STAGED_PASSES_FIRST).
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """Geometry and storage search shared by the persistent (row) schedulers.
 
 The persistent schedulers differ in their storage policy, not in the shape of the kernel:
-inner_persistent keeps rows in registers first (forward norms, softmax: one pass per row), and
-inner_outer_persistent stages rows in shared memory first (backward norms: five or more row
-buffers plus fp32 weight-gradient accumulators would not fit in registers). This module turns
-a policy into a concrete schedule: it enumerates the storage candidates in policy order and
-takes the first whose shared memory and registers fit the device with at least one resident
-block.
+inner_persistent keeps rows in registers first (RMSNorm forward: the row is read once and
+normalized from registers), except that fusions of three passes over each row (softmax,
+LayerNorm forward) stage their rows in shared memory first; inner_outer_persistent stages
+rows in shared memory first (backward norms: five or more row buffers plus fp32
+weight-gradient accumulators would not fit in registers). This module turns a policy into a
+concrete schedule: it enumerates the storage candidates in policy order and takes the first
+whose shared memory and registers fit the device with at least one resident block.
 """
 
 from __future__ import annotations
