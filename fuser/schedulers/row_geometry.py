@@ -34,7 +34,7 @@ from fuser.schedulers.base import (
     next_pow2,
     pick_vec,
 )
-from fuser.schedulers.staging import RING_BYTES, RING_DEPTHS, plan_ring
+from fuser.schedulers.staging import RING_BYTES, RING_DEPTHS, bulk_aligned, plan_ring
 from fuser.smem import SmemPlan
 
 # Threads per row, by storage policy (smem_first). Rows kept in registers want a few vectors
@@ -382,9 +382,10 @@ def _candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, schedule
         0.95 / 0.99, 0.88 / 0.91 and 0.89 / 0.91 at 2048 to 8192 (three blocks per SM). Split
         over a cluster the ring lost (0.38 to 0.67 against 0.65 to 0.91 at 32768 to 131072),
         and copied by cp.async in chunks of a vector per thread too (0.20 to 0.31 at 24578)."""
+        row_vectors = hidden // vec  # a chunk of the whole row, in one block
         if (hints.storage is not None or cluster > 1 or tpr < RING_MIN_THREADS
-                or problem.align_bytes < 16
-                or device.arch < 90 or any(hidden * t.dtype.itemsize % 16 for t in full)
+                or not all(bulk_aligned(hidden, vec, t.dtype.itemsize, row_vectors, row_vectors,
+                                        1, problem.align_bytes, device.arch) for t in full)
                 or RING_DEPTHS[0] * hidden * sum(t.dtype.itemsize for t in full) > RING_BYTES):
             return False
         registers = _schedule(1, in_registers, REGISTERS)
