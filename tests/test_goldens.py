@@ -1,49 +1,161 @@
 """CPU: rendered CUDA against checked-in goldens, so every change to what fuser generates is
-seen in review. After an intended change: FUSER_UPDATE_GOLDENS=1 pytest tests/test_goldens.py,
-then read the diff of tests/goldens/ before committing it."""
+seen in review. One golden per kernel variant: rows in registers, in shared memory (staged
+forward, one and two stages, aligned and vector copies, copied through registers), through
+the staging ring (bulk and cp.async, over a cluster too), split over clusters of 2, 4 and 8,
+re-read from global memory; column accumulators in registers, shared memory and the
+workspace; blocks of several rows; the finalize; a pointwise kernel; double reductions.
+After an intended change: FUSER_UPDATE_GOLDENS=1 pytest tests/test_goldens.py, then read the
+diff of tests/goldens/ before committing it."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from fuser import DataType
-from fuser.analysis import analyze
+from fuser import DataType, FusionDefinition
+from fuser.analysis import Role, analyze
 from fuser.codegen import render_pointwise, render_row, templates_hash
 from fuser.device import DeviceSpec
 from fuser.fusions import FUSIONS
-from fuser.schedulers import Problem, schedule
+from fuser.schedulers import Hints, Problem, candidates
 from fuser.schedulers.base import PointwiseSchedule
 from fuser.schedulers.inner_outer_persistent import finalize_heuristic
 
 GOLDENS = Path(__file__).parent / "goldens"
-CASES = [("rmsnorm_fwd", 4096), ("softmax_fwd", 1024), ("dropout_rmsnorm_bwd", 24578),
-         ("layernorm_bwd", 8192)]
 
 
-def render(name: str, hidden: int) -> str:
-    info = analyze(FUSIONS[name](DataType.BFloat16).fusion)
-    problem = Problem(hidden, 16384, 16)
-    device = DeviceSpec.get("h200")
-    s = schedule(info, problem, device)
+def gelu_bias() -> FusionDefinition:
+    """A pointwise fusion: y = gelu_tanh(x + bias), per-row scale."""
+    with FusionDefinition("gelu_bias") as fd:
+        x = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
+        b = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.BFloat16)
+        xb = fd.ops.add(fd.ops.cast(x, DataType.Float), fd.ops.cast(b, DataType.Float))
+        cube = fd.ops.mul(fd.ops.mul(xb, xb), xb)
+        inner = fd.ops.mul(fd.ops.add(xb, fd.ops.mul(cube, 0.044715)), 0.7978845608)
+        y = fd.ops.mul(fd.ops.mul(xb, 0.5), fd.ops.add(fd.ops.tanh(inner), 1.0))
+        fd.add_output(fd.ops.cast(y, DataType.BFloat16))
+    return fd
+
+
+def double_share() -> FusionDefinition:
+    """An inner reduction in double: each element's share of its row's sum."""
+    with FusionDefinition("double_share") as fd:
+        x = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Double)
+        s = fd.ops.sum(x, dims=[1], keepdim=True)
+        fd.add_output(fd.ops.div(x, fd.ops.broadcast_in_dim(s, shape=x.shape(),
+                                                            broadcast_dims=[0, 1])))
+        fd.add_output(s)
+    return fd
+
+
+BUILDERS = {**FUSIONS, "gelu_bias": gelu_bias, "double_share": double_share}
+
+
+@dataclass(frozen=True)
+class Golden:
+    """One kernel variant: the first candidate schedule of `fusion` at this size, dtype,
+    device preset, row count, pointer alignment and hints that `pick` accepts."""
+
+    stem: str  # the golden's file name, without .cu
+    fusion: str
+    hidden: int
+    dtype: DataType = DataType.BFloat16
+    preset: str = "h200"
+    rows: int = 16384
+    align: int = 16
+    hints: Hints | None = None
+    pick: Callable | None = None
+
+    def __str__(self) -> str:
+        return self.stem
+
+
+BF16, F32 = DataType.BFloat16, DataType.Float
+CASES = [
+    # rows in registers, columns in registers
+    Golden("rmsnorm_fwd_4096_bf16_h200", "rmsnorm_fwd", 4096),
+    # staged forward: several short rows per block, in shared memory
+    Golden("softmax_fwd_1024_bf16_h200", "softmax_fwd", 1024),
+    # staged forward rows, columns in shared memory, two stages
+    Golden("layernorm_fwd_16384_bf16_h200", "layernorm_fwd", 16384),
+    # aligned 16-byte row copies in shared memory, a finalize
+    Golden("dropout_rmsnorm_bwd_24578_bf16_h200", "dropout_rmsnorm_bwd", 24578),
+    # two stages of shared row buffers, two column reductions
+    Golden("layernorm_bwd_8192_bf16_h200", "layernorm_bwd", 8192),
+    # vector copies where aligned copies would be the default
+    Golden("rmsnorm_bwd_24578_bf16_h200_vector_copies", "rmsnorm_bwd", 24578,
+           hints=Hints(aligned_copy=False)),
+    # a bool mask too narrow for cp.async: copied through registers (4-byte aligned inputs)
+    Golden("dropout_rmsnorm_bwd_1000_bf16_h200_align4", "dropout_rmsnorm_bwd", 1000, align=4),
+    # a whole-row staging ring filled by the bulk copy engine
+    Golden("rmsnorm_fwd_16384_bf16_h200", "rmsnorm_fwd", 16384),
+    # a staging ring filled by cp.async, accumulators in the workspace, re-read columns
+    Golden("rmsnorm_bwd_131072_bf16_a100", "rmsnorm_bwd", 131072, preset="a100"),
+    # a bulk-filled staging ring over a cluster of 8
+    Golden("rmsnorm_fwd_1048576_bf16_h200", "rmsnorm_fwd", 1048576),
+    # rows split over a cluster of 2, aligned copies of each block's part
+    Golden("rmsnorm_bwd_65537_bf16_h200", "rmsnorm_bwd", 65537),
+    # a cluster of 4, two stages, some rows in registers, columns in shared memory
+    Golden("rmsnorm_bwd_131072_bf16_h200", "rmsnorm_bwd", 131072),
+    # a cluster of 8
+    Golden("layernorm_bwd_131072_bf16_h200", "layernorm_bwd", 131072),
+    # a cluster of 2 in fp32, two rows per block, batch loop not fully unrolled
+    Golden("layernorm_fwd_24578_fp32_h200", "layernorm_fwd", 24578, dtype=F32),
+    # rows re-read from global memory by plain loads, accumulators in the workspace
+    Golden("rmsnorm_bwd_65537_bf16_a100", "rmsnorm_bwd", 65537, preset="a100"),
+    # row buffers in registers, shared memory and re-read at once (100 KB part)
+    Golden("dropout_rmsnorm_bwd_24578_bf16_sm89", "dropout_rmsnorm_bwd", 24578,
+           preset="sm89-100kb"),
+    # column accumulators in shared memory
+    Golden("rmsnorm_bwd_4096_bf16_h200_smem_accumulators", "rmsnorm_bwd", 4096,
+           pick=lambda s: s.accumulators == "smem"),
+    # blocks of several rows, accumulators folded across them
+    Golden("rmsnorm_bwd_1024_bf16_h200_4_rows", "rmsnorm_bwd", 1024,
+           hints=Hints(threads_per_row=64, rows_per_block=4)),
+    # a pointwise kernel
+    Golden("gelu_bias_4096_bf16_h200", "gelu_bias", 4096),
+    # an inner reduction in double
+    Golden("double_share_2048_fp64_h200", "double_share", 2048, dtype=DataType.Double),
+]
+
+
+def render(case: Golden) -> str:
+    builder = BUILDERS[case.fusion]
+    fd = builder(case.dtype) if case.fusion in FUSIONS else builder()
+    info = analyze(fd.fusion)
+    problem = Problem(case.hidden, min(case.rows, 1024), case.align)
+    device = DeviceSpec.get(case.preset)
+    s = next(s for s in candidates(info, problem, device, case.hints)
+             if case.pick is None or case.pick(s))
     if isinstance(s, PointwiseSchedule):
-        return render_pointwise(name, info, s).source
-    final = finalize_heuristic(info, problem, device) if info.outer_reductions else None
+        source = render_pointwise(case.fusion, info, s).source
+    else:
+        final = (finalize_heuristic(info, problem, device)
+                 if info.outer_reductions or info.outputs(Role.COL) else None)
+        source = render_row(case.fusion, info, s, final).source
     # The templates' hash is in the header; the golden holds a placeholder so that it shows
     # only what the change to the templates did to the source.
-    return render_row(name, info, s, final).source.replace(templates_hash(), "<templates>")
+    return source.replace(templates_hash(), "<templates>")
 
 
-@pytest.mark.parametrize(("name", "hidden"), CASES)
-def test_rendered_source_matches_golden(name, hidden):
-    path = GOLDENS / f"{name}_{hidden}_bf16_h200.cu"
-    text = render(name, hidden)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_rendered_source_matches_golden(case):
+    path = GOLDENS / f"{case.stem}.cu"
+    text = render(case)
     if os.environ.get("FUSER_UPDATE_GOLDENS") == "1":
         path.write_text(text)
     assert path.exists(), f"no golden {path.name}; run with FUSER_UPDATE_GOLDENS=1"
     assert text == path.read_text(), f"{path.name} changed; see the module docstring"
+
+
+def test_every_golden_is_a_case():
+    """No stale golden files: each one on disk belongs to a case above."""
+    stems = {case.stem for case in CASES}
+    assert {p.stem for p in GOLDENS.glob("*.cu")} == stems
 
 
 def test_templates_hold_no_device_side_traps():
