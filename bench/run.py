@@ -538,14 +538,14 @@ def tune(fd, inputs, ref, schedule, entry: dict, timed) -> None:
     staged = ringed = None
     if getattr(schedule, "scheduler", None) in ("inner_persistent", "inner_outer_persistent"):
         from fuser.analysis import analyze
-        from fuser.schedulers.base import RING, SMEM
+        from fuser.schedulers.base import Storage
 
         info = analyze(fd.fusion)
         if schedule.scheduler == "inner_persistent":
-            staged = tuple((t.name, SMEM) for t in info.full_inputs)
+            staged = tuple((t.name, Storage.SMEM) for t in info.full_inputs)
         if schedule.ring is None:
-            ringed = (tuple((t.name, RING) for t in info.full_inputs)
-                      + tuple((t.name, SMEM) for t in info.col_inputs))
+            ringed = (tuple((t.name, Storage.RING) for t in info.full_inputs)
+                      + tuple((t.name, Storage.SMEM) for t in info.col_inputs))
     for cfg in tune_grid(getattr(schedule, "threads_per_row", None),
                          clusters=(1, 2, 4, 8) if long_rows else (),
                          finalize_lanes=FINALIZE_LANES_TUNE if has_finalize else (),

@@ -23,7 +23,7 @@ from fuser.errors import FuserError
 from fuser.fusions import FUSIONS, make_inputs
 from fuser.kernels import Built, build
 from fuser.schedulers import Hints, Problem
-from fuser.schedulers.base import GLOBAL, REGISTERS, RING, SMEM
+from fuser.schedulers.base import Storage
 
 DTYPES = {"bf16": DataType.BFloat16, "fp16": DataType.Half, "fp32": DataType.Float}
 HEADLINE = ("dropout_rmsnorm_bwd", 16384, 24578, "bf16")
@@ -42,7 +42,7 @@ def _shape(text: str) -> tuple[int, int]:
 
 
 _HINT_KINDS = {f.name: f.type for f in dataclasses.fields(Hints)}
-STORAGES = (REGISTERS, SMEM, GLOBAL, RING)
+STORAGES = (Storage.REGISTERS, Storage.SMEM, Storage.GLOBAL, Storage.RING)
 
 
 def _hint(text: str) -> tuple[str, object]:

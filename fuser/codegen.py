@@ -22,16 +22,7 @@ from fuser.dtypes import DataType
 from fuser.errors import UnsupportedFusionError
 from fuser.ir import Expr, Scalar, Tensor, Val
 from fuser.ops import ELEMENTWISE, REDUCTIONS
-from fuser.schedulers.base import (
-    BULK,
-    GLOBAL,
-    REGISTERS,
-    RING,
-    SMEM,
-    FinalizeSchedule,
-    PointwiseSchedule,
-    RowSchedule,
-)
+from fuser.schedulers.base import Fill, FinalizeSchedule, PointwiseSchedule, RowSchedule, Storage
 
 
 @dataclass(frozen=True)
@@ -314,18 +305,18 @@ def _fetch(t: Tensor, storage: str, full: bool, where: dict[str, str], aligned: 
            ring_slot_vectors: int) -> str:
     """C++ expression of vector j of input `t` in a pass over the row, wherever it is kept
     (`ring_slot_vectors`: vectors between the slots of its staging ring buffer)."""
-    if storage == REGISTERS:
+    if storage == Storage.REGISTERS:
         return f"r_{t.name}[b]"
-    if storage == RING:  # vector u * TPR + tx of the chunk in the slot being read
+    if storage == Storage.RING:  # vector u * TPR + tx of the chunk in the slot being read
         return f"ring_{t.name}[ring_slot * {ring_slot_vectors} + u * TPR + tx]"
-    if full and storage == SMEM and aligned:
+    if full and storage == Storage.SMEM and aligned:
         return f"s_{t.name}_row[{where['JS']}]"  # the row at its offset in its 16-byte chunks
-    if full and storage == SMEM:
+    if full and storage == Storage.SMEM:
         return f"s_{t.name}[(stage * RPB + ty) * {where['NVS']} + {where['JS']}]"
     if full:
         return (f"(valid ? fm::load<VEC>(g_{t.name} + row * H + j * VEC) : "
                 f"fm::Vec<{t.dtype.cuda_type}, VEC>{{}})")
-    if storage == SMEM:
+    if storage == Storage.SMEM:
         return f"s_{t.name}[{where['JS']}]"
     return f"fm::load<VEC>(g_{t.name} + j * VEC)"
 
@@ -352,27 +343,27 @@ def render_row(
 
     def buffer(t: Tensor) -> dict:
         p = schedule.placement(t.name)
-        aligned = schedule.aligned_copy and p.role == "full" and p.storage == SMEM
+        aligned = schedule.aligned_copy and p.role is Role.FULL and p.storage == Storage.SMEM
         # Aligned copies: one row slot of the planned buffer (stages x rows slots), in bytes.
         slot = (schedule.smem.buffer(f"s_{t.name}").nbytes
                 // (schedule.stages * schedule.rows_per_block) if aligned else 0)
         ring = schedule.ring
         # Bytes between a ring buffer's slots (each 128-byte aligned), and in vectors.
         ring_slot = (schedule.smem.buffer(f"s_ring_{t.name}").nbytes // ring.depth
-                     if p.storage == RING else 0)
+                     if p.storage == Storage.RING else 0)
         ring_vectors = ring_slot // (schedule.vec * t.dtype.itemsize)
         return {
             "name": t.name,
             "ctype": t.dtype.cuda_type,
-            "smem": p.storage == SMEM,
-            "reread": p.storage in (GLOBAL, RING),
-            "ring": p.storage == RING,
+            "smem": p.storage == Storage.SMEM,
+            "reread": p.storage in (Storage.GLOBAL, Storage.RING),
+            "ring": p.storage == Storage.RING,
             "async": p.async_copy,
-            "offset": (schedule.smem.offset(f"s_{t.name}") if p.storage == SMEM
-                       else schedule.smem.offset(f"s_ring_{t.name}") if p.storage == RING
+            "offset": (schedule.smem.offset(f"s_{t.name}") if p.storage == Storage.SMEM
+                       else schedule.smem.offset(f"s_ring_{t.name}") if p.storage == Storage.RING
                        else 0),
             "ring_vectors": ring_vectors,
-            "fetch": _fetch(t, p.storage, p.role == "full", where, aligned, ring_vectors),
+            "fetch": _fetch(t, p.storage, p.role is Role.FULL, where, aligned, ring_vectors),
             "slot": slot,
             "rounds": -(-(slot // 16) // schedule.threads_per_row),  # chunks per thread
         }
@@ -382,11 +373,11 @@ def render_row(
     if schedule.ring is not None:
         ring = {
             "ring": schedule.ring,
-            "bulk": schedule.ring.fill == BULK,
+            "bulk": schedule.ring.fill == Fill.BULK,
             "tensors": [b for b in full if b["ring"]],
             # Bytes of one vector of every ring buffer: a chunk's mbarrier counts vectors x this.
             "vector_bytes": " + ".join(f"sizeof({b['ctype']})" for b in full if b["ring"]),
-            "barriers": (schedule.smem.offset("s_ring_full") if schedule.ring.fill == BULK
+            "barriers": (schedule.smem.offset("s_ring_full") if schedule.ring.fill == Fill.BULK
                          else None),
         }
     cols = [buffer(t) for t in info.col_inputs]
@@ -437,11 +428,11 @@ def render_row(
     final_lines = emitter.emit([*full_outputs, *(e.inputs[0] for e in info.outer_reductions)])
     outputs = [{"name": o.name, "ctype": o.dtype.cuda_type, "value": emitter.env[o]}
                for o in full_outputs]
-    in_smem = schedule.accumulators == SMEM
+    in_smem = schedule.accumulators == Storage.SMEM
     refs = {  # element i of vector j of this thread's accumulator, wherever it lives
-        REGISTERS: "acc_{0}[b][i]",
-        SMEM: f"s_acc_{{0}}[(ty * {where['NVS']} + {where['JS']}) * VEC + i]",
-        GLOBAL: f"g_part_{{0}}[(static_cast<long long>({where['OWNER']}) * RPB + ty) * H + "
+        Storage.REGISTERS: "acc_{0}[b][i]",
+        Storage.SMEM: f"s_acc_{{0}}[(ty * {where['NVS']} + {where['JS']}) * VEC + i]",
+        Storage.GLOBAL: f"g_part_{{0}}[(static_cast<long long>({where['OWNER']}) * RPB + ty) * H + "
                 "j * VEC + i]",
     }
     accumulators = [

@@ -22,6 +22,11 @@ class BadInputError(FuserError):
     """Inputs given to execute() disagree with the definition (count, dtype, shape, device...)."""
 
 
+class HintError(BadInputError):
+    """A tuning hint (fuser.schedulers.Hints) no kernel can honour here: refused before
+    anything is compiled."""
+
+
 class OutOfResourcesError(FuserError):
     """A kernel would need more of a device resource than the device has."""
 

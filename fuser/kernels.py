@@ -15,7 +15,7 @@ import hashlib
 import os
 from dataclasses import dataclass, replace
 
-from fuser.analysis import FusionInfo, Role
+from fuser.analysis import FusionInfo
 from fuser.cache import KernelCache, default_cache
 from fuser.codegen import KernelSource, render_pointwise, render_row, template_dir
 from fuser.compile import CompiledModule
@@ -23,7 +23,7 @@ from fuser.device import DeviceSpec
 from fuser.errors import OutOfResourcesError
 from fuser.schedulers import Hints, Problem, candidates
 from fuser.schedulers.base import FinalizeSchedule, PointwiseSchedule, RowSchedule
-from fuser.schedulers.inner_outer_persistent import finalize_heuristic
+from fuser.schedulers.finalize import finalize_schedule, needs_finalize
 
 
 @dataclass(frozen=True)
@@ -63,10 +63,8 @@ def build(
     attempts = []
     for sched in candidates(info, problem, device, hints):
         final = None
-        if not isinstance(sched, PointwiseSchedule) and (
-            info.outer_reductions or info.outputs(Role.COL)
-        ):
-            final = finalize_heuristic(info, problem, device, hints and hints.finalize_lanes)
+        if not isinstance(sched, PointwiseSchedule) and needs_finalize(info):
+            final = finalize_schedule(info, problem, device, hints and hints.finalize_lanes)
         for plan in (sched.smem, final.smem if final else None):
             if plan is not None:
                 plan.check(f"fusion '{name}' at hidden {problem.hidden}")

@@ -7,7 +7,7 @@ from fuser import DataType
 from fuser.analysis import analyze
 from fuser.fusions import FUSIONS
 from fuser.schedulers import Hints
-from fuser.schedulers.base import GLOBAL, RING, SMEM, pick_vec
+from fuser.schedulers.base import Storage, pick_vec
 
 
 def ring_hints(name: str, dtype: DataType, hidden: int, align_bytes: int = 16,
@@ -18,10 +18,10 @@ def ring_hints(name: str, dtype: DataType, hidden: int, align_bytes: int = 16,
     info = analyze(FUSIONS[name](dtype).fusion)
     sizes = [t.dtype.itemsize for t in (*info.full_inputs, *info.col_inputs)]
     vec = pick_vec(hidden, sizes, align_bytes)
-    ringed = {t.name: RING if (hidden * t.dtype.itemsize % 16 == 0 or
-                               vec * t.dtype.itemsize >= 4) else GLOBAL
+    ringed = {t.name: Storage.RING if (hidden * t.dtype.itemsize % 16 == 0 or
+                               vec * t.dtype.itemsize >= 4) else Storage.GLOBAL
               for t in info.full_inputs}
-    return Hints(storage=(*ringed.items(), *((t.name, SMEM) for t in info.col_inputs)),
+    return Hints(storage=(*ringed.items(), *((t.name, Storage.SMEM) for t in info.col_inputs)),
                  cluster=cluster)
 
 

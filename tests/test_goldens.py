@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from fuser import DataType, FusionDefinition
-from fuser.analysis import Role, analyze
+from fuser.analysis import analyze
 from fuser.codegen import render_pointwise, render_row, templates_hash
 from fuser.device import DeviceSpec
 from fuser.fusions import FUSIONS
 from fuser.schedulers import Hints, Problem, candidates
 from fuser.schedulers.base import PointwiseSchedule
-from fuser.schedulers.inner_outer_persistent import finalize_heuristic
+from fuser.schedulers.finalize import finalize_schedule, needs_finalize
 
 GOLDENS = Path(__file__).parent / "goldens"
 
@@ -134,8 +134,8 @@ def render(case: Golden) -> str:
     if isinstance(s, PointwiseSchedule):
         source = render_pointwise(case.fusion, info, s).source
     else:
-        final = (finalize_heuristic(info, problem, device)
-                 if info.outer_reductions or info.outputs(Role.COL) else None)
+        final = (finalize_schedule(info, problem, device)
+                 if needs_finalize(info) else None)
         source = render_row(case.fusion, info, s, final).source
     # The templates' hash is in the header; the golden holds a placeholder so that it shows
     # only what the change to the templates did to the source.

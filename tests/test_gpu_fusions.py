@@ -30,7 +30,7 @@ from fuser.reference import (
     tolerance,
 )
 from fuser.schedulers import Hints
-from fuser.schedulers.base import BULK, GLOBAL, REGISTERS, SMEM
+from fuser.schedulers.base import Fill, Storage
 
 pytestmark = pytest.mark.gpu
 
@@ -247,8 +247,9 @@ def test_torch_tensors_in_torch_tensors_out(name, rng):
 @pytest.mark.parametrize(
     ("storage", "hidden"),
     # 24578 in registers would need more than the 64 registers a 1024-thread block allows.
-    [(REGISTERS, 1024), (REGISTERS, 4096), (SMEM, 1024), (SMEM, 4096), (SMEM, 24578),
-     (GLOBAL, 4096), (GLOBAL, 24578)],
+    [(Storage.REGISTERS, 1024), (Storage.REGISTERS, 4096), (Storage.SMEM, 1024),
+     (Storage.SMEM, 4096), (Storage.SMEM, 24578), (Storage.GLOBAL, 4096),
+     (Storage.GLOBAL, 24578)],
 )
 def test_each_storage_path_matches_reference(storage, hidden, rng):
     """Every row-buffer storage of the persistent kernel, forced: registers, shared memory,
@@ -270,7 +271,7 @@ def test_staging_ring_matches_reference(name, hidden, cluster, rows, dtype, rng)
     fd = run_and_validate(name, dtype, hidden, rows, rng,
                           hints=ring_hints(name, dtype, hidden, cluster=cluster))
     ring = fd._last_run.kernel.schedule.ring
-    assert ring is not None and (ring.fill == BULK) == (hidden % 8 == 0)
+    assert ring is not None and (ring.fill == Fill.BULK) == (hidden % 8 == 0)
 
 
 def test_weight_gradient_is_identical_from_run_to_run(rng):

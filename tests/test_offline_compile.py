@@ -84,7 +84,7 @@ def test_finalize_lanes_hint_sets_the_finalize_block():
     """Hints(finalize_lanes=n): n threads per column sum the partial rows, 512 / n columns
     (1 to 32) per block, the smem plan holds n x columns doubles per column sum; a block over
     the device's thread limit raises."""
-    from fuser import OutOfResourcesError
+    from fuser import HintError
     from fuser.schedulers import Hints
 
     fd = FUSIONS["layernorm_bwd"](DataType.BFloat16)
@@ -96,16 +96,17 @@ def test_finalize_lanes_hint_sets_the_finalize_block():
     assert "__launch_bounds__(512)" in built.source.source
     assert "constexpr int LANES = 32;" in built.source.source
     assert not built.compiled.resource(built.source.finalize_entry).spills
-    with pytest.raises(OutOfResourcesError, match=r"finalize_lanes=2048: .* use 1 to 1024 lanes"):
+    with pytest.raises(HintError, match=r"finalize_lanes=2048\): allowed: 1 to 1024; the "
+                       r"heuristic picks finalize_lanes=64"):
         build(fd.name, info, Problem(2048, 16384, 16), H200, Hints(finalize_lanes=2048))
 
 
 @pytest.mark.parametrize(("hidden", "cols"), [(1024, 8), (2048, 8), (8192, 16), (24578, 32)])
 def test_finalize_blocks_cover_every_sm_twice_where_the_columns_allow(hidden, cols):
-    from fuser.schedulers.inner_outer_persistent import finalize_heuristic
+    from fuser.schedulers.finalize import finalize_schedule
 
     info = analyze(FUSIONS["rmsnorm_bwd"](DataType.BFloat16).fusion)
-    f = finalize_heuristic(info, Problem(hidden, 16384, 16), H200)
+    f = finalize_schedule(info, Problem(hidden, 16384, 16), H200)
     assert (f.cols_per_block, f.partial_lanes) == (cols, 512 // cols)
     assert -(-hidden // cols) >= 2 * H200.sm_count or cols == 8
 
@@ -157,20 +158,25 @@ def test_full_row_outputs_are_stored_as_whole_vectors(name, hidden, dtype):
 @pytest.mark.parametrize("hidden", [4098, 24577, 24578, 24580])
 @pytest.mark.parametrize("name", sorted(FUSIONS))
 def test_aligned_copy_kernels_compile_with_16_byte_copies_only(name, hidden, dtype):
-    """Hints(aligned_copy=True) where vectors are narrower than 16 bytes: no spills, and when
-    the schedule uses it, every cp.async of the row kernel moves 16 bytes with a source size
-    (the row's last chunk reads only up to the row's end), with no 4- or 8-byte cp.async."""
+    """Hints(aligned_copy=True): refused where vectors are already 16 bytes wide; elsewhere
+    no spills, and every cp.async of the row kernel moves 16 bytes with a source size (the
+    row's last chunk reads only up to the row's end), with no 4- or 8-byte cp.async."""
+    from fuser import HintError
     from fuser.codegen import template_dir
     from fuser.compile import ptx_of
     from fuser.schedulers import Hints
+    from fuser.schedulers.base import pick_vec
 
     fd = FUSIONS[name](dtype)
-    built = build(fd.name, analyze(fd.fusion), Problem(hidden, 16384, 16), H200,
-                  Hints(aligned_copy=True))
+    info = analyze(fd.fusion)
+    if pick_vec(hidden, [dtype.itemsize], 16) * dtype.itemsize == 16:
+        with pytest.raises(HintError, match=r"aligned_copy=True.*narrower than 16 bytes"):
+            build(fd.name, info, Problem(hidden, 16384, 16), H200, Hints(aligned_copy=True))
+        return
+    built = build(fd.name, info, Problem(hidden, 16384, 16), H200, Hints(aligned_copy=True))
     for entry, _ in built.plans():
         assert not built.compiled.resource(entry).spills, entry
-    if not built.schedule.aligned_copy:
-        return
+    assert built.schedule.aligned_copy
     ptx = _row_entry_ptx(ptx_of(built.source.source, name, 90, (str(template_dir()),)),
                          built.source.row_entry)
     copies = re.findall(r"cp\.async\.(\w+)\.shared\.global \[[^\]]+\], \[[^\]]+\], (\d+)(, %r\d+)?",

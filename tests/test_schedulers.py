@@ -4,22 +4,17 @@ same fusion spelled three ways scheduling the same way."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from fuser import DataType, FusionDefinition, OutOfResourcesError
+from fuser import DataType, FusionDefinition, HintError, OutOfResourcesError
 from fuser.analysis import Kind, analyze
 from fuser.device import DeviceSpec
 from fuser.fusions import FUSIONS
 from fuser.kernels import build
 from fuser.schedulers import Hints, Problem, schedule
-from fuser.schedulers.base import (
-    GLOBAL,
-    REGISTERS,
-    RING,
-    SMEM,
-    PointwiseSchedule,
-    RowSchedule,
-)
+from fuser.schedulers.base import PointwiseSchedule, RowSchedule, Storage
 from fuser.smem import ALIGNMENT, STATIC_SLOT, SmemPlan, align
 
 H200 = DeviceSpec.get("h200")
@@ -116,16 +111,17 @@ def test_storage_policy_moves_least_reused_buffers_first():
     which meets the weight every row) last; the mask is copied through registers."""
     _, s = plan_for("dropout_rmsnorm_bwd", DataType.BFloat16, 32768)
     storage = {p.tensor: p.storage for p in s.placements}
-    assert storage["T4"] == SMEM  # grad_out
-    assert storage["T0"] == SMEM and storage["T1"] == SMEM
+    assert storage["T4"] == Storage.SMEM  # grad_out
+    assert storage["T0"] == Storage.SMEM and storage["T1"] == Storage.SMEM
 
 
 @pytest.mark.parametrize(
     ("device", "hidden", "expected"),
-    [(H200, 4096, {"T0": SMEM, "T1": SMEM, "T4": SMEM, "T5": SMEM}),
-     (H200, 24578, {"T0": SMEM, "T1": SMEM, "T4": SMEM}),
-     (SMALL, 8192, {"T0": REGISTERS, "T1": SMEM, "T4": SMEM}),
-     (SMALL, 24578, {"T0": GLOBAL, "T1": SMEM, "T4": SMEM, "T5": GLOBAL})],
+    [(H200, 4096, {"T0": Storage.SMEM, "T1": Storage.SMEM, "T4": Storage.SMEM, "T5": Storage.SMEM}),
+     (H200, 24578, {"T0": Storage.SMEM, "T1": Storage.SMEM, "T4": Storage.SMEM}),
+     (SMALL, 8192, {"T0": Storage.REGISTERS, "T1": Storage.SMEM, "T4": Storage.SMEM}),
+     (SMALL, 24578, {"T0": Storage.GLOBAL, "T1": Storage.SMEM, "T4": Storage.SMEM,
+                     "T5": Storage.GLOBAL})],
 )
 def test_storage_choices_per_device(device, hidden, expected):
     """The 100 KB part leaves the all-smem plan much earlier than the H200."""
@@ -146,7 +142,7 @@ def test_three_pass_forward_rows_are_staged_in_smem_with_their_columns(name, hid
     info = analyze(FUSIONS[name](DataType.BFloat16).fusion)
     s = build(name, info, Problem(hidden, 16384, 16), H200).schedule
     assert s.ring is None and s.cluster == 1, s.reason
-    assert {p.storage for p in s.placements} == {SMEM}, s.reason
+    assert {p.storage for p in s.placements} == {Storage.SMEM}, s.reason
     assert_plan_invariants(s.smem)
 
 
@@ -156,11 +152,12 @@ def test_two_pass_forward_takes_the_ring_only_at_one_block_per_sm(hidden, ring):
     streams them through the bulk-filled ring where registers would leave one (16384, bf16)."""
     _, s = plan_for("rmsnorm_fwd", DataType.BFloat16, hidden)
     assert (s.ring is not None) == ring, s.reason
-    assert s.placement("T0").storage == (RING if ring else REGISTERS)
+    assert s.placement("T0").storage == (Storage.RING if ring else Storage.REGISTERS)
 
 
 def _off_chip(s: RowSchedule) -> bool:
-    return s.accumulators == GLOBAL or any(p.storage in (GLOBAL, RING) for p in s.placements)
+    return s.accumulators == Storage.GLOBAL or any(
+        p.storage in (Storage.GLOBAL, Storage.RING) for p in s.placements)
 
 
 @pytest.mark.parametrize(
@@ -250,29 +247,41 @@ def test_pointwise_fusion_gets_the_pointwise_scheduler():
 
 
 def test_a_storage_that_cannot_fit_raises_with_the_numbers():
-    """Every size schedules by itself (re-reading rows at worst); a forced storage that cannot
-    hold the row names the row, the limits and what was tried."""
+    """Every size schedules by itself on a real part (re-reading rows at worst); a part too
+    small for any storage, or a forced storage that cannot hold the row, names the row, the
+    limits and what was tried."""
     info = analyze(FUSIONS["dropout_rmsnorm_bwd"](DataType.Float).fusion)
-    forced = Hints(storage=(("T0", REGISTERS),))
+    tiny = dataclasses.replace(SMALL, smem_per_block_optin=256, smem_per_sm=2048,
+                               regs_per_block=16384, regs_per_sm=16384)
     with pytest.raises(OutOfResourcesError, match=r"(?s)hidden 1048576 \(13 B per element.*"
-                       r"232448 B per block.*of 64 registers per thread at 1024 threads"):
+                       r"limit 256 B per block.*smem 384 B of 256.*of 16 registers per thread"):
+        schedule(info, Problem(1048576, 64, 16), tiny)
+    forced = Hints(storage=(("T0", Storage.REGISTERS),))
+    with pytest.raises(HintError, match=r"(?s)no schedule honours Hints\(storage=T0:registers\) "
+                       r"at hidden 1048576.*of 64 registers per thread at 1024 threads.*"
+                       r"without them the heuristic's schedule is: smem-first policy"):
         schedule(info, Problem(1048576, 64, 16), H200, forced)
-    with pytest.raises(OutOfResourcesError, match=r"2048 threads per block .* limit of 1024"):
+    with pytest.raises(HintError, match=r"rows_per_block=2\): allowed: 1 to 1 \(1024 threads "
+                       r"per block on H200 / 1024 threads per row\); the heuristic picks "
+                       r"rows_per_block=1"):
         schedule(info, Problem(4096, 64, 16), H200, Hints(threads_per_row=1024,
                                                             rows_per_block=2))
 
 
 def test_a_copied_row_buffer_keeps_one_stage_and_compiles():
     """At hidden 24578 (vec 2) the bool mask's 2-byte vectors are too narrow for cp.async and
-    are copied through registers; forced into shared memory with two stages asked for, the
-    schedule keeps one stage (cp.async fills the second), and the kernel compiles."""
+    are copied through registers; forced into shared memory, the kernel has one stage
+    (cp.async fills the second, so two stages are refused) and compiles."""
     info = analyze(FUSIONS["dropout_rmsnorm_bwd"](DataType.BFloat16).fusion)
-    all_smem = Hints(storage=tuple((n, SMEM) for n in ("T0", "T1", "T2", "T4", "T5")), stages=2,
-                     aligned_copy=False)
+    in_smem = tuple((n, Storage.SMEM) for n in ("T0", "T1", "T2", "T4", "T5"))
+    with pytest.raises(HintError, match=r"stages=2: .*this choice runs one stage"):
+        schedule(info, Problem(24578, 64, 16), H200,
+                 Hints(storage=in_smem, stages=2, aligned_copy=False))
+    all_smem = Hints(storage=in_smem, aligned_copy=False)
     built = build("dropout_rmsnorm_bwd", info, Problem(24578, 64, 16), H200, all_smem)
     s = built.schedule
     assert s.vec == 2 and s.stages == 1
-    assert {p.tensor: p.storage for p in s.placements}["T2"] == SMEM
+    assert {p.tensor: p.storage for p in s.placements}["T2"] == Storage.SMEM
     assert "T2:Bool->smem, " in str(s)  # copied, not cp.async
     assert not built.compiled.resource(built.source.row_entry).spills
 
@@ -344,19 +353,23 @@ def test_respellings_classify_and_schedule_the_same(hidden):
     assert len(shapes) == 1, shapes
 
 
-@pytest.mark.parametrize("smem_first", [False, True])
+@pytest.mark.parametrize("policy", ["inner_persistent", "inner_outer_persistent"])
 @pytest.mark.parametrize("itemsizes", [(2, 2, 1, 2, 2), (4, 4, 1, 4, 4), (1,), (8, 4)])
-def test_row_split_covers_every_hidden_exactly(itemsizes, smem_first):
+def test_row_split_covers_every_hidden_exactly(itemsizes, policy):
     """For every hidden size from 1 to 200000, whole or split over the 2, 4 or 8 blocks of a
     cluster: the vectors tile the row exactly (vec divides hidden, at most 16 bytes per
     access), the blocks' shares add up to the row with none over its buffer of `part`
     vectors, and in a block every thread round but the last is full and the last not empty."""
-    from fuser.schedulers.row_geometry import CLUSTER_SIZES, row_split
+    from fuser.schedulers import inner_outer_persistent, inner_persistent
+    from fuser.schedulers.hints import CLUSTER_SIZES
+    from fuser.schedulers.row_geometry import row_split
 
+    row_policy = {"inner_persistent": inner_persistent.POLICY,
+                  "inner_outer_persistent": inner_outer_persistent.POLICY}[policy]
     widest = max(itemsizes)
     for hidden in range(1, 200001):
         for parts in (1, *CLUSTER_SIZES):
-            vec, tpr, batch = row_split(hidden, list(itemsizes), 16, smem_first, H200,
+            vec, tpr, batch = row_split(hidden, list(itemsizes), 16, row_policy, H200,
                                         parts=parts)
             vectors = hidden // vec
             if vectors < parts:  # the scheduler never splits fewer vectors than blocks
@@ -434,7 +447,8 @@ def test_aligned_copy_hint_plans_chunked_row_slots():
         assert f"in {n} 16-byte chunks" in b.purpose
         assert s.placement(name).async_copy
     assert_plan_invariants(s.smem)
-    assert not schedule(info, Problem(24578, 16384, 4), H200, Hints(aligned_copy=True)).aligned_copy
+    with pytest.raises(HintError, match=r"aligned_copy=True\): .*these are 4-byte aligned"):
+        schedule(info, Problem(24578, 16384, 4), H200, Hints(aligned_copy=True))
     assert schedule(info, Problem(24578, 16384, 16), H200).aligned_copy  # on by default
     off = Hints(aligned_copy=False)
     assert not schedule(info, Problem(24578, 16384, 16), H200, off).aligned_copy
@@ -450,8 +464,8 @@ def test_no_fit_error_lists_each_attempt_once_and_names_aligned_copies():
     """Aligned and vector row copies are both tried; the error names which is which and
     lists no attempt twice."""
     info = analyze(FUSIONS["dropout_rmsnorm_bwd"](DataType.BFloat16).fusion)
-    forced = Hints(cluster=1, storage=tuple((n, SMEM) for n in ("T0", "T1", "T2", "T4")))
-    with pytest.raises(OutOfResourcesError) as error:
+    forced = Hints(cluster=1, storage=tuple((n, Storage.SMEM) for n in ("T0", "T1", "T2", "T4")))
+    with pytest.raises(HintError) as error:
         schedule(info, Problem(49154, 16384, 16), H200, forced)
     tried = [line for line in str(error.value).splitlines() if line.startswith("  cluster=")]
     assert len(tried) == len(set(tried)) == 2

@@ -8,13 +8,14 @@ import pytest
 from ring_cases import RING_CASES, ring_hints
 from test_schedulers import assert_plan_invariants
 
-from fuser import DataType, OutOfResourcesError
+from fuser import DataType, HintError
 from fuser.analysis import analyze
 from fuser.device import DeviceSpec
 from fuser.fusions import FUSIONS
 from fuser.kernels import build
 from fuser.schedulers import Hints, Problem, schedule
-from fuser.schedulers.base import ASYNC, BULK, GLOBAL, RING, SMEM
+from fuser.schedulers.base import Fill, Storage
+from fuser.schedulers.inner_outer_persistent import POLICY as SMEM_FIRST
 from fuser.schedulers.row_geometry import row_split
 from fuser.schedulers.staging import MBARRIER_BYTES, RING_BYTES, plan_ring
 from fuser.smem import align
@@ -40,7 +41,7 @@ def _check_cover(ring, hidden: int, cluster: int, itemsizes: dict[str, int],
             covered += elements
             for name, size in itemsizes.items():
                 assert elements * size <= slot_bytes[name]
-                if ring.fill == BULK:
+                if ring.fill == Fill.BULK:
                     assert (k * part * ring.vec + start) * size % 16 == 0
                     assert elements * size % 16 == 0 and hidden * size % 16 == 0
         assert covered == share * ring.vec
@@ -54,7 +55,7 @@ def test_ring_chunks_cover_every_row_exactly_and_fit_their_slots(cluster, arch):
     and sized. sm_80 has no bulk copies: its rings are filled by cp.async."""
     itemsizes = {"T0": 2, "T2": 1}
     for hidden in range(1, 200001):
-        vec, tpr, batch = row_split(hidden, [2, 2, 1], 16, True, H200, parts=cluster)
+        vec, tpr, batch = row_split(hidden, [2, 2, 1], 16, SMEM_FIRST, H200, parts=cluster)
         if hidden // vec < cluster:
             continue
         planned = plan_ring(list(itemsizes.items()), hidden, vec, tpr, batch, cluster, 2, 16,
@@ -65,9 +66,9 @@ def test_ring_chunks_cover_every_row_exactly_and_fit_their_slots(cluster, arch):
             continue
         ring, requests = planned
         if arch < 90:
-            assert ring.fill == ASYNC
+            assert ring.fill == Fill.ASYNC
         elif cluster == 1 and hidden % 16 == 0:
-            assert ring.fill == BULK  # aligned rows: the bulk copy engine (_check_cover)
+            assert ring.fill == Fill.BULK  # aligned rows: the bulk copy engine (_check_cover)
         assert ring.chunks * ring.units == batch and ring.chunk_vectors == ring.units * tpr
         assert ring.part_vectors == -(-(hidden // vec) // cluster)
         assert 0 < ring.tail_elements <= ring.chunk_elements
@@ -83,9 +84,9 @@ def test_ring_is_planned_in_the_smem_plan_and_shown():
     info = analyze(FUSIONS["rmsnorm_bwd"](DataType.BFloat16).fusion)
     s = schedule(info, Problem(1048576, 1000, 16), H200)
     ring = s.ring
-    assert s.cluster == 8 and ring is not None and ring.fill == BULK
+    assert s.cluster == 8 and ring is not None and ring.fill == Fill.BULK
     assert ring.tensors == ("T0", "T2") and ring.depth == 4 and ring.passes == 2
-    assert {p.tensor: p.storage for p in s.placements}["T0"] == RING
+    assert {p.tensor: p.storage for p in s.placements}["T0"] == Storage.RING
     chunk_bytes = ring.chunk_elements * 2
     for name in ring.tensors:
         assert s.smem.buffer(f"s_ring_{name}").nbytes == ring.depth * align(chunk_bytes)
@@ -99,8 +100,8 @@ def test_ring_is_planned_in_the_smem_plan_and_shown():
 
 @pytest.mark.parametrize(
     ("device", "hidden", "fill"),
-    [("h200", 1048576, BULK), ("h100", 1048576, BULK), ("a100", 65536, ASYNC),
-     ("sm89-100kb", 25600, ASYNC)],
+    [("h200", 1048576, Fill.BULK), ("h100", 1048576, Fill.BULK), ("a100", 65536, Fill.ASYNC),
+     ("sm89-100kb", 25600, Fill.ASYNC)],
 )
 def test_rows_that_leave_the_chip_go_through_a_ring_on_each_preset(device, hidden, fill):
     """rmsnorm_bwd, bf16: the first sizes past what each preset keeps on chip (a cluster of 8
@@ -109,7 +110,7 @@ def test_rows_that_leave_the_chip_go_through_a_ring_on_each_preset(device, hidde
     info = analyze(FUSIONS["rmsnorm_bwd"](DataType.BFloat16).fusion)
     s = schedule(info, Problem(hidden, 16384, 16), DeviceSpec.get(device))
     assert s.ring is not None and s.ring.fill == fill, s.reason
-    assert all(s.placement(n).storage == RING for n in s.ring.tensors)
+    assert all(s.placement(n).storage == Storage.RING for n in s.ring.tensors)
     assert_plan_invariants(s.smem)
 
 
@@ -118,24 +119,26 @@ def test_misaligned_pointers_or_rows_fill_the_ring_by_cp_async_or_not_at_all():
     and buffers whose vectors are narrower than 4 bytes (the bool mask at 24578) are re-read
     by plain loads."""
     info = analyze(FUSIONS["dropout_rmsnorm_bwd"](DataType.BFloat16).fusion)
-    ring_all = Hints(storage=(("T0", RING), ("T1", RING), ("T4", RING), ("T5", SMEM)))
-    assert schedule(info, Problem(4096, 64, 16), H200, ring_all).ring.fill == BULK
-    assert schedule(info, Problem(4096, 64, 8), H200, ring_all).ring.fill == ASYNC
+    ring_all = Hints(storage=(("T0", Storage.RING), ("T1", Storage.RING), ("T4", Storage.RING),
+                              ("T5", Storage.SMEM)))
+    assert schedule(info, Problem(4096, 64, 16), H200, ring_all).ring.fill == Fill.BULK
+    assert schedule(info, Problem(4096, 64, 8), H200, ring_all).ring.fill == Fill.ASYNC
     s = schedule(info, Problem(24578, 64, 16), H200, ring_all)
-    assert s.ring.fill == ASYNC and s.ring.tensors == ("T0", "T1", "T4")
-    with pytest.raises(OutOfResourcesError, match=r"no staging ring for T2 \(one row per block"):
+    assert s.ring.fill == Fill.ASYNC and s.ring.tensors == ("T0", "T1", "T4")
+    with pytest.raises(HintError, match=r"no staging ring for T2 \(one row per block"):
         schedule(info, Problem(24578, 64, 16), H200,
-                 Hints(storage=(("T2", RING), ("T5", SMEM))))
-    with pytest.raises(OutOfResourcesError, match="not the column inputs T5"):
-        schedule(info, Problem(4096, 64, 16), H200, Hints(storage=(("T5", RING),)))
-    with pytest.raises(OutOfResourcesError, match="one row per block"):
+                 Hints(storage=(("T2", Storage.RING), ("T5", Storage.SMEM))))
+    with pytest.raises(HintError, match="streams row inputs, not the column input T5"):
+        schedule(info, Problem(4096, 64, 16), H200, Hints(storage=(("T5", Storage.RING),)))
+    with pytest.raises(HintError, match="one row per block"):
         schedule(info, Problem(4096, 64, 16), H200,
-                 Hints(storage=(("T0", RING), ("T5", SMEM)), rows_per_block=2))
+                 Hints(storage=(("T0", Storage.RING), ("T5", Storage.SMEM)), rows_per_block=2))
     defaulted = schedule(info, Problem(1048576, 64, 16), H200)
-    assert defaulted.ring.fill == BULK and set(defaulted.ring.tensors) == {"T0", "T1", "T2", "T4"}
+    assert defaulted.ring.fill == Fill.BULK
+    assert set(defaulted.ring.tensors) == {"T0", "T1", "T2", "T4"}
     plain = schedule(info, Problem(1048578, 64, 16), H200)  # rows start on 4-byte boundaries
-    assert plain.ring.fill == ASYNC and "T2" not in plain.ring.tensors
-    assert plain.placement("T2").storage == GLOBAL
+    assert plain.ring.fill == Fill.ASYNC and "T2" not in plain.ring.tensors
+    assert plain.placement("T2").storage == Storage.GLOBAL
 
 
 @pytest.mark.parametrize("dtype", [DataType.BFloat16, DataType.Float], ids=lambda d: d.name)
@@ -147,15 +150,15 @@ def test_ring_kernels_compile_without_spills(name, hidden, cluster, dtype):
     hints = ring_hints(name, dtype, hidden, cluster=cluster)
     built = build(fd.name, analyze(fd.fusion), Problem(hidden, 1000, 16), H200, hints)
     ring = built.schedule.ring
-    assert ring is not None and ring.fill == (BULK if hidden % 8 == 0 else ASYNC)
+    assert ring is not None and ring.fill == (Fill.BULK if hidden % 8 == 0 else Fill.ASYNC)
     for entry, plan in built.plans():
         r = built.compiled.resource(entry)
         assert not r.spills, f"{entry} spills: {r}\n{built.schedule}"
         assert r.static_smem <= plan.static_slot
-    assert ("fm::mbarrier_wait" in built.source.source) == (ring.fill == BULK)
+    assert ("fm::mbarrier_wait" in built.source.source) == (ring.fill == Fill.BULK)
 
 
-@pytest.mark.parametrize(("hidden", "fill"), [(4096, BULK), (24578, ASYNC)])
+@pytest.mark.parametrize(("hidden", "fill"), [(4096, Fill.BULK), (24578, Fill.ASYNC)])
 def test_ring_ptx_copies_with_the_planned_engine(hidden, fill):
     """The PTX of a ring kernel (rmsnorm_bwd, bf16) issues its chunks with the fill the plan
     names: cp.async.bulk completing on mbarriers that readers wait on by parity, or cp.async
@@ -169,10 +172,10 @@ def test_ring_ptx_copies_with_the_planned_engine(hidden, fill):
     assert built.schedule.ring.fill == fill
     ptx = ptx_of(built.source.source, fd.name, 90, (str(template_dir()),))
     bulk = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx
-    assert bulk == (fill == BULK)
+    assert bulk == (fill == Fill.BULK)
     assert ("mbarrier.try_wait.parity" in ptx) == bulk
     assert ("mbarrier.arrive.expect_tx" in ptx) == bulk
-    if fill == ASYNC:
+    if fill == Fill.ASYNC:
         assert "cp.async.ca.shared.global" in ptx and "cp.async.wait_group 3" in ptx
 
 
@@ -186,6 +189,6 @@ def test_a_bulk_filled_ring_does_not_compile_below_sm_90():
     fd = FUSIONS["softmax_fwd"](DataType.BFloat16)
     built = build(fd.name, analyze(fd.fusion), Problem(8192, 1000, 16), H200,
                   ring_hints(fd.name, DataType.BFloat16, 8192))
-    assert built.schedule.ring.fill == BULK
+    assert built.schedule.ring.fill == Fill.BULK
     with pytest.raises(CompileError, match=r"filled by cp\.async\.bulk on mbarriers, which needs"):
         compile_cuda(built.source.source, fd.name, 80, (str(template_dir()),))

@@ -12,7 +12,7 @@ from fuser.device import DeviceSpec
 from fuser.errors import UnsupportedFusionError
 from fuser.schedulers import inner_outer_persistent, inner_persistent, pointwise
 from fuser.schedulers.base import Problem
-from fuser.schedulers.row_geometry import Hints
+from fuser.schedulers.hints import Hints
 
 SCHEDULERS = (pointwise, inner_persistent, inner_outer_persistent)
 

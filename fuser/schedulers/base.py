@@ -8,18 +8,38 @@ the driver reports for the compiled kernel.
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass, fields
 
+from fuser.analysis import Role
 from fuser.dtypes import DataType
+from fuser.errors import FuserError
 from fuser.smem import SmemPlan
 
-REGISTERS = "registers"  # the row stays in registers between passes
-SMEM = "smem"  # the row stays in shared memory between passes
-GLOBAL = "global"  # nothing is kept: every pass re-reads the row (mostly from L2)
-RING = "ring"  # re-read every pass like GLOBAL, streamed through a shared-memory staging ring
-BULK = "cp.async.bulk"  # a ring filled by the bulk copy engine, one mbarrier per slot (sm_90)
-ASYNC = "cp.async"  # a ring filled by each thread's own cp.async vector copies
+
+class Storage(str, enum.Enum):
+    """Where a buffer lives while a block works on a row (and the Hints vocabulary for it)."""
+
+    REGISTERS = "registers"  # kept in registers between passes
+    SMEM = "smem"  # kept in shared memory between passes
+    GLOBAL = "global"  # nothing is kept: every pass re-reads the row (mostly from L2)
+    RING = "ring"  # re-read every pass like GLOBAL, streamed through a shared-memory ring
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Fill(str, enum.Enum):
+    """How a staging ring's slots are filled."""
+
+    BULK = "cp.async.bulk"  # by the bulk copy engine, one mbarrier per slot (sm_90)
+    ASYNC = "cp.async"  # by each thread's own cp.async vector copies
+
+    def __str__(self) -> str:
+        return self.value
+
+
 
 
 @dataclass(frozen=True)
@@ -32,7 +52,8 @@ class Problem:
 
     def __post_init__(self):
         if self.hidden < 1 or self.rows < 0:
-            raise ValueError(f"bad problem size rows={self.rows} hidden={self.hidden}")
+            raise FuserError(f"bad problem size rows={self.rows} hidden={self.hidden}: "
+                             "hidden must be at least 1 and rows at least 0")
 
 
 @dataclass(frozen=True)
@@ -41,8 +62,8 @@ class Placement:
 
     tensor: str  # the fusion input's name, e.g. "T0"
     dtype: DataType
-    role: str  # "full" ([rows, hidden], reloaded each row) or "col" ([hidden], loaded once)
-    storage: str  # REGISTERS, SMEM, GLOBAL or RING
+    role: Role  # FULL ([rows, hidden], reloaded each row) or COL ([hidden], loaded once)
+    storage: Storage
     async_copy: bool  # smem only: filled with cp.async (vector of 4, 8 or 16 bytes)
 
 
@@ -67,7 +88,7 @@ class StagingRing:
     only places these numbers: chunk c holds vectors [c * chunk_vectors, min((c + 1) *
     chunk_vectors, part)) of the part, so the last (tail) chunk holds what is left."""
 
-    fill: str  # BULK or ASYNC
+    fill: Fill
     tensors: tuple[str, ...]  # the full inputs that go through the ring
     depth: int  # slots; depth - 1 chunks are in flight while one is read
     units: int  # vectors per thread per chunk (divides the schedule's batch)
@@ -137,7 +158,7 @@ class RowSchedule:
     # offset in the buffer (after a barrier: each thread no longer reads only what it copied).
     aligned_copy: bool
     placements: tuple[Placement, ...]  # storage of every full and column input
-    accumulators: str  # where outer-reduction accumulators live: REGISTERS, SMEM or GLOBAL
+    accumulators: Storage  # where outer-reduction accumulators live: REGISTERS, SMEM or GLOBAL
     ring: StagingRing | None  # the staging ring of the RING placements (None without any)
     reduction_bytes: int  # 4, or 8 when any inner reduction accumulates in double
     regs_estimate: int  # registers per thread this schedule was sized for
@@ -152,7 +173,7 @@ class RowSchedule:
     def partial_rows_per_block(self) -> int:
         """Workspace rows a block writes: one, or one per row slot when the accumulators live
         in the workspace itself (each slot then owns a partial row and nothing is folded)."""
-        return self.rows_per_block if self.accumulators == GLOBAL else 1
+        return self.rows_per_block if self.accumulators is Storage.GLOBAL else 1
 
     def placement(self, tensor: str) -> Placement:
         return next(p for p in self.placements if p.tensor == tensor)

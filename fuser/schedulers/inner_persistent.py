@@ -1,11 +1,12 @@
 """Inner persistent scheduler: row reductions whose rows stay on chip between passes.
 
 RMSNorm and LayerNorm forward, softmax: every row is read once, reduced (one or more levels),
-then normalized from the copy kept in registers, or in shared memory when registers run out.
-Registers come first: a forward norm holds one or two row buffers, which fit in registers for
-hidden sizes up to tens of thousands, and registers need no extra copy. Fusions of three passes
-over each row (softmax, LayerNorm forward) stage rows in shared memory first, where that
-measured faster (row_geometry.STAGED_PASSES_FIRST).
+then normalized from the copy kept on chip. Its policy keeps rows in registers first: a
+forward norm holds one or two row buffers, which fit in registers for hidden sizes up to tens
+of thousands, and registers need no extra copy. Two exceptions, where they measured faster
+(bench/TUNING.md): fusions of three passes over each row (softmax, LayerNorm forward) stage
+their rows in shared memory first, and rows whose register plan leaves one block per SM
+stream through a staging ring of whole rows.
 """
 
 from __future__ import annotations
@@ -14,8 +15,80 @@ from collections.abc import Iterator
 
 from fuser.analysis import FusionInfo, Kind
 from fuser.device import DeviceSpec
-from fuser.schedulers.base import Problem, RowSchedule
-from fuser.schedulers.row_geometry import Hints, row_schedule_candidates
+from fuser.schedulers.base import Problem, RowSchedule, Storage
+from fuser.schedulers.hints import Hints
+from fuser.schedulers.row_fit import fit
+from fuser.schedulers.row_records import Phase, RowPolicy, StorageChoice
+from fuser.schedulers.row_search import RowSearch
+from fuser.schedulers.row_storage import stage_order, staged
+from fuser.schedulers.staging import RING_BYTES, RING_DEPTHS, bulk_aligned
+
+# Fusions of this many passes over each row (two reduction levels and the output) stage their
+# rows in shared memory before trying registers: the row is read from global memory once and
+# its later passes read shared memory ("staged forward rows" in bench/TUNING.md).
+STAGED_PASSES_FIRST = 3
+# Rows of at least this many threads (2048 bf16 elements) may stream through a whole-row
+# staging ring instead of registers ("whole-row ring" in bench/TUNING.md).
+RING_MIN_THREADS = 64
+
+
+def registers_first_order(phase: Phase) -> Iterator[StorageChoice]:
+    """Rows on chip: staged in shared memory first for STAGED_PASSES_FIRST passes (columns
+    too: in registers they cost blocks per SM), then a whole-row ring where ring_first says
+    so, then registers, then shared memory for fusions of fewer passes."""
+    fusion = phase.fusion
+    in_registers = {t.name: Storage.REGISTERS for t in fusion.buffers}
+    staged_first = fusion.passes >= STAGED_PASSES_FIRST
+    if staged_first:
+        yield from _in_smem(phase, (Storage.SMEM, Storage.REGISTERS))
+    if ring_first(phase, StorageChoice.of(1, in_registers)):
+        yield StorageChoice.of(1, {**{t.name: Storage.RING for t in fusion.full},
+                                   **{t.name: Storage.SMEM for t in fusion.cols}})
+    yield StorageChoice.of(1, in_registers)
+    if not staged_first:
+        yield from _in_smem(phase, (Storage.REGISTERS, Storage.SMEM))
+
+
+def _in_smem(phase: Phase, col_storages: tuple[Storage, ...]) -> Iterator[StorageChoice]:
+    """Row buffers in shared memory at each stage count, the columns in each storage given."""
+    for stages in stage_order(phase):
+        for col_storage in col_storages:
+            yield StorageChoice.of(stages, {**staged(phase, stages),
+                                            **{t.name: col_storage for t in phase.fusion.cols}})
+
+
+def ring_first(phase: Phase, in_registers: StorageChoice) -> bool:
+    """Whether rows stream through a bulk-filled ring of whole rows (RING_DEPTHS[0] slots
+    within RING_BYTES, one row per block) before registers: where the register plan fits but
+    leaves one block per SM, rows span RING_MIN_THREADS threads or more, one block owns a row
+    (over a cluster the ring lost), and every row is a 16-byte multiple at a 16-byte boundary
+    (filled by cp.async one vector per thread at a time it lost too). Every pass refetches the
+    row into the next slot (from L2), so three-pass fusions stage rows in smem before this."""
+    geo, problem, device = phase.geometry, phase.problem, phase.device
+    full = phase.fusion.full
+    row_vectors = geo.vectors
+    if (geo.cluster > 1 or geo.threads_per_row < RING_MIN_THREADS
+            or not all(bulk_aligned(problem.hidden, geo.vec, t.dtype.itemsize, row_vectors,
+                                    row_vectors, 1, problem.align_bytes, device.arch)
+                       for t in full)
+            or RING_DEPTHS[0] * problem.hidden * sum(t.dtype.itemsize for t in full)
+            > RING_BYTES):
+        return False
+    registers = fit(phase, in_registers)
+    return isinstance(registers, RowSchedule) and registers.blocks_per_sm <= 1
+
+
+# Registers first: a few vectors per thread keep loads in flight without a pipeline.
+POLICY = RowPolicy(
+    scheduler="inner_persistent",
+    name="registers-first",
+    vectors_per_thread=4,  # ~32 bf16 elements per thread
+    one_vector_up_to=0,  # never one vector per thread: registers want several loads in flight
+    max_threads_per_row=1024,
+    min_block_threads=256,  # short rows are packed to 256-thread blocks
+    partials_pack=None,  # no column reductions here
+    on_chip=registers_first_order,
+)
 
 
 def can_schedule(info: FusionInfo, problem: Problem, device: DeviceSpec) -> str | None:
@@ -24,14 +97,7 @@ def can_schedule(info: FusionInfo, problem: Problem, device: DeviceSpec) -> str 
     return None
 
 
-def candidates(
-    info: FusionInfo, problem: Problem, device: DeviceSpec, hints: Hints | None = None
-) -> Iterator[RowSchedule]:
-    """Fitting schedules, best first (see row_geometry.row_schedule_candidates)."""
-    return row_schedule_candidates(info, problem, device, "inner_persistent", False, hints)
-
-
-def heuristic(
-    info: FusionInfo, problem: Problem, device: DeviceSpec, hints: Hints | None = None
-) -> RowSchedule:
-    return next(candidates(info, problem, device, hints))
+def candidates(info: FusionInfo, problem: Problem, device: DeviceSpec,
+               hints: Hints | None = None) -> Iterator[RowSchedule]:
+    """Fitting schedules, best first (row_search.RowSearch)."""
+    return RowSearch(info, problem, device, POLICY, hints).candidates()

@@ -6,9 +6,13 @@ the kernel is specialised on hidden so that division is a multiply and shift.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from fuser.analysis import FusionInfo, Kind, Role
 from fuser.device import DeviceSpec
+from fuser.errors import HintError
 from fuser.schedulers.base import PointwiseSchedule, Problem, pick_vec
+from fuser.schedulers.hints import Hints
 from fuser.smem import SmemPlan
 
 THREADS = 256
@@ -36,6 +40,11 @@ def heuristic(info: FusionInfo, problem: Problem, device: DeviceSpec) -> Pointwi
     )
 
 
-def candidates(info: FusionInfo, problem: Problem, device: DeviceSpec, hints=None):
-    """The one pointwise schedule (hints concern persistent kernels only)."""
+def candidates(info: FusionInfo, problem: Problem, device: DeviceSpec,
+               hints: Hints | None = None) -> Iterator[PointwiseSchedule]:
+    """The one pointwise schedule. Hints steer the persistent row kernels; a pointwise
+    fusion refuses them rather than ignore them."""
+    if hints is not None and hints.given():
+        raise HintError(f"Hints({hints.words()}): this fusion has no reductions and runs as "
+                        "one pointwise kernel, which takes no hints; allowed: Hints() or None")
     yield heuristic(info, problem, device)

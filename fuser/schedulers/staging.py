@@ -3,7 +3,7 @@
 When neither registers nor shared memory of one block (or of a cluster of 8, on sm_90) hold a
 row's buffers, some are re-read from global memory in every pass over the row (and
 registers-first kernels whose register plan leaves one block per SM re-read whole rows by
-choice, where that measured faster: row_geometry.ring_first). Loaded straight into
+choice, where that measured faster: inner_persistent.ring_first). Loaded straight into
 registers, each thread has only the loads of its unrolled iterations in flight; a ring of
 `depth` chunk slots keeps depth - 1 chunks of the row in flight while the block works on one.
 Where every chunk of every row starts on a 16-byte boundary and is a multiple of 16 bytes (and
@@ -18,7 +18,7 @@ buffer; the chunk arithmetic is StagingRing's (schedulers/base.py).
 
 from __future__ import annotations
 
-from fuser.schedulers.base import ASYNC, BULK, StagingRing, ceil_div
+from fuser.schedulers.base import Fill, StagingRing, ceil_div
 from fuser.smem import align
 
 RING_DEPTHS = (4, 3, 2)  # slot counts tried, deepest first: depth - 1 chunks in flight
@@ -66,7 +66,8 @@ def plan_ring(tensors: list[tuple[str, int]], hidden: int, vec: int, threads_per
             if data > RING_BYTES or data + barriers > budget or chunk_bytes > MAX_TX_BYTES:
                 continue
             ring = StagingRing(
-                fill=BULK if bulk else ASYNC, tensors=tuple(n for n, _ in members), depth=depth,
+                fill=Fill.BULK if bulk else Fill.ASYNC, tensors=tuple(n for n, _ in members),
+                depth=depth,
                 units=units, chunk_vectors=chunk_vectors, chunks=batch // units,
                 part_vectors=part_vectors, vec=vec, passes=passes)
             words = (f"{depth} slots x {ring.chunk_elements} elements, {ring.chunks} chunk(s) "

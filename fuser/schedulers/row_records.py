@@ -1,0 +1,202 @@
+"""The records the row search works on: a policy, the fusion as rows see it, a geometry, a
+storage choice, a phase of the search, and a rejection.
+
+The two persistent schedulers share one search (row_search.py) and differ in their RowPolicy
+only, which each scheduler module states as a table with a reason per entry. The search walks
+phases (a geometry and a kind of row copy each); a policy's storage order turns a phase into
+StorageChoices; row_fit.fit turns a phase and a choice into a RowSchedule or a Rejection.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import cached_property
+
+from fuser.analysis import FusionInfo, Role
+from fuser.device import DeviceSpec
+from fuser.ir import Expr, Tensor
+from fuser.schedulers.base import Problem, Storage, ceil_div
+from fuser.schedulers.hints import Hints
+
+
+@dataclass(frozen=True)
+class RowPolicy:
+    """What distinguishes one persistent scheduler from the other: how rows are dealt to
+    threads, how many threads a block of short rows reaches, and the order in which storages
+    are tried while the row stays on chip."""
+
+    scheduler: str  # the module that owns the policy, named in every schedule
+    name: str  # the policy in words, first in every schedule's reason
+    vectors_per_thread: int  # vectors a thread owns per row, the target that sets threads
+    one_vector_up_to: int  # rows of up to this many vectors get one vector per thread
+    max_threads_per_row: int
+    min_block_threads: int  # short rows are packed to a block up to this many threads
+    # Blocks of twice min_block_threads where the partial rows of the column reductions weigh
+    # at least this share of a row's own bytes (None: never).
+    partials_pack: float | None
+    on_chip: Callable[[Phase], Iterator[StorageChoice]]  # storage order, rows on chip
+
+
+@dataclass(frozen=True)
+class RowFusion:
+    """A fusion as the row search sees it, extracted once from FusionInfo."""
+
+    info: FusionInfo
+    full: tuple[Tensor, ...]  # row inputs, in the order they leave shared memory for registers
+    cols: tuple[Tensor, ...]  # column inputs
+    accumulator_bytes: tuple[int, ...]  # per outer reduction: 8 (double) or 4 (float)
+    width: int  # reductions in the widest inner level (one block round trip serves a level)
+    reduction_bytes: int  # 8 when any inner reduction accumulates in double, else 4
+    passes: int  # passes over each row: one per inner reduction level, one for the outputs
+    itemsizes: tuple[int, ...]  # of every tensor a row's vectors must suit
+
+    @classmethod
+    def of(cls, info: FusionInfo) -> RowFusion:
+        full = sorted(info.full_inputs, key=lambda t: (
+            _weight_related(t, info), t in info.persistent, t.index))
+        inner = [e for level in info.inner_levels for e in level]
+        return cls(
+            info=info,
+            full=tuple(full),
+            cols=tuple(info.col_inputs),
+            accumulator_bytes=tuple(_bytes(e) for e in info.outer_reductions),
+            width=max((len(level) for level in info.inner_levels), default=0),
+            reduction_bytes=max((_bytes(e) for e in inner), default=4),
+            passes=len(info.inner_levels) + 1,
+            itemsizes=tuple(t.dtype.itemsize for t in (
+                *info.full_inputs, *info.col_inputs, *info.outputs(Role.FULL))),
+        )
+
+    @property
+    def buffers(self) -> tuple[Tensor, ...]:
+        return self.full + self.cols
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes per element of every row input and row output."""
+        return sum(t.dtype.itemsize for t in (*self.info.full_inputs,
+                                               *self.info.outputs(Role.FULL)))
+
+
+def _bytes(e: Expr) -> int:
+    """Bytes of a reduction's accumulator: 8 in double, else 4."""
+    return 8 if e.outputs[0].dtype.compute_type == "double" else 4
+
+
+def _weight_related(t: Tensor, info: FusionInfo) -> bool:
+    """True when values of `t` meet a column input before any reduction (grad_out * weight):
+    such a buffer is re-read with the weight every row, so it stays in smem longest."""
+    fusion = info.fusion
+    stack, seen = [t], {t}
+    while stack:
+        v = stack.pop()
+        for e in fusion.uses(v):
+            if e.op in ("sum", "max"):
+                continue
+            if any(info.roles[i] is Role.COL for i in e.inputs):
+                return True
+            for o in e.outputs:
+                if o not in seen:
+                    seen.add(o)
+                    stack.append(o)
+    return False
+
+
+@dataclass(frozen=True)
+class RowGeometry:
+    """How rows are dealt to threads. A row's hidden / vec vectors are split into `cluster`
+    equal parts (one per block of a cluster; one part without a cluster); in a part, vector
+    v = b * threads_per_row + x (b < batch) goes to thread x, and a block works on
+    rows_per_block rows at once."""
+
+    hidden: int
+    vec: int  # elements per vector; divides hidden; at most 16 bytes per access
+    threads_per_row: int  # a power of two
+    batch: int  # vectors per thread per row: the fewest rounds that reach a part's last vector
+    cluster: int
+    rows_per_block: int
+
+    @property
+    def vectors(self) -> int:
+        return self.hidden // self.vec
+
+    @property
+    def part(self) -> int:
+        """Elements of a row one block keeps: a cluster block's share (the last may own less)."""
+        return ceil_div(self.vectors, self.cluster) * self.vec
+
+    @property
+    def threads(self) -> int:
+        return self.threads_per_row * self.rows_per_block
+
+    @property
+    def warps(self) -> int:
+        """Warps of one row (1 for rows of fewer than 32 threads)."""
+        return max(1, self.threads_per_row // 32)
+
+
+@dataclass(frozen=True)
+class StorageChoice:
+    """Where each row and column input lives, with how many stages, and where the column
+    reductions accumulate."""
+
+    stages: int
+    storage: tuple[tuple[str, Storage], ...]  # (input name, storage) of every row and column input
+    accumulators: Storage = Storage.REGISTERS
+
+    @classmethod
+    def of(cls, stages: int, storage: dict[str, Storage],
+           accumulators: Storage = Storage.REGISTERS) -> StorageChoice:
+        return cls(stages, tuple(storage.items()), accumulators)
+
+    @cached_property
+    def by_name(self) -> dict[str, Storage]:
+        return dict(self.storage)
+
+    def __str__(self) -> str:
+        return (f"stages={self.stages} {{{', '.join(f'{n}: {s}' for n, s in self.storage)}}} "
+                f"accumulators in {self.accumulators}")
+
+
+class Reach(enum.Enum):
+    """Which storages a phase tries."""
+
+    ON_CHIP = "every row buffer and accumulator on chip"
+    OFF_CHIP = "some re-read from global memory each pass"
+    ANY = "on chip first, then re-read"  # hinted geometry or storage: one phase does all
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One step of the row search: a geometry, a kind of row copy and the storages to try."""
+
+    fusion: RowFusion
+    problem: Problem
+    device: DeviceSpec
+    policy: RowPolicy
+    hints: Hints
+    geometry: RowGeometry
+    # Shared row buffers filled by 16-byte copies from the 16-byte boundary at or below each
+    # row's start, whatever vec is (RowSchedule.aligned_copy).
+    aligned: bool
+    reach: Reach
+    why: str  # why the search reached this cluster size and storage, for the reason
+
+    def can_async(self, t: Tensor) -> bool:
+        """Whether cp.async can fill `t`'s shared row buffer: it copies 4, 8 or 16 bytes, and
+        aligned copies always 16. Narrower vectors (a bool mask at vec 2) are copied through
+        registers, which only pays with one stage."""
+        return self.aligned or self.geometry.vec * t.dtype.itemsize in (4, 8, 16)
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A storage choice that does not fit, and the limit it broke, with the numbers."""
+
+    choice: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.choice}: {self.why}"

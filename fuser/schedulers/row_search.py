@@ -1,0 +1,208 @@
+"""The row search shared by the persistent schedulers: every schedule that fits, in policy
+order.
+
+Rows stay on chip as long as any cluster size can hold them there: one block first, then the
+row split over 2, 4 and 8 blocks of a cluster (sm_90), and only then re-read from global
+memory in every pass (through a staging ring where one fits), split over the largest cluster,
+which keeps the most of the row on chip. Within each step, schedules whose shared row buffers
+are filled by aligned 16-byte copies come first where the vectors are narrower than 16 bytes
+(see _by_copy_mode). The first schedule is the heuristic's; kernels.build() moves on to the
+next only when ptxas spills.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from fuser.analysis import FusionInfo, Role
+from fuser.device import DeviceSpec
+from fuser.errors import HintError, OutOfResourcesError
+from fuser.schedulers.base import Problem, RowSchedule, Storage, pick_vec
+from fuser.schedulers.finalize import default_lanes, needs_finalize
+from fuser.schedulers.hints import HintContext, Hints, check
+from fuser.schedulers.row_fit import fit
+from fuser.schedulers.row_geometry import cluster_sizes, geometry
+from fuser.schedulers.row_records import Phase, Reach, Rejection, RowFusion, RowPolicy
+from fuser.schedulers.row_storage import choices
+
+SHOWN_REJECTIONS = 6  # the last rejections an error lists
+
+
+class RowSearch:
+    """One search: a fusion, a problem, a device, a policy and hints; it keeps the choices it
+    rejected, for the error that ends a search in which nothing fits."""
+
+    def __init__(self, info: FusionInfo, problem: Problem, device: DeviceSpec,
+                 policy: RowPolicy, hints: Hints | None = None):
+        self.fusion = RowFusion.of(info)
+        self.problem = problem
+        self.device = device
+        self.policy = policy
+        self.hints = (hints or Hints()).without_finalize()
+        self.given = hints or Hints()
+        self.rejections: list[Rejection] = []
+
+    def candidates(self) -> Iterator[RowSchedule]:
+        """Every fitting schedule, best first; raises when none (more) fits."""
+        check(self.given, self._hint_context(), self._default)
+        self._check_aligned_copy()
+        for cluster, reach, why in self._steps():
+            yield from self._by_copy_mode(cluster, reach, why)
+        raise self._exhausted()
+
+    def _steps(self) -> list[tuple[int, Reach, str]]:
+        """(cluster size, storages tried, why) of each step; hinted geometry or storage is
+        one step that tries everything at the hinted cluster size."""
+        if self.hints.cluster is not None or self.hints.storage is not None:
+            return [(self.hints.cluster or 1, Reach.ANY, "as hinted")]
+        sizes = cluster_sizes(self.fusion, self.problem, self.device)
+        steps = [(1, Reach.ON_CHIP, "")]
+        steps += [(k, Reach.ON_CHIP, "the plans for fewer blocks do not keep the row on chip")
+                  for k in sizes[1:]]
+        steps.append((sizes[-1], Reach.OFF_CHIP,
+                       f"{sizes[-1]} block(s) cannot keep the row on chip"))
+        return steps
+
+    def _phase(self, cluster: int, reach: Reach, why: str, chunked: bool) -> Phase:
+        """A step's phase. Aligned 16-byte row copies (`chunked`) need the inputs 16-byte
+        aligned, and pay only where the widest row input's vectors are narrower than 16 bytes
+        (bench/TUNING.md, "aligned row copies")."""
+        geo = geometry(self.fusion, self.problem, self.device, self.policy, self.hints, cluster)
+        widest = max((t.dtype.itemsize for t in self.fusion.full), default=1)
+        aligned = chunked and self.problem.align_bytes >= 16 and geo.vec * widest < 16
+        return Phase(self.fusion, self.problem, self.device, self.policy, self.hints, geo,
+                     aligned, reach, why)
+
+    def _fits(self, phase: Phase) -> Iterator[RowSchedule]:
+        """The phase's choices that fit and honour the hints, in order."""
+        geo = phase.geometry
+        if geo.threads > self.device.max_threads_per_block:  # another cluster may need fewer
+            self.rejections.append(Rejection(
+                f"cluster={geo.cluster}",
+                f"{geo.threads} threads per block ({geo.threads_per_row} per row x "
+                f"{geo.rows_per_block} rows) exceed the device limit of "
+                f"{self.device.max_threads_per_block}; lower threads_per_row or rows_per_block"))
+            return
+        for choice in choices(phase):
+            result = fit(phase, choice)
+            if isinstance(result, RowSchedule):
+                result = self._honoured(result)
+            if isinstance(result, Rejection):
+                self.rejections.append(result)
+            else:
+                yield result
+
+    def _by_copy_mode(self, cluster: int, reach: Reach, why: str) -> Iterator[RowSchedule]:
+        """One step's schedules, those with aligned 16-byte row copies first, unless their
+        slightly larger row slots (up to 15 bytes per row) leave more buffers re-read from
+        global memory than copies of vec bytes do (the 100 KB part at hidden 24578 would
+        re-read two input rows instead of one input row and the weight)."""
+        if self.hints.aligned_copy is False:
+            yield from self._fits(self._phase(cluster, reach, why, False))
+            return
+        chunked = self._fits(self._phase(cluster, reach, why, True))
+        first = next(chunked, None)
+        if self.hints.aligned_copy is True or (first is not None and not first.aligned_copy):
+            # Hinted, or no row buffer to copy in chunks: the same plans either way.
+            yield from [first] if first is not None else []
+            yield from chunked
+            return
+        plain = self._fits(self._phase(cluster, reach, why, False))
+        other = next(plain, None)
+        if first is None or (other is not None and _rereads(other) < _rereads(first)):
+            yield from [other] if other is not None else []
+            yield from plain
+            yield from [first] if first is not None else []
+            yield from chunked
+            return
+        yield first
+        yield from chunked
+        yield from [other] if other is not None else []
+        yield from plain
+
+    def _honoured(self, s: RowSchedule) -> RowSchedule | Rejection:
+        """`s`, or why it does not do what the hints ask."""
+        hints = self.hints
+        if hints.stages is not None and s.ring is not None and hints.stages > 1:
+            return Rejection(f"stages={hints.stages}", f"{s.reason}: a staging ring kernel has "
+                             "one stage (the ring keeps its own copies in flight)")
+        if hints.stages is not None and s.stages != hints.stages:
+            return Rejection(f"stages={hints.stages}", f"{s.reason}: this choice runs one stage "
+                             "(two need a row buffer in shared memory filled by cp.async, and "
+                             "none copied through registers)")
+        if hints.aligned_copy and not s.aligned_copy:
+            return Rejection("aligned_copy=True", f"{s.reason}: no row buffer in shared memory")
+        return s
+
+    def _check_aligned_copy(self) -> None:
+        """aligned_copy=True where no schedule could copy rows in 16-byte chunks."""
+        if not self.hints.aligned_copy:
+            return
+        vec = pick_vec(self.problem.hidden, list(self.fusion.itemsizes),
+                       self.problem.align_bytes)
+        widest = max((t.dtype.itemsize for t in self.fusion.full), default=1)
+        if self.problem.align_bytes < 16 or vec * widest >= 16:
+            raise HintError(
+                f"Hints(aligned_copy=True): aligned copies need every input 16-byte aligned "
+                f"(these are {self.problem.align_bytes}-byte aligned) and row vectors narrower "
+                f"than 16 bytes (these are {vec} x {widest} B); allowed here: None or False; "
+                f"the heuristic picks aligned_copy={self._default('aligned_copy')} here")
+
+    def _hint_context(self) -> HintContext:
+        info = self.fusion.info
+        vec = pick_vec(self.problem.hidden, list(self.fusion.itemsizes),
+                       self.problem.align_bytes)
+        return HintContext(
+            full_inputs=tuple(t.name for t in info.full_inputs),
+            col_inputs=tuple(t.name for t in info.col_inputs),
+            vectors=self.problem.hidden // vec,
+            has_accumulators=bool(info.outer_reductions),
+            has_finalize=needs_finalize(info),
+            device=self.device,
+        )
+
+    def _default(self, name: str) -> object:
+        """What the heuristic picks for hint `name` on this problem (None: nothing here)."""
+        info = self.fusion.info
+        if name == "finalize_lanes":
+            return default_lanes(self.problem.hidden, self.device) if needs_finalize(info) else None
+        if name == "accumulators" and not info.outer_reductions:
+            return None
+        search = RowSearch(self.fusion.info, self.problem, self.device, self.policy)
+        try:
+            s = next(search.candidates())
+        except OutOfResourcesError:
+            return "nothing (no schedule fits)"
+        if name == "storage":
+            return tuple((p.tensor, p.storage) for p in s.placements)
+        return getattr(s, name)
+
+    def _exhausted(self) -> Exception:
+        """The error that ends the search: what was tried last, and the way out."""
+        tried = "\n  ".join(dict.fromkeys(str(r) for r in self.rejections))
+        tried = "\n  ".join(tried.split("\n  ")[-SHOWN_REJECTIONS:])
+        hidden, device = self.problem.hidden, self.device
+        if self.hints.given():
+            return HintError(
+                f"no schedule honours Hints({self.given.words()}) at hidden {hidden} on "
+                f"{device.name}. Tried:\n  {tried}\nChange or drop the hints; without them "
+                f"the heuristic's schedule is: {self._default_words()}")
+        return OutOfResourcesError(
+            f"no storage fits one row of hidden {hidden} "
+            f"({self.fusion.info.row_buffer_bytes} B per element of row buffers) on "
+            f"{device.name}: shared memory limit {device.smem_per_block_optin} B per block. "
+            f"Tried:\n  {tried}\nUse a device with more shared memory or a smaller hidden size.")
+
+    def _default_words(self) -> str:
+        search = RowSearch(self.fusion.info, self.problem, self.device, self.policy)
+        try:
+            return next(search.candidates()).reason
+        except OutOfResourcesError as exc:
+            return f"none ({str(exc).splitlines()[0]})"
+
+
+def _rereads(s: RowSchedule) -> int:
+    """Row buffers (and accumulators) a schedule keeps in global memory, re-read every pass."""
+    return (sum(p.storage in (Storage.GLOBAL, Storage.RING) for p in s.placements
+                if p.role is Role.FULL)
+            + (s.accumulators is Storage.GLOBAL))
