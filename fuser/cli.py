@@ -19,11 +19,10 @@ import sys
 from fuser.analysis import analyze
 from fuser.device import PRESETS, DeviceSpec
 from fuser.dtypes import DataType
-from fuser.errors import FuserError
+from fuser.errors import FuserError, HintError
 from fuser.fusions import FUSIONS, make_inputs
 from fuser.kernels import Built, build
 from fuser.schedulers import Hints, Problem
-from fuser.schedulers.base import Storage
 
 DTYPES = {"bf16": DataType.BFloat16, "fp16": DataType.Half, "fp32": DataType.Float}
 HEADLINE = ("dropout_rmsnorm_bwd", 16384, 24578, "bf16")
@@ -41,26 +40,31 @@ def _shape(text: str) -> tuple[int, int]:
     return rows, hidden
 
 
-_HINT_KINDS = {f.name: f.type for f in dataclasses.fields(Hints)}
-STORAGES = (Storage.REGISTERS, Storage.SMEM, Storage.GLOBAL, Storage.RING)
+_HINT_KINDS = tuple(f.name for f in dataclasses.fields(Hints))
+_BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
 
 
 def _hint(text: str) -> tuple[str, object]:
-    """KEY=VALUE of a Hints field: an int, true/false for aligned_copy, and for storage a
-    comma list of TENSOR:registers|smem|global|ring."""
+    """KEY=VALUE of a Hints field, parsed into the type Hints takes: true/false for
+    aligned_copy, a storage word for accumulators, for storage a comma list of
+    TENSOR:STORAGE, an int for the others. Only the syntax is checked here: Hints and the
+    scheduler hold the values against the fusion and the device (a HintError names what is
+    allowed and what the heuristic picks)."""
     key, sep, value = text.partition("=")
-    key = key.strip()
+    key, value = key.strip(), value.strip()
     if not sep or key not in _HINT_KINDS:
         raise argparse.ArgumentTypeError(
             f"hint {text!r} is not KEY=VALUE with KEY one of {', '.join(_HINT_KINDS)}")
-    value = value.strip()
     if key == "aligned_copy":
-        if value.lower() not in ("true", "false", "1", "0"):
+        if value.lower() not in _BOOLEANS:
             raise argparse.ArgumentTypeError(f"aligned_copy={value!r}: use true or false")
-        return key, value.lower() in ("true", "1")
+        return key, _BOOLEANS[value.lower()]
+    if key == "accumulators":
+        return key, value
     if key == "storage":
-        pairs = tuple(tuple(item.split(":", 1)) for item in value.split(",") if item)
-        if not pairs or any(len(p) != 2 or p[1] not in STORAGES for p in pairs):
+        pairs = tuple(tuple(x.strip() for x in item.split(":", 1))
+                      for item in value.split(",") if item.strip())
+        if not pairs or any(len(p) != 2 or not all(p) for p in pairs):
             raise argparse.ArgumentTypeError(
                 f"storage={value!r}: use TENSOR:STORAGE pairs, e.g. T0:smem,T2:registers")
         return key, pairs
@@ -70,12 +74,22 @@ def _hint(text: str) -> tuple[str, object]:
         raise argparse.ArgumentTypeError(f"{key}={value!r}: an integer is needed") from None
 
 
+def _hints(given: list[tuple[str, object]]) -> Hints | None:
+    """The Hints of the --hint options (None without any); Hints checks their types and
+    storage words, the scheduler their values."""
+    if not given:
+        return None
+    keys = [k for k, _ in given]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise HintError(f"--hint {', '.join(twice)} given more than once; give each hint once")
+    return Hints(**dict(given))
+
+
 def _hint_words(hints: Hints | None) -> str:
-    """'  with aligned_copy=True, stages=2': the hints that are set, for a title."""
-    if hints is None:
-        return ""
-    set_ = [f"{k}={v}" for k, v in dataclasses.asdict(hints).items() if v not in (None, False)]
-    return f"  with {', '.join(set_)}" if set_ else ""
+    """'  with stages=2, aligned_copy=True': the hints that are set, for a title."""
+    words = hints.words() if hints is not None else ""
+    return f"  with {words}" if words else ""
 
 
 def _section(title: str) -> str:
@@ -171,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("--device", choices=sorted(PRESETS), default="h200")
     show.add_argument("--hint", type=_hint, action="append", default=[], metavar="KEY=VALUE",
                       help="override the heuristic (fuser.schedulers.Hints), e.g. "
-                           "aligned_copy=true, stages=2, threads_per_row=256, cluster=2")
+                           "aligned_copy=true, stages=2, threads_per_row=256, cluster=2, "
+                           "storage=T0:smem,T2:ring, accumulators=smem, finalize_lanes=32")
     demo = sub.add_parser("demo", help="the headline fusion, every step; runs it on a GPU")
     demo.add_argument("--shape", type=_shape, default=HEADLINE[1:3], help="ROWSxHIDDEN")
     sub.add_parser("info", help="device presets, versions and the kernel cache")
@@ -180,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "show":
             rows, hidden = args.shape
-            hints = Hints(**dict(args.hint)) if args.hint else None
+            hints = _hints(args.hint)
             print(describe(args.fusion, rows, hidden, args.dtype, DeviceSpec.get(args.device),
                            hints)[0])
         elif args.command == "demo":

@@ -72,12 +72,62 @@ def test_show_takes_hints(capsys):
     ("foo=1", "KEY one of threads_per_row, rows_per_block, cluster, stages, storage"),
     ("stages=two", "stages='two': an integer is needed"),
     ("aligned_copy=maybe", "use true or false"),
-    ("storage=T0:disk", "use TENSOR:STORAGE pairs"),
+    ("storage=T0", "use TENSOR:STORAGE pairs"),
+    ("storage=T0:smem,:ring", "use TENSOR:STORAGE pairs"),
 ])
 def test_a_bad_hint_is_a_usage_error_that_names_the_choices(hint, message, capsys):
+    """What is not KEY=VALUE of the right type stops argparse."""
     with pytest.raises(SystemExit):
         main(["show", "rmsnorm_bwd", "--hint", hint])
     assert message in capsys.readouterr().err
+
+
+def test_a_hint_the_kernels_cannot_honour_prints_the_hint_error(capsys):
+    """threads_per_row=48 parses, and Hints and the scheduler refuse it: one line naming the
+    value, what is allowed and what the heuristic picks, exit status 1, nothing compiled."""
+    assert main(["show", "rmsnorm_fwd", "--shape", "64x4096",
+                 "--hint", "threads_per_row=48"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    err = captured.err.strip()
+    assert err.startswith("fuser: HintError: Hints(threads_per_row=48): ")
+    assert "power of two" in err and "allowed: 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024" in err
+    assert "the heuristic picks threads_per_row=" in err
+
+
+@pytest.mark.parametrize(("fusion", "hint", "message"), [
+    ("rmsnorm_bwd", "storage=T0:disk", "Hints(storage T0=...): 'disk' is not a storage; "
+                                       "allowed: registers, smem, global, ring"),
+    ("rmsnorm_bwd", "storage=T3:ring", "not the column input T3"),
+    ("rmsnorm_bwd", "storage=T9:smem", "T9 is not a row or column input"),
+    ("rmsnorm_bwd", "accumulators=ring", "Hints(accumulators=ring): allowed: registers, smem, "
+                                         "global; the heuristic picks accumulators=registers"),
+    ("rmsnorm_fwd", "accumulators=smem", "no column (outer) reductions"),
+    ("rmsnorm_bwd", "cluster=3", "Hints(cluster=3): allowed on H200 (sm_90)"),
+    ("rmsnorm_bwd", "finalize_lanes=0", "Hints(finalize_lanes=0): allowed: 1 to 1024"),
+    ("rmsnorm_bwd", "aligned_copy=true", "Hints(aligned_copy=True): aligned copies need"),
+])
+def test_hint_values_are_checked_by_the_scheduler(fusion, hint, message, capsys):
+    assert main(["show", fusion, "--shape", "64x4096", "--hint", hint]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("fuser: HintError: ") and message in err, err
+
+
+def test_a_hint_given_twice_is_refused(capsys):
+    assert main(["show", "rmsnorm_bwd", "--hint", "stages=1", "--hint", "stages=2"]) == 1
+    assert "HintError: --hint stages given more than once" in capsys.readouterr().err
+
+
+def test_show_takes_an_accumulators_hint(capsys):
+    """accumulators=smem (a storage word, not an int) reaches the scheduler: the column
+    accumulators get a shared-memory buffer, and the title names the hint."""
+    assert main(["show", "rmsnorm_bwd", "--shape", "64x4096", "--hint", "accumulators=smem",
+                 "--hint", "finalize_lanes=16", "--hint", "aligned_copy=false"]) == 0
+    out = capsys.readouterr().out
+    assert "on H200  with accumulators=smem, finalize_lanes=16, aligned_copy=False" in out
+    assert re.search(r"accumulators\s+smem", out)
+    assert "s_acc_" in out and "column accumulators in smem" in out
+    assert re.search(r"partial_lanes\s+16", out)
 
 
 @pytest.mark.slow
