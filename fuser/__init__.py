@@ -12,9 +12,13 @@ from fuser.errors import (
     DefinitionError,
     FuserError,
     HintError,
+    InternalError,
     LaunchError,
     OutOfResourcesError,
+    ToolchainError,
+    UnknownOpError,
     UnsupportedFusionError,
+    ValidationError,
 )
 from fuser.frontend import FusionDefinition
 
@@ -28,8 +32,12 @@ __all__ = [
     "FuserError",
     "FusionDefinition",
     "HintError",
+    "InternalError",
     "LaunchError",
     "OutOfResourcesError",
+    "ToolchainError",
+    "UnknownOpError",
     "UnsupportedFusionError",
+    "ValidationError",
     "__version__",
 ]

@@ -23,7 +23,7 @@ import enum
 from dataclasses import dataclass
 
 from fuser.errors import UnsupportedFusionError
-from fuser.ir import Expr, Extent, Fusion, Scalar, Tensor, Val
+from fuser.ir import Expr, Extent, Fusion, Scalar, Tensor, Val, as_tensor
 
 
 class Kind(enum.Enum):
@@ -100,12 +100,12 @@ def lower(fusion: Fusion) -> Fusion:
     for v in fusion.vals:
         if v.definition is None:
             if isinstance(v, Tensor):
-                shape = [1 if e is None else (-1 if e.value is None else e.value) for e in v.dims]
-                nt = out.define_tensor(shape, list(v.contiguity), v.dtype)
+                sizes = [1 if e is None else (-1 if e.value is None else e.value) for e in v.dims]
+                nt = out.define_tensor(sizes, list(v.contiguity), v.dtype)
                 new[v] = nt
             elif v in fusion.inputs:
                 new[v] = out.define_scalar(None, v.dtype)
-            else:
+            elif isinstance(v, Scalar):
                 new[v] = out.define_scalar(v.value, v.dtype)
             continue
         e = v.definition
@@ -124,19 +124,21 @@ def lower(fusion: Fusion) -> Fusion:
         elif e.op in ("sum", "max"):
             results = [out.reduction(e.op, args[0], a["dims"], a["keepdim"], e.outputs[0].dtype)]
         elif e.op == "var_mean":
-            results = _expand_var_mean(out, args[0], a["dims"], a["correction"], a["keepdim"])
+            results = _expand_var_mean(
+                out, as_tensor(args[0]), a["dims"], a["correction"], a["keepdim"]
+            )
         else:
             results = [out.elementwise(e.op, args)]
         for old, nv in zip(e.outputs, results, strict=True):
             new[old] = nv
     for o in fusion.outputs:
-        out.outputs.append(new[o])
+        out.outputs.append(as_tensor(new[o]))
     return out
 
 
 def _expand_var_mean(f: Fusion, x: Tensor, dims, correction, keepdim):
     """mean = sum(x)/n; var = sum((x - mean)^2)/(n - correction): two passes, exact."""
-    count = None
+    count: Val | None = None
     for d in dims:
         size = f.size(x, d)
         count = size if count is None else f.elementwise("mul", [count, size])
@@ -158,7 +160,7 @@ def analyze(fusion: Fusion) -> FusionInfo:
     row_axis, hidden_axis = _axes(lowered)
 
     def role_of(v: Val) -> Role:
-        if isinstance(v, Scalar):
+        if not isinstance(v, Tensor):
             return Role.SCALAR
         spans = {e.find() for e in v.dims if e is not None}
         has_row = row_axis is not None and row_axis in spans
@@ -191,7 +193,7 @@ def analyze(fusion: Fusion) -> FusionInfo:
         lv = max((level[i] for i in e.inputs), default=0)
         downstream_of_outer = any(i in after_outer for i in e.inputs)
         if e.op in ("sum", "max"):
-            src = e.inputs[0]
+            src = as_tensor(e.inputs[0])
             reduced = {src.dims[d].find() for d in e.attr("dims") if src.dims[d] is not None}
             if not reduced:
                 raise UnsupportedFusionError(
@@ -274,7 +276,8 @@ def _phases_using(t: Tensor, fusion: Fusion, level: dict, inner: set) -> int:
     writes outputs and feeds outer reductions. More than one means the row must be kept."""
     final = max(level.values(), default=0) + 1
     phases: set[int] = set()
-    stack, seen = [t], {t}
+    stack: list[Val] = [t]
+    seen: set[Val] = {t}
     while stack:
         v = stack.pop()
         if v in fusion.outputs:

@@ -41,6 +41,7 @@ from fuser.compile import (
     nvrtc_version,
     options_for,
 )
+from fuser.errors import ToolchainError
 
 log = logging.getLogger("fuser.cache")
 
@@ -235,6 +236,18 @@ class KernelCache:
 
     def _cubin_file(self, key: str, compiled: CompiledModule) -> str:
         """A plain file holding compiled.cubin (for cupy.RawModule(path=...))."""
+        try:
+            return self._write_cubin(key, compiled)
+        except OSError as e:
+            where = (f", neither in {self.directory} nor in a temporary folder" if self.disk
+                     else " in a temporary folder")
+            raise ToolchainError(
+                f"cannot write the cubin file {key}{CUBIN_SUFFIX}, which CuPy loads the kernel "
+                f"from{where} ({e}); free disk space, or set FUSER_CACHE_DIR (and TMPDIR) to a "
+                "writable folder"
+            ) from e
+
+    def _write_cubin(self, key: str, compiled: CompiledModule) -> str:
         folder = self.directory if self.disk else self._scratch_dir()
         path = os.path.join(folder, key + CUBIN_SUFFIX)
         try:

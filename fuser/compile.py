@@ -20,7 +20,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from fuser.errors import CompileError
+from fuser.errors import BadInputError, CompileError, ToolchainError
 
 #: The CUDA headers fuser's kernels may include. NVRTC has no built-in copy of them (checked
 #: with NVRTC 13.5: `#include <cuda_bf16.h>` fails without -I), so they come from a wheel
@@ -36,19 +36,22 @@ def _nvrtc():
     try:
         from cuda.bindings import nvrtc
     except ImportError as e:  # pragma: no cover - depends on the installation
-        raise ImportError(
-            "fuser compiles kernels with NVRTC through cuda-bindings; install them with "
-            "`pip install cuda-bindings nvidia-cuda-nvrtc` (or fuser[cuda13])"
+        raise ToolchainError(
+            f"fuser compiles kernels with NVRTC through cuda-bindings, which did not import "
+            f"({e}); install them with `pip install cuda-bindings nvidia-cuda-nvrtc`"
         ) from e
     return nvrtc
 
 
 def _check(result, what: str):
-    """Unwrap a cuda.bindings NVRTC return tuple, raising RuntimeError on a failed call."""
+    """Unwrap a cuda.bindings NVRTC return tuple, raising ToolchainError on a failed call."""
     nvrtc = _nvrtc()
     status, *values = result
     if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        raise RuntimeError(f"{what} failed: {status.name}")
+        raise ToolchainError(
+            f"{what} failed: {status.name} (NVRTC API call, not a compile error); check that "
+            "nvidia-cuda-nvrtc matches cuda-bindings (same CUDA major) and that memory is free"
+        )
     return values[0] if len(values) == 1 else tuple(values)
 
 
@@ -72,7 +75,9 @@ def _no_cache_supported() -> bool:
 
 
 def _has_headers(folder: str | None) -> bool:
-    return bool(folder) and os.path.isfile(os.path.join(folder, "cuda_bf16.h"))
+    if not folder:
+        return False
+    return os.path.isfile(os.path.join(folder, "cuda_bf16.h"))
 
 
 @functools.cache
@@ -88,7 +93,10 @@ def cuda_include_dir() -> str | None:
     override = os.environ.get(INCLUDE_ENV)
     if override:
         if not _has_headers(override):
-            raise FileNotFoundError(f"{INCLUDE_ENV}={override} holds no cuda_bf16.h")
+            raise ToolchainError(
+                f"{INCLUDE_ENV}={override} holds no cuda_bf16.h; point it at a CUDA include "
+                f"folder (the one holding {', '.join(CUDA_HEADERS)}) or unset it to search"
+            )
         return os.path.abspath(override)
     try:
         from cuda import pathfinder
@@ -253,7 +261,10 @@ class CompiledModule:
         for r in self.resources:
             if r.name == name:
                 return r
-        raise KeyError(f"no kernel {name!r} in this module; it has {list(self.kernel_names)}")
+        raise BadInputError(
+            f"no kernel {name!r} in this module; it has {list(self.kernel_names)}: pass one of "
+            "those (the plain name of an extern \"C\" __global__ function)"
+        )
 
 
 def _program_log(prog) -> str:
@@ -312,9 +323,11 @@ def compile_cuda(
     options = options_for(arch, include_dirs)
     with _program(source, name, options, f"for sm_{arch}") as (prog, log):
         if "ptxas" not in log:  # ptxas -v always prints at least "0 bytes gmem" when it runs
-            raise RuntimeError(
+            raise ToolchainError(
                 f"NVRTC compiled {_filename(name)} without running ptxas (a cached cubin?), so "
-                f"there is no resource report; options: {' '.join(options)}"
+                f"there is no resource report; options: {' '.join(options)}. Compile with "
+                "compile_options(arch), which asks ptxas for the report (--ptxas-options=-v) "
+                "and NVRTC not to serve cached cubins (--no-cache, where NVRTC takes it)"
             )
         size = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
         cubin = bytearray(size)
@@ -350,9 +363,25 @@ def load_module(compiled: CompiledModule, path: str):
     Needs a GPU. Kernels are then fetched with `.get_function(name)`. The file is checked
     against the compiled bytes first, so a stale or truncated file cannot be loaded.
     """
-    with open(path, "rb") as f:
-        if f.read() != compiled.cubin:
-            raise ValueError(f"{path} does not hold this module's cubin ({len(compiled.cubin)} B)")
-    import cupy
+    try:
+        with open(path, "rb") as f:
+            held = f.read()
+    except OSError as e:
+        raise ToolchainError(
+            f"cannot read the cubin file {path} ({e}); write compiled.cubin to a readable file "
+            "first (KernelCache.get_or_compile() returns one)"
+        ) from e
+    if held != compiled.cubin:
+        raise ToolchainError(
+            f"{path} does not hold this module's cubin ({len(held)} B there, "
+            f"{len(compiled.cubin)} B compiled), a stale or foreign file; "
+            "write compiled.cubin to it again (KernelCache.get_or_compile() does)"
+        )
+    try:
+        import cupy
+    except ImportError as e:
+        raise ToolchainError(
+            f"loading a kernel needs CuPy, which did not import ({e}); install cupy-cuda13x"
+        ) from e
 
     return cupy.RawModule(path=os.fspath(path))

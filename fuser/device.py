@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from fuser.errors import BadInputError, FuserError
+from fuser.errors import BadInputError, ToolchainError
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -70,11 +70,14 @@ class DeviceSpec:
         """Read the limits of a CUDA device (the current one by default) through CuPy.
 
         Cached per device id: the properties of a device do not change while a process runs.
+        Raises ToolchainError without CuPy or a usable device.
         """
-        import cupy
-
+        cupy = _cupy()
         if device_id is None:
-            device_id = cupy.cuda.runtime.getDevice()
+            try:
+                device_id = cupy.cuda.runtime.getDevice()
+            except cupy.cuda.runtime.CUDARuntimeError as e:
+                raise _no_device("the current device", e) from e
         return _spec_from_cupy(int(device_id))
 
     @staticmethod
@@ -92,17 +95,40 @@ class DeviceSpec:
         )
 
 
+def _cupy():
+    try:
+        import cupy
+    except ImportError as e:
+        raise ToolchainError(
+            f"DeviceSpec.from_cupy() reads the GPU through CuPy, which did not import ({e}); "
+            "install cupy-cuda13x, or plan for a preset instead: DeviceSpec.get(name) with name "
+            f"one of {', '.join(repr(n) for n in PRESETS)}"
+        ) from e
+    return cupy
+
+
+def _no_device(which: str, error: Exception) -> ToolchainError:
+    return ToolchainError(
+        f"CuPy cannot read {which} ({type(error).__name__}: {error}): no such device, or no "
+        "usable CUDA device or driver; pass the id of a visible device, run on a GPU with a "
+        "CUDA 13 driver, or plan for a preset instead: "
+        f"DeviceSpec.get(name) with name one of {', '.join(repr(n) for n in PRESETS)}"
+    )
+
+
 @functools.cache  # lru_cache without a bound: one entry per device id
 def _spec_from_cupy(device_id: int) -> DeviceSpec:
-    import cupy
-
-    props = cupy.cuda.runtime.getDeviceProperties(device_id)
+    cupy = _cupy()
+    try:
+        props = cupy.cuda.runtime.getDeviceProperties(device_id)
+    except cupy.cuda.runtime.CUDARuntimeError as e:
+        raise _no_device(f"the properties of device {device_id}", e) from e
 
     def prop(key: str) -> int:
         try:
             return int(props[key])
         except KeyError:
-            raise FuserError(
+            raise ToolchainError(
                 f"cupy.cuda.runtime.getDeviceProperties({device_id}) has no {key!r}; "
                 f"fuser needs CuPy >= 14 built for CUDA 13 (found keys: {sorted(props)})"
             ) from None

@@ -8,7 +8,7 @@ used so that defining and printing fusions needs neither CuPy nor a GPU.
 from __future__ import annotations
 
 from fuser.dtypes import DataType
-from fuser.errors import DefinitionError
+from fuser.errors import DefinitionError, FuserError, UnknownOpError
 from fuser.ir import Fusion, Scalar, Tensor
 from fuser.ops import ELEMENTWISE
 
@@ -29,7 +29,7 @@ class Ops:
             op.__name__ = name
             op.__doc__ = ELEMENTWISE[name].doc
             return op
-        raise AttributeError(f"fd.ops has no op {name!r}; see fuser.ops.ELEMENTWISE for the list")
+        raise UnknownOpError(f"fd.ops has no op {name!r}; see fuser.ops.ELEMENTWISE for the list")
 
     def __dir__(self):
         return sorted([*ELEMENTWISE, "cast", "broadcast_in_dim", "sum", "max", "var_mean",
@@ -61,7 +61,7 @@ class FusionDefinition:
     """Define a fusion in a `with` block, then execute, validate and inspect it."""
 
     def __init__(self, name: str = "fusion"):
-        if not name.isidentifier():
+        if not isinstance(name, str) or not name.isidentifier():
             raise DefinitionError(f"FusionDefinition name {name!r} must be a Python identifier")
         self.name = name
         self.fusion = Fusion()
@@ -96,14 +96,32 @@ class FusionDefinition:
 
     @classmethod
     def from_python(cls, source: str, name: str = "fusion") -> FusionDefinition:
-        """Rebuild a fusion from the text repr(fd) printed."""
-        namespace = {"FusionDefinition": cls, "DataType": DataType}
-        exec(compile(source, f"<fuser definition {name}>", "exec"), namespace)
-        fd = namespace.get("fd")
-        if not isinstance(fd, cls):
-            fd = cls(name)
-            with fd:
-                namespace["define_fusion"](fd)
+        """Rebuild a fusion from the text repr(fd) printed.
+
+        Raises DefinitionError when the text does not run (a syntax error, an unknown name...)
+        or defines neither `fd` nor `define_fusion(fd)`."""
+        namespace: dict[str, object] = {"FusionDefinition": cls, "DataType": DataType}
+        where = f"<fuser definition {name}>"
+        try:
+            exec(compile(source, where, "exec"), namespace)
+            fd = namespace.get("fd")
+            if not isinstance(fd, cls):
+                define = namespace.get("define_fusion")
+                if not callable(define):
+                    raise DefinitionError(
+                        f"FusionDefinition.from_python({name!r}): the source defines neither "
+                        "`fd` nor a function `define_fusion(fd)`; pass the text repr(fd) printed"
+                    )
+                fd = cls(name)
+                with fd:
+                    define(fd)
+        except FuserError:
+            raise
+        except Exception as e:
+            raise DefinitionError(
+                f"FusionDefinition.from_python({name!r}): running the source failed with "
+                f"{type(e).__name__}: {e}; pass the text repr(fd) printed, unchanged"
+            ) from e
         fd.name = name
         return fd
 
@@ -116,7 +134,8 @@ class FusionDefinition:
         return execute(self, list(inputs), device=device)
 
     def validate(self, inputs, reference_outputs=None, *, device=None):
-        """Execute and compare with the float64 reference; raises AssertionError on mismatch."""
+        """Execute and compare with the float64 reference; raises fuser.ValidationError (an
+        AssertionError) on mismatch."""
         from fuser.executor import validate
 
         return validate(self, list(inputs), reference_outputs, device=device)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from fuser.dtypes import DataType
+from fuser.errors import BadInputError
 from fuser.frontend import FusionDefinition
 
 F32 = DataType.Float
@@ -177,4 +178,4 @@ def make_inputs(name: str, rows: int, hidden: int, dtype: DataType, rng: np.rand
         mean = x64.mean(axis=1, keepdims=True)
         rstd = 1.0 / np.sqrt(x64.var(axis=1, keepdims=True) + 1e-5)
         return [xs, mean.astype(np.float32), rstd.astype(np.float32), dy, w]
-    raise KeyError(f"no fusion named {name!r}; known: {', '.join(FUSIONS)}")
+    raise BadInputError(f"no fusion named {name!r}; pass one of: {', '.join(FUSIONS)}")

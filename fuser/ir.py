@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import networkx as nx
 
 from fuser.dtypes import DataType
-from fuser.errors import DefinitionError
+from fuser.errors import DefinitionError, InternalError, UnknownOpError
 
 
 class Extent:
@@ -64,6 +65,7 @@ class Val:
     index: int
     dtype: DataType
     definition: Expr | None = None
+    prefix: ClassVar[str] = "V"  # of the name: "T" for tensors, "S" for scalars
 
     @property
     def name(self) -> str:
@@ -170,6 +172,7 @@ class Fusion:
     def define_tensor(self, shape, contiguity, dtype) -> Tensor:
         if not isinstance(dtype, DataType):
             raise DefinitionError(f"define_tensor: dtype must be a fuser.DataType, got {dtype!r}")
+        shape = _listed("define_tensor", "shape", shape, "one int per dimension, e.g. [-1, -1]")
         dims = []
         for d, size in enumerate(shape):
             if not isinstance(size, int) or size == 0 or size < -1:
@@ -183,7 +186,9 @@ class Fusion:
             contiguity = [None if d is None else True for d in dims]
         elif isinstance(contiguity, bool):
             contiguity = [None if d is None else contiguity for d in dims]
-        contiguity = list(contiguity)
+        contiguity = _listed(
+            "define_tensor", "contiguity", contiguity, "True, False or one bool/None per dimension"
+        )
         if len(contiguity) != len(dims):
             raise DefinitionError(
                 f"define_tensor: contiguity has {len(contiguity)} entries for a rank-{len(dims)} "
@@ -209,6 +214,8 @@ class Fusion:
             raise DefinitionError("define_scalar: an input scalar (no value) needs a dtype")
         if value is not None and not isinstance(value, bool | int | float):
             raise DefinitionError(f"define_scalar: value must be a number, got {value!r}")
+        if dtype is not None and not isinstance(dtype, DataType):
+            raise DefinitionError(f"define_scalar: dtype must be a fuser.DataType, got {dtype!r}")
         if dtype is None:
             dtype = (
                 DataType.Bool
@@ -253,17 +260,22 @@ class Fusion:
             for d, extent in enumerate(t.dims):
                 if extent is None:
                     continue
-                if dims[offset + d] is None:
+                merged = dims[offset + d]
+                if merged is None:
                     dims[offset + d] = extent
                 else:
                     operands = ", ".join(f"{x.name}{list(x.dims)}" for x in tensors)
-                    dims[offset + d].union(extent, f"{op}({operands}) dimension {offset + d}")
+                    merged.union(extent, f"{op}({operands}) dimension {offset + d}")
         return dims
 
     def elementwise(self, op: str, operands: list) -> Val:
         from fuser.ops import ELEMENTWISE
 
-        info = ELEMENTWISE[op]
+        info = ELEMENTWISE.get(op)
+        if info is None:
+            raise UnknownOpError(
+                f"no elementwise op {op!r}; the ops are {', '.join(sorted(ELEMENTWISE))}"
+            )
         vals = [self.as_val(x) for x in operands]
         if len(vals) != info.arity:
             raise DefinitionError(f"{op} takes {info.arity} operands, got {len(vals)}")
@@ -286,6 +298,7 @@ class Fusion:
                 "(cast them, or use ne/eq for logic)"
             )
         result_type = info.types.result(operand_type)
+        out: Val
         if tensors:
             out = self._tensor(result_type, self._broadcast_dims(op, tensors))
         else:
@@ -297,11 +310,11 @@ class Fusion:
         v = self.as_val(v)
         if not isinstance(dtype, DataType):
             raise DefinitionError(f"cast: dtype must be a fuser.DataType, got {dtype!r}")
-        out = self._tensor(dtype, v.dims) if isinstance(v, Tensor) else self._scalar(dtype)
+        out: Val = self._tensor(dtype, v.dims) if isinstance(v, Tensor) else self._scalar(dtype)
         self._define("cast", [v], [out], dtype=dtype)
         return out
 
-    def size(self, t: Tensor, dim: int) -> Scalar:
+    def size(self, t: Val, dim: int) -> Scalar:
         t = self._require_tensor("size", t)
         d = self._normalize_dim("size", t, dim)
         extent = t.dims[d]
@@ -313,12 +326,21 @@ class Fusion:
 
     def broadcast_in_dim(self, t, shape, broadcast_dims) -> Tensor:
         t = self._require_tensor("broadcast_in_dim", t)
-        shape, broadcast_dims = list(shape), list(broadcast_dims)
+        shape = _listed("broadcast_in_dim", "shape", shape, "one size per output dimension")
+        broadcast_dims = _listed(
+            "broadcast_in_dim", "broadcast_dims", broadcast_dims,
+            f"one output dimension (an int) per dimension of {t.name}",
+        )
         context = f"broadcast_in_dim({t.name}, shape={shape}, broadcast_dims={broadcast_dims})"
         if len(broadcast_dims) != t.ndim:
             raise DefinitionError(
                 f"{context}: broadcast_dims needs one entry per dimension of {t.name} "
                 f"(rank {t.ndim})"
+            )
+        if any(not isinstance(d, int) for d in broadcast_dims):
+            raise DefinitionError(
+                f"{context}: broadcast_dims must be ints, the output dimension of each "
+                f"dimension of {t.name}"
             )
         if sorted(set(broadcast_dims)) != broadcast_dims or any(
             not 0 <= d < len(shape) for d in broadcast_dims
@@ -352,12 +374,13 @@ class Fusion:
             src = t.dims[i]
             if src is None:
                 continue
-            if dims[d] is None:
+            dst = dims[d]
+            if dst is None:
                 raise DefinitionError(
                     f"{context}: dimension {i} of {t.name} has size {src}, but output dimension "
                     f"{d} has size 1"
                 )
-            dims[d].union(src, context)
+            dst.union(src, context)
             dims[d] = src
         out = self._tensor(t.dtype, dims)
         self._define(
@@ -373,9 +396,12 @@ class Fusion:
         from fuser.ops import sum_result_type
 
         t = self._require_tensor(op, t)
+        dims = _listed(op, "dims", dims, "the dimensions to reduce, e.g. [1]")
         dims = tuple(sorted({self._normalize_dim(op, t, d) for d in dims}))
         if not dims:
             raise DefinitionError(f"{op}({t.name}): dims is empty; name the dimensions to reduce")
+        if dtype is not None and not isinstance(dtype, DataType):
+            raise DefinitionError(f"{op}: dtype must be a fuser.DataType or None, got {dtype!r}")
         if dtype is None:
             dtype = sum_result_type(t.dtype) if op == "sum" else t.dtype
         out = self._tensor(dtype, self._reduced_dims(t, dims, keepdim))
@@ -388,9 +414,17 @@ class Fusion:
             raise DefinitionError(
                 f"var_mean: {t.name} has dtype {t.dtype}; cast it to a float type"
             )
+        dims = _listed("var_mean", "dims", dims, "the dimensions to reduce, e.g. [1]")
         dims = tuple(sorted({self._normalize_dim("var_mean", t, d) for d in dims}))
         if not dims:
             raise DefinitionError(f"var_mean({t.name}): dims is empty; name the dimensions")
+        try:
+            correction = int(correction)
+        except (TypeError, ValueError, OverflowError):
+            raise DefinitionError(
+                f"var_mean({t.name}): correction must be an int (0: population variance, "
+                f"1: sample variance), got {correction!r}"
+            ) from None
         out_dims = self._reduced_dims(t, dims, keepdim)
         var, mean = self._tensor(t.dtype, out_dims), self._tensor(t.dtype, out_dims)
         self._define(
@@ -437,3 +471,26 @@ class Fusion:
         from fuser.printer import python_definition
 
         return python_definition(self)
+
+
+def _listed(op: str, what: str, x, expected: str) -> list:
+    """`x` as a list; DefinitionError naming `op`'s argument when it is not a sequence."""
+    if isinstance(x, str | bytes):
+        raise DefinitionError(f"{op}: {what} must be a list or tuple ({expected}), got {x!r}")
+    try:
+        return list(x)
+    except TypeError:
+        raise DefinitionError(
+            f"{op}: {what} must be a list or tuple ({expected}), got {x!r}"
+        ) from None
+
+
+def as_tensor(v: Val) -> Tensor:
+    """`v`, which the IR guarantees to be a tensor here (the operand of a reduction or of
+    broadcast_in_dim, the result of a tensor op); InternalError if it is not."""
+    if not isinstance(v, Tensor):
+        raise InternalError(
+            f"{v.name} is a scalar where the fusion IR must hold a tensor "
+            f"(defined by {v.definition}); this is a fuser bug, please report it"
+        )
+    return v

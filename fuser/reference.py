@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from fuser.dtypes import Category, DataType
-from fuser.errors import BadInputError, DefinitionError
-from fuser.ir import Expr, Extent, Fusion, Scalar, Tensor, Val
+from fuser.errors import BadInputError, DefinitionError, InternalError, ValidationError
+from fuser.ir import Expr, Extent, Fusion, Scalar, Tensor, Val, as_tensor
 from fuser.ops import ELEMENTWISE, REDUCTIONS
 
 # ----- values -----------------------------------------------------------------------------------
@@ -53,7 +53,7 @@ def _category_of(x) -> Category | None:
     return None
 
 
-def _input_scalar(i: int, v: Scalar, x):
+def _input_scalar(i: int, v: Val, x):
     where = f"input {i} ({v.name})"
     if isinstance(x, np.ndarray) and x.ndim == 0:
         x = x[()]
@@ -165,6 +165,11 @@ def bind_shapes(fusion: Fusion, shapes: Sequence[tuple[int, ...] | None]) -> Siz
     for i, (v, shape) in enumerate(zip(fusion.inputs, shapes, strict=True)):
         if not isinstance(v, Tensor):
             continue
+        if shape is None:
+            raise BadInputError(
+                f"input {i} ({v.name}) is a rank-{v.ndim} tensor, but its entry in shapes is "
+                "None; give its shape (None is for scalar inputs)"
+            )
         if len(shape) != v.ndim:
             raise BadInputError(
                 f"input {i} ({v.name}): expected rank {v.ndim} (dims {list(v.dims)}), got rank "
@@ -216,13 +221,14 @@ def _run(e: Expr, args: list, sizes: Sizes) -> list:
     if e.op == "cast":
         return [_exact(args[0], out.dtype)]
     if e.op == "size":
-        return [np.int64(sizes.value(e.inputs[0].dims[e.attr("dim")]))]
+        return [np.int64(sizes.value(as_tensor(e.inputs[0]).dims[e.attr("dim")]))]
     if e.op == "broadcast_in_dim":
         src = np.asarray(args[0])
-        staged = [1] * out.ndim
+        result = as_tensor(out)
+        staged = [1] * result.ndim
         for i, d in enumerate(e.attr("broadcast_dims")):
             staged[d] = src.shape[i]
-        return [np.broadcast_to(src.reshape(staged), sizes.shape(out))]
+        return [np.broadcast_to(src.reshape(staged), sizes.shape(result))]
     dims, keepdim = e.attr("dims"), e.attr("keepdim")
     if e.op in REDUCTIONS:
         x = _exact(args[0], out.dtype)  # sum(x, dtype=...) converts x first, as torch does
@@ -234,7 +240,10 @@ def _run(e: Expr, args: list, sizes: Sizes) -> list:
         squares = ((x - mean) ** 2).sum(axis=dims, keepdims=keepdim)
         var = squares / max(n - e.attr("correction"), 0)  # torch clamps n - correction at 0
         return [var, mean if keepdim else mean.reshape(var.shape)]
-    raise NotImplementedError(f"reference: no evaluation rule for op {e.op!r}")
+    raise InternalError(
+        f"reference: no evaluation rule for op {e.op!r} ({out.name}); every op of the IR needs "
+        "one in reference._run, so this is a fuser bug"
+    )
 
 
 def evaluate(fusion: Fusion, inputs: list) -> list[np.ndarray]:
@@ -258,9 +267,9 @@ def _evaluate(fusion: Fusion, values: list, sizes: Sizes) -> list[np.ndarray]:
             results = _run(e, [env[v] for v in e.inputs], sizes)
         for out, r in zip(e.outputs, results, strict=True):
             if isinstance(out, Tensor) and np.shape(r) != sizes.shape(out):
-                raise AssertionError(
+                raise InternalError(
                     f"reference: {out.name} = {e.op}(...) has shape {np.shape(r)}, but its "
-                    f"extents say {sizes.shape(out)}"
+                    f"extents say {sizes.shape(out)}; this is a fuser bug"
                 )
             env[out] = r
     return [np.array(env[o], order="C") for o in fusion.outputs]
@@ -302,7 +311,10 @@ def tolerance(dtype: DataType, reduction_size: int = 1) -> tuple[float, float]:
     times the output's median size there (sum_allowance()).
     """
     if reduction_size < 0:
-        raise ValueError(f"reduction_size must be >= 0, got {reduction_size}")
+        raise BadInputError(
+            f"reduction_size must be >= 0 (the number of elements a sum combines; 0 or 1 for "
+            f"none), got {reduction_size}"
+        )
     if not dtype.is_float:
         return 0.0, 0.0
     rtol, atol = _BASE_TOLERANCE[dtype]
@@ -347,10 +359,11 @@ def input_sensitivity(fusion: Fusion, inputs: list,
     for draw in ("alternating", "random"):
         moved = [_moved(v, x, draw, rng) for v, x in zip(fusion.inputs, values, strict=True)]
         for k, out in enumerate(_evaluate(fusion, moved, sizes)):
-            if spread[k] is not None:
+            so_far = spread[k]
+            if so_far is not None:
                 with np.errstate(all="ignore"):
                     change = np.abs(np.asarray(out, np.float64) - base[k])
-                spread[k] = np.maximum(spread[k], np.where(np.isfinite(change), change, 0.0))
+                spread[k] = np.maximum(so_far, np.where(np.isfinite(change), change, 0.0))
     return spread
 
 
@@ -410,14 +423,15 @@ def output_reduction_sizes(fusion: Fusion, inputs: list) -> list[int]:
     result = []
     for out in fusion.outputs:
         seen: set[int] = set()
-        total, stack = 0, [out]
+        total = 0
+        stack: list[Val] = [out]
         while stack:
             e = stack.pop().definition
             if e is None or id(e) in seen:
                 continue
             seen.add(id(e))
             if e.op in ("sum", "var_mean"):
-                extents = e.inputs[0].dims
+                extents = as_tensor(e.inputs[0]).dims
                 total += math.prod(sizes.value(extents[d]) for d in e.attr("dims"))
             stack.extend(e.inputs)
         result.append(total)
@@ -478,7 +492,8 @@ def _compare_one(label: str, t: Tensor, got, ref, n: int, spread=None) -> str | 
 
 def compare(outputs, references, fusion: Fusion, reduction_sizes: int | Sequence[int],
             sensitivities: Sequence | None = None) -> None:
-    """Check a kernel's outputs against the oracle's; raise AssertionError with a report.
+    """Check a kernel's outputs against the oracle's; raise ValidationError (an AssertionError)
+    with a report, or BadInputError when the counts of outputs and references disagree.
 
     `reduction_sizes` is one int per output, or one for all (see output_reduction_sizes()). The
     tolerance is that of each output's declared dtype, widened by `sensitivities` (one
@@ -488,9 +503,9 @@ def compare(outputs, references, fusion: Fusion, reduction_sizes: int | Sequence
     outputs, references = list(outputs), list(references)
     names = ", ".join(t.name for t in fusion.outputs)
     if not len(outputs) == len(references) == len(fusion.outputs):
-        raise AssertionError(
+        raise BadInputError(
             f"the fusion has {len(fusion.outputs)} outputs ({names}); got {len(outputs)} "
-            f"outputs and {len(references)} references"
+            f"outputs and {len(references)} references: give one of each per output"
         )
     if isinstance(reduction_sizes, int):
         reduction_sizes = [reduction_sizes] * len(outputs)
@@ -506,4 +521,4 @@ def compare(outputs, references, fusion: Fusion, reduction_sizes: int | Sequence
         if report is not None:
             failures.append(report)
     if failures:
-        raise AssertionError("\n".join(failures))
+        raise ValidationError("\n".join(failures))

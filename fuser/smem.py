@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fuser.errors import OutOfResourcesError
+from fuser.errors import BadInputError, OutOfResourcesError
 
 ALIGNMENT = 128  # every buffer offset and size is a multiple of this
 STATIC_SLOT = 128  # bytes reserved for static __shared__ variables (magic zero)
@@ -76,7 +76,10 @@ class SmemPlan:
         for b in self.buffers:
             if b.name == name:
                 return b
-        raise KeyError(f"no shared buffer {name!r} in the plan")
+        raise BadInputError(
+            f"no shared buffer {name!r} in the plan; it has "
+            f"{[b.name for b in self.buffers] or 'no buffers'} (test with `name in plan`)"
+        )
 
     def offset(self, name: str) -> int:
         return self.buffer(name).offset

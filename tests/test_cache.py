@@ -14,6 +14,7 @@ pytest.importorskip("cuda.bindings.nvrtc")
 import fuser.cache
 from fuser.cache import KernelCache, default_cache_dir
 from fuser.compile import compile_cuda
+from fuser.errors import ToolchainError
 
 SOURCE = r"""
 extern "C" __global__ void add_one(float* p, int n) {
@@ -252,3 +253,13 @@ def test_clear_and_stats(cache_dir, compiles):
     assert cache.stats()["entries"] == 0 and cache.stats()["in_memory"] == 0
     cache.get_or_compile(SOURCE, "add_one", 90)
     assert compiles == ["add_one", "add_one", "add_one"]
+
+
+def test_unwritable_cubin_file_is_a_toolchain_error(cache_dir, compiles, monkeypatch):
+    def refuse(path, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(fuser.cache, "_atomic_write", refuse)
+    cache = KernelCache()
+    with pytest.raises(ToolchainError, match=r"cannot write the cubin file .*FUSER_CACHE_DIR"):
+        cache.get_or_compile(SOURCE, "add_one", 90)

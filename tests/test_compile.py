@@ -17,7 +17,7 @@ from fuser.compile import (
     options_for,
     parse_ptxas_log,
 )
-from fuser.errors import CompileError
+from fuser.errors import BadInputError, CompileError, ToolchainError
 
 ARCH = 90
 
@@ -156,7 +156,7 @@ def test_bf16_smem_kernel_resources(bf16_module):
 
 
 def test_resource_lookup_names_what_exists(bf16_module):
-    with pytest.raises(KeyError, match="scale_bf16"):
+    with pytest.raises(BadInputError, match="scale_bf16"):
         bf16_module.resource("nope")
 
 
@@ -283,8 +283,23 @@ def test_cubin_loads_and_matches_driver_attributes(bf16_module, tmp_path):
 def test_load_module_rejects_a_file_with_other_bytes(bf16_module, tmp_path):
     path = tmp_path / "other.cubin"
     path.write_bytes(bf16_module.cubin[:-1] + bytes([bf16_module.cubin[-1] ^ 0xFF]))
-    with pytest.raises(ValueError, match="does not hold"):
+    with pytest.raises(ToolchainError, match="does not hold"):
         load_module(bf16_module, str(path))
+    with pytest.raises(ToolchainError, match="cannot read the cubin file"):
+        load_module(bf16_module, str(tmp_path / "missing.cubin"))
+
+
+def test_include_dir_override_without_headers_is_a_toolchain_error(tmp_path, monkeypatch):
+    import fuser.compile
+
+    monkeypatch.setenv(fuser.compile.INCLUDE_ENV, str(tmp_path))
+    cuda_include_dir.cache_clear()
+    try:
+        with pytest.raises(ToolchainError, match=r"holds no cuda_bf16.h; point it at"):
+            cuda_include_dir()
+    finally:
+        monkeypatch.undo()
+        cuda_include_dir.cache_clear()
 
 
 def test_a_log_without_ptxas_report_is_an_error(monkeypatch):
@@ -293,5 +308,5 @@ def test_a_log_without_ptxas_report_is_an_error(monkeypatch):
 
     quiet = tuple(o for o in compile_options(ARCH) if "ptxas" not in o)
     monkeypatch.setattr(fuser.compile, "options_for", lambda arch, include_dirs=(): quiet)
-    with pytest.raises(RuntimeError, match="without running ptxas"):
+    with pytest.raises(ToolchainError, match="without running ptxas"):
         compile_cuda('extern "C" __global__ void k(float* p) { p[0] = 1; }', "k", ARCH)

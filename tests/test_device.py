@@ -6,7 +6,7 @@ import pytest
 
 from fuser import device
 from fuser.device import A100, H100, H200, PRESETS, SMALL_SMEM, DeviceSpec
-from fuser.errors import BadInputError, FuserError
+from fuser.errors import BadInputError, ToolchainError
 
 
 def test_h100_exact():
@@ -163,5 +163,19 @@ def test_from_cupy_missing_key_is_a_fuser_error(fake_cupy, monkeypatch):
 
     props = {k: v for k, v in FAKE_PROPS.items() if k != "sharedMemPerBlockOptin"}
     monkeypatch.setattr(cupy.cuda.runtime, "getDeviceProperties", lambda device_id: props)
-    with pytest.raises(FuserError, match="sharedMemPerBlockOptin"):
+    with pytest.raises(ToolchainError, match="sharedMemPerBlockOptin"):
         DeviceSpec.from_cupy(0)
+
+
+def test_from_cupy_without_a_usable_device_is_a_toolchain_error(fake_cupy, monkeypatch):
+    import cupy
+
+    def no_device(*args):
+        raise cupy.cuda.runtime.CUDARuntimeError(100)  # cudaErrorNoDevice
+
+    monkeypatch.setattr(cupy.cuda.runtime, "getDeviceProperties", no_device)
+    with pytest.raises(ToolchainError, match=r"properties of device 2 .*'h200'"):
+        DeviceSpec.from_cupy(2)
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", no_device)
+    with pytest.raises(ToolchainError, match="the current device"):
+        DeviceSpec.from_cupy()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fuser import DataType, DefinitionError, FusionDefinition
+from fuser import DataType, DefinitionError, FusionDefinition, UnknownOpError
 from fuser.ir import Scalar, Tensor
 from fuser.ops import ELEMENTWISE
 
@@ -420,6 +420,8 @@ def test_where_needs_a_bool_condition():
         ([-1, 0], None, r"shape\[1\] = 0"),
         ([-2], None, r"shape\[0\] = -2"),
         ([2.0], None, r"shape\[0\] = 2.0"),
+        (4, None, r"define_tensor: shape must be a list or tuple .*got 4"),
+        ([-1], 1, r"define_tensor: contiguity must be a list or tuple .*got 1"),
     ],
 )
 def test_define_tensor_misuse(shape_, contiguity, message):
@@ -437,6 +439,28 @@ def test_define_tensor_and_scalar_need_a_datatype():
         fd.define_scalar("1.0")
     with pytest.raises(DefinitionError, match=r"cast: dtype must be a fuser.DataType"):
         fd.ops.cast(fd.define_tensor([-1]), "half")
+    with pytest.raises(DefinitionError, match=r"define_scalar: dtype must be a fuser.DataType"):
+        fd.define_scalar(1.0, dtype="float32")
+    with pytest.raises(DefinitionError, match=r"sum: dtype must be a fuser.DataType or None"):
+        fd.ops.sum(fd.define_tensor([-1, -1]), [1], dtype="float32")
+
+
+def test_malformed_op_arguments_are_definition_errors():
+    """Arguments of the wrong kind are named, not left to fail as a TypeError inside fuser."""
+    fd = new_fd()
+    x = fd.define_tensor([-1, -1])
+    with pytest.raises(DefinitionError, match=r"sum: dims must be a list or tuple .*got 1"):
+        fd.ops.sum(x, 1)
+    with pytest.raises(DefinitionError, match=r"var_mean: dims must be a list or tuple"):
+        fd.ops.var_mean(x, None)
+    with pytest.raises(DefinitionError, match=r"correction must be an int .*got 'one'"):
+        fd.ops.var_mean(x, [1], correction="one")
+    with pytest.raises(DefinitionError, match=r"broadcast_in_dim: shape must be a list or tuple"):
+        fd.ops.broadcast_in_dim(x, 4, [0, 1])
+    with pytest.raises(DefinitionError, match=r"broadcast_dims must be ints"):
+        fd.ops.broadcast_in_dim(x, [4, 4], ["a", 1])
+    with pytest.raises(UnknownOpError, match=r"no elementwise op 'softmax'"):
+        fd.fusion.elementwise("softmax", [x])
 
 
 def test_contiguity_shorthands():
@@ -500,8 +524,9 @@ def test_error_inside_with_is_not_masked():
 def test_unknown_op_and_operand_count():
     fd = new_fd()
     x = fd.define_tensor([-1])
-    with pytest.raises(AttributeError, match=r"fd.ops has no op 'softmax'"):
+    with pytest.raises(UnknownOpError, match=r"fd.ops has no op 'softmax'"):
         fd.ops.softmax(x)
+    assert issubclass(UnknownOpError, AttributeError) and not hasattr(fd.ops, "softmax")
     with pytest.raises(DefinitionError, match=r"add takes 2 operands, got 1"):
         fd.ops.add(x)
     with pytest.raises(DefinitionError, match=r"expected a tensor, a scalar or a number"):
@@ -521,6 +546,8 @@ def test_abs_and_neg_reject_bool():
 def test_fusion_definition_name():
     with pytest.raises(DefinitionError, match=r"must be a Python identifier"):
         FusionDefinition("my fusion")
+    with pytest.raises(DefinitionError, match=r"must be a Python identifier"):
+        FusionDefinition(3)  # type: ignore[arg-type]
     assert FusionDefinition.from_python(repr(softmax_fwd()), name="softmax").name == "softmax"
 
 
@@ -574,3 +601,14 @@ def test_var_mean_rejects_empty_dims():
     x = fd.define_tensor([-1, -1])
     with pytest.raises(DefinitionError, match=r"dims is empty"):
         fd.ops.var_mean(x, [])
+
+
+def test_from_python_names_what_is_wrong_with_the_text():
+    with pytest.raises(DefinitionError, match=r"defines neither `fd` nor .*define_fusion"):
+        FusionDefinition.from_python("x = 1")
+    with pytest.raises(DefinitionError, match=r"failed with SyntaxError"):
+        FusionDefinition.from_python("def define_fusion(fd) -> None\n    pass\n")
+    with pytest.raises(DefinitionError, match=r"failed with NameError: name 'T9' is not defined"):
+        FusionDefinition.from_python("def define_fusion(fd):\n    fd.add_output(T9)\n")
+    with pytest.raises(DefinitionError, match=r"the fusion has no outputs"):  # its own error
+        FusionDefinition.from_python("def define_fusion(fd):\n    pass\n")
