@@ -19,7 +19,7 @@ from functools import cache
 
 import numpy as np
 
-from fuser.analysis import FusionInfo, Role, analyze
+from fuser.analysis import FusionInfo, analyze
 from fuser.codegen import KernelSource
 from fuser.compile import CompiledModule
 from fuser.device import DeviceSpec
@@ -31,6 +31,7 @@ from fuser.launch import POINTER, EntryLauncher, ctype_of
 from fuser.reference import bind_shapes
 from fuser.schedulers import Hints, Problem
 from fuser.schedulers.base import Launch, PointwiseSchedule, ceil_div, next_pow2
+from fuser.signature import Signature, Source, workspace_dtype
 
 POINTWISE_BLOCKS_PER_SM = 8
 PER_THREAD_STREAM = 2  # cudaStreamPerThread: the same handle in every thread
@@ -50,8 +51,10 @@ class Kernel:
     device: DeviceSpec
     occupancy: int  # resident blocks per SM of the main kernel, as the driver computes it
     resident_groups: int  # clusters (or blocks, without a cluster) resident on the whole GPU
-    row_args: tuple  # ("in" | "out" | "part" | "scalar", index) per main-kernel parameter
-    finalize_args: tuple  # the same for the finalize kernel
+    # (entry, ((Source, index) per parameter)) of each kernel in launch order, from its
+    # Signature: the one record of the parameter order, shared with the template
+    arguments: tuple
+    tensor_inputs: frozenset  # indices of the fusion inputs passed as data pointers
 
     def resources(self) -> dict:
         """Per entry: the ptxas report and what the driver says about the loaded kernel."""
@@ -66,25 +69,6 @@ class Kernel:
                 "max_dynamic_smem": attrs["max_dynamic_shared_size_bytes"],
             }
         return report
-
-
-def _argument_layout(info: FusionInfo, pointwise: bool) -> tuple[tuple, tuple]:
-    """Parameter order of the rendered kernels (codegen.py writes them in this order)."""
-    fusion = info.fusion
-    index_in = {v: i for i, v in enumerate(fusion.inputs)}
-    index_out = {v: i for i, v in enumerate(fusion.outputs)}
-    loaded = [("in", index_in[t]) for t in (*info.full_inputs, *info.col_inputs,
-                                             *info.row_inputs)]
-    scalars = [("scalar", index_in[s]) for s in info.scalar_inputs]
-    if pointwise:
-        outs = [("out", index_out[o]) for r in (Role.FULL, Role.COL, Role.ROW)
-                for o in info.outputs(r)]
-        return tuple(loaded + outs + scalars), ()
-    outs = [("out", index_out[o]) for o in (*info.outputs(Role.FULL), *info.outputs(Role.ROW))]
-    parts = [("part", k) for k in range(len(info.outer_reductions))]
-    final = (parts + [("in", index_in[t]) for t in info.col_inputs]
-             + [("out", index_out[o]) for o in info.outputs(Role.COL)] + scalars)
-    return tuple(loaded + outs + parts + scalars), tuple(final)
 
 
 @dataclass
@@ -189,26 +173,28 @@ def _load(fd, problem: Problem, device: DeviceSpec, hints) -> Kernel:
     groups = occupancy * device.sm_count
     if not pointwise and s.cluster > 1:
         groups = _max_active_clusters(functions[built.source.row_entry], s)
-    row_args, finalize_args = _argument_layout(info, pointwise)
-    launchers = {built.source.row_entry: _launcher(
-        built.source.row_entry, functions, info, row_args, [ctypes.c_int64])}
-    if built.finalize is not None:
-        launchers[built.source.finalize_entry] = _launcher(
-            built.source.finalize_entry, functions, info, finalize_args,
-            [ctypes.c_int64, ctypes.c_int32], programmatic=device.arch >= 90)
+    launchers = {sig.entry: _launcher(sig, functions[sig.entry],
+                                      programmatic=sig.entry == built.source.finalize_entry
+                                      and device.arch >= 90)
+                 for sig in built.source.signatures}
+    arguments = tuple((sig.entry, tuple((p.source, p.index) for p in sig.params))
+                      for sig in built.source.signatures)
+    tensor_inputs = frozenset(p.index for sig in built.source.signatures for p in sig.params
+                              if p.source is Source.INPUT and p.dtype is None)
     return Kernel(built.source, s, built.finalize, built.compiled, functions, launchers, device,
-                  occupancy, groups, row_args, finalize_args)
+                  occupancy, groups, arguments, tensor_inputs)
 
 
-def _launcher(entry: str, functions: dict, info: FusionInfo, layout: tuple,
-              trailing: list, programmatic: bool = False) -> EntryLauncher:
-    """The launcher of one entry: a pointer per tensor parameter, the scalar inputs' own
-    types, then the trailing sizes (n_rows, and the finalize's partial row count). The
-    finalize launches programmatically on sm_90 (it overlaps the row kernel's end)."""
-    inputs = info.fusion.inputs
-    types = [ctype_of(inputs[i].dtype) if kind == "scalar" else POINTER for kind, i in layout]
-    fn = functions[entry]
-    return EntryLauncher(entry, fn.kernel.ptr, types + trailing, fn.num_regs, programmatic)
+_SIZE_CTYPES = {Source.ROWS: ctypes.c_int64, Source.PARTIAL_ROWS: ctypes.c_int32}
+
+
+def _launcher(signature: Signature, fn, programmatic: bool) -> EntryLauncher:
+    """The launcher of one entry, its parameter types read from the kernel's signature: a
+    pointer per tensor, a scalar input's own type, the sizes. The finalize launches
+    programmatically on sm_90 (it overlaps the row kernel's end)."""
+    types = [_SIZE_CTYPES.get(p.source) or (ctype_of(p.dtype) if p.dtype is not None
+                                            else POINTER) for p in signature.params]
+    return EntryLauncher(signature.entry, fn.kernel.ptr, types, fn.num_regs, programmatic)
 
 
 def _max_active_clusters(fn, s) -> int:
@@ -363,11 +349,8 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
         spec = DeviceSpec.get(device) if device is not None else DeviceSpec.from_cupy(device_id)
         kernel = get_kernel(fd, Problem(hidden, min(next_pow2(rows), 1024), align), spec, hints)
     launch, final = _launch(kernel, rows, spec)
-    partials = tuple(
-        ((max(launch.partial_rows, 1), hidden),
-         DataType.Double if e.outputs[0].dtype is DataType.Double else DataType.Float)
-        for e in info.outer_reductions
-    )
+    partials = tuple(((max(launch.partial_rows, 1), hidden),
+                      workspace_dtype(e.outputs[0].dtype)) for e in info.outer_reductions)
     scalar_types = {i: v.dtype.numpy.type for i, v in enumerate(fusion.inputs)
                     if isinstance(v, Scalar)}
     return Plan(kernel, launch, final, torch_kind, device_id, align, rows,
@@ -400,7 +383,7 @@ def execute(fd, inputs: list, *, device=None, hints: Hints | None = None):
 
 def _pointers(plan: Plan, inputs: list) -> dict[int, int]:
     """Data pointer of every tensor input the kernels read, by input index."""
-    indices = {i for kind, i in plan.kernel.row_args + plan.kernel.finalize_args if kind == "in"}
+    indices = plan.kernel.tensor_inputs
     if plan.torch_kind:
         return {i: inputs[i].data_ptr() for i in indices}
     return {i: inputs[i].data.ptr for i in indices}
@@ -451,24 +434,20 @@ def _run(plan: Plan, inputs: list, pointers: dict[int, int]) -> list:
     if partials is None:
         partials = plan.workspaces[owner] = _workspace(plan, like)
     address = (lambda x: x.data_ptr()) if torch_kind else (lambda x: x.data.ptr)
-    values = {
-        "in": pointers,
-        "out": [address(o) for o in outs],
-        "part": [address(p) for p in partials],
-        "scalar": {i: t(inputs[i]) for i, t in plan.scalar_types.items()},
-    }
-    row_args = [values[kind][i] for kind, i in kernel.row_args]
-    row_args.append(plan.rows)
     launch, final = plan.launch, plan.finalize_launch
+    values = {
+        Source.INPUT: {**pointers, **{i: t(inputs[i]) for i, t in plan.scalar_types.items()}},
+        Source.OUTPUT: [address(o) for o in outs],
+        Source.PARTIALS: [address(p) for p in partials],
+        Source.ROWS: (plan.rows,),
+        Source.PARTIAL_ROWS: (final.partial_rows if final is not None else 0,),
+    }
     with _cupy().cuda.Device(plan.device_id), plan.lock:
         _bind_context(plan.device_id)
-        kernel.launchers[kernel.source.row_entry](
-            launch.grid, launch.block, launch.dynamic_smem, stream, row_args)
-        if final is not None:
-            final_args = [values[kind][i] for kind, i in kernel.finalize_args]
-            final_args += [plan.rows, final.partial_rows]
-            kernel.launchers[kernel.source.finalize_entry](
-                final.grid, final.block, final.dynamic_smem, stream, final_args)
+        for (entry, arguments), size in zip(kernel.arguments, (launch, final), strict=False):
+            assert size is not None  # a finalize entry comes with its launch
+            kernel.launchers[entry](size.grid, size.block, size.dynamic_smem, stream,
+                                    [values[source][i] for source, i in arguments])
     return outs
 
 

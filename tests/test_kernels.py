@@ -31,7 +31,8 @@ def test_compile_error_leaves_no_entry_and_the_next_build_works(tmp_path, monkey
 
     def broken(*args):
         source = real(*args)
-        return dataclasses.replace(source, source=source.source.replace("const int tx", "int tx ="))
+        broken_text = source.source.replace("const Part part;", "const Part part =;")
+        return dataclasses.replace(source, source=broken_text)
 
     monkeypatch.setattr(kernels, "_render", broken)
     with pytest.raises(CompileError) as error:

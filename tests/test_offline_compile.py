@@ -82,7 +82,7 @@ def test_cluster_split_rows_compile_without_spills(name, hidden, cluster):
 
 def test_finalize_lanes_hint_sets_the_finalize_block():
     """Hints(finalize_lanes=n): n threads per column sum the partial rows, 512 / n columns
-    (1 to 32) per block, the smem plan holds n x columns doubles per column sum; a block over
+    (1 to 32) per block, the smem plan holds n x columns doubles per column sum; lanes over
     the device's thread limit raises."""
     from fuser import HintError
     from fuser.schedulers import Hints
@@ -92,7 +92,8 @@ def test_finalize_lanes_hint_sets_the_finalize_block():
     built = build(fd.name, info, Problem(2048, 16384, 16), H200, Hints(finalize_lanes=32))
     f = built.finalize
     assert (f.cols_per_block, f.partial_lanes) == (16, 32)
-    assert [(b.name, b.nbytes) for b in f.smem.buffers] == [("s_lanes", 2 * 32 * 16 * 8)]
+    assert [(b.name, b.nbytes) for b in f.smem.buffers] == [
+        ("s_lanes_T38", 32 * 16 * 8), ("s_lanes_T40", 32 * 16 * 8)]
     assert "__launch_bounds__(512)" in built.source.source
     assert "constexpr int LANES = 32;" in built.source.source
     assert not built.compiled.resource(built.source.finalize_entry).spills

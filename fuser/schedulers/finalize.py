@@ -52,10 +52,10 @@ def finalize_schedule(info: FusionInfo, problem: Problem, device: DeviceSpec,
         lanes = FINALIZE_THREADS // cols
     else:
         cols = max(1, min(FINALIZE_COLUMNS[0], FINALIZE_THREADS // lanes))
-    n = len(info.outer_reductions)
     plan = SmemPlan.build(
-        [("s_lanes", n * lanes * cols * 8,
-          f"{n} column sum(s) x {lanes} lanes x {cols} columns (double)")],
+        [(f"s_lanes_{e.outputs[0].name}", lanes * cols * 8,
+          f"the lanes' sums of {e.outputs[0].name}: {lanes} lanes x {cols} columns (double)")
+         for e in info.outer_reductions],
         device.smem_per_block_optin,
     )
     return FinalizeSchedule(problem.hidden, cols, lanes, FINALIZE_UNROLL, plan)

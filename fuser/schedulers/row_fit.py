@@ -133,8 +133,10 @@ def _other_requests(phase: Phase, geo: RowGeometry, storage: dict[str, Storage],
     requests.append(("s_reduce", scratch, f"inner-reduction scratch: 2 parities x {width} x "
                      f"{rows} row(s) x {geo.warps} warps x {red} B"))
     if accumulators is Storage.REGISTERS and rows > 1:
-        requests.append(("s_outer", sum(part * b for b in fusion.accumulator_bytes),
-                         f"outer-reduction combine across {rows} rows"))
+        requests += [(f"s_outer_{e.outputs[0].name}", part * nbytes,
+                      f"column accumulator {e.outputs[0].name}: {rows} rows combined")
+                     for e, nbytes in zip(fusion.info.outer_reductions,
+                                          fusion.accumulator_bytes, strict=True)]
     if geo.cluster > 1:
         requests.append(("s_cluster", 2 * width * rows * red,
                          f"cluster exchange: 2 parities x {width} x {rows} row(s) x {red} B, "

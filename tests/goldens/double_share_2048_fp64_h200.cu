@@ -1,5 +1,16 @@
 // fuser kernel module for fusion 'double_share' (templates <templates>)
-// 
+//
+// The fusion, lowered to primitives (Python that rebuilds it):
+// def define_fusion(fd: FusionDefinition) -> None:
+//     T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Double)
+//     T1 = fd.ops.sum(T0, dims=[1], keepdim=True, dtype=DataType.Double)
+//     S2 = fd.ops.size(T0, dim=0)
+//     S3 = fd.ops.size(T0, dim=1)
+//     T4 = fd.ops.broadcast_in_dim(T1, shape=[S2, S3], broadcast_dims=[0, 1])
+//     T5 = fd.ops.div(T0, T4)
+//     fd.add_output(T5)
+//     fd.add_output(T1)
+//
 // kind:              inner reduction
 // full inputs:       T0:Double
 // row inputs:        -
@@ -8,7 +19,7 @@
 // persistent:        T0:Double
 // inner level 0:     sum(T0)->T1
 // outputs:           T5:full, T1:row
-// 
+//
 // RowSchedule
 //   scheduler          inner_persistent
 //   reason             registers-first policy: nothing in smem, ~52 regs/thread, ~4 block(s)/SM
@@ -27,18 +38,18 @@
 //   reduction_bytes    8
 //   regs_estimate      52
 //   blocks_per_sm      4
-// 
+//
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
 // s_reduce       128       0      128  inner-reduction scratch: 2 parities x 1 x 1 row(s) x 8 warps x 8 B
 // static slot    128  static      128  static __shared__ (magic zero)
 // total 256 B = dynamic 128 + static 128; limit 232448 B; headroom 232192 B; alignment 128 B
-// 
-#include "fuser_math.cuh"
+
+#include "fuser_rows.cuh"
 
 // Each block works on 1 row(s) at a time and strides over all rows.
-// Thread x of a row owns vectors x, x + 256, ... (4 of them, 2 elements each);
-// shared row buffers are indexed the same way, so a thread only ever reads back what it copied.
+// Thread x of a row owns vectors x, x + 256, ... (4 of them, 2 element(s) each) of the row.
+// Inputs: T0 in registers.
 extern "C" __global__ void __launch_bounds__(256, 4)
 double_share_row(
     const double* __restrict__ g_T0,
@@ -46,90 +57,51 @@ double_share_row(
     double* __restrict__ g_T1,
     long long n_rows)
 {
-  constexpr int H = 2048;
-  constexpr int VEC = 2;
-  constexpr int NV = 1024;  // vectors per row
-  constexpr int TPR = 256;
-  constexpr int RPB = 1;
-  constexpr int BATCH = 4;
-  constexpr int STAGES = 1;
-  const int tx = threadIdx.x;
-  const int ty = threadIdx.y;
-  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int H = 2048;  // elements per row
+  constexpr int RPB = 1;  // rows per block
+  // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER: the thread's rows and vectors, and their passes
+  using Part = fm::RowPart<H, 2, 256, RPB, 4, 4, 1>;
+  const Part part;
   const int zero = fm::magic_zero();
-  double* s_reduce = reinterpret_cast<double*>(smem + 0);
-  const long long S2 = n_rows;
-  const long long S3 = static_cast<long long>(H);
 
-  // Column inputs kept on chip: loaded once per block.
-#pragma unroll 4
-  for (int b = 0; b < BATCH; ++b) {
-    const int j = b * TPR + tx;
-    if (j < NV) {
-    }
-  }
+  // Shared memory, as planned (each buffer 128-byte aligned; the static slot is separate).
+  extern __shared__ __align__(128) unsigned char smem[];
+  // inner-reduction scratch: 2 parities x 1 x 1 row(s) x 8 warps x 8 B
+  unsigned char* const s_reduce = smem;
 
+  // the row reductions: warps, then the row's warps, then the cluster's blocks
+  fm::RowReducer<double, Part, 1> reduce(s_reduce, nullptr);
 
-  const long long row_stride = static_cast<long long>(gridDim.x) * RPB;
-  long long row0 = static_cast<long long>(blockIdx.x) * RPB;
+  const long long row_stride = part.row_stride();
+  long long row0 = part.first_row();
   for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
-    const long long row = row0 + ty + zero;
+    const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
-    const int stage = STAGES == 2 ? (it & 1) : 0;
-    // Row buffers kept in registers: every load of the row issued before any is used.
-    fm::Vec<double, VEC> r_T0[BATCH];
-#pragma unroll
-    for (int b = 0; b < BATCH; ++b) {
-      const int j = b * TPR + tx;
-      r_T0[b] = (valid && j < NV) ? fm::load<VEC>(g_T0 + row * H + j * VEC) : fm::Vec<double, VEC>{};
-    }
+    const fm::RowInRegisters<double, Part> T0(part, g_T0, row, valid);
 
-    // Inner reduction level 0.
-    double row_T1 = double(0);
-#pragma unroll 4
-    for (int b = 0; b < BATCH; ++b) {
-      const int j = b * TPR + tx;
-      if (true) {
-        const fm::Vec<double, VEC> x_T0 = r_T0[b];
+    // Inner reduction level 0: sum(T0) -> T1.
+    double row_T1 = fm::Sum::identity<double>();
+    fm::for_each_vector(part, [&](const fm::Visit& v) {
+      const auto x_T0 = T0.at(v);
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) {
-          row_T1 = fm::Sum{}(row_T1, fm::to_compute(x_T0.v[i]));
-        }
+      for (int i = 0; i < Part::VEC; ++i) {
+        row_T1 = fm::Sum{}(row_T1, fm::to_compute(x_T0.v[i]));
       }
-    }
-    row_T1 = fm::warp_reduce<(TPR < 32 ? TPR : 32)>(row_T1, fm::Sum{});
-    {
-      // Across the row's warps: lane 0 of each warp posts its partial, one barrier, every
-      // thread sums the row's partials. Two parities so the next level never overwrites
-      // partials that slower threads are still reading.
-      double* slot = s_reduce + ((it * 1 + 0) & 1) * (1 * RPB * (TPR / 32));
-      if ((tx & 31) == 0) {
-        slot[(0 * RPB + ty) * (TPR / 32) + tx / 32] = row_T1;
-      }
-      __syncthreads();
-      row_T1 = slot[(0 * RPB + ty) * (TPR / 32)];
-#pragma unroll
-      for (int w = 1; w < TPR / 32; ++w) {
-        row_T1 = fm::Sum{}(row_T1, slot[(0 * RPB + ty) * (TPR / 32) + w]);
-      }
-    }
+    });
+    reduce(part, fm::reduced(row_T1, fm::Sum{}));
     const double row_rcp_d_T1 = double(1) / row_T1;
 
     // Outputs of the row.
-#pragma unroll 4
-    for (int b = 0; b < BATCH; ++b) {
-      const int j = b * TPR + tx;
-      if (true) {
-        const fm::Vec<double, VEC> x_T0 = r_T0[b];
-        fm::Vec<double, VEC> o_T5;
+    fm::for_each_vector(part, [&](const fm::Visit& v) {
+      const auto x_T0 = T0.at(v);
+      fm::Vec<double, Part::VEC> o_T5;
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) {
-          const double e_T5 = (fm::to_compute(x_T0.v[i]) * row_rcp_d_T1);
-          o_T5.v[i] = fm::to_storage<double>(e_T5);
-        }
-        if (valid) fm::store<VEC>(g_T5 + row * H + j * VEC, o_T5);
+      for (int i = 0; i < Part::VEC; ++i) {
+        const double e_T5 = (fm::to_compute(x_T0.v[i]) * row_rcp_d_T1);
+        o_T5.v[i] = fm::to_storage<double>(e_T5);
       }
-    }
-    if (valid && tx == 0) g_T1[row] = fm::to_storage<double>(row_T1);
+      if (valid) fm::store<Part::VEC>(g_T5 + row * H + v.j * Part::VEC, o_T5);
+    });
+    if (valid && part.writes_row_values()) g_T1[row] = fm::to_storage<double>(row_T1);
   }
 }

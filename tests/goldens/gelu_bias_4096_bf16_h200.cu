@@ -1,5 +1,28 @@
 // fuser kernel module for fusion 'gelu_bias' (templates <templates>)
-// 
+//
+// The fusion, lowered to primitives (Python that rebuilds it):
+// def define_fusion(fd: FusionDefinition) -> None:
+//     T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
+//     T1 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.BFloat16)
+//     T2 = fd.ops.cast(T0, dtype=DataType.Float)
+//     T3 = fd.ops.cast(T1, dtype=DataType.Float)
+//     T4 = fd.ops.add(T2, T3)
+//     T5 = fd.ops.mul(T4, T4)
+//     T6 = fd.ops.mul(T5, T4)
+//     S7 = fd.define_scalar(0.044715, dtype=DataType.Double)
+//     T8 = fd.ops.mul(T6, S7)
+//     T9 = fd.ops.add(T4, T8)
+//     S10 = fd.define_scalar(0.7978845608, dtype=DataType.Double)
+//     T11 = fd.ops.mul(T9, S10)
+//     S12 = fd.define_scalar(0.5, dtype=DataType.Double)
+//     T13 = fd.ops.mul(T4, S12)
+//     T14 = fd.ops.tanh(T11)
+//     S15 = fd.define_scalar(1.0, dtype=DataType.Double)
+//     T16 = fd.ops.add(T14, S15)
+//     T17 = fd.ops.mul(T13, T16)
+//     T18 = fd.ops.cast(T17, dtype=DataType.BFloat16)
+//     fd.add_output(T18)
+//
 // kind:              pointwise
 // full inputs:       T0:BFloat16
 // row inputs:        -
@@ -7,7 +30,7 @@
 // scalar inputs:     -
 // persistent:        -
 // outputs:           T18:full
-// 
+//
 // PointwiseSchedule
 //   scheduler          pointwise
 //   reason             8-element vectors, 256 threads x 4 vectors in flight
@@ -15,13 +38,12 @@
 //   vec                8
 //   threads            256
 //   unroll             4
-// 
+//
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
 // static slot    128  static      128  static __shared__ (magic zero)
 // total 128 B = dynamic 0 + static 128; limit 232448 B; headroom 232320 B; alignment 128 B
-// 
-#include "fuser_math.cuh"
+#include "fuser_copy.cuh"
 
 // A grid-stride loop over the 512 vectors of each row (8 elements each); every thread keeps
 // 4 vectors in flight per iteration. A vector never crosses a row.

@@ -1,5 +1,53 @@
 // fuser kernel module for fusion 'layernorm_bwd' (templates <templates>)
-// 
+//
+// The fusion, lowered to primitives (Python that rebuilds it):
+// def define_fusion(fd: FusionDefinition) -> None:
+//     T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
+//     T1 = fd.define_tensor(shape=[-1, 1], contiguity=[True, None], dtype=DataType.Float)
+//     T2 = fd.define_tensor(shape=[-1, 1], contiguity=[True, None], dtype=DataType.Float)
+//     T3 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
+//     T4 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.BFloat16)
+//     T5 = fd.ops.cast(T3, dtype=DataType.Float)
+//     T6 = fd.ops.cast(T0, dtype=DataType.Float)
+//     S7 = fd.ops.size(T0, dim=0)
+//     S8 = fd.ops.size(T0, dim=1)
+//     T9 = fd.ops.broadcast_in_dim(T1, shape=[S7, S8], broadcast_dims=[0, 1])
+//     T10 = fd.ops.sub(T6, T9)
+//     S11 = fd.ops.size(T0, dim=0)
+//     S12 = fd.ops.size(T0, dim=1)
+//     T13 = fd.ops.broadcast_in_dim(T2, shape=[S11, S12], broadcast_dims=[0, 1])
+//     T14 = fd.ops.mul(T10, T13)
+//     T15 = fd.ops.cast(T4, dtype=DataType.Float)
+//     T16 = fd.ops.mul(T5, T15)
+//     S17 = fd.ops.size(T0, dim=1)
+//     T18 = fd.ops.mul(T16, T14)
+//     T19 = fd.ops.sum(T18, dims=[1], keepdim=True, dtype=DataType.Float)
+//     T20 = fd.ops.div(T19, S17)
+//     T21 = fd.ops.sum(T16, dims=[1], keepdim=True, dtype=DataType.Float)
+//     T22 = fd.ops.div(T21, S17)
+//     S23 = fd.ops.size(T0, dim=0)
+//     S24 = fd.ops.size(T0, dim=1)
+//     T25 = fd.ops.broadcast_in_dim(T20, shape=[S23, S24], broadcast_dims=[0, 1])
+//     T26 = fd.ops.mul(T14, T25)
+//     T27 = fd.ops.sub(T16, T26)
+//     S28 = fd.ops.size(T0, dim=0)
+//     S29 = fd.ops.size(T0, dim=1)
+//     T30 = fd.ops.broadcast_in_dim(T22, shape=[S28, S29], broadcast_dims=[0, 1])
+//     T31 = fd.ops.sub(T27, T30)
+//     S32 = fd.ops.size(T0, dim=0)
+//     S33 = fd.ops.size(T0, dim=1)
+//     T34 = fd.ops.broadcast_in_dim(T2, shape=[S32, S33], broadcast_dims=[0, 1])
+//     T35 = fd.ops.mul(T31, T34)
+//     T36 = fd.ops.cast(T35, dtype=DataType.BFloat16)
+//     T37 = fd.ops.mul(T5, T14)
+//     T38 = fd.ops.sum(T37, dims=[0], keepdim=False, dtype=DataType.Float)
+//     T39 = fd.ops.cast(T38, dtype=DataType.BFloat16)
+//     T40 = fd.ops.sum(T5, dims=[0], keepdim=False, dtype=DataType.Float)
+//     T41 = fd.ops.cast(T40, dtype=DataType.BFloat16)
+//     fd.add_output(T36)
+//     fd.add_output(T39)
+//     fd.add_output(T41)
+//
 // kind:              inner + outer reduction
 // full inputs:       T0:BFloat16, T3:BFloat16
 // row inputs:        T1:Float, T2:Float
@@ -9,7 +57,7 @@
 // inner level 0:     sum(T18)->T19, sum(T16)->T21
 // outer reductions:  sum(T37)->T38, sum(T5)->T40
 // outputs:           T36:full, T39:col, T41:col
-// 
+//
 // RowSchedule
 //   scheduler          inner_outer_persistent
 //   reason             smem-first policy: T0, T3, T4 in smem (2 stages), ~80 regs/thread, ~1 block(s)/SM
@@ -28,7 +76,7 @@
 //   reduction_bytes    4
 //   regs_estimate      80
 //   blocks_per_sm      1
-// 
+//
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
 // s_T0         32768       0    32768  row buffer T0 (BFloat16), 2 stage(s) x 1 row(s) x 8192
@@ -37,24 +85,25 @@
 // s_reduce       256   81920      256  inner-reduction scratch: 2 parities x 2 x 1 row(s) x 16 warps x 4 B
 // static slot    128  static      128  static __shared__ (magic zero)
 // total 82304 B = dynamic 82176 + static 128; limit 232448 B; headroom 150144 B; alignment 128 B
-// 
+//
 // FinalizeSchedule
 //   hidden             8192
 //   cols_per_block     16
 //   partial_lanes      32
 //   unroll             16
-// 
+//
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
-// s_lanes       8192       0     8192  2 column sum(s) x 32 lanes x 16 columns (double)
+// s_lanes_T38   4096       0     4096  the lanes' sums of T38: 32 lanes x 16 columns (double)
+// s_lanes_T40   4096    4096     4096  the lanes' sums of T40: 32 lanes x 16 columns (double)
 // static slot    128  static      128  static __shared__ (magic zero)
 // total 8320 B = dynamic 8192 + static 128; limit 232448 B; headroom 224128 B; alignment 128 B
-// 
-#include "fuser_math.cuh"
+
+#include "fuser_rows.cuh"
 
 // Each block works on 1 row(s) at a time and strides over all rows.
-// Thread x of a row owns vectors x, x + 512, ... (2 of them, 8 elements each);
-// shared row buffers are indexed the same way, so a thread only ever reads back what it copied.
+// Thread x of a row owns vectors x, x + 512, ... (2 of them, 8 element(s) each) of the row.
+// Inputs: T0, T3, T4 in smem.
 extern "C" __global__ void __launch_bounds__(512, 1)
 layernorm_bwd_row(
     const __nv_bfloat16* __restrict__ g_T0,
@@ -67,194 +116,115 @@ layernorm_bwd_row(
     float* __restrict__ g_part_T40,
     long long n_rows)
 {
-  constexpr int H = 8192;
-  constexpr int VEC = 8;
-  constexpr int NV = 1024;  // vectors per row
-  constexpr int TPR = 512;
-  constexpr int RPB = 1;
-  constexpr int BATCH = 2;
-  constexpr int STAGES = 2;
-  const int tx = threadIdx.x;
-  const int ty = threadIdx.y;
-  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int H = 8192;  // elements per row
+  constexpr int RPB = 1;  // rows per block
+  // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER: the thread's rows and vectors, and their passes
+  using Part = fm::RowPart<H, 8, 512, RPB, 2, 2, 1>;
+  const Part part;
   const int zero = fm::magic_zero();
   fm::allow_dependent_launch();  // the finalize may launch now; it waits for this grid's end
-  fm::Vec<__nv_bfloat16, VEC>* s_T0 = reinterpret_cast<fm::Vec<__nv_bfloat16, VEC>*>(smem + 0);
-  fm::Vec<__nv_bfloat16, VEC>* s_T3 = reinterpret_cast<fm::Vec<__nv_bfloat16, VEC>*>(smem + 32768);
-  fm::Vec<__nv_bfloat16, VEC>* s_T4 = reinterpret_cast<fm::Vec<__nv_bfloat16, VEC>*>(smem + 65536);
-  float* s_reduce = reinterpret_cast<float*>(smem + 81920);
-  const long long S7 = n_rows;
-  const long long S8 = static_cast<long long>(H);
-  const long long S11 = n_rows;
-  const long long S12 = static_cast<long long>(H);
+
+  // Shared memory, as planned (each buffer 128-byte aligned; the static slot is separate).
+  extern __shared__ __align__(128) unsigned char smem[];
+  // row buffer T0 (BFloat16), 2 stage(s) x 1 row(s) x 8192
+  unsigned char* const s_T0 = smem;
+  // row buffer T3 (BFloat16), 2 stage(s) x 1 row(s) x 8192
+  unsigned char* const s_T3 = smem + 32768;
+  // column buffer T4 (BFloat16) x 8192
+  unsigned char* const s_T4 = smem + 65536;
+  // inner-reduction scratch: 2 parities x 2 x 1 row(s) x 16 warps x 4 B
+  unsigned char* const s_reduce = smem + 81920;
   const long long S17 = static_cast<long long>(H);
-  const long long S23 = n_rows;
-  const long long S24 = static_cast<long long>(H);
-  const long long S28 = n_rows;
-  const long long S29 = static_cast<long long>(H);
-  const long long S32 = n_rows;
-  const long long S33 = static_cast<long long>(H);
 
-  // Column inputs kept on chip: loaded once per block.
-#pragma unroll 2
-  for (int b = 0; b < BATCH; ++b) {
-    const int j = b * TPR + tx;
-    if (j < NV) {
-      if (ty == 0) s_T4[j] = fm::load<VEC>(g_T4 + j * VEC);
-    }
-  }
-  __syncthreads();  // column buffers are shared by the block's rows
+  fm::ColumnInSmem<__nv_bfloat16, Part> T4(part, s_T4, g_T4);
+  // column reduction sum(T37) -> T38, in registers
+  fm::AccumulatorInRegisters<float, fm::Sum, Part> acc_T38(part, g_part_T38, nullptr);
+  // column reduction sum(T5) -> T40, in registers
+  fm::AccumulatorInRegisters<float, fm::Sum, Part> acc_T40(part, g_part_T40, nullptr);
+  // the row reductions: warps, then the row's warps, then the cluster's blocks
+  fm::RowReducer<float, Part, 2> reduce(s_reduce, nullptr);
+  fm::RowInSmem<__nv_bfloat16, Part, fm::Copy::VECTORS, 16384> T0(s_T0, g_T0);
+  fm::RowInSmem<__nv_bfloat16, Part, fm::Copy::VECTORS, 16384> T3(s_T3, g_T3);
+  __syncthreads();  // the column buffers are shared by the block's rows
 
-  // Column accumulators, in registers.
-  float acc_T38[BATCH][VEC];
-  float acc_T40[BATCH][VEC];
-#pragma unroll 2
-  for (int b = 0; b < BATCH; ++b) {
-    const int j = b * TPR + tx;
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-      if (j < NV) acc_T38[b][i] = float(0);
-      if (j < NV) acc_T40[b][i] = float(0);
-    }
-  }
-
-  const long long row_stride = static_cast<long long>(gridDim.x) * RPB;
-  long long row0 = static_cast<long long>(blockIdx.x) * RPB;
-  // Prologue of the two-stage pipeline: this block's first rows start loading now.
-  if (row0 + ty < n_rows) {
-#pragma unroll
-    for (int b = 0; b < BATCH; ++b) {
-      const int j = b * TPR + tx;
-      if (j < NV) {
-        fm::cp_async<VEC * sizeof(__nv_bfloat16)>(&s_T0[ty * NV + j], g_T0 + (row0 + ty) * H + j * VEC);
-        fm::cp_async<VEC * sizeof(__nv_bfloat16)>(&s_T3[ty * NV + j], g_T3 + (row0 + ty) * H + j * VEC);
-      }
-    }
-  }
+  const long long row_stride = part.row_stride();
+  long long row0 = part.first_row();
+  // Two stages: this block's first rows start loading now, each next row while one computes.
+  T0.copy(part, part.ty, row0 + part.ty, row0 + part.ty < n_rows);
+  T3.copy(part, part.ty, row0 + part.ty, row0 + part.ty < n_rows);
   fm::cp_async_commit();
-  // Per-row values load a row ahead too: loaded in the iteration that uses them, their
-  // latency would stall every row although the row buffers are already on chip.
-  float ahead_T1 = row0 + ty < n_rows ? fm::to_compute(g_T1[row0 + ty]) : float(0);
-  float ahead_T2 = row0 + ty < n_rows ? fm::to_compute(g_T2[row0 + ty]) : float(0);
+  float ahead_T1 = fm::row_value<float>(g_T1, row0 + part.ty, row0 + part.ty < n_rows);
+  float ahead_T2 = fm::row_value<float>(g_T2, row0 + part.ty, row0 + part.ty < n_rows);
   for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
-    const long long row = row0 + ty + zero;
+    const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
-    const int stage = STAGES == 2 ? (it & 1) : 0;
-    // Next rows into the other stage while this one computes.
+    const int stage = it & 1;
+    const int slot = stage * RPB + part.ty;  // this row's slot
     const long long next = row + row_stride;
-    if (next < n_rows) {
-#pragma unroll
-      for (int b = 0; b < BATCH; ++b) {
-        const int j = b * TPR + tx;
-        if (j < NV) {
-          fm::cp_async<VEC * sizeof(__nv_bfloat16)>(&s_T0[((stage ^ 1) * RPB + ty) * NV + j], g_T0 + next * H + j * VEC);
-          fm::cp_async<VEC * sizeof(__nv_bfloat16)>(&s_T3[((stage ^ 1) * RPB + ty) * NV + j], g_T3 + next * H + j * VEC);
-        }
-      }
-    }
+    T0.copy(part, (stage ^ 1) * RPB + part.ty, next, next < n_rows);
+    T3.copy(part, (stage ^ 1) * RPB + part.ty, next, next < n_rows);
     fm::cp_async_commit();
     const float row_T1 = ahead_T1;
-    ahead_T1 = next < n_rows ? fm::to_compute(g_T1[next]) : float(0);
+    ahead_T1 = fm::row_value<float>(g_T1, next, next < n_rows);
     const float row_T2 = ahead_T2;
-    ahead_T2 = next < n_rows ? fm::to_compute(g_T2[next]) : float(0);
+    ahead_T2 = fm::row_value<float>(g_T2, next, next < n_rows);
     fm::cp_async_wait<1>();
+    T0.ready(part, slot, row);
+    T3.ready(part, slot, row);
 
-    // Inner reduction level 0.
-    float row_T19 = float(0);
-    float row_T21 = float(0);
-#pragma unroll 2
-    for (int b = 0; b < BATCH; ++b) {
-      const int j = b * TPR + tx;
-      if (true) {
-        const fm::Vec<__nv_bfloat16, VEC> x_T0 = s_T0[(stage * RPB + ty) * NV + j];
-        const fm::Vec<__nv_bfloat16, VEC> x_T3 = s_T3[(stage * RPB + ty) * NV + j];
-        const fm::Vec<__nv_bfloat16, VEC> c_T4 = s_T4[j];
+    // Inner reduction level 0: sum(T18) -> T19, sum(T16) -> T21.
+    float row_T19 = fm::Sum::identity<float>();
+    float row_T21 = fm::Sum::identity<float>();
+    fm::for_each_vector(part, [&](const fm::Visit& v) {
+      const auto x_T0 = T0.at(v);
+      const auto x_T3 = T3.at(v);
+      const auto c_T4 = T4.at(v);
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) {
-          const float e_T5 = fm::to_compute(x_T3.v[i]);
-          const float e_T6 = fm::to_compute(x_T0.v[i]);
-          const float e_T10 = (e_T6 - row_T1);
-          const float e_T14 = (e_T10 * row_T2);
-          const float e_T15 = fm::to_compute(c_T4.v[i]);
-          const float e_T16 = (e_T5 * e_T15);
-          const float e_T18 = (e_T16 * e_T14);
-          row_T19 = fm::Sum{}(row_T19, e_T18);
-          row_T21 = fm::Sum{}(row_T21, e_T16);
-        }
+      for (int i = 0; i < Part::VEC; ++i) {
+        const float e_T5 = fm::to_compute(x_T3.v[i]);
+        const float e_T6 = fm::to_compute(x_T0.v[i]);
+        const float e_T10 = (e_T6 - row_T1);
+        const float e_T14 = (e_T10 * row_T2);
+        const float e_T15 = fm::to_compute(c_T4.v[i]);
+        const float e_T16 = (e_T5 * e_T15);
+        const float e_T18 = (e_T16 * e_T14);
+        row_T19 = fm::Sum{}(row_T19, e_T18);
+        row_T21 = fm::Sum{}(row_T21, e_T16);
       }
-    }
-    row_T19 = fm::warp_reduce<(TPR < 32 ? TPR : 32)>(row_T19, fm::Sum{});
-    row_T21 = fm::warp_reduce<(TPR < 32 ? TPR : 32)>(row_T21, fm::Sum{});
-    {
-      // Across the row's warps: lane 0 of each warp posts its partial, one barrier, every
-      // thread sums the row's partials. Two parities so the next level never overwrites
-      // partials that slower threads are still reading.
-      float* slot = s_reduce + ((it * 1 + 0) & 1) * (2 * RPB * (TPR / 32));
-      if ((tx & 31) == 0) {
-        slot[(0 * RPB + ty) * (TPR / 32) + tx / 32] = row_T19;
-        slot[(1 * RPB + ty) * (TPR / 32) + tx / 32] = row_T21;
-      }
-      __syncthreads();
-      row_T19 = slot[(0 * RPB + ty) * (TPR / 32)];
-#pragma unroll
-      for (int w = 1; w < TPR / 32; ++w) {
-        row_T19 = fm::Sum{}(row_T19, slot[(0 * RPB + ty) * (TPR / 32) + w]);
-      }
-      row_T21 = slot[(1 * RPB + ty) * (TPR / 32)];
-#pragma unroll
-      for (int w = 1; w < TPR / 32; ++w) {
-        row_T21 = fm::Sum{}(row_T21, slot[(1 * RPB + ty) * (TPR / 32) + w]);
-      }
-    }
+    });
+    reduce(part, fm::reduced(row_T19, fm::Sum{}), fm::reduced(row_T21, fm::Sum{}));
     const float row_T20 = (row_T19 / static_cast<float>(S17));
     const float row_T22 = (row_T21 / static_cast<float>(S17));
 
     // Outputs of the row and the column accumulators.
-#pragma unroll 2
-    for (int b = 0; b < BATCH; ++b) {
-      const int j = b * TPR + tx;
-      if (true) {
-        const fm::Vec<__nv_bfloat16, VEC> x_T0 = s_T0[(stage * RPB + ty) * NV + j];
-        const fm::Vec<__nv_bfloat16, VEC> x_T3 = s_T3[(stage * RPB + ty) * NV + j];
-        const fm::Vec<__nv_bfloat16, VEC> c_T4 = s_T4[j];
-        fm::Vec<__nv_bfloat16, VEC> o_T36;
+    fm::for_each_vector(part, [&](const fm::Visit& v) {
+      const auto x_T0 = T0.at(v);
+      const auto x_T3 = T3.at(v);
+      const auto c_T4 = T4.at(v);
+      fm::Vec<__nv_bfloat16, Part::VEC> o_T36;
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) {
-          const float e_T5 = fm::to_compute(x_T3.v[i]);
-          const float e_T6 = fm::to_compute(x_T0.v[i]);
-          const float e_T10 = (e_T6 - row_T1);
-          const float e_T14 = (e_T10 * row_T2);
-          const float e_T15 = fm::to_compute(c_T4.v[i]);
-          const float e_T16 = (e_T5 * e_T15);
-          const float e_T26 = (e_T14 * row_T20);
-          const float e_T27 = (e_T16 - e_T26);
-          const float e_T31 = (e_T27 - row_T22);
-          const float e_T35 = (e_T31 * row_T2);
-          const float e_T36 = fm::round_bf16(e_T35);
-          const float e_T37 = (e_T5 * e_T14);
-          o_T36.v[i] = fm::to_storage<__nv_bfloat16>(e_T36);
-          if (valid) acc_T38[b][i] = fm::Sum{}(acc_T38[b][i], e_T37);
-          if (valid) acc_T40[b][i] = fm::Sum{}(acc_T40[b][i], e_T5);
-        }
-        if (valid) fm::store<VEC>(g_T36 + row * H + j * VEC, o_T36);
+      for (int i = 0; i < Part::VEC; ++i) {
+        const float e_T5 = fm::to_compute(x_T3.v[i]);
+        const float e_T6 = fm::to_compute(x_T0.v[i]);
+        const float e_T10 = (e_T6 - row_T1);
+        const float e_T14 = (e_T10 * row_T2);
+        const float e_T15 = fm::to_compute(c_T4.v[i]);
+        const float e_T16 = (e_T5 * e_T15);
+        const float e_T26 = (e_T14 * row_T20);
+        const float e_T27 = (e_T16 - e_T26);
+        const float e_T31 = (e_T27 - row_T22);
+        const float e_T35 = (e_T31 * row_T2);
+        const float e_T36 = fm::round_bf16(e_T35);
+        const float e_T37 = (e_T5 * e_T14);
+        o_T36.v[i] = fm::to_storage<__nv_bfloat16>(e_T36);
+        if (valid) acc_T38.add(v, i, e_T37);
+        if (valid) acc_T40.add(v, i, e_T5);
       }
-    }
+      if (valid) fm::store<Part::VEC>(g_T36 + row * H + v.j * Part::VEC, o_T36);
+    });
   }
-
-  // One partial row per block: the finalize kernel sums them per column.
-  if (ty == 0) {
-#pragma unroll
-    for (int b = 0; b < BATCH; ++b) {
-      const int j = b * TPR + tx;
-      if (j < NV) {
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) {
-          g_part_T38[static_cast<long long>(blockIdx.x) * H + j * VEC + i] = acc_T38[b][i];
-          g_part_T40[static_cast<long long>(blockIdx.x) * H + j * VEC + i] = acc_T40[b][i];
-        }
-      }
-    }
-  }
+  acc_T38.finish(part);  // this block's partial row of T38
+  acc_T40.finish(part);  // this block's partial row of T40
 }
 
 // Column finalize: sums the [partial_rows, H] partials of each outer reduction per column, in a
@@ -277,39 +247,34 @@ layernorm_bwd_finalize(
   const int col = blockIdx.x * COLS + threadIdx.x;
   fm::wait_for_prior_grid();  // the row kernel's partial rows are complete past this point
   extern __shared__ __align__(128) unsigned char smem[];
-  double* s_lanes = reinterpret_cast<double*>(smem + 0);
-  double sum_T38 = 0;
-  double sum_T40 = 0;
+  // the lanes' sums of T38: 32 lanes x 16 columns (double)
+  double* const s_lanes_T38 = reinterpret_cast<double*>(smem);
+  // the lanes' sums of T40: 32 lanes x 16 columns (double)
+  double* const s_lanes_T40 = reinterpret_cast<double*>(smem + 4096);
+  double total_T38 = fm::Sum::identity<double>();
+  double total_T40 = fm::Sum::identity<double>();
   if (col < H) {
 #pragma unroll 16
     for (int p = lane; p < partial_rows; p += LANES) {
-      sum_T38 = fm::Sum{}(sum_T38, static_cast<double>(g_part_T38[static_cast<long long>(p) * H + col]));
-      sum_T40 = fm::Sum{}(sum_T40, static_cast<double>(g_part_T40[static_cast<long long>(p) * H + col]));
+      const long long at = static_cast<long long>(p) * H + col;
+      total_T38 = fm::Sum{}(total_T38, static_cast<double>(g_part_T38[at]));
+      total_T40 = fm::Sum{}(total_T40, static_cast<double>(g_part_T40[at]));
     }
   }
-  s_lanes[(0 * LANES + lane) * COLS + threadIdx.x] = sum_T38;
-  s_lanes[(1 * LANES + lane) * COLS + threadIdx.x] = sum_T40;
+  s_lanes_T38[lane * COLS + threadIdx.x] = total_T38;
+  s_lanes_T40[lane * COLS + threadIdx.x] = total_T40;
   __syncthreads();
   if (lane != 0 || col >= H) return;
   for (int l = 1; l < LANES; ++l) {
-    sum_T38 = fm::Sum{}(sum_T38, s_lanes[(0 * LANES + l) * COLS + threadIdx.x]);
+    const double lane_total = s_lanes_T38[l * COLS + threadIdx.x];
+    total_T38 = fm::Sum{}(total_T38, lane_total);
   }
-  const float tot_T38 = static_cast<float>(sum_T38);
+  const float tot_T38 = static_cast<float>(total_T38);
   for (int l = 1; l < LANES; ++l) {
-    sum_T40 = fm::Sum{}(sum_T40, s_lanes[(1 * LANES + l) * COLS + threadIdx.x]);
+    const double lane_total = s_lanes_T40[l * COLS + threadIdx.x];
+    total_T40 = fm::Sum{}(total_T40, lane_total);
   }
-  const float tot_T40 = static_cast<float>(sum_T40);
-  const long long S7 = n_rows;
-  const long long S8 = static_cast<long long>(H);
-  const long long S11 = n_rows;
-  const long long S12 = static_cast<long long>(H);
-  const long long S17 = static_cast<long long>(H);
-  const long long S23 = n_rows;
-  const long long S24 = static_cast<long long>(H);
-  const long long S28 = n_rows;
-  const long long S29 = static_cast<long long>(H);
-  const long long S32 = n_rows;
-  const long long S33 = static_cast<long long>(H);
+  const float tot_T40 = static_cast<float>(total_T40);
   const float c_T39 = fm::round_bf16(tot_T38);
   const float c_T41 = fm::round_bf16(tot_T40);
   g_T39[col] = fm::to_storage<__nv_bfloat16>(c_T39);

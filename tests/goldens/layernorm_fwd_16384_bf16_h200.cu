@@ -1,5 +1,46 @@
 // fuser kernel module for fusion 'layernorm_fwd' (templates <templates>)
-// 
+//
+// The fusion, lowered to primitives (Python that rebuilds it):
+// def define_fusion(fd: FusionDefinition) -> None:
+//     T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
+//     T1 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.BFloat16)
+//     T2 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.BFloat16)
+//     T3 = fd.ops.cast(T0, dtype=DataType.Float)
+//     S4 = fd.ops.size(T3, dim=1)
+//     T5 = fd.ops.sum(T3, dims=[1], keepdim=False, dtype=DataType.Float)
+//     T6 = fd.ops.div(T5, S4)
+//     S7 = fd.ops.size(T3, dim=0)
+//     S8 = fd.ops.size(T3, dim=1)
+//     T9 = fd.ops.broadcast_in_dim(T6, shape=[S7, S8], broadcast_dims=[0])
+//     T10 = fd.ops.sub(T3, T9)
+//     T11 = fd.ops.mul(T10, T10)
+//     S12 = fd.define_scalar(0, dtype=DataType.Int64)
+//     S13 = fd.ops.sub(S4, S12)
+//     T14 = fd.ops.sum(T11, dims=[1], keepdim=False, dtype=DataType.Float)
+//     T15 = fd.ops.div(T14, S13)
+//     S16 = fd.ops.size(T3, dim=0)
+//     T17 = fd.ops.broadcast_in_dim(T15, shape=[S16, 1], broadcast_dims=[0])
+//     T18 = fd.ops.broadcast_in_dim(T6, shape=[S16, 1], broadcast_dims=[0])
+//     S19 = fd.define_scalar(1e-05, dtype=DataType.Double)
+//     T20 = fd.ops.add(T17, S19)
+//     T21 = fd.ops.rsqrt(T20)
+//     S22 = fd.ops.size(T0, dim=0)
+//     S23 = fd.ops.size(T0, dim=1)
+//     T24 = fd.ops.broadcast_in_dim(T18, shape=[S22, S23], broadcast_dims=[0, 1])
+//     T25 = fd.ops.sub(T3, T24)
+//     S26 = fd.ops.size(T0, dim=0)
+//     S27 = fd.ops.size(T0, dim=1)
+//     T28 = fd.ops.broadcast_in_dim(T21, shape=[S26, S27], broadcast_dims=[0, 1])
+//     T29 = fd.ops.mul(T25, T28)
+//     T30 = fd.ops.cast(T1, dtype=DataType.Float)
+//     T31 = fd.ops.mul(T29, T30)
+//     T32 = fd.ops.cast(T2, dtype=DataType.Float)
+//     T33 = fd.ops.add(T31, T32)
+//     T34 = fd.ops.cast(T33, dtype=DataType.BFloat16)
+//     fd.add_output(T34)
+//     fd.add_output(T18)
+//     fd.add_output(T21)
+//
 // kind:              inner reduction
 // full inputs:       T0:BFloat16
 // row inputs:        -
@@ -9,7 +50,7 @@
 // inner level 0:     sum(T3)->T5
 // inner level 1:     sum(T11)->T14
 // outputs:           T34:full, T18:row, T21:row
-// 
+//
 // RowSchedule
 //   scheduler          inner_persistent
 //   reason             registers-first policy: T0, T1, T2 in smem (2 stages), ~48 regs/thread, ~1 block(s)/SM
@@ -28,7 +69,7 @@
 //   reduction_bytes    4
 //   regs_estimate      48
 //   blocks_per_sm      1
-// 
+//
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
 // s_T0         65536       0    65536  row buffer T0 (BFloat16), 2 stage(s) x 1 row(s) x 16384
@@ -37,12 +78,12 @@
 // s_reduce       128  131072      128  inner-reduction scratch: 2 parities x 1 x 1 row(s) x 16 warps x 4 B
 // static slot    128  static      128  static __shared__ (magic zero)
 // total 131328 B = dynamic 131200 + static 128; limit 232448 B; headroom 101120 B; alignment 128 B
-// 
-#include "fuser_math.cuh"
+
+#include "fuser_rows.cuh"
 
 // Each block works on 1 row(s) at a time and strides over all rows.
-// Thread x of a row owns vectors x, x + 512, ... (4 of them, 8 elements each);
-// shared row buffers are indexed the same way, so a thread only ever reads back what it copied.
+// Thread x of a row owns vectors x, x + 512, ... (4 of them, 8 element(s) each) of the row.
+// Inputs: T0, T1, T2 in smem.
 extern "C" __global__ void __launch_bounds__(512, 1)
 layernorm_fwd_row(
     const __nv_bfloat16* __restrict__ g_T0,
@@ -53,175 +94,102 @@ layernorm_fwd_row(
     float* __restrict__ g_T21,
     long long n_rows)
 {
-  constexpr int H = 16384;
-  constexpr int VEC = 8;
-  constexpr int NV = 2048;  // vectors per row
-  constexpr int TPR = 512;
-  constexpr int RPB = 1;
-  constexpr int BATCH = 4;
-  constexpr int STAGES = 2;
-  const int tx = threadIdx.x;
-  const int ty = threadIdx.y;
-  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int H = 16384;  // elements per row
+  constexpr int RPB = 1;  // rows per block
+  // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER: the thread's rows and vectors, and their passes
+  using Part = fm::RowPart<H, 8, 512, RPB, 4, 4, 1>;
+  const Part part;
   const int zero = fm::magic_zero();
-  fm::Vec<__nv_bfloat16, VEC>* s_T0 = reinterpret_cast<fm::Vec<__nv_bfloat16, VEC>*>(smem + 0);
-  fm::Vec<__nv_bfloat16, VEC>* s_T1 = reinterpret_cast<fm::Vec<__nv_bfloat16, VEC>*>(smem + 65536);
-  fm::Vec<__nv_bfloat16, VEC>* s_T2 = reinterpret_cast<fm::Vec<__nv_bfloat16, VEC>*>(smem + 98304);
-  float* s_reduce = reinterpret_cast<float*>(smem + 131072);
+
+  // Shared memory, as planned (each buffer 128-byte aligned; the static slot is separate).
+  extern __shared__ __align__(128) unsigned char smem[];
+  // row buffer T0 (BFloat16), 2 stage(s) x 1 row(s) x 16384
+  unsigned char* const s_T0 = smem;
+  // column buffer T1 (BFloat16) x 16384
+  unsigned char* const s_T1 = smem + 65536;
+  // column buffer T2 (BFloat16) x 16384
+  unsigned char* const s_T2 = smem + 98304;
+  // inner-reduction scratch: 2 parities x 1 x 1 row(s) x 16 warps x 4 B
+  unsigned char* const s_reduce = smem + 131072;
   const long long S4 = static_cast<long long>(H);
-  const long long S7 = n_rows;
-  const long long S8 = static_cast<long long>(H);
   const long long S12 = 0LL;
-  const long long S16 = n_rows;
   const double S19 = 1e-05;
-  const long long S22 = n_rows;
-  const long long S23 = static_cast<long long>(H);
-  const long long S26 = n_rows;
-  const long long S27 = static_cast<long long>(H);
   const long long S13 = (S4 - S12);
 
-  // Column inputs kept on chip: loaded once per block.
-#pragma unroll 4
-  for (int b = 0; b < BATCH; ++b) {
-    const int j = b * TPR + tx;
-    if (j < NV) {
-      if (ty == 0) s_T1[j] = fm::load<VEC>(g_T1 + j * VEC);
-      if (ty == 0) s_T2[j] = fm::load<VEC>(g_T2 + j * VEC);
-    }
-  }
-  __syncthreads();  // column buffers are shared by the block's rows
+  fm::ColumnInSmem<__nv_bfloat16, Part> T1(part, s_T1, g_T1);
+  fm::ColumnInSmem<__nv_bfloat16, Part> T2(part, s_T2, g_T2);
+  // the row reductions: warps, then the row's warps, then the cluster's blocks
+  fm::RowReducer<float, Part, 1> reduce(s_reduce, nullptr);
+  fm::RowInSmem<__nv_bfloat16, Part, fm::Copy::VECTORS, 32768> T0(s_T0, g_T0);
+  __syncthreads();  // the column buffers are shared by the block's rows
 
-
-  const long long row_stride = static_cast<long long>(gridDim.x) * RPB;
-  long long row0 = static_cast<long long>(blockIdx.x) * RPB;
-  // Prologue of the two-stage pipeline: this block's first rows start loading now.
-  if (row0 + ty < n_rows) {
-#pragma unroll
-    for (int b = 0; b < BATCH; ++b) {
-      const int j = b * TPR + tx;
-      if (j < NV) {
-        fm::cp_async<VEC * sizeof(__nv_bfloat16)>(&s_T0[ty * NV + j], g_T0 + (row0 + ty) * H + j * VEC);
-      }
-    }
-  }
+  const long long row_stride = part.row_stride();
+  long long row0 = part.first_row();
+  // Two stages: this block's first rows start loading now, each next row while one computes.
+  T0.copy(part, part.ty, row0 + part.ty, row0 + part.ty < n_rows);
   fm::cp_async_commit();
-  // Per-row values load a row ahead too: loaded in the iteration that uses them, their
-  // latency would stall every row although the row buffers are already on chip.
   for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
-    const long long row = row0 + ty + zero;
+    const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
-    const int stage = STAGES == 2 ? (it & 1) : 0;
-    // Next rows into the other stage while this one computes.
+    const int stage = it & 1;
+    const int slot = stage * RPB + part.ty;  // this row's slot
     const long long next = row + row_stride;
-    if (next < n_rows) {
-#pragma unroll
-      for (int b = 0; b < BATCH; ++b) {
-        const int j = b * TPR + tx;
-        if (j < NV) {
-          fm::cp_async<VEC * sizeof(__nv_bfloat16)>(&s_T0[((stage ^ 1) * RPB + ty) * NV + j], g_T0 + next * H + j * VEC);
-        }
-      }
-    }
+    T0.copy(part, (stage ^ 1) * RPB + part.ty, next, next < n_rows);
     fm::cp_async_commit();
     fm::cp_async_wait<1>();
+    T0.ready(part, slot, row);
 
-    // Inner reduction level 0.
-    float row_T5 = float(0);
-#pragma unroll 4
-    for (int b = 0; b < BATCH; ++b) {
-      const int j = b * TPR + tx;
-      if (true) {
-        const fm::Vec<__nv_bfloat16, VEC> x_T0 = s_T0[(stage * RPB + ty) * NV + j];
-        const fm::Vec<__nv_bfloat16, VEC> c_T1 = s_T1[j];
-        const fm::Vec<__nv_bfloat16, VEC> c_T2 = s_T2[j];
+    // Inner reduction level 0: sum(T3) -> T5.
+    float row_T5 = fm::Sum::identity<float>();
+    fm::for_each_vector(part, [&](const fm::Visit& v) {
+      const auto x_T0 = T0.at(v);
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) {
-          const float e_T3 = fm::to_compute(x_T0.v[i]);
-          row_T5 = fm::Sum{}(row_T5, e_T3);
-        }
+      for (int i = 0; i < Part::VEC; ++i) {
+        const float e_T3 = fm::to_compute(x_T0.v[i]);
+        row_T5 = fm::Sum{}(row_T5, e_T3);
       }
-    }
-    row_T5 = fm::warp_reduce<(TPR < 32 ? TPR : 32)>(row_T5, fm::Sum{});
-    {
-      // Across the row's warps: lane 0 of each warp posts its partial, one barrier, every
-      // thread sums the row's partials. Two parities so the next level never overwrites
-      // partials that slower threads are still reading.
-      float* slot = s_reduce + ((it * 2 + 0) & 1) * (1 * RPB * (TPR / 32));
-      if ((tx & 31) == 0) {
-        slot[(0 * RPB + ty) * (TPR / 32) + tx / 32] = row_T5;
-      }
-      __syncthreads();
-      row_T5 = slot[(0 * RPB + ty) * (TPR / 32)];
-#pragma unroll
-      for (int w = 1; w < TPR / 32; ++w) {
-        row_T5 = fm::Sum{}(row_T5, slot[(0 * RPB + ty) * (TPR / 32) + w]);
-      }
-    }
+    });
+    reduce(part, fm::reduced(row_T5, fm::Sum{}));
     const float row_T6 = (row_T5 / static_cast<float>(S4));
 
-    // Inner reduction level 1.
-    float row_T14 = float(0);
-#pragma unroll 4
-    for (int b = 0; b < BATCH; ++b) {
-      const int j = b * TPR + tx;
-      if (true) {
-        const fm::Vec<__nv_bfloat16, VEC> x_T0 = s_T0[(stage * RPB + ty) * NV + j];
-        const fm::Vec<__nv_bfloat16, VEC> c_T1 = s_T1[j];
-        const fm::Vec<__nv_bfloat16, VEC> c_T2 = s_T2[j];
+    // Inner reduction level 1: sum(T11) -> T14.
+    float row_T14 = fm::Sum::identity<float>();
+    fm::for_each_vector(part, [&](const fm::Visit& v) {
+      const auto x_T0 = T0.at(v);
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) {
-          const float e_T3 = fm::to_compute(x_T0.v[i]);
-          const float e_T10 = (e_T3 - row_T6);
-          const float e_T11 = (e_T10 * e_T10);
-          row_T14 = fm::Sum{}(row_T14, e_T11);
-        }
+      for (int i = 0; i < Part::VEC; ++i) {
+        const float e_T3 = fm::to_compute(x_T0.v[i]);
+        const float e_T10 = (e_T3 - row_T6);
+        const float e_T11 = (e_T10 * e_T10);
+        row_T14 = fm::Sum{}(row_T14, e_T11);
       }
-    }
-    row_T14 = fm::warp_reduce<(TPR < 32 ? TPR : 32)>(row_T14, fm::Sum{});
-    {
-      // Across the row's warps: lane 0 of each warp posts its partial, one barrier, every
-      // thread sums the row's partials. Two parities so the next level never overwrites
-      // partials that slower threads are still reading.
-      float* slot = s_reduce + ((it * 2 + 1) & 1) * (1 * RPB * (TPR / 32));
-      if ((tx & 31) == 0) {
-        slot[(0 * RPB + ty) * (TPR / 32) + tx / 32] = row_T14;
-      }
-      __syncthreads();
-      row_T14 = slot[(0 * RPB + ty) * (TPR / 32)];
-#pragma unroll
-      for (int w = 1; w < TPR / 32; ++w) {
-        row_T14 = fm::Sum{}(row_T14, slot[(0 * RPB + ty) * (TPR / 32) + w]);
-      }
-    }
+    });
+    reduce(part, fm::reduced(row_T14, fm::Sum{}));
     const float row_T15 = (row_T14 / static_cast<float>(S13));
     const float row_T20 = (row_T15 + static_cast<float>(S19));
     const float row_T21 = fm::rsqrt(row_T20);
 
     // Outputs of the row.
-#pragma unroll 4
-    for (int b = 0; b < BATCH; ++b) {
-      const int j = b * TPR + tx;
-      if (true) {
-        const fm::Vec<__nv_bfloat16, VEC> x_T0 = s_T0[(stage * RPB + ty) * NV + j];
-        const fm::Vec<__nv_bfloat16, VEC> c_T1 = s_T1[j];
-        const fm::Vec<__nv_bfloat16, VEC> c_T2 = s_T2[j];
-        fm::Vec<__nv_bfloat16, VEC> o_T34;
+    fm::for_each_vector(part, [&](const fm::Visit& v) {
+      const auto x_T0 = T0.at(v);
+      const auto c_T1 = T1.at(v);
+      const auto c_T2 = T2.at(v);
+      fm::Vec<__nv_bfloat16, Part::VEC> o_T34;
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) {
-          const float e_T3 = fm::to_compute(x_T0.v[i]);
-          const float e_T25 = (e_T3 - row_T6);
-          const float e_T29 = (e_T25 * row_T21);
-          const float e_T30 = fm::to_compute(c_T1.v[i]);
-          const float e_T31 = (e_T29 * e_T30);
-          const float e_T32 = fm::to_compute(c_T2.v[i]);
-          const float e_T33 = (e_T31 + e_T32);
-          const float e_T34 = fm::round_bf16(e_T33);
-          o_T34.v[i] = fm::to_storage<__nv_bfloat16>(e_T34);
-        }
-        if (valid) fm::store_vector<VEC>(g_T34 + row * H + j * VEC, o_T34);
+      for (int i = 0; i < Part::VEC; ++i) {
+        const float e_T3 = fm::to_compute(x_T0.v[i]);
+        const float e_T25 = (e_T3 - row_T6);
+        const float e_T29 = (e_T25 * row_T21);
+        const float e_T30 = fm::to_compute(c_T1.v[i]);
+        const float e_T31 = (e_T29 * e_T30);
+        const float e_T32 = fm::to_compute(c_T2.v[i]);
+        const float e_T33 = (e_T31 + e_T32);
+        const float e_T34 = fm::round_bf16(e_T33);
+        o_T34.v[i] = fm::to_storage<__nv_bfloat16>(e_T34);
       }
-    }
-    if (valid && tx == 0) g_T18[row] = fm::to_storage<float>(row_T6);
-    if (valid && tx == 0) g_T21[row] = fm::to_storage<float>(row_T21);
+      if (valid) fm::store_vector<Part::VEC>(g_T34 + row * H + v.j * Part::VEC, o_T34);
+    });
+    if (valid && part.writes_row_values()) g_T18[row] = fm::to_storage<float>(row_T6);
+    if (valid && part.writes_row_values()) g_T21[row] = fm::to_storage<float>(row_T21);
   }
 }

@@ -1,5 +1,38 @@
 // fuser kernel module for fusion 'rmsnorm_bwd' (templates <templates>)
-// 
+//
+// The fusion, lowered to primitives (Python that rebuilds it):
+// def define_fusion(fd: FusionDefinition) -> None:
+//     T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
+//     T1 = fd.define_tensor(shape=[-1, 1], contiguity=[True, None], dtype=DataType.Float)
+//     T2 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
+//     T3 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.BFloat16)
+//     T4 = fd.ops.cast(T0, dtype=DataType.Float)
+//     S5 = fd.ops.size(T0, dim=0)
+//     S6 = fd.ops.size(T0, dim=1)
+//     T7 = fd.ops.broadcast_in_dim(T1, shape=[S5, S6], broadcast_dims=[0, 1])
+//     T8 = fd.ops.reciprocal(T7)
+//     T9 = fd.ops.cast(T2, dtype=DataType.Float)
+//     T10 = fd.ops.cast(T3, dtype=DataType.Float)
+//     T11 = fd.ops.mul(T9, T10)
+//     T12 = fd.ops.mul(T4, T8)
+//     T13 = fd.ops.mul(T11, T12)
+//     T14 = fd.ops.sum(T13, dims=[1], keepdim=True, dtype=DataType.Float)
+//     S15 = fd.ops.size(T0, dim=1)
+//     T16 = fd.ops.div(T14, S15)
+//     S17 = fd.ops.size(T0, dim=0)
+//     S18 = fd.ops.size(T0, dim=1)
+//     T19 = fd.ops.broadcast_in_dim(T16, shape=[S17, S18], broadcast_dims=[0, 1])
+//     T20 = fd.ops.mul(T12, T19)
+//     T21 = fd.ops.sub(T11, T20)
+//     T22 = fd.ops.mul(T21, T8)
+//     T23 = fd.ops.cast(T2, dtype=DataType.Float)
+//     T24 = fd.ops.mul(T23, T12)
+//     T25 = fd.ops.sum(T24, dims=[0], keepdim=False, dtype=DataType.Float)
+//     T26 = fd.ops.cast(T22, dtype=DataType.BFloat16)
+//     T27 = fd.ops.cast(T25, dtype=DataType.BFloat16)
+//     fd.add_output(T26)
+//     fd.add_output(T27)
+//
 // kind:              inner + outer reduction
 // full inputs:       T0:BFloat16, T2:BFloat16
 // row inputs:        T1:Float
@@ -9,10 +42,12 @@
 // inner level 0:     sum(T13)->T14
 // outer reductions:  sum(T24)->T25
 // outputs:           T26:full, T27:col
-// 
+//
 // RowSchedule
 //   scheduler          inner_outer_persistent
-//   reason             smem-first policy: only the staging ring in smem, T3 re-read each pass, T0, T2 re-read each pass through a staging ring (cp.async, 4 slots x 16 chunk(s)), column accumulators in global, ~48 regs/thread, ~1 block(s)/SM (1 block(s) cannot keep the row on chip)
+//   reason             smem-first policy: only the staging ring in smem, T3 re-read each pass, T0, T2 re-read each pass
+//       through a staging ring (cp.async, 4 slots x 16 chunk(s)), column accumulators in global, ~48 regs/thread, ~1
+//       block(s)/SM (1 block(s) cannot keep the row on chip)
 //   hidden             131072
 //   vec                8
 //   threads_per_row    1024
@@ -25,11 +60,12 @@
 //   aligned_copy       False
 //   placements         T0:BFloat16->ring, T2:BFloat16->ring, T3:BFloat16->global
 //   accumulators       global
-//   ring               T0, T2 by cp.async: 4 slots, 16 chunk(s) of 8192 elements (tail 8192) per pass, 2 pass(es) per row
+//   ring               T0, T2 by cp.async: 4 slots, 16 chunk(s) of 8192 elements (tail 8192) per pass, 2 pass(es) per
+//       row
 //   reduction_bytes    4
 //   regs_estimate      48
 //   blocks_per_sm      1
-// 
+//
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
 // s_ring_T0    65536       0    65536  staging ring T0: 4 slots x 8192 elements, 16 chunk(s) per pass, tail 8192
@@ -37,25 +73,24 @@
 // s_reduce       256  131072      256  inner-reduction scratch: 2 parities x 1 x 1 row(s) x 32 warps x 4 B
 // static slot    128  static      128  static __shared__ (magic zero)
 // total 131456 B = dynamic 131328 + static 128; limit 166912 B; headroom 35456 B; alignment 128 B
-// 
+//
 // FinalizeSchedule
 //   hidden             131072
 //   cols_per_block     32
 //   partial_lanes      16
 //   unroll             16
-// 
+//
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
-// s_lanes       4096       0     4096  1 column sum(s) x 16 lanes x 32 columns (double)
+// s_lanes_T25   4096       0     4096  the lanes' sums of T25: 16 lanes x 32 columns (double)
 // static slot    128  static      128  static __shared__ (magic zero)
 // total 4224 B = dynamic 4096 + static 128; limit 166912 B; headroom 162688 B; alignment 128 B
-// 
-#include "fuser_math.cuh"
+
+#include "fuser_rows.cuh"
 
 // Each block works on 1 row(s) at a time and strides over all rows.
-// Thread x of a row owns vectors x, x + 1024, ... (16 of them, 8 elements each);
-// row buffers in the staging ring are read chunk by chunk from its slots, after the chunk
-// has landed (each thread its own vectors, by cp.async).
+// Thread x of a row owns vectors x, x + 1024, ... (16 of them, 8 element(s) each) of the row.
+// Inputs: T3 in global; T0, T2 in ring.
 extern "C" __global__ void __launch_bounds__(1024, 1)
 rmsnorm_bwd_row(
     const __nv_bfloat16* __restrict__ g_T0,
@@ -66,174 +101,93 @@ rmsnorm_bwd_row(
     float* __restrict__ g_part_T25,
     long long n_rows)
 {
-  constexpr int H = 131072;
-  constexpr int VEC = 8;
-  constexpr int NV = 16384;  // vectors per row
-  constexpr int TPR = 1024;
-  constexpr int RPB = 1;
-  constexpr int BATCH = 16;
-  constexpr int STAGES = 1;
-  const int tx = threadIdx.x;
-  const int ty = threadIdx.y;
-  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int H = 131072;  // elements per row
+  constexpr int RPB = 1;  // rows per block
+  // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER: the thread's rows and vectors, and their passes
+  using Part = fm::RowPart<H, 8, 1024, RPB, 16, 1, 1>;
+  const Part part;
   const int zero = fm::magic_zero();
   fm::allow_dependent_launch();  // the finalize may launch now; it waits for this grid's end
-  float* s_reduce = reinterpret_cast<float*>(smem + 131072);
-  // Staging ring: T0, T2 by cp.async: 4 slots, 16 chunk(s) of 8192 elements (tail 8192) per pass, 2 pass(es) per row.
-  // Every pass over a row reads its chunks in turn; the block's q-th chunk read goes through
-  // slot q % RING_DEPTH, where it was copied RING_DEPTH chunks earlier.
-  constexpr int RING_DEPTH = 4;
-  constexpr int RING_UNITS = 1;  // vectors per thread per chunk
-  constexpr int RING_CV = 1024;  // vectors per chunk: RING_UNITS x TPR
-  constexpr int RING_CHUNKS = 16;  // chunks per pass: BATCH / RING_UNITS
-  constexpr int RING_PASSES = 2;  // passes per row
-  fm::Vec<__nv_bfloat16, VEC>* ring_T0 = reinterpret_cast<fm::Vec<__nv_bfloat16, VEC>*>(smem + 0);  // slots 1024 vectors apart
-  fm::Vec<__nv_bfloat16, VEC>* ring_T2 = reinterpret_cast<fm::Vec<__nv_bfloat16, VEC>*>(smem + 65536);  // slots 1024 vectors apart
-  const long long S5 = n_rows;
-  const long long S6 = static_cast<long long>(H);
+
+  // Shared memory, as planned (each buffer 128-byte aligned; the static slot is separate).
+  extern __shared__ __align__(128) unsigned char smem[];
+  // staging ring T0: 4 slots x 8192 elements, 16 chunk(s) per pass, tail 8192
+  unsigned char* const s_ring_T0 = smem;
+  // staging ring T2: 4 slots x 8192 elements, 16 chunk(s) per pass, tail 8192
+  unsigned char* const s_ring_T2 = smem + 65536;
+  // inner-reduction scratch: 2 parities x 1 x 1 row(s) x 32 warps x 4 B
+  unsigned char* const s_reduce = smem + 131072;
   const long long S15 = static_cast<long long>(H);
-  const long long S17 = n_rows;
-  const long long S18 = static_cast<long long>(H);
 
-  // Column inputs kept on chip: loaded once per block.
-#pragma unroll 1
-  for (int b = 0; b < BATCH; ++b) {
-    const int j = b * TPR + tx;
-    if (j < NV) {
-    }
-  }
+  fm::ColumnInGlobal<__nv_bfloat16, Part> T3(g_T3);
+  // column reduction sum(T24) -> T25, in global
+  fm::AccumulatorInGlobal<float, fm::Sum, Part> acc_T25(part, g_part_T25);
+  // the row reductions: warps, then the row's warps, then the cluster's blocks
+  fm::RowReducer<float, Part, 1> reduce(s_reduce, nullptr);
+  // staging ring: T0, T2 by cp.async: 4 slots, 16 chunk(s) of 8192 elements (tail 8192) per pass, 2 pass(es) per row
+  fm::StagingRing<Part, false, 4, 1, 16, 2, 32> ring(nullptr, part);
+  fm::RowInRing<__nv_bfloat16, Part, false, 1024> T0(s_ring_T0, g_T0);
+  fm::RowInRing<__nv_bfloat16, Part, false, 1024> T2(s_ring_T2, g_T2);
 
-  // Column accumulators, in this block's partial rows of the workspace (each thread its own slots).
-#pragma unroll 1
-  for (int b = 0; b < BATCH; ++b) {
-    const int j = b * TPR + tx;
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-      if (j < NV) g_part_T25[(static_cast<long long>(blockIdx.x) * RPB + ty) * H + j * VEC + i] = float(0);
-    }
-  }
-
-  const long long row_stride = static_cast<long long>(gridDim.x) * RPB;
-  long long row0 = static_cast<long long>(blockIdx.x) * RPB;
-  // Copies the block's q-th chunk into slot q % RING_DEPTH: chunk q % RING_CHUNKS of its row
-  // q / (RING_CHUNKS * RING_PASSES) (every pass reads the row again); nothing past the last row.
-  const long long ring_row0 = row0;
-  auto ring_fill = [&](int q) {
-    const long long r = ring_row0 + static_cast<long long>(q / (RING_CHUNKS * RING_PASSES)) * row_stride;
-    const int c = q % RING_CHUNKS;
-    const int k = q % RING_DEPTH;
-    const int vectors = max(0, min(RING_CV, (NV - 0) - c * RING_CV));  // StagingRing.spans: the tail chunk holds fewer
-    if (r >= n_rows) return;
-#pragma unroll
-    for (int u = 0; u < RING_UNITS; ++u) {
-      const int v = u * TPR + tx;
-      if (v < vectors) {
-        fm::cp_async<VEC * sizeof(__nv_bfloat16)>(&ring_T0[k * 1024 + v], g_T0 + r * H + (0 + c * RING_CV + v) * VEC);
-        fm::cp_async<VEC * sizeof(__nv_bfloat16)>(&ring_T2[k * 1024 + v], g_T2 + r * H + (0 + c * RING_CV + v) * VEC);
-      }
-    }
+  const long long row_stride = part.row_stride();
+  long long row0 = part.first_row();
+  auto ring_fill = [&](const fm::RingChunk& chunk) {  // chunk's copies into its slot
+    T0.fill(part, chunk, ring);
+    T2.fill(part, chunk, ring);
   };
-  int ring_q = 0;  // chunks this block has read
-  for (int q = 0; q < RING_DEPTH; ++q) {
-    ring_fill(q);  // this thread's vectors of the first RING_DEPTH chunks
-    fm::cp_async_commit();
-  }
+  ring.start(part, n_rows, ring_fill);
   for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
-    const long long row = row0 + ty + zero;
+    const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
-    const int stage = STAGES == 2 ? (it & 1) : 0;
-    const float row_T1 = valid ? fm::to_compute(g_T1[row]) : float(0);
+    const float row_T1 = fm::row_value<float>(g_T1, row, valid);
+    const float row_T8 = fm::reciprocal(row_T1);
 
-    // Inner reduction level 0.
-    float row_T14 = float(0);
-#pragma unroll 1
-    for (int c = 0; c < RING_CHUNKS; ++c, ++ring_q) {
-      const int ring_slot = ring_q % RING_DEPTH;
-      fm::cp_async_wait<RING_DEPTH - 1>();  // this thread's copies of the chunk have landed
+    // Inner reduction level 0: sum(T13) -> T14.
+    float row_T14 = fm::Sum::identity<float>();
+    ring.pass<1>(part, n_rows, ring_fill, [&](const fm::Visit& v) {
+      const auto x_T0 = T0.at(v);
+      const auto x_T2 = T2.at(v);
+      const auto c_T3 = T3.at(v);
 #pragma unroll
-      for (int u = 0; u < RING_UNITS; ++u) {
-        const int b = c * RING_UNITS + u;
-        const int j = b * TPR + tx;
-        if (true) {
-          const fm::Vec<__nv_bfloat16, VEC> x_T0 = ring_T0[ring_slot * 1024 + u * TPR + tx];
-          const fm::Vec<__nv_bfloat16, VEC> x_T2 = ring_T2[ring_slot * 1024 + u * TPR + tx];
-          const fm::Vec<__nv_bfloat16, VEC> c_T3 = fm::load<VEC>(g_T3 + j * VEC);
-#pragma unroll
-          for (int i = 0; i < VEC; ++i) {
-            const float e_T4 = fm::to_compute(x_T0.v[i]);
-            const float e_T8 = fm::reciprocal(row_T1);
-            const float e_T9 = fm::to_compute(x_T2.v[i]);
-            const float e_T10 = fm::to_compute(c_T3.v[i]);
-            const float e_T11 = (e_T9 * e_T10);
-            const float e_T12 = (e_T4 * e_T8);
-            const float e_T13 = (e_T11 * e_T12);
-            row_T14 = fm::Sum{}(row_T14, e_T13);
-          }
-        }
+      for (int i = 0; i < Part::VEC; ++i) {
+        const float e_T4 = fm::to_compute(x_T0.v[i]);
+        const float e_T9 = fm::to_compute(x_T2.v[i]);
+        const float e_T10 = fm::to_compute(c_T3.v[i]);
+        const float e_T11 = (e_T9 * e_T10);
+        const float e_T12 = (e_T4 * row_T8);
+        const float e_T13 = (e_T11 * e_T12);
+        row_T14 = fm::Sum{}(row_T14, e_T13);
       }
-      __syncthreads();  // every thread is done with the slot: refill it, RING_DEPTH chunks ahead
-      ring_fill(ring_q + RING_DEPTH);
-      fm::cp_async_commit();
-    }
-    row_T14 = fm::warp_reduce<(TPR < 32 ? TPR : 32)>(row_T14, fm::Sum{});
-    {
-      // Across the row's warps: lane 0 of each warp posts its partial, one barrier, every
-      // thread sums the row's partials. Two parities so the next level never overwrites
-      // partials that slower threads are still reading.
-      float* slot = s_reduce + ((it * 1 + 0) & 1) * (1 * RPB * (TPR / 32));
-      if ((tx & 31) == 0) {
-        slot[(0 * RPB + ty) * (TPR / 32) + tx / 32] = row_T14;
-      }
-      __syncthreads();
-      row_T14 = slot[(0 * RPB + ty) * (TPR / 32)];
-#pragma unroll
-      for (int w = 1; w < TPR / 32; ++w) {
-        row_T14 = fm::Sum{}(row_T14, slot[(0 * RPB + ty) * (TPR / 32) + w]);
-      }
-    }
+    });
+    reduce(part, fm::reduced(row_T14, fm::Sum{}));
     const float row_T16 = (row_T14 / static_cast<float>(S15));
 
     // Outputs of the row and the column accumulators.
-#pragma unroll 1
-    for (int c = 0; c < RING_CHUNKS; ++c, ++ring_q) {
-      const int ring_slot = ring_q % RING_DEPTH;
-      fm::cp_async_wait<RING_DEPTH - 1>();  // this thread's copies of the chunk have landed
+    ring.pass<1>(part, n_rows, ring_fill, [&](const fm::Visit& v) {
+      const auto x_T0 = T0.at(v);
+      const auto x_T2 = T2.at(v);
+      const auto c_T3 = T3.at(v);
+      fm::Vec<__nv_bfloat16, Part::VEC> o_T26;
 #pragma unroll
-      for (int u = 0; u < RING_UNITS; ++u) {
-        const int b = c * RING_UNITS + u;
-        const int j = b * TPR + tx;
-        if (true) {
-          const fm::Vec<__nv_bfloat16, VEC> x_T0 = ring_T0[ring_slot * 1024 + u * TPR + tx];
-          const fm::Vec<__nv_bfloat16, VEC> x_T2 = ring_T2[ring_slot * 1024 + u * TPR + tx];
-          const fm::Vec<__nv_bfloat16, VEC> c_T3 = fm::load<VEC>(g_T3 + j * VEC);
-          fm::Vec<__nv_bfloat16, VEC> o_T26;
-#pragma unroll
-          for (int i = 0; i < VEC; ++i) {
-            const float e_T4 = fm::to_compute(x_T0.v[i]);
-            const float e_T8 = fm::reciprocal(row_T1);
-            const float e_T9 = fm::to_compute(x_T2.v[i]);
-            const float e_T10 = fm::to_compute(c_T3.v[i]);
-            const float e_T11 = (e_T9 * e_T10);
-            const float e_T12 = (e_T4 * e_T8);
-            const float e_T20 = (e_T12 * row_T16);
-            const float e_T21 = (e_T11 - e_T20);
-            const float e_T22 = (e_T21 * e_T8);
-            const float e_T23 = fm::to_compute(x_T2.v[i]);
-            const float e_T24 = (e_T23 * e_T12);
-            const float e_T26 = fm::round_bf16(e_T22);
-            o_T26.v[i] = fm::to_storage<__nv_bfloat16>(e_T26);
-            if (valid) g_part_T25[(static_cast<long long>(blockIdx.x) * RPB + ty) * H + j * VEC + i] = fm::Sum{}(g_part_T25[(static_cast<long long>(blockIdx.x) * RPB + ty) * H + j * VEC + i], e_T24);
-          }
-          if (valid) fm::store_vector<VEC>(g_T26 + row * H + j * VEC, o_T26);
-        }
+      for (int i = 0; i < Part::VEC; ++i) {
+        const float e_T4 = fm::to_compute(x_T0.v[i]);
+        const float e_T9 = fm::to_compute(x_T2.v[i]);
+        const float e_T10 = fm::to_compute(c_T3.v[i]);
+        const float e_T11 = (e_T9 * e_T10);
+        const float e_T12 = (e_T4 * row_T8);
+        const float e_T20 = (e_T12 * row_T16);
+        const float e_T21 = (e_T11 - e_T20);
+        const float e_T22 = (e_T21 * row_T8);
+        const float e_T23 = fm::to_compute(x_T2.v[i]);
+        const float e_T24 = (e_T23 * e_T12);
+        const float e_T26 = fm::round_bf16(e_T22);
+        o_T26.v[i] = fm::to_storage<__nv_bfloat16>(e_T26);
+        if (valid) acc_T25.add(v, i, e_T24);
       }
-      __syncthreads();  // every thread is done with the slot: refill it, RING_DEPTH chunks ahead
-      ring_fill(ring_q + RING_DEPTH);
-      fm::cp_async_commit();
-    }
+      if (valid) fm::store_vector<Part::VEC>(g_T26 + row * H + v.j * Part::VEC, o_T26);
+    });
   }
-
-  // Each row slot accumulated straight into its own partial row: nothing to fold.
+  acc_T25.finish(part);  // this block's partial row of T25
 }
 
 // Column finalize: sums the [partial_rows, H] partials of each outer reduction per column, in a
@@ -254,26 +208,24 @@ rmsnorm_bwd_finalize(
   const int col = blockIdx.x * COLS + threadIdx.x;
   fm::wait_for_prior_grid();  // the row kernel's partial rows are complete past this point
   extern __shared__ __align__(128) unsigned char smem[];
-  double* s_lanes = reinterpret_cast<double*>(smem + 0);
-  double sum_T25 = 0;
+  // the lanes' sums of T25: 16 lanes x 32 columns (double)
+  double* const s_lanes_T25 = reinterpret_cast<double*>(smem);
+  double total_T25 = fm::Sum::identity<double>();
   if (col < H) {
 #pragma unroll 16
     for (int p = lane; p < partial_rows; p += LANES) {
-      sum_T25 = fm::Sum{}(sum_T25, static_cast<double>(g_part_T25[static_cast<long long>(p) * H + col]));
+      const long long at = static_cast<long long>(p) * H + col;
+      total_T25 = fm::Sum{}(total_T25, static_cast<double>(g_part_T25[at]));
     }
   }
-  s_lanes[(0 * LANES + lane) * COLS + threadIdx.x] = sum_T25;
+  s_lanes_T25[lane * COLS + threadIdx.x] = total_T25;
   __syncthreads();
   if (lane != 0 || col >= H) return;
   for (int l = 1; l < LANES; ++l) {
-    sum_T25 = fm::Sum{}(sum_T25, s_lanes[(0 * LANES + l) * COLS + threadIdx.x]);
+    const double lane_total = s_lanes_T25[l * COLS + threadIdx.x];
+    total_T25 = fm::Sum{}(total_T25, lane_total);
   }
-  const float tot_T25 = static_cast<float>(sum_T25);
-  const long long S5 = n_rows;
-  const long long S6 = static_cast<long long>(H);
-  const long long S15 = static_cast<long long>(H);
-  const long long S17 = n_rows;
-  const long long S18 = static_cast<long long>(H);
+  const float tot_T25 = static_cast<float>(total_T25);
   const float c_T27 = fm::round_bf16(tot_T25);
   g_T27[col] = fm::to_storage<__nv_bfloat16>(c_T27);
 }

@@ -1,5 +1,27 @@
 // fuser kernel module for fusion 'rmsnorm_fwd' (templates <templates>)
-// 
+//
+// The fusion, lowered to primitives (Python that rebuilds it):
+// def define_fusion(fd: FusionDefinition) -> None:
+//     T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
+//     T1 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.BFloat16)
+//     T2 = fd.ops.cast(T0, dtype=DataType.Float)
+//     T3 = fd.ops.mul(T2, T2)
+//     T4 = fd.ops.sum(T3, dims=[1], keepdim=True, dtype=DataType.Float)
+//     S5 = fd.ops.size(T0, dim=1)
+//     T6 = fd.ops.div(T4, S5)
+//     S7 = fd.define_scalar(1e-06, dtype=DataType.Double)
+//     T8 = fd.ops.add(T6, S7)
+//     T9 = fd.ops.rsqrt(T8)
+//     S10 = fd.ops.size(T0, dim=0)
+//     S11 = fd.ops.size(T0, dim=1)
+//     T12 = fd.ops.broadcast_in_dim(T9, shape=[S10, S11], broadcast_dims=[0, 1])
+//     T13 = fd.ops.mul(T2, T12)
+//     T14 = fd.ops.cast(T1, dtype=DataType.Float)
+//     T15 = fd.ops.mul(T13, T14)
+//     T16 = fd.ops.cast(T15, dtype=DataType.BFloat16)
+//     fd.add_output(T16)
+//     fd.add_output(T9)
+//
 // kind:              inner reduction
 // full inputs:       T0:BFloat16
 // row inputs:        -
@@ -8,7 +30,7 @@
 // persistent:        T0:BFloat16
 // inner level 0:     sum(T3)->T4
 // outputs:           T16:full, T9:row
-// 
+//
 // RowSchedule
 //   scheduler          inner_persistent
 //   reason             registers-first policy: nothing in smem, ~80 regs/thread, ~3 block(s)/SM
@@ -27,18 +49,18 @@
 //   reduction_bytes    4
 //   regs_estimate      80
 //   blocks_per_sm      3
-// 
+//
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
 // s_reduce        64       0      128  inner-reduction scratch: 2 parities x 1 x 2 row(s) x 4 warps x 4 B
 // static slot    128  static      128  static __shared__ (magic zero)
 // total 256 B = dynamic 128 + static 128; limit 232448 B; headroom 232192 B; alignment 128 B
-// 
-#include "fuser_math.cuh"
+
+#include "fuser_rows.cuh"
 
 // Each block works on 2 row(s) at a time and strides over all rows.
-// Thread x of a row owns vectors x, x + 128, ... (4 of them, 8 elements each);
-// shared row buffers are indexed the same way, so a thread only ever reads back what it copied.
+// Thread x of a row owns vectors x, x + 128, ... (4 of them, 8 element(s) each) of the row.
+// Inputs: T0, T1 in registers.
 extern "C" __global__ void __launch_bounds__(256, 3)
 rmsnorm_fwd_row(
     const __nv_bfloat16* __restrict__ g_T0,
@@ -47,104 +69,63 @@ rmsnorm_fwd_row(
     float* __restrict__ g_T9,
     long long n_rows)
 {
-  constexpr int H = 4096;
-  constexpr int VEC = 8;
-  constexpr int NV = 512;  // vectors per row
-  constexpr int TPR = 128;
-  constexpr int RPB = 2;
-  constexpr int BATCH = 4;
-  constexpr int STAGES = 1;
-  const int tx = threadIdx.x;
-  const int ty = threadIdx.y;
-  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int H = 4096;  // elements per row
+  constexpr int RPB = 2;  // rows per block
+  // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER: the thread's rows and vectors, and their passes
+  using Part = fm::RowPart<H, 8, 128, RPB, 4, 4, 1>;
+  const Part part;
   const int zero = fm::magic_zero();
-  float* s_reduce = reinterpret_cast<float*>(smem + 0);
+
+  // Shared memory, as planned (each buffer 128-byte aligned; the static slot is separate).
+  extern __shared__ __align__(128) unsigned char smem[];
+  // inner-reduction scratch: 2 parities x 1 x 2 row(s) x 4 warps x 4 B
+  unsigned char* const s_reduce = smem;
   const long long S5 = static_cast<long long>(H);
   const double S7 = 1e-06;
-  const long long S10 = n_rows;
-  const long long S11 = static_cast<long long>(H);
 
-  // Column inputs kept on chip: loaded once per block.
-  fm::Vec<__nv_bfloat16, VEC> r_T1[BATCH];
-#pragma unroll 4
-  for (int b = 0; b < BATCH; ++b) {
-    const int j = b * TPR + tx;
-    if (j < NV) {
-      r_T1[b] = fm::load<VEC>(g_T1 + j * VEC);
-    }
-  }
+  fm::ColumnInRegisters<__nv_bfloat16, Part> T1(part, g_T1);
+  // the row reductions: warps, then the row's warps, then the cluster's blocks
+  fm::RowReducer<float, Part, 1> reduce(s_reduce, nullptr);
 
-
-  const long long row_stride = static_cast<long long>(gridDim.x) * RPB;
-  long long row0 = static_cast<long long>(blockIdx.x) * RPB;
+  const long long row_stride = part.row_stride();
+  long long row0 = part.first_row();
   for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
-    const long long row = row0 + ty + zero;
+    const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
-    const int stage = STAGES == 2 ? (it & 1) : 0;
-    // Row buffers kept in registers: every load of the row issued before any is used.
-    fm::Vec<__nv_bfloat16, VEC> r_T0[BATCH];
-#pragma unroll
-    for (int b = 0; b < BATCH; ++b) {
-      const int j = b * TPR + tx;
-      r_T0[b] = (valid && j < NV) ? fm::load<VEC>(g_T0 + row * H + j * VEC) : fm::Vec<__nv_bfloat16, VEC>{};
-    }
+    const fm::RowInRegisters<__nv_bfloat16, Part> T0(part, g_T0, row, valid);
 
-    // Inner reduction level 0.
-    float row_T4 = float(0);
-#pragma unroll 4
-    for (int b = 0; b < BATCH; ++b) {
-      const int j = b * TPR + tx;
-      if (true) {
-        const fm::Vec<__nv_bfloat16, VEC> x_T0 = r_T0[b];
-        const fm::Vec<__nv_bfloat16, VEC> c_T1 = r_T1[b];
+    // Inner reduction level 0: sum(T3) -> T4.
+    float row_T4 = fm::Sum::identity<float>();
+    fm::for_each_vector(part, [&](const fm::Visit& v) {
+      const auto x_T0 = T0.at(v);
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) {
-          const float e_T2 = fm::to_compute(x_T0.v[i]);
-          const float e_T3 = (e_T2 * e_T2);
-          row_T4 = fm::Sum{}(row_T4, e_T3);
-        }
+      for (int i = 0; i < Part::VEC; ++i) {
+        const float e_T2 = fm::to_compute(x_T0.v[i]);
+        const float e_T3 = (e_T2 * e_T2);
+        row_T4 = fm::Sum{}(row_T4, e_T3);
       }
-    }
-    row_T4 = fm::warp_reduce<(TPR < 32 ? TPR : 32)>(row_T4, fm::Sum{});
-    {
-      // Across the row's warps: lane 0 of each warp posts its partial, one barrier, every
-      // thread sums the row's partials. Two parities so the next level never overwrites
-      // partials that slower threads are still reading.
-      float* slot = s_reduce + ((it * 1 + 0) & 1) * (1 * RPB * (TPR / 32));
-      if ((tx & 31) == 0) {
-        slot[(0 * RPB + ty) * (TPR / 32) + tx / 32] = row_T4;
-      }
-      __syncthreads();
-      row_T4 = slot[(0 * RPB + ty) * (TPR / 32)];
-#pragma unroll
-      for (int w = 1; w < TPR / 32; ++w) {
-        row_T4 = fm::Sum{}(row_T4, slot[(0 * RPB + ty) * (TPR / 32) + w]);
-      }
-    }
+    });
+    reduce(part, fm::reduced(row_T4, fm::Sum{}));
     const float row_T6 = (row_T4 / static_cast<float>(S5));
     const float row_T8 = (row_T6 + static_cast<float>(S7));
     const float row_T9 = fm::rsqrt(row_T8);
 
     // Outputs of the row.
-#pragma unroll 4
-    for (int b = 0; b < BATCH; ++b) {
-      const int j = b * TPR + tx;
-      if (true) {
-        const fm::Vec<__nv_bfloat16, VEC> x_T0 = r_T0[b];
-        const fm::Vec<__nv_bfloat16, VEC> c_T1 = r_T1[b];
-        fm::Vec<__nv_bfloat16, VEC> o_T16;
+    fm::for_each_vector(part, [&](const fm::Visit& v) {
+      const auto x_T0 = T0.at(v);
+      const auto c_T1 = T1.at(v);
+      fm::Vec<__nv_bfloat16, Part::VEC> o_T16;
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) {
-          const float e_T2 = fm::to_compute(x_T0.v[i]);
-          const float e_T13 = (e_T2 * row_T9);
-          const float e_T14 = fm::to_compute(c_T1.v[i]);
-          const float e_T15 = (e_T13 * e_T14);
-          const float e_T16 = fm::round_bf16(e_T15);
-          o_T16.v[i] = fm::to_storage<__nv_bfloat16>(e_T16);
-        }
-        if (valid) fm::store_vector<VEC>(g_T16 + row * H + j * VEC, o_T16);
+      for (int i = 0; i < Part::VEC; ++i) {
+        const float e_T2 = fm::to_compute(x_T0.v[i]);
+        const float e_T13 = (e_T2 * row_T9);
+        const float e_T14 = fm::to_compute(c_T1.v[i]);
+        const float e_T15 = (e_T13 * e_T14);
+        const float e_T16 = fm::round_bf16(e_T15);
+        o_T16.v[i] = fm::to_storage<__nv_bfloat16>(e_T16);
       }
-    }
-    if (valid && tx == 0) g_T9[row] = fm::to_storage<float>(row_T9);
+      if (valid) fm::store_vector<Part::VEC>(g_T16 + row * H + v.j * Part::VEC, o_T16);
+    });
+    if (valid && part.writes_row_values()) g_T9[row] = fm::to_storage<float>(row_T9);
   }
 }

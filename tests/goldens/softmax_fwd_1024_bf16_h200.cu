@@ -1,5 +1,23 @@
 // fuser kernel module for fusion 'softmax_fwd' (templates <templates>)
-// 
+//
+// The fusion, lowered to primitives (Python that rebuilds it):
+// def define_fusion(fd: FusionDefinition) -> None:
+//     T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
+//     T1 = fd.ops.cast(T0, dtype=DataType.Float)
+//     T2 = fd.ops.max(T1, dims=[1], keepdim=True, dtype=DataType.Float)
+//     S3 = fd.ops.size(T0, dim=0)
+//     S4 = fd.ops.size(T0, dim=1)
+//     T5 = fd.ops.broadcast_in_dim(T2, shape=[S3, S4], broadcast_dims=[0, 1])
+//     T6 = fd.ops.sub(T1, T5)
+//     T7 = fd.ops.exp(T6)
+//     T8 = fd.ops.sum(T7, dims=[1], keepdim=True, dtype=DataType.Float)
+//     S9 = fd.ops.size(T0, dim=0)
+//     S10 = fd.ops.size(T0, dim=1)
+//     T11 = fd.ops.broadcast_in_dim(T8, shape=[S9, S10], broadcast_dims=[0, 1])
+//     T12 = fd.ops.div(T7, T11)
+//     T13 = fd.ops.cast(T12, dtype=DataType.BFloat16)
+//     fd.add_output(T13)
+//
 // kind:              inner reduction
 // full inputs:       T0:BFloat16
 // row inputs:        -
@@ -9,7 +27,7 @@
 // inner level 0:     max(T1)->T2
 // inner level 1:     sum(T7)->T8
 // outputs:           T13:full
-// 
+//
 // RowSchedule
 //   scheduler          inner_persistent
 //   reason             registers-first policy: T0 in smem, ~48 regs/thread, ~5 block(s)/SM
@@ -28,121 +46,92 @@
 //   reduction_bytes    4
 //   regs_estimate      48
 //   blocks_per_sm      5
-// 
+//
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
 // s_T0         16384       0    16384  row buffer T0 (BFloat16), 1 stage(s) x 8 row(s) x 1024
 // static slot    128  static      128  static __shared__ (magic zero)
 // total 16512 B = dynamic 16384 + static 128; limit 232448 B; headroom 215936 B; alignment 128 B
-// 
-#include "fuser_math.cuh"
+
+#include "fuser_rows.cuh"
 
 // Each block works on 8 row(s) at a time and strides over all rows.
-// Thread x of a row owns vectors x, x + 32, ... (4 of them, 8 elements each);
-// shared row buffers are indexed the same way, so a thread only ever reads back what it copied.
+// Thread x of a row owns vectors x, x + 32, ... (4 of them, 8 element(s) each) of the row.
+// Inputs: T0 in smem.
 extern "C" __global__ void __launch_bounds__(256, 5)
 softmax_fwd_row(
     const __nv_bfloat16* __restrict__ g_T0,
     __nv_bfloat16* __restrict__ g_T13,
     long long n_rows)
 {
-  constexpr int H = 1024;
-  constexpr int VEC = 8;
-  constexpr int NV = 128;  // vectors per row
-  constexpr int TPR = 32;
-  constexpr int RPB = 8;
-  constexpr int BATCH = 4;
-  constexpr int STAGES = 1;
-  const int tx = threadIdx.x;
-  const int ty = threadIdx.y;
-  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int H = 1024;  // elements per row
+  constexpr int RPB = 8;  // rows per block
+  // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER: the thread's rows and vectors, and their passes
+  using Part = fm::RowPart<H, 8, 32, RPB, 4, 4, 1>;
+  const Part part;
   const int zero = fm::magic_zero();
-  fm::Vec<__nv_bfloat16, VEC>* s_T0 = reinterpret_cast<fm::Vec<__nv_bfloat16, VEC>*>(smem + 0);
-  const long long S3 = n_rows;
-  const long long S4 = static_cast<long long>(H);
-  const long long S9 = n_rows;
-  const long long S10 = static_cast<long long>(H);
 
-  // Column inputs kept on chip: loaded once per block.
-#pragma unroll 4
-  for (int b = 0; b < BATCH; ++b) {
-    const int j = b * TPR + tx;
-    if (j < NV) {
-    }
-  }
+  // Shared memory, as planned (each buffer 128-byte aligned; the static slot is separate).
+  extern __shared__ __align__(128) unsigned char smem[];
+  // row buffer T0 (BFloat16), 1 stage(s) x 8 row(s) x 1024
+  unsigned char* const s_T0 = smem;
 
+  // the row reductions: warps, then the row's warps, then the cluster's blocks
+  fm::RowReducer<float, Part, 1> reduce(nullptr, nullptr);
+  fm::RowInSmem<__nv_bfloat16, Part, fm::Copy::VECTORS, 2048> T0(s_T0, g_T0);
 
-  const long long row_stride = static_cast<long long>(gridDim.x) * RPB;
-  long long row0 = static_cast<long long>(blockIdx.x) * RPB;
+  const long long row_stride = part.row_stride();
+  long long row0 = part.first_row();
   for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
-    const long long row = row0 + ty + zero;
+    const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
-    const int stage = STAGES == 2 ? (it & 1) : 0;
-    if (valid) {
-#pragma unroll
-      for (int b = 0; b < BATCH; ++b) {
-        const int j = b * TPR + tx;
-        if (j < NV) {
-          fm::cp_async<VEC * sizeof(__nv_bfloat16)>(&s_T0[ty * NV + j], g_T0 + row * H + j * VEC);
-        }
-      }
-    }
+    const int slot = part.ty;
+    T0.copy(part, slot, row, valid);
     fm::cp_async_commit();
     fm::cp_async_wait<0>();
+    T0.ready(part, slot, row);
 
-    // Inner reduction level 0.
-    float row_T2 = fm::lowest<float>();
-#pragma unroll 4
-    for (int b = 0; b < BATCH; ++b) {
-      const int j = b * TPR + tx;
-      if (true) {
-        const fm::Vec<__nv_bfloat16, VEC> x_T0 = s_T0[(stage * RPB + ty) * NV + j];
+    // Inner reduction level 0: max(T1) -> T2.
+    float row_T2 = fm::Max::identity<float>();
+    fm::for_each_vector(part, [&](const fm::Visit& v) {
+      const auto x_T0 = T0.at(v);
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) {
-          const float e_T1 = fm::to_compute(x_T0.v[i]);
-          row_T2 = fm::Max{}(row_T2, e_T1);
-        }
+      for (int i = 0; i < Part::VEC; ++i) {
+        const float e_T1 = fm::to_compute(x_T0.v[i]);
+        row_T2 = fm::Max{}(row_T2, e_T1);
       }
-    }
-    row_T2 = fm::warp_reduce<(TPR < 32 ? TPR : 32)>(row_T2, fm::Max{});
+    });
+    reduce(part, fm::reduced(row_T2, fm::Max{}));
 
-    // Inner reduction level 1.
-    float row_T8 = float(0);
-#pragma unroll 4
-    for (int b = 0; b < BATCH; ++b) {
-      const int j = b * TPR + tx;
-      if (true) {
-        const fm::Vec<__nv_bfloat16, VEC> x_T0 = s_T0[(stage * RPB + ty) * NV + j];
+    // Inner reduction level 1: sum(T7) -> T8.
+    float row_T8 = fm::Sum::identity<float>();
+    fm::for_each_vector(part, [&](const fm::Visit& v) {
+      const auto x_T0 = T0.at(v);
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) {
-          const float e_T1 = fm::to_compute(x_T0.v[i]);
-          const float e_T6 = (e_T1 - row_T2);
-          const float e_T7 = fm::exp(e_T6);
-          row_T8 = fm::Sum{}(row_T8, e_T7);
-        }
+      for (int i = 0; i < Part::VEC; ++i) {
+        const float e_T1 = fm::to_compute(x_T0.v[i]);
+        const float e_T6 = (e_T1 - row_T2);
+        const float e_T7 = fm::exp(e_T6);
+        row_T8 = fm::Sum{}(row_T8, e_T7);
       }
-    }
-    row_T8 = fm::warp_reduce<(TPR < 32 ? TPR : 32)>(row_T8, fm::Sum{});
+    });
+    reduce(part, fm::reduced(row_T8, fm::Sum{}));
     const float row_rcp_T8 = float(1) / row_T8;
 
     // Outputs of the row.
-#pragma unroll 4
-    for (int b = 0; b < BATCH; ++b) {
-      const int j = b * TPR + tx;
-      if (true) {
-        const fm::Vec<__nv_bfloat16, VEC> x_T0 = s_T0[(stage * RPB + ty) * NV + j];
-        fm::Vec<__nv_bfloat16, VEC> o_T13;
+    fm::for_each_vector(part, [&](const fm::Visit& v) {
+      const auto x_T0 = T0.at(v);
+      fm::Vec<__nv_bfloat16, Part::VEC> o_T13;
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) {
-          const float e_T1 = fm::to_compute(x_T0.v[i]);
-          const float e_T6 = (e_T1 - row_T2);
-          const float e_T7 = fm::exp(e_T6);
-          const float e_T12 = (e_T7 * row_rcp_T8);
-          const float e_T13 = fm::round_bf16(e_T12);
-          o_T13.v[i] = fm::to_storage<__nv_bfloat16>(e_T13);
-        }
-        if (valid) fm::store_vector<VEC>(g_T13 + row * H + j * VEC, o_T13);
+      for (int i = 0; i < Part::VEC; ++i) {
+        const float e_T1 = fm::to_compute(x_T0.v[i]);
+        const float e_T6 = (e_T1 - row_T2);
+        const float e_T7 = fm::exp(e_T6);
+        const float e_T12 = (e_T7 * row_rcp_T8);
+        const float e_T13 = fm::round_bf16(e_T12);
+        o_T13.v[i] = fm::to_storage<__nv_bfloat16>(e_T13);
       }
-    }
+      if (valid) fm::store_vector<Part::VEC>(g_T13 + row * H + v.j * Part::VEC, o_T13);
+    });
   }
 }

@@ -1,0 +1,218 @@
+"""Fusion values -> C++ statements, one `const` statement per IR value, named after it.
+
+The op table (ops.py) gives each op's CUDA; this module resolves operands, casts and aliases
+(broadcast_in_dim and same-type casts emit nothing), divides by per-row values through their
+reciprocal, and records which values a group of statements read, so that a kernel loads
+only the buffers a pass uses.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from fuser.analysis import FusionInfo, Role
+from fuser.dtypes import DataType
+from fuser.errors import FuserError
+from fuser.ir import Expr, Scalar, Tensor, Val
+from fuser.ops import ELEMENTWISE
+
+REDUCTION_OPS = ("sum", "max")
+
+
+def ctype(v: Val) -> str:
+    return v.dtype.compute_type
+
+
+def convert(expr: str, src: str, dst: str) -> str:
+    return expr if src == dst else f"static_cast<{dst}>({expr})"
+
+
+def literal(value, dtype: DataType) -> str:
+    if dtype is DataType.Bool:
+        return "true" if value else "false"
+    if not dtype.is_float:
+        return f"{int(value)}LL"
+    value = float(value)
+    if math.isnan(value):
+        return "fm::nan()"
+    if math.isinf(value):
+        return "fm::inf()" if value > 0 else "(-fm::inf())"
+    return repr(value)
+
+
+def through_broadcasts(v: Val) -> Val:
+    """The value a chain of broadcast_in_dim aliases stands for."""
+    while v.definition is not None and v.definition.op == "broadcast_in_dim":
+        v = v.definition.inputs[0]
+    return v
+
+
+def per_row(info: FusionInfo) -> set[Val]:
+    """Computed values that are the same along a row: per-row values, and values computed
+    from them and scalars alone (a row statistic broadcast over the row, then transformed:
+    1 / rms). The kernel computes each once per row, not once per element."""
+    out: set[Val] = set()
+    for v in info.fusion.vals:
+        e = v.definition
+        if e is None or e.op in REDUCTION_OPS or e.op == "size":
+            continue
+        if info.roles[v] is not Role.SCALAR and all(
+                info.roles[i] in (Role.ROW, Role.SCALAR) or i in out for i in e.inputs):
+            out.add(v)
+    return out
+
+
+class Emitter:
+    """Writes C++ statements for values of a fusion, given C++ expressions for what is known.
+
+    `env` maps values to expressions already available at the emission point; `emit` adds one
+    `const` statement per missing value in definition order and records the new names in
+    `env`; `used` collects the known values the statements read.
+    """
+
+    def __init__(self, info: FusionInfo, env: dict[Val, str], prefix: str,
+                 reciprocals: dict[tuple[Val, str], str] | None = None):
+        self.info = info
+        self.env = dict(env)
+        self.known = set(env)
+        self.prefix = prefix
+        self.used: set[Val] = set()
+        # (per-row value, compute type) -> the C++ name of its reciprocal, computed once per
+        # row: an element divided by it is multiplied by the reciprocal instead.
+        self.reciprocals = reciprocals if reciprocals is not None else {}
+
+    def emit(self, targets) -> list[str]:
+        needed: set[Val] = set()
+        stack = [t for t in targets if t not in self.env]
+        while stack:
+            v = stack.pop()
+            if v in needed or v in self.env:
+                continue
+            if v.definition is None or v.definition.op in REDUCTION_OPS:
+                raise FuserError(f"{v.name} is needed where it is not available (a fuser bug: "
+                                 "please report it with repr(fd))")
+            needed.add(v)
+            stack.extend(v.definition.inputs)
+        self.used.update(t for t in targets if t in self.known)
+        lines = []
+        for v in sorted(needed, key=lambda v: v.index):
+            expr = self._expression(v.definition)
+            if v.definition.op == "broadcast_in_dim" or (
+                    v.definition.op == "cast" and v.definition.inputs[0].dtype is v.dtype):
+                self.env[v] = expr
+                continue
+            name = f"{self.prefix}{v.name}"
+            lines.append(f"const {ctype(v)} {name} = {expr};")
+            self.env[v] = name
+        return lines
+
+    def _ref(self, v: Val) -> str:
+        if v in self.known:
+            self.used.add(v)
+        return self.env[v]
+
+    def _operand(self, v: Val, compute: str) -> str:
+        return convert(self._ref(v), ctype(v), compute)
+
+    def _expression(self, e: Expr) -> str:
+        if e.op == "broadcast_in_dim":
+            return self._ref(e.inputs[0])
+        if e.op == "cast":
+            return self._cast(e)
+        if e.op == "size":
+            raise FuserError("sizes are bound in the kernel prologue (a fuser bug)")
+        compute = e.attr("compute").compute_type
+        if e.op == "where":
+            args = [self._ref(e.inputs[0])] + [self._operand(i, compute) for i in e.inputs[1:]]
+        elif e.op == "div" and (
+                rcp := self.reciprocals.get((through_broadcasts(e.inputs[1]), compute))):
+            return f"({self._operand(e.inputs[0], compute)} * {rcp})"
+        else:
+            args = [self._operand(i, compute) for i in e.inputs]
+        return ELEMENTWISE[e.op].cuda.format(*args)
+
+    def _cast(self, e: Expr) -> str:
+        src = e.inputs[0]
+        x = self._ref(src)
+        target = e.attr("dtype")
+        if target is DataType.BFloat16:
+            return f"fm::round_bf16({convert(x, ctype(src), 'float')})"
+        if target is DataType.Half:
+            return f"fm::round_half({convert(x, ctype(src), 'float')})"
+        if target is DataType.Bool and src.dtype is not DataType.Bool:
+            return f"({x} != 0)"
+        return convert(x, ctype(src), target.compute_type)
+
+
+def row_divisors(info: FusionInfo, rows: set[Val]) -> dict[Val, set[str]]:
+    """Per-row values that elements are divided by, with the compute types of those
+    divisions: a division costs the H200 about ten instructions per element (IEEE div.rn with
+    its slow path), a multiply one, so fuser divides by such a value through its reciprocal,
+    computed once per row (x * (1 / s) is within 1.5 ulp of x / s)."""
+    out: dict[Val, set[str]] = {}
+    for v in info.fusion.vals:
+        d = v.definition
+        if d is None or d.op != "div" or v in rows or info.roles[v] is Role.ROW:
+            continue
+        src = through_broadcasts(d.inputs[1])
+        if src in rows or info.roles.get(src) is Role.ROW:
+            out.setdefault(src, set()).add(d.attr("compute").compute_type)
+    return out
+
+
+def scalar_prologue(info: FusionInfo) -> tuple[list[str], dict[Val, str]]:
+    """Statements for every scalar value (constants, sizes, scalar arithmetic), evaluated
+    once; `used_lines` later keeps those a kernel reads."""
+    env: dict[Val, str] = {}
+    lines = []
+    for s in info.scalar_inputs:
+        env[s] = s.name
+    for v in info.fusion.vals:
+        if not isinstance(v, Scalar) or v in env:
+            continue
+        if v.definition is None:
+            lines.append(f"const {ctype(v)} {v.name} = {literal(v.value, v.dtype)};")
+            env[v] = v.name
+        elif v.definition.op == "size":
+            extent = v.extent.find() if v.extent is not None else None
+            size = ("1LL" if extent is None else "static_cast<long long>(H)"
+                    if extent is info.hidden_axis else "n_rows")
+            lines.append(f"const long long {v.name} = {size};")
+            env[v] = v.name
+    emitter = Emitter(info, env, "")
+    scalars = [v for v in info.fusion.vals if isinstance(v, Scalar) and v not in env]
+    lines += emitter.emit(scalars)
+    return lines, emitter.env
+
+
+_DECLARED = re.compile(r"^const [\w: ]+? (\w+) = ")
+
+
+def used_lines(lines: list[str], readers: list[str]) -> list[str]:
+    """The declarations among `lines` that `readers` (or a kept later line) read."""
+    text = "\n".join(readers)
+    kept: list[str] = []
+    for line in reversed(lines):
+        m = _DECLARED.match(line)
+        if m is None or re.search(rf"\b{m.group(1)}\b", text):
+            kept.append(line)
+            text += "\n" + line
+    return kept[::-1]
+
+
+def element_env(info: FusionInfo, scalar_env: dict[Val, str]) -> dict[Val, str]:
+    """Inside a per-element loop: element i of the vectors the templates name x_<input>
+    (row inputs) and c_<input> (column inputs), converted to the compute type."""
+    env = dict(scalar_env)
+    for t in info.full_inputs:
+        env[t] = f"fm::to_compute(x_{t.name}.v[i])"
+    for t in info.col_inputs:
+        env[t] = f"fm::to_compute(c_{t.name}.v[i])"
+    return env
+
+
+def input_tensors(info: FusionInfo, used: set[Val]) -> tuple[list[Tensor], list[Tensor]]:
+    """The row and column inputs among `used`, in definition order."""
+    return ([t for t in info.full_inputs if t in used],
+            [t for t in info.col_inputs if t in used])

@@ -1,0 +1,284 @@
+"""The row kernel's template context: a RowSchedule turned into names and numbers.
+
+Each buffer becomes an object of a fuser_rows.cuh class chosen here from its storage (row
+buffers: RowInRegisters, RowInSmem, RowInGlobal, RowInRing; columns: ColumnIn*; column
+reductions: AccumulatorIn*), declared with its type and constructor arguments; the lists of
+which objects copy, wait and point at the row at each step of a row are decided here too.
+The passes over a row (one per inner reduction level, then the outputs) get their C++
+statements from the emitter, with the buffers each pass reads.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass, field
+
+from fuser.analysis import FusionInfo, Role
+from fuser.emit import (
+    Emitter,
+    convert,
+    ctype,
+    element_env,
+    input_tensors,
+    per_row,
+    row_divisors,
+    scalar_prologue,
+    used_lines,
+)
+from fuser.ir import Expr, Tensor, Val
+from fuser.ops import REDUCTIONS
+from fuser.schedulers.base import Fill, FinalizeSchedule, RowSchedule, Storage
+from fuser.signature import accumulator_type
+
+COPY = {True: "fm::Copy::CHUNKS", False: "fm::Copy::VECTORS"}
+
+
+@dataclass
+class Declaration:
+    """One object of the kernel: `type name(args...);`, with comment lines above it."""
+
+    type: str
+    name: str
+    args: list[str]
+    comment: list[str] = field(default_factory=list)
+
+
+def _smem(schedule: RowSchedule, name: str) -> str:
+    """The pointer to planned shared buffer `name`, or nullptr where the plan has none."""
+    return name if name in schedule.smem else "nullptr"
+
+
+def row_buffer(t: Tensor, s: RowSchedule) -> Declaration:
+    """The object of row input `t`, wherever the schedule keeps it."""
+    p = s.placement(t.name)
+    vector = t.dtype.cuda_type
+    if p.storage is Storage.SMEM:
+        slot = s.smem.buffer(f"s_{t.name}").nbytes // (s.stages * s.rows_per_block)
+        copy = COPY[s.aligned_copy] if p.async_copy else "fm::Copy::REGISTERS"
+        return Declaration(f"fm::RowInSmem<{vector}, Part, {copy}, {slot}>", t.name,
+                           [f"s_{t.name}", f"g_{t.name}"])
+    if p.storage is Storage.RING:
+        ring = s.ring
+        assert ring is not None
+        slot_vectors = s.smem.buffer(f"s_ring_{t.name}").nbytes // ring.depth // (
+            s.vec * t.dtype.itemsize)
+        bulk = str(ring.fill is Fill.BULK).lower()
+        return Declaration(f"fm::RowInRing<{vector}, Part, {bulk}, {slot_vectors}>", t.name,
+                           [f"s_ring_{t.name}", f"g_{t.name}"])
+    if p.storage is Storage.GLOBAL:
+        return Declaration(f"fm::RowInGlobal<{vector}, Part>", t.name, [f"g_{t.name}"])
+    return Declaration(f"fm::RowInRegisters<{vector}, Part>", t.name,
+                       ["part", f"g_{t.name}", "row", "valid"])
+
+
+def _column(t: Tensor, s: RowSchedule) -> Declaration:
+    storage = s.placement(t.name).storage
+    vector = t.dtype.cuda_type
+    if storage is Storage.SMEM:
+        return Declaration(f"fm::ColumnInSmem<{vector}, Part>", t.name,
+                           ["part", f"s_{t.name}", f"g_{t.name}"])
+    if storage is Storage.GLOBAL:
+        return Declaration(f"fm::ColumnInGlobal<{vector}, Part>", t.name, [f"g_{t.name}"])
+    return Declaration(f"fm::ColumnInRegisters<{vector}, Part>", t.name, ["part", f"g_{t.name}"])
+
+
+def _accumulator(e: Expr, s: RowSchedule) -> Declaration:
+    name = e.outputs[0].name
+    kind = {Storage.REGISTERS: "Registers", Storage.SMEM: "Smem",
+            Storage.GLOBAL: "Global"}[s.accumulators]
+    args = ["part", f"g_part_{name}"]
+    if s.accumulators is Storage.REGISTERS:
+        args.append(_smem(s, f"s_outer_{name}"))
+    elif s.accumulators is Storage.SMEM:
+        args.append(f"s_acc_{name}")
+    return Declaration(
+        f"fm::AccumulatorIn{kind}<{accumulator_type(e.outputs[0].dtype)}, "
+        f"{REDUCTIONS[e.op].functor}, Part>", f"acc_{name}", args,
+        [f"column reduction {e.op}({e.inputs[0].name}) -> {name}, in {s.accumulators}"])
+
+
+def block_objects(info: FusionInfo, s: RowSchedule) -> list[Declaration]:
+    """The objects a block declares once: columns, accumulators, the reducer, the ring and
+    the row buffers that are not registers (those are declared per row)."""
+    objects = [_column(t, s) for t in info.col_inputs]
+    objects += [_accumulator(e, s) for e in info.outer_reductions]
+    if info.inner_levels:
+        width = max(len(level) for level in info.inner_levels)
+        red = ctype(info.inner_levels[0][0].outputs[0])
+        objects.append(Declaration(
+            f"fm::RowReducer<{red}, Part, {width}>", "reduce",
+            [_smem(s, "s_reduce"), _smem(s, "s_cluster")],
+            ["the row reductions: warps, then the row's warps, then the cluster's blocks"]))
+    if s.ring is not None:
+        r = s.ring
+        bytes_per_vector = s.vec * sum(t.dtype.itemsize for t in info.full_inputs
+                                       if t.name in r.tensors)
+        objects.append(Declaration(
+            f"fm::StagingRing<Part, {str(r.fill is Fill.BULK).lower()}, {r.depth}, {r.units}, "
+            f"{r.chunks}, {r.passes}, {bytes_per_vector}>", "ring",
+            [_smem(s, "s_ring_full"), "part"], [f"staging ring: {r}"]))
+    objects += [row_buffer(t, s) for t in info.full_inputs
+                if s.placement(t.name).storage is not Storage.REGISTERS]
+    return objects
+
+
+def copies(info: FusionInfo, s: RowSchedule) -> dict:
+    """Which shared row buffers are copied by cp.async (staged) or through registers
+    (copied), whether a barrier guards their slots (aligned chunks are read by every thread
+    of the row), and how many cp.async groups a row may leave in flight (the next row's)."""
+    in_smem = [s.placement(t.name) for t in info.full_inputs]
+    return {
+        "staged": [p.tensor for p in in_smem if p.storage is Storage.SMEM and p.async_copy],
+        "copied": [p.tensor for p in in_smem if p.storage is Storage.SMEM and not p.async_copy],
+        "barrier": s.aligned_copy,
+        "pending": 1 if s.stages == 2 else 0,
+    }
+
+
+def reduction(e: Expr, value: str) -> dict:
+    out = e.outputs[0]
+    return {"var": f"row_{out.name}", "ctype": ctype(out), "functor": REDUCTIONS[e.op].functor,
+            "value": value}
+
+
+class Passes:
+    """The statements of each pass over a row, and the per-row values between them."""
+
+    def __init__(self, info: FusionInfo, scalar_env: dict[Val, str]):
+        self.info = info
+        self.rows = per_row(info)
+        self.row_env = dict(scalar_env)
+        for t in info.row_inputs:
+            self.row_env[t] = f"row_{t.name}"
+        self.elements = element_env(info, scalar_env)
+        self.divisors = row_divisors(info, self.rows)
+        self.reciprocals: dict[tuple[Val, str], str] = {}
+
+    def row_lines(self, level: int) -> list[str]:
+        """The per-row values of `level`, then the reciprocal of each divisor now known."""
+        emitter = Emitter(self.info, self.row_env, "row_")
+        ready = [v for v in self.info.fusion.vals
+                 if v in self.rows and self.info.level[v] == level and v not in self.row_env]
+        lines = emitter.emit(ready)
+        self.row_env.update(emitter.env)
+        for v, computes in self.divisors.items():
+            for ct in sorted(computes):
+                if v in self.row_env and (v, ct) not in self.reciprocals:
+                    name = f"row_rcp{'_d' if ct == 'double' else ''}_{v.name}"
+                    value = convert(self.row_env[v], ctype(v), ct)
+                    lines.append(f"const {ct} {name} = {ct}(1) / {value};")
+                    self.reciprocals[(v, ct)] = name
+        return lines
+
+    def level(self, k: int, level: tuple[Expr, ...]) -> dict:
+        emitter = Emitter(self.info, {**self.elements, **self.row_env}, "e_", self.reciprocals)
+        lines = emitter.emit([e.inputs[0] for e in level])
+        reductions = [reduction(e, emitter.env[e.inputs[0]]) for e in level]
+        for e in level:
+            self.row_env[e.outputs[0]] = f"row_{e.outputs[0].name}"
+        words = ", ".join(f"{e.op}({e.inputs[0].name}) -> {e.outputs[0].name}" for e in level)
+        return {**self._reads(emitter), "title": f"Inner reduction level {k}: {words}.",
+                "element_lines": lines, "reductions": reductions, "outputs": [],
+                "accumulators": [], "after_lines": self.row_lines(k + 1)}
+
+    def final(self) -> dict:
+        info = self.info
+        outputs = info.outputs(Role.FULL)
+        emitter = Emitter(info, {**self.elements, **self.row_env}, "e_", self.reciprocals)
+        lines = emitter.emit([*outputs, *(e.inputs[0] for e in info.outer_reductions)])
+        title = "Outputs of the row" + (" and the column accumulators." if
+                                        info.outer_reductions else ".")
+        return {**self._reads(emitter), "title": title, "element_lines": lines,
+                "reductions": [], "after_lines": [],
+                "outputs": [{"name": o.name, "ctype": o.dtype.cuda_type, "value": emitter.env[o]}
+                            for o in outputs],
+                "accumulators": [{"name": f"acc_{e.outputs[0].name}",
+                                  "value": emitter.env[e.inputs[0]]}
+                                 for e in info.outer_reductions]}
+
+    def _reads(self, emitter: Emitter) -> dict:
+        rows, columns = input_tensors(self.info, emitter.used)
+        return {"rows": [t.name for t in rows], "columns": [t.name for t in columns]}
+
+    def row_outputs(self) -> list[dict]:
+        return [{"name": o.name, "ctype": o.dtype.cuda_type, "value": self.row_env[o]}
+                for o in self.info.outputs(Role.ROW)]
+
+
+def passes_context(info: FusionInfo) -> dict:
+    """The scalar prologue, the statements before the first pass, every pass and the row
+    outputs, with the declarations nothing reads left out."""
+    scalar_lines, scalar_env = scalar_prologue(info)
+    p = Passes(info, scalar_env)
+    start = p.row_lines(0)
+    passes = [p.level(k, level) for k, level in enumerate(info.inner_levels)] + [p.final()]
+    row_outputs = p.row_outputs()
+    readers = [line for q in passes for line in q["element_lines"]]
+    readers += [r["value"] for q in passes for r in q["reductions"]]
+    readers += [o["value"] for q in passes for o in q["outputs"]]
+    readers += [a["value"] for q in passes for a in q["accumulators"]]
+    readers += [o["value"] for o in row_outputs]
+    for q in reversed(passes):
+        q["after_lines"] = used_lines(q["after_lines"], readers)
+        readers += q["after_lines"]
+    start = used_lines(start, readers)
+    readers += start
+    return {"scalar_lines": used_lines(scalar_lines, readers), "start_lines": start,
+            "passes": passes, "row_outputs": row_outputs, "scalar_env": scalar_env}
+
+
+def output_store(s: RowSchedule) -> str:
+    """The device function that stores a vector of a full-row output. NVRTC split plain vector
+    stores into element stores in blocks of several rows and in batch loops not fully
+    unrolled (a CPU test on the PTX pins it), so those get fm::store_vector, one st.global
+    by inline PTX; elsewhere the plain fm::store stays whole and leaves the compiler free to
+    schedule (the inline PTX cost registers: bench/TUNING.md, "output stores")."""
+    if s.rows_per_block > 1 or not s.full_unroll:
+        return "fm::store_vector"
+    return "fm::store"
+
+
+def intro(info: FusionInfo, s: RowSchedule) -> list[str]:
+    """The kernel's shape in words, above its signature."""
+    share = (f"its block's part of the row ({s.cluster} blocks of a cluster share each row)"
+             if s.cluster > 1 else "the row")
+    where = {st: [p.tensor for p in s.placements if p.storage is st] for st in Storage}
+    kept = "; ".join(f"{', '.join(names)} in {st}" for st, names in where.items() if names)
+    lines = [f"Each block works on {s.rows_per_block} row(s) at a time and strides over all rows.",
+             f"Thread x of a row owns vectors x, x + {s.threads_per_row}, ... ({s.batch} of them, "
+             f"{s.vec} element(s) each) of {share}.", f"Inputs: {kept}."]
+    if s.aligned_copy:
+        lines.append("Shared row buffers are filled in 16-byte chunks from the boundary at or "
+                     "below each row's start.")
+    return [part for line in lines for part in textwrap.wrap(line, 117)]
+
+
+def row_context(info: FusionInfo, s: RowSchedule, finalize: FinalizeSchedule | None) -> dict:
+    """Everything row_kernel.cu.j2 places but the header and the signature."""
+    body = passes_context(info)
+    ring = None
+    if s.ring is not None:
+        ring = {"buffers": list(s.ring.tensors),
+                "unroll": s.ring.chunks if s.full_unroll else 1}
+    return {
+        "intro": intro(info, s),
+        "s": s,
+        "finalized": finalize is not None,  # a finalize kernel follows: let it launch early
+        "smem": [{"name": b.name, "offset": b.offset, "purpose": b.purpose}
+                 for b in s.smem.buffers],
+        "block_objects": block_objects(info, s),
+        "column_barrier": any(s.placement(t.name).storage is Storage.SMEM
+                              for t in info.col_inputs),
+        "row_objects": [row_buffer(t, s) for t in info.full_inputs
+                        if s.placement(t.name).storage is Storage.REGISTERS],
+        "global_rows": [t.name for t in info.full_inputs
+                        if s.placement(t.name).storage is Storage.GLOBAL],
+        "copies": copies(info, s),
+        "pipelined": s.stages == 2,  # the next rows load while this one computes
+        "ring": ring,
+        "row_inputs": [{"name": t.name, "ctype": ctype(t)} for t in info.row_inputs],
+        "store": output_store(s),
+        "accumulators": [{"name": f"acc_{e.outputs[0].name}", "output": e.outputs[0].name}
+                         for e in info.outer_reductions],
+        **body,
+    }

@@ -1,0 +1,109 @@
+"""Kernel signatures: the parameter list of every kernel fuser renders, as data.
+
+One record per kernel says, in order, what each parameter is (a fusion input or output, a
+workspace of column partial sums, a scalar input, the row count), its C++ name and type. The
+templates declare the parameters from it and the executor gathers the launch arguments from
+it, so the two cannot disagree on the order.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from fuser.analysis import FusionInfo, Role
+from fuser.dtypes import DataType
+from fuser.ir import Tensor
+
+
+class Source(enum.Enum):
+    """Where a launch argument comes from."""
+
+    INPUT = "input"  # fusion input `index` (a tensor's data pointer, or a scalar's value)
+    OUTPUT = "output"  # fusion output `index` (allocated per call)
+    PARTIALS = "partials"  # the workspace of outer reduction `index` ([partial rows, hidden])
+    ROWS = "rows"  # the number of rows (long long)
+    PARTIAL_ROWS = "partial_rows"  # rows of the workspaces that hold partial sums (int)
+
+
+@dataclass(frozen=True)
+class Param:
+    source: Source
+    index: int  # fusion input / output index, or outer reduction index (0 otherwise)
+    name: str  # the C++ parameter name
+    type: str  # the C++ parameter type
+    dtype: DataType | None = None  # a scalar input's dtype (its value is passed by value)
+
+
+@dataclass(frozen=True)
+class Signature:
+    entry: str
+    params: tuple[Param, ...]
+
+
+def _tensor(source: Source, index: int, t: Tensor, const: bool) -> Param:
+    qualifier = "const " if const else ""
+    return Param(source, index, f"g_{t.name}", f"{qualifier}{t.dtype.cuda_type}* __restrict__")
+
+
+def _inputs(info: FusionInfo, tensors) -> list[Param]:
+    index = {v: i for i, v in enumerate(info.fusion.inputs)}
+    return [_tensor(Source.INPUT, index[t], t, True) for t in tensors]
+
+
+def _outputs(info: FusionInfo, tensors) -> list[Param]:
+    index = {v: i for i, v in enumerate(info.fusion.outputs)}
+    return [_tensor(Source.OUTPUT, index[t], t, False) for t in tensors]
+
+
+def _scalars(info: FusionInfo) -> list[Param]:
+    index = {v: i for i, v in enumerate(info.fusion.inputs)}
+    return [Param(Source.INPUT, index[s], s.name, s.dtype.compute_type, s.dtype)
+            for s in info.scalar_inputs]
+
+
+def _partials(info: FusionInfo, const: bool) -> list[Param]:
+    qualifier = "const " if const else ""
+    return [Param(Source.PARTIALS, k, f"g_part_{e.outputs[0].name}",
+                  f"{qualifier}{accumulator_type(e.outputs[0].dtype)}* __restrict__")
+            for k, e in enumerate(info.outer_reductions)]
+
+
+def accumulator_type(dtype: DataType) -> str:
+    """The C++ type an outer reduction of this dtype accumulates in (and its workspace)."""
+    return dtype.compute_type
+
+
+def workspace_dtype(dtype: DataType) -> DataType:
+    """The dtype of the workspace of an outer reduction of this dtype: its compute type."""
+    return {"float": DataType.Float, "double": DataType.Double, "long long": DataType.Int64,
+            "int": DataType.Int32, "bool": DataType.Bool}[dtype.compute_type]
+
+
+ROWS = Param(Source.ROWS, 0, "n_rows", "long long")
+
+
+def row_signature(info: FusionInfo, entry: str) -> Signature:
+    """The row kernel: row, column and per-row inputs, full and per-row outputs, the
+    workspaces, scalar inputs, the row count."""
+    params = (_inputs(info, (*info.full_inputs, *info.col_inputs, *info.row_inputs))
+              + _outputs(info, (*info.outputs(Role.FULL), *info.outputs(Role.ROW)))
+              + _partials(info, False) + _scalars(info) + [ROWS])
+    return Signature(entry, tuple(params))
+
+
+def finalize_signature(info: FusionInfo, entry: str) -> Signature:
+    """The finalize: the workspaces, column inputs and outputs, scalar inputs, the row count
+    and the partial rows to sum."""
+    params = (_partials(info, True) + _inputs(info, info.col_inputs)
+              + _outputs(info, info.outputs(Role.COL)) + _scalars(info)
+              + [ROWS, Param(Source.PARTIAL_ROWS, 0, "partial_rows", "int")])
+    return Signature(entry, tuple(params))
+
+
+def pointwise_signature(info: FusionInfo, entry: str) -> Signature:
+    """The pointwise kernel: every tensor input, every output, scalar inputs, the row count."""
+    outputs = (*info.outputs(Role.FULL), *info.outputs(Role.COL), *info.outputs(Role.ROW))
+    params = (_inputs(info, (*info.full_inputs, *info.col_inputs, *info.row_inputs))
+              + _outputs(info, outputs) + _scalars(info) + [ROWS])
+    return Signature(entry, tuple(params))

@@ -1,0 +1,513 @@
+// fuser row kernels' device library: the parts a row kernel (row_kernel.cu.j2) is assembled
+// from, as templates with compile-time parameters. The scheduler decides where each buffer
+// lives; the kernel declares one object per buffer, of the class that storage calls for, and
+// every class of a role has the same interface: a row buffer or a column yields vector v of a
+// pass with at(v), an accumulator adds with add(v, i, x) and writes its partial row with
+// finish(). So the kernel's passes read the same whatever the schedule chose.
+#pragma once
+#include "fuser_cluster.cuh"
+#include "fuser_copy.cuh"
+#include "fuser_math.cuh"
+
+// The architecture compiled for (NVRTC compiles device code only: __CUDA_ARCH__ is set).
+#ifdef __CUDA_ARCH__
+#define FM_ARCH __CUDA_ARCH__
+#else
+#define FM_ARCH 0
+#endif
+
+namespace fm {
+
+// ----- which rows a block works on, and which vectors of a row a thread owns -----
+
+// A row of H elements is NV = H / VEC vectors. A block works on RPB rows at a time (thread
+// row ty) and owns each row whole, or in a cluster of CLUSTER blocks the PART vectors
+// [first, end) of its rank. Thread tx of the TPR of a row owns vectors first + b * TPR + tx,
+// b < BATCH, those that lie in [first, end). A block (or a cluster) takes rows first_row(),
+// first_row() + row_stride(), ...: the grid is persistent. A pass over a row unrolls UNROLL
+// of the BATCH rounds.
+template <int H_, int VEC_, int TPR_, int RPB_, int BATCH_, int UNROLL_, int CLUSTER_>
+struct RowPart {
+  static constexpr int H = H_, VEC = VEC_, TPR = TPR_, RPB = RPB_, BATCH = BATCH_;
+  static constexpr int UNROLL = UNROLL_, CLUSTER = CLUSTER_;
+  static constexpr int NV = H / VEC;
+  static constexpr int PART = (NV + CLUSTER - 1) / CLUSTER;  // vectors a block keeps per row
+  static constexpr bool EXACT = BATCH * TPR * CLUSTER == NV;  // every visited vector exists
+  int tx;          // the thread's lane in its row
+  int ty;          // the thread's row of the block
+  unsigned rank;   // the block's rank in its cluster (0 without one)
+  unsigned group;  // the block's index, or its cluster's: the owner of rows and partial rows
+  int first;       // the block's first vector of each row
+  int end;         // one past its last
+
+  __device__ __forceinline__ RowPart()
+      : tx(threadIdx.x), ty(threadIdx.y), rank(CLUSTER > 1 ? cluster_rank() : 0),
+        group(CLUSTER > 1 ? cluster_index() : blockIdx.x), first(int(rank) * PART),
+        end(CLUSTER > 1 ? min(NV, first + PART) : NV) {}
+
+  __device__ __forceinline__ int vector(int b) const { return first + b * TPR + tx; }
+  __device__ __forceinline__ bool owns(int j) const { return EXACT || j < end; }
+  __device__ __forceinline__ long long first_row() const {
+    return static_cast<long long>(group) * RPB;
+  }
+  __device__ __forceinline__ long long row_stride() const {
+    return static_cast<long long>(CLUSTER > 1 ? cluster_count() : gridDim.x) * RPB;
+  }
+  // Bytes of the block's part of a row of T.
+  template <typename T>
+  __device__ __forceinline__ int bytes() const {
+    return (end - first) * VEC * static_cast<int>(sizeof(T));
+  }
+  // Whether this thread writes the row's per-row values (one thread of the row's cluster).
+  __device__ __forceinline__ bool writes_row_values() const { return tx == 0 && rank == 0; }
+};
+
+// The vector a pass visits: the thread's b-th vector of the part, j-th of the row, k-th of
+// the block's part; through a staging ring, also its slot and its index there.
+struct Visit {
+  int b;
+  int j;
+  int k;
+  int slot;
+  int in_slot;
+};
+
+// One pass over the thread's vectors of its part: body(v) for each.
+template <typename Part, typename Body>
+__device__ __forceinline__ void for_each_vector(const Part& part, Body&& body) {
+#pragma unroll Part::UNROLL
+  for (int b = 0; b < Part::BATCH; ++b) {
+    const int j = part.vector(b);
+    if (part.owns(j)) body(Visit{b, j, j - part.first, 0, 0});
+  }
+}
+
+// One value per row ([rows, 1] inputs), 0 past the last row.
+template <typename C, typename T>
+__device__ __forceinline__ C row_value(const T* g, long long row, bool valid) {
+  return valid ? static_cast<C>(to_compute(g[row])) : C(0);
+}
+
+// ----- row buffers ([rows, hidden] inputs): at(v) is vector v of the current row -----
+
+// Kept in registers: the thread's vectors of the row, all loads issued before any is used.
+template <typename T, typename Part>
+struct RowInRegisters {
+  using V = Vec<T, Part::VEC>;
+  V v[Part::BATCH];
+
+  __device__ __forceinline__ RowInRegisters(const Part& part, const T* g, long long row,
+                                            bool valid) {
+#pragma unroll
+    for (int b = 0; b < Part::BATCH; ++b) {
+      const int j = part.vector(b);
+      v[b] = (valid && part.owns(j)) ? load<Part::VEC>(g + row * Part::H + j * Part::VEC) : V{};
+    }
+  }
+  __device__ __forceinline__ V at(const Visit& x) const { return v[x.b]; }
+};
+
+// How a shared row buffer is filled: by cp.async of one vector per thread (each thread then
+// reads back only what it copied), by cp.async of the 16-byte chunks from the boundary at or
+// below the row's start (threads read each other's chunks: a barrier comes between), or
+// through registers (vectors too narrow for cp.async).
+enum class Copy { VECTORS, CHUNKS, REGISTERS };
+
+// Kept in shared memory: row slot `slot` (of STAGES x RPB) of SLOT_BYTES each; copy() fills a
+// slot, ready() points the buffer at the row in its slot.
+template <typename T, typename Part, Copy COPY, int SLOT_BYTES>
+struct RowInSmem {
+  using V = Vec<T, Part::VEC>;
+  static constexpr int ROUNDS = (SLOT_BYTES / 16 + Part::TPR - 1) / Part::TPR;  // chunks each
+  unsigned char* base;
+  const T* g;
+  const V* row = nullptr;
+
+  __device__ __forceinline__ RowInSmem(unsigned char* base, const T* g) : base(base), g(g) {}
+
+  __device__ __forceinline__ void copy(const Part& part, int slot, long long r, bool active) {
+    if (!active) return;
+    unsigned char* dst = base + slot * SLOT_BYTES;
+    if constexpr (COPY == Copy::CHUNKS) {
+      copy_row_chunks<ROUNDS>(dst, g + r * Part::H + part.first * Part::VEC, part.template bytes<T>(),
+                              part.tx, Part::TPR);
+    } else {
+#pragma unroll
+      for (int b = 0; b < Part::BATCH; ++b) {
+        const int j = part.vector(b);
+        if (part.owns(j)) {
+          V* to = reinterpret_cast<V*>(dst) + (j - part.first);
+          if constexpr (COPY == Copy::VECTORS) {
+            cp_async<sizeof(V)>(to, g + r * Part::H + j * Part::VEC);
+          } else {
+            *to = load<Part::VEC>(g + r * Part::H + j * Part::VEC);
+          }
+        }
+      }
+    }
+  }
+  __device__ __forceinline__ void ready(const Part& part, int slot, long long r) {
+    const unsigned char* p = base + slot * SLOT_BYTES;
+    if constexpr (COPY == Copy::CHUNKS) {
+      p += row_offset(g, (r * Part::H + part.first * Part::VEC) * static_cast<long long>(sizeof(T)));
+    }
+    row = reinterpret_cast<const V*>(p);
+  }
+  __device__ __forceinline__ V at(const Visit& x) const { return row[x.k]; }
+};
+
+// Re-read from global memory in every pass (mostly from L2, where the row just was).
+template <typename T, typename Part>
+struct RowInGlobal {
+  using V = Vec<T, Part::VEC>;
+  const T* g;
+  const T* row = nullptr;
+  bool valid = false;
+
+  __device__ __forceinline__ explicit RowInGlobal(const T* g) : g(g) {}
+  __device__ __forceinline__ void ready(long long r, bool v) {
+    row = g + r * Part::H;
+    valid = v;
+  }
+  __device__ __forceinline__ V at(const Visit& x) const {
+    return valid ? load<Part::VEC>(row + x.j * Part::VEC) : V{};
+  }
+};
+
+// ----- the staging ring: re-read rows streamed in chunks through shared-memory slots -----
+
+// Chunk q of the block's stream: chunk c (of CHUNKS) of its row `row`, into slot q % DEPTH.
+struct RingChunk {
+  long long row;
+  int c;
+  int slot;
+  int vectors;  // vectors of the block's part in this chunk (the tail chunk holds fewer)
+};
+
+// Every pass over a row reads its CHUNKS chunks of CV vectors (UNITS per thread) in turn; the
+// q-th chunk the block reads is in slot q % DEPTH, copied DEPTH chunks earlier. BULK rings
+// are filled by thread 0 through the bulk copy engine, one mbarrier per slot counting
+// VECTOR_BYTES per vector of every ring buffer; the others by every thread's own cp.async.
+template <typename Part, bool BULK, int DEPTH, int UNITS, int CHUNKS, int PASSES,
+          int VECTOR_BYTES>
+struct StagingRing {
+  static_assert(!BULK || FM_ARCH >= 900,
+                "this kernel's staging ring is filled by cp.async.bulk on mbarriers, which needs "
+                "sm_90");
+  static constexpr int CV = UNITS * Part::TPR;
+  unsigned long long* full;  // BULK: the slots' mbarriers
+  long long row0;
+  long long row_stride;
+  int q = 0;  // chunks this block has read
+
+  __device__ __forceinline__ StagingRing(unsigned char* barriers, const Part& part)
+      : full(reinterpret_cast<unsigned long long*>(barriers)), row0(part.first_row()),
+        row_stride(part.row_stride()) {
+    if constexpr (BULK) {
+      if (part.tx == 0 && part.ty == 0) {
+        for (int k = 0; k < DEPTH; ++k) mbarrier_init(&full[k], 1);  // the copying thread
+        fence_mbarrier_init();  // the initialised barriers are visible to the copy engine
+      }
+      __syncthreads();
+    }
+  }
+  __device__ __forceinline__ RingChunk chunk(const Part& part, int n) const {
+    const long long row = row0 + static_cast<long long>(n / (CHUNKS * PASSES)) * row_stride;
+    const int c = n % CHUNKS;
+    return RingChunk{row, c, n % DEPTH, max(0, min(CV, (part.end - part.first) - c * CV))};
+  }
+  // Issue the copies of chunk n (nothing past the last row).
+  template <typename Fill>
+  __device__ __forceinline__ void fill(const Part& part, int n, long long n_rows, Fill&& f) {
+    const RingChunk ch = chunk(part, n);
+    if constexpr (BULK) {
+      if (part.tx != 0 || ch.row >= n_rows) return;
+      mbarrier_expect_tx(&full[ch.slot], ch.vectors * VECTOR_BYTES);
+      if (ch.vectors > 0) f(ch);
+    } else {
+      if (ch.row < n_rows) f(ch);
+      cp_async_commit();
+    }
+  }
+  template <typename Fill>
+  __device__ __forceinline__ void start(const Part& part, long long n_rows, Fill&& f) {
+    for (int n = 0; n < DEPTH; ++n) fill(part, n, n_rows, f);  // the first DEPTH chunks
+  }
+  // One pass over the row, chunk by chunk (UNROLL chunks unrolled): wait for the chunk, run
+  // body(v) over its vectors, then refill the slot DEPTH chunks ahead once every thread is
+  // done with it.
+  template <int UNROLL, typename Fill, typename Body>
+  __device__ __forceinline__ void pass(const Part& part, long long n_rows, Fill&& f,
+                                       Body&& body) {
+#pragma unroll UNROLL
+    for (int c = 0; c < CHUNKS; ++c, ++q) {
+      const int slot = q % DEPTH;
+      if constexpr (BULK) {
+        mbarrier_wait(&full[slot], (q / DEPTH) & 1);  // the chunk has landed
+      } else {
+        cp_async_wait<DEPTH - 1>();  // this thread's copies of the chunk have landed
+      }
+#pragma unroll
+      for (int u = 0; u < UNITS; ++u) {
+        const int b = c * UNITS + u;
+        const int j = part.vector(b);
+        if (part.owns(j)) body(Visit{b, j, j - part.first, slot, u * Part::TPR + part.tx});
+      }
+      __syncthreads();  // every thread is done with the slot
+      fill(part, q + DEPTH, n_rows, f);
+    }
+  }
+};
+
+// A row buffer streamed through the ring: DEPTH slots of SLOT_VECTORS vectors each.
+template <typename T, typename Part, bool BULK, int SLOT_VECTORS>
+struct RowInRing {
+  using V = Vec<T, Part::VEC>;
+  V* slots;
+  const T* g;
+
+  __device__ __forceinline__ RowInRing(unsigned char* slots, const T* g)
+      : slots(reinterpret_cast<V*>(slots)), g(g) {}
+  template <typename Ring>
+  __device__ __forceinline__ void fill(const Part& part, const RingChunk& ch, Ring& ring) {
+    const T* src = g + ch.row * Part::H + (part.first + ch.c * Ring::CV) * Part::VEC;
+    V* dst = slots + ch.slot * SLOT_VECTORS;
+    if constexpr (BULK) {
+      bulk_copy(dst, src, ch.vectors * static_cast<int>(sizeof(V)), &ring.full[ch.slot]);
+    } else {
+#pragma unroll
+      for (int u = 0; u < Ring::CV / Part::TPR; ++u) {
+        const int v = u * Part::TPR + part.tx;
+        if (v < ch.vectors) cp_async<sizeof(V)>(dst + v, src + v * Part::VEC);
+      }
+    }
+  }
+  __device__ __forceinline__ V at(const Visit& x) const {
+    return slots[x.slot * SLOT_VECTORS + x.in_slot];
+  }
+};
+
+// ----- column inputs ([hidden]): loaded once per block; at(v) is vector v -----
+
+template <typename T, typename Part>
+struct ColumnInRegisters {
+  using V = Vec<T, Part::VEC>;
+  V v[Part::BATCH];
+
+  __device__ __forceinline__ ColumnInRegisters(const Part& part, const T* g) {
+#pragma unroll Part::UNROLL
+    for (int b = 0; b < Part::BATCH; ++b) {
+      const int j = part.vector(b);
+      if (part.owns(j)) v[b] = load<Part::VEC>(g + j * Part::VEC);
+    }
+  }
+  __device__ __forceinline__ V at(const Visit& x) const { return v[x.b]; }
+};
+
+// In shared memory, shared by the block's rows (loaded by its first row of threads; a barrier
+// follows the loads of every column buffer).
+template <typename T, typename Part>
+struct ColumnInSmem {
+  using V = Vec<T, Part::VEC>;
+  V* s;
+
+  __device__ __forceinline__ ColumnInSmem(const Part& part, unsigned char* buffer, const T* g)
+      : s(reinterpret_cast<V*>(buffer)) {
+    if (part.ty != 0) return;
+#pragma unroll Part::UNROLL
+    for (int b = 0; b < Part::BATCH; ++b) {
+      const int j = part.vector(b);
+      if (part.owns(j)) s[j - part.first] = load<Part::VEC>(g + j * Part::VEC);
+    }
+  }
+  __device__ __forceinline__ V at(const Visit& x) const { return s[x.k]; }
+};
+
+template <typename T, typename Part>
+struct ColumnInGlobal {
+  const T* g;
+
+  __device__ __forceinline__ explicit ColumnInGlobal(const T* g) : g(g) {}
+  __device__ __forceinline__ Vec<T, Part::VEC> at(const Visit& x) const {
+    return load<Part::VEC>(g + x.j * Part::VEC);
+  }
+};
+
+// ----- reductions over a row: its warps, its block's warps, its cluster's blocks -----
+
+// One value being reduced, and how.
+template <typename T, typename Op>
+struct Reduced {
+  T& value;
+  Op op;
+};
+template <typename T, typename Op>
+__device__ __forceinline__ Reduced<T, Op> reduced(T& value, Op op) {
+  return Reduced<T, Op>{value, op};
+}
+
+// Reduces the values of one inner-reduction level (up to WIDTH of them) over each row's
+// threads: shuffles within warps; across a row's warps, lane 0 of each posts its partial to
+// `scratch` and, after one barrier, every thread combines the row's partials in warp order;
+// across a cluster, thread 0 of each block posts the block's total to `exchange` and, after
+// one cluster barrier, every block combines all of them in rank order (the same result, in
+// the same order, in each). Scratch and exchange have two parities, alternated call by call,
+// so the next level never overwrites partials that slower threads are still reading.
+template <typename T, typename Part, int WIDTH>
+struct RowReducer {
+  static constexpr int WARPS = Part::TPR > 32 ? Part::TPR / 32 : 1;
+  T* scratch;   // 2 parities x WIDTH x RPB x WARPS (rows of more than one warp)
+  T* exchange;  // 2 parities x WIDTH x RPB, read by the cluster's blocks (clusters)
+  int round = 0;
+
+  __device__ __forceinline__ RowReducer(unsigned char* scratch, unsigned char* exchange)
+      : scratch(reinterpret_cast<T*>(scratch)), exchange(reinterpret_cast<T*>(exchange)) {}
+
+  template <typename... Values>
+  __device__ __forceinline__ void operator()(const Part& part, Values... values) {
+    ((values.value = warp_reduce<(Part::TPR < 32 ? Part::TPR : 32)>(values.value, values.op)), ...);
+    const int parity = round & 1;
+    ++round;
+    if constexpr (Part::TPR > 32) {
+      T* slot = scratch + parity * (WIDTH * Part::RPB * WARPS);
+      if ((part.tx & 31) == 0) {
+        int n = 0;
+        ((slot[(n++ * Part::RPB + part.ty) * WARPS + part.tx / 32] = values.value), ...);
+      }
+      __syncthreads();
+      int n = 0;
+      ((values.value = combine<WARPS>(slot + (n++ * Part::RPB + part.ty) * WARPS, values.op)), ...);
+    }
+    if constexpr (Part::CLUSTER > 1) {
+      T* post = exchange + parity * (WIDTH * Part::RPB);
+      if (part.tx == 0) {
+        int n = 0;
+        ((post[n++ * Part::RPB + part.ty] = values.value), ...);
+      }
+      cluster_sync();
+      int n = 0;
+      ((values.value = combine_peers(post + n++ * Part::RPB + part.ty, values.op)), ...);
+    }
+  }
+
+  template <int N, typename Op>
+  static __device__ __forceinline__ T combine(const T* partials, Op op) {
+    T total = partials[0];
+#pragma unroll
+    for (int w = 1; w < N; ++w) total = op(total, partials[w]);
+    return total;
+  }
+  template <typename Op>
+  static __device__ __forceinline__ T combine_peers(const T* post, Op op) {
+    T total = load_peer(post, 0);
+    for (unsigned q = 1; q < Part::CLUSTER; ++q) total = op(total, load_peer(post, q));
+    return total;
+  }
+};
+
+// ----- column (outer) reductions: each thread accumulates its vectors over the rows it
+// visits; finish() leaves one partial row per block (or cluster) in the workspace, which the
+// finalize kernel sums -----
+
+// In registers; a block of several rows folds them into its first through `combine` (one row
+// of the block's part).
+template <typename T, typename Op, typename Part>
+struct AccumulatorInRegisters {
+  T v[Part::BATCH][Part::VEC];
+  T* partials;
+  T* combine;
+
+  __device__ __forceinline__ AccumulatorInRegisters(const Part& part, T* partials,
+                                                    unsigned char* combine)
+      : partials(partials), combine(reinterpret_cast<T*>(combine)) {
+#pragma unroll Part::UNROLL
+    for (int b = 0; b < Part::BATCH; ++b) {
+#pragma unroll
+      for (int i = 0; i < Part::VEC; ++i) {
+        if (part.owns(part.vector(b))) v[b][i] = Op::template identity<T>();
+      }
+    }
+  }
+  __device__ __forceinline__ void add(const Visit& x, int i, T value) {
+    v[x.b][i] = Op{}(v[x.b][i], value);
+  }
+  __device__ __forceinline__ void finish(const Part& part) {
+    for (int y = 1; y < Part::RPB; ++y) {
+      __syncthreads();
+      if (part.ty == y) each<Part::BATCH>(part, [&](int b, int k, int i) { combine[k * Part::VEC + i] = v[b][i]; });
+      __syncthreads();
+      if (part.ty == 0) {
+        each<Part::BATCH>(part, [&](int b, int k, int i) { v[b][i] = Op{}(v[b][i], combine[k * Part::VEC + i]); });
+      }
+    }
+    if (part.ty != 0) return;
+    const long long row = static_cast<long long>(part.group) * Part::H;
+    each<Part::BATCH>(part, [&](int b, int k, int i) {
+      partials[row + (part.first + k) * Part::VEC + i] = v[b][i];
+    });
+  }
+  // f(b, k, i) for element i of each vector the thread owns (k: its index in the part),
+  // UNROLL rounds unrolled.
+  template <int UNROLL, typename F>
+  __device__ __forceinline__ static void each(const Part& part, F&& f) {
+#pragma unroll UNROLL
+    for (int b = 0; b < Part::BATCH; ++b) {
+      const int j = part.vector(b);
+      if (part.owns(j)) {
+#pragma unroll
+        for (int i = 0; i < Part::VEC; ++i) f(b, j - part.first, i);
+      }
+    }
+  }
+};
+
+// In shared memory, each thread its own slots (RPB rows of the block's part); the first row
+// of threads folds the block's rows into the partial row.
+template <typename T, typename Op, typename Part>
+struct AccumulatorInSmem {
+  T* s;
+  T* partials;
+
+  __device__ __forceinline__ AccumulatorInSmem(const Part& part, T* partials,
+                                               unsigned char* slots)
+      : s(reinterpret_cast<T*>(slots)), partials(partials) {
+    AccumulatorInRegisters<T, Op, Part>::template each<Part::UNROLL>(part, [&](int, int k, int i) {
+      s[(part.ty * Part::PART + k) * Part::VEC + i] = Op::template identity<T>();
+    });
+  }
+  __device__ __forceinline__ void add(const Visit& x, int i, T value) {
+    T& a = s[(threadIdx.y * Part::PART + x.k) * Part::VEC + i];
+    a = Op{}(a, value);
+  }
+  __device__ __forceinline__ void finish(const Part& part) {
+    __syncthreads();
+    if (part.ty != 0) return;
+    const long long row = static_cast<long long>(part.group) * Part::H;
+    AccumulatorInRegisters<T, Op, Part>::template each<Part::BATCH>(part, [&](int, int k, int i) {
+      T total = s[k * Part::VEC + i];
+      for (int y = 1; y < Part::RPB; ++y) total = Op{}(total, s[(y * Part::PART + k) * Part::VEC + i]);
+      partials[row + (part.first + k) * Part::VEC + i] = total;
+    });
+  }
+};
+
+// In the workspace: each row of threads accumulates straight into a partial row of its own
+// (read and written every row; nothing to fold).
+template <typename T, typename Op, typename Part>
+struct AccumulatorInGlobal {
+  T* row;
+
+  __device__ __forceinline__ AccumulatorInGlobal(const Part& part, T* partials)
+      : row(partials + (static_cast<long long>(part.group) * Part::RPB + part.ty) * Part::H) {
+    AccumulatorInRegisters<T, Op, Part>::template each<Part::UNROLL>(part, [&](int, int k, int i) {
+      row[(part.first + k) * Part::VEC + i] = Op::template identity<T>();
+    });
+  }
+  __device__ __forceinline__ void add(const Visit& x, int i, T value) {
+    T& a = row[x.j * Part::VEC + i];
+    a = Op{}(a, value);
+  }
+  __device__ __forceinline__ void finish(const Part&) {}
+};
+
+}  // namespace fm
