@@ -20,7 +20,7 @@ from fuser.cache import KernelCache, default_cache
 from fuser.codegen import KernelSource, render_pointwise, render_row, template_dir
 from fuser.compile import CompiledModule
 from fuser.device import DeviceSpec
-from fuser.errors import OutOfResourcesError
+from fuser.errors import HintError, OutOfResourcesError
 from fuser.schedulers import Hints, Problem, candidates
 from fuser.schedulers.base import FinalizeSchedule, PointwiseSchedule, RowSchedule
 from fuser.schedulers.finalize import finalize_schedule, needs_finalize
@@ -58,42 +58,62 @@ def build(
     hints: Hints | None = None,
     cache: KernelCache | None = None,
 ) -> Built:
-    """Schedule, render and compile fusion `name` for `problem` on `device`."""
+    """Schedule, render and compile fusion `name` for `problem` on `device`: the first
+    candidate schedule that compiles without spills (each rebuilt for fewer blocks per SM,
+    then a shorter unroll, before the next candidate is tried)."""
     cache = cache or default_cache()
-    attempts = []
-    for sched in candidates(info, problem, device, hints):
-        final = None
-        if not isinstance(sched, PointwiseSchedule) and needs_finalize(info):
-            final = finalize_schedule(info, problem, device, hints and hints.finalize_lanes)
-        for plan in (sched.smem, final.smem if final else None):
-            if plan is not None:
-                plan.check(f"fusion '{name}' at hidden {problem.hidden}")
-        while True:
-            source = _render(name, info, sched, final)
-            compiled, path = cache.get_or_compile(source.source, name, device.arch,
-                                                  (str(template_dir()),))
-            resources = compiled.resource(source.row_entry)
-            if not resources.spills:
-                built = Built(info, sched, final, source, compiled, path)
-                _dump(built)
+    attempts: list[str] = []
+    try:
+        for sched in candidates(info, problem, device, hints):
+            final = None
+            if not isinstance(sched, PointwiseSchedule) and needs_finalize(info):
+                lanes = hints.finalize_lanes if hints is not None else None
+                final = finalize_schedule(info, problem, device, lanes)
+            built = _compile(name, info, sched, final, problem, device, cache, attempts)
+            if built is not None:
                 return built
-            attempts.append(f"{sched.reason}: {resources}")
-            if not isinstance(sched, RowSchedule):
-                break
-            if sched.blocks_per_sm > 1:
-                sched = replace(sched, blocks_per_sm=sched.blocks_per_sm - 1,
-                                reason=sched.reason + f"; ptxas spilled at {sched.blocks_per_sm} "
-                                f"block(s)/SM, rebuilt for {sched.blocks_per_sm - 1}")
-            elif not sched.full_unroll and sched.unroll > 1:
-                sched = replace(sched, unroll=sched.unroll // 2,
-                                reason=sched.reason + f"; ptxas spilled unrolling {sched.unroll}, "
-                                f"rebuilt unrolling {sched.unroll // 2}")
-            else:
-                break
+    except (HintError, OutOfResourcesError) as exc:
+        if not attempts:
+            raise
+        raise type(exc)(f"{exc}\nCompiled, and spilled registers (ptxas):\n  "
+                        + "\n  ".join(attempts)) from None
     raise OutOfResourcesError(
         f"every schedule of fusion '{name}' at hidden {problem.hidden} spills registers on "
         f"{device.name}:\n  " + "\n  ".join(attempts)
     )
+
+
+def _compile(name: str, info: FusionInfo, sched: RowSchedule | PointwiseSchedule,
+             final: FinalizeSchedule | None, problem: Problem, device: DeviceSpec,
+             cache: KernelCache, attempts: list[str]) -> Built | None:
+    """The schedule compiled without spills, rebuilt for one block per SM fewer, then (at one
+    block per SM) with its batch loop unrolled half as far, while ptxas spills; None (each
+    attempt noted in `attempts`) when every rebuild spills."""
+    for plan in (sched.smem, final.smem if final else None):
+        if plan is not None:
+            plan.check(f"fusion '{name}' at hidden {problem.hidden}")
+    while True:
+        source = _render(name, info, sched, final)
+        compiled, path = cache.get_or_compile(source.source, name, device.arch,
+                                              (str(template_dir()),))
+        resources = compiled.resource(source.row_entry)
+        if not resources.spills:
+            built = Built(info, sched, final, source, compiled, path)
+            _dump(built)
+            return built
+        attempts.append(f"{sched.reason}: {resources}")
+        if not isinstance(sched, RowSchedule):
+            return None
+        if sched.blocks_per_sm > 1:
+            sched = replace(sched, blocks_per_sm=sched.blocks_per_sm - 1,
+                            reason=sched.reason + f"; ptxas spilled at {sched.blocks_per_sm} "
+                            f"block(s)/SM, rebuilt for {sched.blocks_per_sm - 1}")
+        elif not sched.full_unroll and sched.unroll > 1:
+            sched = replace(sched, unroll=sched.unroll // 2,
+                            reason=sched.reason + f"; ptxas spilled unrolling {sched.unroll}, "
+                            f"rebuilt unrolling {sched.unroll // 2}")
+        else:
+            return None
 
 
 def _dump(built: Built) -> None:

@@ -11,7 +11,14 @@ import pytest
 
 import fuser.executor as executor
 import fuser.kernels as kernels
-from fuser import BadInputError, CompileError, DataType, LaunchError, OutOfResourcesError
+from fuser import (
+    BadInputError,
+    CompileError,
+    DataType,
+    HintError,
+    LaunchError,
+    OutOfResourcesError,
+)
 from fuser.fusions import FUSIONS, make_inputs
 from fuser.schedulers import Hints
 
@@ -61,7 +68,7 @@ def test_resource_error_changes_nothing(rng):
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         before = _state()
-        with pytest.raises(OutOfResourcesError, match="2048 threads per block"):
+        with pytest.raises(HintError, match=r"rows_per_block=2\): allowed: 1 to 1"):
             executor.execute(fd, _inputs(rng), hints=hints)
         assert _state() == before
     fd.validate(_inputs(rng))
