@@ -1,6 +1,8 @@
-"""GB/s against hidden size for one benchmark report (the dict bench/run.py writes as json).
+"""GB/s against hidden size for one benchmark report (the dict bench/run.py writes as json),
+or two bench/variants.py runs side by side (before and after a change).
 
 Usage: python3 bench/plot.py REPORT.json [OUT.png]   (default: the json's name with .png)
+       python3 bench/plot.py --compare BEFORE.json AFTER.json OUT.png
 """
 
 from __future__ import annotations
@@ -68,11 +70,59 @@ def plot_report(report: dict, path) -> Path:
     return path
 
 
+def fractions(variants_report: dict) -> dict[str, tuple[list[int], list[float]]]:
+    """fusion -> (hidden sizes, fraction of the copy) of a bench/variants.py json's defaults."""
+    out: dict[str, tuple[list[int], list[float]]] = {}
+    for r in variants_report["records"]:
+        if r["variant"] == "default" and "fraction_of_copy" in r:
+            xs, ys = out.setdefault(r["fusion"], ([], []))
+            xs.append(r["hidden"])
+            ys.append(r["fraction_of_copy"])
+    return out
+
+
+def plot_comparison(before: dict, after: dict, path) -> Path:
+    """One panel per fusion: the fraction of the copy before and after, against hidden."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    old, new = fractions(before), fractions(after)
+    names = list(new)
+    fig, axes = plt.subplots(2, (len(names) + 1) // 2, figsize=(13, 7), squeeze=False)
+    try:
+        for ax, name in zip(axes.flat, names, strict=False):
+            for (xs, ys), label, fmt in ((old.get(name, ([], [])), "before", "s--"),
+                                         (new[name], "after", "o-")):
+                ax.plot(xs, ys, fmt, label=label)
+            ax.set_xscale("log", base=2)
+            ax.set_ylim(0, 1.15)
+            ax.set_title(name, fontsize=10)
+            ax.grid(True, alpha=0.3)
+            ax.set_xlabel("hidden size")
+            ax.set_ylabel("fraction of a device copy")
+            ax.legend(loc="lower left", fontsize=8)
+        fig.suptitle(f"{before.get('tree', 'before')} -> {after.get('tree', 'after')}, "
+                     f"{after.get('dtype', '')}", fontsize=10)
+        fig.tight_layout()
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         print(__doc__.strip(), file=sys.stderr)
         return 2
+    if argv[0] == "--compare" and len(argv) == 4:
+        before, after = (json.loads(Path(a).read_text()) for a in argv[1:3])
+        print(plot_comparison(before, after, argv[3]))
+        return 0
     src = Path(argv[0])
     out = Path(argv[1]) if len(argv) > 1 else src.with_suffix(".png")
     print(plot_report(json.loads(src.read_text()), out))

@@ -117,6 +117,9 @@ class HintContext:
     full_inputs: tuple[str, ...]  # names of the [rows, hidden] inputs
     col_inputs: tuple[str, ...]  # names of the [hidden] inputs
     vectors: int  # vectors per row (hidden / vec): each block of a cluster needs at least one
+    # threads per row that rows_per_block multiplies: the hinted ones, or the geometry's at
+    # the hinted cluster size (1 without one), so a block-size hint never brings in a cluster
+    threads_per_row: int
     has_accumulators: bool  # the fusion has outer reductions
     has_finalize: bool  # a finalize kernel follows the row kernel
     device: DeviceSpec
@@ -147,11 +150,12 @@ def _problems(hints: Hints, ctx: HintContext):
             f"aligned groups of lanes); allowed: {_listed(sizes)}")
     rpb = hints.rows_per_block
     if rpb is not None:
-        most = device.max_threads_per_block // (tpr or 1)
+        most = device.max_threads_per_block // ctx.threads_per_row
         if not 1 <= rpb <= most:
             yield "rows_per_block", (
                 f"allowed: 1 to {most} ({device.max_threads_per_block} threads per block on "
-                f"{device.name}{f' / {tpr} threads per row' if tpr else ''})")
+                f"{device.name} / {ctx.threads_per_row} threads per row"
+                f"{'' if tpr else ', more with fewer threads per row (a threads_per_row or cluster hint)'})")
     if hints.cluster is not None:
         allowed = [1] + [k for k in CLUSTER_SIZES if device.arch >= 90 and k <= ctx.vectors]
         if hints.cluster not in allowed:

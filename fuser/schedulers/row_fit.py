@@ -234,8 +234,9 @@ def _reason(phase: Phase, geo: RowGeometry, choice: StorageChoice,
     in_smem = [t.name for t in buffers if storage[t.name] is Storage.SMEM]
     reread = [t.name for t in buffers if storage[t.name] is Storage.GLOBAL]
     kept = ", ".join(in_smem) or ("only the staging ring" if ring else "nothing")
+    rows_in_smem = any(storage[t.name] is Storage.SMEM for t in phase.fusion.full)
     words = [f"{phase.policy.name} policy: {kept} in smem"
-             + (f" ({choice.stages} stages)" if choice.stages > 1 and in_smem else "")]
+             + (f" ({choice.stages} stages)" if choice.stages > 1 and rows_in_smem else "")]
     if reread:
         words.append(f"{','.join(reread)} re-read each pass")
     if ring:

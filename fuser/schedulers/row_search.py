@@ -19,9 +19,9 @@ from fuser.device import DeviceSpec
 from fuser.errors import HintError, OutOfResourcesError
 from fuser.schedulers.base import Problem, RowSchedule, Storage, pick_vec
 from fuser.schedulers.finalize import default_lanes, needs_finalize
-from fuser.schedulers.hints import HintContext, Hints, check
+from fuser.schedulers.hints import HintContext, Hints, check, powers_of_two
 from fuser.schedulers.row_fit import fit
-from fuser.schedulers.row_geometry import cluster_sizes, geometry
+from fuser.schedulers.row_geometry import cluster_sizes, geometry, row_split
 from fuser.schedulers.row_records import Phase, Reach, Rejection, RowFusion, RowPolicy
 from fuser.schedulers.row_storage import choices
 
@@ -141,21 +141,31 @@ class RowSearch:
         vec = pick_vec(self.problem.hidden, list(self.fusion.itemsizes),
                        self.problem.align_bytes)
         widest = max((t.dtype.itemsize for t in self.fusion.full), default=1)
-        if self.problem.align_bytes < 16 or vec * widest >= 16:
+        why = []
+        if self.problem.align_bytes < 16:
+            why.append(f"every input 16-byte aligned (these are {self.problem.align_bytes}-byte "
+                       "aligned)")
+        if vec * widest >= 16:
+            why.append(f"row vectors narrower than 16 bytes (these are {vec} x {widest} B)")
+        if why:
             raise HintError(
-                f"Hints(aligned_copy=True): aligned copies need every input 16-byte aligned "
-                f"(these are {self.problem.align_bytes}-byte aligned) and row vectors narrower "
-                f"than 16 bytes (these are {vec} x {widest} B); allowed here: None or False; "
-                f"the heuristic picks aligned_copy={self._default('aligned_copy')} here")
+                f"Hints(aligned_copy=True): aligned copies need {' and '.join(why)}; allowed "
+                f"here: None or False; the heuristic picks "
+                f"aligned_copy={self._default('aligned_copy')} here")
 
     def _hint_context(self) -> HintContext:
         info = self.fusion.info
         vec = pick_vec(self.problem.hidden, list(self.fusion.itemsizes),
                        self.problem.align_bytes)
+        tpr = self.hints.threads_per_row
+        if tpr not in powers_of_two(self.device.max_threads_per_block):
+            tpr = row_split(self.problem.hidden, self.fusion.itemsizes, self.problem.align_bytes,
+                            self.policy, self.device, None, self.hints.cluster or 1)[1]
         return HintContext(
             full_inputs=tuple(t.name for t in info.full_inputs),
             col_inputs=tuple(t.name for t in info.col_inputs),
             vectors=self.problem.hidden // vec,
+            threads_per_row=tpr,
             has_accumulators=bool(info.outer_reductions),
             has_finalize=needs_finalize(info),
             device=self.device,
