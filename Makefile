@@ -21,10 +21,12 @@ demo: setup
 
 test: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(VENV)/bin/python -m pytest -m "not gpu" -q
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 # FUSER_REQUIRE_GPU=1 turns a missing GPU into errors instead of skips.
 test-gpu:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from typing import Any
 
 from fuser.analysis import analyze
 from fuser.device import PRESETS, DeviceSpec
@@ -83,7 +84,8 @@ def _hints(given: list[tuple[str, object]]) -> Hints | None:
     twice = sorted({k for k in keys if keys.count(k) > 1})
     if twice:
         raise HintError(f"--hint {', '.join(twice)} given more than once; give each hint once")
-    return Hints(**dict(given))
+    fields: dict[str, Any] = dict(given)
+    return Hints(**fields)
 
 
 def _hint_words(hints: Hints | None) -> str:

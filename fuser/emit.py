@@ -97,9 +97,10 @@ class Emitter:
         self.used.update(t for t in targets if t in self.known)
         lines = []
         for v in sorted(needed, key=lambda v: v.index):
-            expr = self._expression(v.definition)
-            if v.definition.op == "broadcast_in_dim" or (
-                    v.definition.op == "cast" and v.definition.inputs[0].dtype is v.dtype):
+            e = v.definition
+            assert e is not None  # `needed` holds computed values only
+            expr = self._expression(e)
+            if e.op == "broadcast_in_dim" or (e.op == "cast" and e.inputs[0].dtype is v.dtype):
                 self.env[v] = expr
                 continue
             name = f"{self.prefix}{v.name}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -25,12 +26,19 @@ from fuser.compile import CompiledModule
 from fuser.device import DeviceSpec
 from fuser.dtypes import DataType
 from fuser.errors import BadInputError, OutOfResourcesError
-from fuser.ir import Scalar, Tensor
+from fuser.ir import Scalar, Tensor, as_tensor
 from fuser.kernels import build
 from fuser.launch import POINTER, EntryLauncher, ctype_of
 from fuser.reference import bind_shapes
 from fuser.schedulers import Hints, Problem
-from fuser.schedulers.base import Launch, PointwiseSchedule, ceil_div, next_pow2
+from fuser.schedulers.base import (
+    FinalizeSchedule,
+    Launch,
+    PointwiseSchedule,
+    RowSchedule,
+    ceil_div,
+    next_pow2,
+)
 from fuser.signature import Signature, Source, workspace_dtype
 
 POINTWISE_BLOCKS_PER_SM = 8
@@ -43,8 +51,8 @@ class Kernel:
     (computed once, so that a call only gathers pointers)."""
 
     source: KernelSource
-    schedule: object  # RowSchedule or PointwiseSchedule
-    finalize: object  # FinalizeSchedule or None
+    schedule: RowSchedule | PointwiseSchedule
+    finalize: FinalizeSchedule | None
     compiled: CompiledModule
     functions: dict  # entry name -> cupy RawKernel (its attributes; launches go through:)
     launchers: dict  # entry name -> EntryLauncher
@@ -171,7 +179,7 @@ def _load(fd, problem: Problem, device: DeviceSpec, hints) -> Kernel:
             f"{s.smem.dynamic_bytes} B dynamic shared memory per block"
         )
     groups = occupancy * device.sm_count
-    if not pointwise and s.cluster > 1:
+    if isinstance(s, RowSchedule) and s.cluster > 1:
         groups = _max_active_clusters(functions[built.source.row_entry], s)
     launchers = {sig.entry: _launcher(sig, functions[sig.entry],
                                       programmatic=sig.entry == built.source.finalize_entry
@@ -303,7 +311,7 @@ MAX_PLANS = 64  # plans kept per fusion definition (distinct shapes seen recentl
 
 def _signature(inputs) -> tuple:
     """Kind, dtype, shape, contiguity and device of every input: the plan cache key."""
-    key = []
+    key: list[tuple] = []
     for x in inputs:
         module = type(x).__module__
         if module.startswith("torch"):
@@ -326,14 +334,16 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
         )
     tensors = [x for v, x in zip(fusion.inputs, inputs, strict=True) if isinstance(v, Tensor)]
     torch_kind = bool(tensors) and _is_torch(tensors[0])
-    shapes, pointers, devices = [], [], set()
+    shapes: list[tuple[int, ...] | None] = []
+    pointers: list[int] = []
+    devices: set[int] = set()
     for i, (v, x) in enumerate(zip(fusion.inputs, inputs, strict=True)):
         if isinstance(v, Scalar):
             if not isinstance(x, bool | int | float | np.generic):
                 raise BadInputError(f"input {i} ({v.name}) is a scalar input; got {_describe(x)}")
             shapes.append(None)
             continue
-        shape, ptr, dev = _check_tensor(i, v, x, torch_kind)
+        shape, ptr, dev = _check_tensor(i, as_tensor(v), x, torch_kind)
         shapes.append(shape)
         pointers.append(ptr)
         devices.add(dev)
@@ -435,7 +445,7 @@ def _run(plan: Plan, inputs: list, pointers: dict[int, int]) -> list:
         partials = plan.workspaces[owner] = _workspace(plan, like)
     address = (lambda x: x.data_ptr()) if torch_kind else (lambda x: x.data.ptr)
     launch, final = plan.launch, plan.finalize_launch
-    values = {
+    values: dict[Source, Mapping[int, object] | Sequence[object]] = {
         Source.INPUT: {**pointers, **{i: t(inputs[i]) for i, t in plan.scalar_types.items()}},
         Source.OUTPUT: [address(o) for o in outs],
         Source.PARTIALS: [address(p) for p in partials],

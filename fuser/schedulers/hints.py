@@ -10,7 +10,7 @@ honour, naming what it tried.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields, replace
 
 from fuser.device import DeviceSpec
@@ -96,10 +96,12 @@ def _storage(what: str, value: object) -> Storage:
 def _storage_pairs(value: object) -> tuple[tuple[str, Storage], ...]:
     """`value` as ((tensor name, Storage), ...); a dict is taken as its items."""
     items = value.items() if isinstance(value, dict) else value
-    try:
-        pairs = [tuple(p) for p in items]  # type: ignore[union-attr]
-    except TypeError:
-        pairs = []
+    pairs: list[tuple] = []
+    if isinstance(items, Iterable) and not isinstance(items, str):
+        try:
+            pairs = [tuple(p) for p in items]
+        except TypeError:
+            pairs = []
     if not pairs or any(len(p) != 2 or not isinstance(p[0], str) for p in pairs):
         raise HintError(f"Hints(storage={value!r}): give (tensor name, storage) pairs, e.g. "
                         "(('T0', 'smem'), ('T2', 'registers'))")
@@ -155,7 +157,8 @@ def _problems(hints: Hints, ctx: HintContext):
             yield "rows_per_block", (
                 f"allowed: 1 to {most} ({device.max_threads_per_block} threads per block on "
                 f"{device.name} / {ctx.threads_per_row} threads per row"
-                f"{'' if tpr else ', more with fewer threads per row (a threads_per_row or cluster hint)'})")
+                + ("" if tpr else ", more with fewer threads per row (a threads_per_row or "
+                   "cluster hint)") + ")")
     if hints.cluster is not None:
         allowed = [1] + [k for k in CLUSTER_SIZES if device.arch >= 90 and k <= ctx.vectors]
         if hints.cluster not in allowed:

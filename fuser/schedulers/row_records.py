@@ -16,7 +16,7 @@ from functools import cached_property
 
 from fuser.analysis import FusionInfo, Role
 from fuser.device import DeviceSpec
-from fuser.ir import Expr, Tensor
+from fuser.ir import Expr, Tensor, Val
 from fuser.schedulers.base import Problem, Storage, ceil_div
 from fuser.schedulers.hints import Hints
 
@@ -89,7 +89,8 @@ def _weight_related(t: Tensor, info: FusionInfo) -> bool:
     """True when values of `t` meet a column input before any reduction (grad_out * weight):
     such a buffer is re-read with the weight every row, so it stays in smem longest."""
     fusion = info.fusion
-    stack, seen = [t], {t}
+    stack: list[Val] = [t]
+    seen: set[Val] = {t}
     while stack:
         v = stack.pop()
         for e in fusion.uses(v):
