@@ -158,101 +158,22 @@ def analyze(fusion: Fusion) -> FusionInfo:
     """Classify `fusion`; raise UnsupportedFusionError naming what this version cannot do."""
     lowered = lower(fusion)
     row_axis, hidden_axis = _axes(lowered)
-
-    def role_of(v: Val) -> Role:
-        if not isinstance(v, Tensor):
-            return Role.SCALAR
-        spans = {e.find() for e in v.dims if e is not None}
-        has_row = row_axis is not None and row_axis in spans
-        has_hidden = hidden_axis is not None and hidden_axis in spans
-        return {
-            (True, True): Role.FULL,
-            (True, False): Role.ROW,
-            (False, True): Role.COL,
-            (False, False): Role.SCALAR,
-        }[(has_row, has_hidden)]
-
-    roles = {v: role_of(v) for v in lowered.vals}
-    for t in lowered.inputs:
-        if isinstance(t, Tensor) and any(c is False for c in t.contiguity):
-            raise UnsupportedFusionError(
-                f"input {t.name} is declared non-contiguous (contiguity {list(t.contiguity)}); "
-                "fuser kernels read contiguous rows: pass .contiguous() tensors and declare "
-                "contiguity True"
-            )
-
-    level: dict[Val, int] = {}
-    after_outer: set[Val] = set()
-    inner: list[tuple[int, Expr]] = []
-    outer: list[Expr] = []
-    for v in lowered.vals:
-        e = v.definition
-        if e is None:
-            level[v] = 0
-            continue
-        lv = max((level[i] for i in e.inputs), default=0)
-        downstream_of_outer = any(i in after_outer for i in e.inputs)
-        if e.op in ("sum", "max"):
-            src = as_tensor(e.inputs[0])
-            reduced = {src.dims[d].find() for d in e.attr("dims") if src.dims[d] is not None}
-            if not reduced:
-                raise UnsupportedFusionError(
-                    f"{e.op}({src.name}, dims={list(e.attr('dims'))}) reduces only broadcast "
-                    "dimensions; drop the reduction"
-                )
-            if reduced == {hidden_axis} and roles[src] is Role.FULL:
-                if downstream_of_outer:
-                    raise UnsupportedFusionError(
-                        f"{e.outputs[0].name}: an inner reduction of an outer reduction's result"
-                    )
-                if v is e.outputs[0]:
-                    inner.append((lv, e))
-                lv += 1
-            elif reduced == {row_axis} and roles[src] is Role.FULL:
-                if v is e.outputs[0]:
-                    outer.append(e)
-                downstream_of_outer = True
-            else:
-                raise UnsupportedFusionError(
-                    f"{e.op}({src.name}, dims={list(e.attr('dims'))}): only reductions of a "
-                    "[rows, hidden] tensor over its hidden dimension (inner) or over its rows "
-                    "(outer) are supported"
-                )
-        level[v] = lv
-        if downstream_of_outer:
-            after_outer.add(v)
-            if roles[v] in (Role.FULL, Role.ROW):
-                raise UnsupportedFusionError(
-                    f"{v.name} ({roles[v].value}) uses the result of an outer reduction; "
-                    "normalizing along rows (outer persistence) is not supported"
-                )
-
-    for o in lowered.outputs:
-        if roles[o] is Role.SCALAR:
-            raise UnsupportedFusionError(
-                f"output {o.name} is a single value (no row or hidden dimension); full "
-                "reductions are not supported"
-            )
-
+    roles = {v: _role(v, row_axis, hidden_axis) for v in lowered.vals}
+    _check_inputs_and_outputs(lowered, roles)
+    reductions = _Reductions(lowered, roles, row_axis, hidden_axis)
+    inner, outer, level = reductions.inner, reductions.outer, reductions.level
     levels: dict[int, list[Expr]] = {}
     for lv, e in inner:
         levels.setdefault(lv, []).append(e)
-    inner_levels = tuple(tuple(levels[k]) for k in sorted(levels))
-
     kind = {
         (False, False): Kind.POINTWISE,
         (True, False): Kind.INNER,
         (False, True): Kind.OUTER,
         (True, True): Kind.INNER_OUTER,
     }[(bool(inner), bool(outer))]
-
     inputs = [t for t in lowered.inputs if isinstance(t, Tensor)]
-    by_role = lambda r: tuple(t for t in inputs if roles[t] is r)  # noqa: E731
-    full_inputs = by_role(Role.FULL)
+    full_inputs = tuple(t for t in inputs if roles[t] is Role.FULL)
     inner_exprs = {e for _, e in inner}
-    persistent = tuple(
-        t for t in full_inputs if _phases_using(t, lowered, level, inner_exprs) > 1
-    )
     return FusionInfo(
         fusion=lowered,
         kind=kind,
@@ -260,15 +181,110 @@ def analyze(fusion: Fusion) -> FusionInfo:
         row_axis=row_axis,
         hidden_axis=hidden_axis,
         full_inputs=full_inputs,
-        col_inputs=by_role(Role.COL),
-        row_inputs=by_role(Role.ROW),
+        col_inputs=tuple(t for t in inputs if roles[t] is Role.COL),
+        row_inputs=tuple(t for t in inputs if roles[t] is Role.ROW),
         scalar_inputs=tuple(s for s in lowered.inputs if isinstance(s, Scalar)),
-        inner_levels=inner_levels,
+        inner_levels=tuple(tuple(levels[k]) for k in sorted(levels)),
         outer_reductions=tuple(outer),
         level=level,
-        after_outer=frozenset(after_outer),
-        persistent=persistent,
+        after_outer=frozenset(reductions.after_outer),
+        persistent=tuple(t for t in full_inputs
+                         if _phases_using(t, lowered, level, inner_exprs) > 1),
     )
+
+
+def _role(v: Val, row_axis: Extent | None, hidden_axis: Extent | None) -> Role:
+    """A value's role from the axes it spans."""
+    if not isinstance(v, Tensor):
+        return Role.SCALAR
+    spans = {e.find() for e in v.dims if e is not None}
+    has_row = row_axis is not None and row_axis in spans
+    has_hidden = hidden_axis is not None and hidden_axis in spans
+    return {
+        (True, True): Role.FULL,
+        (True, False): Role.ROW,
+        (False, True): Role.COL,
+        (False, False): Role.SCALAR,
+    }[(has_row, has_hidden)]
+
+
+def _check_inputs_and_outputs(lowered: Fusion, roles: dict) -> None:
+    """Contiguous inputs, and outputs with a row or hidden dimension."""
+    for t in lowered.inputs:
+        if isinstance(t, Tensor) and any(c is False for c in t.contiguity):
+            raise UnsupportedFusionError(
+                f"input {t.name} is declared non-contiguous (contiguity {list(t.contiguity)}); "
+                "fuser kernels read contiguous rows: pass .contiguous() tensors and declare "
+                "contiguity True"
+            )
+    for o in lowered.outputs:
+        if roles[o] is Role.SCALAR:
+            raise UnsupportedFusionError(
+                f"output {o.name} is a single value (no row or hidden dimension); full "
+                "reductions are not supported"
+            )
+
+
+class _Reductions:
+    """The inner reductions (with their levels) and outer reductions of a lowered fusion, the
+    level every value waits for, and the values computed from an outer reduction."""
+
+    def __init__(self, lowered: Fusion, roles: dict, row_axis: Extent | None,
+                 hidden_axis: Extent | None):
+        self.roles, self.row_axis, self.hidden_axis = roles, row_axis, hidden_axis
+        self.level: dict[Val, int] = {}
+        self.after_outer: set[Val] = set()
+        self.inner: list[tuple[int, Expr]] = []
+        self.outer: list[Expr] = []
+        for v in lowered.vals:
+            self._visit(v)
+
+    def _visit(self, v: Val) -> None:
+        e = v.definition
+        if e is None:
+            self.level[v] = 0
+            return
+        lv = max((self.level[i] for i in e.inputs), default=0)
+        downstream_of_outer = any(i in self.after_outer for i in e.inputs)
+        if e.op in ("sum", "max"):
+            if self._is_inner(e):
+                if downstream_of_outer:
+                    raise UnsupportedFusionError(
+                        f"{e.outputs[0].name}: an inner reduction of an outer reduction's result"
+                    )
+                if v is e.outputs[0]:
+                    self.inner.append((lv, e))
+                lv += 1
+            else:
+                if v is e.outputs[0]:
+                    self.outer.append(e)
+                downstream_of_outer = True
+        self.level[v] = lv
+        if downstream_of_outer:
+            self.after_outer.add(v)
+            if self.roles[v] in (Role.FULL, Role.ROW):
+                raise UnsupportedFusionError(
+                    f"{v.name} ({self.roles[v].value}) uses the result of an outer reduction; "
+                    "normalizing along rows (outer persistence) is not supported"
+                )
+
+    def _is_inner(self, e: Expr) -> bool:
+        """True for a reduction over the hidden axis, False over the rows; anything else is
+        refused."""
+        src = as_tensor(e.inputs[0])
+        reduced = {src.dims[d].find() for d in e.attr("dims") if src.dims[d] is not None}
+        if not reduced:
+            raise UnsupportedFusionError(
+                f"{e.op}({src.name}, dims={list(e.attr('dims'))}) reduces only broadcast "
+                "dimensions; drop the reduction"
+            )
+        if self.roles[src] is Role.FULL and reduced in ({self.hidden_axis}, {self.row_axis}):
+            return reduced == {self.hidden_axis}
+        raise UnsupportedFusionError(
+            f"{e.op}({src.name}, dims={list(e.attr('dims'))}): only reductions of a "
+            "[rows, hidden] tensor over its hidden dimension (inner) or over its rows "
+            "(outer) are supported"
+        )
 
 
 def _phases_using(t: Tensor, fusion: Fusion, level: dict, inner: set) -> int:

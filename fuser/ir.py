@@ -349,27 +349,8 @@ class Fusion:
                 f"{context}: broadcast_dims must be increasing and within the output rank "
                 f"{len(shape)}"
             )
-        dims: list[Extent | None] = []
-        size_inputs = []
-        for d, size in enumerate(shape):
-            if isinstance(size, Scalar):
-                if size.fusion is not self:
-                    raise DefinitionError(
-                        f"{context}: shape[{d}] = {size.name} belongs to another FusionDefinition"
-                    )
-                if size.extent is None and size.value != 1:
-                    raise DefinitionError(
-                        f"{context}: shape[{d}] = {size.name} is not a tensor size; pass an int "
-                        "or a size taken from a tensor (t.size(i), t.shape())"
-                    )
-                size_inputs.append(size)
-                dims.append(size.extent)
-            elif isinstance(size, int) and (size == -1 or size >= 1):
-                dims.append(
-                    None if size == 1 else Extent(f"{context}[{d}]", None if size == -1 else size)
-                )
-            else:
-                raise DefinitionError(f"{context}: shape[{d}] = {size!r} is not a valid size")
+        dims = [self._broadcast_extent(context, d, size) for d, size in enumerate(shape)]
+        size_inputs = [size for size in shape if isinstance(size, Scalar)]
         for i, d in enumerate(broadcast_dims):
             src = t.dims[i]
             if src is None:
@@ -391,6 +372,24 @@ class Fusion:
             broadcast_dims=tuple(broadcast_dims),
         )
         return out
+
+    def _broadcast_extent(self, context: str, d: int, size) -> Extent | None:
+        """The extent of output dimension d of a broadcast: a tensor's size (a Scalar this
+        fusion took with t.size(i)), a fixed int, -1 (symbolic), or None for size 1."""
+        if isinstance(size, Scalar):
+            if size.fusion is not self:
+                raise DefinitionError(
+                    f"{context}: shape[{d}] = {size.name} belongs to another FusionDefinition"
+                )
+            if size.extent is None and size.value != 1:
+                raise DefinitionError(
+                    f"{context}: shape[{d}] = {size.name} is not a tensor size; pass an int "
+                    "or a size taken from a tensor (t.size(i), t.shape())"
+                )
+            return size.extent
+        if isinstance(size, int) and (size == -1 or size >= 1):
+            return None if size == 1 else Extent(f"{context}[{d}]", None if size == -1 else size)
+        raise DefinitionError(f"{context}: shape[{d}] = {size!r} is not a valid size")
 
     def reduction(self, op: str, t, dims, keepdim: bool, dtype: DataType | None = None) -> Tensor:
         from fuser.ops import sum_result_type
