@@ -61,12 +61,16 @@ def plot_report(report: dict, path) -> Path:
         ax.set_title(title(report), fontsize=10)
         ax.grid(True, alpha=0.3)
         ax.legend(loc="best", fontsize=9)
-        fig.tight_layout()
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
+        return _save(fig, path)
     finally:
         plt.close(fig)
+
+
+def _save(fig, path) -> Path:
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
     return path
 
 
@@ -105,13 +109,9 @@ def plot_comparison(before: dict, after: dict, path) -> Path:
             ax.legend(loc="lower left", fontsize=8)
         fig.suptitle(f"{before.get('tree', 'before')} -> {after.get('tree', 'after')}, "
                      f"{after.get('dtype', '')}", fontsize=10)
-        fig.tight_layout()
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110)
+        return _save(fig, path)
     finally:
         plt.close(fig)
-    return path
 
 
 def main(argv: list[str] | None = None) -> int:
