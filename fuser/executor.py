@@ -21,6 +21,7 @@ from functools import cache
 import numpy as np
 
 from fuser.analysis import FusionInfo, analyze
+from fuser.checks import check_device, check_pointer, scalar_value
 from fuser.codegen import KernelSource
 from fuser.compile import CompiledModule
 from fuser.device import DeviceSpec
@@ -299,7 +300,9 @@ class Plan:
     rows: int
     outputs: tuple  # (shape, DataType) per fusion output
     partials: tuple  # (shape, DataType) per outer reduction's workspace
-    scalar_types: dict  # input index -> numpy type of each scalar input (its kernel parameter)
+    # input index -> (the Scalar, the numpy type of its kernel parameter), checked every call:
+    # a scalar's value is not part of the plan's key
+    scalar_types: dict
     workspaces: dict = field(default_factory=dict, compare=False)  # stream -> partial buffers
     # Held from the row kernel's launch to the finalize's, so that two threads sharing a stream
     # cannot enqueue row A, row B, finalize A (which would read B's partial rows).
@@ -339,11 +342,11 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
     devices: set[int] = set()
     for i, (v, x) in enumerate(zip(fusion.inputs, inputs, strict=True)):
         if isinstance(v, Scalar):
-            if not isinstance(x, bool | int | float | np.generic):
-                raise BadInputError(f"input {i} ({v.name}) is a scalar input; got {_describe(x)}")
+            scalar_value(i, v, x)
             shapes.append(None)
             continue
         shape, ptr, dev = _check_tensor(i, as_tensor(v), x, torch_kind)
+        check_pointer(i, as_tensor(v), ptr)
         shapes.append(shape)
         pointers.append(ptr)
         devices.add(dev)
@@ -356,12 +359,15 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
     device_id = devices.pop() if devices else cupy.cuda.runtime.getDevice()
     align = _alignment(pointers)
     with cupy.cuda.Device(device_id):
-        spec = DeviceSpec.get(device) if device is not None else DeviceSpec.from_cupy(device_id)
+        actual = DeviceSpec.from_cupy(device_id)
+        spec = actual if device is None else DeviceSpec.get(device)
+        if device is not None:
+            check_device(spec, actual, device_id)
         kernel = get_kernel(fd, Problem(hidden, min(next_pow2(rows), 1024), align), spec, hints)
     launch, final = _launch(kernel, rows, spec)
     partials = tuple(((max(launch.partial_rows, 1), hidden),
                       workspace_dtype(e.outputs[0].dtype)) for e in info.outer_reductions)
-    scalar_types = {i: v.dtype.numpy.type for i, v in enumerate(fusion.inputs)
+    scalar_types = {i: (v, v.dtype.numpy.type) for i, v in enumerate(fusion.inputs)
                     if isinstance(v, Scalar)}
     return Plan(kernel, launch, final, torch_kind, device_id, align, rows,
                 tuple((sizes.shape(o), o.dtype) for o in fusion.outputs), partials, scalar_types)
@@ -446,7 +452,8 @@ def _run(plan: Plan, inputs: list, pointers: dict[int, int]) -> list:
     address = (lambda x: x.data_ptr()) if torch_kind else (lambda x: x.data.ptr)
     launch, final = plan.launch, plan.finalize_launch
     values: dict[Source, Mapping[int, object] | Sequence[object]] = {
-        Source.INPUT: {**pointers, **{i: t(inputs[i]) for i, t in plan.scalar_types.items()}},
+        Source.INPUT: {**pointers, **{i: t(scalar_value(i, v, inputs[i]))
+                                      for i, (v, t) in plan.scalar_types.items()}},
         Source.OUTPUT: [address(o) for o in outs],
         Source.PARTIALS: [address(p) for p in partials],
         Source.ROWS: (plan.rows,),

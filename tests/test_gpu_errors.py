@@ -214,3 +214,74 @@ def test_a_workspace_the_device_cannot_hold_is_named_with_its_size(rng, monkeypa
     monkeypatch.setattr(executor, "_allocate", real)
     assert not any(p.workspaces for p in fd.__dict__.get("_plans", {}).values())
     fd.validate(_inputs(rng))
+
+
+def _misaligned(a, offset_bytes: int):
+    """A view of `a`'s memory starting `offset_bytes` past its start (a pointer a kernel
+    cannot load elements from)."""
+    import cupy
+
+    base = cupy.empty(a.nbytes + 64, dtype=cupy.uint8)
+    moved = cupy.ndarray(a.shape, dtype=a.dtype, memptr=base.data + offset_bytes)
+    return moved
+
+
+@pytest.mark.parametrize(("dtype", "offset"), [("float16", 1), ("float32", 2)])
+def test_a_pointer_off_its_element_size_is_refused_and_the_context_stays_usable(dtype, offset,
+                                                                                rng):
+    """Issue 13: such a pointer passed every check and the kernel died with
+    cudaErrorMisalignedAddress, poisoning the context."""
+    import cupy
+
+    with FusionDefinitionFor(dtype) as fd:
+        pass
+    x = _misaligned(cupy.zeros((8, 256), dtype=dtype), offset)
+    with pytest.raises(BadInputError, match=r"not a multiple of its element size"):
+        fd.execute([x])
+    cupy.cuda.Device().synchronize()
+    fd.validate([cupy.asarray(rng.standard_normal((8, 256)).astype(dtype))])
+
+
+def test_a_row_over_32_bit_indices_is_refused_before_launch():
+    """Issue 13: hidden >= 2**31 passed every check and the kernel faulted."""
+    import cupy
+
+    from fuser import UnsupportedFusionError
+
+    with FusionDefinitionFor("float16") as fd:
+        pass
+    x = cupy.zeros((1, 2**31 + 16), dtype=cupy.float16)
+    with pytest.raises(UnsupportedFusionError, match=r"hidden size 2147483664 is over"):
+        fd.execute([x])
+    del x
+    cupy.cuda.Device().synchronize()
+
+
+def test_a_preset_of_another_architecture_is_refused_before_launch(rng):
+    """Issue 13: device='a100' on an sm_90 GPU failed in the driver (NO_BINARY_FOR_GPU)."""
+    fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
+    with pytest.raises(BadInputError, match=r"schedules for sm_80, but the inputs are on"):
+        executor.execute(fd, _inputs(rng), device="a100")
+    fd.validate(_inputs(rng))
+
+
+class FusionDefinitionFor:
+    """A softmax-like row fusion over one [rows, hidden] input of `dtype` (a numpy name)."""
+
+    def __init__(self, dtype: str):
+        from fuser import FusionDefinition
+
+        self.dtype = DataType.from_numpy(np.dtype(dtype))
+        self.fd = FusionDefinition("row_scale")
+
+    def __enter__(self):
+        fd = self.fd.__enter__()
+        x = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=self.dtype)
+        xf = fd.ops.cast(x, DataType.Float)
+        s = fd.ops.sum(fd.ops.mul(xf, xf), dims=[1], keepdim=True)
+        fd.add_output(fd.ops.cast(fd.ops.mul(xf, fd.ops.broadcast_in_dim(
+            s, shape=x.shape(), broadcast_dims=[0, 1])), self.dtype))
+        return fd
+
+    def __exit__(self, *exc):
+        return self.fd.__exit__(*exc)

@@ -14,8 +14,10 @@ from dataclasses import dataclass, fields
 
 from fuser.analysis import Role
 from fuser.dtypes import DataType
-from fuser.errors import FuserError
+from fuser.errors import FuserError, UnsupportedFusionError
 from fuser.smem import SmemPlan
+
+MAX_HIDDEN = 2**31 - 1  # elements of a row: the kernels index them with 32-bit ints
 
 
 class Storage(str, enum.Enum):
@@ -54,6 +56,11 @@ class Problem:
         if self.hidden < 1 or self.rows < 0:
             raise FuserError(f"bad problem size rows={self.rows} hidden={self.hidden}: "
                              "hidden must be at least 1 and rows at least 0")
+        if self.hidden > MAX_HIDDEN:
+            raise UnsupportedFusionError(
+                f"hidden size {self.hidden} is over {MAX_HIDDEN}: the kernels index a row's "
+                "elements with 32-bit ints; split the rows (reshape [N, H] to [N * k, H / k] "
+                "where the fusion allows it)")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,72 @@
+"""Host-side checks of what a call passes that the definition cannot know: scalar values,
+pointer alignment, the device a kernel was scheduled for. Each failure raises a
+BadInputError naming the value, the limit and the way out, before anything launches (a
+device fault would poison the CUDA context for every later call).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from fuser.device import DeviceSpec
+from fuser.dtypes import DataType
+from fuser.errors import BadInputError
+from fuser.ir import Scalar, Tensor
+
+INT_RANGES = {DataType.Int32: (-(2**31), 2**31 - 1), DataType.Int64: (-(2**63), 2**63 - 1)}
+
+
+def scalar_value(index: int, v: Scalar, x: object) -> object:
+    """`x` as the value of scalar input `v` (its kernel parameter), after checking its kind
+    and range: a bool for Bool; an integer (not a float, not a bool) within Int32 / Int64;
+    any real number for the floating types (inf and nan included; a Float scalar beyond
+    float32's range becomes inf in the kernel, as in torch)."""
+    where = f"input {index} ({v.name}, a {v.dtype.label} scalar)"
+    dtype = v.dtype
+    if dtype is DataType.Bool:
+        if not isinstance(x, bool | np.bool_):
+            raise BadInputError(f"{where} got {x!r}; pass True or False")
+        return bool(x)
+    if isinstance(x, str | bytes | np.str_ | np.bytes_) or not isinstance(x, numbers.Number):
+        raise BadInputError(f"{where} got {type(x).__name__} {x!r}; pass a Python or numpy "
+                            "number")
+    if not dtype.is_float:
+        if isinstance(x, bool | np.bool_) or not isinstance(x, numbers.Integral):
+            raise BadInputError(f"{where} got {x!r}; pass an int (a float would be truncated)")
+        low, high = INT_RANGES.get(dtype, INT_RANGES[DataType.Int64])
+        if not low <= int(x) <= high:
+            raise BadInputError(f"{where} got {x}, outside {dtype.label}'s range {low} to {high}")
+        return int(x)
+    if isinstance(x, numbers.Complex) and not isinstance(x, numbers.Real):
+        raise BadInputError(f"{where} got the complex number {x!r}; pass a real number")
+    return float(x)  # type: ignore[arg-type]
+
+
+def check_pointer(index: int, t: Tensor, pointer: int) -> None:
+    """A tensor's data must start on a multiple of its element size: the kernels load whole
+    elements (vectors of them), and a misaligned load faults on the device."""
+    size = t.dtype.itemsize
+    if pointer % size:
+        raise BadInputError(
+            f"input {index} ({t.name}, {t.dtype.label}) starts at address {pointer:#x}, not a "
+            f"multiple of its element size {size} B; pass a tensor whose data is aligned (a "
+            "fresh allocation, or a copy: x.clone() in torch, x.copy() in CuPy)")
+
+
+def check_device(spec: DeviceSpec, actual: DeviceSpec, device_id: int) -> None:
+    """A kernel scheduled for preset `spec` must load and fit on the GPU the inputs are on:
+    the same architecture, and no limit larger than the GPU's."""
+    where = (f"device={spec.name!r} schedules for sm_{spec.arch}, but the inputs are on "
+             f"cuda:{device_id}, {actual.name} (sm_{actual.arch})")
+    if spec.arch != actual.arch:
+        raise BadInputError(f"{where}: its kernels would not load there; pass device=None "
+                            "(the GPU's own limits) or a preset of that architecture")
+    limits = ("smem_per_block_optin", "smem_per_sm", "max_threads_per_block", "regs_per_block",
+              "regs_per_sm", "max_threads_per_sm", "max_blocks_per_sm")
+    over = [f"{name} {getattr(spec, name)} > {getattr(actual, name)}" for name in limits
+            if getattr(spec, name) > getattr(actual, name)]
+    if over:
+        raise BadInputError(f"{where}: the preset allows more than the GPU has "
+                            f"({'; '.join(over)}); pass device=None or a smaller preset")
