@@ -6,21 +6,23 @@ only an estimate: when ptxas reports spills, the kernel is rebuilt for one block
 at one block per SM, with a batch loop unrolled half as far (where no register array needs it
 fully unrolled); then the next candidate schedule is tried (another storage of the rows).
 The schedule that comes out is the one the binary was built from, so the header comment, the
-cache key and the launch all agree.
+cache key and the launch all agree. A build is bounded: past FUSER_BUILD_MAX_COMPILES renders
+(default 32) or FUSER_BUILD_MAX_SECONDS (default 600) it gives up, naming what it tried.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass, replace
+import time
+from dataclasses import dataclass, field, replace
 
 from fuser.analysis import FusionInfo
 from fuser.cache import KernelCache, default_cache
 from fuser.codegen import KernelSource, render_pointwise, render_row, template_dir
 from fuser.compile import CompiledModule
 from fuser.device import DeviceSpec
-from fuser.errors import HintError, OutOfResourcesError
+from fuser.errors import BadInputError, HintError, OutOfResourcesError
 from fuser.schedulers import Hints, Problem, candidates
 from fuser.schedulers.base import FinalizeSchedule, PointwiseSchedule, RowSchedule
 from fuser.schedulers.finalize import finalize_schedule, needs_finalize
@@ -63,13 +65,15 @@ def build(
     then a shorter unroll, before the next candidate is tried)."""
     cache = cache or default_cache()
     attempts: list[str] = []
+    budget = BuildBudget.from_environment(f"fusion '{name}' at hidden {problem.hidden}")
     try:
         for sched in candidates(info, problem, device, hints):
             final = None
             if not isinstance(sched, PointwiseSchedule) and needs_finalize(info):
                 lanes = hints.finalize_lanes if hints is not None else None
                 final = finalize_schedule(info, problem, device, lanes)
-            built = _compile(name, info, sched, final, problem, device, cache, attempts)
+            built = _compile(name, info, sched, final, problem, device, cache, attempts,
+                             budget)
             if built is not None:
                 return built
     except (HintError, OutOfResourcesError) as exc:
@@ -85,7 +89,7 @@ def build(
 
 def _compile(name: str, info: FusionInfo, sched: RowSchedule | PointwiseSchedule,
              final: FinalizeSchedule | None, problem: Problem, device: DeviceSpec,
-             cache: KernelCache, attempts: list[str]) -> Built | None:
+             cache: KernelCache, attempts: list[str], budget: BuildBudget) -> Built | None:
     """The schedule compiled without spills, rebuilt for one block per SM fewer, then (at one
     block per SM) with its batch loop unrolled half as far, while ptxas spills; None (each
     attempt noted in `attempts`) when every rebuild spills."""
@@ -93,6 +97,7 @@ def _compile(name: str, info: FusionInfo, sched: RowSchedule | PointwiseSchedule
         if plan is not None:
             plan.check(f"fusion '{name}' at hidden {problem.hidden}")
     while True:
+        budget.spend(attempts)
         source = _render(name, info, sched, final)
         compiled, path = cache.get_or_compile(source.source, name, device.arch,
                                               (str(template_dir()),))
@@ -114,6 +119,50 @@ def _compile(name: str, info: FusionInfo, sched: RowSchedule | PointwiseSchedule
                             f"rebuilt unrolling {sched.unroll // 2}")
         else:
             return None
+
+
+@dataclass
+class BuildBudget:
+    """How many kernels a build may render and compile, and for how long, before it gives
+    up: a fusion whose every schedule spills would otherwise retry every residency of every
+    candidate (over a hundred NVRTC runs, minutes that look like a hang)."""
+
+    what: str
+    max_compiles: int
+    max_seconds: float
+    compiles: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    @classmethod
+    def from_environment(cls, what: str) -> BuildBudget:
+        return cls(what, _positive("FUSER_BUILD_MAX_COMPILES", 32),
+                   _positive("FUSER_BUILD_MAX_SECONDS", 600))
+
+    def spend(self, attempts: list[str]) -> None:
+        """Count one more compile, or give up naming what was tried."""
+        elapsed = time.monotonic() - self.started
+        if self.compiles >= self.max_compiles or elapsed >= self.max_seconds:
+            raise OutOfResourcesError(
+                f"gave up building {self.what} after {self.compiles} compiles in "
+                f"{elapsed:.0f} s (FUSER_BUILD_MAX_COMPILES={self.max_compiles}, "
+                f"FUSER_BUILD_MAX_SECONDS={self.max_seconds:g}); each spilled registers:\n  "
+                + "\n  ".join(attempts[-8:])
+                + "\nRaise the limits to try further schedules, or split the fusion.")
+        self.compiles += 1
+
+
+def _positive(variable: str, default: int) -> int:
+    text = os.environ.get(variable)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise BadInputError(f"{variable}={text!r}: a positive integer is needed (default "
+                            f"{default})")
+    return value
 
 
 def _dump(built: Built) -> None:

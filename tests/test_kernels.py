@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 import fuser.kernels as kernels
-from fuser import CompileError, DataType, DefinitionError
+from fuser import BadInputError, CompileError, DataType, DefinitionError, OutOfResourcesError
 from fuser.analysis import analyze
 from fuser.cache import KernelCache
 from fuser.device import DeviceSpec
@@ -130,3 +130,41 @@ def test_division_by_a_row_value_multiplies_by_its_reciprocal(tmp_path):
                    and ("/" in line or "row_rcp_" in line)]
         assert outputs and all(expected in line for line in outputs), outputs
         assert ("const float row_rcp_" in source) == (divisor == "row")
+
+
+class _AlwaysSpilling:
+    """A cache whose every kernel reports spills; it counts the compiles asked of it."""
+
+    def __init__(self, cache):
+        self.cache, self.calls = cache, 0
+
+    def get_or_compile(self, source, *args):
+        self.calls += 1
+        compiled, path = self.cache.get_or_compile(source, *args)
+        return _Spilled(compiled), path
+
+
+class _Spilled:
+    def __init__(self, compiled):
+        self._compiled = compiled
+
+    def resource(self, name):
+        return dataclasses.replace(self._compiled.resource(name), spill_stores=64)
+
+
+def test_a_build_gives_up_after_its_compile_budget_naming_the_spills(tmp_path, monkeypatch):
+    """Issue 13: a fusion whose every schedule spills retried every residency of every
+    candidate (116 compiles, 646 s); FUSER_BUILD_MAX_COMPILES bounds it."""
+    monkeypatch.setenv("FUSER_BUILD_MAX_COMPILES", "3")
+    cache = _AlwaysSpilling(KernelCache(str(tmp_path)))
+    with pytest.raises(OutOfResourcesError, match=r"(?s)gave up building fusion 'rmsnorm_bwd' "
+                       r"at hidden \d+ after 3 compiles.*FUSER_BUILD_MAX_COMPILES=3.*spill"):
+        _build(cache)
+    assert cache.calls == 3
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "many"])
+def test_a_bad_build_budget_is_refused_naming_the_variable(value, tmp_path, monkeypatch):
+    monkeypatch.setenv("FUSER_BUILD_MAX_SECONDS", value)
+    with pytest.raises(BadInputError, match=rf"FUSER_BUILD_MAX_SECONDS='{value}': a positive "):
+        _build(KernelCache(str(tmp_path)))
