@@ -1,11 +1,25 @@
-"""The float64 oracle: evaluates a Fusion with numpy, in exact arithmetic as far as numpy allows.
+"""The float64 oracle: evaluates a Fusion with numpy, in exact arithmetic except where a kernel
+rounds on purpose.
 
 Every float value is computed in float64, every integer in int64 and every bool as bool, whatever
-the fusion's dtypes say: a cast to a float type does not round, so the oracle is the exact math a
-kernel approximates, and `tolerance()` says how far a kernel of a given output dtype may stray.
-Only values a kernel *receives* are stored in their declared dtype first (a Float scalar input of
-0.1 is the float32 nearest 0.1), because those are the values the kernel really works on.
-Integer overflow is not modelled: Int32 arithmetic is done in int64.
+the fusion's dtypes say: arithmetic does not round, so the oracle is the exact math a kernel
+approximates, and `tolerance()` says how far a kernel of a given output dtype may stray. What a
+kernel rounds by design, the oracle rounds the same way (`_cast`, `_stored`):
+
+- a cast to Half or BFloat16 rounds to nearest even in that format and overflows to inf, through
+  float32 first, as the kernels' `static_cast<float>` then `__float2half_rn` /
+  `__float2bfloat16_rn` do (templates/fuser_math.cuh round_half / round_bf16); a cast to Float
+  rounds to float32; a cast to an int type truncates toward zero and saturates (NaN gives 0),
+  as CUDA's float-to-int conversion does, and Int64 to Int32 keeps the low 32 bits;
+- an output is stored in its dtype: a Half / BFloat16 / Float output is rounded (and overflows)
+  as the kernel's store does;
+- values a kernel *receives* are stored as the kernel receives them: a tensor input in its
+  declared dtype, a scalar (input or constant) in its compute type (a Float scalar of 0.1 is the
+  float32 nearest 0.1; a Half scalar is passed as a float32 too).
+
+Values between those points are not rounded: a Half value computed by an add stays a float in
+the kernel's registers until it is cast or stored. Integer overflow is not modelled: Int32
+arithmetic is done in int64.
 
 The elementwise and reduction math comes from the op table (ops.py); this module only adds the
 structural ops (cast, size, broadcast_in_dim, var_mean) and the input checks.
@@ -14,7 +28,7 @@ structural ops (cast, size, broadcast_in_dim, var_mean) and the input checks.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -27,11 +41,9 @@ from fuser.ops import ELEMENTWISE, REDUCTIONS
 
 
 def _exact(x, dtype: DataType):
-    """`x` converted to the oracle's type for `dtype`'s category (float64, int64 or bool).
-
-    This is also the oracle's cast: to Bool is `!= 0`, to an int type truncates toward zero (as C
-    does), to a float type is exact.
-    """
+    """`x` converted to the oracle's type for `dtype`'s category (float64, int64 or bool): how an
+    op's operands reach its compute type. To Bool is `!= 0`, to an int type truncates toward
+    zero, to a float type is exact (see _cast for what a cast does)."""
     x = np.asarray(x)
     if dtype.category is Category.BOOL:
         return x != 0
@@ -41,6 +53,74 @@ def _exact(x, dtype: DataType):
         with np.errstate(invalid="ignore"):
             return np.trunc(x.astype(np.float64)).astype(np.int64)
     return x.astype(np.float64)
+
+
+def _rounded(x, dtype: DataType) -> np.ndarray:
+    """`x` (float64, int64 or bool) converted to the float type `dtype` as a kernel converts
+    it, back in float64: through float32 (`static_cast<float>`: to nearest even, overflowing to
+    inf) unless `dtype` is Double, then to Half / BFloat16 to nearest even, overflowing to inf
+    (`__float2half_rn` / `__float2bfloat16_rn`)."""
+    x = np.asarray(x)
+    if dtype is DataType.Double:
+        return x.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        single = x.astype(np.float32)
+        if dtype is not DataType.Float:
+            single = single.astype(dtype.numpy)
+    return single.astype(np.float64)
+
+
+def _to_int(x: np.ndarray, dtype: DataType) -> np.ndarray:
+    """A kernel's conversion to Int32 / Int64, in int64: from a float, truncation toward zero
+    that saturates at the type's limits, NaN giving 0 (PTX cvt.rzi); from Int64 to Int32, the
+    low 32 bits (two's complement, as static_cast<int> keeps them)."""
+    info = np.iinfo(np.int32 if dtype is DataType.Int32 else np.int64)
+    if x.dtype.kind == "b" or np.issubdtype(x.dtype, np.integer):
+        x = x.astype(np.int64)
+        return x.astype(np.int32).astype(np.int64) if dtype is DataType.Int32 else x
+    with np.errstate(invalid="ignore"):
+        t = np.trunc(x.astype(np.float64))
+        inside = (t >= info.min) & (t < -float(info.min))
+        clamped = np.where(t > 0, info.max, info.min).astype(np.int64)
+    result = np.where(inside, np.where(inside, t, 0.0).astype(np.int64), clamped)
+    return np.where(np.isnan(t), 0, result)
+
+
+def _cast(x, dtype: DataType, shift: float = 0.0):
+    """The oracle's cast, as the kernel's (emit.py Emitter._cast): see the module docstring.
+    `shift` moves a float operand by that relative amount first, toward +inf for a positive
+    shift, toward -inf for a negative one (input_sensitivity's draws of a kernel's error before
+    the cast: every element moved the same way, so that the flips they cause add up in a sum)."""
+    x = np.asarray(x)
+    if shift and x.dtype.kind == "f":
+        x = np.where(np.isfinite(x), x + shift * np.abs(x), x)
+    if dtype.is_float:
+        return _rounded(x, dtype)
+    if dtype.category is Category.BOOL:
+        return x != 0
+    return _to_int(x, dtype)
+
+
+def _operand(x, dtype: DataType, compute: DataType):
+    """A `dtype` operand of an op computed in `compute`, converted as the kernel converts it
+    (emit.py Emitter._operand): a Double or integer value entering a float computation is
+    rounded to float32 (a Float tensor times a Double scalar multiplies by the scalar's
+    float32), an Int64 value entering an Int32 computation keeps its low 32 bits; values of
+    the same compute type pass as they are."""
+    if compute.compute_type == dtype.compute_type or dtype is DataType.Bool:
+        return _exact(x, compute)
+    if compute.compute_type == "float":
+        return _rounded(x, DataType.Float)
+    if compute is DataType.Int32:
+        return _to_int(np.asarray(x), DataType.Int32)
+    return _exact(x, compute)
+
+
+def _stored(x, dtype: DataType):
+    """An output as the kernel stores it: Half / BFloat16 / Float rounded (see _rounded)."""
+    if dtype.is_float and dtype is not DataType.Double:
+        return _rounded(x, dtype)
+    return x
 
 
 def _category_of(x) -> Category | None:
@@ -66,10 +146,17 @@ def _input_scalar(i: int, v: Val, x):
             f"{where}: expected a {v.dtype} scalar, got {x!r}; pass a value of that kind"
         )
     try:
-        stored = np.array(x, dtype=v.dtype.numpy)
+        with np.errstate(over="ignore"):  # a Float scalar beyond float32 is inf, as in torch
+            stored = np.array(x, dtype=_scalar_numpy(v.dtype))
     except OverflowError:
         raise BadInputError(f"{where}: {x!r} does not fit in {v.dtype}") from None
     return _exact(stored, v.dtype)[()]
+
+
+def _scalar_numpy(dtype: DataType) -> np.dtype:
+    """The numpy dtype a kernel holds a scalar of `dtype` in: its compute type (a Half or
+    BFloat16 scalar is a float32 kernel parameter or literal)."""
+    return np.dtype(np.float32) if dtype in (DataType.Half, DataType.BFloat16) else dtype.numpy
 
 
 def _input_tensor(i: int, v: Tensor, x) -> np.ndarray:
@@ -196,30 +283,35 @@ def _check_inputs(fusion: Fusion, inputs: list) -> tuple[list, Sizes]:
 # ----- evaluation -------------------------------------------------------------------------------
 
 
+def _upstream(vals: Sequence[Val]) -> list[Expr]:
+    """The Exprs `vals` depend on, each once."""
+    seen: dict[int, Expr] = {}
+    stack: list[Val] = list(vals)
+    while stack:
+        e = stack.pop().definition
+        if e is not None and id(e) not in seen:
+            seen[id(e)] = e
+            stack.extend(e.inputs)
+    return list(seen.values())
+
+
 def _needed(fusion: Fusion) -> set[int]:
     """ids of the Exprs the outputs depend on (dead code is not evaluated)."""
-    needed: set[int] = set()
-    stack: list[Val] = list(fusion.outputs)
-    while stack:
-        v = stack.pop()
-        e = v.definition
-        if e is not None and id(e) not in needed:
-            needed.add(id(e))
-            stack.extend(e.inputs)
-    return needed
+    return {id(e) for e in _upstream(fusion.outputs)}
 
 
-def _run(e: Expr, args: list, sizes: Sizes) -> list:
+def _run(e: Expr, args: list, sizes: Sizes, shift: float = 0.0) -> list:
     out = e.outputs[0]
     if e.op in ELEMENTWISE:
         compute = e.attr("compute")
+        operands = list(zip(e.inputs, args, strict=True))
         if e.op == "where":
-            args = [args[0], *(_exact(a, compute) for a in args[1:])]
+            args = [args[0], *(_operand(a, v.dtype, compute) for v, a in operands[1:])]
         else:
-            args = [_exact(a, compute) for a in args]
+            args = [_operand(a, v.dtype, compute) for v, a in operands]
         return [_exact(ELEMENTWISE[e.op].reference(*args), out.dtype)]
     if e.op == "cast":
-        return [_exact(args[0], out.dtype)]
+        return [_cast(args[0], out.dtype, shift)]
     if e.op == "size":
         return [np.int64(sizes.value(as_tensor(e.inputs[0]).dims[e.attr("dim")]))]
     if e.op == "broadcast_in_dim":
@@ -253,18 +345,26 @@ def evaluate(fusion: Fusion, inputs: list) -> list[np.ndarray]:
     return _evaluate(fusion, values, sizes)
 
 
-def _evaluate(fusion: Fusion, values: list, sizes: Sizes) -> list[np.ndarray]:
-    """evaluate() on checked input values (float64 / int64 / bool, as _check_inputs gives)."""
+def _evaluate(fusion: Fusion, values: list, sizes: Sizes, before: dict[int, float] | None = None,
+              after: dict[int, np.ndarray] | None = None) -> list[np.ndarray]:
+    """evaluate() on checked input values (float64 / int64 / bool, as _check_inputs gives).
+    For input_sensitivity()'s draws: `before` moves the operand of a cast (by id) by a relative
+    amount before it rounds, `after` moves its result by a relative amount per element."""
     env: dict[Val, object] = dict(zip(fusion.inputs, values, strict=True))
     for v in fusion.vals:
         if isinstance(v, Scalar) and v.definition is None and v.value is not None:
-            env[v] = _exact(np.array(v.value, dtype=v.dtype.numpy), v.dtype)[()]
+            with np.errstate(over="ignore"):  # a Float constant beyond float32 is inf
+                stored = np.array(v.value, dtype=_scalar_numpy(v.dtype))
+            env[v] = _exact(stored, v.dtype)[()]
     needed = _needed(fusion)
+    before, after = before or {}, after or {}
     for e in fusion.exprs:
         if id(e) not in needed:
             continue
         with np.errstate(all="ignore"):  # NaN and inf propagate, as they do on the device
-            results = _run(e, [env[v] for v in e.inputs], sizes)
+            results = _run(e, [env[v] for v in e.inputs], sizes, before.get(id(e), 0.0))
+            if id(e) in after:
+                results = [results[0] * (1.0 + after[id(e)])]
         for out, r in zip(e.outputs, results, strict=True):
             if isinstance(out, Tensor) and np.shape(r) != sizes.shape(out):
                 raise InternalError(
@@ -272,15 +372,18 @@ def _evaluate(fusion: Fusion, values: list, sizes: Sizes) -> list[np.ndarray]:
                     f"extents say {sizes.shape(out)}; this is a fuser bug"
                 )
             env[out] = r
-    return [np.array(env[o], order="C") for o in fusion.outputs]
+    return [np.array(_stored(env[o], o.dtype), order="C") for o in fusion.outputs]
 
 
 # ----- comparing a kernel's outputs with the oracle ---------------------------------------------
 
 # Base (rtol, atol) of an output stored in each float dtype, for O(1) data. For Half and
-# BFloat16, rtol is two units in the last place (one for rounding the output, one for an
-# intermediate rounding) and atol one unit at 1.0. Float is wider than its 2**-23 ulp because
-# fast-math intrinsics (__expf, rsqrtf...) promise a few ulps that grow with |x|.
+# BFloat16, rtol is two units in the last place and atol one unit at 1.0: the oracle rounds the
+# output (and every cast) as the kernel does, but the kernel rounds a value a few float ulps
+# away, so near a rounding boundary the two stored values are one unit apart (the output), and
+# one more unit may come from a cast upstream that rounded the other way. Float is wider than
+# its 2**-23 ulp because fast-math intrinsics (__expf, rsqrtf...) promise a few ulps that grow
+# with |x|.
 _BASE_TOLERANCE = {
     DataType.Double: (1e-12, 1e-12),
     DataType.Float: (1e-5, 1e-5),
@@ -334,37 +437,118 @@ def _growth(dtype: DataType, reduction_size: int) -> float:
 
 def input_sensitivity(fusion: Fusion, inputs: list,
                       references: Sequence | None = None) -> list[np.ndarray | None]:
-    """Per output stored in Float or Double (None for the others): how far each element moves
-    when every floating tensor input moves by one epsilon of its compute type, the largest
-    |change| over two draws of signs: alternating along the last axis (a row never moves as a
-    whole, which a normalization would cancel), then random (a fixed seed: the same on every
-    run).
+    """Per output, how far a correct kernel's value may stray from the oracle's beyond a plain
+    rounding (None for outputs with no such allowance; see sensitivity_allowance()).
 
-    Why: a kernel rounds in its compute type from the first op on, so no kernel is closer to
-    the exact result than the oracle is to itself on inputs moved by that much. A well
-    conditioned output moves by about an epsilon, far inside tolerance(); an ill-conditioned
-    one moves by the epsilon times its condition number, and so does every correct kernel's
-    value: LayerNorm of a short row whose elements nearly agree (x - mean cancels, rstd is
-    large) missed a 1e-5 tolerance by 1.5x in float32 at hidden 3. Half and BFloat16 outputs
-    round far above float's epsilon and get no allowance. `references`, evaluate()'s outputs
-    for these inputs where the caller has them, saves evaluating them again.
+    For an output stored in Float or Double: how far each element moves when every floating
+    tensor input moves by one epsilon of its compute type, the largest |change| over two draws
+    of signs: alternating along the last axis (a row never moves as a whole, which a
+    normalization would cancel), then random (a fixed seed: the same on every run). Why: a
+    kernel rounds in its compute type from the first op on, so no kernel is closer to the exact
+    result than the oracle is to itself on inputs moved by that much. A well conditioned output
+    moves by about an epsilon, far inside tolerance(); an ill-conditioned one moves by the
+    epsilon times its condition number, and so does every correct kernel's value: LayerNorm of
+    a short row whose elements nearly agree (x - mean cancels, rstd is large) missed a 1e-5
+    tolerance by 1.5x in float32 at hidden 3. The results of casts to Half / BFloat16 move
+    alike: the float math after such a cast rounds afresh on values the cast made exact.
+
+    For every float output: a cast that rounds (to Half / BFloat16, to an int type) is a step
+    function. Where its operand lies within a kernel's error of a rounding boundary, a correct
+    kernel may land on the other side, and the outputs downstream differ by that one rounding,
+    far beyond a Float output's tolerance or a Half output's two units. Two more draws move
+    every such cast's operand down, then up, by that error (_cast_margins), so only those
+    elements get the allowance. Half and BFloat16 outputs get no other: they round far above
+    float's epsilon. `references`, evaluate()'s outputs for these inputs where the caller has
+    them, saves evaluating them again.
     """
     values, sizes = _check_inputs(fusion, list(inputs))
-    if not any(o.dtype in _SENSITIVE for o in fusion.outputs):
+    margins = _cast_margins(fusion, sizes)
+    kinds = [_draw_kinds(o, margins) for o in fusion.outputs]
+    if not any(kinds):
         return [None] * len(fusion.outputs)
     base = list(references) if references is not None else _evaluate(fusion, values, sizes)
-    spread = [np.zeros(np.shape(b)) if o.dtype in _SENSITIVE else None
-              for o, b in zip(fusion.outputs, base, strict=True)]
-    rng = np.random.default_rng(0)
-    for draw in ("alternating", "random"):
-        moved = [_moved(v, x, draw, rng) for v, x in zip(fusion.inputs, values, strict=True)]
-        for k, out in enumerate(_evaluate(fusion, moved, sizes)):
+    spread = [np.zeros(np.shape(b)) if kind else None
+              for kind, b in zip(kinds, base, strict=True)]
+    for kind, outs in _draws(fusion, values, sizes, margins):
+        for k, out in enumerate(outs):
             so_far = spread[k]
-            if so_far is not None:
+            if so_far is not None and kind in kinds[k]:
                 with np.errstate(all="ignore"):
                     change = np.abs(np.asarray(out, np.float64) - base[k])
                 spread[k] = np.maximum(so_far, np.where(np.isfinite(change), change, 0.0))
     return spread
+
+
+def _draw_kinds(out: Tensor, margins: dict[int, float]) -> set[str]:
+    """Which of _draws' moves an output's allowance follows: "inputs" for Float / Double
+    outputs, "casts" for float outputs downstream of a cast with a margin."""
+    kinds = {"inputs"} if out.dtype in _SENSITIVE else set()
+    if out.dtype.is_float and any(id(e) in margins for e in _upstream([out])):
+        kinds.add("casts")
+    return kinds
+
+
+def _draws(fusion: Fusion, values: list, sizes: Sizes,
+           margins: dict[int, float]) -> Iterator[tuple[str, list[np.ndarray]]]:
+    """("inputs", outputs) on the inputs, and the results of casts to Half / BFloat16 (or
+    Double to Float), moved by one epsilon (two draws of signs); then ("casts", outputs) with
+    the operand of every cast in `margins` moved down, then up, by its margin, and where there
+    are several, of each alone (a flip upstream can move a later operand the other way)."""
+    rng = np.random.default_rng(0)
+    sensitive = [o for o in fusion.outputs if o.dtype in _SENSITIVE]
+    narrowing = [e for e in _upstream(sensitive) if _narrows(e)]
+    for draw in ("alternating", "random") if sensitive else ():
+        moved = [_moved(v, x, draw, rng) for v, x in zip(fusion.inputs, values, strict=True)]
+        after = {id(e): _compute_eps(e.attr("dtype"))
+                 * _signs(_shape(e.outputs[0], sizes), draw, rng) for e in narrowing}
+        yield "inputs", _evaluate(fusion, moved, sizes, after=after)
+    groups = [margins, *({k: m} for k, m in margins.items())] if len(margins) > 1 else [margins]
+    for group in groups if margins else []:
+        for sign in (-1.0, 1.0):
+            yield "casts", _evaluate(fusion, values, sizes,
+                                     {k: sign * m for k, m in group.items()})
+
+
+def _shape(v: Val, sizes: Sizes) -> tuple[int, ...]:
+    return sizes.shape(v) if isinstance(v, Tensor) else ()
+
+
+def _narrows(e: Expr) -> bool:
+    """A cast to Half / BFloat16, or from Double to Float: its result is exact in a coarser
+    format than the math after it rounds in."""
+    return e.op == "cast" and (e.attr("dtype") in (DataType.Half, DataType.BFloat16) or (
+        e.attr("dtype") is DataType.Float and e.inputs[0].dtype is DataType.Double))
+
+
+def _rounds(e: Expr) -> bool:
+    """A cast that rounds a computed float value: to Half / BFloat16, Double to Float, or a
+    float to an int type."""
+    if e.op != "cast" or not e.inputs[0].dtype.is_float:
+        return False
+    src, dst = e.inputs[0].dtype, e.attr("dtype")
+    return (dst in (DataType.Half, DataType.BFloat16) or dst.category is Category.INT
+            or (dst is DataType.Float and src is DataType.Double))
+
+
+def _cast_margins(fusion: Fusion, sizes: Sizes) -> dict[int, float]:
+    """id -> relative margin of each rounding cast (_rounds) a float output depends on: the
+    relative tolerance of its operand's compute type for the sums upstream of it. A kernel's
+    operand is that far from the oracle's at most, so where the oracle's lies that close to a
+    rounding boundary, a correct kernel may round to the other neighbour, and the outputs
+    downstream move by what that one rounding changes. Elsewhere the cast rounds alike in
+    both, and a kernel that rounds wrongly (or not at all) is still caught. A cast that only
+    makes a Half / BFloat16 output has none: tolerance() allows for its rounding."""
+    exprs = _upstream([o for o in fusion.outputs if o.dtype.is_float])
+    read = {id(v) for e in exprs for v in e.inputs}
+    margins = {}
+    for e in exprs:
+        out = e.outputs[0]
+        if not _rounds(e) or (out in fusion.outputs and out.dtype not in _SENSITIVE
+                              and id(out) not in read):
+            continue
+        compute = DataType.Double if e.inputs[0].dtype is DataType.Double else DataType.Float
+        margins[id(e)] = tolerance(compute, _reduction_size(e.inputs[0], sizes))[0]
+    return margins
 
 
 def _moved(v: Val, x, draw: str, rng: np.random.Generator):
@@ -372,13 +556,14 @@ def _moved(v: Val, x, draw: str, rng: np.random.Generator):
     alternating along the last axis or random; other inputs as they are."""
     if not (isinstance(v, Tensor) and v.dtype.is_float):
         return x
-    eps = _compute_eps(v.dtype)
-    shape = np.shape(x)
+    return x * (1.0 + _compute_eps(v.dtype) * _signs(np.shape(x), draw, rng))
+
+
+def _signs(shape: tuple[int, ...], draw: str, rng: np.random.Generator) -> np.ndarray:
+    """+-1 per element: alternating along the last axis, or random."""
     if draw == "alternating":
-        signs = np.broadcast_to(1.0 - 2.0 * (np.arange(shape[-1] if shape else 1) % 2), shape)
-    else:
-        signs = rng.choice(np.array([-1.0, 1.0]), size=shape)
-    return x * (1.0 + eps * signs)
+        return np.broadcast_to(1.0 - 2.0 * (np.arange(shape[-1] if shape else 1) % 2), shape)
+    return rng.choice(np.array([-1.0, 1.0]), size=shape)
 
 
 def sensitivity_allowance(spread) -> float | np.ndarray:
@@ -420,22 +605,17 @@ def output_reduction_sizes(fusion: Fusion, inputs: list) -> list[int]:
         for v, x in zip(fusion.inputs, inputs, strict=True)
     ]
     sizes = bind_shapes(fusion, shapes)
-    result = []
-    for out in fusion.outputs:
-        seen: set[int] = set()
-        total = 0
-        stack: list[Val] = [out]
-        while stack:
-            e = stack.pop().definition
-            if e is None or id(e) in seen:
-                continue
-            seen.add(id(e))
-            if e.op in ("sum", "var_mean"):
-                extents = as_tensor(e.inputs[0]).dims
-                total += math.prod(sizes.value(extents[d]) for d in e.attr("dims"))
-            stack.extend(e.inputs)
-        result.append(total)
-    return result
+    return [_reduction_size(out, sizes) for out in fusion.outputs]
+
+
+def _reduction_size(v: Val, sizes: Sizes) -> int:
+    """How many elements the sums (and var_means) upstream of `v` combine."""
+    total = 0
+    for e in _upstream([v]):
+        if e.op in ("sum", "var_mean"):
+            extents = as_tensor(e.inputs[0]).dims
+            total += math.prod(sizes.value(extents[d]) for d in e.attr("dims"))
+    return total
 
 
 def _index(flat: int, shape) -> tuple[int, ...]:

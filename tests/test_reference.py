@@ -27,6 +27,11 @@ def close(got, expected):
     np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
 
 
+def in_f32(x):
+    """`x` rounded to float32, in float64: what a Float output or a cast to Float holds."""
+    return np.asarray(x).astype(np.float32).astype(np.float64)
+
+
 # ----- whole fusions against hand-derived formulas ----------------------------------------------
 
 
@@ -45,19 +50,21 @@ def rmsnorm(dtype=DOUBLE, eps=1e-6):
 def test_rmsnorm_forward(rng):
     x, w = rng.standard_normal((5, 33)), rng.standard_normal(33)
     (y,) = evaluate(rmsnorm().fusion, [x, w])
-    close(y, x / np.sqrt(np.mean(x**2, axis=1, keepdims=True) + 1e-6) * w)
+    xf = in_f32(x)  # the fusion casts x to Float: rounded to float32, then computed exactly
+    close(y, xf / np.sqrt(np.mean(xf**2, axis=1, keepdims=True) + 1e-6) * w)
     assert y.dtype == np.float64
 
 
-def test_rmsnorm_forward_bf16_is_computed_in_float64(rng):
+def test_rmsnorm_forward_bf16_is_computed_in_float64_and_rounded_once(rng):
     x = rng.standard_normal((4, 64)).astype(bf16)
     w = rng.standard_normal(64).astype(bf16)
     (y,) = evaluate(rmsnorm(BF16).fusion, [x, w])
     xd, wd = x.astype(np.float64), w.astype(np.float64)
     exact = xd / np.sqrt(np.mean(xd**2, axis=1, keepdims=True) + 1e-6) * wd
-    close(y, exact)
     assert y.dtype == np.float64
-    assert not np.array_equal(y, exact.astype(bf16).astype(np.float64))  # no rounding to bf16
+    # computed exactly, then rounded by the cast to bf16 (through float32), as the kernel does
+    assert np.array_equal(y, exact.astype(np.float32).astype(bf16).astype(np.float64))
+    assert not np.array_equal(y, exact)
 
 
 def test_layernorm_forward_via_var_mean(rng):
@@ -79,9 +86,10 @@ def test_layernorm_forward_via_var_mean(rng):
     xd = xs.astype(np.float64)
     mu = xd.mean(axis=1, keepdims=True)
     sigma2 = ((xd - mu) ** 2).sum(axis=1, keepdims=True) / 40
-    close(mean, mu)
-    close(rstd, 1 / np.sqrt(sigma2 + 1e-5))
-    close(y, (xd - mu) / np.sqrt(sigma2 + 1e-5) * ws.astype(np.float64) + bs.astype(np.float64))
+    close(mean, in_f32(mu))  # Float outputs, stored in float32
+    close(rstd, in_f32(1 / np.sqrt(sigma2 + 1e-5)))
+    exact = (xd - mu) / np.sqrt(sigma2 + 1e-5) * ws.astype(np.float64) + bs.astype(np.float64)
+    assert np.array_equal(y, exact.astype(np.float32).astype(np.float16).astype(np.float64))
     assert (y.shape, mean.shape, rstd.shape) == ((6, 40), (6, 1), (6, 1))
 
 
@@ -116,8 +124,8 @@ def test_softmax_max_subtracted(rng):
     (y,) = evaluate(fd.fusion, [xs])
     xd = xs.astype(np.float64)
     e = np.exp(xd - xd.max(axis=1, keepdims=True))
-    close(y, e / e.sum(axis=1, keepdims=True))
-    close(y.sum(axis=1), np.ones(3))
+    close(y, in_f32(e / e.sum(axis=1, keepdims=True)))
+    np.testing.assert_allclose(y.sum(axis=1), np.ones(3), rtol=1e-6)
 
 
 def test_outer_reduction_and_broadcast_back(rng):
@@ -258,24 +266,126 @@ def test_broadcast_of_elementwise_is_right_aligned(rng):
 # ----- dtypes and casts -------------------------------------------------------------------------
 
 
-def test_cast_to_float_types_does_not_round():
+def as_kernel(x, dtype):
+    """What a kernel's cast of float64 values to half / bf16 holds: through float32 first."""
+    with np.errstate(over="ignore"):
+        return np.asarray(x).astype(np.float32).astype(dtype).astype(np.float64)
+
+
+def cast_chain(*dtypes, src=DOUBLE):
     with FusionDefinition() as fd:
-        x = fd.define_tensor([-1], dtype=DOUBLE)
-        fd.add_output(fd.ops.cast(fd.ops.cast(x, HALF), BF16))
-    xs = np.array([1 + 2.0**-30, np.pi, 1e-9])
-    assert np.array_equal(evaluate(fd.fusion, [xs])[0], xs)
+        v = x = fd.define_tensor([-1], dtype=src)
+        for dtype in dtypes:
+            v = fd.ops.cast(v, dtype)
+        fd.add_output(fd.ops.cast(v, DOUBLE) if v is not x else fd.ops.neg(x))
+    return fd
 
 
-def test_cast_to_int_truncates_toward_zero():
+def test_cast_to_half_and_bfloat16_rounds_to_nearest_even_through_float32():
+    tie, above = 1 + 2.0**-8, 1 + 2.0**-8 + 2.0**-40  # bf16 has 8 significant bits
+    xs = np.array([tie, 1 + 3 * 2.0**-8, above, np.pi, 1e-9, -2.5e-8, np.nan, -np.inf])
+    (y,) = evaluate(cast_chain(BF16).fusion, [xs])
+    assert y[:3].tolist() == [1.0, 1 + 2.0**-6, 1.0]  # ties to even; `above` rounds to
+    # float32's 1 + 2**-8 first, then ties to even, as static_cast<float> + __float2bfloat16_rn
+    np.testing.assert_array_equal(y, as_kernel(xs, bf16))
+    (y,) = evaluate(cast_chain(HALF, BF16).fusion, [xs])
+    np.testing.assert_array_equal(y, as_kernel(as_kernel(xs, np.float16), bf16))
+    assert y[4] == as_kernel(1e-9, np.float16) == 0.0  # below half's smallest subnormal
+    (y,) = evaluate(cast_chain(FLOAT).fusion, [xs])
+    np.testing.assert_array_equal(y, in_f32(xs))
+
+
+def test_cast_to_half_and_bfloat16_overflows_to_inf_like_the_kernel():
+    # cast(x * 1e5, half): inf on the GPU, so in the oracle too
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1], dtype=FLOAT)
+        fd.add_output(fd.ops.cast(fd.ops.cast(x * 1e5, HALF), FLOAT))
+        fd.add_output(fd.ops.cast(fd.ops.cast(x * 1e38, BF16), FLOAT))
+    xs = np.array([0.5, 0.6550399, 0.6552, -1.0, 3.39, 3.398], dtype=np.float32)
+    half, bfloat = evaluate(fd.fusion, [xs])
+    assert half.tolist()[:4] == [49984.0, 65504.0, np.inf, -np.inf]  # 50000 ties to even
+    np.testing.assert_array_equal(half, as_kernel(xs.astype(np.float64) * 1e5, np.float16))
+    # 3.398e38 is a float32, but rounds past bf16's largest finite value 3.3895e38
+    assert np.isinf(bfloat).tolist() == [False, False, False, False, False, True]
+    assert bfloat[4] == float(ml_dtypes.finfo(bf16).max)
+
+
+def test_round_trip_through_bfloat16_leaves_the_rounding_error():
+    # cast(cast(x, bf16), float) - x: the bf16 rounding error of x, as the kernel computes it
+    # (it was 0 when the oracle's casts were exact)
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=FLOAT)
+        fd.add_output(fd.ops.cast(fd.ops.cast(x, BF16), FLOAT) - x)
+    xs = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    (err,) = evaluate(fd.fusion, [xs])
+    kernel = xs.astype(bf16).astype(np.float32) - xs  # exact in float32 (Sterbenz)
+    np.testing.assert_array_equal(err, kernel)
+    assert np.count_nonzero(err) > 200
+
+
+def test_outputs_are_stored_rounded_and_overflow_like_the_kernel():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1], dtype=HALF)
+        y = fd.define_tensor([-1], dtype=FLOAT)
+        fd.add_output(x * 1e5)  # a Half output: computed in float, stored as half
+        fd.add_output(y * 1e30 * 1e30)  # a Float output beyond float32's range
+        fd.add_output(fd.ops.cast(y, DOUBLE) * 1e30 * 1e30)  # Double holds it
+    xs, ys = np.array([0.5, 1.0, 1e-3], np.float16), np.array([1.0, -1.0, 0.0], np.float32)
+    half, single, double = evaluate(fd.fusion, [xs, ys])
+    assert half.tolist()[:2] == [49984.0, np.inf]
+    assert half[2] == as_kernel(float(xs[2]) * 1e5, np.float16)
+    assert single.tolist() == [np.inf, -np.inf, 0.0]
+    assert double.tolist() == [1.0 * 1e30 * 1e30, -1.0 * 1e30 * 1e30, 0.0]
+
+
+def test_cast_to_int_truncates_toward_zero_and_saturates():
     with FusionDefinition() as fd:
         x = fd.define_tensor([-1], dtype=DOUBLE)
         fd.add_output(fd.ops.cast(x, INT32))
         fd.add_output(fd.ops.cast(fd.ops.cast(x, INT64), DOUBLE) / 2)
-    xs = np.array([-2.7, -0.5, 0.5, 2.7, 3.0, -1e10])
-    as_int, halves = evaluate(fd.fusion, [xs])
+        fd.add_output(fd.ops.cast(x, INT64))
+    xs = np.array([-2.7, -0.5, 0.5, 2.7, 3.0, -1e10, np.nan, np.inf, 1e19])
+    as_int, halves, as_long = evaluate(fd.fusion, [xs])
     assert as_int.dtype == np.int64
-    assert as_int.tolist() == [-2, 0, 0, 2, 3, -10_000_000_000]
-    assert halves.tolist() == [-1.0, 0.0, 0.0, 1.0, 1.5, -5e9]
+    # CUDA's float-to-int conversion (cvt.rzi) clamps to the type's range; NaN gives 0
+    assert as_int.tolist() == [-2, 0, 0, 2, 3, -(2**31), 0, 2**31 - 1, 2**31 - 1]
+    assert as_long.tolist() == [-2, 0, 0, 2, 3, -10**10, 0, 2**63 - 1, 2**63 - 1]
+    assert halves.tolist()[:6] == [-1.0, 0.0, 0.0, 1.0, 1.5, -5e9]
+
+
+def test_cast_from_int64_to_int32_keeps_the_low_bits():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1], dtype=INT64)
+        fd.add_output(fd.ops.cast(x, INT32))
+        fd.add_output(fd.ops.cast(x, FLOAT))
+    xs = np.array([2**32 + 5, -(2**31) - 1, 7, 2**62 + 1], dtype=np.int64)
+    narrow, single = evaluate(fd.fusion, [xs])
+    assert narrow.tolist() == [5, 2**31 - 1, 7, 1]
+    assert single.tolist() == [float(np.float32(v)) for v in xs]
+
+
+def test_double_and_integer_operands_of_a_float_op_are_rounded_to_float32():
+    """A Float op converts a Double scalar or an integer operand to float first, as the
+    kernel's static_cast<float> does: x * 5.2e38 is inf, n + x loses n's low bits."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1], dtype=FLOAT)
+        n = fd.define_scalar(dtype=INT64)
+        fd.add_output(x * 5.2e38)
+        fd.add_output(x + n)
+        fd.add_output(fd.ops.cast(x, DOUBLE) * 5.2e38)  # a Double op keeps the scalar
+    big, summed, double = evaluate(fd.fusion, [np.array([0.5, 0.0], np.float32), 2**24 + 1])
+    assert np.isinf(big[0]) and np.isnan(big[1])  # float(5.2e38) is inf; 0 * inf is NaN
+    assert summed.tolist() == [2.0**24, 2.0**24]  # 2**24 + 1 is 2**24 in float32
+    assert double.tolist() == [2.6e38, 0.0]
+
+
+def test_half_and_bfloat16_scalars_are_held_in_float32():
+    """A kernel holds Half / BFloat16 scalars (inputs and constants) in its compute type."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1], dtype=FLOAT)
+        fd.add_output(x * fd.define_scalar(dtype=HALF) + fd.define_scalar(70000.0, dtype=BF16))
+    (y,) = evaluate(fd.fusion, [np.ones(1, np.float32), 0.1])
+    assert y[0] == float(np.float32(np.float32(0.1) + np.float32(70000.0)))
 
 
 def test_cast_to_bool_is_nonzero_and_back():
@@ -300,7 +410,7 @@ def test_integer_arithmetic_and_reductions():
     xa = np.array([[7, -7, 2**30], [1, 2, 3]], dtype=np.int32)
     xb = np.array([[2, 2, 4], [3, 2, 1]], dtype=np.int32)
     quotient, dot, count, top = evaluate(fd.fusion, [xa, xb])
-    close(quotient, xa / xb)
+    close(quotient, in_f32(xa / xb))
     assert dot.dtype == np.int64 and dot.tolist() == [14 - 14 + 2**32, 3 + 4 + 3]
     assert count.dtype == np.int64 and count == 3
     assert top.dtype == np.int64 and top.tolist() == [2**30, 3]
