@@ -9,8 +9,9 @@ kernel rounds by design, the oracle rounds the same way (`_cast`, `_stored`):
 - a cast to Half or BFloat16 rounds to nearest even in that format and overflows to inf, through
   float32 first, as the kernels' `static_cast<float>` then `__float2half_rn` /
   `__float2bfloat16_rn` do (templates/fuser_math.cuh round_half / round_bf16); a cast to Float
-  rounds to float32; a cast to an int type truncates toward zero and saturates (NaN gives 0),
-  as CUDA's float-to-int conversion does, and Int64 to Int32 keeps the low 32 bits;
+  rounds to float32; a cast to an int type truncates toward zero and saturates (NaN gives 0
+  or the type's minimum), as PTX's float-to-int conversion does, and Int64 to Int32 keeps the
+  low 32 bits;
 - an output is stored in its dtype: a Half / BFloat16 / Float output is rounded (and overflows)
   as the kernel's store does;
 - values a kernel *receives* are stored as the kernel receives them: a tensor input in its
@@ -70,10 +71,11 @@ def _rounded(x, dtype: DataType) -> np.ndarray:
     return single.astype(np.float64)
 
 
-def _to_int(x: np.ndarray, dtype: DataType) -> np.ndarray:
-    """A kernel's conversion to Int32 / Int64, in int64: from a float, truncation toward zero
-    that saturates at the type's limits, NaN giving 0 (PTX cvt.rzi); from Int64 to Int32, the
-    low 32 bits (two's complement, as static_cast<int> keeps them)."""
+def _to_int(x: np.ndarray, dtype: DataType, src: DataType = DataType.Float) -> np.ndarray:
+    """A kernel's conversion of a `src` value to Int32 / Int64, in int64: from a float,
+    truncation toward zero that saturates at the type's limits (PTX cvt.rzi), NaN giving 0
+    from a float32 to Int32 and the type's minimum otherwise (from a double, or to Int64), as
+    PTX specifies; from Int64 to Int32, the low 32 bits (static_cast<int>)."""
     info = np.iinfo(np.int32 if dtype is DataType.Int32 else np.int64)
     if x.dtype.kind == "b" or np.issubdtype(x.dtype, np.integer):
         x = x.astype(np.int64)
@@ -83,10 +85,11 @@ def _to_int(x: np.ndarray, dtype: DataType) -> np.ndarray:
         inside = (t >= info.min) & (t < -float(info.min))
         clamped = np.where(t > 0, info.max, info.min).astype(np.int64)
     result = np.where(inside, np.where(inside, t, 0.0).astype(np.int64), clamped)
-    return np.where(np.isnan(t), 0, result)
+    nan = 0 if dtype is DataType.Int32 and src is not DataType.Double else info.min
+    return np.where(np.isnan(t), nan, result)
 
 
-def _cast(x, dtype: DataType, shift: float = 0.0):
+def _cast(x, src: DataType, dtype: DataType, shift: float = 0.0):
     """The oracle's cast, as the kernel's (emit.py Emitter._cast): see the module docstring.
     `shift` moves a float operand by that relative amount first, toward +inf for a positive
     shift, toward -inf for a negative one (input_sensitivity's draws of a kernel's error before
@@ -98,7 +101,7 @@ def _cast(x, dtype: DataType, shift: float = 0.0):
         return _rounded(x, dtype)
     if dtype.category is Category.BOOL:
         return x != 0
-    return _to_int(x, dtype)
+    return _to_int(x, dtype, src)
 
 
 def _operand(x, dtype: DataType, compute: DataType):
@@ -311,7 +314,7 @@ def _run(e: Expr, args: list, sizes: Sizes, shift: float = 0.0) -> list:
             args = [_operand(a, v.dtype, compute) for v, a in operands]
         return [_exact(ELEMENTWISE[e.op].reference(*args), out.dtype)]
     if e.op == "cast":
-        return [_cast(args[0], out.dtype, shift)]
+        return [_cast(args[0], e.inputs[0].dtype, out.dtype, shift)]
     if e.op == "size":
         return [np.int64(sizes.value(as_tensor(e.inputs[0]).dims[e.attr("dim")]))]
     if e.op == "broadcast_in_dim":

@@ -347,10 +347,21 @@ def test_cast_to_int_truncates_toward_zero_and_saturates():
     xs = np.array([-2.7, -0.5, 0.5, 2.7, 3.0, -1e10, np.nan, np.inf, 1e19])
     as_int, halves, as_long = evaluate(fd.fusion, [xs])
     assert as_int.dtype == np.int64
-    # CUDA's float-to-int conversion (cvt.rzi) clamps to the type's range; NaN gives 0
-    assert as_int.tolist() == [-2, 0, 0, 2, 3, -(2**31), 0, 2**31 - 1, 2**31 - 1]
-    assert as_long.tolist() == [-2, 0, 0, 2, 3, -10**10, 0, 2**63 - 1, 2**63 - 1]
+    # PTX's float-to-int conversion (cvt.rzi) clamps to the type's range; NaN from a double
+    # gives the type's minimum
+    assert as_int.tolist() == [-2, 0, 0, 2, 3, -(2**31), -(2**31), 2**31 - 1, 2**31 - 1]
+    assert as_long.tolist() == [-2, 0, 0, 2, 3, -10**10, -(2**63), 2**63 - 1, 2**63 - 1]
     assert halves.tolist()[:6] == [-1.0, 0.0, 0.0, 1.0, 1.5, -5e9]
+
+
+def test_nan_cast_from_float_to_int32_gives_zero_and_to_int64_the_minimum():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1], dtype=FLOAT)
+        fd.add_output(fd.ops.cast(x, INT32))
+        fd.add_output(fd.ops.cast(x, INT64))
+    as_int, as_long = evaluate(fd.fusion, [np.array([np.nan, -np.inf, 2.5], np.float32)])
+    assert as_int.tolist() == [0, -(2**31), 2]  # PTX: 0 unless from .f64 or to .s64
+    assert as_long.tolist() == [-(2**63), -(2**63), 2]
 
 
 def test_cast_from_int64_to_int32_keeps_the_low_bits():
