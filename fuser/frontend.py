@@ -7,8 +7,10 @@ used so that defining and printing fusions needs neither CuPy nor a GPU.
 
 from __future__ import annotations
 
+import re
+
 from fuser.dtypes import DataType
-from fuser.errors import DefinitionError, FuserError, UnknownOpError
+from fuser.errors import BadInputError, DefinitionError, FuserError, UnknownOpError
 from fuser.ir import Fusion, Scalar, Tensor
 from fuser.ops import ELEMENTWISE
 
@@ -57,24 +59,62 @@ class Ops:
         return self._fusion._require_tensor("shape", t).shape()
 
 
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_NAME_LENGTH = 100  # kernels and FUSER_DUMP_DIR files are named after the fusion
+
+
+def check_name(name) -> str:
+    """`name` if it can name a fusion, else DefinitionError: kernels are C++ functions named
+    after it (NVRTC takes ASCII identifiers) and FUSER_DUMP_DIR files too (a file name holds
+    255 bytes), so ASCII letters, digits and _, not starting with a digit, at most 100."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise DefinitionError(
+            f"FusionDefinition name {name!r} must be a Python identifier in ASCII: letters "
+            "A-Z a-z, digits and _, not starting with a digit (kernels are C++ functions "
+            "named after it)"
+        )
+    if len(name) > MAX_NAME_LENGTH:
+        raise DefinitionError(
+            f"FusionDefinition name {name[:20]}... has {len(name)} characters; at most "
+            f"{MAX_NAME_LENGTH} (kernels and FUSER_DUMP_DIR files are named after it)"
+        )
+    return name
+
+
 class FusionDefinition:
-    """Define a fusion in a `with` block, then execute, validate and inspect it."""
+    """Define a fusion in a `with` block, then execute, validate and inspect it.
+
+    The definition is final once the `with` block closes: defining more then raises, as does
+    a block that closes with no outputs."""
 
     def __init__(self, name: str = "fusion"):
-        if not isinstance(name, str) or not name.isidentifier():
-            raise DefinitionError(f"FusionDefinition name {name!r} must be a Python identifier")
         self.name = name
         self.fusion = Fusion()
         self.ops = Ops(self.fusion)
         self._last_run = None  # the executor's record of the latest execute()
 
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @name.setter
+    def name(self, name: str) -> None:
+        self._name = check_name(name)
+
     def __enter__(self) -> FusionDefinition:
+        self.fusion._check_open()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None and not self.fusion.outputs:
+        self.fusion.closed_by = f"FusionDefinition {self.name!r}"
+        if exc_type is None:
+            self._require_outputs()
+
+    def _require_outputs(self) -> None:
+        if not self.fusion.outputs:
             raise DefinitionError(
-                "the fusion has no outputs; call fd.add_output(t) for each result you need"
+                f"fusion {self.name!r} has no outputs; call fd.add_output(t) inside the `with` "
+                "block for each result you need"
             )
 
     # ----- definition -----
@@ -129,16 +169,29 @@ class FusionDefinition:
 
     def execute(self, inputs, *, device=None):
         """Run the fusion on CuPy arrays or torch CUDA tensors; returns outputs of that kind."""
+        inputs = self._inputs("execute", inputs)
         from fuser.executor import execute
 
-        return execute(self, list(inputs), device=device)
+        return execute(self, inputs, device=device)
 
     def validate(self, inputs, reference_outputs=None, *, device=None):
         """Execute and compare with the float64 reference; raises fuser.ValidationError (an
         AssertionError) on mismatch."""
+        inputs = self._inputs("validate", inputs)
         from fuser.executor import validate
 
-        return validate(self, list(inputs), reference_outputs, device=device)
+        return validate(self, inputs, reference_outputs, device=device)
+
+    def _inputs(self, call: str, inputs) -> list:
+        """`inputs` as a list, after checking that there is something to run."""
+        self._require_outputs()
+        if not isinstance(inputs, list | tuple):
+            names = ", ".join(v.name for v in self.fusion.inputs)
+            raise BadInputError(
+                f"fd.{call}(inputs): inputs must be a list or tuple with one array or number "
+                f"per fusion input ({names}), got {type(inputs).__name__} {inputs!r:.80}"
+            )
+        return list(inputs)
 
     def _last(self):
         if self._last_run is None:

@@ -14,10 +14,13 @@ equal text).
 from __future__ import annotations
 
 import itertools
+import math
+import operator
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import networkx as nx
+import numpy as np
 
 from fuser.dtypes import DataType
 from fuser.errors import DefinitionError, InternalError, UnknownOpError
@@ -148,10 +151,22 @@ class Fusion:
     exprs: list[Expr] = field(default_factory=list)
     inputs: list[Val] = field(default_factory=list)
     outputs: list[Tensor] = field(default_factory=list)
+    # Set when the `with FusionDefinition() as fd:` block that built it closes: what was
+    # defined is final (a kernel may already be built from it), so defining more raises.
+    closed_by: str | None = None
 
     # ----- building -----
 
+    def _check_open(self) -> None:
+        if self.closed_by is not None:
+            raise DefinitionError(
+                f"{self.closed_by}: its `with` block has closed, so the definition is final; "
+                "define every input, op and output inside `with FusionDefinition() as fd:`, "
+                "or build a new FusionDefinition"
+            )
+
     def _tensor(self, dtype, dims, contiguity=None, definition=None) -> Tensor:
+        self._check_open()
         if contiguity is None:
             contiguity = tuple(None if d is None else True for d in dims)
         t = Tensor(self, len(self.vals), dtype, None, tuple(dims), tuple(contiguity))
@@ -159,6 +174,7 @@ class Fusion:
         return t
 
     def _scalar(self, dtype, value=None, extent=None) -> Scalar:
+        self._check_open()
         s = Scalar(self, len(self.vals), dtype, None, value, extent)
         self.vals.append(s)
         return s
@@ -170,8 +186,8 @@ class Fusion:
         self.exprs.append(expr)
 
     def define_tensor(self, shape, contiguity, dtype) -> Tensor:
-        if not isinstance(dtype, DataType):
-            raise DefinitionError(f"define_tensor: dtype must be a fuser.DataType, got {dtype!r}")
+        self._check_open()
+        _require_dtype("define_tensor", dtype)
         shape = _listed("define_tensor", "shape", shape, "one int per dimension, e.g. [-1, -1]")
         dims = []
         for d, size in enumerate(shape):
@@ -212,10 +228,10 @@ class Fusion:
     def define_scalar(self, value=None, dtype=None) -> Scalar:
         if value is None and dtype is None:
             raise DefinitionError("define_scalar: an input scalar (no value) needs a dtype")
-        if value is not None and not isinstance(value, bool | int | float):
-            raise DefinitionError(f"define_scalar: value must be a number, got {value!r}")
-        if dtype is not None and not isinstance(dtype, DataType):
-            raise DefinitionError(f"define_scalar: dtype must be a fuser.DataType, got {dtype!r}")
+        if value is not None:
+            value = _python_number(value)
+        if dtype is not None:
+            _require_dtype("define_scalar", dtype)
         if dtype is None:
             dtype = (
                 DataType.Bool
@@ -224,6 +240,8 @@ class Fusion:
                 if isinstance(value, int)
                 else DataType.Double
             )
+        if value is not None:
+            _check_literal(value, dtype)
         s = self._scalar(dtype, value)
         if value is None:
             self.inputs.append(s)
@@ -235,11 +253,12 @@ class Fusion:
             if x.fusion is not self:
                 raise DefinitionError(f"{x.name} belongs to another FusionDefinition")
             return x
-        if isinstance(x, bool | int | float):
+        if isinstance(x, bool | int | float | np.bool_ | np.integer | np.floating):
             return self.define_scalar(x)
         raise DefinitionError(f"expected a tensor, a scalar or a number, got {x!r}")
 
     def add_output(self, t: Val) -> None:
+        self._check_open()
         t = self.as_val(t)
         if not isinstance(t, Tensor):
             raise DefinitionError(f"add_output: {t.name} is a scalar; outputs must be tensors")
@@ -308,8 +327,7 @@ class Fusion:
 
     def cast(self, v, dtype: DataType) -> Val:
         v = self.as_val(v)
-        if not isinstance(dtype, DataType):
-            raise DefinitionError(f"cast: dtype must be a fuser.DataType, got {dtype!r}")
+        _require_dtype("cast", dtype)
         out: Val = self._tensor(dtype, v.dims) if isinstance(v, Tensor) else self._scalar(dtype)
         self._define("cast", [v], [out], dtype=dtype)
         return out
@@ -337,11 +355,13 @@ class Fusion:
                 f"{context}: broadcast_dims needs one entry per dimension of {t.name} "
                 f"(rank {t.ndim})"
             )
-        if any(not isinstance(d, int) for d in broadcast_dims):
-            raise DefinitionError(
-                f"{context}: broadcast_dims must be ints, the output dimension of each "
-                f"dimension of {t.name}"
-            )
+        for i, d in enumerate(broadcast_dims):
+            if isinstance(d, bool) or not isinstance(d, int | np.integer):
+                raise DefinitionError(
+                    f"{context}: broadcast_dims[{i}] = {d!r}; broadcast_dims must be ints, the "
+                    f"output dimension (0 to {len(shape) - 1}) of each dimension of {t.name}"
+                )
+        broadcast_dims = [int(d) for d in broadcast_dims]
         if sorted(set(broadcast_dims)) != broadcast_dims or any(
             not 0 <= d < len(shape) for d in broadcast_dims
         ):
@@ -395,12 +415,9 @@ class Fusion:
         from fuser.ops import sum_result_type
 
         t = self._require_tensor(op, t)
-        dims = _listed(op, "dims", dims, "the dimensions to reduce, e.g. [1]")
-        dims = tuple(sorted({self._normalize_dim(op, t, d) for d in dims}))
-        if not dims:
-            raise DefinitionError(f"{op}({t.name}): dims is empty; name the dimensions to reduce")
-        if dtype is not None and not isinstance(dtype, DataType):
-            raise DefinitionError(f"{op}: dtype must be a fuser.DataType or None, got {dtype!r}")
+        dims = self._reduced(op, t, dims)
+        if dtype is not None:
+            _require_dtype(op, dtype, "or None")
         if dtype is None:
             dtype = sum_result_type(t.dtype) if op == "sum" else t.dtype
         out = self._tensor(dtype, self._reduced_dims(t, dims, keepdim))
@@ -413,16 +430,18 @@ class Fusion:
             raise DefinitionError(
                 f"var_mean: {t.name} has dtype {t.dtype}; cast it to a float type"
             )
-        dims = _listed("var_mean", "dims", dims, "the dimensions to reduce, e.g. [1]")
-        dims = tuple(sorted({self._normalize_dim("var_mean", t, d) for d in dims}))
-        if not dims:
-            raise DefinitionError(f"var_mean({t.name}): dims is empty; name the dimensions")
+        dims = self._reduced("var_mean", t, dims)
         try:
-            correction = int(correction)
-        except (TypeError, ValueError, OverflowError):
+            if isinstance(correction, bool | np.bool_):
+                raise TypeError
+            correction = operator.index(correction)
+            if not -(2**63) <= correction < 2**63:
+                raise TypeError
+        except TypeError:
             raise DefinitionError(
                 f"var_mean({t.name}): correction must be an int (0: population variance, "
-                f"1: sample variance), got {correction!r}"
+                f"1: sample variance; the divisor is max(n - correction, 0)) that fits in "
+                f"Int64, got {correction!r}"
             ) from None
         out_dims = self._reduced_dims(t, dims, keepdim)
         var, mean = self._tensor(t.dtype, out_dims), self._tensor(t.dtype, out_dims)
@@ -431,6 +450,17 @@ class Fusion:
             keepdim=bool(keepdim),
         )
         return var, mean
+
+    def _reduced(self, op: str, t: Tensor, dims) -> tuple[int, ...]:
+        """The sorted, normalized dimensions a reduction names: a list or tuple of ints, or one
+        int (as torch takes dim=1 for dim=[1])."""
+        if isinstance(dims, int | np.integer) and not isinstance(dims, bool | np.bool_):
+            dims = [dims]
+        dims = _listed(op, "dims", dims, f"the dimensions of {t.name} to reduce, e.g. [1] or 1")
+        normalized = tuple(sorted({self._normalize_dim(op, t, d) for d in dims}))
+        if not normalized:
+            raise DefinitionError(f"{op}({t.name}): dims is empty; name the dimensions to reduce")
+        return normalized
 
     @staticmethod
     def _reduced_dims(t: Tensor, dims, keepdim: bool) -> list[Extent | None]:
@@ -444,11 +474,13 @@ class Fusion:
 
     @staticmethod
     def _normalize_dim(op, t: Tensor, dim) -> int:
-        if not isinstance(dim, int) or not -t.ndim <= dim < t.ndim:
+        if (isinstance(dim, bool | np.bool_) or not isinstance(dim, int | np.integer)
+                or not -t.ndim <= dim < t.ndim):
             raise DefinitionError(
-                f"{op}: dim {dim!r} is out of range for {t.name} of rank {t.ndim}"
+                f"{op}: dim {dim!r} is out of range for {t.name} of rank {t.ndim}; give an "
+                f"int from {-t.ndim} to {t.ndim - 1}"
             )
-        return dim % t.ndim
+        return int(dim) % t.ndim
 
     # ----- views -----
 
@@ -470,6 +502,77 @@ class Fusion:
         from fuser.printer import python_definition
 
         return python_definition(self)
+
+
+_DTYPE_NAMES = {
+    "bool": DataType.Bool, "int32": DataType.Int32, "int": DataType.Int64,
+    "int64": DataType.Int64, "long": DataType.Int64, "half": DataType.Half,
+    "float16": DataType.Half, "bfloat16": DataType.BFloat16, "float": DataType.Float,
+    "float32": DataType.Float, "double": DataType.Double, "float64": DataType.Double,
+}
+
+
+def _require_dtype(op: str, dtype, also: str = "") -> None:
+    """DefinitionError naming the allowed DataTypes (and the one meant, for a name such as
+    "float" or torch.float32) unless `dtype` is a DataType."""
+    if isinstance(dtype, DataType):
+        return
+    allowed = ", ".join(repr(d) for d in DataType)
+    meant = _DTYPE_NAMES.get(str(dtype).lower().removeprefix("torch.").removeprefix("dtype."))
+    hint = f"; for {dtype!r} pass {meant!r}" if meant is not None else ""
+    raise DefinitionError(
+        f"{op}: dtype must be a fuser.DataType{' ' + also if also else ''}, got {dtype!r} "
+        f"({type(dtype).__name__}){hint}; the types are {allowed}"
+    )
+
+
+def _python_number(value) -> bool | int | float:
+    """`value` as a Python bool, int or float (numpy scalars too); DefinitionError otherwise."""
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    if isinstance(value, int | np.integer):
+        return int(value)
+    if isinstance(value, float | np.floating):
+        return float(value)
+    raise DefinitionError(
+        f"define_scalar: value must be a number (a bool, an int or a float), got "
+        f"{type(value).__name__} {value!r}"
+    )
+
+
+_INT_RANGES = {DataType.Int32: (-(2**31), 2**31 - 1), DataType.Int64: (-(2**63), 2**63 - 1)}
+
+
+def _check_literal(value: bool | int | float, dtype: DataType) -> None:
+    """A constant must be a value of its dtype, as execute() requires of scalar inputs: a bool
+    for Bool, an int within range for Int32 / Int64 (a float would be truncated), a number a
+    float can hold for the float types (inf and nan included; beyond float32 it is inf)."""
+    text = repr(value)
+    shown = text if len(text) <= 30 else f"{text[:12]}...({len(text)} digits)"
+    where = f"define_scalar({shown}, dtype={dtype!r})"
+    if dtype is DataType.Bool:
+        if not isinstance(value, bool):
+            raise DefinitionError(f"{where}: a Bool constant must be True or False")
+    elif not dtype.is_float:
+        if isinstance(value, bool) or not isinstance(value, int):
+            kind = "NaN" if isinstance(value, float) and math.isnan(value) else repr(value)
+            raise DefinitionError(
+                f"{where}: an {dtype.label} constant must be an int, not {kind}; round it "
+                "yourself (int(x)), or give a float dtype"
+            )
+        low, high = _INT_RANGES[dtype]
+        if not low <= value <= high:
+            raise DefinitionError(
+                f"{where}: the value is outside {dtype.label}'s range {low} to {high}; use "
+                "a float (dtype DataType.Double) for a larger number"
+            )
+    elif isinstance(value, int) and not isinstance(value, bool):
+        try:
+            float(value)
+        except OverflowError:
+            raise DefinitionError(
+                f"{where}: the value is beyond the range of every float type (about 1.8e308)"
+            ) from None
 
 
 def _listed(op: str, what: str, x, expected: str) -> list:

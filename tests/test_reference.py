@@ -114,6 +114,21 @@ def test_var_mean_of_a_single_element_with_correction_is_not_finite():
     assert np.isnan(var).all()  # 0 / max(1 - 1, 0), as torch.var gives
 
 
+@pytest.mark.parametrize("correction", [3, 4, 10])
+def test_var_mean_with_correction_at_or_beyond_n_is_inf_as_in_torch(correction):
+    """torch divides by max(0, n - correction): inf where the row varies, NaN where it is
+    constant (0 / 0); never a negative variance."""
+    with FusionDefinition() as fd:
+        var, mean = fd.ops.var_mean(fd.define_tensor([-1, -1], dtype=FLOAT), [1],
+                                    correction=correction)
+        fd.add_output(var)
+        fd.add_output(mean)
+    xs = np.array([[1.0, 2.0, 4.0], [5.0, 5.0, 5.0]], np.float32)
+    var, mean = evaluate(fd.fusion, [xs])
+    assert np.isposinf(var[0]) and np.isnan(var[1])
+    assert mean.tolist() == [float(np.float32(7 / 3)), 5.0]  # Float outputs: float32
+
+
 def test_softmax_max_subtracted(rng):
     with FusionDefinition() as fd:
         x = fd.define_tensor([-1, -1], dtype=FLOAT)
