@@ -1,9 +1,15 @@
-"""The kernel cache: hits, corruption recovery, atomic files, environment, threads (no GPU)."""
+"""The kernel cache: hits, corruption recovery, atomic files, environment, threads, processes,
+OS errors (read-only folder, unreadable entry, folders and files in the wrong places, no
+space), the size cap (no GPU)."""
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import logging
+import multiprocessing
 import os
+import tempfile
 import threading
 import time
 
@@ -12,9 +18,9 @@ import pytest
 pytest.importorskip("cuda.bindings.nvrtc")
 
 import fuser.cache
-from fuser.cache import KernelCache, default_cache_dir
-from fuser.compile import compile_cuda
-from fuser.errors import ToolchainError
+from fuser.cache import DEFAULT_MAX_BYTES, KernelCache, default_cache_dir, max_cache_bytes
+from fuser.compile import CompiledModule, KernelResources, compile_cuda
+from fuser.errors import BadInputError, ToolchainError
 
 SOURCE = r"""
 extern "C" __global__ void add_one(float* p, int n) {
@@ -67,8 +73,35 @@ def test_env_dir_is_used_and_files_are_written(cache_dir, compiles):
 
 def test_default_dir_without_env(monkeypatch):
     monkeypatch.delenv("FUSER_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     expected = os.path.join(os.path.expanduser("~"), ".cache", "fuser")
     assert KernelCache().directory == expected
+
+
+def test_xdg_cache_home_is_honoured_and_fuser_cache_dir_wins(monkeypatch, tmp_path):
+    monkeypatch.delenv("FUSER_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == str(tmp_path / "xdg" / "fuser")
+    assert KernelCache().directory == str(tmp_path / "xdg" / "fuser")
+    # the XDG rules: a relative XDG_CACHE_HOME is ignored
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
+    assert default_cache_dir() == os.path.join(os.path.expanduser("~"), ".cache", "fuser")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("FUSER_CACHE_DIR", str(tmp_path / "mine"))
+    assert default_cache_dir() == str(tmp_path / "mine")
+
+
+def test_the_test_session_never_uses_the_users_cache():
+    """tests/conftest.py points FUSER_CACHE_DIR at a folder of the session (issue 13: `make
+    test` wrote 64 MB into ~/.cache/fuser)."""
+    folder = os.environ["FUSER_CACHE_DIR"]
+    assert folder == os.environ["FUSER_TEST_SESSION_CACHE_DIR"] and os.path.isdir(folder)
+    assert default_cache_dir() == folder
+    users = [os.path.join(os.path.expanduser("~"), ".cache", "fuser")]
+    if os.path.isabs(os.environ.get("XDG_CACHE_HOME", "")):
+        users.append(os.path.join(os.environ["XDG_CACHE_HOME"], "fuser"))
+    if not os.environ.get("FUSER_TEST_CACHE_DIR"):
+        assert os.path.abspath(folder) not in [os.path.abspath(u) for u in users]
 
 
 def test_memory_and_disk_hits_do_not_recompile(cache_dir, compiles):
@@ -263,3 +296,419 @@ def test_unwritable_cubin_file_is_a_toolchain_error(cache_dir, compiles, monkeyp
     cache = KernelCache()
     with pytest.raises(ToolchainError, match=r"cannot write the cubin file .*FUSER_CACHE_DIR"):
         cache.get_or_compile(SOURCE, "add_one", 90)
+
+
+# --- OS errors: each recovered from (recompile, memory only with one warning) or a FuserError
+
+
+def refuse_changes(monkeypatch, folder: str, code: int = errno.EACCES) -> None:
+    """Make `folder` refuse every change (create, write-open, rename, delete, mkdir, utime)
+    with OSError(`code`), as a read-only folder does. Permission bits alone do not stop root
+    (these tests may run as root), so the refusal is made by the os functions themselves."""
+    folder = os.path.abspath(folder)
+
+    def inside(path) -> bool:
+        path = os.path.abspath(os.fspath(path))
+        return path == folder or path.startswith(folder + os.sep)
+
+    def refuse(path):
+        raise OSError(code, os.strerror(code), os.fspath(path))
+
+    real_open = os.open
+
+    def guarded_open(path, flags, *args, **kwargs):
+        writes = flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC)
+        if inside(path) and (writes or (flags & os.O_CREAT and not os.path.exists(path))):
+            refuse(path)
+        return real_open(path, flags, *args, **kwargs)
+
+    def guard(name, arg=0):
+        real = getattr(os, name)
+
+        def guarded(*args, **kwargs):
+            if inside(args[arg]):
+                refuse(args[arg])
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(os, name, guarded)
+
+    monkeypatch.setattr(os, "open", guarded_open)
+    for name in ("unlink", "remove", "mkdir", "utime", "rmdir"):
+        guard(name)
+    guard("replace", 1)
+    guard("rename", 1)
+
+
+def flip_byte(path: str, offset: int = -10) -> None:
+    with open(path, "r+b") as f:
+        data = bytearray(f.read())
+        data[offset] ^= 0x01
+        f.seek(0)
+        f.write(data)
+
+
+def read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def warnings_with(caplog, text: str) -> int:
+    return sum(text in r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
+
+
+def test_read_only_folder_with_a_corrupt_entry_recompiles_into_memory(
+        cache_dir, compiles, monkeypatch, caplog):
+    compiled, path = KernelCache().get_or_compile(SOURCE, "add_one", 90)
+    entry = os.path.join(cache_dir, KernelCache().key(SOURCE, "add_one", 90) + ".fuser")
+    flip_byte(entry)
+    flip_byte(path)
+    before = {n: read(os.path.join(cache_dir, n)) for n in os.listdir(cache_dir)}
+    with monkeypatch.context() as m:
+        refuse_changes(m, cache_dir)
+        cache = KernelCache()
+        with caplog.at_level(logging.WARNING, logger="fuser.cache"):
+            again, again_path = cache.get_or_compile(SOURCE, "add_one", 90)
+            cache.get_or_compile(SOURCE, "add_one", 80)
+    assert again.cubin == compiled.cubin and read(again_path) == compiled.cubin
+    assert not again_path.startswith(cache_dir + os.sep)  # the folder's cubin is damaged
+    assert warnings_with(caplog, "deleting bad entry") == 1
+    assert warnings_with(caplog, "cannot write") == 1  # one warning, however many kernels
+    assert "Permission denied" in caplog.text and "point FUSER_CACHE_DIR at a folder" in caplog.text
+    assert {n: read(os.path.join(cache_dir, n)) for n in os.listdir(cache_dir)} == before
+    assert compiles == ["add_one", "add_one", "add_one"]
+    assert cache.stats()["writable"] is False and cache.stats()["bad_entries"] == 1
+
+
+def test_read_only_folder_with_good_entries_still_serves_them(cache_dir, compiles, monkeypatch):
+    compiled, path = KernelCache().get_or_compile(SOURCE, "add_one", 90)
+    with monkeypatch.context() as m:
+        refuse_changes(m, cache_dir, errno.EROFS)
+        assert KernelCache().get_or_compile(SOURCE, "add_one", 90) == (compiled, path)
+    assert compiles == ["add_one"]
+
+
+def test_unreadable_entry_is_recompiled_and_replaced(cache_dir, compiles, monkeypatch, caplog):
+    compiled, _ = KernelCache().get_or_compile(SOURCE, "add_one", 90)
+    entry = os.path.join(cache_dir, KernelCache().key(SOURCE, "add_one", 90) + ".fuser")
+    os.chmod(entry, 0)
+    real_open = os.open
+
+    def unreadable(path, flags, *args, **kwargs):  # root reads through mode 0: refuse anyway
+        if os.fspath(path) == entry and os.stat(entry).st_mode & 0o777 == 0:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), entry)
+        return real_open(path, flags, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "open", unreadable)
+        cache = KernelCache()
+        with caplog.at_level(logging.WARNING, logger="fuser.cache"):
+            again, path = cache.get_or_compile(SOURCE, "add_one", 90)
+    assert f"cannot read {entry}" in caplog.text and "recompiling" in caplog.text
+    assert again.cubin == compiled.cubin and read(path) == compiled.cubin
+    assert cache.stats()["unreadable_entries"] == 1 and cache.stats()["writable"]
+    # the recompile replaced the unreadable file: a new cache hits it
+    assert KernelCache().get_or_compile(SOURCE, "add_one", 90)[0] == again
+    assert compiles == ["add_one", "add_one"]
+
+
+def test_entry_path_that_is_a_folder_is_left_alone_and_the_kernel_kept_in_memory(
+        cache_dir, compiles, caplog):
+    key = KernelCache().key(SOURCE, "add_one", 90)
+    entry = os.path.join(cache_dir, key + ".fuser")
+    os.makedirs(entry)
+    with open(os.path.join(entry, "someone's file"), "w") as f:
+        f.write("not ours")
+    cache = KernelCache()
+    with caplog.at_level(logging.WARNING, logger="fuser.cache"):
+        compiled, path = cache.get_or_compile(SOURCE, "add_one", 90)
+    assert f"{entry} is a folder where fuser keeps a file: remove that folder" in caplog.text
+    assert read(path) == compiled.cubin and path == os.path.join(cache_dir, key + ".cubin")
+    assert os.listdir(entry) == ["someone's file"]
+    assert cache.stats()["writable"]  # one entry's problem does not stop the folder
+    assert cache.get_or_compile(SOURCE, "add_one", 80)[1].startswith(cache_dir + os.sep)
+    assert compiles == ["add_one", "add_one"]
+
+
+def test_a_cubin_path_that_is_a_folder_falls_back_to_a_temporary_file(cache_dir, compiles):
+    key = KernelCache().key(SOURCE, "add_one", 90)
+    os.makedirs(os.path.join(cache_dir, key + ".cubin"))
+    compiled, path = KernelCache().get_or_compile(SOURCE, "add_one", 90)
+    assert not path.startswith(cache_dir + os.sep) and read(path) == compiled.cubin
+
+
+def test_cache_dir_that_is_a_file_keeps_kernels_in_memory_with_one_warning(
+        tmp_path, monkeypatch, compiles, caplog):
+    folder = tmp_path / "not-a-folder"
+    folder.write_text("a file")
+    monkeypatch.setenv("FUSER_CACHE_DIR", str(folder))
+    cache = KernelCache()
+    with caplog.at_level(logging.WARNING, logger="fuser.cache"):
+        for arch in (90, 80, 90):
+            compiled, path = cache.get_or_compile(SOURCE, "add_one", arch)
+            assert read(path) == compiled.cubin
+    assert warnings_with(caplog, "cannot write") == 1 and len(caplog.records) == 1
+    assert f"{folder} (or a folder above it) is a file: point FUSER_CACHE_DIR" in caplog.text
+    assert folder.read_text() == "a file"
+    assert compiles == ["add_one", "add_one"]
+    stats = cache.stats()
+    assert stats["entries"] == 0 and not stats["writable"] and stats["memory_hits"] == 1
+    cache.clear()  # nothing to list in a file: no error either
+    assert folder.read_text() == "a file"
+
+
+@pytest.mark.parametrize("resources", ["none", "another kernel's"])
+def test_entry_missing_a_kernels_resources_is_recompiled(cache_dir, compiles, resources, caplog):
+    compiled, _ = KernelCache().get_or_compile(SOURCE, "add_one", 90)
+    key = KernelCache().key(SOURCE, "add_one", 90)
+    kept = () if resources == "none" else (dataclasses.replace(compiled.resources[0],
+                                                               name="other"),)
+    with open(os.path.join(cache_dir, key + ".fuser"), "wb") as f:  # checksum and all valid
+        f.write(fuser.cache._encode(key, dataclasses.replace(compiled, resources=kept)))
+    cache = KernelCache()
+    with caplog.at_level(logging.WARNING, logger="fuser.cache"):
+        again, _ = cache.get_or_compile(SOURCE, "add_one", 90)
+    assert "no ptxas resource report for kernel(s) ['add_one']" in caplog.text
+    assert again.resource("add_one") == compiled.resource("add_one")
+    assert compiles == ["add_one", "add_one"] and cache.stats()["bad_entries"] == 1
+    assert KernelCache().get_or_compile(SOURCE, "add_one", 90)[0] == again
+
+
+def _no_space_under(monkeypatch, root: str) -> None:
+    """os.write into any file under `root` fails with ENOSPC, as on a full disk."""
+    real_write = os.write
+
+    def full(fd, data):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            target = ""
+        if target.startswith(root + os.sep):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+@pytest.mark.parametrize("full", ["cache", "cache and temp"])
+def test_no_space_left(tmp_path, cache_dir, compiles, monkeypatch, caplog, full):
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    cache = KernelCache()
+    with monkeypatch.context() as m, caplog.at_level(logging.WARNING, logger="fuser.cache"):
+        _no_space_under(m, cache_dir if full == "cache" else str(tmp_path))
+        if full == "cache":
+            compiled, path = cache.get_or_compile(SOURCE, "add_one", 90)
+            assert path.startswith(str(temp) + os.sep) and read(path) == compiled.cubin
+        else:
+            with pytest.raises(ToolchainError, match=(
+                    r"cannot write the cubin file [0-9a-f]{64}\.cubin, which CuPy loads the "
+                    rf"kernel from: not in {cache_dir} \(.*No space left.*\) nor in a temporary "
+                    rf"folder under {temp} \(.*No space left.*\)\. Free disk space")):
+                cache.get_or_compile(SOURCE, "add_one", 90)
+    assert warnings_with(caplog, "cannot write") == 1
+    assert "lower FUSER_CACHE_MAX_BYTES" in caplog.text
+    leftovers = [n for _, _, names in os.walk(tmp_path) for n in names if n.endswith(".tmp")]
+    assert leftovers == [] and entry_files(cache_dir) == []
+    # space again: the same cache works (in memory, as it said), a new one writes the folder
+    again, path = cache.get_or_compile(SOURCE, "add_one", 90)
+    assert read(path) == again.cubin and path.startswith(str(temp) + os.sep)
+    KernelCache().get_or_compile(SOURCE, "add_one", 90)
+    assert len(entry_files(cache_dir)) == 1
+    assert compiles == (["add_one"] * 2 if full == "cache" else ["add_one"] * 3)
+
+
+def test_a_folder_failing_every_read_and_write_still_builds(tmp_path, compiles, monkeypatch,
+                                                           caplog):
+    """EIO on every open, rename and delete in the folder: the entry is unreadable (one
+    warning), writes stop (one warning), the kernel comes from a fresh compile in memory."""
+    folder = str(tmp_path / "kernels")
+    first, _ = KernelCache(folder).get_or_compile(SOURCE, "add_one", 90)
+    with monkeypatch.context() as m, caplog.at_level(logging.WARNING, logger="fuser.cache"):
+        refuse_changes(m, folder, errno.EIO)
+        real_open = os.open
+
+        def no_reads(path, flags, *args, **kwargs):
+            if os.path.abspath(os.fspath(path)).startswith(folder + os.sep):
+                raise OSError(errno.EIO, os.strerror(errno.EIO), os.fspath(path))
+            return real_open(path, flags, *args, **kwargs)
+
+        m.setattr(os, "open", no_reads)
+        cache = KernelCache(folder)
+        compiled, path = cache.get_or_compile(SOURCE, "add_one", 90)
+    assert compiled.cubin == first.cubin and read(path) == first.cubin
+    assert not path.startswith(folder + os.sep)
+    assert warnings_with(caplog, "cannot read") == 1 and warnings_with(caplog, "cannot write") == 1
+    assert "Input/output error" in caplog.text and "FUSER_CACHE=0" in caplog.text
+    assert compiles == ["add_one", "add_one"]
+
+
+# --- a memory hit re-checks the cubin file it hands out
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "truncated", "deleted"])
+def test_memory_hit_never_hands_out_a_damaged_cubin_file(cache_dir, compiles, damage, caplog):
+    cache = KernelCache()
+    compiled, path = cache.get_or_compile(SOURCE, "add_one", 90)
+    if damage == "flipped byte":
+        flip_byte(path, len(compiled.cubin) // 2)
+    elif damage == "truncated":
+        os.truncate(path, 100)
+    else:
+        os.unlink(path)
+    with caplog.at_level(logging.WARNING, logger="fuser.cache"):
+        again, again_path = cache.get_or_compile(SOURCE, "add_one", 90)
+    assert again is compiled and read(again_path) == compiled.cubin
+    assert ("no longer holds the kernel" in caplog.text) == (damage != "deleted")
+    stats = cache.stats()
+    assert stats["memory_hits"] == 1 and stats["cubins_rewritten"] == 1
+    assert compiles == ["add_one"]
+    assert cache.get_or_compile(SOURCE, "add_one", 90) == (compiled, again_path)
+    assert cache.stats()["cubins_rewritten"] == 1
+
+
+# --- processes: one compile per key across processes
+
+
+def _fake_module(source: str, arch: int, size: int = 4000) -> CompiledModule:
+    """A module as compile_cuda returns it, without NVRTC: its cubin bytes depend on the
+    source and arch, its resources name add_one."""
+    seed = (source + str(arch)).encode()
+    cubin = (seed * (size // len(seed) + 1))[:size]
+    return CompiledModule(cubin=cubin, log="ptxas info: fake", options=("--fake",),
+                          resources=(KernelResources(name="add_one", registers=16),),
+                          nvrtc_version=(13, 0))
+
+
+def _build_in_a_process(folder: str, record: str, start) -> None:
+    """One of the processes of the test below: its compile appends its pid to `record` and
+    takes half a second, so the others ask for the kernel while it runs."""
+
+    def recording(source, name, arch, include_dirs=()):
+        with open(record, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        time.sleep(0.5)
+        return _fake_module(source, arch)
+
+    fuser.cache.compile_cuda = recording
+    start.wait(timeout=120)
+    compiled, path = KernelCache(folder, disk=True).get_or_compile(SOURCE, "add_one", 90)
+    if read(path) != compiled.cubin or compiled != _fake_module(SOURCE, 90):
+        raise SystemExit(3)
+
+
+def test_processes_building_one_key_compile_it_once(tmp_path):
+    """Issue 13: eight processes building one kernel all compiled it."""
+    folder, record = str(tmp_path / "kernels"), str(tmp_path / "compiles.txt")
+    context = multiprocessing.get_context("spawn")
+    start = context.Barrier(6)
+    workers = [context.Process(target=_build_in_a_process, args=(folder, record, start))
+               for _ in range(6)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=180)
+    assert [w.exitcode for w in workers] == [0] * 6
+    with open(record) as f:
+        assert len(f.read().split()) == 1
+    assert len(entry_files(folder)) == 1
+    assert not [n for n in os.listdir(folder) if n.endswith((".lock", ".tmp"))]
+
+
+def test_the_lock_is_taken_on_the_file_its_path_names(cache_dir, compiles):
+    """A lock file unlinked while a process waited on it (the holder removes it when done) is
+    not a lock: the waiter locks the file the path names now."""
+    cache = KernelCache()
+    key = cache.key(SOURCE, "add_one", 90)
+    fd = cache._open_lock(key)
+    assert fd is not None and os.path.exists(os.path.join(cache_dir, key + ".lock"))
+    os.unlink(os.path.join(cache_dir, key + ".lock"))
+    other = cache._open_lock(key)  # not blocked by the unlinked file's lock
+    assert other is not None
+    os.close(fd)
+    os.close(other)
+
+
+# --- the size cap, least recently used first
+
+
+@pytest.fixture
+def fake_compiles(monkeypatch) -> list[str]:
+    """compile_cuda without NVRTC: 40 kB cubins; each call appends the source's last line."""
+    calls: list[str] = []
+
+    def fake(source, name, arch, include_dirs=()):
+        calls.append(source.splitlines()[-1])
+        return _fake_module(source, arch, 40_000)
+
+    monkeypatch.setattr(fuser.cache, "compile_cuda", fake)
+    return calls
+
+
+def source(label: str) -> str:
+    return SOURCE + f"// {label}"
+
+
+def keys_on_disk(folder: str, labels) -> list[str]:
+    on_disk = set(entry_files(folder))
+    return [label for label in labels
+            if KernelCache(folder).key(source(label), "add_one", 90) + ".fuser" in on_disk]
+
+
+@pytest.mark.parametrize("hit", ["memory", "disk"])
+def test_size_cap_evicts_the_least_recently_used(cache_dir, fake_compiles, monkeypatch, hit):
+    monkeypatch.setenv("FUSER_CACHE_MAX_BYTES", "200000")  # two kernels of ~81 kB, not three
+    cache = KernelCache()
+    assert cache.max_bytes == 200_000
+    for label in ("a", "b"):
+        cache.get_or_compile(source(label), "add_one", 90)
+    for when, label in ((1000, "a"), (2000, "b")):  # a is older than b...
+        key = cache.key(source(label), "add_one", 90)
+        for suffix in (".fuser", ".cubin"):
+            os.utime(os.path.join(cache_dir, key + suffix), (when, when))
+    user = cache if hit == "memory" else KernelCache()
+    user.get_or_compile(source("a"), "add_one", 90)  # ...until this hit uses a
+    user.get_or_compile(source("c"), "add_one", 90)
+    assert keys_on_disk(cache_dir, "abc") == ["a", "c"]
+    assert user.stats()["evictions"] == 1 and user.stats()["bytes"] <= 200_000
+    assert fake_compiles == ["// a", "// b", "// c"]
+    fresh = KernelCache()
+    for label in "ac":
+        compiled, path = fresh.get_or_compile(source(label), "add_one", 90)
+        assert read(path) == compiled.cubin
+    assert fresh.stats()["disk_hits"] == 2 and len(fake_compiles) == 3
+
+
+def test_a_kernel_larger_than_the_cap_is_kept_alone(cache_dir, fake_compiles, monkeypatch):
+    monkeypatch.setenv("FUSER_CACHE_MAX_BYTES", "1000")
+    cache = KernelCache()
+    for label in "ab":
+        compiled, path = cache.get_or_compile(source(label), "add_one", 90)
+        assert read(path) == compiled.cubin
+    assert keys_on_disk(cache_dir, "ab") == ["b"]
+    assert len(os.listdir(cache_dir)) == 2  # b's entry and cubin
+    # the memory layer still has a; its cubin file is written again when handed out
+    compiled, path = cache.get_or_compile(source("a"), "add_one", 90)
+    assert read(path) == compiled.cubin and fake_compiles == ["// a", "// b"]
+
+
+@pytest.mark.parametrize("text, expected", [
+    (None, DEFAULT_MAX_BYTES), ("", DEFAULT_MAX_BYTES), ("2048", 2048), ("512M", 512 << 20),
+    ("1 GiB", 1 << 30), ("3k", 3072), ("2TB", 2 << 40),
+])
+def test_max_bytes_from_the_environment(monkeypatch, text, expected):
+    if text is None:
+        monkeypatch.delenv("FUSER_CACHE_MAX_BYTES", raising=False)
+    else:
+        monkeypatch.setenv("FUSER_CACHE_MAX_BYTES", text)
+    assert max_cache_bytes() == expected
+    assert DEFAULT_MAX_BYTES == 1 << 30
+
+
+@pytest.mark.parametrize("text", ["0", "-5", "lots", "1.5G", "12 apples"])
+def test_a_bad_max_bytes_is_refused(monkeypatch, text):
+    monkeypatch.setenv("FUSER_CACHE_MAX_BYTES", text)
+    with pytest.raises(BadInputError, match=rf"FUSER_CACHE_MAX_BYTES='{text}': a positive size "
+                                            r"in bytes is needed, e\.g\. 1073741824 or 1G"):
+        KernelCache()
