@@ -137,7 +137,8 @@ def lower(fusion: Fusion) -> Fusion:
 
 
 def _expand_var_mean(f: Fusion, x: Tensor, dims, correction, keepdim):
-    """mean = sum(x)/n; var = sum((x - mean)^2)/(n - correction): two passes, exact."""
+    """mean = sum(x)/n; var = sum((x - mean)^2)/max(n - correction, 0): two passes, exact; a
+    correction at or past n gives inf (nan for a constant row), as torch.var_mean does."""
     count: Val | None = None
     for d in dims:
         size = f.size(x, d)
@@ -146,7 +147,8 @@ def _expand_var_mean(f: Fusion, x: Tensor, dims, correction, keepdim):
     mean = f.elementwise("div", [f.reduction("sum", x, dims, False), count])
     centered = f.elementwise("sub", [x, f.broadcast_in_dim(mean, x.shape(), kept)])
     sq = f.elementwise("mul", [centered, centered])
-    denominator = f.elementwise("sub", [count, f.define_scalar(correction)])
+    denominator = f.elementwise("maximum", [
+        f.elementwise("sub", [count, f.define_scalar(correction)]), f.define_scalar(0)])
     var = f.elementwise("div", [f.reduction("sum", sq, dims, False), denominator])
     if not keepdim:
         return [var, mean]

@@ -13,9 +13,7 @@ import numpy as np
 from fuser.device import DeviceSpec
 from fuser.dtypes import DataType
 from fuser.errors import BadInputError
-from fuser.ir import Scalar, Tensor
-
-INT_RANGES = {DataType.Int32: (-(2**31), 2**31 - 1), DataType.Int64: (-(2**63), 2**63 - 1)}
+from fuser.ir import INT_RANGES, Scalar, Tensor
 
 
 def scalar_value(index: int, v: Scalar, x: object) -> object:

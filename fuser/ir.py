@@ -540,7 +540,7 @@ def _python_number(value) -> bool | int | float:
     )
 
 
-_INT_RANGES = {DataType.Int32: (-(2**31), 2**31 - 1), DataType.Int64: (-(2**63), 2**63 - 1)}
+INT_RANGES = {DataType.Int32: (-(2**31), 2**31 - 1), DataType.Int64: (-(2**63), 2**63 - 1)}
 
 
 def _check_literal(value: bool | int | float, dtype: DataType) -> None:
@@ -560,7 +560,7 @@ def _check_literal(value: bool | int | float, dtype: DataType) -> None:
                 f"{where}: an {dtype.label} constant must be an int, not {kind}; round it "
                 "yourself (int(x)), or give a float dtype"
             )
-        low, high = _INT_RANGES[dtype]
+        low, high = INT_RANGES[dtype]
         if not low <= value <= high:
             raise DefinitionError(
                 f"{where}: the value is outside {dtype.label}'s range {low} to {high}; use "

@@ -16,30 +16,32 @@
 //     T11 = fd.ops.mul(T10, T10)
 //     S12 = fd.define_scalar(0, dtype=DataType.Int64)
 //     S13 = fd.ops.sub(S4, S12)
-//     T14 = fd.ops.sum(T11, dims=[1], keepdim=False, dtype=DataType.Float)
-//     T15 = fd.ops.div(T14, S13)
-//     S16 = fd.ops.size(T3, dim=0)
-//     T17 = fd.ops.broadcast_in_dim(T15, shape=[S16, 1], broadcast_dims=[0])
-//     T18 = fd.ops.broadcast_in_dim(T6, shape=[S16, 1], broadcast_dims=[0])
-//     S19 = fd.define_scalar(1e-05, dtype=DataType.Double)
-//     T20 = fd.ops.add(T17, S19)
-//     T21 = fd.ops.rsqrt(T20)
-//     S22 = fd.ops.size(T0, dim=0)
-//     S23 = fd.ops.size(T0, dim=1)
-//     T24 = fd.ops.broadcast_in_dim(T18, shape=[S22, S23], broadcast_dims=[0, 1])
-//     T25 = fd.ops.sub(T3, T24)
-//     S26 = fd.ops.size(T0, dim=0)
-//     S27 = fd.ops.size(T0, dim=1)
-//     T28 = fd.ops.broadcast_in_dim(T21, shape=[S26, S27], broadcast_dims=[0, 1])
-//     T29 = fd.ops.mul(T25, T28)
-//     T30 = fd.ops.cast(T1, dtype=DataType.Float)
-//     T31 = fd.ops.mul(T29, T30)
-//     T32 = fd.ops.cast(T2, dtype=DataType.Float)
-//     T33 = fd.ops.add(T31, T32)
-//     T34 = fd.ops.cast(T33, dtype=DataType.BFloat16)
-//     fd.add_output(T34)
-//     fd.add_output(T18)
-//     fd.add_output(T21)
+//     S14 = fd.define_scalar(0, dtype=DataType.Int64)
+//     S15 = fd.ops.maximum(S13, S14)
+//     T16 = fd.ops.sum(T11, dims=[1], keepdim=False, dtype=DataType.Float)
+//     T17 = fd.ops.div(T16, S15)
+//     S18 = fd.ops.size(T3, dim=0)
+//     T19 = fd.ops.broadcast_in_dim(T17, shape=[S18, 1], broadcast_dims=[0])
+//     T20 = fd.ops.broadcast_in_dim(T6, shape=[S18, 1], broadcast_dims=[0])
+//     S21 = fd.define_scalar(1e-05, dtype=DataType.Double)
+//     T22 = fd.ops.add(T19, S21)
+//     T23 = fd.ops.rsqrt(T22)
+//     S24 = fd.ops.size(T0, dim=0)
+//     S25 = fd.ops.size(T0, dim=1)
+//     T26 = fd.ops.broadcast_in_dim(T20, shape=[S24, S25], broadcast_dims=[0, 1])
+//     T27 = fd.ops.sub(T3, T26)
+//     S28 = fd.ops.size(T0, dim=0)
+//     S29 = fd.ops.size(T0, dim=1)
+//     T30 = fd.ops.broadcast_in_dim(T23, shape=[S28, S29], broadcast_dims=[0, 1])
+//     T31 = fd.ops.mul(T27, T30)
+//     T32 = fd.ops.cast(T1, dtype=DataType.Float)
+//     T33 = fd.ops.mul(T31, T32)
+//     T34 = fd.ops.cast(T2, dtype=DataType.Float)
+//     T35 = fd.ops.add(T33, T34)
+//     T36 = fd.ops.cast(T35, dtype=DataType.BFloat16)
+//     fd.add_output(T36)
+//     fd.add_output(T20)
+//     fd.add_output(T23)
 //
 // kind:              inner reduction
 // full inputs:       T0:BFloat16
@@ -48,8 +50,8 @@
 // scalar inputs:     -
 // persistent:        T0:BFloat16
 // inner level 0:     sum(T3)->T5
-// inner level 1:     sum(T11)->T14
-// outputs:           T34:full, T18:row, T21:row
+// inner level 1:     sum(T11)->T16
+// outputs:           T36:full, T20:row, T23:row
 //
 // RowSchedule
 //   scheduler          inner_persistent
@@ -89,9 +91,9 @@ layernorm_fwd_row(
     const __nv_bfloat16* __restrict__ g_T0,
     const __nv_bfloat16* __restrict__ g_T1,
     const __nv_bfloat16* __restrict__ g_T2,
-    __nv_bfloat16* __restrict__ g_T34,
-    float* __restrict__ g_T18,
-    float* __restrict__ g_T21,
+    __nv_bfloat16* __restrict__ g_T36,
+    float* __restrict__ g_T20,
+    float* __restrict__ g_T23,
     long long n_rows)
 {
   constexpr int H = 16384;  // elements per row
@@ -113,8 +115,10 @@ layernorm_fwd_row(
   unsigned char* const s_reduce = smem + 131072;
   const long long S4 = static_cast<long long>(H);
   const long long S12 = 0LL;
-  const double S19 = 1e-05;
+  const long long S14 = 0LL;
+  const double S21 = 1e-05;
   const long long S13 = (S4 - S12);
+  const long long S15 = fm::max(S13, S14);
 
   fm::ColumnInSmem<__nv_bfloat16, Part> T1(part, s_T1, g_T1);
   fm::ColumnInSmem<__nv_bfloat16, Part> T2(part, s_T2, g_T2);
@@ -152,8 +156,8 @@ layernorm_fwd_row(
     reduce(part, fm::reduced(row_T5, fm::Sum{}));
     const float row_T6 = (row_T5 / static_cast<float>(S4));
 
-    // Inner reduction level 1: sum(T11) -> T14.
-    float row_T14 = fm::Sum::identity<float>();
+    // Inner reduction level 1: sum(T11) -> T16.
+    float row_T16 = fm::Sum::identity<float>();
     fm::for_each_vector(part, [&](const fm::Visit& v) {
       const auto x_T0 = T0.at(v);
 #pragma unroll
@@ -161,35 +165,35 @@ layernorm_fwd_row(
         const float e_T3 = fm::to_compute(x_T0.v[i]);
         const float e_T10 = (e_T3 - row_T6);
         const float e_T11 = (e_T10 * e_T10);
-        row_T14 = fm::Sum{}(row_T14, e_T11);
+        row_T16 = fm::Sum{}(row_T16, e_T11);
       }
     });
-    reduce(part, fm::reduced(row_T14, fm::Sum{}));
-    const float row_T15 = (row_T14 / static_cast<float>(S13));
-    const float row_T20 = (row_T15 + static_cast<float>(S19));
-    const float row_T21 = fm::rsqrt(row_T20);
+    reduce(part, fm::reduced(row_T16, fm::Sum{}));
+    const float row_T17 = (row_T16 / static_cast<float>(S15));
+    const float row_T22 = (row_T17 + static_cast<float>(S21));
+    const float row_T23 = fm::rsqrt(row_T22);
 
     // Outputs of the row.
     fm::for_each_vector(part, [&](const fm::Visit& v) {
       const auto x_T0 = T0.at(v);
       const auto c_T1 = T1.at(v);
       const auto c_T2 = T2.at(v);
-      fm::Vec<__nv_bfloat16, Part::VEC> o_T34;
+      fm::Vec<__nv_bfloat16, Part::VEC> o_T36;
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
         const float e_T3 = fm::to_compute(x_T0.v[i]);
-        const float e_T25 = (e_T3 - row_T6);
-        const float e_T29 = (e_T25 * row_T21);
-        const float e_T30 = fm::to_compute(c_T1.v[i]);
-        const float e_T31 = (e_T29 * e_T30);
-        const float e_T32 = fm::to_compute(c_T2.v[i]);
-        const float e_T33 = (e_T31 + e_T32);
-        const float e_T34 = fm::round_bf16(e_T33);
-        o_T34.v[i] = fm::to_storage<__nv_bfloat16>(e_T34);
+        const float e_T27 = (e_T3 - row_T6);
+        const float e_T31 = (e_T27 * row_T23);
+        const float e_T32 = fm::to_compute(c_T1.v[i]);
+        const float e_T33 = (e_T31 * e_T32);
+        const float e_T34 = fm::to_compute(c_T2.v[i]);
+        const float e_T35 = (e_T33 + e_T34);
+        const float e_T36 = fm::round_bf16(e_T35);
+        o_T36.v[i] = fm::to_storage<__nv_bfloat16>(e_T36);
       }
-      if (valid) fm::store_vector<Part::VEC>(g_T34 + row * H + v.j * Part::VEC, o_T34);
+      if (valid) fm::store_vector<Part::VEC>(g_T36 + row * H + v.j * Part::VEC, o_T36);
     });
-    if (valid && part.writes_row_values()) g_T18[row] = fm::to_storage<float>(row_T6);
-    if (valid && part.writes_row_values()) g_T21[row] = fm::to_storage<float>(row_T21);
+    if (valid && part.writes_row_values()) g_T20[row] = fm::to_storage<float>(row_T6);
+    if (valid && part.writes_row_values()) g_T23[row] = fm::to_storage<float>(row_T23);
   }
 }
