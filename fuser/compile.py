@@ -124,6 +124,14 @@ def cuda_headers_hash() -> str:
     return digest.hexdigest()
 
 
+def binary_options(arch: int) -> tuple[str, ...]:
+    """The options that decide the binary: the cache key takes these (with the NVRTC version
+    and the CUDA headers' hash) and not the rest of compile_options(), which NVRTC's own
+    cache and the headers' folder add, so a cache hit runs no NVRTC probe."""
+    return (f"--gpu-architecture=sm_{int(arch)}", "-std=c++17", "-ftz=false", "--fmad=true",
+            "-default-device", "--ptxas-options=-v", "--ptxas-options=--warn-on-spills")
+
+
 def compile_options(arch: int) -> tuple[str, ...]:
     """The one NVRTC option list used for every fuser kernel.
 
@@ -140,15 +148,7 @@ def compile_options(arch: int) -> tuple[str, ...]:
       caches compiled modules itself;
     - `-I` the folder with cuda_fp16.h / cuda_bf16.h when one was found.
     """
-    options = [
-        f"--gpu-architecture=sm_{int(arch)}",
-        "-std=c++17",
-        "-ftz=false",
-        "--fmad=true",
-        "-default-device",
-        "--ptxas-options=-v",
-        "--ptxas-options=--warn-on-spills",
-    ]
+    options = list(binary_options(arch))
     if _no_cache_supported():
         options.append("--no-cache")
     include = cuda_include_dir()

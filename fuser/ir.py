@@ -17,13 +17,15 @@ import itertools
 import math
 import operator
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-import networkx as nx
 import numpy as np
 
 from fuser.dtypes import DataType
 from fuser.errors import DefinitionError, InternalError, UnknownOpError
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 
 class Extent:
@@ -485,7 +487,10 @@ class Fusion:
     # ----- views -----
 
     def graph(self) -> nx.DiGraph:
-        """Values as nodes (by name), an edge from each operand to each result."""
+        """Values as nodes (by name), an edge from each operand to each result (networkx is
+        imported here, not with fuser: it costs a tenth of a second)."""
+        import networkx as nx
+
         g = nx.DiGraph()
         for v in self.vals:
             g.add_node(v.name, val=v)
