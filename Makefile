@@ -1,4 +1,4 @@
-# make setup | demo | test | lint | test-gpu | sanitize (memcheck, racecheck) | bench | clean
+# make setup | demo | test | lint | fuzz | test-gpu | sanitize (memcheck, racecheck) | bench | clean
 # setup/demo/test/lint use a local .venv; test-gpu and bench run on the GPU machine, where
 # nothing can be installed, with the system python3 and the source tree on PYTHONPATH.
 
@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.stamp
 
-.PHONY: setup demo test test-gpu sanitize memcheck racecheck bench lint clean
+.PHONY: setup demo test test-gpu sanitize memcheck racecheck bench lint clean fuzz
 
 setup: $(STAMP)
 
@@ -27,6 +27,23 @@ test: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+
+# Random fusions (tests/fuzz_fusions.py) through analyze -> schedule -> plan checks -> render ->
+# NVRTC on the CPU: FUZZ_CASES cases in FUZZ_SHARDS Hypothesis shards over FUZZ_JOBS
+# pytest-xdist workers, FUZZ_NVRTC per mille of them compiled (1000: every rendered kernel),
+# then the outcome counts. A failure prints its shrunk repr(fd); FUSER_FUZZ_STRICT=1 fails on
+# the filed failure classes too; FUSER_FUZZ_SEED=n draws other cases.
+FUZZ_CASES ?= 10000
+FUZZ_SHARDS ?= 40
+FUZZ_JOBS ?= 8
+FUZZ_NVRTC ?= 1000
+FUZZ_REPORT := build/fuzz
+fuzz: setup
+	rm -rf $(FUZZ_REPORT)
+	FUSER_FUZZ_CASES=$(FUZZ_CASES) FUSER_FUZZ_SHARDS=$(FUZZ_SHARDS) FUSER_FUZZ_NVRTC=$(FUZZ_NVRTC) \
+	  FUSER_FUZZ_REPORT=$(FUZZ_REPORT) $(VENV)/bin/python -m pytest -q -p no:cacheprovider \
+	  -n $(FUZZ_JOBS) -k fuzz_shard tests/test_fuzz.py $(PYTEST_ARGS); \
+	  status=$$?; $(VENV)/bin/python tests/fuzz_fusions.py summary $(FUZZ_REPORT); exit $$status
 
 # FUSER_REQUIRE_GPU=1 turns a missing GPU into errors instead of skips.
 test-gpu:
