@@ -104,9 +104,10 @@ def block_objects(info: FusionInfo, s: RowSchedule) -> list[Declaration]:
     objects += [_accumulator(e, s) for e in info.outer_reductions]
     if info.inner_levels:
         width = max(len(level) for level in info.inner_levels)
-        red = ctype(info.inner_levels[0][0].outputs[0])
+        red_type = max((ctype(e.outputs[0]) for level in info.inner_levels for e in level),
+                       key=lambda t: (_bytes(t), t != "bool"))
         objects.append(Declaration(
-            f"fm::RowReducer<{red}, Part, {width}>", "reduce",
+            f"fm::RowReducer<{red_type}, Part, {width}>", "reduce",
             [_smem(s, "s_reduce"), _smem(s, "s_cluster")],
             ["the row reductions: warps, then the row's warps, then the cluster's blocks"]))
     if s.ring is not None:
@@ -136,9 +137,17 @@ def copies(info: FusionInfo, s: RowSchedule) -> dict:
 
 
 def reduction(e: Expr, value: str) -> dict:
+    """One inner reduction of a pass: its row variable, type, functor, and the element value
+    it folds in, converted to the reduction's type (an Int32 sum accumulates in Int64)."""
     out = e.outputs[0]
     return {"var": f"row_{out.name}", "ctype": ctype(out), "functor": REDUCTIONS[e.op].functor,
-            "value": value}
+            "value": convert(value, ctype(e.inputs[0]), ctype(out))}
+
+
+def _bytes(type_name: str) -> int:
+    """Bytes of a reduction's partial of this C++ type in the reducer's slots (1-byte bools
+    take 4)."""
+    return 8 if type_name in ("double", "long long") else 4
 
 
 class Passes:

@@ -43,6 +43,21 @@ __device__ __forceinline__ double load_peer(const double* local, unsigned rank) 
   asm volatile("ld.shared::cluster.f64 %0, [%1];\n" : "=d"(v) : "r"(peer_address(local, rank)));
   return v;
 }
+__device__ __forceinline__ int load_peer(const int* local, unsigned rank) {
+  int v;
+  asm volatile("ld.shared::cluster.s32 %0, [%1];\n" : "=r"(v) : "r"(peer_address(local, rank)));
+  return v;
+}
+__device__ __forceinline__ long long load_peer(const long long* local, unsigned rank) {
+  long long v;
+  asm volatile("ld.shared::cluster.s64 %0, [%1];\n" : "=l"(v) : "r"(peer_address(local, rank)));
+  return v;
+}
+__device__ __forceinline__ bool load_peer(const bool* local, unsigned rank) {
+  unsigned short v;
+  asm volatile("ld.shared::cluster.u8 %0, [%1];\n" : "=h"(v) : "r"(peer_address(local, rank)));
+  return v != 0;
+}
 
 // ----- programmatic dependent launch (sm_90): the finalize launches while the row kernel ends --
 // The row kernel allows its dependent grid to launch as soon as it starts; the finalize, launched

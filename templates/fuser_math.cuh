@@ -146,11 +146,19 @@ struct Max {
 
 // ----- warp reduction over groups of WIDTH lanes (WIDTH a power of two <= 32) -----
 
+template <typename T>
+__device__ __forceinline__ T shfl_xor(T x, int offset) {
+  return __shfl_xor_sync(0xffffffffu, x, offset);
+}
+__device__ __forceinline__ bool shfl_xor(bool x, int offset) {  // no bool shuffle: via int
+  return __shfl_xor_sync(0xffffffffu, static_cast<int>(x), offset) != 0;
+}
+
 template <int WIDTH, typename T, typename Op>
 __device__ __forceinline__ T warp_reduce(T x, Op op) {
 #pragma unroll
   for (int offset = WIDTH / 2; offset > 0; offset /= 2) {
-    x = op(x, __shfl_xor_sync(0xffffffffu, x, offset));
+    x = op(x, shfl_xor(x, offset));
   }
   return x;
 }

@@ -352,7 +352,9 @@ __device__ __forceinline__ Reduced<T, Op> reduced(T& value, Op op) {
 // across a cluster, thread 0 of each block posts the block's total to `exchange` and, after
 // one cluster barrier, every block combines all of them in rank order (the same result, in
 // the same order, in each). Scratch and exchange have two parities, alternated call by call,
-// so the next level never overwrites partials that slower threads are still reading.
+// so the next level never overwrites partials that slower threads are still reading. Slots
+// are of T, the widest type among the reductions; a partial of another type keeps its own
+// type in its slot.
 template <typename T, typename Part, int WIDTH>
 struct RowReducer {
   static constexpr int WARPS = Part::TPR > 32 ? Part::TPR / 32 : 1;
@@ -372,34 +374,46 @@ struct RowReducer {
       T* slot = scratch + parity * (WIDTH * Part::RPB * WARPS);
       if ((part.tx & 31) == 0) {
         int n = 0;
-        ((slot[(n++ * Part::RPB + part.ty) * WARPS + part.tx / 32] = values.value), ...);
+        ((ref(slot, (n++ * Part::RPB + part.ty) * WARPS + part.tx / 32, values.value) =
+              values.value), ...);
       }
       __syncthreads();
       int n = 0;
-      ((values.value = combine<WARPS>(slot + (n++ * Part::RPB + part.ty) * WARPS, values.op)), ...);
+      ((values.value = combine<WARPS>(&ref(slot, (n++ * Part::RPB + part.ty) * WARPS,
+                                           values.value), values.op)), ...);
     }
     if constexpr (Part::CLUSTER > 1) {
       T* post = exchange + parity * (WIDTH * Part::RPB);
       if (part.tx == 0) {
         int n = 0;
-        ((post[n++ * Part::RPB + part.ty] = values.value), ...);
+        ((ref(post, n++ * Part::RPB + part.ty, values.value) = values.value), ...);
       }
       cluster_sync();
       int n = 0;
-      ((values.value = combine_peers(post + n++ * Part::RPB + part.ty, values.op)), ...);
+      ((values.value = combine_peers(&ref(post, n++ * Part::RPB + part.ty, values.value),
+                                     values.op)), ...);
     }
   }
 
-  template <int N, typename Op>
-  static __device__ __forceinline__ T combine(const T* partials, Op op) {
-    T total = partials[0];
+  // Slot `index` of `base`, as a V (slots are sizeof(T) >= sizeof(V) bytes apart).
+  static __device__ __forceinline__ T& ref(T* base, int index, const T&) { return base[index]; }
+  template <typename V>
+  static __device__ __forceinline__ V& ref(T* base, int index, const V&) {
+    return *reinterpret_cast<V*>(base + index);
+  }
+  // N partials of V, sizeof(T) bytes apart, combined in order.
+  template <int N, typename V, typename Op>
+  static __device__ __forceinline__ V combine(const V* first, Op op) {
+    V total = first[0];
 #pragma unroll
-    for (int w = 1; w < N; ++w) total = op(total, partials[w]);
+    for (int w = 1; w < N; ++w) {
+      total = op(total, *reinterpret_cast<const V*>(reinterpret_cast<const T*>(first) + w));
+    }
     return total;
   }
-  template <typename Op>
-  static __device__ __forceinline__ T combine_peers(const T* post, Op op) {
-    T total = load_peer(post, 0);
+  template <typename V, typename Op>
+  static __device__ __forceinline__ V combine_peers(const V* post, Op op) {
+    V total = load_peer(post, 0);
     for (unsigned q = 1; q < Part::CLUSTER; ++q) total = op(total, load_peer(post, q));
     return total;
   }

@@ -12,8 +12,9 @@ pytest-xdist with every rendered kernel compiled and prints the outcome counts. 
     FUSER_FUZZ_STRICT  1: filed failure classes fail too, instead of being counted
     FUSER_FUZZ_REPORT  folder each shard writes its counts to (tests/fuzz_fusions.py summary)
 
-The failure classes found so far stay below as strict-xfail regression tests, each the shrunk
-repro of its class: whoever fixes one removes its marker and its fuzz_fusions.KNOWN entry.
+Each failure class the fuzz finds stays below as a regression test (the shrunk repro of its
+class): strict-xfail, with a fuzz_fusions.KNOWN entry so that long runs count it, until it is
+fixed; then a plain test.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import numpy as np
 import pytest
 from fuzz_fusions import (
     KNOWN,
-    CaseFailure,
     Crash,
     PlanViolation,
     build,
@@ -36,7 +36,6 @@ from fuzz_fusions import (
     check_fusion,
     check_plan,
     gpu_inputs,
-    known_failure,
     plans,
     run_case,
     summary,
@@ -123,7 +122,7 @@ def test_an_exception_that_is_not_a_fuser_error_is_a_crash(monkeypatch):
 def test_the_summary_adds_up_shards(tmp_path):
     write_report(str(tmp_path), 0, Counter({"compiled [pointwise]": 2, "DefinitionError": 1}), 1)
     write_report(str(tmp_path), 1, Counter({"compiled [pointwise]": 1,
-                                            f"known failure (compile): {KNOWN[0].test}": 1}), 2)
+                                            "known failure (compile): test_x": 1}), 2)
     text = summary(str(tmp_path))
     assert text.startswith("fuzz: 5 cases in 2 shards (3 s of shard time), 4 through NVRTC, "
                            "0 failed"), text
@@ -184,20 +183,11 @@ fd.add_output(T3)""",
 }
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "NVRTC: no instance of fm::Sum / fm::Max::operator() for (accumulator, value) of two "
-    "types: fuser/row_codegen.py reduction() passes the folded value in its own compute type, "
-    "not converted to the inner reduction's result type (convert(value, ctype(e.inputs[0]), "
-    "ctype(e.outputs[0])) would do it)"))
 @pytest.mark.parametrize("name", sorted(INTO_ANOTHER_TYPE))
 def test_inner_reduction_into_another_type_compiles(name):
     compiles(INTO_ANOTHER_TYPE[name])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "NVRTC: no instance of fm::Max::operator() for (__nv_bool, int): templates/fuser_math.cuh "
-    "warp_reduce() shuffles a bool with __shfl_xor_sync, which has no bool overload and "
-    "returns an int"))
 @pytest.mark.parametrize("hidden", [1024, 24578])
 def test_max_over_bool_rows_compiles(hidden):
     compiles(MAX_OVER_BOOL_ROWS, hidden)
@@ -209,11 +199,6 @@ T1 = fd.ops.max(T0, dims=[1], keepdim=True)
 fd.add_output(T1)"""
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "NVRTC: no instance of fm::load_peer for (const long long *, int) / (const int *, int): "
-    "templates/fuser_cluster.cuh load_peer() has float and double overloads only, and "
-    "fuser_rows.cuh RowReducer::combine_peers() reads an integer row partial from the "
-    "cluster's peers with it"))
 @pytest.mark.parametrize(("dtype", "hidden"), [("Int64", 32768), ("Int32", 65536)])
 def test_integer_rows_over_a_cluster_compile(dtype, hidden):
     """Found by the fuzz: rows this long are split over a cluster on sm_90."""
@@ -266,24 +251,3 @@ def test_filed_classes_that_compile_now(name, hidden):
 def test_every_known_class_has_its_test():
     tests = {name for name in globals() if name.startswith("test_")}
     assert {k.test for k in KNOWN} <= tests
-
-
-REGRESSIONS = [
-    *((f"test_inner_reduction_into_another_type_compiles-{name}", body, 1024)
-      for name, body in sorted(INTO_ANOTHER_TYPE.items())),
-    ("test_max_over_bool_rows_compiles", MAX_OVER_BOOL_ROWS, 1024),
-    ("test_integer_rows_over_a_cluster_compile", integer_rows("Int64"), 32768),
-]
-
-
-@pytest.mark.parametrize(("test", "body", "hidden"), REGRESSIONS, ids=[r[0] for r in REGRESSIONS])
-def test_the_fuzz_files_each_failure_under_its_class(test, body, hidden):
-    """A long run counts a filed class's failures instead of stopping: the classifier must
-    put each regression case in its class (a failure it does not place fails the fuzz)."""
-    try:
-        compiles(body, hidden)
-    except CaseFailure as failure:
-        known = known_failure(failure)
-        assert known is not None and known.test == test.split("-")[0], failure
-    else:
-        pytest.skip("compiles now: remove its KNOWN entry and its test's xfail marker")

@@ -81,8 +81,8 @@ class RowFusion:
 
 
 def _bytes(e: Expr) -> int:
-    """Bytes of a reduction's accumulator: 8 in double, else 4."""
-    return 8 if e.outputs[0].dtype.compute_type == "double" else 4
+    """Bytes of a reduction's accumulator: 8 in double or long long, else 4."""
+    return 8 if e.outputs[0].dtype.compute_type in ("double", "long long") else 4
 
 
 def _weight_related(t: Tensor, info: FusionInfo) -> bool:
