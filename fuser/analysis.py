@@ -47,7 +47,9 @@ class FusionInfo:
     fusion: Fusion  # the lowered fusion: primitives only
     kind: Kind
     roles: dict  # Val -> Role
-    row_axis: Extent | None  # union-find representative of the row extent (None: no rows)
+    # representatives of the extents rows are made of, outer first (rows are their product;
+    # one axis for [rows, hidden], two for [batch, seq, hidden]; none without rows)
+    row_axes: tuple[Extent, ...]
     hidden_axis: Extent | None
     full_inputs: tuple[Tensor, ...]  # [rows, hidden] inputs: the row buffers
     col_inputs: tuple[Tensor, ...]  # [hidden] inputs: loaded once per block
@@ -159,10 +161,11 @@ def _expand_var_mean(f: Fusion, x: Tensor, dims, correction, keepdim):
 def analyze(fusion: Fusion) -> FusionInfo:
     """Classify `fusion`; raise UnsupportedFusionError naming what this version cannot do."""
     lowered = lower(fusion)
-    row_axis, hidden_axis = _axes(lowered)
-    roles = {v: _role(v, row_axis, hidden_axis) for v in lowered.vals}
+    row_axes, hidden_axis = _axes(lowered)
+    roles = {v: _role(v, row_axes, hidden_axis) for v in lowered.vals}
     _check_inputs_and_outputs(lowered, roles)
-    reductions = _Reductions(lowered, roles, row_axis, hidden_axis)
+    _check_row_sizes(lowered, row_axes)
+    reductions = _Reductions(lowered, roles, row_axes, hidden_axis)
     inner, outer, level = reductions.inner, reductions.outer, reductions.level
     levels: dict[int, list[Expr]] = {}
     for lv, e in inner:
@@ -180,7 +183,7 @@ def analyze(fusion: Fusion) -> FusionInfo:
         fusion=lowered,
         kind=kind,
         roles=roles,
-        row_axis=row_axis,
+        row_axes=row_axes,
         hidden_axis=hidden_axis,
         full_inputs=full_inputs,
         col_inputs=tuple(t for t in inputs if roles[t] is Role.COL),
@@ -195,12 +198,12 @@ def analyze(fusion: Fusion) -> FusionInfo:
     )
 
 
-def _role(v: Val, row_axis: Extent | None, hidden_axis: Extent | None) -> Role:
-    """A value's role from the axes it spans."""
+def _role(v: Val, row_axes: tuple[Extent, ...], hidden_axis: Extent | None) -> Role:
+    """A value's role from the axes it spans (_axes() checked they are all rows, or none)."""
     if not isinstance(v, Tensor):
         return Role.SCALAR
     spans = {e.find() for e in v.dims if e is not None}
-    has_row = row_axis is not None and row_axis in spans
+    has_row = bool(row_axes) and set(row_axes) <= spans
     has_hidden = hidden_axis is not None and hidden_axis in spans
     return {
         (True, True): Role.FULL,
@@ -227,13 +230,33 @@ def _check_inputs_and_outputs(lowered: Fusion, roles: dict) -> None:
             )
 
 
+def _check_row_sizes(lowered: Fusion, row_axes: tuple[Extent, ...]) -> None:
+    """With several row axes, a kernel knows only their product (the rows): the size of one
+    of them may shape a broadcast, not enter arithmetic."""
+    if len(row_axes) < 2:
+        return
+    for v in lowered.vals:
+        e = v.definition
+        if (e is None or e.op != "size" or not isinstance(v, Scalar) or v.extent is None
+                or v.extent.find() not in row_axes):
+            continue
+        used = [u.op for u in lowered.uses(v) if u.op != "broadcast_in_dim"]
+        if used:
+            raise UnsupportedFusionError(
+                f"{v.name} = size of {e.inputs[0].name} dimension {e.attr('dim')}, one of the "
+                f"{len(row_axes)} leading dimensions, feeds {used[0]}: kernels over N-D rows "
+                "know only the number of rows (their product); flatten the leading dimensions "
+                "into one, or pass the size as a scalar input"
+            )
+
+
 class _Reductions:
     """The inner reductions (with their levels) and outer reductions of a lowered fusion, the
     level every value waits for, and the values computed from an outer reduction."""
 
-    def __init__(self, lowered: Fusion, roles: dict, row_axis: Extent | None,
+    def __init__(self, lowered: Fusion, roles: dict, row_axes: tuple[Extent, ...],
                  hidden_axis: Extent | None):
-        self.roles, self.row_axis, self.hidden_axis = roles, row_axis, hidden_axis
+        self.roles, self.row_axes, self.hidden_axis = roles, set(row_axes), hidden_axis
         self.level: dict[Val, int] = {}
         self.after_outer: set[Val] = set()
         self.inner: list[tuple[int, Expr]] = []
@@ -280,7 +303,7 @@ class _Reductions:
                 f"{e.op}({src.name}, dims={list(e.attr('dims'))}) reduces only broadcast "
                 "dimensions; drop the reduction"
             )
-        if self.roles[src] is Role.FULL and reduced in ({self.hidden_axis}, {self.row_axis}):
+        if self.roles[src] is Role.FULL and reduced in ({self.hidden_axis}, self.row_axes):
             return reduced == {self.hidden_axis}
         raise UnsupportedFusionError(
             f"{e.op}({src.name}, dims={list(e.attr('dims'))}): only reductions of a "
@@ -311,40 +334,41 @@ def _phases_using(t: Tensor, fusion: Fusion, level: dict, inner: set) -> int:
     return len(phases)
 
 
-def _axes(fusion: Fusion) -> tuple[Extent | None, Extent | None]:
-    """The row and hidden axes: the representatives of the innermost and outer extents."""
+def _axes(fusion: Fusion) -> tuple[tuple[Extent, ...], Extent | None]:
+    """The row axes (the outer dimensions, in order) and the hidden axis (the innermost) of
+    the fusion's widest tensor. Every tensor spans all of them (a row tensor), the row axes
+    only (per-row values, [batch, seq] or [batch, seq, 1]), the hidden axis only (per-column
+    values) or none: rows are the row axes flattened, so [batch, seq, hidden] runs as
+    [batch * seq, hidden] with the same kernels."""
     tensors = [v for v in fusion.vals if isinstance(v, Tensor)]
-    hidden: Extent | None = None
-    row: Extent | None = None
-    for t in tensors:
-        spans = [e.find() for e in t.dims if e is not None]
-        if len(spans) > 2:
-            raise UnsupportedFusionError(
-                f"{t.name} spans {len(spans)} dimensions; fuser supports [rows, hidden] fusions "
-                "(reshape [batch, seq, hidden] inputs to [batch * seq, hidden] first)"
-            )
-        if len(spans) == 2:
-            if hidden is None:
-                row, hidden = spans
-            elif (row, hidden) != tuple(spans):
-                raise UnsupportedFusionError(
-                    f"{t.name} has dimensions ({spans[0]}, {spans[1]}) but the fusion's rows and "
-                    f"hidden are ({row}, {hidden}); transposes are not supported"
-                )
-    if hidden is None:
-        roots = {e.find() for t in tensors for e in t.dims if e is not None}
+    spans = {t: tuple(e.find() for e in t.dims if e is not None) for t in tensors}
+    widest = max(tensors, key=lambda t: len(spans[t]), default=None)
+    if widest is None or not spans[widest]:
+        return (), None
+    axes = spans[widest]
+    if len(axes) == 1:
+        roots = {e for s in spans.values() for e in s}
         if len(roots) > 1:
             raise UnsupportedFusionError(
                 "the fusion combines unrelated 1-D tensors; give them a common [rows, hidden] "
                 "shape with broadcast_in_dim"
             )
-        hidden = next(iter(roots), None)
+        return (), axes[0]
+    if len(set(axes)) != len(axes):
+        raise UnsupportedFusionError(
+            f"{widest.name} has two dimensions the definition made one size: a per-row value "
+            "was broadcast along the last dimension (numpy aligns trailing dimensions, so "
+            "x - sum(x, dims=[1]) needs x square); keep it per row with keepdim=True or "
+            "broadcast_in_dim(..., broadcast_dims=[0])"
+        )
+    row_axes, hidden = axes[:-1], axes[-1]
     for t in tensors:
-        for e in t.dims:
-            if e is not None and e.find() not in (row, hidden):
-                raise UnsupportedFusionError(
-                    f"{t.name} has a dimension of size {e} that is neither the rows nor the hidden "
-                    "size of the fusion"
-                )
-    return row, hidden
-
+        if spans[t] not in ((), (hidden,), row_axes, axes):
+            raise UnsupportedFusionError(
+                f"{t.name} spans {len(spans[t])} of the fusion's {len(axes)} dimensions in "
+                f"another way than its rows and hidden size ({', '.join(map(str, axes))}): "
+                "fuser runs tensors of all the dimensions, of the leading ones (per-row "
+                "values) or of the last one (per-column values), in that order; transposes "
+                "and partial broadcasts are not supported"
+            )
+    return row_axes, hidden

@@ -48,6 +48,11 @@ def through_broadcasts(v: Val) -> Val:
     return v
 
 
+def operands(e: Expr) -> tuple[Val, ...]:
+    """The values an expression computes from: a broadcast's shape sizes only describe it."""
+    return e.inputs[:1] if e.op == "broadcast_in_dim" else tuple(e.inputs)
+
+
 def per_row(info: FusionInfo) -> set[Val]:
     """Computed values that are the same along a row: per-row values, and values computed
     from them and scalars alone (a row statistic broadcast over the row, then transformed:
@@ -93,7 +98,7 @@ class Emitter:
                 raise FuserError(f"{v.name} is needed where it is not available (a fuser bug: "
                                  "please report it with repr(fd))")
             needed.add(v)
-            stack.extend(v.definition.inputs)
+            stack.extend(operands(v.definition))
         self.used.update(t for t in targets if t in self.known)
         lines = []
         for v in sorted(needed, key=lambda v: v.index):
@@ -167,6 +172,7 @@ def scalar_prologue(info: FusionInfo) -> tuple[list[str], dict[Val, str]]:
     once; `used_lines` later keeps those a kernel reads."""
     env: dict[Val, str] = {}
     lines = []
+    unknown: set[Val] = set()  # sizes of one of several row axes (analysis keeps them unused)
     for s in info.scalar_inputs:
         env[s] = s.name
     for v in info.fusion.vals:
@@ -177,14 +183,31 @@ def scalar_prologue(info: FusionInfo) -> tuple[list[str], dict[Val, str]]:
             env[v] = v.name
         elif v.definition.op == "size":
             extent = v.extent.find() if v.extent is not None else None
+            if extent is not None and extent is not info.hidden_axis and len(info.row_axes) > 1:
+                unknown.add(v)
+                continue
             size = ("1LL" if extent is None else "static_cast<long long>(H)"
                     if extent is info.hidden_axis else "n_rows")
             lines.append(f"const long long {v.name} = {size};")
             env[v] = v.name
     emitter = Emitter(info, env, "")
-    scalars = [v for v in info.fusion.vals if isinstance(v, Scalar) and v not in env]
+    scalars = [v for v in info.fusion.vals
+               if isinstance(v, Scalar) and v not in env and not _depends_on(v, unknown)]
     lines += emitter.emit(scalars)
     return lines, emitter.env
+
+
+def _depends_on(v: Val, values: set[Val]) -> bool:
+    """Whether `v` is one of `values` or computed from one."""
+    stack, seen = [v], set()
+    while stack:
+        u = stack.pop()
+        if u in values:
+            return True
+        if u not in seen and u.definition is not None:
+            seen.add(u)
+            stack.extend(u.definition.inputs)
+    return False
 
 
 _DECLARED = re.compile(r"^const [\w: ]+? (\w+) = ")

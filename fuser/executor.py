@@ -13,6 +13,7 @@ torch, launched on torch's current stream, no copies).
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -353,7 +354,7 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
     if len(devices) > 1:
         raise BadInputError(f"inputs are on devices {sorted(devices)}; put them on one device")
     sizes = bind_shapes(fusion, shapes)
-    rows = sizes.value(info.row_axis) if info.row_axis is not None else 1
+    rows = math.prod(sizes.value(axis) for axis in info.row_axes)
     hidden = sizes.value(info.hidden_axis) if info.hidden_axis is not None else 1
     cupy = _cupy()
     device_id = devices.pop() if devices else cupy.cuda.runtime.getDevice()
