@@ -129,6 +129,60 @@ __device__ __forceinline__ bool lowest<bool>() { return false; }
 __device__ __forceinline__ double inf() { return __longlong_as_double(0x7ff0000000000000LL); }
 __device__ __forceinline__ double nan() { return __longlong_as_double(0x7ff8000000000000LL); }
 
+// ----- more elementwise math (ops.py: erf, log1p, expm1, softplus, clamp, isnan...) -----
+// Each follows torch's semantics, NaN and inf included; none is used by the functions above.
+
+__device__ __forceinline__ float erf(float x) { return erff(x); }
+__device__ __forceinline__ double erf(double x) { return ::erf(x); }
+__device__ __forceinline__ float log1p(float x) { return log1pf(x); }
+__device__ __forceinline__ double log1p(double x) { return ::log1p(x); }
+__device__ __forceinline__ float expm1(float x) { return expm1f(x); }
+__device__ __forceinline__ double expm1(double x) { return ::expm1(x); }
+
+// Floating-point classes; integers and bools are always finite. Written as comparisons
+// (fuser compiles without fast math, so x != x holds only for NaN).
+__device__ __forceinline__ bool isnan(float x) { return x != x; }
+__device__ __forceinline__ bool isnan(double x) { return x != x; }
+template <typename T>
+__device__ __forceinline__ bool isnan(T) { return false; }
+__device__ __forceinline__ bool isinf(float x) { return fabsf(x) == __int_as_float(0x7f800000); }
+__device__ __forceinline__ bool isinf(double x) { return fabs(x) == inf(); }
+template <typename T>
+__device__ __forceinline__ bool isinf(T) { return false; }
+__device__ __forceinline__ bool isfinite(float x) {
+  return fabsf(x) < __int_as_float(0x7f800000);
+}
+__device__ __forceinline__ bool isfinite(double x) { return fabs(x) < inf(); }
+template <typename T>
+__device__ __forceinline__ bool isfinite(T) { return true; }
+
+// torch.softplus: x where x * beta > threshold, else log1p(exp(x * beta)) / beta. In float,
+// exp is fm::exp above (results below 2^-126 flush to zero).
+template <typename T>
+__device__ __forceinline__ T softplus(T x, T beta, T threshold) {
+  const T y = x * beta;
+  return y > threshold ? x : log1p(exp(y)) / beta;
+}
+
+// torch.clamp: min(max(x, lo), hi), so hi where lo > hi; a NaN in x, lo or hi gives NaN.
+template <typename T>
+__device__ __forceinline__ T clamp(T x, T lo, T hi) {
+  const T m = x < lo ? lo : x;
+  return hi < m ? hi : m;
+}
+__device__ __forceinline__ float clamp(float x, float lo, float hi) {
+  if (isnan(x)) return x;
+  if (isnan(lo)) return lo;
+  if (isnan(hi)) return hi;
+  return fminf(fmaxf(x, lo), hi);
+}
+__device__ __forceinline__ double clamp(double x, double lo, double hi) {
+  if (isnan(x)) return x;
+  if (isnan(lo)) return lo;
+  if (isnan(hi)) return hi;
+  return fmin(fmax(x, lo), hi);
+}
+
 // ----- reduction functors (ops.py REDUCTIONS names them), with their identities -----
 
 struct Sum {
