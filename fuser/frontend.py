@@ -7,35 +7,176 @@ used so that defining and printing fusions needs neither CuPy nor a GPU.
 
 from __future__ import annotations
 
+import difflib
+import functools
+import inspect
+import math
 import re
+
+import numpy as np
 
 from fuser.dtypes import DataType
 from fuser.errors import BadInputError, DefinitionError, FuserError, UnknownOpError
-from fuser.ir import Fusion, Scalar, Tensor
+from fuser.ir import Fusion, Scalar, Tensor, Val
 from fuser.ops import ELEMENTWISE
 
+_SHOWN_KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
+
+def _parameters(method) -> list[inspect.Parameter]:
+    """A method's parameters after `self`."""
+    return list(inspect.signature(method).parameters.values())[1:]
+
+
+def _call_form(name: str, parameters: list[inspect.Parameter]) -> str:
+    """`fd.ops.sum(t, dims, keepdim=False, dtype=None)`: how a method is called."""
+    shown = [f"*{p.name}" if p.kind is p.VAR_POSITIONAL else p.name if p.default is p.empty
+             else f"{p.name}={p.default!r}" for p in parameters]
+    return f"fd.ops.{name}({', '.join(shown)})"
+
+
+def _argument_error(name: str, method, kwargs: dict, error: TypeError) -> str:
+    """What is wrong with the arguments of fd.ops.<name>, and what it takes."""
+    parameters = _parameters(method)
+    keywords = [p.name for p in parameters if p.kind in _SHOWN_KINDS]
+    form = _call_form(name, parameters)
+    unknown = [k for k in kwargs if k not in keywords]
+    if not unknown:
+        return f"{form}: {error}"
+    close = sorted({c for k in unknown for c in difflib.get_close_matches(k, keywords, 1)})
+    meant = f" (did you mean {' or '.join(close)}?)" if close else ""
+    return (f"{form}: no keyword {', '.join(map(repr, unknown))}{meant}; its keywords are "
+            f"{', '.join(keywords)}")
+
+
+def _checked(name: str, method):
+    """`method`, checking its arguments against its signature first: a missing, extra or
+    unknown argument is a DefinitionError naming the call form and the keywords allowed,
+    not Python's TypeError."""
+    signature = inspect.signature(method)
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        try:
+            signature.bind(self, *args, **kwargs)
+        except TypeError as e:
+            raise DefinitionError(_argument_error(name, method, kwargs, e)) from None
+        return method(self, *args, **kwargs)
+
+    return call
+
+
+def _checked_arguments(cls):
+    """Class decorator: every public method of `cls` gets _checked()."""
+    for name, method in list(vars(cls).items()):
+        if callable(method) and not name.startswith("_"):
+            setattr(cls, name, _checked(name, method))
+    return cls
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int | np.integer) and not isinstance(x, bool | np.bool_)
+
+
+def _clamp_bound(fusion: Fusion, bound, dtype: DataType, lower: bool) -> Val:
+    """A bound of clamp computed in `dtype`, as torch takes it: None is no bound (-inf / inf,
+    or an integer type's limit); a Python int beyond an integer `dtype`'s range is no bound
+    where it cuts nothing (a min below the range, a max above it) and refused otherwise."""
+    which = "min" if lower else "max"
+    if _is_int(bound) and not dtype.is_float:
+        info = np.iinfo(dtype.numpy)
+        if not info.min <= bound <= info.max:
+            if (bound < info.min) != lower:
+                raise DefinitionError(
+                    f"clamp: {which}={bound} is outside the range of {dtype} ({info.min} to "
+                    f"{info.max}): every element would become a value {dtype} cannot hold "
+                    "(torch refuses it too); cast x to a wider type first"
+                )
+            bound = None
+    elif _is_int(bound) and not -(2**63) <= bound < 2**63:
+        bound = float(bound)  # a float computation: beyond Int64 as a Double constant
+    if bound is not None:
+        return fusion.as_val(bound)
+    if dtype.is_float:
+        return fusion.define_scalar(-math.inf if lower else math.inf, dtype=dtype)
+    info = np.iinfo(dtype.numpy)
+    return fusion.define_scalar(int(info.min if lower else info.max), dtype=dtype)
+
+
+def _clamp_operands(fusion: Fusion, x, lo, hi) -> list[Val]:
+    """x, min and max of clamp as operands (see _clamp_bound for None and Python ints)."""
+    if lo is None and hi is None:
+        raise DefinitionError(
+            "fd.ops.clamp(x, min=None, max=None): min and max are both None; give at least one "
+            "(as torch.clamp)"
+        )
+    x = fusion.as_val(x)
+    bounds = [b if b is None or _is_int(b) else fusion.as_val(b) for b in (lo, hi)]
+    given = [x, *(b for b in bounds if b is not None)]
+    tensors = [v.dtype for v in given if isinstance(v, Tensor)]
+    scalars = [v.dtype if isinstance(v, Val) else DataType.Int64 for v in given
+               if not isinstance(v, Tensor)]
+    dtype = ELEMENTWISE["clamp"].types.operand(tensors, scalars)  # refuses Bool
+    return [x, _clamp_bound(fusion, bounds[0], dtype, True),
+            _clamp_bound(fusion, bounds[1], dtype, False)]
+
+
+@_checked_arguments
 class Ops:
-    """`fd.ops`: every op of ops.py, plus the structural ones."""
+    """`fd.ops`: every op of ops.py, plus the structural ones.
+
+    Misuse is a DefinitionError: an unknown op (UnknownOpError, also an AttributeError) lists
+    the ops that exist; a wrong keyword or argument count names the call form and the
+    keywords allowed."""
 
     def __init__(self, fusion: Fusion):
         self._fusion = fusion
 
     def __getattr__(self, name):
-        if name in ELEMENTWISE:
-            fusion = self._fusion
+        if name.startswith("_"):  # copy, pickle and friends probe for dunders
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        if name not in ELEMENTWISE:
+            raise self._unknown(name)
+        fusion, arity = self._fusion, ELEMENTWISE[name].arity
 
-            def op(*operands):
-                return fusion.elementwise(name, list(operands))
+        def op(*operands, **keywords):
+            if keywords:
+                raise DefinitionError(
+                    f"fd.ops.{name} takes its {arity} operand{'s' if arity > 1 else ''} by "
+                    f"position and no keywords; got {', '.join(f'{k}=' for k in keywords)}"
+                )
+            return fusion.elementwise(name, list(operands))
 
-            op.__name__ = name
-            op.__doc__ = ELEMENTWISE[name].doc
-            return op
-        raise UnknownOpError(f"fd.ops has no op {name!r}; see fuser.ops.ELEMENTWISE for the list")
+        op.__name__ = name
+        op.__doc__ = ELEMENTWISE[name].doc
+        return op
+
+    @classmethod
+    def _methods(cls) -> list[str]:
+        return sorted(n for n in dir(cls) if not n.startswith("_") and callable(getattr(cls, n)))
+
+    def _unknown(self, name: str) -> UnknownOpError:
+        elementwise = sorted(ELEMENTWISE)
+        others = [n for n in self._methods() if n not in ELEMENTWISE]
+        close = difflib.get_close_matches(name, elementwise + others, 3)
+        meant = f" (did you mean {' or '.join(close)}?)" if close else ""
+        return UnknownOpError(
+            f"fd.ops has no op {name!r}{meant}. Elementwise ops: {', '.join(elementwise)}. "
+            f"Reductions and structural ops: {', '.join(others)}"
+        )
 
     def __dir__(self):
-        return sorted([*ELEMENTWISE, "cast", "broadcast_in_dim", "sum", "max", "var_mean",
-                       "size", "shape"])
+        return sorted({*ELEMENTWISE, *self._methods()})
+
+    def clamp(self, x, min=None, max=None):
+        """torch.clamp(x, min, max): min(max(x, min), max); either bound may be None (no
+        bound), a number, a scalar or a tensor. See fuser.ops.ELEMENTWISE['clamp'].doc."""
+        return self._fusion.elementwise("clamp", _clamp_operands(self._fusion, x, min, max))
+
+    def softplus(self, x, beta=1.0, threshold=20.0):
+        """torch.nn.functional.softplus(x, beta, threshold): x where x * beta > threshold, else
+        log1p(exp(x * beta)) / beta. See fuser.ops.ELEMENTWISE['softplus'].doc."""
+        return self._fusion.elementwise("softplus", [x, beta, threshold])
 
     def cast(self, v, dtype: DataType):
         return self._fusion.cast(v, dtype)

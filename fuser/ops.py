@@ -9,12 +9,14 @@ size, var_mean) live in ir.py; they are not elementwise.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from fuser.dtypes import DataType, float_result, promote
+from fuser.errors import DefinitionError
 
 
 @dataclass(frozen=True)
@@ -33,9 +35,25 @@ def _floating(tensors, scalars):
     return float_result(promote(tensors, scalars))
 
 
+def _numeric(tensors, scalars):
+    dtype = promote(tensors, scalars)
+    if dtype is DataType.Bool:
+        raise DefinitionError(
+            "clamp: every operand is Bool, and torch.clamp refuses Bool; cast x to a number "
+            "type first (fd.ops.cast(x, DataType.Int32)), or use logical_and / logical_or"
+        )
+    return dtype
+
+
+def _logical(tensors, scalars):
+    return DataType.Bool
+
+
 ARITH = TypeRule(_same, lambda t: t)
 FLOATING = TypeRule(_floating, lambda t: t)
-COMPARE = TypeRule(_same, lambda t: DataType.Bool)
+COMPARE = TypeRule(_same, lambda t: DataType.Bool)  # also isnan / isinf / isfinite
+NUMERIC = TypeRule(_numeric, lambda t: t)  # ARITH without Bool (clamp)
+LOGICAL = TypeRule(_logical, lambda t: DataType.Bool)  # operands taken as `!= 0`, as torch does
 
 
 @dataclass(frozen=True)
@@ -69,6 +87,34 @@ def _where(c, a, b):
     return np.where(c, a, b)
 
 
+_ERF = np.frompyfunc(math.erf, 1, 1)
+
+
+def _erf(x):
+    """erf in float64 through the C library's erf (numpy has none): exact to an ulp, about
+    0.1 us per element."""
+    return np.asarray(_ERF(np.asarray(x, dtype=np.float64)), dtype=np.float64)
+
+
+def _softplus(x, beta, threshold):
+    y = x * beta
+    return np.where(y > threshold, x, np.log1p(np.exp(y)) / beta)
+
+
+def _clamp(x, lo, hi):
+    return np.minimum(np.maximum(x, lo), hi)  # numpy's maximum / minimum propagate NaN
+
+
+def _float_class(test: Callable, integers: bool) -> Callable:
+    """`test` on float arrays; `integers` for every element of an int or bool array."""
+
+    def reference(x):
+        x = np.asarray(x)
+        return test(x) if x.dtype.kind == "f" else np.full(x.shape, integers)
+
+    return reference
+
+
 ELEMENTWISE: dict[str, ElementwiseOp] = {
     op.name: op
     for op in [
@@ -97,6 +143,41 @@ ELEMENTWISE: dict[str, ElementwiseOp] = {
         ElementwiseOp("sigmoid", 1, FLOATING, "fm::sigmoid({0})", _sigmoid, "1 / (1 + e ** -a)"),
         ElementwiseOp("silu", 1, FLOATING, "fm::silu({0})", _silu, "a * sigmoid(a)"),
         ElementwiseOp("where", 3, ARITH, "({0} ? {1} : {2})", _where, "b where cond else c"),
+        ElementwiseOp("erf", 1, FLOATING, "fm::erf({0})", _erf,
+                      "the error function (exact GELU: x * 0.5 * (1 + erf(x / sqrt(2))))"),
+        ElementwiseOp("log1p", 1, FLOATING, "fm::log1p({0})", np.log1p,
+                      "log(1 + a), accurate for small a (-1 gives -inf, below -1 NaN)"),
+        ElementwiseOp("expm1", 1, FLOATING, "fm::expm1({0})", np.expm1,
+                      "e ** a - 1, accurate for small a (-inf gives -1)"),
+        ElementwiseOp(
+            "softplus", 3, FLOATING, "fm::softplus({0}, {1}, {2})", _softplus,
+            "softplus(x, beta=1.0, threshold=20.0), as torch: x where x * beta > threshold, "
+            "else log1p(exp(x * beta)) / beta. beta and threshold may be numbers, scalars or "
+            "tensors. Unlike torch, int and bool x are computed as Float (torch refuses them); "
+            "in float, exp is fuser's fast one, so results below 2^-126 (x * beta < -87) "
+            "are 0",
+        ),
+        ElementwiseOp(
+            "clamp", 3, NUMERIC, "fm::clamp({0}, {1}, {2})", _clamp,
+            "clamp(x, min=None, max=None), as torch: min(max(x, min), max), so max where min > "
+            "max; a NaN in x, min or max gives NaN; bounds are numbers, scalars or tensors and "
+            "take part in type promotion; Bool operands are refused. Where x and a bound are "
+            "zeros of opposite signs the zero's sign is unspecified (torch's CPU and CUDA "
+            "differ too)",
+        ),
+        ElementwiseOp("isnan", 1, COMPARE, "fm::isnan({0})", _float_class(np.isnan, False),
+                      "a is NaN (Bool; never for int and bool a)"),
+        ElementwiseOp("isinf", 1, COMPARE, "fm::isinf({0})", _float_class(np.isinf, False),
+                      "a is +inf or -inf (Bool; never for int and bool a)"),
+        ElementwiseOp("isfinite", 1, COMPARE, "fm::isfinite({0})",
+                      _float_class(np.isfinite, True),
+                      "a is neither NaN nor inf (Bool; always for int and bool a)"),
+        ElementwiseOp("logical_and", 2, LOGICAL, "({0} && {1})", np.logical_and,
+                      "a and b, each true where nonzero (NaN is true), as torch (Bool)"),
+        ElementwiseOp("logical_or", 2, LOGICAL, "({0} || {1})", np.logical_or,
+                      "a or b, each true where nonzero (NaN is true), as torch (Bool)"),
+        ElementwiseOp("logical_not", 1, LOGICAL, "(!{0})", np.logical_not,
+                      "not a: true where a is zero, as torch (Bool)"),
     ]
 }
 

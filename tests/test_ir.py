@@ -12,9 +12,12 @@ BF16, HALF, FLOAT, DOUBLE = DataType.BFloat16, DataType.Half, DataType.Float, Da
 INT32, INT64, BOOL = DataType.Int32, DataType.Int64, DataType.Bool
 
 # Hand-kept classification of the op table: a new op must be added here, with its typing rule.
-ARITH_OPS = {"add", "sub", "mul", "pow", "maximum", "minimum", "neg", "abs", "relu", "where"}
-FLOATING_OPS = {"div", "reciprocal", "sqrt", "rsqrt", "exp", "log", "tanh", "sigmoid", "silu"}
-COMPARE_OPS = {"eq", "ne", "lt", "le", "gt", "ge"}
+ARITH_OPS = {"add", "sub", "mul", "pow", "maximum", "minimum", "neg", "abs", "relu", "where",
+             "clamp"}
+FLOATING_OPS = {"div", "reciprocal", "sqrt", "rsqrt", "exp", "log", "tanh", "sigmoid", "silu",
+                "erf", "log1p", "expm1", "softplus"}
+COMPARE_OPS = {"eq", "ne", "lt", "le", "gt", "ge",  # Bool results
+               "isnan", "isinf", "isfinite", "logical_and", "logical_or", "logical_not"}
 
 
 def new_fd() -> FusionDefinition:

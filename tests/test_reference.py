@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import ml_dtypes
 import numpy as np
@@ -238,6 +239,18 @@ DIRECT = {
     "sigmoid": lambda a: np.exp(a) / (np.exp(a) + 1),
     "silu": lambda a: a * np.exp(a) / (np.exp(a) + 1),
     "where": lambda c, a, b: np.array([x if k else y for k, x, y in zip(c, a, b, strict=True)]),
+    "erf": lambda a: np.array([math.erf(x) for x in a]),
+    "log1p": lambda a: np.log(np.where(a > -1, 1 + a, np.nan)),
+    "expm1": lambda a: np.e**a - 1,
+    "softplus": lambda a, b, t: np.where(a * b > t, a, np.log(1 + np.exp(a * b)) / b),
+    "clamp": lambda a, lo, hi: np.array([min(max(x, m), n) for x, m, n in zip(a, lo, hi,
+                                                                              strict=True)]),
+    "isnan": lambda a: a != a,
+    "isinf": lambda a: np.abs(a) == np.inf,
+    "isfinite": lambda a: np.abs(a) < np.inf,
+    "logical_and": lambda a, b: (a != 0) & (b != 0),
+    "logical_or": lambda a, b: (a != 0) | (b != 0),
+    "logical_not": lambda a: a == 0,
 }
 
 
