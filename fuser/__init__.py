@@ -20,6 +20,7 @@ from fuser.errors import (
     UnsupportedFusionError,
     ValidationError,
 )
+from fuser.explain import Explanation, explain
 from fuser.frontend import FusionDefinition
 
 __version__ = "0.1.0"
@@ -29,6 +30,7 @@ __all__ = [
     "CompileError",
     "DataType",
     "DefinitionError",
+    "Explanation",
     "FuserError",
     "FusionDefinition",
     "HintError",
@@ -40,4 +42,5 @@ __all__ = [
     "UnsupportedFusionError",
     "ValidationError",
     "__version__",
+    "explain",
 ]

@@ -2,31 +2,43 @@
 
     python -m fuser show dropout_rmsnorm_bwd --shape 16384x24578 --dtype bf16 --device h200
     python -m fuser show rmsnorm_bwd --shape 16384x24578 --hint aligned_copy=true --hint stages=1
+    python -m fuser show my_fusions.py:fd --shape 16384x4096       # a fusion of your own
+    python -m fuser show my_fusions.py:build --dtype fp16 --input-shape 8x1024x4096 \
+        --input-shape 4096
     python -m fuser demo            # the headline fusion, step by step; runs it if a GPU is here
     python -m fuser info            # device presets, versions, kernel cache
     python -m fuser cache-clear
 
 `show` needs no GPU: the kernel is scheduled for the named device preset and compiled offline
-by NVRTC, so the ptxas report is the real one.
+by NVRTC, so the ptxas report is the real one. It prints fuser.explain()'s report.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
+import os
+import runpy
 import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from fuser.analysis import analyze
 from fuser.device import PRESETS, DeviceSpec
 from fuser.dtypes import DataType
-from fuser.errors import FuserError, HintError
+from fuser.errors import BadInputError, DefinitionError, FuserError, HintError
+from fuser.explain import Explanation, explain, section
+from fuser.frontend import FusionDefinition
 from fuser.fusions import FUSIONS, make_inputs
-from fuser.kernels import Built, build
-from fuser.schedulers import Hints, Problem
+from fuser.ir import Tensor
+from fuser.schedulers import Hints
 
 DTYPES = {"bf16": DataType.BFloat16, "fp16": DataType.Half, "fp32": DataType.Float}
 HEADLINE = ("dropout_rmsnorm_bwd", 16384, 24578, "bf16")
+SHOW_SHAPE = (16384, 4096)  # show's --shape when neither it nor --input-shape is given
 VALIDATION_ROWS = 512  # rows checked against the float64 reference on the host
 
 
@@ -39,6 +51,21 @@ def _shape(text: str) -> tuple[int, int]:
     if rows < 1 or hidden < 1:
         raise argparse.ArgumentTypeError(f"shape {text!r} needs positive sizes")
     return rows, hidden
+
+
+def _dims(text: str) -> tuple[int, ...]:
+    """An --input-shape: sizes joined by x (16384x4096, 4096, 16384x1; () for a 0-d tensor)."""
+    cleaned = text.strip().lower()
+    if cleaned in ("()", ""):
+        return ()
+    try:
+        dims = tuple(int(x) for x in cleaned.replace(",", "x").split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"input shape {text!r} is not sizes joined by x, e.g. 16384x4096 or 4096") from None
+    if any(d < 1 for d in dims):
+        raise argparse.ArgumentTypeError(f"input shape {text!r} needs positive sizes")
+    return dims
 
 
 _HINT_KINDS = tuple(f.name for f in dataclasses.fields(Hints))
@@ -88,39 +115,209 @@ def _hints(given: list[tuple[str, object]]) -> Hints | None:
     return Hints(**fields)
 
 
-def _hint_words(hints: Hints | None) -> str:
-    """'  with stages=2, aligned_copy=True': the hints that are set, for a title."""
-    words = hints.words() if hints is not None else ""
-    return f"  with {words}" if words else ""
+def describe(fusion: str | FusionDefinition, rows: int, hidden: int, dtype: str | None,
+             device: DeviceSpec, hints: Hints | None = None,
+             input_shapes: Sequence[tuple[int, ...]] = ()
+             ) -> tuple[str, FusionDefinition, Explanation]:
+    """Every step for a ready fusion (its name; built for `dtype`, bf16 by default) or for a
+    FusionDefinition: (printable report, the fusion definition, fuser.explain's record). The
+    tensor inputs' shapes are `input_shapes` (one per tensor input) or, without them, follow
+    from rows and hidden (shapes_of)."""
+    if isinstance(fusion, str):
+        if fusion not in FUSIONS:
+            raise BadInputError(
+                f"no ready fusion named {fusion!r}; pass one of {', '.join(FUSIONS)}, or "
+                "path/to/file.py:NAME for a fusion of your own")
+        fd = FUSIONS[fusion](DTYPES[dtype or "bf16"])
+    else:
+        fd = fusion
+    shapes = _given_shapes(fd, input_shapes) if input_shapes else shapes_of(fd, rows, hidden)
+    report = explain(fd, shapes, device=device, hints=hints)
+    return str(report), fd, report
 
 
-def _section(title: str) -> str:
-    return f"\n=== {title} " + "=" * max(0, 72 - len(title))
-
-
-def describe(name: str, rows: int, hidden: int, dtype: str, device: DeviceSpec,
-             hints: Hints | None = None) -> tuple:
-    """Every step for fusion `name`: (printable report, the fusion definition, the build)."""
-    fd = FUSIONS[name](DTYPES[dtype])
+def shapes_of(fd: FusionDefinition, rows: int, hidden: int) -> list[tuple[int, ...] | None]:
+    """The input shapes --shape ROWSxHIDDEN gives: each tensor input's dimensions by what
+    they are in the fusion, rows or hidden ([rows, hidden] for a [-1, -1] input, [hidden] for
+    a [-1] weight, [rows, 1] for [-1, 1] statistics), 1 where the input broadcasts; None for
+    a scalar input."""
     info = analyze(fd.fusion)
-    built: Built = build(fd.name, info, Problem(hidden, min(rows, 1024), 16), device, hints)
-    parts = [
-        _section(f"{name}  [{rows} x {hidden}]  {dtype}  on {device.name}" + _hint_words(hints)),
-        "fusion definition (repr):",
-        repr(fd).rstrip(),
-        _section("classification"),
-        info.describe(),
-        _section("schedule"),
-        str(built.schedule),
-    ]
-    if built.finalize is not None:
-        parts += ["", str(built.finalize)]
-    for entry, plan in built.plans():
-        parts += [_section(f"shared memory plan: {entry}"), plan.table()]
-    parts += [_section("ptxas report (NVRTC, offline)")]
-    parts += [str(built.compiled.resource(entry)) for entry, _ in built.plans()]
-    parts += [_section("CUDA source"), built.source.source.rstrip()]
-    return "\n".join(parts), fd, built
+    hidden_root = info.hidden_axis.find() if info.hidden_axis is not None else None
+    row_roots = [e.find() for e in info.row_axes]
+    shapes: list[tuple[int, ...] | None] = []
+    for v in info.fusion.inputs:
+        if not isinstance(v, Tensor):
+            shapes.append(None)
+            continue
+        dims = []
+        for e in v.dims:
+            root = e.find() if e is not None else None
+            if root is None:
+                dims.append(1)
+            elif root is hidden_root:
+                dims.append(hidden)
+            elif len(row_roots) == 1 and root is row_roots[0]:
+                dims.append(rows)
+            elif root.value is not None:
+                dims.append(root.value)
+            else:
+                raise BadInputError(
+                    f"input {v.name} of fusion '{fd.name}' has {v.ndim} dimensions, more than "
+                    "--shape ROWSxHIDDEN gives; give each tensor input's shape with "
+                    f"--input-shape, in order ({_tensor_names(fd)}), e.g. --input-shape "
+                    "8x1024x4096")
+        shapes.append(tuple(dims))
+    return shapes
+
+
+def _tensor_names(fd: FusionDefinition) -> str:
+    return ", ".join(v.name for v in fd.fusion.inputs if isinstance(v, Tensor)) or "none"
+
+
+def _given_shapes(fd: FusionDefinition, given: Sequence[tuple[int, ...]]
+                  ) -> list[tuple[int, ...] | None]:
+    """The --input-shape options, one per tensor input, with None for the scalar inputs."""
+    tensors = [v for v in fd.fusion.inputs if isinstance(v, Tensor)]
+    if len(given) != len(tensors):
+        raise BadInputError(
+            f"fusion '{fd.name}' has {len(tensors)} tensor inputs ({_tensor_names(fd)}), got "
+            f"{len(given)} --input-shape; give one per tensor input, in order (e.g. "
+            "--input-shape 16384x4096 --input-shape 4096), or --shape ROWSxHIDDEN alone")
+    shapes = iter(given)
+    return [next(shapes) if isinstance(v, Tensor) else None for v in fd.fusion.inputs]
+
+
+# ----- a fusion in a user's file -------------------------------------------------------------
+
+_RUN_NAME = "__fuser_show__"  # the user file's __name__: its `if __name__ == "__main__":` skipped
+
+
+def is_file_target(text: str) -> bool:
+    """Whether show's FUSION argument names a file (path/to/file.py:NAME), not a ready fusion."""
+    return ":" in text or text.endswith(".py") or "/" in text or os.sep in text
+
+
+def load_fusion(target: str, dtype: str | None = None) -> FusionDefinition:
+    """The FusionDefinition that `path/to/file.py:NAME` names. The file runs as a script
+    would (its folder first on sys.path; `if __name__ == "__main__":` blocks do not run), then
+    NAME is a FusionDefinition in it, or a function returning one, called with no arguments
+    or with the `dtype`'s DataType (as the ready fusion builders are). Without :NAME, the
+    file's one FusionDefinition. Each failure is a one-line FuserError naming the fix."""
+    path_text, sep, name = target.rpartition(":")
+    if not sep or not path_text:
+        path_text, name = target, ""
+    path = Path(path_text)
+    if not path.is_file():
+        raise BadInputError(
+            f"no file {path_text!r} (from {target!r}); show takes a ready fusion "
+            f"({', '.join(FUSIONS)}) or path/to/file.py:NAME of a file that exists")
+    namespace = _run_file(path)
+    found = _fusions_in(namespace)
+    if not name:
+        objects = [n for n, v in found.items() if isinstance(v, FusionDefinition)]
+        if len(objects) != 1:
+            raise BadInputError(
+                f"{path} defines {len(objects)} FusionDefinition objects; name the one to show "
+                f"as {path}:NAME (there: {', '.join(found) or 'none'})")
+        name = objects[0]
+    if name not in namespace:
+        raise BadInputError(
+            f"{path} has no name {name!r}; the FusionDefinitions and functions in it: "
+            f"{', '.join(found) or 'none'} (show {path}:NAME)")
+    obj = namespace[name]
+    where = f"{path}:{name}"
+    if isinstance(obj, FusionDefinition):
+        if dtype is not None:
+            raise BadInputError(
+                f"--dtype {dtype}: {where} is a FusionDefinition, whose inputs have the dtypes "
+                "it declares; drop --dtype, or make NAME a function taking the dtype")
+        return obj
+    if not callable(obj):
+        raise BadInputError(
+            f"{where} is {type(obj).__name__} {obj!r:.40}, not a FusionDefinition or a function "
+            "returning one; name the fusion's `fd`, or a function that builds and returns it")
+    fd = _call_builder(obj, where, path, dtype)
+    if not isinstance(fd, FusionDefinition):
+        raise BadInputError(
+            f"{where}() returned {type(fd).__name__} {fd!r:.40}, not a FusionDefinition; "
+            "return the `fd` of `with FusionDefinition() as fd:`")
+    return fd
+
+
+def _fusions_in(namespace: dict[str, Any]) -> dict[str, Any]:
+    """The file's FusionDefinition objects and the functions defined in it, by name."""
+    return {n: v for n, v in namespace.items() if not n.startswith("_") and (
+        isinstance(v, FusionDefinition)
+        or (inspect.isfunction(v) and v.__module__ == _RUN_NAME))}
+
+
+def _run_file(path: Path) -> dict[str, Any]:
+    """Run the user's file, its folder first on sys.path as `python file.py` has it (so that
+    it imports its neighbours): its globals. sys.path and sys.argv[0] are restored after."""
+    folder = str(path.resolve().parent)
+    sys.path.insert(0, folder)
+    try:
+        return runpy.run_path(str(path), run_name=_RUN_NAME)
+    except BaseException as error:
+        raise _failure(error, f"running {path}", path) from error
+    finally:
+        sys.path.remove(folder)
+
+
+def _call_builder(fn: Any, where: str, path: Path, dtype: str | None) -> Any:
+    """fn() or fn(DataType): the ready builders' convention."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    takes = any(p.kind in positional or p.kind is inspect.Parameter.VAR_POSITIONAL
+                for p in params)
+    required = [p for p in params if p.default is inspect.Parameter.empty
+                and p.kind in (*positional, inspect.Parameter.KEYWORD_ONLY)]
+    if len(required) > 1 or (required and required[0] is not params[0]) or any(
+            p.kind is inspect.Parameter.KEYWORD_ONLY for p in required):
+        raise BadInputError(
+            f"{where}({', '.join(p.name for p in required)}) has parameters without defaults "
+            "that show cannot give; show calls it with no arguments, or with the --dtype's "
+            "DataType as the first: give the others defaults")
+    if dtype is not None and not takes:
+        raise BadInputError(
+            f"--dtype {dtype}: {where}() takes no arguments; drop --dtype, or give it a dtype "
+            "parameter")
+    args = (DTYPES[dtype or "bf16"],) if required or dtype is not None else ()
+    try:
+        return fn(*args)
+    except BaseException as error:
+        raise _failure(error, f"calling {where}()", path) from error
+
+
+def _failure(error: BaseException, doing: str, path: Path) -> BaseException:
+    """A one-line FuserError for what the user's code raised, naming the line: a FuserError
+    keeps its kind (its message says what to fix in the definition), anything else becomes a
+    DefinitionError; Ctrl-C passes through."""
+    if isinstance(error, KeyboardInterrupt | GeneratorExit):
+        return error
+    line: int | None = None
+    if isinstance(error, SyntaxError) and error.filename and Path(error.filename) == path:
+        line = error.lineno
+    else:
+        here = path.resolve()
+        mine = [f.lineno for f in traceback.extract_tb(error.__traceback__)
+                if Path(f.filename).resolve() == here]
+        line = mine[-1] if mine else None
+    at = doing + (f" (line {line})" if line is not None else "")
+    if isinstance(error, FuserError):
+        try:
+            return type(error)(f"{at}: {error}")
+        except TypeError:  # an error class with more arguments (CompileError)
+            return error
+    if isinstance(error, SystemExit):
+        what = f"called sys.exit({error.code!r})"
+    else:
+        what = f"raised {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    return DefinitionError(
+        f"{at}: {what.rstrip(': ')}; fix the file (python {path} shows the traceback)")
 
 
 def _run_on_gpu(fd, rows: int, hidden: int, dtype: str) -> str:
@@ -157,7 +354,7 @@ def _run_on_gpu(fd, rows: int, hidden: int, dtype: str) -> str:
     copy_us = median_us(lambda: dst.__setitem__(Ellipsis, src))
     run = fd._last_run
     return "\n".join([
-        _section("run on this GPU"),
+        section("run on this GPU"),
         f"validated against the float64 reference on {sample} rows: ok ({len(outputs)} "
         "outputs)",
         f"launch: grid {run.launch.grid}, block {run.launch.block}, "
@@ -181,9 +378,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fuser", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     show = sub.add_parser("show", help="classification, schedule, smem plan, CUDA, ptxas report")
-    show.add_argument("fusion", choices=sorted(FUSIONS))
-    show.add_argument("--shape", type=_shape, default=(16384, 4096), help="ROWSxHIDDEN")
-    show.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    show.add_argument("fusion", metavar="FUSION",
+                      help=f"a ready fusion ({', '.join(FUSIONS)}) or path/to/file.py:NAME, "
+                           "NAME a FusionDefinition in that file or a function returning one "
+                           "(called with no arguments, or with the --dtype)")
+    show.add_argument("--shape", type=_shape, default=None,
+                      help="ROWSxHIDDEN: [rows, hidden] inputs, [hidden] weights, [rows, 1] "
+                           f"statistics (default {SHOW_SHAPE[0]}x{SHOW_SHAPE[1]})")
+    show.add_argument("--input-shape", type=_dims, action="append", default=[], metavar="DIMS",
+                      help="instead of --shape, each tensor input's shape in order, once per "
+                           "input, e.g. --input-shape 8x1024x4096 --input-shape 4096")
+    show.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                      help="the dtype a ready fusion or a builder function is built for "
+                           "(default bf16)")
     show.add_argument("--device", choices=sorted(PRESETS), default="h200")
     show.add_argument("--hint", type=_hint, action="append", default=[], metavar="KEY=VALUE",
                       help="override the heuristic (fuser.schedulers.Hints), e.g. "
@@ -196,10 +403,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "show":
-            rows, hidden = args.shape
+            if args.shape is not None and args.input_shape:
+                raise BadInputError("give --shape ROWSxHIDDEN or one --input-shape per tensor "
+                                    "input, not both")
+            rows, hidden = args.shape or SHOW_SHAPE
             hints = _hints(args.hint)
-            print(describe(args.fusion, rows, hidden, args.dtype, DeviceSpec.get(args.device),
-                           hints)[0])
+            fusion = (load_fusion(args.fusion, args.dtype) if is_file_target(args.fusion)
+                      else args.fusion)
+            print(describe(fusion, rows, hidden, args.dtype, DeviceSpec.get(args.device),
+                           hints, args.input_shape)[0])
         elif args.command == "demo":
             rows, hidden = args.shape
             gpu = _gpu_available()
@@ -209,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
             if gpu:
                 print(_run_on_gpu(fd, rows, hidden, HEADLINE[3]))
             else:
-                print(_section("run") + "\nno CUDA GPU here: scheduled and compiled for the "
+                print(section("run") + "\nno CUDA GPU here: scheduled and compiled for the "
                       "H200 preset only (make test-gpu and make bench run it on a GPU)")
         elif args.command == "info":
             _info()

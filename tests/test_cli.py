@@ -158,3 +158,158 @@ def test_wheel_ships_the_templates(tmp_path):
     module, templates, compiled = result.stdout.split()
     assert module.startswith(str(target)) and templates.startswith(str(target))
     assert compiled == "True"
+
+
+# ----- show path/to/file.py:NAME: a fusion of the user's own --------------------------------
+
+USER_FILE = '''\
+from fuser import DataType, FusionDefinition
+
+import helper  # a neighbour of this file: its folder is on sys.path, as for a script
+
+
+def build(dtype=DataType.BFloat16):
+    """A builder, as the ready fusions are: x [N, H], weight [H], a scalar input."""
+    with FusionDefinition("my_scaled_norm") as fd:
+        x = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=dtype)
+        w = fd.define_tensor(shape=[-1], contiguity=[True], dtype=dtype)
+        scale = fd.define_scalar(dtype=DataType.Float)
+        xf = fd.ops.mul(fd.ops.cast(x, DataType.Float), scale)
+        ms = fd.ops.sum(fd.ops.mul(xf, xf), dims=[1], keepdim=True)
+        rstd = fd.ops.rsqrt(fd.ops.add(ms, helper.EPS))
+        y = fd.ops.mul(fd.ops.mul(xf, fd.ops.broadcast_in_dim(rstd, shape=x.shape(),
+                                                              broadcast_dims=[0, 1])),
+                       fd.ops.cast(w, DataType.Float))
+        fd.add_output(fd.ops.cast(y, dtype))
+    return fd
+
+
+def build_with_eps(dtype, eps=1e-5):
+    return build(dtype)
+
+
+def two(a, b):
+    return build()
+
+
+def no_fusion():
+    return 42
+
+
+fd = build(DataType.Half)
+count = 3
+
+if __name__ == "__main__":
+    raise SystemExit("the __main__ block of a user's file must not run under show")
+'''
+
+
+@pytest.fixture
+def user_file(tmp_path):
+    (tmp_path / "helper.py").write_text("EPS = 1e-6\n")
+    path = tmp_path / "my_fusions.py"
+    path.write_text(USER_FILE)
+    return path
+
+
+def test_show_a_fusion_object_in_a_users_file(user_file, capsys):
+    before = list(sys.path)
+    assert main(["show", f"{user_file}:fd", "--shape", "100x3000", "--device", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("\n=== my_scaled_norm  [100 x 3000]  Half  on H100")
+    assert "inputs:  T0 Half [100, 3000], T1 Half [3000], S2 Float scalar" in out
+    for section in ("fusion definition (repr)", "=== classification", "=== schedule",
+                    "=== shared memory plan: my_scaled_norm_row", "=== ptxas report",
+                    "=== CUDA source"):
+        assert section in out, section
+    assert re.search(r"my_scaled_norm_row: \d+ registers, .*0 B spill stores", out)
+    assert sys.path == before  # the file's folder is taken off sys.path again
+
+
+def test_show_a_builder_function_with_the_dtype_and_input_shapes(user_file, capsys):
+    assert main(["show", f"{user_file}:build", "--dtype", "fp32", "--input-shape", "7x1000",
+                 "--input-shape", "1000", "--hint", "threads_per_row=32"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("\n=== my_scaled_norm  [7 x 1000]  Float  on H200  with "
+                          "threads_per_row=32")
+    assert "the heuristic sees rows=8" in out and re.search(r"threads_per_row\s+32", out)
+    # Without --dtype a builder runs with its own defaults; one required parameter gets bf16.
+    assert main(["show", f"{user_file}:build", "--shape", "64x1024"]) == 0
+    assert "[64 x 1024]  BFloat16  on H200" in capsys.readouterr().out
+    assert main(["show", f"{user_file}:build_with_eps", "--shape", "64x1024"]) == 0
+    assert "[64 x 1024]  BFloat16  on H200" in capsys.readouterr().out
+
+
+def test_show_a_files_only_fusion_object_without_a_name(tmp_path, capsys):
+    path = tmp_path / "one.py"
+    path.write_text(USER_FILE.replace("import helper", "helper = type('h', (), {'EPS': 1e-6})"))
+    assert main(["show", str(path), "--shape", "64x1024"]) == 0
+    assert "=== my_scaled_norm  [64 x 1024]  Half" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("target", "extra", "message"), [
+    ("{dir}/nowhere.py:fd", [], "BadInputError: no file '{dir}/nowhere.py' (from "
+                                "'{dir}/nowhere.py:fd'); show takes a ready fusion (rmsnorm_fwd"),
+    ("{file}:nope", [], "BadInputError: {file} has no name 'nope'; the FusionDefinitions and "
+                        "functions in it: build, build_with_eps, two, no_fusion, fd"),
+    ("{file}:count", [], "BadInputError: {file}:count is int 3, not a FusionDefinition or a "
+                         "function returning one"),
+    ("{file}:no_fusion", [], "BadInputError: {file}:no_fusion() returned int 42, not a "
+                             "FusionDefinition"),
+    ("{file}:two", [], "BadInputError: {file}:two(a, b) has parameters without defaults"),
+    ("{file}:no_fusion", ["--dtype", "bf16"], "--dtype bf16: {file}:no_fusion() takes no "
+                                              "arguments; drop --dtype"),
+    ("{file}:fd", ["--dtype", "bf16"], "--dtype bf16: {file}:fd is a FusionDefinition, whose "
+                                       "inputs have the dtypes it declares; drop --dtype"),
+    ("{file}", [], "BadInputError: {file} defines 2 FusionDefinition objects; name the one "
+                   "to show as {file}:NAME"),
+    ("{file}:fd", ["--input-shape", "64x1024"], "BadInputError: fusion 'my_scaled_norm' has 2 "
+                                                "tensor inputs (T0, T1), got 1 --input-shape; "
+                                                "give one per tensor input, in order"),
+    ("{file}:fd", ["--input-shape", "64x1024", "--input-shape", "64x1024"],
+     "BadInputError: input 1 (T1): expected rank 1"),
+    ("{file}:fd", ["--input-shape", "64x1024", "--input-shape", "1024", "--shape", "64x1024"],
+     "give --shape ROWSxHIDDEN or one --input-shape per tensor input, not both"),
+    ("my_fusion", [], "BadInputError: no ready fusion named 'my_fusion'; pass one of "
+                      "rmsnorm_fwd, layernorm_fwd"),
+])
+def test_a_users_file_that_does_not_give_a_fusion_is_one_line_naming_the_fix(
+        user_file, capsys, target, extra, message):
+    if target == "{file}":  # a second FusionDefinition object: which one is meant?
+        user_file.write_text(USER_FILE + "\nother = build()\n")
+    names = {"dir": str(user_file.parent), "file": str(user_file)}
+    assert main(["show", target.format(**names), *extra]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    err = captured.err.strip()
+    assert err.startswith("fuser: ") and "\n" not in err, err
+    assert message.format(**names) in err, err
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("x = 1\ny = 1 / 0\n", "DefinitionError: running {file} (line 2): raised "
+                           "ZeroDivisionError: division by zero; fix the file (python {file} "
+                           "shows the traceback)"),
+    ("def f(:\n", "DefinitionError: running {file} (line 1): raised SyntaxError"),
+    ("import sys\nsys.exit(3)\n", "DefinitionError: running {file} (line 2): called "
+                                  "sys.exit(3)"),
+    ("from fuser import FusionDefinition\nfd = FusionDefinition('bad name')\n",
+     "DefinitionError: running {file} (line 2): FusionDefinition name 'bad name' must be"),
+])
+def test_a_users_file_that_fails_to_run_names_the_line(tmp_path, capsys, text, message):
+    path = tmp_path / "broken.py"
+    path.write_text(text)
+    assert main(["show", f"{path}:fd"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert message.format(file=path) in err and "\n" not in err, err
+
+
+def test_a_builder_that_raises_names_the_line(tmp_path, capsys):
+    path = tmp_path / "raises.py"
+    path.write_text("from fuser import FusionDefinition\n\n\ndef build():\n"
+                    "    with FusionDefinition('my_no_outputs') as fd:\n"
+                    "        fd.define_tensor(shape=[-1, -1])\n    return fd\n")
+    assert main(["show", f"{path}:build"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"fuser: DefinitionError: calling {path}:build() (line 5): fusion "
+                          "'my_no_outputs' has no outputs"), err

@@ -1,0 +1,289 @@
+"""fuser.explain(fd, shapes): every step for any fusion, without a GPU.
+
+    import fuser
+    report = fuser.explain(fd, [(16384, 4096), (4096,)], device="h200")
+    print(report)                  # what `python -m fuser show` prints
+    report.schedule                # the frozen schedule record, report.smem_plans, .resources...
+
+The problem is the one fd.execute() would schedule for inputs of those shapes (the same row
+count, hidden size and rows the heuristic sees; the widest pointer alignment, 16 bytes), so
+the schedule, the shared-memory plans, the CUDA source and the ptxas report are those of the
+kernel that would run. The kernel is compiled offline by NVRTC for the device preset's
+architecture (through the kernel cache), so the ptxas report is the real one.
+
+`python -m fuser show` prints the same report for the ready fusions (fuser.fusions) and for a
+fusion defined in a user's file (`show path/to/file.py:NAME`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from fuser.dtypes import DataType
+from fuser.errors import BadInputError, HintError
+from fuser.frontend import FusionDefinition
+from fuser.ir import Scalar, Tensor, as_tensor
+
+if TYPE_CHECKING:
+    from fuser.analysis import FusionInfo
+    from fuser.cache import KernelCache
+    from fuser.compile import KernelResources
+    from fuser.device import DeviceSpec
+    from fuser.kernels import Built
+    from fuser.schedulers import Hints, Problem
+    from fuser.schedulers.base import FinalizeSchedule, PointwiseSchedule, RowSchedule
+    from fuser.smem import SmemPlan
+
+Shape = tuple[int, ...]
+
+#: The widest access the kernels make; explain() assumes inputs aligned to it, as arrays fresh
+#: from an allocator are (fd.execute() plans narrower loads for inputs at odd offsets).
+ALIGN_BYTES = 16
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Every step fuser takes for one fusion, problem and device; str() is the full report.
+
+    smem_plans and resources map each kernel entry of the module (the row or pointwise
+    kernel first, then the column finalize kernel where there is one) to its shared-memory
+    plan and to what ptxas reported for it."""
+
+    name: str  # the fusion's name (its kernels are named after it)
+    input_names: tuple[str, ...]  # the fusion's inputs, as repr(fd) names them
+    definition: str  # repr(fd): Python that rebuilds the fusion
+    shapes: tuple[Shape | None, ...]  # per fusion input: its shape, None for a scalar input
+    rows: int  # rows of the problem: the product of the row extents
+    hidden: int  # the innermost extent
+    device: DeviceSpec
+    hints: Hints | None
+    problem: Problem  # what the schedulers saw: hidden, rows (at most 1024), alignment
+    info: FusionInfo  # the classification
+    schedule: RowSchedule | PointwiseSchedule
+    finalize: FinalizeSchedule | None  # the column finalize kernel's schedule, if any
+    smem_plans: Mapping[str, SmemPlan]  # entry -> shared-memory plan
+    source: str  # the CUDA source
+    resources: Mapping[str, KernelResources]  # entry -> ptxas report
+    built: Built  # the compiled module (cubin path, signatures), as fuser.kernels.build gives
+
+    @property
+    def entries(self) -> tuple[str, ...]:
+        """The kernel entry names, the main kernel first."""
+        return tuple(self.smem_plans)
+
+    def title(self) -> str:
+        labels = dict.fromkeys(as_tensor(v).dtype.label for v in self.info.fusion.inputs
+                               if isinstance(v, Tensor))
+        words = self.hints.words() if self.hints is not None else ""
+        return (f"{self.name}  [{self.rows} x {self.hidden}]  {', '.join(labels) or '-'}  on "
+                f"{self.device.name}" + (f"  with {words}" if words else ""))
+
+    def inputs(self) -> str:
+        """One line: each input with its dtype and the shape it was given."""
+        words = []
+        for name, v, shape in zip(self.input_names, self.info.fusion.inputs, self.shapes,
+                                  strict=True):
+            what = list(shape or ()) if isinstance(v, Tensor) else "scalar"
+            words.append(f"{name} {v.dtype.label} {what}")
+        return ", ".join(words) or "-"
+
+    def __str__(self) -> str:
+        parts = [
+            section(self.title()),
+            f"inputs:  {self.inputs()}",
+            f"problem: {self.rows} rows x hidden {self.hidden}; the heuristic sees "
+            f"rows={self.problem.rows}, {self.problem.align_bytes}-byte aligned inputs",
+            "fusion definition (repr):",
+            self.definition.rstrip(),
+            section("classification"),
+            self.info.describe(),
+            section("schedule"),
+            str(self.schedule),
+        ]
+        if self.finalize is not None:
+            parts += ["", str(self.finalize)]
+        for entry, plan in self.smem_plans.items():
+            parts += [section(f"shared memory plan: {entry}"), plan.table()]
+        parts += [section("ptxas report (NVRTC, offline)")]
+        parts += [str(r) for r in self.resources.values()]
+        parts += [section("CUDA source"), self.source.rstrip()]
+        return "\n".join(parts)
+
+
+def section(title: str) -> str:
+    """A report's section heading."""
+    return f"\n=== {title} " + "=" * max(0, 72 - len(title))
+
+
+def explain(
+    fd: FusionDefinition,
+    shapes: Sequence[Sequence[int] | None],
+    dtypes: Sequence[Any] | None = None,
+    device: str | DeviceSpec = "h200",
+    hints: Hints | Mapping[str, Any] | None = None,
+    *,
+    cache: KernelCache | None = None,
+) -> Explanation:
+    """Classify, schedule, plan, render and compile `fd` for inputs of `shapes` on `device`,
+    with no GPU: the report `python -m fuser show` prints, as a record.
+
+    shapes   one entry per fusion input, in definition order: a tensor's shape (symbolic
+             extents are bound by it, as fd.execute() binds them), None for a scalar input;
+             or one shape per tensor input only (scalar inputs skipped)
+    dtypes   optional, the same layout: each input's dtype (a DataType or a numpy dtype, None
+             to skip one), checked against the definition as fd.execute() checks arrays
+    device   a preset name (fuser.device.PRESETS: 'h200', 'h100', 'a100', ...) or a DeviceSpec
+    hints    fuser.schedulers.Hints (or a dict of its fields) overriding the heuristic
+    cache    the kernel cache to compile through (default: fuser's, FUSER_CACHE_DIR)
+
+    Raises BadInputError for shapes or dtypes that disagree with the definition, and what
+    scheduling and compiling raise (UnsupportedFusionError, HintError, OutOfResourcesError).
+    """
+    from fuser.analysis import analyze
+    from fuser.device import DeviceSpec
+    from fuser.kernels import build
+
+    if not isinstance(fd, FusionDefinition):
+        raise BadInputError(
+            f"explain(fd, ...): fd is a {type(fd).__module__}.{type(fd).__qualname__}, not a "
+            "FusionDefinition; pass the `fd` of `with FusionDefinition() as fd:`")
+    fd._require_outputs()
+    spec = DeviceSpec.get(device)
+    hints = _hints(hints)
+    info = analyze(fd.fusion)
+    bound = _bound_shapes(info.fusion.inputs, _per_input(fd, "shapes", shapes))
+    if dtypes is not None:
+        _check_dtypes(fd, _per_input(fd, "dtypes", dtypes))
+    rows, hidden, problem = _problem(info, bound)
+    built = build(fd.name, info, problem, spec, hints, cache)
+    plans = dict(built.plans())
+    return Explanation(
+        name=fd.name,
+        input_names=tuple(v.name for v in fd.fusion.inputs),
+        definition=repr(fd),
+        shapes=tuple(bound),
+        rows=rows,
+        hidden=hidden,
+        device=spec,
+        hints=hints,
+        problem=problem,
+        info=info,
+        schedule=built.schedule,
+        finalize=built.finalize,
+        smem_plans=MappingProxyType(plans),
+        source=built.source.source,
+        resources=MappingProxyType({e: built.compiled.resource(e) for e in plans}),
+        built=built,
+    )
+
+
+def _problem(info: FusionInfo, shapes: list[Shape | None]) -> tuple[int, int, Problem]:
+    """(rows, hidden, the Problem) as fuser.executor._plan derives them from inputs of these
+    shapes: rows are the product of the row extents, and the heuristic sees at most 1024 of
+    them, rounded up to a power of two; the inputs are taken as 16-byte aligned."""
+    from fuser.reference import bind_shapes
+    from fuser.schedulers import Problem
+    from fuser.schedulers.base import next_pow2
+
+    sizes = bind_shapes(info.fusion, shapes)
+    rows = math.prod(sizes.value(axis) for axis in info.row_axes)
+    hidden = sizes.value(info.hidden_axis) if info.hidden_axis is not None else 1
+    return rows, hidden, Problem(hidden, min(next_pow2(rows), 1024), ALIGN_BYTES)
+
+
+def _hints(hints: Hints | Mapping[str, Any] | None) -> Hints | None:
+    """Hints as given, or made from a dict of their fields."""
+    from fuser.schedulers import Hints
+
+    if hints is None or isinstance(hints, Hints):
+        return hints
+    if not isinstance(hints, Mapping):
+        raise BadInputError(f"explain(hints={hints!r}): pass a fuser.schedulers.Hints or a "
+                            "dict of its fields, e.g. {'stages': 2}")
+    fields = [f.name for f in dataclasses.fields(Hints)]
+    unknown = sorted(str(k) for k in hints if k not in fields)
+    if unknown:
+        raise HintError(f"explain(hints=...): {', '.join(unknown)} is not a hint; the hints "
+                        f"are {', '.join(fields)}")
+    return Hints(**dict(hints))
+
+
+def _bound_shapes(inputs: Sequence[Any], given: list[Any]
+                  ) -> list[Shape | None]:
+    """Each tensor input's shape as a tuple of ints (bind_shapes checks it against the
+    definition), None for the scalar inputs."""
+    bound: list[Shape | None] = []
+    for i, (v, shape) in enumerate(zip(inputs, given, strict=True)):
+        if isinstance(v, Scalar):
+            if shape is not None:
+                raise BadInputError(f"shapes[{i}] is {shape!r} for the scalar input {v.name}; "
+                                    "give None for scalar inputs")
+            bound.append(None)
+        else:
+            bound.append(None if shape is None else _shape(i, v.name, shape))
+    return bound
+
+
+def _per_input(fd: FusionDefinition, what: str, given: Sequence[Any]) -> list[Any]:
+    """`given` with one entry per fusion input: as it is, or (one entry per tensor input)
+    with None put in for the scalar inputs."""
+    inputs = fd.fusion.inputs
+    if isinstance(given, str | bytes) or not isinstance(given, Sequence):
+        raise BadInputError(
+            f"explain(fd, {what}=...): {what} must be a list with one entry per input of "
+            f"fusion '{fd.name}' ({_names(inputs)}), got {type(given).__name__} {given!r:.80}")
+    given = list(given)
+    tensors = [v for v in inputs if isinstance(v, Tensor)]
+    if len(given) == len(inputs):
+        return given
+    if len(given) == len(tensors):
+        it = iter(given)
+        return [next(it) if isinstance(v, Tensor) else None for v in inputs]
+    scalars = len(inputs) - len(tensors)
+    also = (f", or one per tensor input ({_names(tensors)})" if scalars else "")
+    raise BadInputError(
+        f"fusion '{fd.name}' has {len(inputs)} inputs ({_names(inputs)}), got {len(given)} "
+        f"{what}; give one per input, None for a scalar input{also}")
+
+
+def _names(vals: Sequence[Any]) -> str:
+    return ", ".join(v.name for v in vals) or "none"
+
+
+def _shape(i: int, name: str, shape: Any) -> Shape:
+    """A tensor input's shape as a tuple of ints, or BadInputError."""
+    try:
+        return tuple(operator.index(d) for d in shape)
+    except TypeError:
+        pass
+    raise BadInputError(
+        f"shapes[{i}] for the tensor input {name} is {shape!r}; give its shape as a tuple of "
+        "ints, e.g. (16384, 4096)")
+
+
+def _check_dtypes(fd: FusionDefinition, dtypes: list[Any]) -> None:
+    for i, (v, dtype) in enumerate(zip(fd.fusion.inputs, dtypes, strict=True)):
+        if dtype is None:
+            continue
+        given = dtype if isinstance(dtype, DataType) else _from_numpy(i, v.name, dtype)
+        if given is not v.dtype:
+            raise BadInputError(
+                f"input {i} ({v.name}) has dtype {given}; the definition declares {v.dtype}")
+
+
+def _from_numpy(i: int, name: str, dtype: Any) -> DataType:
+    try:
+        found = DataType.from_numpy(dtype)
+    except TypeError:
+        found = None
+    if found is None:
+        raise BadInputError(
+            f"dtypes[{i}] for {name} is {dtype!r}; give a fuser.DataType (e.g. "
+            "DataType.BFloat16) or a numpy dtype of one")
+    return found
