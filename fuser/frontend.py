@@ -43,7 +43,8 @@ def _argument_error(name: str, method, kwargs: dict, error: TypeError) -> str:
     unknown = [k for k in kwargs if k not in keywords]
     if not unknown:
         return f"{form}: {error}"
-    close = sorted({c for k in unknown for c in difflib.get_close_matches(k, keywords, 1)})
+    close = sorted({c for k in unknown for c in difflib.get_close_matches(k, keywords, 1)
+                    or [w for w in keywords if min(len(k), len(w)) > 2 and (k in w or w in k)]})
     meant = f" (did you mean {' or '.join(close)}?)" if close else ""
     return (f"{form}: no keyword {', '.join(map(repr, unknown))}{meant}; its keywords are "
             f"{', '.join(keywords)}")

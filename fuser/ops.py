@@ -155,7 +155,9 @@ ELEMENTWISE: dict[str, ElementwiseOp] = {
             "else log1p(exp(x * beta)) / beta. beta and threshold may be numbers, scalars or "
             "tensors. Unlike torch, int and bool x are computed as Float (torch refuses them); "
             "in float, exp is fuser's fast one, so results below 2^-126 (x * beta < -87) "
-            "are 0",
+            "are 0, and with a threshold above 88 exp overflows first: x * beta between 88.7 "
+            "and the threshold gives inf, as torch's float softplus does (the float64 oracle "
+            "does not)",
         ),
         ElementwiseOp(
             "clamp", 3, NUMERIC, "fm::clamp({0}, {1}, {2})", _clamp,
