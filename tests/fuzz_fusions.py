@@ -3,11 +3,12 @@
 A draw is a `Plan`: the fusion's inputs (tensors of shape [-1, -1], [-1] and [-1, 1] in every
 dtype, scalar inputs), a list of steps over the values defined so far (every elementwise op of
 fuser.ops.ELEMENTWISE with tensors, scalar inputs, sizes and constants as operands, in Python
-operator form too; casts to every dtype; broadcast_in_dim; sum and max over dims [1] (inner), [0]
-(outer) or both, with keepdim and a result dtype; var_mean with a correction) and the outputs.
-Operands are picked by position counting back from the latest value, so the plan stays valid
-while Hypothesis shrinks it: a failing draw shrinks to a short chain, printed as `repr(fd)`,
-the Python that rebuilds the fusion.
+operator form too, the ternary ones (clamp, softplus) with any operands; casts to every dtype;
+broadcast_in_dim; sum and max over dims [1] (inner), [0] (outer) or both, with keepdim and a
+result dtype; var_mean with a correction) and the outputs. Operands are picked by position
+counting back from the latest value, so the plan stays valid while Hypothesis shrinks it: a
+failing draw shrinks to a short chain, printed as `repr(fd)`, the Python that rebuilds the
+fusion.
 
 Two consumers:
 
@@ -61,6 +62,7 @@ DTYPES = (DataType.Float, DataType.Half, DataType.BFloat16, DataType.Double, Dat
           DataType.Int64, DataType.Bool)
 UNARY = tuple(sorted(n for n, op in ELEMENTWISE.items() if op.arity == 1))
 BINARY = tuple(sorted(n for n, op in ELEMENTWISE.items() if op.arity == 2))
+TERNARY = tuple(sorted(n for n, op in ELEMENTWISE.items() if op.arity == 3 and n != "where"))
 BINARY_FIRST = ("add", *(n for n in BINARY if n != "add"))
 OPERATORS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 INPUT_KINDS = ("full", "col", "row1", "scalar")  # [-1, -1], [-1], [-1, 1], a scalar input
@@ -101,6 +103,7 @@ _step = st.one_of(
     st.tuples(st.just("binary"), st.sampled_from(BINARY), _index, _operand, st.booleans(),
               st.booleans()),
     st.tuples(st.just("where"), _index, _index, _operand),
+    st.tuples(st.just("ternary"), st.sampled_from(TERNARY), _index, _operand, _operand),
     st.tuples(st.just("cast"), _index, st.sampled_from(DTYPES)),
     st.tuples(st.just("bcast"), _index),
     st.tuples(st.just("reduce"), st.sampled_from(("sum", "max")), _index,
@@ -269,9 +272,9 @@ class _Builder:
                 x = self.numeric(x)
             elif name in ("log", "rsqrt", "reciprocal"):
                 x = self.positive(x)
-            elif name == "sqrt":
+            elif name in ("sqrt", "log1p"):
                 x = self.ops.abs(self.numeric(x))
-            elif name == "exp":
+            elif name in ("exp", "expm1"):
                 x = self.ops.minimum(x, 8.0)
         if name == "neg" and not self.tame:
             self.pool.append(-x)  # Val.__neg__
@@ -309,6 +312,15 @@ class _Builder:
             cond = self.ops.gt(cond, 0)
         cond, x, y = self.meet([cond, x, y], cleared=[True, 1, 1])
         self.pool.append(self.ops.where(cond, x, y))
+
+    def _ternary(self, name: str, a: int, b: tuple, c: tuple) -> None:
+        """clamp(x, min, max) or softplus(x, beta, threshold), each operand any value."""
+        x, y, z = self.meet([self.pick(a), self.operand(b), self.operand(c)], cleared=[1, 1, 1])
+        if self.tame and name == "clamp" and isinstance(x, Val):
+            x = self.numeric(x)  # clamp refuses Bool operands
+        if self.tame and name == "softplus":  # beta away from 0 (it divides)
+            y = self.positive(y) if isinstance(y, Val) else abs(y) + 1
+        self.pool.append(getattr(self.ops, name)(x, y, z))
 
     def _cast(self, a: int, dtype: DataType) -> None:
         self.pool.append(self.ops.cast(self.pick(a), dtype))
