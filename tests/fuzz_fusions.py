@@ -318,8 +318,10 @@ class _Builder:
         x, y, z = self.meet([self.pick(a), self.operand(b), self.operand(c)], cleared=[1, 1, 1])
         if self.tame and name == "clamp" and isinstance(x, Val):
             x = self.numeric(x)  # clamp refuses Bool operands
-        if self.tame and name == "softplus":  # beta away from 0 (it divides)
+        if self.tame and name == "softplus":  # beta away from 0 (it divides), and a threshold
+            # below 88 (past it float's exp overflows to inf first, as torch's does; doc)
             y = self.positive(y) if isinstance(y, Val) else abs(y) + 1
+            z = self.ops.minimum(z, 20.0) if isinstance(z, Val) else min(z, 20)
         self.pool.append(getattr(self.ops, name)(x, y, z))
 
     def _cast(self, a: int, dtype: DataType) -> None:
