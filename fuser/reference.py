@@ -312,6 +312,11 @@ def _run(e: Expr, args: list, sizes: Sizes, shift: float = 0.0) -> list:
             args = [args[0], *(_operand(a, v.dtype, compute) for v, a in operands[1:])]
         else:
             args = [_operand(a, v.dtype, compute) for v, a in operands]
+        if out.dtype is DataType.Bool and compute.compute_type == "float":
+            # A Bool of float values (isinf, a comparison) has no tolerance: take the
+            # operands as the kernel holds them, in float32 (1e30 * 1e30 is inf there).
+            args = [_rounded(a, DataType.Float) if np.asarray(a).dtype.kind == "f" else a
+                    for a in args]
         return [_exact(ELEMENTWISE[e.op].reference(*args), out.dtype)]
     if e.op == "cast":
         return [_cast(args[0], e.inputs[0].dtype, out.dtype, shift)]

@@ -827,3 +827,16 @@ def test_half_and_bfloat16_outputs_get_no_sensitivity_allowance(rng):
     spread = input_sensitivity(layernorm_fwd(DataType.BFloat16).fusion, inputs)
     assert spread[0] is None  # y is stored in bf16, whose rounding is far coarser
     assert spread[1] is not None and spread[2] is not None  # mean and rstd are float32
+
+
+def test_a_bool_of_float_values_sees_them_in_float32():
+    """isinf / comparisons of a Float-computed value that overflows float32 in the kernel
+    (and in torch) give the kernel's answer: the oracle's float64 intermediate is rounded
+    first (a Bool output has no tolerance)."""
+    with FusionDefinition("overflow") as fd:
+        x = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)
+        y = fd.ops.mul(fd.ops.mul(x, 1e30), 1e30)
+        fd.add_output(fd.ops.isinf(y))
+        fd.add_output(fd.ops.isfinite(y))
+    inf, finite = evaluate(fd.fusion, [np.ones((2, 3), np.float32)])
+    assert inf.all() and not finite.any()
