@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.stamp
 
-.PHONY: setup demo test test-gpu sanitize memcheck racecheck bench lint clean fuzz
+.PHONY: setup demo test test-gpu sanitize memcheck racecheck synccheck initcheck bench lint clean fuzz
 
 setup: $(STAMP)
 
@@ -49,27 +49,30 @@ fuzz: setup
 test-gpu:
 	FUSER_REQUIRE_GPU=1 PYTHONPATH=. python3 -m pytest -m gpu -q $(PYTEST_ARGS)
 
-# compute-sanitizer (GPU machine). memcheck: the seed case, every row storage (registers,
-# smem, re-read), a persistent kernel of each fusion (4096 x 7 rows), a cluster-split kernel
-# of each fusion, aligned-copy kernels (24578 x 400, and over forced clusters), and a staging
-# ring of each fusion (bulk, cp.async and cluster, 400 rows). racecheck, about ten times
-# slower, on one persistent and one cluster-split kernel of each fusion, the aligned copies at
-# 24578 and three rings (make racecheck alone fits one 10-minute device call). API
-# errors are not reported: cuda-bindings probes the driver's entry points with
+# compute-sanitizer (GPU machine), through tests/sanitize.py: one sanitizer process per test,
+# SANITIZE_JOBS at a time, so racecheck of the cluster kernels fits one 10-minute device call.
+# memcheck / synccheck / initcheck: the seed case, every row storage (registers, smem,
+# re-read), a persistent kernel of each fusion (4096 x 7 rows), a cluster-split kernel of each
+# fusion, aligned-copy kernels (24578 x 400, and over forced clusters), and a staging ring of
+# each fusion (bulk, cp.async and cluster, 400 rows). racecheck, about ten times slower: one
+# persistent and one cluster-split kernel of each fusion, the aligned copies at 24578 and four
+# rings. API errors are not reported: cuda-bindings probes the driver's entry points with
 # cuGetProcAddress, and every probe this driver lacks counts as one (34 on the H200's 580
 # driver); fuser raises on any API error it gets itself.
 SANITIZE_TESTS ?= seed_case or each_storage_path or 4096-7-BFloat16 or cluster2 or (aligned_copy_matches_reference and 24578-400) or aligned_copy_over_a_forced_cluster or (staging_ring and 400-BFloat16)
 RACECHECK_TESTS ?= 4096-7-BFloat16 or cluster2 or (aligned_copy_matches_reference and 24578-400-BFloat16) or (staging_ring and 400-BFloat16 and (softmax_fwd-24576 or rmsnorm_bwd-4096 or rmsnorm_bwd-24578))
-SANITIZER := FUSER_REQUIRE_GPU=1 PYTHONPATH=. compute-sanitizer --error-exitcode 1 --report-api-errors no
-sanitize: memcheck racecheck
+SANITIZE_JOBS ?= 12
+SANITIZE_TIMEOUT ?= 480
+SANITIZE_OUT ?= build/sanitize
+SANITIZER := PYTHONPATH=. python3 tests/sanitize.py --jobs $(SANITIZE_JOBS) \
+  --timeout $(SANITIZE_TIMEOUT) --out $(SANITIZE_OUT)
+sanitize: memcheck racecheck synccheck initcheck
 
-memcheck:
-	$(SANITIZER) --tool memcheck python3 -m pytest -m gpu -q -p no:cacheprovider \
-	  -k "$(SANITIZE_TESTS)" tests/test_gpu_fusions.py
+memcheck synccheck initcheck:
+	$(SANITIZER) --tool $@ -k "$(SANITIZE_TESTS)" tests/test_gpu_fusions.py
 
 racecheck:
-	$(SANITIZER) --tool racecheck python3 -m pytest -m gpu -q -p no:cacheprovider \
-	  -k "$(RACECHECK_TESTS)" tests/test_gpu_fusions.py
+	$(SANITIZER) --tool racecheck -k "$(RACECHECK_TESTS)" tests/test_gpu_fusions.py
 
 bench:
 	PYTHONPATH=. python3 bench/run.py $(BENCH_ARGS)

@@ -1,0 +1,65 @@
+"""The Makefile's compute-sanitizer selections pick the GPU tests they name.
+
+`make memcheck` and friends run on the GPU machine only; a -k expression that drifts from
+the test ids (a renamed test, a changed parameter id) would make them sanitize nothing or
+only part of what the Makefile comment promises. This checks the selections offline.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+import sanitize  # noqa: E402
+
+FUSIONS = ("rmsnorm_fwd", "rmsnorm_bwd", "layernorm_fwd", "layernorm_bwd", "softmax_fwd",
+           "dropout_rmsnorm_bwd")
+
+
+def makefile_selection(name: str) -> str:
+    text = (ROOT / "Makefile").read_text()
+    match = re.search(rf"^{name} \?= (.*)$", text, re.MULTILINE)
+    assert match, f"{name} missing from the Makefile"
+    return match.group(1)
+
+
+@pytest.fixture(scope="module")
+def selected() -> dict[str, list[str]]:
+    return {name: sanitize.collect(["tests/test_gpu_fusions.py"], makefile_selection(name))
+            for name in ("SANITIZE_TESTS", "RACECHECK_TESTS")}
+
+
+def test_memcheck_covers_every_storage_cluster_ring_and_copy(selected):
+    tests = selected["SANITIZE_TESTS"]
+    assert any("seed_case" in t for t in tests)
+    assert any("each_storage_path" in t for t in tests)
+    for fusion in FUSIONS:
+        assert any(fusion in t and "cluster2" in t for t in tests), fusion
+        assert any(fusion in t and "4096-7-BFloat16" in t for t in tests), fusion
+    assert any("aligned_copy_matches_reference" in t for t in tests)
+    assert any("staging_ring" in t for t in tests)
+
+
+def test_racecheck_is_a_subset_with_one_persistent_and_cluster_kernel_per_fusion(selected):
+    race, mem = selected["RACECHECK_TESTS"], set(selected["SANITIZE_TESTS"])
+    assert set(race) <= mem
+    assert len(race) < len(mem)
+    for fusion in FUSIONS:
+        assert any(fusion in t and "cluster2" in t for t in race), fusion
+    assert sum("staging_ring" in t for t in race) == 4
+
+
+def test_unknown_selection_is_refused():
+    assert sanitize.collect(["tests/test_gpu_fusions.py"], "no_such_test_anywhere") == []
+    assert sanitize.main(["--tool", "memcheck", "-k", "no_such_test_anywhere"]) == 1
+
+
+def test_tool_outside_the_four_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        sanitize.parse_args(["--tool", "leakcheck"])
+    assert "invalid choice" in capsys.readouterr().err
