@@ -4,6 +4,10 @@
 
 PYTHON ?= python3
 VENV := .venv
+# torch for the CPU tests of fuser.torch (custom ops, fake tensors, modules' shapes and state
+# dicts). torch 2.13.0 is a CPU build on this workplace's machines (19 s to install); elsewhere
+# pip fetches a CUDA build. TORCH= leaves torch out, and those tests skip.
+TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.stamp
 
 .PHONY: setup demo test test-gpu sanitize memcheck racecheck synccheck initcheck bench lint clean fuzz
@@ -13,7 +17,7 @@ setup: $(STAMP)
 # Reinstall only when pyproject.toml is newer than the last install.
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install -e '.[dev,bench]'
+	$(VENV)/bin/python -m pip install -e '.[dev,bench]' $(TORCH)
 	touch $(STAMP)
 
 demo: setup
