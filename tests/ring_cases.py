@@ -17,7 +17,7 @@ def ring_hints(name: str, dtype: DataType, hidden: int, align_bytes: int = 16,
     scheduler then takes by itself."""
     info = analyze(FUSIONS[name](dtype).fusion)
     sizes = [t.dtype.itemsize for t in (*info.full_inputs, *info.col_inputs)]
-    vec = pick_vec(hidden, sizes, align_bytes)
+    vec = pick_vec(hidden, sizes, align_bytes, input_bytes=sum(sizes))
     ringed = {t.name: Storage.RING if (hidden * t.dtype.itemsize % 16 == 0 or
                                vec * t.dtype.itemsize >= 4) else Storage.GLOBAL
               for t in info.full_inputs}

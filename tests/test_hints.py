@@ -346,7 +346,9 @@ def most_rows(name: str, device, hidden: int = 4096) -> int:
 
     info = info_of(name)
     policy = (inner_outer_persistent if info.outer_reductions else inner_persistent).POLICY
-    _, tpr, _ = row_split(hidden, RowFusion.of(info).itemsizes, 16, policy, device)
+    fusion = RowFusion.of(info)
+    _, tpr, _ = row_split(hidden, fusion.itemsizes, 16, policy, device,
+                          input_bytes=fusion.input_bytes)
     return device.max_threads_per_block // tpr
 
 

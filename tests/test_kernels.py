@@ -168,3 +168,71 @@ def test_a_bad_build_budget_is_refused_naming_the_variable(value, tmp_path, monk
     monkeypatch.setenv("FUSER_BUILD_MAX_SECONDS", value)
     with pytest.raises(BadInputError, match=rf"FUSER_BUILD_MAX_SECONDS='{value}': a positive "):
         _build(KernelCache(str(tmp_path)))
+
+
+def _many_inputs(count: int, reduce: bool):
+    """The sum of `count` bf16 row inputs (over the row, then normalized, when `reduce`)."""
+    from fuser import FusionDefinition
+
+    with FusionDefinition() as fd:
+        ts = [fd.define_tensor(shape=[-1, -1], dtype=DataType.BFloat16) for _ in range(count)]
+        acc = fd.ops.cast(ts[0], DataType.Float)
+        for t in ts[1:]:
+            acc = fd.ops.add(acc, fd.ops.cast(t, DataType.Float))
+        if reduce:
+            acc = fd.ops.mul(acc, fd.ops.reciprocal(fd.ops.sum(acc, dims=[1], keepdim=True)))
+        fd.add_output(fd.ops.cast(acc, DataType.BFloat16))
+    return fd
+
+
+@pytest.mark.parametrize(("count", "reduce", "vec"), [(64, True, 4), (128, True, 2),
+                                                      (128, False, 2)])
+def test_many_inputs_build_in_one_compile_without_spills(count, reduce, vec, tmp_path,
+                                                          monkeypatch):
+    """Issue 13: 64 bf16 inputs summed with an inner reduction at hidden 4096 took 116 NVRTC
+    compiles (every schedule spilled: 8-element vectors of 64 inputs are 255 registers);
+    vectors now read at most MAX_INPUT_BYTES_PER_VECTOR per step, and the first schedule
+    compiles. The same for a 128-input pointwise sum, which spilled with no fallback."""
+    compiles = []
+    spend = kernels.BuildBudget.spend
+    monkeypatch.setattr(kernels.BuildBudget, "spend",
+                        lambda self, attempts: compiles.append(1) or spend(self, attempts))
+    fd = _many_inputs(count, reduce)
+    built = kernels.build(fd.name, analyze(fd.fusion), Problem(4096, 1024, 16), H200,
+                          cache=KernelCache(str(tmp_path)))
+    resources = built.compiled.resource(built.source.row_entry)
+    assert (len(compiles), resources.spills, built.schedule.vec) == (1, False, vec)
+
+
+def test_pick_vec_bounds_the_input_bytes_of_a_vector_step():
+    from fuser.schedulers.base import MAX_INPUT_BYTES_PER_VECTOR, pick_vec
+
+    assert pick_vec(4096, [2] * 6, 16, input_bytes=10) == 8
+    assert pick_vec(4096, [2] * 65, 16, input_bytes=128) == 4
+    assert pick_vec(4096, [2] * 65, 16, input_bytes=130) == 2
+    assert pick_vec(4096, [4], 16, input_bytes=4 * MAX_INPUT_BYTES_PER_VECTOR) == 1
+    assert pick_vec(4098, [2, 2], 16, input_bytes=4) == 2
+
+
+@pytest.mark.parametrize("name", sorted(FUSIONS))
+def test_candidates_are_offered_once_each(name):
+    """The steps overlap (the largest cluster's on-chip choices come again when rows are
+    re-read; both copy modes give the same plan where vectors are 16 bytes): a schedule
+    offered twice would be compiled twice when the first spills."""
+    from fuser.schedulers import candidates
+
+    info = analyze(FUSIONS[name](DataType.BFloat16).fusion)
+    for hidden in (1024, 24578, 65536):
+        offered = list(candidates(info, Problem(hidden, 16384, 16), H200))
+        assert offered and len(set(offered)) == len(offered)
+
+
+def test_a_build_whose_every_schedule_spills_says_so(tmp_path, monkeypatch):
+    """Past the last candidate the error names the spills, not a lack of shared memory."""
+    monkeypatch.setenv("FUSER_BUILD_MAX_COMPILES", "1000")
+    cache = _AlwaysSpilling(KernelCache(str(tmp_path)))
+    with pytest.raises(OutOfResourcesError) as error:
+        _build(cache, "softmax_fwd", hidden=1000)
+    assert str(error.value).startswith("every schedule of fusion 'softmax_fwd' at hidden 1000 "
+                                       "spills registers on H200")
+    assert "shared memory limit" not in str(error.value)

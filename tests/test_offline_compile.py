@@ -170,7 +170,7 @@ def test_aligned_copy_kernels_compile_with_16_byte_copies_only(name, hidden, dty
 
     fd = FUSIONS[name](dtype)
     info = analyze(fd.fusion)
-    if pick_vec(hidden, [dtype.itemsize], 16) * dtype.itemsize == 16:
+    if pick_vec(hidden, [dtype.itemsize], 16, input_bytes=dtype.itemsize) * dtype.itemsize == 16:
         with pytest.raises(HintError, match=r"aligned_copy=True.*narrower than 16 bytes"):
             build(fd.name, info, Problem(hidden, 16384, 16), H200, Hints(aligned_copy=True))
         return

@@ -370,7 +370,7 @@ def test_row_split_covers_every_hidden_exactly(itemsizes, policy):
     for hidden in range(1, 200001):
         for parts in (1, *CLUSTER_SIZES):
             vec, tpr, batch = row_split(hidden, list(itemsizes), 16, row_policy, H200,
-                                        parts=parts)
+                                        parts=parts, input_bytes=sum(itemsizes))
             vectors = hidden // vec
             if vectors < parts:  # the scheduler never splits fewer vectors than blocks
                 continue

@@ -55,7 +55,8 @@ def test_ring_chunks_cover_every_row_exactly_and_fit_their_slots(cluster, arch):
     and sized. sm_80 has no bulk copies: its rings are filled by cp.async."""
     itemsizes = {"T0": 2, "T2": 1}
     for hidden in range(1, 200001):
-        vec, tpr, batch = row_split(hidden, [2, 2, 1], 16, SMEM_FIRST, H200, parts=cluster)
+        vec, tpr, batch = row_split(hidden, [2, 2, 1], 16, SMEM_FIRST, H200, parts=cluster,
+                                    input_bytes=3)
         if hidden // vec < cluster:
             continue
         planned = plan_ring(list(itemsizes.items()), hidden, vec, tpr, batch, cluster, 2, 16,

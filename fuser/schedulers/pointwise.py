@@ -26,9 +26,10 @@ def can_schedule(info: FusionInfo, problem: Problem, device: DeviceSpec) -> str 
 
 
 def heuristic(info: FusionInfo, problem: Problem, device: DeviceSpec) -> PointwiseSchedule:
-    tensors = [*info.full_inputs, *info.col_inputs, *info.outputs(Role.FULL),
-               *info.outputs(Role.COL)]
-    vec = pick_vec(problem.hidden, [t.dtype.itemsize for t in tensors], problem.align_bytes)
+    inputs = [*info.full_inputs, *info.col_inputs]
+    tensors = [*inputs, *info.outputs(Role.FULL), *info.outputs(Role.COL)]
+    vec = pick_vec(problem.hidden, [t.dtype.itemsize for t in tensors], problem.align_bytes,
+                   input_bytes=sum(t.dtype.itemsize for t in inputs))
     return PointwiseSchedule(
         scheduler="pointwise",
         reason=f"{vec}-element vectors, {THREADS} threads x {UNROLL} vectors in flight",

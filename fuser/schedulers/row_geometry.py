@@ -21,7 +21,7 @@ SHORT_ROWS_PER_SM = 12
 
 def row_split(hidden: int, itemsizes: tuple[int, ...] | list[int], align_bytes: int,
               policy: RowPolicy, device: DeviceSpec, threads_per_row: int | None = None,
-              parts: int = 1) -> tuple[int, int, int]:
+              parts: int = 1, *, input_bytes: int) -> tuple[int, int, int]:
     """(vec, threads per row, batch) of a row cut into `parts` equal ranges of vectors.
 
     vec divides hidden, so the vectors cover the row exactly; a range's vector v =
@@ -30,7 +30,7 @@ def row_split(hidden: int, itemsizes: tuple[int, ...] | list[int], align_bytes: 
     each in rows of up to policy.one_vector_up_to vectors), a power of two, at most the
     policy's maximum, unless that leaves a thread more than MAX_VECTORS_PER_THREAD.
     """
-    vec = pick_vec(hidden, list(itemsizes), align_bytes)
+    vec = pick_vec(hidden, list(itemsizes), align_bytes, input_bytes=input_bytes)
     vectors = ceil_div(hidden // vec, parts)
     per_thread = (1 if vectors <= policy.one_vector_up_to else policy.vectors_per_thread)
     tpr = threads_per_row or min(policy.max_threads_per_row,
@@ -57,7 +57,8 @@ def geometry(fusion: RowFusion, problem: Problem, device: DeviceSpec, policy: Ro
     rows per block where given. Rows per block: as many as reach min_block_threads, no more
     than the rows there are (rounded up to a power of two)."""
     vec, tpr, batch = row_split(problem.hidden, fusion.itemsizes, problem.align_bytes, policy,
-                                device, hints.threads_per_row, cluster)
+                                device, hints.threads_per_row, cluster,
+                                input_bytes=fusion.input_bytes)
     rows = hints.rows_per_block or max(1, min(min_block_threads(fusion, policy) // tpr,
                                               next_pow2(max(problem.rows, 1))))
     return RowGeometry(problem.hidden, vec, tpr, batch, cluster, rows)
@@ -66,8 +67,7 @@ def geometry(fusion: RowFusion, problem: Problem, device: DeviceSpec, policy: Ro
 def cluster_sizes(fusion: RowFusion, problem: Problem, device: DeviceSpec) -> list[int]:
     """Blocks a row may be split over here, in order: 1, then 2, 4 and 8 on sm_90 while every
     block keeps at least one vector."""
-    vectors = problem.hidden // pick_vec(problem.hidden, list(fusion.itemsizes),
-                                         problem.align_bytes)
+    vectors = problem.hidden // fusion.vec(problem)
     return [1] + [k for k in CLUSTER_SIZES if device.arch >= 90 and k <= vectors]
 
 

@@ -17,7 +17,8 @@ from functools import cached_property
 from fuser.analysis import FusionInfo, Role
 from fuser.device import DeviceSpec
 from fuser.ir import Expr, Tensor, Val
-from fuser.schedulers.base import Problem, Storage, ceil_div
+from fuser.ops import REDUCTIONS
+from fuser.schedulers.base import Problem, Storage, ceil_div, pick_vec
 from fuser.schedulers.hints import Hints
 
 
@@ -73,6 +74,16 @@ class RowFusion:
     def buffers(self) -> tuple[Tensor, ...]:
         return self.full + self.cols
 
+    def vec(self, problem: Problem) -> int:
+        """Elements per vector access of this fusion's rows (base.pick_vec)."""
+        return pick_vec(problem.hidden, list(self.itemsizes), problem.align_bytes,
+                        input_bytes=self.input_bytes)
+
+    @property
+    def input_bytes(self) -> int:
+        """Bytes per element of every row and column input: what one element's loads hold."""
+        return sum(t.dtype.itemsize for t in self.buffers)
+
     @property
     def row_bytes(self) -> int:
         """Bytes per element of every row input and row output."""
@@ -94,7 +105,7 @@ def _weight_related(t: Tensor, info: FusionInfo) -> bool:
     while stack:
         v = stack.pop()
         for e in fusion.uses(v):
-            if e.op in ("sum", "max"):
+            if e.op in REDUCTIONS:
                 continue
             if any(info.roles[i] is Role.COL for i in e.inputs):
                 return True

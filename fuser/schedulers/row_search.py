@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from fuser.analysis import FusionInfo, Role
 from fuser.device import DeviceSpec
 from fuser.errors import HintError, OutOfResourcesError
-from fuser.schedulers.base import Problem, RowSchedule, Storage, pick_vec
+from fuser.schedulers.base import Problem, RowSchedule, Storage
 from fuser.schedulers.finalize import default_lanes, needs_finalize
 from fuser.schedulers.hints import HintContext, Hints, check, powers_of_two
 from fuser.schedulers.row_fit import fit
@@ -43,12 +43,18 @@ class RowSearch:
         self.rejections: list[Rejection] = []
 
     def candidates(self) -> Iterator[RowSchedule]:
-        """Every fitting schedule, best first; raises when none (more) fits."""
+        """Every fitting schedule, best first, each once (steps overlap: the largest cluster's
+        on-chip choices come again in its re-read step); raises when none fits."""
         check(self.given, self._hint_context(), self._default)
         self._check_aligned_copy()
+        seen: set[RowSchedule] = set()
         for cluster, reach, why in self._steps():
-            yield from self._by_copy_mode(cluster, reach, why)
-        raise self._exhausted()
+            for s in self._by_copy_mode(cluster, reach, why):
+                if s not in seen:
+                    seen.add(s)
+                    yield s
+        if not seen:
+            raise self._exhausted()
 
     def _steps(self) -> list[tuple[int, Reach, str]]:
         """(cluster size, storages tried, why) of each step; hinted geometry or storage is
@@ -138,8 +144,7 @@ class RowSearch:
         """aligned_copy=True where no schedule could copy rows in 16-byte chunks."""
         if not self.hints.aligned_copy:
             return
-        vec = pick_vec(self.problem.hidden, list(self.fusion.itemsizes),
-                       self.problem.align_bytes)
+        vec = self.fusion.vec(self.problem)
         widest = max((t.dtype.itemsize for t in self.fusion.full), default=1)
         why = []
         if self.problem.align_bytes < 16:
@@ -155,12 +160,12 @@ class RowSearch:
 
     def _hint_context(self) -> HintContext:
         info = self.fusion.info
-        vec = pick_vec(self.problem.hidden, list(self.fusion.itemsizes),
-                       self.problem.align_bytes)
+        vec = self.fusion.vec(self.problem)
         tpr = self.hints.threads_per_row
         if tpr not in powers_of_two(self.device.max_threads_per_block):
             tpr = row_split(self.problem.hidden, self.fusion.itemsizes, self.problem.align_bytes,
-                            self.policy, self.device, None, self.hints.cluster or 1)[1]
+                            self.policy, self.device, None, self.hints.cluster or 1,
+                            input_bytes=self.fusion.input_bytes)[1]
         return HintContext(
             full_inputs=tuple(t.name for t in info.full_inputs),
             col_inputs=tuple(t.name for t in info.col_inputs),
