@@ -13,7 +13,7 @@ inputs depend only on earlier levels, so one block-wide round trip serves the wh
 two sums of LayerNorm backward share one barrier). Outer reductions (over rows) accumulate per
 block and are finished by a small second kernel.
 
-Composite ops (var_mean) are expanded into primitives first; the expansion is a new Fusion, so
+Composite ops (var_mean, var) are expanded into primitives first; the expansion is a new Fusion, so
 the user's definition (and its repr) stays as written.
 """
 
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from fuser.errors import UnsupportedFusionError
 from fuser.ir import Expr, Extent, Fusion, Scalar, Tensor, Val, as_tensor
+from fuser.ops import REDUCTIONS
 
 
 class Kind(enum.Enum):
@@ -96,7 +97,7 @@ class FusionInfo:
 
 
 def lower(fusion: Fusion) -> Fusion:
-    """A copy of `fusion` with composite ops (var_mean) expanded into primitives."""
+    """A copy of `fusion` with composite ops (var_mean, var) expanded into primitives."""
     out = Fusion()
     new: dict[Val, Val] = {}
     for v in fusion.vals:
@@ -123,11 +124,12 @@ def lower(fusion: Fusion) -> Fusion:
             by_name = {s.name: new[s] for s in e.inputs[1:]}
             shape = [by_name[s] if isinstance(s, str) else s for s in a["shape"]]
             results = [out.broadcast_in_dim(args[0], shape, a["broadcast_dims"])]
-        elif e.op in ("sum", "max"):
+        elif e.op in REDUCTIONS:
             results = [out.reduction(e.op, args[0], a["dims"], a["keepdim"], e.outputs[0].dtype)]
-        elif e.op == "var_mean":
+        elif e.op in ("var_mean", "var"):
             results = _expand_var_mean(
-                out, as_tensor(args[0]), a["dims"], a["correction"], a["keepdim"]
+                out, as_tensor(args[0]), a["dims"], a["correction"], a["keepdim"],
+                with_mean=e.op == "var_mean",
             )
         else:
             results = [out.elementwise(e.op, args)]
@@ -138,9 +140,10 @@ def lower(fusion: Fusion) -> Fusion:
     return out
 
 
-def _expand_var_mean(f: Fusion, x: Tensor, dims, correction, keepdim):
+def _expand_var_mean(f: Fusion, x: Tensor, dims, correction, keepdim, with_mean: bool = True):
     """mean = sum(x)/n; var = sum((x - mean)^2)/max(n - correction, 0): two passes, exact; a
-    correction at or past n gives inf (nan for a constant row), as torch.var_mean does."""
+    correction at or past n gives inf (nan for a constant row), as torch.var_mean does.
+    [var, mean], or [var] alone without `with_mean` (torch.var)."""
     count: Val | None = None
     for d in dims:
         size = f.size(x, d)
@@ -152,10 +155,11 @@ def _expand_var_mean(f: Fusion, x: Tensor, dims, correction, keepdim):
     denominator = f.elementwise("maximum", [
         f.elementwise("sub", [count, f.define_scalar(correction)]), f.define_scalar(0)])
     var = f.elementwise("div", [f.reduction("sum", sq, dims, False), denominator])
+    results = [var, mean] if with_mean else [var]
     if not keepdim:
-        return [var, mean]
+        return results
     shape = [1 if d in dims else f.size(x, d) for d in range(x.ndim)]
-    return [f.broadcast_in_dim(var, shape, kept), f.broadcast_in_dim(mean, shape, kept)]
+    return [f.broadcast_in_dim(r, shape, kept) for r in results]
 
 
 def analyze(fusion: Fusion) -> FusionInfo:
@@ -271,7 +275,7 @@ class _Reductions:
             return
         lv = max((self.level[i] for i in e.inputs), default=0)
         downstream_of_outer = any(i in self.after_outer for i in e.inputs)
-        if e.op in ("sum", "max"):
+        if e.op in REDUCTIONS:
             if self._is_inner(e):
                 if downstream_of_outer:
                     raise UnsupportedFusionError(
@@ -324,7 +328,7 @@ def _phases_using(t: Tensor, fusion: Fusion, level: dict, inner: set) -> int:
         if v in fusion.outputs:
             phases.add(final)
         for e in fusion.uses(v):
-            if e.op in ("sum", "max"):
+            if e.op in REDUCTIONS:
                 phases.add(level[e.inputs[0]] if e in inner else final)
                 continue
             for o in e.outputs:

@@ -15,9 +15,9 @@ from fuser.analysis import FusionInfo, Role
 from fuser.dtypes import DataType
 from fuser.errors import FuserError
 from fuser.ir import Expr, Scalar, Tensor, Val
-from fuser.ops import ELEMENTWISE
+from fuser.ops import ELEMENTWISE, REDUCTIONS
 
-REDUCTION_OPS = ("sum", "max")
+REDUCTION_OPS = tuple(REDUCTIONS)  # sum, max, min: values a pass reduces, not computes
 
 
 def ctype(v: Val) -> str:

@@ -18,7 +18,7 @@ import numpy as np
 from fuser.dtypes import DataType
 from fuser.errors import BadInputError, DefinitionError, FuserError, UnknownOpError
 from fuser.ir import Fusion, Scalar, Tensor, Val
-from fuser.ops import ELEMENTWISE
+from fuser.ops import ELEMENTWISE, REDUCTIONS
 
 _SHOWN_KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
@@ -122,7 +122,28 @@ def _clamp_operands(fusion: Fusion, x, lo, hi) -> list[Val]:
             _clamp_bound(fusion, bounds[1], dtype, False)]
 
 
+def _reduction_method(name: str):
+    """fd.ops.<name> for a reduction of ops.REDUCTIONS (sum, max, min)."""
+
+    def method(self, t, dims, keepdim: bool = False, dtype: DataType | None = None):
+        return self._fusion.reduction(name, t, dims, keepdim, dtype)
+
+    method.__name__ = name
+    method.__qualname__ = f"Ops.{name}"
+    method.__doc__ = (f"fd.ops.{name}(t, dims, keepdim=False, dtype=None): "
+                      f"{REDUCTIONS[name].doc} (fuser.ops.REDUCTIONS[{name!r}].doc)")
+    return method
+
+
+def _with_reductions(cls):
+    """Class decorator: a method per reduction of ops.REDUCTIONS, its one source."""
+    for name in REDUCTIONS:
+        setattr(cls, name, _reduction_method(name))
+    return cls
+
+
 @_checked_arguments
+@_with_reductions
 class Ops:
     """`fd.ops`: every op of ops.py, plus the structural ones.
 
@@ -185,14 +206,15 @@ class Ops:
     def broadcast_in_dim(self, t, shape, broadcast_dims):
         return self._fusion.broadcast_in_dim(t, shape, broadcast_dims)
 
-    def sum(self, t, dims, keepdim: bool = False, dtype: DataType | None = None):
-        return self._fusion.reduction("sum", t, dims, keepdim, dtype)
-
-    def max(self, t, dims, keepdim: bool = False, dtype: DataType | None = None):
-        return self._fusion.reduction("max", t, dims, keepdim, dtype)
-
     def var_mean(self, t, dims, correction: int = 1, keepdim: bool = False):
+        """torch.var_mean(t, dims, correction=, keepdim=): (variance, mean) over dims of a
+        float tensor, the variance divided by max(n - correction, 0) (a correction at or past
+        n gives inf, nan where the values are all equal, as torch)."""
         return self._fusion.var_mean(t, dims, correction, keepdim)
+
+    def var(self, t, dims, correction: int = 1, keepdim: bool = False):
+        """torch.var(t, dims, correction=, keepdim=): var_mean's variance alone."""
+        return self._fusion.var(t, dims, correction, keepdim)
 
     def size(self, t, dim: int):
         return self._fusion.size(t, dim)

@@ -414,8 +414,11 @@ class Fusion:
         raise DefinitionError(f"{context}: shape[{d}] = {size!r} is not a valid size")
 
     def reduction(self, op: str, t, dims, keepdim: bool, dtype: DataType | None = None) -> Tensor:
-        from fuser.ops import sum_result_type
+        from fuser.ops import REDUCTIONS, sum_result_type
 
+        if op not in REDUCTIONS:
+            raise DefinitionError(f"no reduction {op!r}; the reductions are "
+                                  f"{', '.join(REDUCTIONS)}")
         t = self._require_tensor(op, t)
         dims = self._reduced(op, t, dims)
         if dtype is not None:
@@ -427,12 +430,30 @@ class Fusion:
         return out
 
     def var_mean(self, t, dims, correction: int, keepdim: bool) -> tuple[Tensor, Tensor]:
-        t = self._require_tensor("var_mean", t)
+        t, dims, correction = self._variance_operands("var_mean", t, dims, correction)
+        out_dims = self._reduced_dims(t, dims, keepdim)
+        var, mean = self._tensor(t.dtype, out_dims), self._tensor(t.dtype, out_dims)
+        self._define(
+            "var_mean", [t], [var, mean], dims=dims, correction=correction,
+            keepdim=bool(keepdim),
+        )
+        return var, mean
+
+    def var(self, t, dims, correction: int, keepdim: bool) -> Tensor:
+        """torch.var: var_mean's variance alone (analysis lowers both the same way)."""
+        t, dims, correction = self._variance_operands("var", t, dims, correction)
+        var = self._tensor(t.dtype, self._reduced_dims(t, dims, keepdim))
+        self._define("var", [t], [var], dims=dims, correction=correction, keepdim=bool(keepdim))
+        return var
+
+    def _variance_operands(self, op: str, t, dims, correction) -> tuple[Tensor, tuple, int]:
+        """The tensor, normalized dims and int correction of var_mean / var, checked."""
+        t = self._require_tensor(op, t)
         if not t.dtype.is_float:
             raise DefinitionError(
-                f"var_mean: {t.name} has dtype {t.dtype}; cast it to a float type"
+                f"{op}: {t.name} has dtype {t.dtype}; cast it to a float type"
             )
-        dims = self._reduced("var_mean", t, dims)
+        dims = self._reduced(op, t, dims)
         try:
             if isinstance(correction, bool | np.bool_):
                 raise TypeError
@@ -441,17 +462,11 @@ class Fusion:
                 raise TypeError
         except TypeError:
             raise DefinitionError(
-                f"var_mean({t.name}): correction must be an int (0: population variance, "
+                f"{op}({t.name}): correction must be an int (0: population variance, "
                 f"1: sample variance; the divisor is max(n - correction, 0)) that fits in "
                 f"Int64, got {correction!r}"
             ) from None
-        out_dims = self._reduced_dims(t, dims, keepdim)
-        var, mean = self._tensor(t.dtype, out_dims), self._tensor(t.dtype, out_dims)
-        self._define(
-            "var_mean", [t], [var, mean], dims=dims, correction=int(correction),
-            keepdim=bool(keepdim),
-        )
-        return var, mean
+        return t, dims, int(correction)
 
     def _reduced(self, op: str, t: Tensor, dims) -> tuple[int, ...]:
         """The sorted, normalized dimensions a reduction names: a list or tuple of ints, or one

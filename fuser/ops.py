@@ -4,7 +4,8 @@ Each entry is the single source of truth for an op: how many operands it takes, 
 operands are computed in and the type it returns, the CUDA expression codegen emits (operands
 already converted to the operand type, `fm::` helpers from templates/fuser_math.cuh), and the
 numpy function the float64 reference evaluator runs. Ops with structure (cast, broadcast_in_dim,
-size, var_mean) live in ir.py; they are not elementwise.
+size, var_mean, var) live in ir.py; they are not elementwise. The keys of REDUCTIONS are the
+reduction ops everywhere else (frontend methods, analysis, codegen, the oracle).
 """
 
 from __future__ import annotations
@@ -123,8 +124,10 @@ ELEMENTWISE: dict[str, ElementwiseOp] = {
         ElementwiseOp("mul", 2, ARITH, "({0} * {1})", np.multiply, "a * b"),
         ElementwiseOp("div", 2, FLOATING, "({0} / {1})", np.divide, "true division a / b"),
         ElementwiseOp("pow", 2, ARITH, "fm::pow({0}, {1})", np.power, "a ** b"),
-        ElementwiseOp("maximum", 2, ARITH, "fm::max({0}, {1})", np.maximum, "larger of a, b"),
-        ElementwiseOp("minimum", 2, ARITH, "fm::min({0}, {1})", np.minimum, "smaller of a, b"),
+        ElementwiseOp("maximum", 2, ARITH, "fm::max({0}, {1})", np.maximum,
+                      "larger of a, b (NaN if either is NaN, as torch.maximum)"),
+        ElementwiseOp("minimum", 2, ARITH, "fm::min({0}, {1})", np.minimum,
+                      "smaller of a, b (NaN if either is NaN, as torch.minimum)"),
         ElementwiseOp("eq", 2, COMPARE, "({0} == {1})", np.equal, "a == b"),
         ElementwiseOp("ne", 2, COMPARE, "({0} != {1})", np.not_equal, "a != b"),
         ElementwiseOp("lt", 2, COMPARE, "({0} < {1})", np.less, "a < b"),
@@ -133,7 +136,8 @@ ELEMENTWISE: dict[str, ElementwiseOp] = {
         ElementwiseOp("ge", 2, COMPARE, "({0} >= {1})", np.greater_equal, "a >= b"),
         ElementwiseOp("neg", 1, ARITH, "(-{0})", np.negative, "-a"),
         ElementwiseOp("abs", 1, ARITH, "fm::abs({0})", np.abs, "|a|"),
-        ElementwiseOp("relu", 1, ARITH, "fm::relu({0})", lambda x: np.maximum(x, 0), "max(a, 0)"),
+        ElementwiseOp("relu", 1, ARITH, "fm::relu({0})", lambda x: np.maximum(x, 0),
+                      "max(a, 0); NaN stays NaN, as torch.relu"),
         ElementwiseOp("reciprocal", 1, FLOATING, "fm::reciprocal({0})", np.reciprocal, "1 / a"),
         ElementwiseOp("sqrt", 1, FLOATING, "fm::sqrt({0})", np.sqrt, "square root"),
         ElementwiseOp("rsqrt", 1, FLOATING, "fm::rsqrt({0})", lambda x: 1.0 / np.sqrt(x), "1/sqrt"),
@@ -183,11 +187,21 @@ ELEMENTWISE: dict[str, ElementwiseOp] = {
     ]
 }
 
+_EXTREME_DOC = (
+    "{0} over dims, as torch.{1} (int and bool values too; the result keeps x's dtype unless "
+    "dtype= is given); a NaN anywhere in the reduced values gives NaN, as torch.{1}"
+)
+
 REDUCTIONS: dict[str, ReductionOp] = {
     op.name: op
     for op in [
-        ReductionOp("sum", "fm::Sum", "{t}(0)", np.sum, "sum over dims"),
-        ReductionOp("max", "fm::Max", "fm::lowest<{t}>()", np.max, "maximum over dims"),
+        ReductionOp("sum", "fm::Sum", "{t}(0)", np.sum,
+                    "sum over dims, as torch.sum (bool and int values add up in Int64 unless "
+                    "dtype= is given)"),
+        ReductionOp("max", "fm::Max", "fm::lowest<{t}>()", np.max,
+                    _EXTREME_DOC.format("maximum", "amax")),
+        ReductionOp("min", "fm::Min", "fm::highest<{t}>()", np.min,
+                    _EXTREME_DOC.format("minimum", "amin")),
     ]
 }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from fuser.ir import Fusion, Scalar, Tensor
+from fuser.ops import REDUCTIONS
 
 
 def _list(items) -> str:
@@ -39,14 +40,14 @@ def _expr_line(e) -> str:
             f"broadcast_in_dim({args[0]}, shape={_list(a['shape'])}, "
             f"broadcast_dims={_list(a['broadcast_dims'])})"
         )
-    elif e.op in ("sum", "max"):
+    elif e.op in REDUCTIONS:
         call = (
             f"{e.op}({args[0]}, dims={_list(a['dims'])}, keepdim={a['keepdim']}, "
             f"dtype={e.outputs[0].dtype!r})"
         )
-    elif e.op == "var_mean":
+    elif e.op in ("var_mean", "var"):
         call = (
-            f"var_mean({args[0]}, dims={_list(a['dims'])}, correction={a['correction']}, "
+            f"{e.op}({args[0]}, dims={_list(a['dims'])}, correction={a['correction']}, "
             f"keepdim={a['keepdim']})"
         )
     else:

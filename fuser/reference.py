@@ -23,7 +23,7 @@ the kernel's registers until it is cast or stored. Integer overflow is not model
 arithmetic is done in int64.
 
 The elementwise and reduction math comes from the op table (ops.py); this module only adds the
-structural ops (cast, size, broadcast_in_dim, var_mean) and the input checks.
+structural ops (cast, size, broadcast_in_dim, var_mean, var) and the input checks.
 """
 
 from __future__ import annotations
@@ -333,12 +333,14 @@ def _run(e: Expr, args: list, sizes: Sizes, shift: float = 0.0) -> list:
     if e.op in REDUCTIONS:
         x = _exact(args[0], out.dtype)  # sum(x, dtype=...) converts x first, as torch does
         return [_exact(REDUCTIONS[e.op].reference(x, axis=dims, keepdims=keepdim), out.dtype)]
-    if e.op == "var_mean":
+    if e.op in ("var_mean", "var"):
         x = np.asarray(args[0], dtype=np.float64)
         n = math.prod(x.shape[d] for d in dims)
         mean = x.mean(axis=dims, keepdims=True)
         squares = ((x - mean) ** 2).sum(axis=dims, keepdims=keepdim)
         var = squares / max(n - e.attr("correction"), 0)  # torch clamps n - correction at 0
+        if e.op == "var":
+            return [var]
         return [var, mean if keepdim else mean.reshape(var.shape)]
     raise InternalError(
         f"reference: no evaluation rule for op {e.op!r} ({out.name}); every op of the IR needs "
@@ -603,7 +605,7 @@ def sum_allowance(t: Tensor, reduction_size: int, typical: float) -> float:
 def output_reduction_sizes(fusion: Fusion, inputs: list) -> list[int]:
     """For each output, how many elements the sums upstream of it combine (see tolerance()).
 
-    Sums and var_mean round as they accumulate; max is exact and does not count. Two
+    Sums, var_mean and var round as they accumulate; max and min are exact and do not count. Two
     reductions on one path (softmax's max then sum, a backward pass's several sums) add up.
     """
     inputs = list(inputs)
@@ -617,10 +619,10 @@ def output_reduction_sizes(fusion: Fusion, inputs: list) -> list[int]:
 
 
 def _reduction_size(v: Val, sizes: Sizes) -> int:
-    """How many elements the sums (and var_means) upstream of `v` combine."""
+    """How many elements the sums (and var_means, vars) upstream of `v` combine."""
     total = 0
     for e in _upstream([v]):
-        if e.op in ("sum", "var_mean"):
+        if e.op in ("sum", "var_mean", "var"):
             extents = as_tensor(e.inputs[0]).dims
             total += math.prod(sizes.value(extents[d]) for d in e.attr("dims"))
     return total

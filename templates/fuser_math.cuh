@@ -100,12 +100,27 @@ template <typename T>
 __device__ __forceinline__ T silu(T x) { return x / (T(1) + exp(-x)); }
 template <typename T>
 __device__ __forceinline__ T abs(T x) { return x < T(0) ? -x : x; }
+// relu, max and min propagate NaN as torch does (fmaxf / fminf would drop it): relu(NaN) is NaN,
+// and a NaN anywhere in a max / min reduction makes the result NaN. For float, PTX's max.NaN /
+// min.NaN (sm_80 and later) is the same one instruction as fmaxf.
 template <typename T>
-__device__ __forceinline__ T relu(T x) { return x > T(0) ? x : T(0); }
-__device__ __forceinline__ float max(float a, float b) { return fmaxf(a, b); }
-__device__ __forceinline__ double max(double a, double b) { return fmax(a, b); }
-__device__ __forceinline__ float min(float a, float b) { return fminf(a, b); }
-__device__ __forceinline__ double min(double a, double b) { return fmin(a, b); }
+__device__ __forceinline__ T relu(T x) { return x < T(0) ? T(0) : x; }
+__device__ __forceinline__ float max(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+__device__ __forceinline__ float min(float a, float b) {
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+__device__ __forceinline__ double max(double a, double b) {
+  return isnan(a) || isnan(b) ? a + b : fmax(a, b);
+}
+__device__ __forceinline__ double min(double a, double b) {
+  return isnan(a) || isnan(b) ? a + b : fmin(a, b);
+}
 template <typename T>
 __device__ __forceinline__ T max(T a, T b) { return a < b ? b : a; }
 template <typename T>
@@ -125,6 +140,22 @@ template <>
 __device__ __forceinline__ long long lowest<long long>() { return -9223372036854775807LL - 1; }
 template <>
 __device__ __forceinline__ bool lowest<bool>() { return false; }
+
+// The identity of min: +inf, or an integer type's largest value (true for bool).
+template <typename T>
+__device__ __forceinline__ T highest();
+template <>
+__device__ __forceinline__ float highest<float>() { return __int_as_float(0x7f800000); }
+template <>
+__device__ __forceinline__ double highest<double>() {
+  return __longlong_as_double(0x7ff0000000000000LL);
+}
+template <>
+__device__ __forceinline__ int highest<int>() { return 2147483647; }
+template <>
+__device__ __forceinline__ long long highest<long long>() { return 9223372036854775807LL; }
+template <>
+__device__ __forceinline__ bool highest<bool>() { return true; }
 
 __device__ __forceinline__ double inf() { return __longlong_as_double(0x7ff0000000000000LL); }
 __device__ __forceinline__ double nan() { return __longlong_as_double(0x7ff8000000000000LL); }
@@ -196,6 +227,12 @@ struct Max {
   __device__ __forceinline__ T operator()(T a, T b) const { return max(a, b); }
   template <typename T>
   static __device__ __forceinline__ T identity() { return lowest<T>(); }
+};
+struct Min {
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return min(a, b); }
+  template <typename T>
+  static __device__ __forceinline__ T identity() { return highest<T>(); }
 };
 
 // ----- warp reduction over groups of WIDTH lanes (WIDTH a power of two <= 32) -----

@@ -4,8 +4,9 @@ A draw is a `Plan`: the fusion's inputs (tensors of shape [-1, -1], [-1] and [-1
 dtype, scalar inputs), a list of steps over the values defined so far (every elementwise op of
 fuser.ops.ELEMENTWISE with tensors, scalar inputs, sizes and constants as operands, in Python
 operator form too, the ternary ones (clamp, softplus) with any operands; casts to every dtype;
-broadcast_in_dim; sum and max over dims [1] (inner), [0] (outer) or both, with keepdim and a
-result dtype; var_mean with a correction) and the outputs. Operands are picked by position
+broadcast_in_dim; every reduction of fuser.ops.REDUCTIONS (sum, max, min) over dims [1] (inner),
+[0] (outer) or both, with keepdim and a result dtype; var_mean and var with a correction) and the
+outputs. Operands are picked by position
 counting back from the latest value, so the plan stays valid while Hypothesis shrinks it: a
 failing draw shrinks to a short chain, printed as `repr(fd)`, the Python that rebuilds the
 fusion.
@@ -51,7 +52,7 @@ from fuser.device import PRESETS, DeviceSpec
 from fuser.errors import CompileError, FuserError, InternalError
 from fuser.ir import Extent, Scalar, Tensor, Val
 from fuser.kernels import _render
-from fuser.ops import ELEMENTWISE
+from fuser.ops import ELEMENTWISE, REDUCTIONS
 from fuser.schedulers import Problem, candidates
 from fuser.schedulers.base import PointwiseSchedule, RowSchedule
 from fuser.schedulers.finalize import finalize_schedule, needs_finalize
@@ -64,6 +65,7 @@ UNARY = tuple(sorted(n for n, op in ELEMENTWISE.items() if op.arity == 1))
 BINARY = tuple(sorted(n for n, op in ELEMENTWISE.items() if op.arity == 2))
 TERNARY = tuple(sorted(n for n, op in ELEMENTWISE.items() if op.arity == 3 and n != "where"))
 BINARY_FIRST = ("add", *(n for n in BINARY if n != "add"))
+REDUCE_OPS = tuple(REDUCTIONS)  # sum, max, min
 OPERATORS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 INPUT_KINDS = ("full", "col", "row1", "scalar")  # [-1, -1], [-1], [-1, 1], a scalar input
 CONSTANTS = (1.0, 2, 0.5, -1, 0, 3, -2.5, 1e-6, 1000.0, True, False)
@@ -106,15 +108,19 @@ _step = st.one_of(
     st.tuples(st.just("ternary"), st.sampled_from(TERNARY), _index, _operand, _operand),
     st.tuples(st.just("cast"), _index, st.sampled_from(DTYPES)),
     st.tuples(st.just("bcast"), _index),
-    st.tuples(st.just("reduce"), st.sampled_from(("sum", "max")), _index,
+    st.tuples(st.just("reduce"), st.sampled_from(REDUCE_OPS), _index,
               st.sampled_from(REDUCE_DIMS), st.booleans(),
               st.sampled_from((None, DataType.Float, DataType.Double, DataType.Int64))),
     # over the rows, var_mean normalizes along them (x - mean): always refused, so rarely
     st.tuples(st.just("var_mean"), _index, st.sampled_from(((1,), (-1,), (1,), (0,))),
               st.sampled_from((1, 0, 2)), st.booleans()),
+    # var too (its mean is subtracted from the rows: refused over the rows, as var_mean); a
+    # correction at or past n gives inf (nan for equal values), as torch.var
+    st.tuples(st.just("var"), _index, st.sampled_from(((1,), (-1,), (1,), (0,))),
+              st.sampled_from((1, 0, 2, 1000)), st.booleans()),
 )
 # Reductions are what the schedulers are about: give them a larger share of the steps.
-_weighted_step = st.one_of(_step, st.tuples(st.just("reduce"), st.sampled_from(("sum", "max")),
+_weighted_step = st.one_of(_step, st.tuples(st.just("reduce"), st.sampled_from(REDUCE_OPS),
                                             _index, st.sampled_from(REDUCE_DIMS[:2]),
                                             st.booleans(), st.just(None)))
 
@@ -211,7 +217,7 @@ class _Builder:
         """Whether `v` is computed from an outer reduction (a reduction over the rows)."""
         if id(v) not in self._after_outer:
             e = v.definition
-            outer = (e is not None and e.op in ("sum", "max", "var_mean")
+            outer = (e is not None and e.op in (*REDUCE_OPS, "var_mean", "var")
                      and isinstance(e.inputs[0], Tensor) and e.inputs[0].ndim == 2
                      and e.inputs[0].dims[0] is not None and 0 in e.attr("dims"))
             self._after_outer[id(v)] = outer or (
@@ -346,9 +352,9 @@ class _Builder:
         x = self.pick_full(a)
         if x is None or (self.tame and x.ndim < 2):
             return
-        if self.tame and name == "max" and x.dtype is DataType.Bool:
+        if self.tame and name != "sum" and x.dtype is DataType.Bool:
             x = self.ops.cast(x, DataType.Int32)
-        reduce = self.ops.sum if name == "sum" else self.ops.max
+        reduce = getattr(self.ops, name)
         self.pool.append(reduce(x, dims=list(dims), keepdim=keepdim, dtype=dtype))
 
     def _var_mean(self, a: int, dims: tuple[int, ...], correction: int, keepdim: bool) -> None:
@@ -362,6 +368,17 @@ class _Builder:
         var, mean = self.ops.var_mean(x, dims=list(dims), correction=correction,
                                       keepdim=keepdim)
         self.pool += [var, mean]
+
+    def _var(self, a: int, dims: tuple[int, ...], correction: int, keepdim: bool) -> None:
+        x = self.pick_full(a)
+        if x is None or (self.tame and x.ndim < 2):
+            return
+        if not x.dtype.is_float:
+            x = self.ops.cast(x, DataType.Float)
+        if self.tame:
+            correction = 0  # 1 divides by zero in rows of one element
+        self.pool.append(self.ops.var(x, dims=list(dims), correction=correction,
+                                      keepdim=keepdim))
 
 
 def build(plan: Plan, tame: bool = False, traps: bool = True,

@@ -528,13 +528,13 @@ def test_unknown_op_lists_what_exists():
     assert "Elementwise ops: abs, add, clamp," in message and "erf" in message
     assert "Reductions and structural ops: broadcast_in_dim, cast, max," in message
     assert isinstance(info.value, DefinitionError) and isinstance(info.value, AttributeError)
-    with pytest.raises(UnknownOpError, match=r"'min' \(did you mean minimum"):
-        fd.ops.min(x, [1])
+    with pytest.raises(UnknownOpError, match=r"'amin' \(did you mean min\?"):
+        fd.ops.amin(x, [1])  # torch's name: fd.ops.min (a reduction) and minimum (elementwise)
     with pytest.raises(UnknownOpError, match=r"'log1' \(did you mean log1p"):
         fd.ops.log1(x)
     assert not hasattr(fd.ops, "softmax") and not hasattr(fd.ops, "__array__")
-    assert set(NEW_OPS) | {"sum", "max", "var_mean", "cast", "broadcast_in_dim", "size",
-                           "shape"} <= set(dir(fd.ops))
+    assert set(NEW_OPS) | {"sum", "max", "min", "var_mean", "var", "cast", "broadcast_in_dim",
+                           "size", "shape"} <= set(dir(fd.ops))
 
 
 @pytest.mark.parametrize(("call", "message"), [
@@ -611,7 +611,12 @@ TORCH = {
     "logical_and": lambda torch, x: torch.logical_and(x, x.flip(-1)),
     "logical_or": lambda torch, x: torch.logical_or(x, x.flip(-1)),
     "logical_not": lambda torch, x: torch.logical_not(x),
+    # older ops whose NaN handling had to change to torch's (fmaxf / fminf dropped NaN)
+    "relu": lambda torch, x: torch.relu(x),
+    "maximum": lambda torch, x: torch.maximum(x, x.flip(-1)),
+    "minimum": lambda torch, x: torch.minimum(x, x.flip(-1)),
 }
+BINARY_WITH_FLIPPED = ("logical_and", "logical_or", "maximum", "minimum")
 
 
 def _torch_fusion(name: str, dtype: DataType) -> FusionDefinition:
@@ -619,7 +624,7 @@ def _torch_fusion(name: str, dtype: DataType) -> FusionDefinition:
     with FusionDefinition(f"torch_{name}") as fd:
         x = fd.define_tensor([-1, -1], dtype=dtype)
         ops = fd.ops
-        if name in ("logical_and", "logical_or"):
+        if name in BINARY_WITH_FLIPPED:
             y = getattr(ops, name)(x, fd.define_tensor([-1, -1], dtype=dtype))
         elif name == "clamp":
             y = ops.clamp(x, -1.0, 3.5)
@@ -631,7 +636,7 @@ def _torch_fusion(name: str, dtype: DataType) -> FusionDefinition:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [FLOAT, BF16], ids=lambda d: d.name)
-@pytest.mark.parametrize("name", NEW_OPS)
+@pytest.mark.parametrize("name", list(TORCH))
 def test_gpu_kernel_matches_torch_on_edges(name, dtype, has_torch_cuda):
     """The kernel against torch's own op on the GPU (where torch is installed), on every edge
     value: the semantics the op table claims."""
@@ -641,7 +646,7 @@ def test_gpu_kernel_matches_torch_on_edges(name, dtype, has_torch_cuda):
 
     tdtype = {FLOAT: torch.float32, BF16: torch.bfloat16}[dtype]
     x = torch.tensor([EDGES], dtype=torch.float64).to(tdtype).cuda()
-    inputs = [x, x.flip(-1).contiguous()] if name in ("logical_and", "logical_or") else [x]
+    inputs = [x, x.flip(-1).contiguous()] if name in BINARY_WITH_FLIPPED else [x]
     expected = TORCH[name](torch, x)
     (got,) = _torch_fusion(name, dtype).execute(inputs)
     assert got.dtype == expected.dtype
@@ -651,3 +656,36 @@ def test_gpu_kernel_matches_torch_on_edges(name, dtype, has_torch_cuda):
     else:  # fuser's exp is ex2.approx: softplus below 2^-126 is 0, 1e-5 relative otherwise
         np.testing.assert_allclose(got, expected, rtol=1e-5 if dtype is FLOAT else 8e-3,
                                    atol=1e-37, equal_nan=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [FLOAT, BF16, DOUBLE], ids=lambda d: d.name)
+@pytest.mark.parametrize("hidden", [7, 1000, 24578])
+def test_gpu_max_min_and_softmax_propagate_nan_as_torch(hidden, dtype, has_torch_cuda):
+    """A NaN anywhere in a row makes its max, its min and its whole softmax NaN, as torch; rows
+    with inf, -inf or no special value are unchanged. The NaN sits first, last and in the middle
+    of its row, so every lane and every warp's partial meets it."""
+    if not has_torch_cuda:
+        pytest.skip("needs torch with CUDA")
+    import torch
+
+    tdtype = {FLOAT: torch.float32, BF16: torch.bfloat16, DOUBLE: torch.float64}[dtype]
+    x = torch.randn(8, hidden, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    x[0, 0] = x[1, -1] = x[2, hidden // 2] = NAN
+    x[3, 1] = x[4, 0] = INF
+    x[5, -1] = -INF
+    x[6, :] = -INF
+    x = x.to(tdtype).cuda()
+    with FusionDefinition("nan_extremes") as fd:
+        t = fd.define_tensor([-1, -1], dtype=dtype)
+        fd.add_output(fd.ops.max(t, [1]))
+        fd.add_output(fd.ops.min(t, [1]))
+        tf = fd.ops.cast(t, DataType.Float) if dtype is BF16 else t
+        e = fd.ops.exp(fd.ops.sub(tf, fd.ops.max(tf, [1], keepdim=True)))
+        fd.add_output(fd.ops.cast(fd.ops.div(e, fd.ops.sum(e, [1], keepdim=True)), dtype))
+    got_max, got_min, got_softmax = fd.execute([x])
+    for got, expected in [(got_max, torch.amax(x, dim=1)), (got_min, torch.amin(x, dim=1)),
+                          (got_softmax, torch.softmax(x.double(), dim=1).to(tdtype))]:
+        got, expected = got.double().cpu().numpy(), expected.double().cpu().numpy()
+        assert np.array_equal(np.isnan(got), np.isnan(expected))
+        np.testing.assert_allclose(got, expected, rtol=1e-2, atol=1e-6, equal_nan=True)

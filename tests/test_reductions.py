@@ -1,0 +1,158 @@
+"""The min and var reductions (issue 15) next to sum and max: the float64 oracle against torch's
+semantics written out with numpy (CPU), every reduction over every dtype rendered and compiled
+offline for sm_90 (CPU), and the kernels against torch.amin / torch.var on the H200 (-m gpu)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fuser import DataType, FusionDefinition
+from fuser.analysis import analyze
+from fuser.device import DeviceSpec
+from fuser.kernels import build
+from fuser.ops import REDUCTIONS
+from fuser.reference import evaluate
+from fuser.schedulers import Problem
+
+BOOL, INT32, INT64 = DataType.Bool, DataType.Int32, DataType.Int64
+BF16, FLOAT, DOUBLE = DataType.BFloat16, DataType.Float, DataType.Double
+H200 = DeviceSpec.get("h200")
+
+
+def _values(dtype: DataType, shape=(5, 7)) -> np.ndarray:
+    rng = np.random.default_rng(11)
+    if dtype is BOOL:
+        return rng.random(shape) < 0.5
+    if dtype.is_float:
+        return (rng.standard_normal(shape) * 3).astype(dtype.numpy)
+    info = np.iinfo(dtype.numpy)
+    x = rng.integers(-1000, 1000, shape).astype(dtype.numpy)
+    x[0, 0], x[1, 1] = info.min, info.max  # the identities' neighbours are values too
+    return x
+
+
+def _reduction_fusion(op: str, dtype: DataType) -> FusionDefinition:
+    with FusionDefinition(f"{op}_{dtype.name}") as fd:
+        x = fd.define_tensor([-1, -1], dtype=dtype)
+        fd.add_output(getattr(fd.ops, op)(x, [1]))
+        fd.add_output(getattr(fd.ops, op)(x, [0], keepdim=True))
+    return fd
+
+
+@pytest.mark.parametrize("dtype", [BOOL, INT32, INT64, FLOAT, DOUBLE], ids=lambda d: d.name)
+@pytest.mark.parametrize("op", sorted(REDUCTIONS))
+def test_oracle_reductions_follow_torch_types_and_values(op, dtype):
+    """sum of bools and ints is Int64 (torch.sum); max / min keep the dtype (torch.amax)."""
+    x = _values(dtype)
+    fd = _reduction_fusion(op, dtype)
+    rows, columns = evaluate(fd.fusion, [x])
+    numpy_op = {"sum": np.sum, "max": np.max, "min": np.min}[op]
+    wide = x.astype(np.int64) if op == "sum" and not dtype.is_float else x
+    expected_dtype = INT64 if op == "sum" and not dtype.is_float else dtype
+    assert [t.dtype for t in fd.fusion.outputs] == [expected_dtype, expected_dtype]
+    np.testing.assert_allclose(rows, numpy_op(wide, axis=1), rtol=1e-6)
+    np.testing.assert_allclose(columns, numpy_op(wide, axis=0, keepdims=True), rtol=1e-6)
+
+
+def test_oracle_min_and_max_propagate_nan():
+    x = np.array([[1.0, np.nan, -2.0], [np.inf, 0.0, -np.inf]])
+    for op, expected in (("min", [np.nan, -np.inf]), ("max", [np.nan, np.inf])):
+        rows, _ = evaluate(_reduction_fusion(op, DOUBLE).fusion, [x])
+        np.testing.assert_array_equal(rows, expected)
+
+
+@pytest.mark.parametrize("correction", [0, 1, 2, 6, 7, 100])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_oracle_var_divides_by_n_minus_correction_clamped_at_zero(correction, keepdim):
+    """torch.var: sum of squared deviations / max(n - correction, 0), so inf at or past n, and
+    nan where every value of a row is equal; var alone is var_mean's first output."""
+    x = np.random.default_rng(5).standard_normal((4, 7))
+    x[3] = 2.5  # a constant row
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([-1, -1], dtype=DOUBLE)
+        fd.add_output(fd.ops.var(t, [1], correction=correction, keepdim=keepdim))
+        fd.add_output(fd.ops.var_mean(t, [1], correction=correction, keepdim=keepdim)[0])
+    var, var_of_var_mean = evaluate(fd.fusion, [x])
+    squares = ((x - x.mean(axis=1, keepdims=True)) ** 2).sum(axis=1, keepdims=keepdim)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        expected = squares / max(7 - correction, 0)
+    np.testing.assert_allclose(var, expected, rtol=1e-13)
+    np.testing.assert_array_equal(var, var_of_var_mean)
+    assert "var(T0, dims=[1], correction=" in repr(fd)
+
+
+def test_var_refuses_ints_and_bad_corrections():
+    from fuser import DefinitionError
+
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=INT32)
+        with pytest.raises(DefinitionError, match=r"var: T0 has dtype .*Int32; cast it"):
+            fd.ops.var(x, [1])
+        y = fd.define_tensor([-1, -1], dtype=FLOAT)
+        with pytest.raises(DefinitionError, match=r"var\(T1\): correction must be an int"):
+            fd.ops.var(y, [1], correction=0.5)
+        fd.add_output(fd.ops.var(y, [1]))
+
+
+@pytest.mark.parametrize("dtype", [BOOL, INT32, INT64, BF16, FLOAT, DOUBLE], ids=lambda d: d.name)
+@pytest.mark.parametrize("op", sorted(REDUCTIONS))
+def test_every_reduction_compiles_for_every_dtype(op, dtype):
+    """Inner and outer reductions of each dtype render and compile for sm_90 without spills
+    (the identities: 0, lowest, highest of bool, int, long long, float and double)."""
+    fd = _reduction_fusion(op, dtype)
+    built = build(fd.name, analyze(fd.fusion), Problem(4096, 1000, 16), H200)
+    for entry, _plan in built.plans():
+        assert not built.compiled.resource(entry).spills
+
+
+# ----- GPU ------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [BOOL, INT32, INT64, BF16, FLOAT, DOUBLE], ids=lambda d: d.name)
+@pytest.mark.parametrize("hidden", [1, 7, 4096, 24578])
+@pytest.mark.parametrize("op", sorted(REDUCTIONS))
+def test_gpu_reductions_match_torch(op, hidden, dtype, has_torch_cuda):
+    """Over rows and over columns, against torch.sum / amax / amin on the same device tensor."""
+    if not has_torch_cuda:
+        pytest.skip("needs torch with CUDA")
+    import torch
+
+    x = torch.from_numpy(_values(dtype, (64, hidden))).cuda()
+    rows, columns = _reduction_fusion(op, dtype).execute([x])
+    reference = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}[op]
+    for got, expected in ((rows, reference(x, dim=1)),
+                          (columns, reference(x, dim=0, keepdim=True))):
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        if dtype.is_float and op == "sum":
+            tolerance = 2e-2 if dtype is BF16 else 1e-5
+            torch.testing.assert_close(got.double(), expected.double(), rtol=tolerance,
+                                       atol=tolerance * 8)
+        else:
+            assert torch.equal(got, expected), (got, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [BF16, FLOAT, DOUBLE], ids=lambda d: d.name)
+@pytest.mark.parametrize("hidden", [1, 2, 1000, 24578])
+@pytest.mark.parametrize("correction", [0, 1, 2])
+def test_gpu_var_matches_torch(correction, hidden, dtype, has_torch_cuda):
+    """Rows of mean 100 (the two-pass form keeps them exact), one row constant; corrections at
+    or past n give inf (nan for the constant row) as torch.var does."""
+    if not has_torch_cuda:
+        pytest.skip("needs torch with CUDA")
+    import torch
+
+    tdtype = {BF16: torch.bfloat16, FLOAT: torch.float32, DOUBLE: torch.float64}[dtype]
+    g = torch.Generator().manual_seed(hidden)
+    x = (torch.randn(32, hidden, generator=g, dtype=torch.float64) + 100).to(tdtype)
+    x[5] = 3.0
+    x = x.cuda()
+    with FusionDefinition("var") as fd:
+        t = fd.define_tensor([-1, -1], dtype=dtype)
+        fd.add_output(fd.ops.var(t, [1], correction=correction))
+    (got,) = fd.execute([x])
+    expected = torch.var(x.double(), dim=1, correction=correction).to(tdtype)
+    torch.testing.assert_close(got.double(), expected.double(), rtol=2e-2 if dtype is BF16
+                               else 1e-4, atol=1e-6, equal_nan=True)
