@@ -57,6 +57,15 @@ class DataType(enum.Enum):
             return np.dtype(ml_dtypes.bfloat16)
         return np.dtype(_NUMPY_NAMES[self])
 
+    @property
+    def scalar_numpy(self) -> np.dtype:
+        """The numpy dtype a kernel holds a scalar of this type in: a Half or BFloat16 scalar
+        is a float32 kernel parameter or literal (its compute type), not rounded to 16 bits;
+        the executor converts a scalar input's value, and the oracle holds it, in this dtype."""
+        if self in (DataType.Half, DataType.BFloat16):
+            return np.dtype(np.float32)
+        return self.numpy
+
     @classmethod
     def from_numpy(cls, dtype) -> DataType | None:
         dtype = np.dtype(dtype)

@@ -368,7 +368,7 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
     launch, final = _launch(kernel, rows, spec)
     partials = tuple(((max(launch.partial_rows, 1), hidden),
                       workspace_dtype(e.outputs[0].dtype)) for e in info.outer_reductions)
-    scalar_types = {i: (v, v.dtype.numpy.type) for i, v in enumerate(fusion.inputs)
+    scalar_types = {i: (v, v.dtype.scalar_numpy.type) for i, v in enumerate(fusion.inputs)
                     if isinstance(v, Scalar)}
     return Plan(kernel, launch, final, torch_kind, device_id, align, rows,
                 tuple((sizes.shape(o), o.dtype) for o in fusion.outputs), partials, scalar_types)

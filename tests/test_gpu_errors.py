@@ -285,3 +285,21 @@ class FusionDefinitionFor:
 
     def __exit__(self, *exc):
         return self.fd.__exit__(*exc)
+
+
+@pytest.mark.parametrize("dtype", [DataType.Half, DataType.BFloat16], ids=lambda d: d.name)
+def test_a_16_bit_scalar_input_reaches_the_kernel_as_the_oracle_holds_it(dtype):
+    """A Half / BFloat16 scalar is a float32 kernel parameter (dtypes.scalar_numpy): the
+    executor rounded it to 16 bits first, so 0.1 + x differed from the oracle by 4.5e-5
+    (found by the GPU fuzz); now both hold float32(0.1)."""
+    import cupy
+
+    from fuser import FusionDefinition
+
+    with FusionDefinition("scalar_plus") as fd:
+        x = fd.define_tensor(shape=[-1, -1], dtype=DataType.Float)
+        fd.add_output(fd.ops.add(fd.define_scalar(None, dtype=dtype), x))
+    values = cupy.linspace(-2, 2, 64, dtype=cupy.float32).reshape(4, 16)
+    (got,) = fd.execute([values, 0.1])
+    assert cupy.array_equal(got, values + cupy.float32(0.1))
+    fd.validate([values, 0.1])

@@ -25,7 +25,9 @@ from fuser.reference import (
     input_sensitivity,
     is_sum,
     output_reduction_sizes,
+    precision,
     sensitivity_allowance,
+    stored,
     sum_allowance,
     tolerance,
 )
@@ -137,15 +139,25 @@ def validate_tiled(fd, name, dtype, hidden, rows, rng, hints):
 
     for o in fd.fusion.outputs:  # column outputs add up over tiles only if they are sums
         assert o.ndim == 2 or is_sum(o), f"{o.name} is not a column sum; it cannot be tiled"
-    block_refs = evaluate(fd.fusion, host)
-    rest_refs = evaluate(fd.fusion, rows_of(host, rest)) if rest else None
+    # Sums unrounded: the tiles' column sums are added, then rounded once as the kernel stores
+    # its total (adding rounded tile sums would multiply one rounding by the tile count).
+    block_sums = evaluate(fd.fusion, host, sums_unrounded=True)
+    rest_sums = evaluate(fd.fusion, rows_of(host, rest), sums_unrounded=True) if rest else None
+
+    def rounded(values):
+        return [stored(v, o) if is_sum(o) else v
+                for o, v in zip(fd.fusion.outputs, values, strict=True)]
+
+    block_refs = rounded(block_sums)
+    rest_refs = rounded(rest_sums) if rest_sums else None
     block_spread = input_sensitivity(fd.fusion, host, block_refs)
     rest_spread = input_sensitivity(fd.fusion, rows_of(host, rest), rest_refs) if rest else None
     full_shapes = [np.broadcast_to(np.zeros((), a.dtype), (rows, *a.shape[1:]))
                    if isinstance(a, np.ndarray) and a.ndim == 2 else a for a in host]
     sizes = output_reduction_sizes(fd.fusion, full_shapes)
-    refs = [ref if o.ndim == 2 else repeats * ref + (rest_refs[k] if rest else 0.0)
-            for k, (o, ref) in enumerate(zip(fd.fusion.outputs, block_refs, strict=True))]
+    refs = rounded([ref if o.ndim == 2 else repeats * ref + (rest_sums[k] if rest_sums else 0.0)
+                    for k, (o, ref) in enumerate(zip(fd.fusion.outputs, block_sums,
+                                                     strict=True))])
     spreads = [spread if spread is None or o.ndim == 2 else
                repeats * spread + (rest_spread[k] if rest else 0.0)
                for k, (o, spread) in enumerate(zip(fd.fusion.outputs, block_spread, strict=True))]
@@ -186,7 +198,7 @@ def within_tolerance(t, got, ref, n, spread=None) -> bool:
     if got.dtype.name == "bfloat16":
         got = (got.view(cupy.uint16).astype(cupy.uint32) << 16).view(cupy.float32)
     got = got.astype(cupy.float64)
-    rtol, atol = tolerance(t.dtype, n)
+    rtol, atol = tolerance(precision(t), n)
     finite = cupy.isfinite(got) & cupy.isfinite(ref)
     typical = float(cupy.median(cupy.abs(ref[finite]))) if bool(finite.any()) else 0.0
     allowed = (atol + sum_allowance(t, n, typical) + rtol * cupy.abs(ref)
@@ -210,7 +222,7 @@ def check_short_rows(fd, host, inputs):
     stat = host[-4] if fd.name == "layernorm_bwd" else 1.0 / host[-3].astype(np.float64)
     terms = np.abs(dy * w * stat) * 2.0  # 2 >= the dropout scale 1 / (1 - p)
     for out, got, ref, n in zip(fd.fusion.outputs, outs, refs, sizes, strict=True):
-        rtol, atol = tolerance(out.dtype, n)
+        rtol, atol = tolerance(precision(out), n)
         allowed = atol + rtol * np.abs(ref) + (1e-4 * terms if out.ndim == 2 else 0.0)
         err = np.abs(got.astype(np.float64) - ref)
         assert np.all(err <= allowed), (

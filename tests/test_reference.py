@@ -16,6 +16,8 @@ from fuser.reference import (
     compare,
     evaluate,
     output_reduction_sizes,
+    precision,
+    stored,
     tolerance,
 )
 
@@ -840,3 +842,40 @@ def test_a_bool_of_float_values_sees_them_in_float32():
         fd.add_output(fd.ops.isfinite(y))
     inf, finite = evaluate(fd.fusion, [np.ones((2, 3), np.float32)])
     assert inf.all() and not finite.any()
+
+
+def test_a_double_output_computed_in_float_gets_floats_tolerance():
+    """The GPU fuzz: cast(log(|x| + 1), Double) of a Float x is float32 math; a Double output
+    of double math alone keeps Double's tolerance, and so does one of a Float input only
+    converted (exactly) to double."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=FLOAT)
+        d = fd.define_tensor([-1, -1], dtype=DOUBLE)
+        via_float = fd.ops.cast(fd.ops.log(fd.ops.add(fd.ops.abs(x), 1.0)), DOUBLE)
+        fd.add_output(via_float)
+        fd.add_output(fd.ops.log(fd.ops.add(fd.ops.abs(d), 1.0)))
+        fd.add_output(fd.ops.mul(fd.ops.cast(x, DOUBLE), d))
+        fd.add_output(fd.ops.log(x))
+    assert [precision(o) for o in fd.fusion.outputs] == [FLOAT, DOUBLE, DOUBLE, FLOAT]
+    x_host = np.array([[0.25]], dtype=np.float32)
+    (ref, *_rest) = evaluate(fd.fusion, [x_host, np.array([[2.0]])])
+    kernel = np.float32(np.log(np.float32(1.25)) * np.float32(1 + 3e-7))  # a few float ulps off
+    compare([np.array([[float(kernel)]]), *_rest], [ref, *_rest], fd.fusion, 0)
+
+
+def test_unrounded_sums_add_up_over_chunks_of_rows():
+    """A bf16 column sum of 40 chunks of the same rows: the chunks' unrounded sums added and
+    rounded once equal the oracle on all the rows; 40 times one chunk's rounded sum does not."""
+    rng = np.random.default_rng(1)
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=BF16)
+        column = fd.ops.sum(fd.ops.cast(x, FLOAT), dims=[0])
+        fd.add_output(fd.ops.cast(column, BF16))
+        fd.add_output(fd.ops.cast(fd.ops.mul(x, 2.0), BF16))
+    chunk = rng.standard_normal((7, 64)).astype(bf16)
+    (whole, _) = evaluate(fd.fusion, [np.tile(chunk, (40, 1))])
+    (sum_of_chunk, rows) = evaluate(fd.fusion, [chunk], sums_unrounded=True)
+    (rounded_chunk, rows_rounded) = evaluate(fd.fusion, [chunk])
+    np.testing.assert_array_equal(stored(40 * sum_of_chunk, fd.fusion.outputs[0]), whole)
+    assert not np.array_equal(40 * rounded_chunk, whole)
+    np.testing.assert_array_equal(rows, rows_rounded)  # not a sum: rounded as usual
