@@ -1,0 +1,54 @@
+"""fuser.torch: PyTorch modules and functions on fuser's kernels.
+
+    import fuser.torch
+    norm = fuser.torch.RMSNorm(4096, device="cuda", dtype=torch.bfloat16)  # torch.nn.RMSNorm's
+    replaced = fuser.torch.patch(model)   # a model's RMSNorm / LayerNorm / HF RMSNorm swapped
+
+Forward and backward run as torch.library custom ops (torch.ops.fuser.*) with fake
+implementations and autograd formulas, so torch.compile(fullgraph=True) and CUDA graphs take
+them; outputs come from torch's allocator, on torch's current stream. `import fuser` does not
+import torch; this package needs it.
+"""
+
+try:
+    import torch  # noqa: F401 (only to fail early, with the way out)
+except ImportError as exc:
+    raise ImportError(
+        "fuser.torch needs PyTorch, which is not installed: pip install torch, or install "
+        "fuser with its torch extra (pip install 'fuser-kernels[torch]')"
+    ) from exc
+
+from fuser.torch.functional import (
+    dropout_add_layer_norm,
+    dropout_add_rms_norm,
+    hf_rms_norm,
+    layer_norm,
+    rms_norm,
+    softmax,
+)
+from fuser.torch.modules import (
+    DropoutAddLayerNorm,
+    DropoutAddRMSNorm,
+    HFRMSNorm,
+    LayerNorm,
+    RMSNorm,
+    Softmax,
+)
+from fuser.torch.patch import Replacement, patch
+
+__all__ = [
+    "DropoutAddLayerNorm",
+    "DropoutAddRMSNorm",
+    "HFRMSNorm",
+    "LayerNorm",
+    "RMSNorm",
+    "Replacement",
+    "Softmax",
+    "dropout_add_layer_norm",
+    "dropout_add_rms_norm",
+    "hf_rms_norm",
+    "layer_norm",
+    "patch",
+    "rms_norm",
+    "softmax",
+]

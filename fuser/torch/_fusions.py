@@ -1,0 +1,206 @@
+"""The fusions behind fuser.torch's ops, written with the public frontend.
+
+Each builder is a function of a small frozen spec (the dtypes, and which optional inputs are
+there), so every combination a model uses is built once per process and cached here; each
+FusionDefinition caches its compiled kernels per input signature. Half and bfloat16 values
+are computed in float32 and Double in double; each output is rounded once, where it is stored.
+The scalars that vary between modules (eps, the dropout scale) are scalar inputs, not
+constants, so that one kernel serves every module of a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+from fuser.dtypes import DataType
+from fuser.frontend import FusionDefinition
+
+_SHORT = {DataType.BFloat16: "bf16", DataType.Half: "f16", DataType.Float: "f32",
+          DataType.Double: "f64"}
+
+
+def compute_type(*dtypes: DataType | None) -> DataType:
+    """Double where any operand is Double, else Float (half types compute in float)."""
+    return DataType.Double if DataType.Double in dtypes else DataType.Float
+
+
+def _matrix(fd: FusionDefinition, dtype: DataType):
+    return fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=dtype)
+
+
+def _vector(fd: FusionDefinition, dtype: DataType):
+    return fd.define_tensor(shape=[-1], contiguity=[True], dtype=dtype)
+
+
+def _per_row(fd: FusionDefinition, dtype: DataType):
+    return fd.define_tensor(shape=[-1, 1], contiguity=[True, None], dtype=dtype)
+
+
+def _row(fd: FusionDefinition, t, like):
+    """A [N, 1] statistic broadcast to the [N, H] shape of `like`."""
+    return fd.ops.broadcast_in_dim(t, shape=like.shape(), broadcast_dims=[0, 1])
+
+
+def _row_mean(fd: FusionDefinition, t, like):
+    return fd.ops.div(fd.ops.sum(t, dims=[1], keepdim=True), like.size(1))
+
+
+@dataclass(frozen=True)
+class NormSpec:
+    """One norm fusion: RMSNorm (rms) or LayerNorm of h = residual + mask * x * scale (the
+    residual and the dropout mask optional), with an optional weight and bias.
+
+    `hf` is Hugging Face LlamaRMSNorm's rounding: the normalized value is rounded to x's dtype
+    before the weight multiplies it. `out` is y's dtype."""
+
+    rms: bool
+    x: DataType
+    out: DataType
+    weight: DataType | None = None
+    bias: DataType | None = None
+    residual: DataType | None = None
+    dropout: bool = False
+    hf: bool = False
+
+    @property
+    def adds(self) -> bool:
+        """Whether h differs from x, so the new residual h is an output of its own."""
+        return self.residual is not None or self.dropout
+
+    @property
+    def h(self) -> DataType:
+        """The new residual's dtype: the residual's where there is one."""
+        return self.residual or self.x
+
+    @property
+    def compute(self) -> DataType:
+        return compute_type(self.x, self.out, self.weight, self.bias, self.residual)
+
+    def name(self, suffix: str) -> str:
+        kind = "rms_norm" if self.rms else "layer_norm"
+        prefix = ("dropout_" if self.dropout else "") + ("add_" if self.residual else "")
+        return f"{prefix}{kind}_{suffix}_{_SHORT[self.x]}"
+
+
+def _sum_inputs(fd: FusionDefinition, spec: NormSpec):
+    """Inputs x, [mask, scale], [residual], in that order; returns x, h in the compute type,
+    and the dropout factor mask * scale (None without dropout)."""
+    c = spec.compute
+    x = _matrix(fd, spec.x)
+    h = fd.ops.cast(x, c)
+    keep = None
+    if spec.dropout:
+        mask = _matrix(fd, DataType.Bool)
+        keep = fd.ops.mul(fd.ops.cast(mask, c), fd.define_scalar(dtype=c))
+        h = fd.ops.mul(h, keep)
+    if spec.residual is not None:
+        h = fd.ops.add(fd.ops.cast(_matrix(fd, spec.residual), c), h)
+    return x, h, keep
+
+
+def _affine(fd: FusionDefinition, spec: NormSpec):
+    """Inputs [weight], [bias], in the compute type."""
+    c = spec.compute
+    w = fd.ops.cast(_vector(fd, spec.weight), c) if spec.weight is not None else None
+    b = fd.ops.cast(_vector(fd, spec.bias), c) if spec.bias is not None else None
+    return w, b
+
+
+@cache
+def norm_forward(spec: NormSpec) -> FusionDefinition:
+    """Inputs: x [N, H], [mask [N, H] bool, scale], [residual [N, H]], [weight [H]],
+    [bias [H]], eps. Outputs: y [N, H]; h [N, H] where spec.adds; mean [N, 1] for LayerNorm;
+    rstd [N, 1] (in the compute type)."""
+    c = spec.compute
+    with FusionDefinition(spec.name("fwd")) as fd:
+        x, h, _ = _sum_inputs(fd, spec)
+        w, b = _affine(fd, spec)
+        eps = fd.define_scalar(dtype=c)
+        if spec.rms:
+            mean = None
+            rstd = fd.ops.rsqrt(fd.ops.add(_row_mean(fd, fd.ops.mul(h, h), x), eps))
+            hhat = fd.ops.mul(h, _row(fd, rstd, x))
+        else:
+            var, mean = fd.ops.var_mean(h, dims=[1], correction=0, keepdim=True)
+            rstd = fd.ops.rsqrt(fd.ops.add(var, eps))
+            hhat = fd.ops.mul(fd.ops.sub(h, _row(fd, mean, x)), _row(fd, rstd, x))
+        if spec.hf:
+            hhat = fd.ops.cast(fd.ops.cast(hhat, spec.x), c)
+        y = hhat if w is None else fd.ops.mul(hhat, w)
+        y = y if b is None else fd.ops.add(y, b)
+        fd.add_output(fd.ops.cast(y, spec.out))
+        if spec.adds:
+            fd.add_output(fd.ops.cast(h, spec.h))
+        if mean is not None:
+            fd.add_output(mean)
+        fd.add_output(rstd)
+    return fd
+
+
+@cache
+def norm_backward(spec: NormSpec, affine_grads: bool) -> FusionDefinition:
+    """Inputs: x, [mask, scale], [residual], [mean] (LayerNorm), rstd, dy [N, H] (y's gradient,
+    of dtype spec.out), [weight],
+    [dh [N, H], the new residual's gradient, where spec.adds]. Outputs: grad_x; grad_residual
+    where there is a residual; then, where affine_grads, grad_weight and grad_bias [H] (the
+    column sums that make this the one-pass inner-outer kernel)."""
+    c = spec.compute
+    with FusionDefinition(spec.name("bwd")) as fd:
+        x, h, keep = _sum_inputs(fd, spec)
+        mean = None if spec.rms else _per_row(fd, c)
+        rstd = _row(fd, _per_row(fd, c), x)
+        dy = fd.ops.cast(_matrix(fd, spec.out), c)
+        w = fd.ops.cast(_vector(fd, spec.weight), c) if spec.weight is not None else None
+        centered = h if mean is None else fd.ops.sub(h, _row(fd, mean, x))
+        hhat = fd.ops.mul(centered, rstd)
+        wdy = dy if w is None else fd.ops.mul(dy, w)
+        projection = _row(fd, _row_mean(fd, fd.ops.mul(wdy, hhat), x), x)
+        inner = fd.ops.sub(wdy, fd.ops.mul(hhat, projection))
+        if mean is not None:
+            inner = fd.ops.sub(inner, _row(fd, _row_mean(fd, wdy, x), x))
+        grad_h = fd.ops.mul(inner, rstd)
+        if spec.adds:
+            grad_h = fd.ops.add(grad_h, fd.ops.cast(_matrix(fd, spec.h), c))
+        grad_x = grad_h if keep is None else fd.ops.mul(grad_h, keep)
+        fd.add_output(fd.ops.cast(grad_x, spec.x))
+        if spec.residual is not None:
+            fd.add_output(fd.ops.cast(grad_h, spec.residual))
+        if affine_grads and spec.weight is not None:
+            fd.add_output(fd.ops.cast(fd.ops.sum(fd.ops.mul(dy, hhat), dims=[0]), spec.weight))
+        if affine_grads and spec.bias is not None:
+            fd.add_output(fd.ops.cast(fd.ops.sum(dy, dims=[0]), spec.bias))
+    return fd
+
+
+@cache
+def softmax_forward(dtype: DataType) -> FusionDefinition:
+    """x [N, H] -> softmax over H (max-subtracted), in x's dtype."""
+    c = compute_type(dtype)
+    with FusionDefinition(f"softmax_fwd_{_SHORT[dtype]}") as fd:
+        x = _matrix(fd, dtype)
+        xf = fd.ops.cast(x, c)
+        e = fd.ops.exp(fd.ops.sub(xf, _row(fd, fd.ops.max(xf, dims=[1], keepdim=True), x)))
+        s = fd.ops.sum(e, dims=[1], keepdim=True)
+        fd.add_output(fd.ops.cast(fd.ops.div(e, _row(fd, s, x)), dtype))
+    return fd
+
+
+@cache
+def softmax_backward(y_dtype: DataType, dy_dtype: DataType) -> FusionDefinition:
+    """y [N, H] (softmax's output), dy [N, H] -> grad_x = y * (dy - sum(dy * y)), in y's
+    dtype."""
+    c = compute_type(y_dtype, dy_dtype)
+    with FusionDefinition(f"softmax_bwd_{_SHORT[y_dtype]}") as fd:
+        y = _matrix(fd, y_dtype)
+        yf = fd.ops.cast(y, c)
+        dy = fd.ops.cast(_matrix(fd, dy_dtype), c)
+        dot = fd.ops.sum(fd.ops.mul(dy, yf), dims=[1], keepdim=True)
+        fd.add_output(fd.ops.cast(fd.ops.mul(yf, fd.ops.sub(dy, _row(fd, dot, y))), y_dtype))
+    return fd
+
+
+def run(fd: FusionDefinition, inputs: list) -> list:
+    """Execute `fd` on torch tensors (outputs allocated by torch, launched on its current
+    stream): the one place fuser.torch's ops call the executor."""
+    return fd.execute(inputs)

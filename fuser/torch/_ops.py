@@ -1,0 +1,220 @@
+"""The norm ops: torch.library custom ops running fuser's fusions, with fake implementations
+(torch.compile traces a model through them with no graph break) and autograd formulas whose
+backward is a custom op too (the one-pass inner-outer kernel).
+
+`fuser::rms_norm` and `fuser::layer_norm` cover plain norms and norm(residual + dropout(x))
+alike: the mask and the residual are optional inputs, and the new residual h is an output
+left empty where there is neither. Each op takes [rows, hidden] tensors; fuser.torch's
+functions flatten the leading dimensions. They save what the backward kernel reads (x, the
+residual and the mask it re-adds in registers, the per-row statistics), never the normalized
+x. Outputs come from torch's allocator and run on torch's current stream, with no host
+synchronization, so CUDA graphs capture them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fuser.dtypes import DataType
+from fuser.torch import _fusions
+from fuser.torch._fusions import NormSpec, norm_backward, norm_forward
+from fuser.torch._support import (
+    TORCH_DTYPES,
+    dtype_of,
+    forbid_double_backward,
+    fuser_dtype,
+    materialize,
+)
+
+MATRIX, ROW, COLUMN = "matrix", "row", "column"  # an output's shape: [N, H], [N, 1], [H]
+
+
+def _spec(rms: bool, x: Tensor, out: torch.dtype, mask: Tensor | None, residual: Tensor | None,
+          weight: Tensor | None, bias: torch.dtype | None = None, hf: bool = False) -> NormSpec:
+    return NormSpec(rms, fuser_dtype(x.dtype), fuser_dtype(out), weight=dtype_of(weight),
+                    bias=None if bias is None else fuser_dtype(bias),
+                    residual=dtype_of(residual), dropout=mask is not None, hf=hf)
+
+
+def _forward_layout(spec: NormSpec) -> list:
+    """(shape kind, dtype) per output of the op; None for an output this spec leaves empty
+    (the new residual of a plain norm). The others are the fusion's outputs, in order."""
+    stat = TORCH_DTYPES[spec.compute]
+    h = (MATRIX, TORCH_DTYPES[spec.h]) if spec.adds else None
+    mean = [] if spec.rms else [(ROW, stat)]
+    return [(MATRIX, TORCH_DTYPES[spec.out]), h, *mean, (ROW, stat)]
+
+
+def _backward_layout(spec: NormSpec, affine_grads: bool) -> list:
+    """(grad_x, grad_residual, grad_weight[, grad_bias]), as _forward_layout."""
+    def column(dtype: DataType | None):
+        return (COLUMN, TORCH_DTYPES[dtype]) if affine_grads and dtype is not None else None
+
+    residual = (MATRIX, TORCH_DTYPES[spec.residual]) if spec.residual is not None else None
+    bias = [] if spec.rms else [column(spec.bias)]
+    return [(MATRIX, TORCH_DTYPES[spec.x]), residual, column(spec.weight), *bias]
+
+
+def _allocate(layout: list, x: Tensor, fill) -> list[Tensor]:
+    """Tensors of `layout` for [rows, hidden] input `x`, made by `fill` (x.new_empty, or
+    x.new_zeros for the column sums of no rows); an empty slot is a tensor of no elements."""
+    rows, hidden = x.shape
+    shapes = {MATRIX: (rows, hidden), ROW: (rows, 1), COLUMN: (hidden,)}
+    return [x.new_empty((0,)) if slot is None else fill(shapes[slot[0]], dtype=slot[1])
+            for slot in layout]
+
+
+def _execute(fd, layout: list, x: Tensor, inputs: list) -> Any:
+    """Run `fd` and place its outputs in the op's layout. A batch of no rows launches
+    nothing (fuser refuses empty tensors): its column sums are zeros, as torch's."""
+    if x.shape[0] == 0:
+        return tuple(_allocate(layout, x, x.new_zeros))
+    outputs = iter(_fusions.run(fd, [t.contiguous() if isinstance(t, Tensor) else t
+                                     for t in inputs]))
+    return tuple(x.new_empty((0,)) if slot is None else next(outputs) for slot in layout)
+
+
+def _sum_inputs(x: Tensor, mask: Tensor | None, scale: float, residual: Tensor | None) -> list:
+    """The fusions' first inputs: x, [mask, scale], [residual]."""
+    return [x, *([mask, scale] if mask is not None else []), *([residual] if residual is not None
+                                                                 else [])]
+
+
+def _new_residual_grad(dh: Tensor | None, x: Tensor, mask: Tensor | None,
+                       residual: Tensor | None) -> Tensor | None:
+    """The new residual's gradient where the op had one (zeros if nothing used it), else
+    None."""
+    if mask is None and residual is None:
+        return None
+    return materialize(dh, x, x.dtype if residual is None else residual.dtype)
+
+
+# ----- RMSNorm -----
+
+
+@torch.library.custom_op("fuser::rms_norm", mutates_args=())
+def rms_norm(x: Tensor, mask: Tensor | None, residual: Tensor | None, weight: Tensor | None,
+             scale: float, eps: float, out_dtype: torch.dtype,
+             hf: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(y, h, rstd) of RMSNorm over the last dimension of h = residual + mask * x * scale;
+    h is empty where there is neither a mask nor a residual (h would be x)."""
+    spec = _spec(True, x, out_dtype, mask, residual, weight, hf=hf)
+    inputs = [*_sum_inputs(x, mask, scale, residual), *([weight] if weight is not None else []),
+              eps]
+    return _execute(norm_forward(spec), _forward_layout(spec), x, inputs)
+
+
+@rms_norm.register_fake
+def _(x, mask, residual, weight, scale, eps, out_dtype, hf):
+    spec = _spec(True, x, out_dtype, mask, residual, weight, hf=hf)
+    return tuple(_allocate(_forward_layout(spec), x, x.new_empty))
+
+
+@torch.library.custom_op("fuser::rms_norm_backward", mutates_args=())
+def rms_norm_backward(dy: Tensor, dh: Tensor | None, x: Tensor, mask: Tensor | None,
+                      residual: Tensor | None, rstd: Tensor, weight: Tensor | None,
+                      scale: float, affine_grads: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(grad_x, grad_residual, grad_weight), the absent ones empty; dh is the new residual's
+    gradient, given where the forward had a mask or a residual."""
+    spec = _spec(True, x, dy.dtype, mask, residual, weight)
+    inputs = [*_sum_inputs(x, mask, scale, residual), rstd, dy,
+              *([weight] if weight is not None else []), *([dh] if spec.adds else [])]
+    fd = norm_backward(spec, affine_grads)
+    return _execute(fd, _backward_layout(spec, affine_grads), x, inputs)
+
+
+@rms_norm_backward.register_fake
+def _(dy, dh, x, mask, residual, rstd, weight, scale, affine_grads):
+    spec = _spec(True, x, dy.dtype, mask, residual, weight)
+    return tuple(_allocate(_backward_layout(spec, affine_grads), x, x.new_empty))
+
+
+def _rms_setup(ctx, inputs, output) -> None:
+    x, mask, residual, weight, scale, _eps, out_dtype, _hf = inputs
+    ctx.mark_non_differentiable(output[2])
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(x, mask, residual, weight, output[2])
+    ctx.scale, ctx.out_dtype = scale, out_dtype
+
+
+def _rms_grads(ctx, dy, dh, _drstd):
+    x, mask, residual, weight, rstd = ctx.saved_tensors
+    dy = materialize(dy, x, ctx.out_dtype)
+    dh = _new_residual_grad(dh, x, mask, residual)
+    affine = weight is not None and ctx.needs_input_grad[3]
+    gx, gres, gw = torch.ops.fuser.rms_norm_backward(dy, dh, x, mask, residual, rstd, weight,
+                                                     ctx.scale, affine)
+    return (gx, None, gres if residual is not None else None, gw if affine else None,
+            None, None, None, None)
+
+
+rms_norm.register_autograd(_rms_grads, setup_context=_rms_setup)
+forbid_double_backward(rms_norm_backward)
+
+
+# ----- LayerNorm -----
+
+
+@torch.library.custom_op("fuser::layer_norm", mutates_args=())
+def layer_norm(x: Tensor, mask: Tensor | None, residual: Tensor | None, weight: Tensor | None,
+               bias: Tensor | None, scale: float,
+               eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(y, h, mean, rstd) of LayerNorm over the last dimension of h, as rms_norm; y in x's
+    dtype."""
+    spec = _spec(False, x, x.dtype, mask, residual, weight, None if bias is None else bias.dtype)
+    inputs = [*_sum_inputs(x, mask, scale, residual),
+              *(t for t in (weight, bias) if t is not None), eps]
+    return _execute(norm_forward(spec), _forward_layout(spec), x, inputs)
+
+
+@layer_norm.register_fake
+def _(x, mask, residual, weight, bias, scale, eps):
+    spec = _spec(False, x, x.dtype, mask, residual, weight, None if bias is None else bias.dtype)
+    return tuple(_allocate(_forward_layout(spec), x, x.new_empty))
+
+
+@torch.library.custom_op("fuser::layer_norm_backward", mutates_args=())
+def layer_norm_backward(dy: Tensor, dh: Tensor | None, x: Tensor, mask: Tensor | None,
+                        residual: Tensor | None, mean: Tensor, rstd: Tensor,
+                        weight: Tensor | None, bias_dtype: torch.dtype | None, scale: float,
+                        affine_grads: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(grad_x, grad_residual, grad_weight, grad_bias), as rms_norm_backward."""
+    spec = _spec(False, x, dy.dtype, mask, residual, weight, bias_dtype)
+    inputs = [*_sum_inputs(x, mask, scale, residual), mean, rstd, dy,
+              *([weight] if weight is not None else []), *([dh] if spec.adds else [])]
+    fd = norm_backward(spec, affine_grads)
+    return _execute(fd, _backward_layout(spec, affine_grads), x, inputs)
+
+
+@layer_norm_backward.register_fake
+def _(dy, dh, x, mask, residual, mean, rstd, weight, bias_dtype, scale, affine_grads):
+    spec = _spec(False, x, dy.dtype, mask, residual, weight, bias_dtype)
+    return tuple(_allocate(_backward_layout(spec, affine_grads), x, x.new_empty))
+
+
+def _ln_setup(ctx, inputs, output) -> None:
+    x, mask, residual, weight, bias, scale, _eps = inputs
+    ctx.mark_non_differentiable(output[2], output[3])
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(x, mask, residual, weight, output[2], output[3])
+    ctx.scale, ctx.bias_dtype = scale, None if bias is None else bias.dtype
+
+
+def _ln_grads(ctx, dy, dh, _dmean, _drstd):
+    x, mask, residual, weight, mean, rstd = ctx.saved_tensors
+    dy = materialize(dy, x, x.dtype)
+    dh = _new_residual_grad(dh, x, mask, residual)
+    affine = (weight is not None and ctx.needs_input_grad[3]) or (
+        ctx.bias_dtype is not None and ctx.needs_input_grad[4])
+    gx, gres, gw, gb = torch.ops.fuser.layer_norm_backward(
+        dy, dh, x, mask, residual, mean, rstd, weight, ctx.bias_dtype, ctx.scale, affine)
+    return (gx, None, gres if residual is not None else None,
+            gw if affine and weight is not None else None,
+            gb if affine and ctx.bias_dtype is not None else None, None, None)
+
+
+layer_norm.register_autograd(_ln_grads, setup_context=_ln_setup)
+forbid_double_backward(layer_norm_backward)

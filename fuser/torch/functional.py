@@ -1,0 +1,147 @@
+"""fuser.torch's functions: torch.nn.functional's rms_norm, layer_norm and softmax, and the
+dropout + residual add + norm of pre-norm transformer blocks, on fuser's kernels.
+
+Each checks its arguments (a FuserError naming the value and what is allowed), flattens the
+leading dimensions into rows and calls a fuser custom op; the reshapes are torch ops, so
+autograd and torch.compile see through them. Dropout masks come from torch's default
+generator (torch.manual_seed makes them repeatable; torch.compile draws them its own way).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from fuser.errors import BadInputError
+from fuser.torch import _ops, _softmax  # noqa: F401 (they register the torch.ops.fuser ops)
+from fuser.torch._support import (
+    check_float,
+    check_normalized_shape,
+    check_parameter,
+)
+
+_EPS = {torch.float64: torch.finfo(torch.float64).eps}
+_FLOAT_EPS = torch.finfo(torch.float32).eps
+
+
+def _default_eps(x: Tensor, eps: float | None) -> float:
+    """torch's RMSNorm default: the epsilon of the type it computes in (float32 for half
+    types, as torch's kernels do, although its docs say x's dtype)."""
+    return _EPS.get(x.dtype, _FLOAT_EPS) if eps is None else float(eps)
+
+
+def _rows(where: str, x: Tensor, normalized_shape, params: dict) -> tuple[Tensor, list]:
+    """x as [rows, hidden] and each parameter as [hidden], after the checks."""
+    check_float(where, "input", x)
+    shape = check_normalized_shape(where, x, normalized_shape)
+    for name, t in params.items():
+        check_parameter(where, name, t, shape)
+    hidden = math.prod(shape)
+    flat = [None if t is None else t.reshape(hidden) for t in params.values()]
+    return x.reshape(-1, hidden), flat
+
+
+def rms_norm(x: Tensor, normalized_shape, weight: Tensor | None = None,
+             eps: float | None = None) -> Tensor:
+    """torch.nn.functional.rms_norm: x / sqrt(mean(x^2) + eps) * weight over the trailing
+    normalized_shape dimensions, in x's dtype (eps=None: float32's epsilon, float64's for
+    float64 input, as torch)."""
+    rows, (w,) = _rows("fuser.torch.rms_norm", x, normalized_shape, {"weight": weight})
+    eps = _default_eps(x, eps)
+    y, _, _ = torch.ops.fuser.rms_norm(rows, None, None, w, 1.0, eps, x.dtype, False)
+    return y.view(x.shape)
+
+
+def hf_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """Hugging Face LlamaRMSNorm's numerics: x normalized in float32, rounded to x's dtype,
+    times the weight, in the promoted dtype of the two (float32 for a float32 weight)."""
+    where = "fuser.torch.hf_rms_norm"
+    rows, (w,) = _rows(where, x, weight.shape[-1:], {"weight": weight})
+    out = torch.promote_types(weight.dtype, x.dtype)
+    y, _, _ = torch.ops.fuser.rms_norm(rows, None, None, w, 1.0, float(eps), out, True)
+    return y.view(x.shape)
+
+
+def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None,
+               bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    """torch.nn.functional.layer_norm over the trailing normalized_shape dimensions, in x's
+    dtype."""
+    rows, (w, b) = _rows("fuser.torch.layer_norm", x, normalized_shape,
+                         {"weight": weight, "bias": bias})
+    y, _, _, _ = torch.ops.fuser.layer_norm(rows, None, None, w, b, 1.0, float(eps))
+    return y.view(x.shape)
+
+
+def _dropout(where: str, rows: Tensor, p: float, training: bool) -> tuple[Tensor | None, float]:
+    """The keep mask (True keeps; torch's default generator) and the scale 1 / (1 - p); no
+    mask in eval mode or at p = 0."""
+    if not 0.0 <= p <= 1.0:
+        raise BadInputError(f"{where}: dropout probability p={p}; it must be in [0, 1]")
+    if not training or p == 0.0:
+        return None, 1.0
+    if p == 1.0:
+        return torch.zeros(rows.shape, dtype=torch.bool, device=rows.device), 0.0
+    mask = torch.empty(rows.shape, dtype=torch.bool, device=rows.device).bernoulli_(1.0 - p)
+    return mask, 1.0 / (1.0 - p)
+
+
+def _residual_rows(where: str, x: Tensor, residual: Tensor | None) -> Tensor | None:
+    if residual is None:
+        return None
+    check_float(where, "residual", residual)
+    if residual.shape != x.shape:
+        raise BadInputError(f"{where}: residual has shape {list(residual.shape)}; it must be "
+                            f"the input's shape {list(x.shape)}")
+    return residual.reshape(-1, x.shape[-1])
+
+
+def dropout_add_rms_norm(x: Tensor, residual: Tensor | None, normalized_shape,
+                         weight: Tensor | None = None, p: float = 0.0,
+                         eps: float | None = None,
+                         training: bool = True) -> tuple[Tensor, Tensor]:
+    """(rms_norm(h), h) where h = residual + dropout(x, p), as pre-norm transformer blocks
+    use it; residual None (the first block) means h = dropout(x). h is computed in float32
+    and normalized before rounding; it is returned in the residual's dtype (x's without)."""
+    where = "fuser.torch.dropout_add_rms_norm"
+    rows, (w,) = _rows(where, x, normalized_shape, {"weight": weight})
+    res = _residual_rows(where, x, residual)
+    mask, scale = _dropout(where, rows, p, training)
+    if mask is None and res is None:
+        return rms_norm(x, normalized_shape, weight, eps), x
+    eps = _default_eps(x, eps)
+    y, h, _ = torch.ops.fuser.rms_norm(rows, mask, res, w, scale, eps, x.dtype, False)
+    return y.view(x.shape), h.view(x.shape)
+
+
+def dropout_add_layer_norm(x: Tensor, residual: Tensor | None, normalized_shape,
+                           weight: Tensor | None = None, bias: Tensor | None = None,
+                           p: float = 0.0, eps: float = 1e-5,
+                           training: bool = True) -> tuple[Tensor, Tensor]:
+    """(layer_norm(h), h) where h = residual + dropout(x, p), as dropout_add_rms_norm."""
+    where = "fuser.torch.dropout_add_layer_norm"
+    rows, (w, b) = _rows(where, x, normalized_shape, {"weight": weight, "bias": bias})
+    res = _residual_rows(where, x, residual)
+    mask, scale = _dropout(where, rows, p, training)
+    if mask is None and res is None:
+        return layer_norm(x, normalized_shape, weight, bias, eps), x
+    y, h, _, _ = torch.ops.fuser.layer_norm(rows, mask, res, w, b, scale, float(eps))
+    return y.view(x.shape), h.view(x.shape)
+
+
+def softmax(x: Tensor, dim: int | None, dtype: torch.dtype | None = None) -> Tensor:
+    """torch.softmax(x, dim, dtype). fuser normalizes along the last dimension: another dim
+    is moved last and back, each a copy (a contiguous output, as torch's)."""
+    where = "fuser.torch.softmax"
+    x = x if dtype is None else x.to(dtype)
+    check_float(where, "input", x)
+    ndim = max(x.dim(), 1)
+    if not isinstance(dim, int) or not -ndim <= dim < ndim:
+        raise BadInputError(f"{where}: dim={dim!r} for an input of {x.dim()} dimensions; pass "
+                            f"an int from {-ndim} to {ndim - 1}")
+    dim %= ndim
+    if dim != ndim - 1:
+        return softmax(x.movedim(dim, -1), -1).movedim(-1, dim).contiguous()
+    y = torch.ops.fuser.softmax(x.reshape(-1, x.shape[-1] if x.dim() else 1))
+    return y.view(x.shape)
