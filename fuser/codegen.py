@@ -22,6 +22,7 @@ from fuser.emit import Emitter, ctype, element_env, scalar_prologue, used_lines
 from fuser.ops import REDUCTIONS
 from fuser.row_codegen import row_context
 from fuser.schedulers.base import FinalizeSchedule, PointwiseSchedule, RowSchedule
+from fuser.schedulers.finalize import total_type
 from fuser.signature import (
     Signature,
     accumulator_type,
@@ -151,12 +152,15 @@ def _render_finalize(signature: Signature, info: FusionInfo, schedule: FinalizeS
     outputs = [{"name": o.name, "ctype": o.dtype.cuda_type, "value": emitter.env[o]}
                for o in col_outputs]
     scalar_lines, _ = scalar_prologue(info)
+    lanes = {b.name: b for b in schedule.smem.buffers}
     context = {
         "entry": signature.entry,
         "params": signature.params,
         "f": schedule,
         "accumulators": [{"name": e.outputs[0].name, "functor": REDUCTIONS[e.op].functor,
-                          "ctype": accumulator_type(e.outputs[0].dtype)}
+                          "ctype": accumulator_type(e.outputs[0].dtype),
+                          "total": total_type(e.outputs[0].dtype),
+                          "lanes": lanes[f"s_lanes_{e.outputs[0].name}"]}
                          for e in info.outer_reductions],
         "scalar_lines": used_lines(scalar_lines, lines + [o["value"] for o in outputs]),
         "lines": lines,

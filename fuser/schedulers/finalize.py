@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from fuser.analysis import FusionInfo, Role
 from fuser.device import DeviceSpec
+from fuser.dtypes import DataType
 from fuser.schedulers.base import FinalizeSchedule, Problem
 from fuser.smem import SmemPlan
 
@@ -20,6 +21,15 @@ FINALIZE_COLUMNS = (32, 16, 8)  # columns per block, widest first
 # flight at once while the adds stay in row order. 16 covers a lane's share at 8 blocks per SM
 # and 64 lanes (~1056 / 64) in one round trip to L2.
 FINALIZE_UNROLL = 16
+
+
+def total_type(dtype: DataType) -> str:
+    """The C++ type the finalize adds a column's partials up in: double for a float reduction
+    (float partials, one rounding fewer), the accumulator's own integer or bool type
+    otherwise. A double total of Int64 partials rounded sums past 2**53 (a column holding
+    the type's minimum summed to min + 4096 where torch gives min + 2590)."""
+    compute = dtype.compute_type
+    return "double" if compute in ("float", "double") else compute
 
 
 def needs_finalize(info: FusionInfo) -> bool:
@@ -54,7 +64,8 @@ def finalize_schedule(info: FusionInfo, problem: Problem, device: DeviceSpec,
         cols = max(1, min(FINALIZE_COLUMNS[0], FINALIZE_THREADS // lanes))
     plan = SmemPlan.build(
         [(f"s_lanes_{e.outputs[0].name}", lanes * cols * 8,
-          f"the lanes' sums of {e.outputs[0].name}: {lanes} lanes x {cols} columns (double)")
+          f"the lanes' sums of {e.outputs[0].name}: {lanes} lanes x {cols} columns "
+          f"({total_type(e.outputs[0].dtype)})")
          for e in info.outer_reductions],
         device.smem_per_block_optin,
     )

@@ -44,7 +44,8 @@ class RowSearch:
 
     def candidates(self) -> Iterator[RowSchedule]:
         """Every fitting schedule, best first, each once (steps overlap: the largest cluster's
-        on-chip choices come again in its re-read step); raises when none fits."""
+        on-chip choices come again in its re-read step); raises when none fits, and after the
+        last one when hints were given (the build ran out of schedules it could compile)."""
         check(self.given, self._hint_context(), self._default)
         self._check_aligned_copy()
         seen: set[RowSchedule] = set()
@@ -53,7 +54,7 @@ class RowSearch:
                 if s not in seen:
                     seen.add(s)
                     yield s
-        if not seen:
+        if not seen or self.hints.given():  # hinted: say which hints no schedule honours
             raise self._exhausted()
 
     def _steps(self) -> list[tuple[int, Reach, str]]:
