@@ -1,0 +1,600 @@
+"""CPU: fuser.torch without a GPU. The modules' constructors, parameters and state_dict keys
+against torch.nn's; patch() on a small model; the custom ops' schemas, fake implementations
+and autograd registrations (torch.library.opcheck); torch.compile(fullgraph=True) through
+them; the errors; `import fuser` without torch.
+
+Where a test runs the ops on CPU tensors, the fusion is run by fuser's float64 oracle
+(fuser.reference.evaluate) in place of the GPU executor (`oracle` fixture): that checks the
+fusions' math (against torch's own modules and by gradcheck in float64) and everything
+fuser.torch does around them; the GPU tests run the kernels (tests/test_gpu_torch.py).
+"""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fuser.torch as ft  # noqa: E402
+from fuser import explain  # noqa: E402
+from fuser.dtypes import DataType  # noqa: E402
+from fuser.errors import BadInputError, UnsupportedFusionError  # noqa: E402
+from fuser.ir import Tensor as FusionTensor  # noqa: E402
+from fuser.reference import evaluate  # noqa: E402
+from fuser.torch import _fusions  # noqa: E402
+from fuser.torch._fusions import NormSpec  # noqa: E402
+from fuser.torch._support import TORCH_DTYPES  # noqa: E402
+
+F64 = torch.float64
+
+
+def _host(x):
+    if not isinstance(x, torch.Tensor):
+        return x
+    assert x.is_contiguous(), "the executor takes contiguous tensors"
+    x = x.detach()
+    return x.float().numpy() if x.dtype == torch.bfloat16 else x.numpy()
+
+
+def run_on_oracle(fd, inputs):
+    """fd.execute's contract on CPU tensors: outputs of the declared dtypes, from the oracle."""
+    outs = evaluate(fd.fusion, [_host(x) for x in inputs])
+    return [torch.from_numpy(np.asarray(o, dtype=np.float64)).to(TORCH_DTYPES[v.dtype])
+            for o, v in zip(outs, fd.fusion.outputs, strict=True)]
+
+
+@pytest.fixture
+def oracle(monkeypatch):
+    monkeypatch.setattr(_fusions, "run", run_on_oracle)
+
+
+# ----- packaging -----
+
+
+def test_import_fuser_does_not_import_torch():
+    code = "import sys, fuser, fuser.executor; assert 'torch' not in sys.modules, 'torch'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_fuser_torch_without_torch_says_how_to_install():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "try:\n    import fuser.torch\nexcept ImportError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True).stdout
+    assert "needs PyTorch" in out and "pip install" in out and "[torch]" in out
+
+
+# ----- modules: the torch.nn contract -----
+
+
+@pytest.mark.parametrize(("ours", "theirs"), [(ft.RMSNorm, torch.nn.RMSNorm),
+                                              (ft.LayerNorm, torch.nn.LayerNorm)])
+def test_norm_constructors_are_torchs(ours, theirs):
+    assert inspect.signature(ours) == inspect.signature(theirs)
+    assert issubclass(ours, theirs)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"normalized_shape": 8},
+    {"normalized_shape": (3, 8), "eps": 1e-3},
+    {"normalized_shape": [8], "elementwise_affine": False},
+    {"normalized_shape": 8, "bias": False},
+    {"normalized_shape": 8, "dtype": torch.bfloat16},
+])
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_state_dicts_load_both_ways(kind, kwargs):
+    ours, theirs = (ft.RMSNorm, torch.nn.RMSNorm) if kind == "rms" else (ft.LayerNorm,
+                                                                          torch.nn.LayerNorm)
+    if kind == "rms":
+        kwargs = {k: v for k, v in kwargs.items() if k != "bias"}
+    a, b = ours(**kwargs), theirs(**kwargs)
+    assert a.state_dict().keys() == b.state_dict().keys()
+    for t in b.state_dict().values():
+        t.uniform_()
+    a.load_state_dict(b.state_dict())
+    for key, t in b.state_dict().items():
+        assert torch.equal(a.state_dict()[key], t) and a.state_dict()[key].dtype == t.dtype
+    b.load_state_dict(ours(**kwargs).state_dict())
+    assert repr(a).split("(", 1)[1] == repr(b).split("(", 1)[1]
+
+
+def test_dropout_add_modules_have_torchs_parameters():
+    rms = ft.DropoutAddRMSNorm(8, p=0.1)
+    assert rms.state_dict().keys() == torch.nn.RMSNorm(8).state_dict().keys()
+    ln = ft.DropoutAddLayerNorm((2, 8), p=0.1, bias=False)
+    assert ln.state_dict().keys() == torch.nn.LayerNorm((2, 8), bias=False).state_dict().keys()
+    assert ft.DropoutAddLayerNorm(8, elementwise_affine=False).weight is None
+    assert torch.equal(ln.weight, torch.ones(2, 8)) and ln.bias is None
+    assert "p=0.1" in repr(rms)
+
+
+def test_softmax_module_defaults_to_the_last_dim():
+    assert ft.Softmax().dim == -1 and ft.Softmax(1).dim == 1
+    assert isinstance(ft.Softmax(), torch.nn.Softmax)
+
+
+# ----- numerics of the fusions (run by the oracle) against torch's modules -----
+
+
+def _grads(module, x, g):
+    y = module(x)
+    params = [p for p in module.parameters()]
+    return [y, *torch.autograd.grad(y, [x, *params], g)]
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 16), (7, 33), (1, 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize(("ours", "theirs", "kwargs"), [
+    (ft.RMSNorm, torch.nn.RMSNorm, {}),
+    (ft.RMSNorm, torch.nn.RMSNorm, {"eps": 1e-2, "elementwise_affine": False}),
+    (ft.LayerNorm, torch.nn.LayerNorm, {}),
+    (ft.LayerNorm, torch.nn.LayerNorm, {"bias": False}),
+    (ft.LayerNorm, torch.nn.LayerNorm, {"elementwise_affine": False}),
+])
+def test_modules_match_torch(oracle, ours, theirs, kwargs, dtype, shape):
+    torch.manual_seed(0)
+    a, b = ours(shape[-1], dtype=dtype, **kwargs), theirs(shape[-1], dtype=dtype, **kwargs)
+    for p in a.parameters():
+        p.data.uniform_(0.5, 1.5)
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(shape, dtype=dtype, requires_grad=True)
+    g = torch.randn(shape, dtype=dtype)
+    rtol, atol = (1e-5, 1e-4) if dtype == torch.float32 else (1e-12, 1e-12)
+    for got, want in zip(_grads(a, x, g), _grads(b, x, g), strict=True):
+        torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
+
+
+def test_multi_dim_normalized_shape(oracle):
+    x = torch.randn(2, 3, 4, 5, dtype=F64, requires_grad=True)
+    w = torch.rand(4, 5, dtype=F64, requires_grad=True)
+    b = torch.rand(4, 5, dtype=F64, requires_grad=True)
+    torch.testing.assert_close(ft.rms_norm(x, (4, 5), w), torch.nn.functional.rms_norm(
+        x, (4, 5), w))
+    torch.testing.assert_close(ft.layer_norm(x, [4, 5], w, b, 1e-3),
+                               torch.nn.functional.layer_norm(x, [4, 5], w, b, 1e-3))
+    assert torch.autograd.gradcheck(lambda x, w, b: ft.layer_norm(x, (4, 5), w, b), (x, w, b))
+
+
+@pytest.mark.parametrize("dim", [-1, 0, 1, 2])
+def test_softmax_matches_torch_along_any_dim(oracle, dim):
+    x = torch.randn(3, 4, 5, dtype=F64, requires_grad=True)
+    y = ft.softmax(x, dim)
+    torch.testing.assert_close(y, torch.softmax(x, dim))
+    assert y.is_contiguous()
+    assert torch.autograd.gradcheck(lambda x: ft.softmax(x, dim), (x,))
+    torch.testing.assert_close(ft.Softmax(dim)(x), torch.nn.Softmax(dim)(x))
+    torch.testing.assert_close(ft.softmax(x.float(), dim, dtype=F64), torch.softmax(
+        x.float(), dim, dtype=F64))
+
+
+def test_rms_norm_default_eps_is_torchs(oracle):
+    """torch's default is the compute type's epsilon (float32's for half types)."""
+    for dtype in (torch.bfloat16, torch.float32, F64):
+        x = torch.full((2, 4), 1e-4, dtype=dtype)
+        torch.testing.assert_close(ft.rms_norm(x, (4,)), torch.nn.functional.rms_norm(x, (4,)))
+
+
+def test_gradcheck_in_float64(oracle):
+    x = torch.randn(5, 12, dtype=F64, requires_grad=True)
+    r = torch.randn(5, 12, dtype=F64, requires_grad=True)
+    w = torch.rand(12, dtype=F64, requires_grad=True)
+    b = torch.rand(12, dtype=F64, requires_grad=True)
+
+    def dropped(fn, *args, **kwargs):
+        torch.manual_seed(3)  # the same mask at every evaluation
+        return fn(*args, p=0.3, **kwargs)
+
+    cases = [
+        (lambda x, w: ft.rms_norm(x, 12, w), (x, w)),
+        (lambda x: ft.rms_norm(x, 12), (x,)),
+        (lambda x, w, b: ft.layer_norm(x, 12, w, b), (x, w, b)),
+        (lambda x, w: ft.hf_rms_norm(x, w, 1e-6), (x, w)),
+        (lambda x, r, w: dropped(ft.dropout_add_rms_norm, x, r, 12, w), (x, r, w)),
+        (lambda x, w: dropped(ft.dropout_add_rms_norm, x, None, 12, w), (x, w)),
+        (lambda x, r: ft.dropout_add_rms_norm(x, r, 12, None), (x, r)),
+        (lambda x, r, w, b: dropped(ft.dropout_add_layer_norm, x, r, 12, w, b), (x, r, w, b)),
+        (lambda x, r, b: dropped(ft.dropout_add_layer_norm, x, r, 12, None, b), (x, r, b)),
+    ]
+    for fn, args in cases:
+        assert torch.autograd.gradcheck(fn, args)
+
+
+def test_a_frozen_weight_gets_no_column_sum(monkeypatch):
+    """Without a weight gradient to compute, the backward fusion has no column reduction."""
+    ran = []
+    monkeypatch.setattr(_fusions, "run", lambda fd, inputs: ran.append(fd) or run_on_oracle(
+        fd, inputs))
+    x = torch.randn(4, 8, requires_grad=True)
+    norm = ft.RMSNorm(8)
+    norm.weight.requires_grad_(False)
+    norm(x).sum().backward()
+    assert x.grad is not None and norm.weight.grad is None
+    assert [len(fd.fusion.outputs) for fd in ran] == [2, 1]  # (y, rstd), (grad_x)
+
+
+# ----- dropout + residual add + norm -----
+
+
+def _reference_block(x, residual, mask, p, norm):
+    """torch's pre-norm block, with fuser's mask: h = residual + dropout(x); norm(h)."""
+    h = x * mask / (1 - p) if mask is not None else x
+    h = h if residual is None else residual + h
+    return norm(h), h
+
+
+@pytest.mark.parametrize("with_residual", [True, False])
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_dropout_add_norm_matches_torch_with_the_same_mask(oracle, kind, with_residual):
+    p, shape = 0.25, (2, 3, 16)
+    ours = (ft.DropoutAddRMSNorm(16, p=p, dtype=F64) if kind == "rms"
+            else ft.DropoutAddLayerNorm(16, p=p, dtype=F64))
+    theirs = (torch.nn.RMSNorm(16, dtype=F64) if kind == "rms"
+              else torch.nn.LayerNorm(16, dtype=F64))
+    for t in ours.parameters():
+        t.data.uniform_(0.5, 1.5)
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(shape, dtype=F64, requires_grad=True)
+    residual = torch.randn(shape, dtype=F64, requires_grad=True) if with_residual else None
+    torch.manual_seed(7)
+    y, h = ours(x, residual)
+    torch.manual_seed(7)  # the mask fuser.torch draws: torch's bernoulli_ on a bool tensor
+    mask = torch.empty((6, 16), dtype=torch.bool).bernoulli_(1 - p).view(shape)
+    y_ref, h_ref = _reference_block(x, residual, mask, p, theirs)
+    torch.testing.assert_close((y, h), (y_ref, h_ref))
+    gy, gh = torch.randn_like(y), torch.randn_like(h)
+    leaves = [t for t in (x, residual, *ours.parameters()) if t is not None]
+    ref_leaves = [t for t in (x, residual, *theirs.parameters()) if t is not None]
+    got = torch.autograd.grad((y, h), leaves, (gy, gh))
+    want = torch.autograd.grad((y_ref, h_ref), ref_leaves, (gy, gh))
+    torch.testing.assert_close(got, want)
+
+
+def test_dropout_is_repeatable_under_manual_seed_and_off_in_eval(oracle):
+    block = ft.DropoutAddRMSNorm(16, p=0.5)
+    x, residual = torch.randn(4, 16), torch.randn(4, 16)
+    torch.manual_seed(1)
+    first = block(x, residual)
+    torch.manual_seed(1)
+    assert all(torch.equal(a, b) for a, b in zip(first, block(x, residual), strict=True))
+    assert not torch.equal(first[1], block(x, residual)[1])  # a fresh mask
+    block.eval()
+    y, h = block(x, residual)
+    torch.testing.assert_close(h, x + residual)
+    torch.testing.assert_close(y, torch.nn.functional.rms_norm(x + residual, (16,),
+                                                               block.weight))
+
+
+def test_first_block_without_dropout_returns_x_as_the_residual(oracle):
+    x = torch.randn(4, 16)
+    y, h = ft.DropoutAddLayerNorm(16, p=0.1).eval()(x)
+    assert h is x
+    torch.testing.assert_close(y, torch.nn.functional.layer_norm(x, (16,)))
+
+
+# ----- mixed dtypes and Hugging Face's LlamaRMSNorm -----
+
+
+class LlamaRMSNorm(torch.nn.Module):
+    """Hugging Face transformers' LlamaRMSNorm, as it is written there."""
+
+    def __init__(self, hidden_size, eps=1e-6):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states):
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+class GemmaRMSNorm(torch.nn.Module):
+    """Gemma's RMSNorm: the same look, but it scales by 1 + weight."""
+
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x):
+        out = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return (out * (1.0 + self.weight.float())).type_as(x)
+
+
+@pytest.mark.parametrize(("x_dtype", "w_dtype"), [(torch.bfloat16, torch.float32),
+                                                  (torch.bfloat16, torch.bfloat16),
+                                                  (torch.float32, torch.float32)])
+def test_hf_rms_norm_matches_llama(oracle, x_dtype, w_dtype):
+    hf = LlamaRMSNorm(64).to(w_dtype)
+    hf.weight.data.uniform_(0.5, 1.5)
+    x = torch.randn(3, 5, 64).to(x_dtype)
+    y = ft.hf_rms_norm(x, hf.weight, hf.variance_epsilon)
+    want = hf(x)
+    assert y.dtype == want.dtype
+    torch.testing.assert_close(y, want)
+
+
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")
+def test_mixed_dtypes_follow_torch(oracle):
+    """A float32 weight on bfloat16 input: y in the input's dtype, each grad in its own."""
+    x = torch.randn(4, 32, dtype=torch.bfloat16, requires_grad=True)
+    norm, ref = ft.RMSNorm(32), torch.nn.RMSNorm(32)
+    y = norm(x)
+    assert y.dtype == ref(x).dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert x.grad.dtype == torch.bfloat16 and norm.weight.grad.dtype == torch.float32
+    ln = ft.LayerNorm(32)
+    assert ln(x).dtype == torch.nn.LayerNorm(32)(x).dtype
+
+
+# ----- patch -----
+
+
+class TinyModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Linear(8, 16)
+        self.layers = torch.nn.ModuleList([torch.nn.ModuleDict({
+            "rms": torch.nn.RMSNorm(16, eps=1e-5), "ln": torch.nn.LayerNorm(16, bias=False),
+            "hf": LlamaRMSNorm(16), "gemma": GemmaRMSNorm(16), "proj": torch.nn.Linear(16, 16),
+        }) for _ in range(2)])
+        self.shared = self.layers[0]["rms"]
+        self.final = torch.nn.RMSNorm(16, elementwise_affine=False)
+
+    def forward(self, x):
+        h = self.embed(x)
+        for layer in self.layers:
+            h = h + layer["proj"](layer["gemma"](layer["hf"](layer["ln"](layer["rms"](h)))))
+        return self.final(self.shared(h))
+
+
+def test_patch_swaps_norms_keeping_their_parameters(oracle):
+    torch.manual_seed(0)
+    model = TinyModel()
+    for t in model.parameters():
+        t.data.uniform_(0.5, 1.5)
+    params = dict(model.named_parameters())
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(3, 8)
+    before = model(x)
+    model.eval()
+    with pytest.warns(UserWarning) as warned:
+        replaced = ft.patch(model)
+    assert [str(w.message).split(":")[0] for w in warned] == [
+        f"fuser.torch.patch left layers.{i}.gemma (GemmaRMSNorm) alone" for i in (0, 1)]
+    names = [r.name for r in replaced]
+    assert names == ["layers.0.rms", "layers.0.ln", "layers.0.hf", "layers.1.rms",
+                     "layers.1.ln", "layers.1.hf", "shared", "final"]
+    assert type(model.layers[0]["rms"]) is ft.RMSNorm and model.shared is model.layers[0]["rms"]
+    assert type(model.layers[1]["ln"]) is ft.LayerNorm and model.layers[1]["ln"].bias is None
+    assert type(model.layers[0]["hf"]) is ft.HFRMSNorm
+    assert type(model.layers[0]["gemma"]) is GemmaRMSNorm
+    assert isinstance(replaced[0].old, torch.nn.RMSNorm) and replaced[0].new is model.shared
+    assert all(not r.new.training for r in replaced)
+    assert model.layers[0]["rms"].eps == 1e-5 and model.layers[0]["hf"].variance_epsilon == 1e-6
+    assert all(a is b for a, b in zip(params.values(), model.parameters(), strict=True))
+    assert dict(model.named_parameters()).keys() == params.keys()
+    assert model.state_dict().keys() == state.keys()
+    torch.testing.assert_close(model(x), before, rtol=1e-5, atol=1e-5)
+
+
+def test_patch_leaves_models_without_norms_and_meta_weights_alone():
+    assert ft.patch(torch.nn.Sequential(torch.nn.Linear(2, 2))) == []
+    with torch.device("meta"):
+        model = torch.nn.Sequential(LlamaRMSNorm(4))
+    with pytest.warns(UserWarning, match="meta device"):
+        assert ft.patch(model) == []
+
+
+# ----- custom ops: schemas, fake implementations, autograd registrations -----
+
+
+def _op_cases():
+    x, r, w, b = torch.randn(6, 16), torch.randn(6, 16), torch.rand(16), torch.rand(16)
+    mask = torch.rand(6, 16) > 0.3
+    xb = x.bfloat16()
+
+    def grad(*ts):
+        return [t.clone().requires_grad_() for t in ts]
+
+    xg, rg, wg, bg = grad(x, r, w, b)
+    ops = torch.ops.fuser
+    return [
+        (ops.rms_norm.default, (x, None, None, w, 1.0, 1e-6, torch.float32, False)),
+        (ops.rms_norm.default, (xg, None, None, wg, 1.0, 1e-6, torch.float32, False)),
+        (ops.rms_norm.default, (xg, None, None, None, 1.0, 1e-6, torch.float32, False)),
+        (ops.rms_norm.default, (xb, None, None, w, 1.0, 1e-6, torch.float32, True)),
+        (ops.rms_norm.default, (xg, mask, rg, wg, 1 / 0.7, 1e-6, torch.float32, False)),
+        (ops.rms_norm.default, (xg, mask, None, wg, 1 / 0.7, 1e-6, torch.float32, False)),
+        (ops.layer_norm.default, (xg, None, None, wg, bg, 1.0, 1e-5)),
+        (ops.layer_norm.default, (xg, None, None, None, bg, 1.0, 1e-5)),
+        (ops.layer_norm.default, (xg, mask, rg, wg, bg, 1 / 0.7, 1e-5)),
+        (ops.layer_norm.default, (xg, None, rg, wg, None, 1.0, 1e-5)),
+        (ops.softmax.default, (xg,)),
+        (ops.softmax.default, (xb,)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_op_cases())))
+def test_opcheck(oracle, case):
+    op, args = _op_cases()[case]
+    torch.library.opcheck(op, args)
+
+
+def test_backward_ops_opcheck(oracle):
+    x, dy, w = torch.randn(6, 16), torch.randn(6, 16), torch.rand(16)
+    _, _, rstd = torch.ops.fuser.rms_norm(x, None, None, w, 1.0, 1e-6, torch.float32, False)
+    _, _, mean, rstd_ln = torch.ops.fuser.layer_norm(x, None, None, w, w, 1.0, 1e-5)
+    ops = torch.ops.fuser
+    torch.library.opcheck(ops.rms_norm_backward.default, (dy, None, x, None, None, rstd, w,
+                                                          1.0, True))
+    torch.library.opcheck(ops.layer_norm_backward.default, (dy, None, x, None, None, mean,
+                                                            rstd_ln, w, torch.float32, 1.0,
+                                                            True))
+    torch.library.opcheck(ops.softmax_backward.default, (dy, torch.softmax(x, -1)))
+
+
+def test_fake_and_meta_tensors_give_shapes_without_running():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(2, 3, 64, dtype=torch.bfloat16)
+        y = ft.RMSNorm(64, dtype=torch.float32)(x)
+        y2, h = ft.DropoutAddLayerNorm(64, p=0.1)(x, x)
+        s = ft.softmax(x, 1)
+    assert (y.shape, y.dtype) == ((2, 3, 64), torch.bfloat16)
+    assert y2.shape == h.shape == (2, 3, 64) and s.shape == (2, 3, 64)
+    meta = ft.LayerNorm(64, device="meta")(torch.empty(5, 64, device="meta"))
+    assert meta.device.type == "meta" and meta.shape == (5, 64)
+
+
+def test_saved_tensors_are_the_minimum(oracle):
+    """The backward keeps x, the weight and the per-row statistics: no normalized copy."""
+    saved = []
+
+    def pack(t):
+        saved.append(tuple(t.shape))
+        return t
+
+    x = torch.randn(6, 16, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        ft.rms_norm(x, 16, torch.rand(16, requires_grad=True))
+    assert sorted(saved) == [(6, 1), (6, 16), (16,)]
+    saved.clear()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        ft.layer_norm(x, 16)
+    assert sorted(saved) == [(6, 1), (6, 1), (6, 16)]
+    saved.clear()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        ft.softmax(x, -1)
+    assert saved == [(6, 16)]
+
+
+def test_double_backward_raises_a_fuser_error(oracle):
+    x = torch.randn(4, 8, requires_grad=True)
+    for fn in (lambda x: ft.rms_norm(x, 8), lambda x: ft.layer_norm(x, 8),
+               lambda x: ft.softmax(x, -1)):
+        (g,) = torch.autograd.grad((fn(x) ** 2).sum(), x, create_graph=True)
+        with pytest.raises(UnsupportedFusionError, match="double backward"):
+            g.sum().backward()
+
+
+# ----- torch.compile -----
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm1 = ft.DropoutAddRMSNorm(16, p=0.2)
+        self.proj = torch.nn.Linear(16, 16)
+        self.norm2 = ft.LayerNorm(16)
+        self.attn = ft.Softmax(-1)
+
+    def forward(self, x):
+        y, residual = self.norm1(x)
+        return self.attn(self.norm2(self.proj(y))) + residual
+
+
+def test_compile_fullgraph_has_the_ops_and_no_break(oracle):
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    block = Block()
+    compiled = torch.compile(block, fullgraph=True, backend=backend, dynamic=True)
+    for rows in (3, 5):
+        compiled(torch.randn(rows, 2, 16, requires_grad=True)).sum().backward()
+    targets = {str(n.target).removesuffix(".default") for gm in graphs for n in gm.graph.nodes}
+    assert {"fuser.rms_norm", "fuser.layer_norm", "fuser.softmax"} <= targets
+
+
+def test_compile_aot_matches_eager(oracle):
+    torch._dynamo.reset()
+    block = Block().eval()
+    x = torch.randn(3, 4, 16, requires_grad=True)
+    eager = block(x)
+    (g_eager,) = torch.autograd.grad(eager.sum(), x)
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")(x)
+    (g_compiled,) = torch.autograd.grad(compiled.sum(), x)
+    torch.testing.assert_close((compiled, g_compiled), (eager, g_eager))
+
+
+# ----- errors -----
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: ft.rms_norm(torch.ones(2, 4, dtype=torch.int32), 4), r"input has dtype torch.int32"),
+    (lambda: ft.rms_norm(torch.ones(2, 4), (3,)), r"normalized_shape \[3\] must be the last"),
+    (lambda: ft.rms_norm(torch.ones(2, 4), (2, 2, 4)), r"normalized_shape"),
+    (lambda: ft.layer_norm(torch.ones(2, 4), 4, torch.ones(3)), r"weight has shape \[3\]"),
+    (lambda: ft.layer_norm(torch.ones(2, 4), 4, None, torch.ones(4, dtype=torch.int64)),
+     r"bias has dtype torch.int64; fuser.torch takes torch.bfloat16"),
+    (lambda: ft.softmax(torch.ones(2, 4), 2), r"dim=2 .* pass an int from -2 to 1"),
+    (lambda: ft.softmax(torch.ones(2, 4), None), r"dim=None"),
+    (lambda: ft.softmax(torch.ones(2, 4, dtype=torch.complex64), -1), r"complex64"),
+    (lambda: ft.dropout_add_rms_norm(torch.ones(2, 4), None, 4, p=1.5),
+     r"p=1.5; it must be in \[0, 1\]"),
+    (lambda: ft.dropout_add_rms_norm(torch.ones(2, 4), torch.ones(4), 4),
+     r"residual has shape \[4\]; it must be the input's shape \[2, 4\]"),
+])
+def test_errors_name_the_value_and_the_allowed_set(call, message):
+    with pytest.raises(BadInputError, match=message):
+        call()
+
+
+def test_cpu_tensors_are_refused_by_the_executor():
+    with pytest.raises(BadInputError, match="move it to a CUDA device"):
+        ft.RMSNorm(8)(torch.randn(2, 8))
+
+
+# ----- every fusion fuser.torch builds schedules and compiles (NVRTC, offline) -----
+
+
+def _specs():
+    bf, f32 = DataType.BFloat16, DataType.Float
+    for rms in (True, False):
+        for weight in (None, bf):
+            for residual in (None, bf, f32):
+                for dropout in (False, True):
+                    yield NormSpec(rms, bf, bf, weight=weight, bias=None if rms else weight,
+                                   residual=residual, dropout=dropout)
+    yield NormSpec(True, bf, f32, weight=f32, hf=True)
+    yield NormSpec(False, DataType.Double, DataType.Double, weight=DataType.Double,
+                   bias=DataType.Double, residual=DataType.Double, dropout=True)
+
+
+def _fusion_cases() -> list:
+    cases = []
+    for spec in _specs():
+        cases.append(pytest.param(lambda spec=spec: _fusions.norm_forward(spec),
+                                  id=f"{spec.name('fwd')}-{spec}"))
+        for affine in sorted({True, spec.weight is not None}):
+            cases.append(pytest.param(lambda spec=spec, affine=affine: _fusions.norm_backward(
+                spec, affine), id=f"{spec.name('bwd')}-{spec}-{affine}"))
+    for dtype in (DataType.BFloat16, DataType.Half, DataType.Float, DataType.Double):
+        cases.append(pytest.param(lambda d=dtype: _fusions.softmax_forward(d),
+                                  id=f"softmax-{dtype}"))
+        cases.append(pytest.param(lambda d=dtype: _fusions.softmax_backward(d, d),
+                                  id=f"softmax-bwd-{dtype}"))
+    return cases
+
+
+@pytest.mark.parametrize("build", _fusion_cases())
+def test_fusion_builds_offline(build):
+    fd = build()
+    rows, hidden = 7, 24578
+    shapes = [None if not isinstance(v, FusionTensor) else (hidden,) if v.ndim == 1
+              else (rows, 1) if v.dims[1] is None or v.contiguity[1] is None else (rows, hidden)
+              for v in fd.fusion.inputs]
+    report = explain(fd, shapes, device="h200")
+    assert all(r.spill_stores == 0 for r in report.resources.values()), str(report)
