@@ -1,0 +1,458 @@
+"""GPU (-m gpu): fuser.torch on the device.
+
+The modules' outputs and every gradient against torch.nn's own, at odd shapes, in float32
+and bfloat16: fuser's error against a float64 run of torch's module must be within twice
+torch's own error (plus a few units of the dtype), so neither side's rounding is taken for
+the truth. gradcheck in float64. torch.compile(fullgraph=True) (a graph break raises) and
+its CUDA graphs; torch.cuda.graph capture and replay; CuPy's stream capture of fd.execute;
+no synchronizing torch call (set_sync_debug_mode). A 20-step bf16 training of a small
+transformer patched by fuser.torch.patch against the unpatched one, eager and compiled.
+Dropout + add + RMSNorm repeatable under torch.manual_seed, its gradients against torch
+with the same mask. Two GPUs: inputs on cuda:1 leave the current device alone, threads on
+both devices at once, and DDP / FSDP2 through torchrun (tests/torch_ddp_train.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch_ddp_train as tiny  # noqa: E402
+
+import fuser.torch as ft  # noqa: E402
+from fuser import DataType  # noqa: E402
+from fuser.torch import _fusions  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAPES = [(3, 5, 1000), (7, 24578), (2, 4097)]
+DTYPES = [torch.float32, torch.bfloat16]
+# Units of the dtype (relative to the largest reference value) fuser may be off by where
+# torch happens to be exact: an output rounded once, a sum of rows rounded once.
+FLOOR = {torch.float32: 4e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3}
+
+
+@pytest.fixture(autouse=True)
+def _torch_cuda():
+    if not torch.cuda.is_available():
+        if os.environ.get("FUSER_REQUIRE_GPU") == "1":
+            pytest.fail("FUSER_REQUIRE_GPU=1 but torch sees no CUDA device", pytrace=False)
+        pytest.skip("torch sees no CUDA device")
+
+
+def _two_gpus() -> None:
+    count = torch.cuda.device_count()
+    if count < 2:
+        pytest.skip(f"needs two GPUs; {count} visible")
+
+
+def assert_as_close_as_torch(ours, theirs, reference, what="", floor_dtype=None,
+                             same_dtypes=True):
+    """Each of ours is as close to the float64 reference as torch's is (twice its error,
+    plus FLOOR units of its dtype, or of floor_dtype), and of torch's shape and dtype."""
+    for i, (a, b, r) in enumerate(zip(ours, theirs, reference, strict=True)):
+        assert a.shape == b.shape and (a.dtype == b.dtype or not same_dtypes), (what, i)
+        r = r.double()
+        ours_err = (a.double() - r).abs().max().item()
+        torch_err = (b.double() - r).abs().max().item()
+        floor = FLOOR[floor_dtype or a.dtype] * r.abs().max().item()
+        assert ours_err <= 2 * torch_err + floor, (
+            f"{what} output {i}: fuser's error {ours_err:.3g}, torch's {torch_err:.3g}, "
+            f"floor {floor:.3g}")
+
+
+def outputs_and_grads(module, x, g, *extra):
+    """[y, grad x, grad of each extra input, grad of each parameter] of module(x, *extra),
+    for output gradients g (converted to each output's dtype)."""
+    x = x.detach().clone().requires_grad_()
+    extra = [e.detach().clone().requires_grad_() for e in extra]
+    y = module(x, *extra)
+    ys = y if isinstance(y, tuple) else (y,)
+    gs = [gi.to(yi.dtype) for gi, yi in zip(g if isinstance(g, tuple) else (g,), ys,
+                                              strict=True)]
+    leaves = [x, *extra, *module.parameters()]
+    return [*ys, *torch.autograd.grad(ys, leaves, gs)]
+
+
+def _fill(module):
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("weight"):
+                p.uniform_(0.5, 1.5)
+            else:
+                p.uniform_(-0.5, 0.5)
+    return module
+
+
+NORMS = {
+    "rms": (ft.RMSNorm, torch.nn.RMSNorm, {}),
+    "rms_eps": (ft.RMSNorm, torch.nn.RMSNorm, {"eps": 1e-5}),
+    "rms_no_affine": (ft.RMSNorm, torch.nn.RMSNorm, {"elementwise_affine": False}),
+    "layer": (ft.LayerNorm, torch.nn.LayerNorm, {}),
+    "layer_no_bias": (ft.LayerNorm, torch.nn.LayerNorm, {"bias": False}),
+    "layer_no_affine": (ft.LayerNorm, torch.nn.LayerNorm, {"elementwise_affine": False}),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("kind", list(NORMS))
+def test_norm_modules_match_torch(kind, shape, dtype):
+    ours_cls, torch_cls, kwargs = NORMS[kind]
+    torch.manual_seed(0)
+    ours = _fill(ours_cls(shape[-1], device="cuda", dtype=dtype, **kwargs))
+    theirs = torch_cls(shape[-1], device="cuda", dtype=dtype, **kwargs)
+    reference = torch_cls(shape[-1], device="cuda", dtype=torch.float64, **kwargs)
+    theirs.load_state_dict(ours.state_dict())
+    reference.load_state_dict(ours.state_dict())
+    x = torch.randn(shape, device="cuda", dtype=dtype)
+    g = torch.randn(shape, device="cuda", dtype=dtype)
+    assert_as_close_as_torch(outputs_and_grads(ours, x, g), outputs_and_grads(theirs, x, g),
+                             outputs_and_grads(reference, x.double(), g.double()), kind)
+
+
+@pytest.mark.parametrize("dim", [-1, 0])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_softmax_matches_torch(shape, dtype, dim):
+    x = 4 * torch.randn(shape, device="cuda", dtype=dtype)
+    g = torch.randn(shape, device="cuda", dtype=dtype)
+    assert_as_close_as_torch(outputs_and_grads(ft.Softmax(dim), x, g),
+                             outputs_and_grads(torch.nn.Softmax(dim), x, g),
+                             outputs_and_grads(torch.nn.Softmax(dim), x.double(), g.double()))
+
+
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_float32_weights_on_bfloat16_input(kind):
+    ours_cls, torch_cls, _ = NORMS[kind]
+    ours = _fill(ours_cls(4097, device="cuda"))
+    theirs = torch_cls(4097, device="cuda")
+    theirs.load_state_dict(ours.state_dict())
+    reference = torch_cls(4097, device="cuda", dtype=torch.float64)
+    reference.load_state_dict(ours.state_dict())
+    x = torch.randn(6, 4097, device="cuda", dtype=torch.bfloat16)
+    g = torch.randn(6, 4097, device="cuda", dtype=torch.bfloat16)
+    got = outputs_and_grads(ours, x, g)
+    assert [t.dtype for t in got] == [torch.bfloat16, torch.bfloat16] + [torch.float32] * (
+        len(got) - 2)  # y and grad x in x's dtype, as torch's LayerNorm; the rest the weight's
+    assert_as_close_as_torch(got, outputs_and_grads(theirs, x, g),
+                             outputs_and_grads(reference, x.double(), g.double()),
+                             same_dtypes=False)
+
+
+@pytest.mark.parametrize("w_dtype", DTYPES, ids=str)
+def test_patched_hf_rms_norm_matches_llamas(w_dtype):
+    hf = _fill(tiny.LlamaRMSNorm(1000).to("cuda", w_dtype))
+    patched = torch.nn.Sequential(copy.deepcopy(hf))
+    assert [type(r.new) for r in ft.patch(patched)] == [ft.HFRMSNorm]
+    reference = copy.deepcopy(hf).double()
+    x = torch.randn(3, 5, 1000, device="cuda", dtype=torch.bfloat16)
+    out_dtype = torch.promote_types(w_dtype, torch.bfloat16)
+    g = torch.randn(3, 5, 1000, device="cuda", dtype=out_dtype)
+    # Both round the normalized x to bfloat16 before the weight: units of bfloat16 apart.
+    assert_as_close_as_torch(outputs_and_grads(patched[0], x, g), outputs_and_grads(hf, x, g),
+                             outputs_and_grads(reference, x.double(), g.double()),
+                             floor_dtype=torch.bfloat16)
+
+
+def test_gradcheck_float64():
+    def x_like(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.float64, requires_grad=True)
+
+    x, r, w, b = x_like(4, 33), x_like(4, 33), x_like(33), x_like(33)
+
+    def dropped(fn, *args, **kwargs):
+        torch.manual_seed(5)  # the same mask at every evaluation
+        return fn(*args, p=0.25, **kwargs)
+
+    cases = [
+        (lambda x, w: ft.rms_norm(x, 33, w), (x, w)),
+        (lambda x: ft.rms_norm(x, 33, eps=1e-3), (x,)),
+        (lambda x, w, b: ft.layer_norm(x, 33, w, b), (x, w, b)),
+        (lambda x, w: ft.hf_rms_norm(x, w, 1e-6), (x, w)),
+        (lambda x: ft.softmax(x, -1), (x,)),
+        (lambda x: ft.softmax(x, 0), (x,)),
+        (lambda x, r, w: dropped(ft.dropout_add_rms_norm, x, r, 33, w), (x, r, w)),
+        (lambda x, w: dropped(ft.dropout_add_rms_norm, x, None, 33, w), (x, w)),
+        (lambda x, r, w, b: dropped(ft.dropout_add_layer_norm, x, r, 33, w, b), (x, r, w, b)),
+    ]
+    for i, (fn, args) in enumerate(cases):
+        assert torch.autograd.gradcheck(fn, args), i
+
+
+@pytest.mark.parametrize("residual_dtype", [None, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_dropout_add_norm_repeats_and_matches_torch_with_its_mask(kind, residual_dtype):
+    p, shape, rows = 0.2, (4, 7, 1000), 28
+    block = _fill(ft.DropoutAddRMSNorm(1000, p=p, device="cuda") if kind == "rms"
+                  else ft.DropoutAddLayerNorm(1000, p=p, device="cuda"))
+    norm = (torch.nn.RMSNorm(1000, device="cuda", dtype=torch.float64) if kind == "rms"
+            else torch.nn.LayerNorm(1000, device="cuda", dtype=torch.float64))
+    norm.load_state_dict(block.state_dict())
+    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    residual = (None if residual_dtype is None
+                else torch.randn(shape, device="cuda", dtype=residual_dtype))
+    g = (torch.randn(shape, device="cuda", dtype=torch.bfloat16),
+         torch.randn(shape, device="cuda", dtype=residual_dtype or torch.bfloat16))
+    extra = () if residual is None else (residual,)
+    torch.manual_seed(11)
+    got = outputs_and_grads(block, x, g, *extra)
+    torch.manual_seed(11)
+    again = outputs_and_grads(block, x, g, *extra)
+    assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True))
+    torch.manual_seed(11)  # the mask fuser.torch draws, drawn again
+    mask = torch.empty(rows, 1000, dtype=torch.bool, device="cuda").bernoulli_(1 - p)
+    assert 0.7 < mask.float().mean().item() < 0.9
+
+    def reference(x, *res):
+        h = x * mask.view(shape) / (1 - p) + (res[0] if res else 0)
+        return norm(h), h
+
+    want = outputs_and_grads(_Call(reference, norm), x.double(), tuple(t.double() for t in g),
+                             *(t.double() for t in extra))
+    assert (got[1].dtype, got[0].dtype) == (residual_dtype or torch.bfloat16, torch.bfloat16)
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        scale = b.abs().max().item()
+        assert (a.double() - b).abs().max().item() <= 2e-2 * scale, (kind, i)
+
+
+class _Call(torch.nn.Module):
+    """A function as a module whose parameters are those of `owner`."""
+
+    def __init__(self, fn, owner):
+        super().__init__()
+        self.fn, self.owner = fn, owner
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+# ----- torch.compile, CUDA graphs, no synchronization -----
+
+
+class Mixer(torch.nn.Module):
+    """Every fuser module in a few lines: norms, dropout + add + norm, softmax."""
+
+    def __init__(self, hidden=1000, p=0.0):
+        super().__init__()
+        self.proj = torch.nn.Linear(hidden, hidden)
+        self.rms = ft.RMSNorm(hidden)
+        self.add_norm = ft.DropoutAddRMSNorm(hidden, p=p)
+        self.ln = ft.LayerNorm(hidden)
+        self.add_ln = ft.DropoutAddLayerNorm(hidden, p=p)
+        self.softmax = ft.Softmax(-1)
+
+    def forward(self, x):
+        y, residual = self.add_norm(self.proj(self.rms(x)), x)
+        y, residual = self.add_ln(self.softmax(self.ln(y)), residual)
+        return y + residual
+
+
+def _counting(monkeypatch) -> list:
+    """Count the fusions fuser.torch runs (the ops call _fusions.run at run time)."""
+    ran: list = []
+    real = _fusions.run
+    monkeypatch.setattr(_fusions, "run", lambda fd, inputs: ran.append(fd.name) or real(
+        fd, inputs))
+    return ran
+
+
+def _fresh_grads(model, x) -> list[torch.Tensor]:
+    """[y, each parameter's gradient] of a fresh forward and backward, copied."""
+    model.zero_grad(set_to_none=True)
+    y = model(x)
+    y.float().square().sum().backward()
+    return [y.detach().clone(), *(p.grad.clone() for p in model.parameters())]
+
+
+@pytest.mark.parametrize(("mode", "rows"), [(None, (4, 6, 9)), ("reduce-overhead", (6, 6, 6))])
+def test_compile_fullgraph_runs_fusers_kernels(monkeypatch, mode, rows):
+    """fullgraph=True raises on a graph break; under reduce-overhead, inductor's CUDA graphs
+    replay fuser's kernels without calling into Python (so only the first calls count)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _fill(Mixer()).cuda()
+    compiled = torch.compile(model, fullgraph=True, mode=mode)
+    ran = _counting(monkeypatch)
+    counts = []
+    for n in rows:
+        x = torch.randn(2, n, 1000, device="cuda")
+        torch.compiler.cudagraph_mark_step_begin()
+        got = _fresh_grads(compiled, x)
+        counts.append(len(ran))
+        want = _fresh_grads(model, x)
+        ran.clear()
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert counts[0] >= 6, counts  # the forward fusions, then the backward ones
+
+
+def test_no_synchronization_in_forward_and_backward():
+    model = _fill(Mixer(p=0.1)).cuda()
+    x = torch.randn(4, 1000, device="cuda", requires_grad=True)
+    model(x).sum().backward()  # plans and kernels exist
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        model(x).sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def test_cuda_graph_capture_and_replay_forward_and_backward():
+    torch.manual_seed(0)
+    model = _fill(Mixer()).cuda()
+    eager_model = copy.deepcopy(model)
+    static_x = torch.randn(3, 5, 1000, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up: plans, kernels and workspaces exist before capture
+        for _ in range(3):
+            _fresh_grads(model, static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    model.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = model(static_x)
+        static_y.float().square().sum().backward()
+    static_grads = [p.grad for p in model.parameters()]  # written by every replay
+    for _ in range(2):
+        x = torch.randn(3, 5, 1000, device="cuda")
+        static_x.copy_(x)
+        graph.replay()
+        eager = _fresh_grads(eager_model, x)
+        for a, b in zip([static_y, *static_grads], eager, strict=True):
+            torch.testing.assert_close(a, b)
+
+
+def test_cupy_stream_capture_of_fd_execute():
+    import cupy
+
+    from fuser.fusions import make_inputs, rmsnorm_bwd
+
+    fd = rmsnorm_bwd(DataType.Float)
+    rng = np.random.default_rng(0)
+    inputs = [cupy.asarray(a) for a in make_inputs("rmsnorm_bwd", 64, 4097, DataType.Float,
+                                                   rng)]
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        fd.execute(inputs)  # the plan, the kernels and this stream's workspace
+        stream.synchronize()
+        stream.begin_capture()
+        captured = fd.execute(inputs)
+        graph = stream.end_capture()
+        for _ in range(2):
+            for d, h in zip(inputs, make_inputs("rmsnorm_bwd", 64, 4097, DataType.Float, rng),
+                            strict=True):
+                d[...] = cupy.asarray(h)
+            graph.launch(stream)
+            eager = fd.execute(inputs)
+            for a, b in zip(captured, eager, strict=True):
+                np.testing.assert_allclose(cupy.asnumpy(a), cupy.asnumpy(b), rtol=1e-6,
+                                           atol=1e-6)
+        stream.synchronize()
+
+
+# ----- training a small transformer -----
+
+
+def _models(dtype):
+    """(unpatched, patched): Hugging Face's Llama with a random init where transformers is
+    installed, else tests/torch_ddp_train.py's TinyLlama (the same design)."""
+    try:
+        import transformers
+    except ImportError:
+        reference = tiny.make_model("cuda", dtype)
+    else:
+        config = transformers.LlamaConfig(
+            vocab_size=tiny.VOCAB, hidden_size=tiny.DIM, intermediate_size=tiny.FFN,
+            num_hidden_layers=tiny.LAYERS, num_attention_heads=tiny.HEADS,
+            num_key_value_heads=tiny.HEADS // 2, max_position_embeddings=2 * tiny.SEQ)
+        torch.manual_seed(0)
+        reference = transformers.LlamaForCausalLM(config).to("cuda", dtype)
+    patched = copy.deepcopy(reference)
+    replaced = ft.patch(patched)
+    assert len(replaced) == 2 * tiny.LAYERS + 1, [r.name for r in replaced]
+    return reference, patched
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_training_matches_unpatched_within_two_percent(monkeypatch, compiled):
+    torch._dynamo.reset()
+    reference, patched = _models(torch.bfloat16)
+    ran = _counting(monkeypatch)
+    hf = hasattr(patched, "config")
+    run = torch.compile(patched, fullgraph=not hf) if compiled else patched
+    data = tiny.batches(20, 8, "cuda")
+    want = tiny.train(reference, data, torch.optim.AdamW(reference.parameters(), lr=3e-3))
+    got = tiny.train(run, data, torch.optim.AdamW(patched.parameters(), lr=3e-3))
+    assert ran
+    want_, got_ = torch.stack(want).tolist(), torch.stack(got).tolist()
+    assert want_[-1] < want_[0], want_  # it learns
+    for step, (a, b) in enumerate(zip(got_, want_, strict=True)):
+        assert abs(a - b) <= 0.02 * abs(b), (step, got_, want_)
+
+
+# ----- several GPUs -----
+
+
+def test_inputs_on_the_second_gpu_leave_the_current_device_alone():
+    _two_gpus()
+    torch.cuda.set_device(0)
+    norm = _fill(ft.RMSNorm(4097, device="cuda:1"))
+    x = torch.randn(5, 4097, device="cuda:1", requires_grad=True)
+    y = norm(x)
+    y.sum().backward()
+    assert y.device == x.grad.device == norm.weight.grad.device == torch.device("cuda:1")
+    assert torch.cuda.current_device() == 0
+    want = torch.nn.functional.rms_norm(x, (4097,), norm.weight)
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+
+
+def test_threads_on_two_gpus_at_once():
+    _two_gpus()
+    errors: list = []
+    barrier = threading.Barrier(2)
+
+    def work(device: int):
+        try:
+            torch.cuda.set_device(device)
+            norm = _fill(ft.LayerNorm(24578, device=f"cuda:{device}"))
+            barrier.wait()
+            for i in range(30):
+                x = torch.randn(7 + i % 3, 24578, device=f"cuda:{device}")
+                want = torch.nn.functional.layer_norm(x, (24578,), norm.weight, norm.bias)
+                torch.testing.assert_close(norm(x), want, rtol=1e-4, atol=1e-4)
+        except Exception as exc:  # reported by the main thread
+            errors.append((device, exc))
+
+    threads = [threading.Thread(target=work, args=(d,)) for d in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def test_ddp_and_fsdp2_match_a_single_gpu_run():
+    _two_gpus()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+                                                                      os.environ.get(
+                                                                          "PYTHONPATH")]))}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "2", str(ROOT / "tests" / "torch_ddp_train.py")]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=540)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(report) == {"ddp", "fsdp2"}, report
