@@ -79,8 +79,12 @@ def _execute(fd, layout: list, x: Tensor, inputs: list) -> Any:
 
 def _sum_inputs(x: Tensor, mask: Tensor | None, scale: float, residual: Tensor | None) -> list:
     """The fusions' first inputs: x, [mask, scale], [residual]."""
-    return [x, *([mask, scale] if mask is not None else []), *([residual] if residual is not None
-                                                                 else [])]
+    inputs: list = [x]
+    if mask is not None:
+        inputs += [mask, scale]
+    if residual is not None:
+        inputs.append(residual)
+    return inputs
 
 
 def _new_residual_grad(dh: Tensor | None, x: Tensor, mask: Tensor | None,
