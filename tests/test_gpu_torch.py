@@ -122,6 +122,23 @@ def test_norm_modules_match_torch(kind, shape, dtype):
                              outputs_and_grads(reference, x.double(), g.double()), kind)
 
 
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_float16_norms_and_softmax(kind):
+    ours_cls, torch_cls, _ = NORMS[kind]
+    ours = _fill(ours_cls(1000, device="cuda", dtype=torch.float16))
+    theirs = torch_cls(1000, device="cuda", dtype=torch.float16)
+    reference = torch_cls(1000, device="cuda", dtype=torch.float64)
+    theirs.load_state_dict(ours.state_dict())
+    reference.load_state_dict(ours.state_dict())
+    x = torch.randn(3, 5, 1000, device="cuda", dtype=torch.float16)
+    g = torch.randn(3, 5, 1000, device="cuda", dtype=torch.float16)
+    assert_as_close_as_torch(outputs_and_grads(ours, x, g), outputs_and_grads(theirs, x, g),
+                             outputs_and_grads(reference, x.double(), g.double()), kind)
+    assert_as_close_as_torch(outputs_and_grads(ft.Softmax(), x, g),
+                             outputs_and_grads(torch.nn.Softmax(-1), x, g),
+                             outputs_and_grads(torch.nn.Softmax(-1), x.double(), g.double()))
+
+
 @pytest.mark.parametrize("dim", [-1, 0])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
