@@ -125,12 +125,13 @@ struct RowInSmem {
 
   __device__ __forceinline__ RowInSmem(unsigned char* base, const T* g) : base(base), g(g) {}
 
-  __device__ __forceinline__ void copy(const Part& part, int slot, long long r, bool active) {
-    if (!active) return;
+  // Row r of n_rows (nothing past the last row).
+  __device__ __forceinline__ void copy(const Part& part, int slot, long long r, long long n_rows) {
+    if (r >= n_rows) return;
     unsigned char* dst = base + slot * SLOT_BYTES;
     if constexpr (COPY == Copy::CHUNKS) {
       copy_row_chunks<ROUNDS>(dst, g + r * Part::H + part.first * Part::VEC, part.template bytes<T>(),
-                              part.tx, Part::TPR);
+                              part.tx, Part::TPR, r + 1 == n_rows);
     } else {
 #pragma unroll
       for (int b = 0; b < Part::BATCH; ++b) {

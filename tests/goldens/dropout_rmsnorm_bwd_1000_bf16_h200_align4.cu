@@ -158,11 +158,11 @@ dropout_rmsnorm_bwd_row(
     const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
     const int slot = part.ty;
-    T0.copy(part, slot, row, valid);
-    T1.copy(part, slot, row, valid);
-    T4.copy(part, slot, row, valid);
+    T0.copy(part, slot, row, n_rows);
+    T1.copy(part, slot, row, n_rows);
+    T4.copy(part, slot, row, n_rows);
     fm::cp_async_commit();
-    T2.copy(part, slot, row, valid);
+    T2.copy(part, slot, row, n_rows);
     const float row_T3 = fm::row_value<float>(g_T3, row, valid);
     fm::cp_async_wait<0>();
     T0.ready(part, slot, row);

@@ -148,8 +148,8 @@ dropout_rmsnorm_bwd_row(
     const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
     const int slot = part.ty;
-    T1.copy(part, slot, row, valid);
-    T4.copy(part, slot, row, valid);
+    T1.copy(part, slot, row, n_rows);
+    T4.copy(part, slot, row, n_rows);
     fm::cp_async_commit();
     const fm::RowInRegisters<bool, Part> T2(part, g_T2, row, valid);
     const float row_T3 = fm::row_value<float>(g_T3, row, valid);

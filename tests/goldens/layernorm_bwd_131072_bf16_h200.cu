@@ -156,8 +156,8 @@ layernorm_bwd_row(
   const long long row_stride = part.row_stride();
   long long row0 = part.first_row();
   // Two stages: this block's first rows start loading now, each next row while one computes.
-  T0.copy(part, part.ty, row0 + part.ty, row0 + part.ty < n_rows);
-  T3.copy(part, part.ty, row0 + part.ty, row0 + part.ty < n_rows);
+  T0.copy(part, part.ty, row0 + part.ty, n_rows);
+  T3.copy(part, part.ty, row0 + part.ty, n_rows);
   fm::cp_async_commit();
   float ahead_T1 = fm::row_value<float>(g_T1, row0 + part.ty, row0 + part.ty < n_rows);
   float ahead_T2 = fm::row_value<float>(g_T2, row0 + part.ty, row0 + part.ty < n_rows);
@@ -167,8 +167,8 @@ layernorm_bwd_row(
     const int stage = it & 1;
     const int slot = stage * RPB + part.ty;  // this row's slot
     const long long next = row + row_stride;
-    T0.copy(part, (stage ^ 1) * RPB + part.ty, next, next < n_rows);
-    T3.copy(part, (stage ^ 1) * RPB + part.ty, next, next < n_rows);
+    T0.copy(part, (stage ^ 1) * RPB + part.ty, next, n_rows);
+    T3.copy(part, (stage ^ 1) * RPB + part.ty, next, n_rows);
     fm::cp_async_commit();
     const float row_T1 = ahead_T1;
     ahead_T1 = fm::row_value<float>(g_T1, next, next < n_rows);

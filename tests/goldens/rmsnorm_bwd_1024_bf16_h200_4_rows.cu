@@ -136,8 +136,8 @@ rmsnorm_bwd_row(
     const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
     const int slot = part.ty;
-    T0.copy(part, slot, row, valid);
-    T2.copy(part, slot, row, valid);
+    T0.copy(part, slot, row, n_rows);
+    T2.copy(part, slot, row, n_rows);
     fm::cp_async_commit();
     const float row_T1 = fm::row_value<float>(g_T1, row, valid);
     fm::cp_async_wait<0>();

@@ -126,8 +126,8 @@ rmsnorm_bwd_row(
   const long long row_stride = part.row_stride();
   long long row0 = part.first_row();
   // Two stages: this block's first rows start loading now, each next row while one computes.
-  T0.copy(part, part.ty, row0 + part.ty, row0 + part.ty < n_rows);
-  T2.copy(part, part.ty, row0 + part.ty, row0 + part.ty < n_rows);
+  T0.copy(part, part.ty, row0 + part.ty, n_rows);
+  T2.copy(part, part.ty, row0 + part.ty, n_rows);
   fm::cp_async_commit();
   float ahead_T1 = fm::row_value<float>(g_T1, row0 + part.ty, row0 + part.ty < n_rows);
   for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
@@ -136,8 +136,8 @@ rmsnorm_bwd_row(
     const int stage = it & 1;
     const int slot = stage * RPB + part.ty;  // this row's slot
     const long long next = row + row_stride;
-    T0.copy(part, (stage ^ 1) * RPB + part.ty, next, next < n_rows);
-    T2.copy(part, (stage ^ 1) * RPB + part.ty, next, next < n_rows);
+    T0.copy(part, (stage ^ 1) * RPB + part.ty, next, n_rows);
+    T2.copy(part, (stage ^ 1) * RPB + part.ty, next, n_rows);
     fm::cp_async_commit();
     const float row_T1 = ahead_T1;
     ahead_T1 = fm::row_value<float>(g_T1, next, next < n_rows);

@@ -86,7 +86,7 @@ softmax_fwd_row(
     const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
     const int slot = part.ty;
-    T0.copy(part, slot, row, valid);
+    T0.copy(part, slot, row, n_rows);
     fm::cp_async_commit();
     fm::cp_async_wait<0>();
     T0.ready(part, slot, row);
