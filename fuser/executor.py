@@ -437,6 +437,12 @@ def _stream(torch_kind: bool, device_id: int) -> int:
     return torch.cuda.current_stream(device_id).cuda_stream
 
 
+def _torch_capturing() -> bool:
+    import torch
+
+    return torch.cuda.is_current_stream_capturing()
+
+
 def _run(plan: Plan, inputs: list, pointers: dict[int, int]) -> list:
     kernel, torch_kind = plan.kernel, plan.torch_kind
     like = inputs[next(iter(pointers))]
@@ -448,7 +454,13 @@ def _run(plan: Plan, inputs: list, pointers: dict[int, int]) -> list:
     # per thread.
     owner = (stream, threading.get_ident()) if stream == PER_THREAD_STREAM else stream
     partials = plan.workspaces.get(owner)
-    if partials is None:
+    if plan.partials and torch_kind and _torch_capturing():
+        # A CUDA graph being captured by torch gets a workspace from the capture's own pool,
+        # released with the call (the graph keeps the memory): one kept in the plan would tie
+        # the graph to a buffer eager calls write too, and torch.compile's CUDA graph trees
+        # refuse allocations in their pool that no output holds.
+        partials = _workspace(plan, like)
+    elif partials is None:
         partials = plan.workspaces[owner] = _workspace(plan, like)
     address = (lambda x: x.data_ptr()) if torch_kind else (lambda x: x.data.ptr)
     launch, final = plan.launch, plan.finalize_launch
