@@ -164,8 +164,13 @@ def test_float32_weights_on_bfloat16_input(kind):
     got = outputs_and_grads(ours, x, g)
     assert [t.dtype for t in got] == [torch.bfloat16, torch.bfloat16] + [torch.float32] * (
         len(got) - 2)  # y and grad x in x's dtype, as torch's LayerNorm; the rest the weight's
-    assert_as_close_as_torch(got, outputs_and_grads(theirs, x, g),
-                             outputs_and_grads(reference, x.double(), g.double()),
+    try:
+        baseline = outputs_and_grads(theirs, x, g)
+    except RuntimeError:  # torch 2.11's layer_norm refuses a float32 weight on bfloat16 input:
+        # its float32 computation, rounded to our dtypes, is the baseline then
+        baseline = [t.to(ours_t.dtype) for t, ours_t in
+                    zip(outputs_and_grads(theirs, x.float(), g.float()), got, strict=True)]
+    assert_as_close_as_torch(got, baseline, outputs_and_grads(reference, x.double(), g.double()),
                              same_dtypes=False)
 
 
