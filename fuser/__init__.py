@@ -23,7 +23,7 @@ from fuser.errors import (
 from fuser.explain import Explanation, explain
 from fuser.frontend import FusionDefinition
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "BadInputError",

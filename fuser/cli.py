@@ -8,6 +8,10 @@
     python -m fuser demo            # the headline fusion, step by step; runs it if a GPU is here
     python -m fuser info            # device presets, versions, kernel cache
     python -m fuser cache-clear
+    python -m fuser --version       # fuser's version, then CuPy's and NVRTC's
+
+Installed, the same command is `fuser-kernels` (not `fuser`: psmisc's /usr/bin/fuser has
+that name on most Linux systems).
 
 `show` needs no GPU: the kernel is scheduled for the named device preset and compiled offline
 by NVRTC, so the ptxas report is the real one. It prints fuser.explain()'s report.
@@ -374,8 +378,41 @@ def _gpu_available() -> bool:
         return False
 
 
-def main(argv: list[str] | None = None) -> int:
+def version_text() -> str:
+    """What --version prints: `fuser X.Y.Z` on the first line, then the CuPy wheel and the
+    NVRTC library in use, the two things a bug report about a kernel needs. CuPy's version
+    comes from its metadata, without importing it (0.7 s); NVRTC's from the library itself,
+    since a CUDA toolkit's may be the one loaded."""
+    import platform
+    from importlib import metadata
+
+    import fuser
+    from fuser.compile import nvrtc_version
+
+    cupy = ", ".join(f"{name} {metadata.version(name)}"
+                     for name in sorted(set(metadata.packages_distributions().get("cupy", []))))
+    try:
+        nvrtc = ".".join(map(str, nvrtc_version()))
+    except (FuserError, RuntimeError, OSError) as error:  # no cuda12 / cuda13 extra installed
+        nvrtc = f"not found ({type(error).__name__})"
+    return (f"fuser {fuser.__version__}\nCuPy: {cupy or 'not installed'}; NVRTC: {nvrtc}; "
+            f"Python {platform.python_version()}")
+
+
+class _Version(argparse.Action):
+    """--version, computed only when asked for: reading NVRTC's version loads the library."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the versions and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(version_text())
+        parser.exit()
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m fuser", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True)
     show = sub.add_parser("show", help="classification, schedule, smem plan, CUDA, ptxas report")
     show.add_argument("fusion", metavar="FUSION",
@@ -400,7 +437,11 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--shape", type=_shape, default=HEADLINE[1:3], help="ROWSxHIDDEN")
     sub.add_parser("info", help="device presets, versions and the kernel cache")
     sub.add_parser("cache-clear", help="delete fuser's compiled kernels on disk")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     try:
         if args.command == "show":
             if args.shape is not None and args.input_shape:

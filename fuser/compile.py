@@ -24,11 +24,16 @@ from fuser.errors import BadInputError, CompileError, ToolchainError
 
 #: The CUDA headers fuser's kernels may include. NVRTC has no built-in copy of them (checked
 #: with NVRTC 13.5: `#include <cuda_bf16.h>` fails without -I), so they come from a wheel
-#: (nvidia-cuda-runtime ships nvidia/cu13/include) or a CUDA toolkit.
+#: (nvidia-cuda-runtime ships nvidia/cu13/include, nvidia-cuda-runtime-cu12
+#: nvidia/cuda_runtime/include) or a CUDA toolkit.
 CUDA_HEADERS = ("cuda_fp16.h", "cuda_fp16.hpp", "cuda_bf16.h", "cuda_bf16.hpp")
 
 #: Environment variable naming a folder that holds cuda_bf16.h, to override the search.
 INCLUDE_ENV = "FUSER_CUDA_INCLUDE_DIR"
+
+#: How to get CuPy, cuda-bindings, NVRTC and the CUDA headers: they are the package's extras,
+#: not its dependencies (only one cupy-cuda* wheel may be installed; see pyproject.toml).
+INSTALL_CUDA = "pip install 'fuser-kernels[cuda13]' (or [cuda12] with a CUDA 12 driver)"
 
 
 def _nvrtc():
@@ -38,7 +43,7 @@ def _nvrtc():
     except ImportError as e:  # pragma: no cover - depends on the installation
         raise ToolchainError(
             f"fuser compiles kernels with NVRTC through cuda-bindings, which did not import "
-            f"({e}); install them with `pip install cuda-bindings nvidia-cuda-nvrtc`"
+            f"({e}); install them with {INSTALL_CUDA}"
         ) from e
     return nvrtc
 
@@ -381,7 +386,7 @@ def load_module(compiled: CompiledModule, path: str):
         import cupy
     except ImportError as e:
         raise ToolchainError(
-            f"loading a kernel needs CuPy, which did not import ({e}); install cupy-cuda13x"
+            f"loading a kernel needs CuPy, which did not import ({e}); {INSTALL_CUDA}"
         ) from e
 
     return cupy.RawModule(path=os.fspath(path))
