@@ -102,42 +102,49 @@ def lower(fusion: Fusion) -> Fusion:
     new: dict[Val, Val] = {}
     for v in fusion.vals:
         if v.definition is None:
-            if isinstance(v, Tensor):
-                sizes = [1 if e is None else (-1 if e.value is None else e.value) for e in v.dims]
-                nt = out.define_tensor(sizes, list(v.contiguity), v.dtype)
-                new[v] = nt
-            elif v in fusion.inputs:
-                new[v] = out.define_scalar(None, v.dtype)
-            elif isinstance(v, Scalar):
-                new[v] = out.define_scalar(v.value, v.dtype)
-            continue
-        e = v.definition
-        if v is not e.outputs[0]:
-            continue
-        args = [new[i] for i in e.inputs]
-        a = dict(e.attrs)
-        if e.op == "cast":
-            results = [out.cast(args[0], a["dtype"])]
-        elif e.op == "size":
-            results = [out.size(args[0], a["dim"])]
-        elif e.op == "broadcast_in_dim":
-            by_name = {s.name: new[s] for s in e.inputs[1:]}
-            shape = [by_name[s] if isinstance(s, str) else s for s in a["shape"]]
-            results = [out.broadcast_in_dim(args[0], shape, a["broadcast_dims"])]
-        elif e.op in REDUCTIONS:
-            results = [out.reduction(e.op, args[0], a["dims"], a["keepdim"], e.outputs[0].dtype)]
-        elif e.op in ("var_mean", "var"):
-            results = _expand_var_mean(
-                out, as_tensor(args[0]), a["dims"], a["correction"], a["keepdim"],
-                with_mean=e.op == "var_mean",
-            )
-        else:
-            results = [out.elementwise(e.op, args)]
-        for old, nv in zip(e.outputs, results, strict=True):
-            new[old] = nv
+            new[v] = define_like(out, v, v in fusion.inputs)
+        elif v is v.definition.outputs[0]:
+            copy_expr(out, v.definition, new)
     for o in fusion.outputs:
         out.outputs.append(as_tensor(new[o]))
     return out
+
+
+def define_like(out: Fusion, v: Val, is_input: bool) -> Val:
+    """A value of `out` standing for the undefined value `v` of another fusion: a tensor input
+    of the same rank, sizes (1 where `v` broadcasts, constant where `v` has a constant
+    extent), contiguity and dtype; a scalar input (`is_input`) or the same constant."""
+    if isinstance(v, Tensor):
+        sizes = [1 if e is None else (-1 if e.value is None else e.value) for e in v.dims]
+        return out.define_tensor(sizes, list(v.contiguity), v.dtype)
+    assert isinstance(v, Scalar), v
+    return out.define_scalar(None if is_input else v.value, v.dtype)
+
+
+def copy_expr(out: Fusion, e: Expr, new: dict[Val, Val]) -> None:
+    """Define `e` again in `out` on the values `new` maps its inputs to, and map its outputs
+    (var_mean and var are expanded into primitives here)."""
+    args = [new[i] for i in e.inputs]
+    a = dict(e.attrs)
+    if e.op == "cast":
+        results = [out.cast(args[0], a["dtype"])]
+    elif e.op == "size":
+        results = [out.size(args[0], a["dim"])]
+    elif e.op == "broadcast_in_dim":
+        by_name = {s.name: new[s] for s in e.inputs[1:]}
+        shape = [by_name[s] if isinstance(s, str) else s for s in a["shape"]]
+        results = [out.broadcast_in_dim(args[0], shape, a["broadcast_dims"])]
+    elif e.op in REDUCTIONS:
+        results = [out.reduction(e.op, args[0], a["dims"], a["keepdim"], e.outputs[0].dtype)]
+    elif e.op in ("var_mean", "var"):
+        results = _expand_var_mean(
+            out, as_tensor(args[0]), a["dims"], a["correction"], a["keepdim"],
+            with_mean=e.op == "var_mean",
+        )
+    else:
+        results = [out.elementwise(e.op, args)]
+    for old, nv in zip(e.outputs, results, strict=True):
+        new[old] = nv
 
 
 def _expand_var_mean(f: Fusion, x: Tensor, dims, correction, keepdim, with_mean: bool = True):

@@ -34,7 +34,7 @@ from fuser.analysis import analyze
 from fuser.device import PRESETS, DeviceSpec
 from fuser.dtypes import DataType
 from fuser.errors import BadInputError, DefinitionError, FuserError, HintError
-from fuser.explain import Explanation, explain, section
+from fuser.explain import Explanation, SegmentedExplanation, explain, section
 from fuser.frontend import FusionDefinition
 from fuser.fusions import FUSIONS, make_inputs
 from fuser.ir import Tensor
@@ -122,7 +122,7 @@ def _hints(given: list[tuple[str, object]]) -> Hints | None:
 def describe(fusion: str | FusionDefinition, rows: int, hidden: int, dtype: str | None,
              device: DeviceSpec, hints: Hints | None = None,
              input_shapes: Sequence[tuple[int, ...]] = ()
-             ) -> tuple[str, FusionDefinition, Explanation]:
+             ) -> tuple[str, FusionDefinition, Explanation | SegmentedExplanation]:
     """Every step for a ready fusion (its name; built for `dtype`, bf16 by default) or for a
     FusionDefinition: (printable report, the fusion definition, fuser.explain's record). The
     tensor inputs' shapes are `input_shapes` (one per tensor input) or, without them, follow

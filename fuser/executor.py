@@ -27,7 +27,7 @@ from fuser.codegen import KernelSource
 from fuser.compile import CompiledModule
 from fuser.device import DeviceSpec
 from fuser.dtypes import DataType
-from fuser.errors import BadInputError, OutOfResourcesError
+from fuser.errors import BadInputError, HintError, OutOfResourcesError, UnsupportedFusionError
 from fuser.ir import Scalar, Tensor, as_tensor
 from fuser.kernels import build
 from fuser.launch import POINTER, EntryLauncher, ctype_of
@@ -41,6 +41,7 @@ from fuser.schedulers.base import (
     ceil_div,
     next_pow2,
 )
+from fuser.segment import Segmentation, segment
 from fuser.signature import Signature, Source, workspace_dtype
 
 POINTWISE_BLOCKS_PER_SM = 8
@@ -88,6 +89,14 @@ class Run:
     kernel: Kernel
     launch: Launch
     finalize_launch: Launch | None
+
+
+@dataclass(frozen=True)
+class SegmentedRun:
+    """What the latest execute() of a segmented fusion did: each segment's Run, in order."""
+
+    segmentation: Segmentation
+    runs: tuple[Run, ...]
 
 
 _kernels: dict = {}
@@ -376,6 +385,9 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
 
 def execute(fd, inputs: list, *, device=None, hints: Hints | None = None):
     inputs = list(inputs)
+    segmentation = segments_of(fd)
+    if segmentation is not None:
+        return _execute_segments(fd, segmentation, inputs, device, hints)
     plans = fd.__dict__.setdefault("_plans", {})
     try:
         key = (_signature(inputs), device, hints)
@@ -396,6 +408,42 @@ def execute(fd, inputs: list, *, device=None, hints: Hints | None = None):
     outputs = _run(plan, inputs, pointers)
     fd._last_run = Run(plan.kernel, plan.launch, plan.finalize_launch)
     return outputs
+
+
+def segments_of(fd) -> Segmentation | None:
+    """None when one kernel chain runs `fd`, else its segments (segment.py); raises the
+    analysis' UnsupportedFusionError when cutting does not help either."""
+    stamp = (len(fd.fusion.vals), len(fd.fusion.outputs))
+    cached = fd.__dict__.get("_segments_cache")
+    if cached is None or cached[0] != stamp:
+        try:
+            _info(fd)
+            found = None
+        except UnsupportedFusionError as exc:
+            found = segment(fd.fusion, fd.name, exc)
+        fd._segments_cache = cached = (stamp, found)
+    return cached[1]
+
+
+def _execute_segments(fd, segmentation: Segmentation, inputs: list, device, hints) -> list:
+    """Run the segments in order, each on the fusion's inputs and earlier segments' outputs."""
+    lowered = segmentation.lowered
+    if hints is not None:
+        raise HintError(f"fusion '{fd.name}' {segmentation}\nhints steer one kernel chain: "
+                        "pass hints=None (each segment is scheduled by the heuristic)")
+    if len(inputs) != len(lowered.inputs):
+        raise BadInputError(
+            f"fusion '{fd.name}' takes {len(lowered.inputs)} inputs, got {len(inputs)}")
+    values = dict(zip(lowered.inputs, inputs, strict=True))
+    runs: list[Run] = []
+    for s in segmentation.segments:
+        outs = execute(s.definition, [values[v] for v in s.inputs], device=device)
+        values.update(zip(s.outputs, outs, strict=True))
+        run = s.definition._last_run
+        assert isinstance(run, Run)
+        runs.append(run)
+    fd._last_run = SegmentedRun(segmentation, tuple(runs))
+    return [values[o] for o in lowered.outputs]
 
 
 def _pointers(plan: Plan, inputs: list) -> dict[int, int]:
@@ -437,10 +485,21 @@ def _stream(torch_kind: bool, device_id: int) -> int:
     return torch.cuda.current_stream(device_id).cuda_stream
 
 
-def _torch_capturing() -> bool:
-    import torch
-
-    return torch.cuda.is_current_stream_capturing()
+def _partials(plan: Plan, stream: int, like) -> list:
+    """The column-sum workspace of one call. With torch tensors, a new one from torch's
+    caching allocator every call: torch then orders its reuse on the stream, and a CUDA graph
+    (torch.cuda.graph, or torch.compile's CUDA graph trees, which also warm up in their own
+    pool and refuse allocations there that no output holds) gets its own. With CuPy arrays,
+    the partial rows are written and read only by this call's kernels, in stream order, so
+    one buffer per stream serves every call; the per-thread default stream has one handle for
+    a different stream in every thread, so its buffers are per thread."""
+    if plan.torch_kind:
+        return _workspace(plan, like)
+    owner = (stream, threading.get_ident()) if stream == PER_THREAD_STREAM else stream
+    partials = plan.workspaces.get(owner)
+    if partials is None:
+        partials = plan.workspaces[owner] = _workspace(plan, like)
+    return partials
 
 
 def _run(plan: Plan, inputs: list, pointers: dict[int, int]) -> list:
@@ -448,20 +507,7 @@ def _run(plan: Plan, inputs: list, pointers: dict[int, int]) -> list:
     like = inputs[next(iter(pointers))]
     outs = [_allocate(shape, dtype, torch_kind, like) for shape, dtype in plan.outputs]
     stream = _stream(torch_kind, plan.device_id)
-    # The partial rows are written and read only by this call's kernels, in stream order, so
-    # one buffer per stream serves every call (an allocation less per call). The per-thread
-    # default stream has one handle for a different stream in every thread: its buffers are
-    # per thread.
-    owner = (stream, threading.get_ident()) if stream == PER_THREAD_STREAM else stream
-    partials = plan.workspaces.get(owner)
-    if plan.partials and torch_kind and _torch_capturing():
-        # A CUDA graph being captured by torch gets a workspace from the capture's own pool,
-        # released with the call (the graph keeps the memory): one kept in the plan would tie
-        # the graph to a buffer eager calls write too, and torch.compile's CUDA graph trees
-        # refuse allocations in their pool that no output holds.
-        partials = _workspace(plan, like)
-    elif partials is None:
-        partials = plan.workspaces[owner] = _workspace(plan, like)
+    partials = _partials(plan, stream, like) if plan.partials else []
     address = (lambda x: x.data_ptr()) if torch_kind else (lambda x: x.data.ptr)
     launch, final = plan.launch, plan.finalize_launch
     values: dict[Source, Mapping[int, object] | Sequence[object]] = {

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from fuser.kernels import Built
     from fuser.schedulers import Hints, Problem
     from fuser.schedulers.base import FinalizeSchedule, PointwiseSchedule, RowSchedule
+    from fuser.segment import Segmentation
     from fuser.smem import SmemPlan
 
 Shape = tuple[int, ...]
@@ -129,7 +130,7 @@ def explain(
     hints: Hints | Mapping[str, Any] | None = None,
     *,
     cache: KernelCache | None = None,
-) -> Explanation:
+) -> Explanation | SegmentedExplanation:
     """Classify, schedule, plan, render and compile `fd` for inputs of `shapes` on `device`,
     with no GPU: the report `python -m fuser show` prints, as a record.
 
@@ -147,6 +148,7 @@ def explain(
     """
     from fuser.analysis import analyze
     from fuser.device import DeviceSpec
+    from fuser.executor import segments_of
     from fuser.kernels import build
 
     if not isinstance(fd, FusionDefinition):
@@ -156,6 +158,9 @@ def explain(
     fd._require_outputs()
     spec = DeviceSpec.get(device)
     hints = _hints(hints)
+    segmentation = segments_of(fd)
+    if segmentation is not None:
+        return _explain_segments(fd, segmentation, shapes, dtypes, spec, hints, cache)
     info = analyze(fd.fusion)
     bound = _bound_shapes(info.fusion.inputs, _per_input(fd, "shapes", shapes))
     if dtypes is not None:
@@ -181,6 +186,46 @@ def explain(
         resources=MappingProxyType({e: built.compiled.resource(e) for e in plans}),
         built=built,
     )
+
+
+@dataclass(frozen=True)
+class SegmentedExplanation:
+    """explain() of a fusion that runs as a chain of segments (fuser.segment): why it is cut,
+    and each segment's Explanation (its fusion, schedule, plans, ptxas report, source)."""
+
+    name: str
+    definition: str  # repr(fd) of the whole fusion
+    segmentation: Segmentation
+    parts: tuple[Explanation, ...]  # one per segment, in order
+
+    def __str__(self) -> str:
+        head = [section(f"{self.name}: {len(self.parts)} segments"),
+                "fusion definition (repr):", self.definition.rstrip(), "",
+                str(self.segmentation)]
+        return "\n".join(head + [str(p) for p in self.parts])
+
+
+def _explain_segments(fd: FusionDefinition, segmentation: Segmentation, shapes, dtypes,
+                      spec: DeviceSpec, hints: Hints | None,
+                      cache: KernelCache | None) -> SegmentedExplanation:
+    """Each segment explained at the shapes its inputs have when `fd` runs on `shapes`."""
+    from fuser.reference import bind_shapes
+
+    if hints is not None:
+        raise HintError(f"fusion '{fd.name}' {segmentation}\nhints steer one kernel chain: "
+                        "pass hints=None")
+    lowered = segmentation.lowered
+    bound = _bound_shapes(lowered.inputs, _per_input(fd, "shapes", shapes))
+    if dtypes is not None:
+        _check_dtypes(fd, _per_input(fd, "dtypes", dtypes))
+    sizes = bind_shapes(lowered, bound)
+    parts = []
+    for s in segmentation.segments:
+        part = explain(s.definition, [sizes.shape(v) if isinstance(v, Tensor) else None
+                                      for v in s.inputs], device=spec, cache=cache)
+        assert isinstance(part, Explanation)  # a segment runs as one kernel chain
+        parts.append(part)
+    return SegmentedExplanation(fd.name, repr(fd), segmentation, tuple(parts))
 
 
 def _problem(info: FusionInfo, shapes: list[Shape | None]) -> tuple[int, int, Problem]:

@@ -257,6 +257,14 @@ class FusionDefinition:
         self.ops = Ops(self.fusion)
         self._last_run = None  # the executor's record of the latest execute()
 
+    @classmethod
+    def from_fusion(cls, fusion: Fusion, name: str) -> FusionDefinition:
+        """A definition around a Fusion built elsewhere (a segment of a segmented fusion)."""
+        fd = cls(name)
+        fd.fusion = fusion
+        fd.ops = Ops(fusion)
+        return fd
+
     @property
     def name(self) -> str:
         return self._name
@@ -362,15 +370,41 @@ class FusionDefinition:
             raise DefinitionError("nothing has run yet; call fd.execute(inputs) first")
         return self._last_run
 
+    def _segmented(self):
+        """The last run's SegmentedRun (executor.py), or None for a one-kernel fusion."""
+        run = self._last()
+        return run if hasattr(run, "segmentation") else None
+
     def last_schedule(self):
-        return self._last().kernel.schedule
+        """The last kernel's schedule; for a segmented fusion, a SegmentSchedules record: each
+        segment, why the fusion is cut there, and its schedule."""
+        from fuser.segment import SegmentSchedules
+
+        segmented = self._segmented()
+        if segmented is None:
+            return self._last().kernel.schedule
+        return SegmentSchedules(segmented.segmentation.segments,
+                                tuple(r.kernel.schedule for r in segmented.runs))
 
     def last_smem_plan(self):
-        return self._last().kernel.schedule.smem
+        """The shared-memory plan of the last row kernel (a tuple, one per segment)."""
+        segmented = self._segmented()
+        if segmented is None:
+            return self._last().kernel.schedule.smem
+        return tuple(r.kernel.schedule.smem for r in segmented.runs)
 
     def last_cuda_code(self) -> str:
-        return self._last().kernel.source.source
+        """The CUDA source of the last run (each segment's, in order, under a header)."""
+        segmented = self._segmented()
+        if segmented is None:
+            return self._last().kernel.source.source
+        return "\n".join(f"// ===== {s}\n{r.kernel.source.source}" for s, r in
+                         zip(segmented.segmentation.segments, segmented.runs, strict=True))
 
     def last_resources(self):
-        """Registers, spills and shared memory of the last kernel, as CuPy reports them."""
-        return self._last().kernel.resources()
+        """Registers, spills and shared memory of the last kernel, as CuPy reports them (a
+        tuple, one per segment, for a segmented fusion)."""
+        segmented = self._segmented()
+        if segmented is None:
+            return self._last().kernel.resources()
+        return tuple(r.kernel.resources() for r in segmented.runs)

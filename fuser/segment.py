@@ -1,0 +1,175 @@
+"""Segmentation: a fusion that no single kernel can run, split into a chain of kernels.
+
+A row kernel sweeps the rows once: inner reductions (along a row) at any depth, outer
+reductions (over the rows, per column) finished after the sweep. A value computed from an
+outer reduction's result therefore needs another sweep: softmax over dim 0, BatchNorm-style
+statistics then the normalization, a row normalization followed by a column one. segment()
+cuts the lowered fusion there. Each segment is an ordinary fusion, scheduled by the existing
+schedulers; reduction results and the fusion's outputs are written to global memory by the
+segment that computes them and read by the later ones that need them. Any other value is
+recomputed in each segment that uses it, from that segment's inputs: an [R, H] intermediate
+would cost a write and a read of the whole tensor, recomputing it one more read of what it
+is made of.
+
+The stage of a value: 0 for inputs and constants; an outer reduction's result is one past its
+operand's stage; any other value takes the largest stage of its operands. Segment k computes
+the reductions whose operand is at stage k (an inner one's result is at stage k too, an outer
+one's at k + 1) and the fusion outputs at stage k.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fuser.analysis import copy_expr, define_like, lower
+from fuser.errors import UnsupportedFusionError
+from fuser.ir import Expr, Fusion, Val, as_tensor
+from fuser.ops import REDUCTIONS
+
+if TYPE_CHECKING:
+    from fuser.frontend import FusionDefinition
+
+
+@dataclass(frozen=True, eq=False)
+class Segment:
+    """One kernel chain of a segmented fusion: `definition` (a FusionDefinition of its own)
+    reads `inputs` and writes `outputs`, values of the lowered fusion."""
+
+    index: int
+    definition: FusionDefinition  # executor.execute runs it like any other
+    inputs: tuple[Val, ...]
+    outputs: tuple[Val, ...]
+    why: str
+
+    def __str__(self) -> str:
+        names = ", ".join(v.name for v in self.outputs)
+        reads = ", ".join(v.name for v in self.inputs)
+        return f"segment {self.index} ({self.definition.name}): {reads} -> {names}: {self.why}"
+
+
+@dataclass(frozen=True, eq=False)
+class Segmentation:
+    """The lowered fusion (its inputs and outputs in the user's order) and its segments."""
+
+    lowered: Fusion
+    segments: tuple[Segment, ...]
+
+    def __str__(self) -> str:
+        lines = [f"runs as {len(self.segments)} segments (no single kernel can: a value is "
+                 "computed from a reduction over the rows):"]
+        return "\n  ".join(lines + [str(s) for s in self.segments])
+
+
+@dataclass(frozen=True, eq=False)
+class SegmentSchedules:
+    """fd.last_schedule() of a segmented fusion: each segment and the schedule it ran with."""
+
+    segments: tuple[Segment, ...]
+    schedules: tuple[object, ...]
+
+    def __str__(self) -> str:
+        return "\n".join(f"{segment}\n    {schedule}"
+                         for segment, schedule in zip(self.segments, self.schedules, strict=True))
+
+
+def is_outer(e: Expr) -> bool:
+    """A reduction over leading (row) axes that keeps the last one: finished after a sweep."""
+    if e.op not in REDUCTIONS:
+        return False
+    t = as_tensor(e.inputs[0])
+    return t.ndim > 0 and (t.ndim - 1) not in e.attr("dims")
+
+
+def stages(fusion: Fusion) -> dict[Val, int]:
+    """The stage of every value of `fusion` (see the module docstring)."""
+    stage: dict[Val, int] = {v: 0 for v in fusion.vals if v.definition is None}
+    for e in fusion.exprs:
+        s = max((stage[i] for i in e.inputs), default=0) + (1 if is_outer(e) else 0)
+        for o in e.outputs:
+            stage[o] = s
+    return stage
+
+
+def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError) -> Segmentation:
+    """`fusion` cut into segments that each run as one kernel chain; raises `reason` (why one
+    kernel cannot run it) with a note when cutting at the outer reductions does not help."""
+    from fuser.frontend import FusionDefinition
+
+    lowered = lower(fusion)
+    stage = stages(lowered)
+    home = _homes(lowered, stage)
+    last = max(home.values(), default=0)
+    if last == 0:
+        raise reason
+    demanded: dict[int, list[Val]] = {k: [] for k in range(last + 1)}
+    built: list[Segment] = []
+    for k in range(last, -1, -1):
+        outputs = list(dict.fromkeys(
+            [o for o in lowered.outputs if home[o] == k] + demanded[k]))
+        if not outputs:
+            continue
+        sub, inputs = _extract(lowered, outputs, home, k)
+        for v in inputs:
+            if v not in lowered.inputs:
+                demanded[home[v]].append(v)
+        sub.closed_by = f"segment {k} of FusionDefinition {name!r}"
+        definition = FusionDefinition.from_fusion(sub, f"{name}_s{k}")
+        built.append(Segment(k, definition, tuple(inputs), tuple(outputs), _why(k, inputs,
+                                                                              lowered)))
+    return Segmentation(lowered, tuple(_renumbered(reversed(built))))
+
+
+def _homes(f: Fusion, stage: dict[Val, int]) -> dict[Val, int]:
+    """The segment that computes each value written to global memory: a reduction's result
+    (at its operand's stage) and each fusion output (at its own stage)."""
+    home: dict[Val, int] = {}
+    for e in f.exprs:
+        if e.op in REDUCTIONS:
+            home[e.outputs[0]] = stage[e.inputs[0]]
+    for o in f.outputs:
+        home.setdefault(o, stage[o])
+    return home
+
+
+def _extract(f: Fusion, outputs: list[Val], home: dict[Val, int],
+             k: int) -> tuple[Fusion, list[Val]]:
+    """The fusion segment k runs to compute `outputs`, and the values of `f` it reads: the
+    fusion's inputs and the values earlier segments wrote (home before k)."""
+    needed: set[Val] = set()
+    reads: set[Val] = set()
+    stack = list(outputs)
+    while stack:
+        v = stack.pop()
+        if v in needed or v in reads:
+            continue
+        if v in f.inputs or home.get(v, k) < k:
+            reads.add(v)
+            continue
+        needed.add(v)
+        if v.definition is not None:
+            stack.extend(v.definition.inputs)
+    inputs = [v for v in f.inputs if v in reads] + [v for v in f.vals
+                                                    if v in reads and v not in f.inputs]
+    sub = Fusion()
+    new: dict[Val, Val] = {v: define_like(sub, v, True) for v in inputs}
+    for v in f.vals:
+        if v in needed and v.definition is None:
+            new[v] = define_like(sub, v, False)
+    for e in f.exprs:
+        if any(o in needed for o in e.outputs):
+            copy_expr(sub, e, new)
+    sub.outputs.extend(as_tensor(new[o]) for o in outputs)
+    return sub, inputs
+
+
+def _why(k: int, inputs: list[Val], f: Fusion) -> str:
+    carried = [v.name for v in inputs if v not in f.inputs]
+    if not carried:
+        return "the first sweep over the rows"
+    return f"needs {', '.join(carried)}, reduced over the rows by an earlier segment"
+
+
+def _renumbered(segments) -> list[Segment]:
+    return [Segment(i, s.definition, s.inputs, s.outputs, s.why)
+            for i, s in enumerate(segments)]
