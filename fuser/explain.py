@@ -146,10 +146,8 @@ def explain(
     Raises BadInputError for shapes or dtypes that disagree with the definition, and what
     scheduling and compiling raise (UnsupportedFusionError, HintError, OutOfResourcesError).
     """
-    from fuser.analysis import analyze
     from fuser.device import DeviceSpec
     from fuser.executor import segments_of
-    from fuser.kernels import build
 
     if not isinstance(fd, FusionDefinition):
         raise BadInputError(
@@ -161,6 +159,15 @@ def explain(
     segmentation = segments_of(fd)
     if segmentation is not None:
         return _explain_segments(fd, segmentation, shapes, dtypes, spec, hints, cache)
+    return _explain_one(fd, shapes, dtypes, spec, hints, cache)
+
+
+def _explain_one(fd: FusionDefinition, shapes, dtypes, spec: DeviceSpec, hints: Hints | None,
+                 cache: KernelCache | None) -> Explanation:
+    """explain() of a fusion that one kernel chain runs."""
+    from fuser.analysis import analyze
+    from fuser.kernels import build
+
     info = analyze(fd.fusion)
     bound = _bound_shapes(info.fusion.inputs, _per_input(fd, "shapes", shapes))
     if dtypes is not None:
