@@ -45,10 +45,6 @@ from fuser.segment import Segmentation, segment
 from fuser.signature import Signature, Source, workspace_dtype
 
 POINTWISE_BLOCKS_PER_SM = 8
-# Launch argument sources as strings, the keys of a call's values (see _load's arguments).
-_INPUT, _OUTPUT, _PARTIALS, _ROWS, _PARTIAL_ROWS = (
-    s.value for s in (Source.INPUT, Source.OUTPUT, Source.PARTIALS, Source.ROWS,
-                      Source.PARTIAL_ROWS))
 PER_THREAD_STREAM = 2  # cudaStreamPerThread: the same handle in every thread
 
 
@@ -200,9 +196,7 @@ def _load(fd, problem: Problem, device: DeviceSpec, hints) -> Kernel:
                                       programmatic=sig.entry == built.source.finalize_entry
                                       and device.arch >= 90)
                  for sig in built.source.signatures}
-    # Sources by their string values: a str hashes in C, an Enum member in Python (20 enum
-    # hashes were 8% of a small call's host time).
-    arguments = tuple((sig.entry, tuple((p.source.value, p.index) for p in sig.params))
+    arguments = tuple((sig.entry, tuple((p.source, p.index) for p in sig.params))
                       for sig in built.source.signatures)
     tensor_inputs = frozenset(p.index for sig in built.source.signatures for p in sig.params
                               if p.source is Source.INPUT and p.dtype is None)
@@ -516,13 +510,13 @@ def _run(plan: Plan, inputs: list, pointers: dict[int, int]) -> list:
     partials = _partials(plan, stream, like) if plan.partials else []
     address = (lambda x: x.data_ptr()) if torch_kind else (lambda x: x.data.ptr)
     launch, final = plan.launch, plan.finalize_launch
-    values: dict[str, Mapping[int, object] | Sequence[object]] = {
-        _INPUT: {**pointers, **{i: t(scalar_value(i, v, inputs[i]))
-                                for i, (v, t) in plan.scalar_types.items()}},
-        _OUTPUT: [address(o) for o in outs],
-        _PARTIALS: [address(p) for p in partials],
-        _ROWS: (plan.rows,),
-        _PARTIAL_ROWS: (final.partial_rows if final is not None else 0,),
+    values: dict[Source, Mapping[int, object] | Sequence[object]] = {
+        Source.INPUT: {**pointers, **{i: t(scalar_value(i, v, inputs[i]))
+                                      for i, (v, t) in plan.scalar_types.items()}},
+        Source.OUTPUT: [address(o) for o in outs],
+        Source.PARTIALS: [address(p) for p in partials],
+        Source.ROWS: (plan.rows,),
+        Source.PARTIAL_ROWS: (final.partial_rows if final is not None else 0,),
     }
     with _cupy().cuda.Device(plan.device_id), plan.lock:
         _bind_context(plan.device_id)
