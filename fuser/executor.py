@@ -434,6 +434,11 @@ def _execute_segments(fd, segmentation: Segmentation, inputs: list, device, hint
     if len(inputs) != len(lowered.inputs):
         raise BadInputError(
             f"fusion '{fd.name}' takes {len(lowered.inputs)} inputs, got {len(inputs)}")
+    shapes = [getattr(x, "shape", None) if isinstance(v, Tensor) else None
+              for v, x in zip(lowered.inputs, inputs, strict=True)]
+    if all(s is not None for v, s in zip(lowered.inputs, shapes, strict=True)
+           if isinstance(v, Tensor)):
+        bind_shapes(lowered, shapes)  # sizes the segments share, checked against the whole
     values = dict(zip(lowered.inputs, inputs, strict=True))
     runs: list[Run] = []
     for s in segmentation.segments:

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 
 from fuser.analysis import copy_expr, define_like, lower
 from fuser.errors import UnsupportedFusionError
-from fuser.ir import Expr, Fusion, Val, as_tensor
-from fuser.ops import REDUCTIONS
+from fuser.ir import Expr, Fusion, Tensor, Val, as_tensor
+from fuser.ops import ELEMENTWISE, REDUCTIONS
 
 if TYPE_CHECKING:
     from fuser.frontend import FusionDefinition
@@ -56,8 +56,8 @@ class Segmentation:
     segments: tuple[Segment, ...]
 
     def __str__(self) -> str:
-        lines = [f"runs as {len(self.segments)} segments (no single kernel can: a value is "
-                 "computed from a reduction over the rows):"]
+        lines = [f"runs as {len(self.segments)} segments (no single kernel can: a value needs "
+                 "a reduction's results from other rows):"]
         return "\n  ".join(lines + [str(s) for s in self.segments])
 
 
@@ -82,13 +82,31 @@ def is_outer(e: Expr) -> bool:
 
 
 def stages(fusion: Fusion) -> dict[Val, int]:
-    """The stage of every value of `fusion` (see the module docstring)."""
+    """The stage of every value of `fusion` (see the module docstring). A per-row result of
+    an inner reduction (keepdim=False) that an elementwise op meets with a tensor of higher
+    rank is aligned, as numpy aligns, with the trailing axes: `x - sum(x, dims=[1])` subtracts
+    row j's sum from column j, so every row sum must exist first, and that op is one stage
+    later, as if the sum were an outer reduction."""
     stage: dict[Val, int] = {v: 0 for v in fusion.vals if v.definition is None}
+    per_row: set[Val] = set()  # inner reductions' rank-reduced results, and values of them
     for e in fusion.exprs:
-        s = max((stage[i] for i in e.inputs), default=0) + (1 if is_outer(e) else 0)
+        out = e.outputs[0]
+        rank = _rank(out)
+        lifted = e.op in ELEMENTWISE and any(
+            i in per_row and _rank(i) < rank for i in e.inputs)
+        s = max((stage[i] for i in e.inputs), default=0) + (1 if is_outer(e) or lifted else 0)
         for o in e.outputs:
             stage[o] = s
+        reduced_row = e.op in REDUCTIONS and not is_outer(e) and not e.attr("keepdim")
+        of_reduced_rows = (e.op in ELEMENTWISE or e.op == "cast") and any(
+            i in per_row and _rank(i) == rank for i in e.inputs)
+        if reduced_row or of_reduced_rows:
+            per_row.add(out)
     return stage
+
+
+def _rank(v: Val) -> int:
+    return v.ndim if isinstance(v, Tensor) else 0
 
 
 def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError) -> Segmentation:
@@ -167,7 +185,8 @@ def _why(k: int, inputs: list[Val], f: Fusion) -> str:
     carried = [v.name for v in inputs if v not in f.inputs]
     if not carried:
         return "the first sweep over the rows"
-    return f"needs {', '.join(carried)}, reduced over the rows by an earlier segment"
+    return (f"needs {', '.join(carried)}, reduced by an earlier segment (every value of it must "
+            "exist before other rows use it)")
 
 
 def _renumbered(segments) -> list[Segment]:
