@@ -712,3 +712,41 @@ def test_a_bad_max_bytes_is_refused(monkeypatch, text):
     with pytest.raises(BadInputError, match=rf"FUSER_CACHE_MAX_BYTES='{text}': a positive size "
                                             r"in bytes is needed, e\.g\. 1073741824 or 1G"):
         KernelCache()
+
+
+def test_compiled_templates_are_kept_beside_the_kernels_and_a_damaged_one_recompiles(
+        tmp_path, monkeypatch):
+    """codegen's Jinja bytecode cache (templates/ in the cache folder): a fresh environment
+    loads the compiled template instead of compiling it; a damaged file is compiled again; a
+    cache folder that is a file means no bytecode cache, not an error."""
+    import jinja2
+
+    import fuser.codegen as codegen
+
+    monkeypatch.setenv("FUSER_CACHE_DIR", str(tmp_path / "cache"))
+    compiled = []
+    real_compile = jinja2.Environment.compile
+
+    def counting(self, *args, **kwargs):
+        compiled.append(args[1] if len(args) > 1 else kwargs.get("name"))
+        return real_compile(self, *args, **kwargs)
+
+    monkeypatch.setattr(jinja2.Environment, "compile", counting)
+
+    def render() -> None:
+        codegen._environment.cache_clear()
+        codegen._environment().get_template("finalize.cu.j2")
+
+    render()
+    files = list((tmp_path / "cache" / "templates").iterdir())
+    assert len(compiled) == 1 and len(files) == 1
+    render()
+    assert len(compiled) == 1  # loaded, not compiled
+    files[0].write_bytes(b"damaged")
+    render()
+    assert len(compiled) == 2  # compiled again
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("FUSER_CACHE_DIR", str(tmp_path / "file"))
+    codegen._environment.cache_clear()
+    assert codegen._environment().bytecode_cache is None
+    codegen._environment.cache_clear()
