@@ -49,13 +49,14 @@ from fuser.analysis import analyze
 from fuser.codegen import template_dir
 from fuser.compile import compile_cuda
 from fuser.device import PRESETS, DeviceSpec
-from fuser.errors import CompileError, FuserError, InternalError
+from fuser.errors import CompileError, FuserError, InternalError, UnsupportedFusionError
 from fuser.ir import Extent, Scalar, Tensor, Val
 from fuser.kernels import _render
 from fuser.ops import ELEMENTWISE, REDUCTIONS
 from fuser.schedulers import Problem, candidates
 from fuser.schedulers.base import PointwiseSchedule, RowSchedule
 from fuser.schedulers.finalize import finalize_schedule, needs_finalize
+from fuser.segment import Segmentation, segment
 from fuser.smem import ALIGNMENT, STATIC_SLOT, SmemPlan
 
 # Earlier entries are where Hypothesis shrinks to.
@@ -633,7 +634,12 @@ def check_fusion(fd: FusionDefinition, problem: Problem, device: DeviceSpec, nvr
             raise ReprMismatch("repr(fd) rebuilds another fusion:\n"
                                + again.fusion.python_definition())
         stage = "analysis"
-        info = analyze(fd.fusion)
+        try:
+            info = analyze(fd.fusion)
+        except UnsupportedFusionError as refusal:
+            stage = "segmentation"
+            return check_segments(segment(fd.fusion, fd.name, refusal), problem, device, nvrtc,
+                                  where)
         stage = "schedule"
         sched = next(candidates(info, problem, device), None)
         if sched is None:
@@ -673,6 +679,19 @@ def check_fusion(fd: FusionDefinition, problem: Problem, device: DeviceSpec, nvr
         return f"{type(e).__name__} ({stage})"
     except Exception as e:
         raise Crash(f"{type(e).__name__} at {stage}: {e}\n{where}") from e
+
+
+def check_segments(segmentation: Segmentation, problem: Problem, device: DeviceSpec,
+                   nvrtc: bool, where: str) -> str:
+    """check_fusion() of every segment of a fusion one kernel cannot run; the outcome names
+    the segment count and the first segment that did not render (or compile), if any."""
+    outcomes = [check_fusion(s.definition, problem, device, nvrtc, where)
+                for s in segmentation.segments]
+    done = "compiled" if nvrtc else "rendered"
+    stopped = [o for o in outcomes if not o.startswith(done)]
+    n = len(outcomes)
+    return f"segmented into {n}: " + (f"a segment ended {stopped[0]}" if stopped else
+                                      f"all {done}")
 
 
 # ----- failure classes already filed ---------------------------------------------------------

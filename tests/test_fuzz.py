@@ -251,3 +251,34 @@ def test_filed_classes_that_compile_now(name, hidden):
 def test_every_known_class_has_its_test():
     tests = {name for name in globals() if name.startswith("test_")}
     assert {k.test for k in KNOWN} <= tests
+
+
+@settings(max_examples=400, deadline=None, database=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+@given(plan=plans(max_steps=8), rows=st.sampled_from((2, 7)), hidden=st.sampled_from((3, 100)),
+       data_seed=st.integers(0, 2**32 - 1))
+def test_segments_chained_on_the_oracle_equal_the_whole_fusion(plan, rows, hidden, data_seed):
+    """Random fusions that one kernel cannot run (traps kept: values computed from reductions
+    over the rows meet rows), cut into segments: each segment evaluated on the float64 oracle
+    in order, on the fusion's inputs and earlier segments' stored outputs, gives what the
+    whole fusion gives (up to float32 storage of what segments pass on)."""
+    from fuser.executor import segments_of
+
+    try:
+        fd = build(plan, tame=True, traps=True)
+        segmentation = segments_of(fd)
+        inputs = gpu_inputs(fd, rows, hidden, data_seed)
+        whole = evaluate(fd.fusion, inputs)
+    except FuserError:
+        return
+    if segmentation is None:
+        return
+    values = dict(zip(segmentation.lowered.inputs, inputs, strict=True))
+    for s in segmentation.segments:
+        values.update(zip(s.outputs, evaluate(s.definition.fusion, [values[v] for v in s.inputs]),
+                          strict=True))
+    for out, got, expected in zip(fd.fusion.outputs, (values[o] for o in
+                                  segmentation.lowered.outputs), whole, strict=True):
+        assert got.shape == expected.shape, repr(fd)
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5, equal_nan=True,
+                                   err_msg=f"{out.name}\n{fd!r}")
