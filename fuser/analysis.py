@@ -107,7 +107,24 @@ def lower(fusion: Fusion) -> Fusion:
             copy_expr(out, v.definition, new)
     for o in fusion.outputs:
         out.outputs.append(as_tensor(new[o]))
+    equate_extents(new, "lower")
     return out
+
+
+def equate_extents(new: dict[Val, Val], context: str, keep_apart: frozenset = frozenset()) -> None:
+    """Make the sizes of the copies in `new` one where the originals' are: define_like gives a
+    copied input fresh extents, and an equality that no copied op restores (segment inputs,
+    equated by segment.py rather than by an op) would otherwise be lost, and with it the
+    analysis' rows and hidden axis. Extents whose root is in `keep_apart` are left alone."""
+    first: dict[Extent, Extent] = {}
+    for old, v in new.items():
+        if not isinstance(old, Tensor):
+            continue
+        for d, (before, after) in enumerate(zip(old.dims, as_tensor(v).dims, strict=True)):
+            if before is None or after is None or before.find() in keep_apart:
+                continue
+            first.setdefault(before.find(), after).union(
+                after, f"{context}: {old.name} dimension {d}")
 
 
 def define_like(out: Fusion, v: Val, is_input: bool) -> Val:

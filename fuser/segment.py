@@ -15,6 +15,12 @@ The stage of a value: 0 for inputs and constants; an outer reduction's result is
 operand's stage; any other value takes the largest stage of its operands. Segment k computes
 the reductions whose operand is at stage k (an inner one's result is at stage k too, an outer
 one's at k + 1) and the fusion outputs at stage k.
+
+Inside a kernel a Half or BFloat16 value is a float, rounded only where it is stored or cast;
+a value carried from one segment to the next must not be rounded either. So a reduction whose
+result type is Half or BFloat16 is computed as a Float one, the values made from it are Float
+too, and the outputs are cast back to the user's types; a Half or BFloat16 output that is not
+a cast is recomputed, not read, by a later segment.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fuser.analysis import copy_expr, define_like, lower
+from fuser.analysis import analyze, copy_expr, define_like, equate_extents, lower
+from fuser.dtypes import DataType
 from fuser.errors import UnsupportedFusionError
 from fuser.ir import Expr, Fusion, Tensor, Val, as_tensor
 from fuser.ops import ELEMENTWISE, REDUCTIONS
@@ -114,7 +121,7 @@ def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError) -> Segmen
     kernel cannot run it) with a note when cutting at the outer reductions does not help."""
     from fuser.frontend import FusionDefinition
 
-    lowered = lower(fusion)
+    lowered = _widened(lower(fusion))
     stage = stages(lowered)
     home = _homes(lowered, stage)
     last = max(home.values(), default=0)
@@ -132,22 +139,83 @@ def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError) -> Segmen
             if v not in lowered.inputs:
                 demanded[home[v]].append(v)
         sub.closed_by = f"segment {k} of FusionDefinition {name!r}"
-        definition = FusionDefinition.from_fusion(sub, f"{name}_s{k}")
+        definition = FusionDefinition.from_fusion(sub, _segment_name(name, k))
         built.append(Segment(k, definition, tuple(inputs), tuple(outputs), _why(k, inputs,
                                                                               lowered)))
-    return Segmentation(lowered, tuple(_renumbered(reversed(built))))
+    segments = tuple(_renumbered(reversed(built)))
+    _check_each_runs(name, segments, reason)
+    return Segmentation(lowered, segments)
+
+
+def _segment_name(name: str, k: int) -> str:
+    """`name` with the segment's suffix, cut to fit check_name's limit (the kernel cache and
+    FUSER_DUMP_DIR tell sources apart by their hash, not by this name)."""
+    from fuser.frontend import MAX_NAME_LENGTH
+
+    suffix = f"_s{k}"
+    return name[:MAX_NAME_LENGTH - len(suffix)] + suffix
+
+
+def _check_each_runs(name: str, segments: tuple[Segment, ...],
+                     reason: UnsupportedFusionError) -> None:
+    """Raise, at definition time rather than half-way through a run, when a segment is still
+    one that no kernel chain runs (a reduction over some of the row axes, rows of unrelated
+    sizes...): the whole fusion's reason, then the segment's."""
+    for s in segments:
+        try:
+            analyze(s.definition.fusion)
+        except UnsupportedFusionError as exc:
+            raise UnsupportedFusionError(
+                f"{reason}\nCutting fusion {name!r} at its reductions over the rows does not "
+                f"help: segment {s.index} ({', '.join(v.name for v in s.outputs)}) cannot run "
+                f"as one kernel either: {exc}") from exc
+
+
+_NARROW = (DataType.Half, DataType.BFloat16)
+
+
+def _widened(f: Fusion) -> Fusion:
+    """A copy of `f` whose Half and BFloat16 reductions give Float results (so the values
+    computed from them are Float too), with each output cast back to its type where that
+    changed: the same values as `f` (kernels compute Half and BFloat16 in float), but a
+    reduction result written between segments keeps float precision."""
+    out = Fusion()
+    new: dict[Val, Val] = {}
+    for v in f.vals:
+        e = v.definition
+        if e is None:
+            new[v] = define_like(out, v, v in f.inputs)
+        elif e.op in REDUCTIONS and v.dtype in _NARROW:
+            new[v] = out.reduction(e.op, new[e.inputs[0]], e.attr("dims"), e.attr("keepdim"),
+                                   DataType.Float)
+        elif v is e.outputs[0]:
+            copy_expr(out, e, new)
+    for o in f.outputs:
+        o_new = new[o]
+        out.outputs.append(as_tensor(o_new if o_new.dtype is o.dtype else out.cast(o_new, o.dtype)))
+    return out
 
 
 def _homes(f: Fusion, stage: dict[Val, int]) -> dict[Val, int]:
     """The segment that computes each value written to global memory: a reduction's result
-    (at its operand's stage) and each fusion output (at its own stage)."""
+    (at its operand's stage) and each fusion output (at its own stage; a cast of a reduction's
+    result where the reduction is, rather than in one more segment)."""
     home: dict[Val, int] = {}
     for e in f.exprs:
         if e.op in REDUCTIONS:
             home[e.outputs[0]] = stage[e.inputs[0]]
     for o in f.outputs:
-        home.setdefault(o, stage[o])
+        d = o.definition
+        source = d.inputs[0] if d is not None and d.op == "cast" else o
+        home.setdefault(o, home.get(source, stage[o]))
     return home
+
+
+def _readable(v: Val) -> bool:
+    """Whether a later segment may read `v` as written: not a Half or BFloat16 value that the
+    store rounded (the kernel, and the oracle, use it unrounded); those are recomputed."""
+    e = v.definition  # an output (_widened left no Half or BFloat16 reduction)
+    return v.dtype not in _NARROW or (e is not None and e.op == "cast")
 
 
 def _extract(f: Fusion, outputs: list[Val], home: dict[Val, int],
@@ -161,7 +229,7 @@ def _extract(f: Fusion, outputs: list[Val], home: dict[Val, int],
         v = stack.pop()
         if v in needed or v in reads:
             continue
-        if v in f.inputs or home.get(v, k) < k:
+        if v in f.inputs or (home.get(v, k) < k and _readable(v)):
             reads.add(v)
             continue
         needed.add(v)
@@ -177,8 +245,19 @@ def _extract(f: Fusion, outputs: list[Val], home: dict[Val, int],
     for e in f.exprs:
         if any(o in needed for o in e.outputs):
             copy_expr(sub, e, new)
+    # A value read from an earlier segment (a column of statistics written as an output) may
+    # meet no other tensor here; its sizes are still those of the tensors it came from.
+    equate_extents(new, f"segment {k}", _one_size_axes(f))
     sub.outputs.extend(as_tensor(new[o]) for o in outputs)
     return sub, inputs
+
+
+def _one_size_axes(f: Fusion) -> frozenset:
+    """The extents `f` made one with another axis of the same tensor (x - sum(x, dims=[1]) on
+    a square x): a segment equating them would make its rows its columns, so its own ops
+    relate them."""
+    roots = [[e.find() for e in t.dims if e is not None] for t in f.vals if isinstance(t, Tensor)]
+    return frozenset(r for dims in roots for r in dims if dims.count(r) > 1)
 
 
 def _why(k: int, inputs: list[Val], f: Fusion) -> str:

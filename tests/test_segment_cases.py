@@ -1,0 +1,368 @@
+"""Segmentation (fuser/segment.py) on the fusions tests/test_segment.py leaves out: several
+outputs at different stages, outputs that later segments read, scalar inputs only a later
+segment uses, sizes, broadcasts shaped by another tensor's sizes, var over the rows, keepdim
+mixtures, [B, S, H] tensors, Half / BFloat16 values carried between segments, statistics that
+meet no other tensor in their segment, long names; and fusions that cutting does not help.
+
+CPU: each fusion's segments, evaluated one after the other on the float64 oracle (each fed
+the user's inputs and what earlier segments wrote, as stored), give what the oracle gives for
+the whole fusion; each segment schedules and compiles for the H200 preset without spills.
+GPU (`gpu` marker): fd.validate() of the chain of kernels against the oracle."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fuser import DataType, FusionDefinition, UnsupportedFusionError
+from fuser.analysis import analyze
+from fuser.device import DeviceSpec
+from fuser.executor import execute, segments_of
+from fuser.frontend import MAX_NAME_LENGTH
+from fuser.kernels import build
+from fuser.reference import evaluate
+from fuser.schedulers import Problem
+
+F, BF16, HALF = DataType.Float, DataType.BFloat16, DataType.Half
+H200 = DeviceSpec.get("h200")
+
+
+def two_statistics(fd):
+    """A full output and a column output at stage 1, the column made only from a statistic
+    that meets no full tensor in its segment (its size must still be the hidden size)."""
+    x = fd.define_tensor([-1, -1])
+    fd.add_output(fd.ops.div(x, fd.ops.sum(x, [0], keepdim=True)))
+    fd.add_output(fd.ops.mul(fd.ops.max(x, [0]), 2.0))
+
+
+def statistic_and_weight(fd):
+    """A [1, H] column sum, a [H] weight: the weight's output meets the full tensor only
+    through the sum of the first segment."""
+    x = fd.define_tensor([-1, -1])
+    w = fd.define_tensor([-1])
+    s = fd.ops.sum(fd.ops.mul(x, w), [0], keepdim=True)
+    fd.add_output(fd.ops.div(x, fd.ops.add(fd.ops.abs(s), 1.0)))
+    fd.add_output(fd.ops.add(s, w))
+    fd.add_output(fd.ops.mul(w, 3.0))
+
+
+def outputs_read_later(fd):
+    """The centered tensor and the mean are outputs (stage 1) that segment 2 reads; the
+    column sums of squares an output too."""
+    x = fd.define_tensor([-1, -1])
+    mean = fd.ops.div(fd.ops.sum(x, [0], keepdim=True), fd.ops.size(x, 0))
+    c = fd.ops.sub(x, mean)
+    ss = fd.ops.sum(fd.ops.mul(c, c), [0], keepdim=True)
+    fd.add_output(c)
+    fd.add_output(fd.ops.div(c, fd.ops.sqrt(fd.ops.add(ss, 1.0))))
+    fd.add_output(mean)
+    fd.add_output(ss)
+
+
+def late_scalars(fd):
+    """Scalar inputs used only by the last segment (one not at all)."""
+    x = fd.define_tensor([-1, -1])
+    fd.define_scalar(None, dtype=F)
+    b = fd.define_scalar(None, dtype=F)
+    fd.add_output(fd.ops.mul(fd.ops.sub(x, fd.ops.sum(x, [0], keepdim=True)), b))
+
+
+def var_over_rows(fd):
+    """var (keepdim=False) over dim 0: two dependent outer reductions, three segments."""
+    x = fd.define_tensor([-1, -1])
+    v = fd.ops.var(x, [0], correction=1, keepdim=False)
+    fd.add_output(fd.ops.div(x, fd.ops.sqrt(fd.ops.add(v, 1.0))))
+    fd.add_output(v)
+
+
+def keepdim_mixture(fd):
+    """Row sums kept ([N, 1]) and not ([N], broadcast as rows), column sums kept and not."""
+    x = fd.define_tensor([-1, -1])
+    r_kept = fd.ops.sum(x, [1], keepdim=True)
+    r = fd.ops.broadcast_in_dim(fd.ops.max(x, [1]), x.shape(), [0])
+    y = fd.ops.sub(fd.ops.sub(x, r), fd.ops.div(r_kept, fd.ops.size(x, 1)))
+    c_kept = fd.ops.sum(y, [0], keepdim=True)
+    c = fd.ops.max(y, [0])
+    fd.add_output(fd.ops.add(fd.ops.sub(y, c_kept), c))
+
+
+def inner_reduction_read_later(fd):
+    """A row sum of the first sweep that the second segment reads; then a row softmax of a
+    stage-1 tensor (an inner reduction inside segment 1)."""
+    x = fd.define_tensor([-1, -1])
+    r = fd.ops.sum(x, [1], keepdim=True)
+    y = fd.ops.sub(fd.ops.mul(x, r), fd.ops.max(x, [0], keepdim=True))
+    e = fd.ops.exp(fd.ops.sub(y, fd.ops.max(y, [1], keepdim=True)))
+    fd.add_output(fd.ops.div(e, fd.ops.sum(e, [1], keepdim=True)))
+
+
+def broadcast_by_sizes(fd):
+    """Column sums broadcast to the shape another input's sizes give."""
+    x = fd.define_tensor([-1, -1])
+    z = fd.define_tensor([-1, -1])
+    y = fd.ops.add(x, z)
+    s = fd.ops.sum(y, [0])
+    fd.add_output(fd.ops.sub(z, fd.ops.broadcast_in_dim(s, [x.size(0), z.size(1)], [1])))
+
+
+def column_chain(fd):
+    """A column output made from a column statistic of a stage-1 tensor: three segments,
+    the last one all [H]."""
+    x = fd.define_tensor([-1, -1])
+    m = fd.ops.max(fd.ops.sub(x, fd.ops.sum(x, [0])), [0])
+    fd.add_output(fd.ops.mul(m, 2.0))
+
+
+def centered_3d_kept_and_not(fd):
+    """[B, S, H]: the mean over [0, 1] with keepdim (a scalar input counts B * S) and the
+    column sums without, as outputs."""
+    x = fd.define_tensor([-1, -1, -1])
+    count = fd.define_scalar(None, dtype=F)
+    total = fd.ops.sum(x, [0, 1])
+    mean = fd.ops.div(fd.ops.sum(x, [0, 1], keepdim=True), count)
+    fd.add_output(fd.ops.sub(x, mean))
+    fd.add_output(total)
+
+
+def rows_3d_then_columns(fd):
+    """[B, S, H]: each row over its sum (an inner reduction kept as [B, S]), then over the
+    column sums of that."""
+    x = fd.define_tensor([-1, -1, -1])
+    xa = fd.ops.add(fd.ops.abs(x), 1.0)
+    r = fd.ops.broadcast_in_dim(fd.ops.sum(xa, [2]), xa.shape(), [0, 1])
+    y = fd.ops.div(xa, r)
+    fd.add_output(fd.ops.div(y, fd.ops.sum(y, [0, 1], keepdim=True)))
+
+
+def batch_norm_narrow(fd, dtype=BF16):
+    """BatchNorm statistics of a Half / BFloat16 input without a cast to Float: the sums are
+    of the input's type, and must not be rounded to it between segments (the data has a mean
+    of 100, where one BFloat16 unit of the sum is many of the centered values)."""
+    x = fd.define_tensor([-1, -1], dtype=dtype)
+    var, mean = fd.ops.var_mean(x, [0], correction=0, keepdim=True)
+    fd.add_output(fd.ops.mul(fd.ops.sub(x, mean), fd.ops.rsqrt(fd.ops.add(var, 1e-5))))
+    fd.add_output(mean)
+    fd.add_output(var)
+
+
+def narrow_output_read_later(fd):
+    """exp(x) is a BFloat16 output (rounded when stored); the Float column normalization
+    uses its unrounded value, so a later segment recomputes it instead of reading it."""
+    x = fd.define_tensor([-1, -1], dtype=BF16)
+    e = fd.ops.exp(x)
+    fd.add_output(e)
+    ef = fd.ops.cast(e, F)
+    fd.add_output(fd.ops.div(ef, fd.ops.sum(ef, [0], keepdim=True)))
+
+
+def softmax_dim0_narrow(fd):
+    """softmax over dim 0 of a BFloat16 tensor with no cast: max and sum of BFloat16 type."""
+    x = fd.define_tensor([-1, -1], dtype=BF16)
+    e = fd.ops.exp(fd.ops.sub(x, fd.ops.max(x, [0], keepdim=True)))
+    fd.add_output(fd.ops.div(e, fd.ops.sum(e, [0], keepdim=True)))
+    fd.add_output(fd.ops.max(x, [0]))
+
+
+def cast_statistics(fd):
+    """Column statistics of a stage-1 tensor output as BFloat16 casts: written by the
+    segment that reduces them (two segments, not a third one for the casts)."""
+    x = fd.define_tensor([-1, -1], dtype=BF16)
+    xf = fd.ops.cast(x, F)
+    y = fd.ops.div(xf, fd.ops.add(fd.ops.sum(fd.ops.abs(xf), [0], keepdim=True), 1.0))
+    fd.add_output(fd.ops.cast(y, BF16))
+    fd.add_output(fd.ops.cast(fd.ops.sum(y, [0]), BF16))
+    fd.add_output(fd.ops.cast(fd.ops.max(y, [0], keepdim=True), BF16))
+
+
+def long_name(fd):
+    x = fd.define_tensor([-1, -1])
+    fd.add_output(fd.ops.sub(x, fd.ops.sum(x, [0], keepdim=True)))
+
+
+LONG = "n" * MAX_NAME_LENGTH
+CASES = {  # name -> (builder, segments, inputs: a shape (standard normal float32) or a float)
+    "two_statistics": (two_statistics, 2, [(30, 17)]),
+    "statistic_and_weight": (statistic_and_weight, 2, [(30, 17), (17,)]),
+    "outputs_read_later": (outputs_read_later, 3, [(30, 17)]),
+    "late_scalars": (late_scalars, 2, [(30, 17), 2.0, 3.0]),
+    "var_over_rows": (var_over_rows, 3, [(30, 17)]),
+    "keepdim_mixture": (keepdim_mixture, 2, [(30, 17)]),
+    "inner_reduction_read_later": (inner_reduction_read_later, 2, [(30, 17)]),
+    "broadcast_by_sizes": (broadcast_by_sizes, 2, [(30, 17), (30, 17)]),
+    "column_chain": (column_chain, 3, [(30, 17)]),
+    "centered_3d_kept_and_not": (centered_3d_kept_and_not, 2, [(3, 10, 17), 30.0]),
+    "rows_3d_then_columns": (rows_3d_then_columns, 2, [(3, 10, 17)]),
+    "batch_norm_narrow": (batch_norm_narrow, 3, [(300, 17)]),
+    "narrow_output_read_later": (narrow_output_read_later, 2, [(30, 17)]),
+    "softmax_dim0_narrow": (softmax_dim0_narrow, 3, [(30, 17)]),
+    "cast_statistics": (cast_statistics, 2, [(30, 17)]),
+    LONG: (long_name, 2, [(30, 17)]),
+}
+
+
+def _fd(name: str) -> FusionDefinition:
+    with FusionDefinition(name) as fd:
+        CASES[name][0](fd)
+    return fd
+
+
+def _inputs(fd: FusionDefinition, name: str, shape=None, seed: int = 5) -> list:
+    """Standard normal inputs of each tensor input's dtype (offset by 100 for batch_norm_narrow);
+    `shape` replaces the first input's shape and the trailing size of the others."""
+    rng = np.random.default_rng(seed)
+    specs = CASES[name][2]
+    values: list = []
+    for v, spec in zip(fd.fusion.inputs, specs, strict=True):
+        if isinstance(spec, float):
+            values.append(float(np.prod(shape[:-1])) if shape is not None else spec)
+            continue
+        if shape is not None:
+            spec = shape if len(spec) == len(shape) else shape[-len(spec):]
+        x = rng.standard_normal(spec) + (100.0 if name == "batch_norm_narrow" else 0.0)
+        values.append(x.astype(np.float32).astype(v.dtype.numpy))
+    return values
+
+
+def _chained(fd: FusionDefinition, inputs: list) -> list[np.ndarray]:
+    """The segments evaluated in order on the oracle: each on the user's inputs and what
+    earlier segments wrote (as stored, in the type they wrote it)."""
+    segmentation = segments_of(fd)
+    values = dict(zip(segmentation.lowered.inputs, inputs, strict=True))
+    for s in segmentation.segments:
+        outs = evaluate(s.definition.fusion, [values[v] for v in s.inputs])
+        values.update(zip(s.outputs, outs, strict=True))
+    return [values[o] for o in segmentation.lowered.outputs]
+
+
+@pytest.mark.parametrize("name", list(CASES), ids=lambda n: n[:30])
+def test_segments_chained_on_the_oracle_equal_the_whole_fusion(name):
+    fd = _fd(name)
+    with pytest.raises(UnsupportedFusionError):
+        analyze(fd.fusion)
+    segmentation = segments_of(fd)
+    assert len(segmentation.segments) == CASES[name][1], segmentation
+    inputs = _inputs(fd, name)
+    expected = evaluate(fd.fusion, inputs)
+    for got, want, o in zip(_chained(fd, inputs), expected, fd.fusion.outputs, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape, o
+        # a Half / BFloat16 output may round the other way where the chain's Float value is
+        # a float32 unit away from the oracle's float64 one: one unit of that type
+        rtol = 2.0 ** -(8 if o.dtype is BF16 else 11) if o.dtype in (BF16, HALF) else 1e-6
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=1e-6, err_msg=o.name)
+
+
+@pytest.mark.parametrize("name", list(CASES), ids=lambda n: n[:30])
+def test_every_segment_compiles_without_spills(name):
+    for s in segments_of(_fd(name)).segments:
+        assert len(s.definition.name) <= MAX_NAME_LENGTH
+        built = build(s.definition.name, analyze(s.definition.fusion), Problem(4096, 1024, 16),
+                      H200)
+        for entry, _plan in built.plans():
+            assert not built.compiled.resource(entry).spills, entry
+
+
+def test_a_statistic_carried_between_segments_keeps_float_precision():
+    """The BFloat16 sums of batch_norm_narrow are written as Float; the outputs keep the
+    user's types."""
+    fd = _fd("batch_norm_narrow")
+    segmentation = segments_of(fd)
+    carried = {v for s in segmentation.segments for v in s.inputs
+               if v not in segmentation.lowered.inputs}
+    assert carried and all(v.dtype is F for v in carried)
+    assert [o.dtype for o in segmentation.lowered.outputs] == [BF16] * 3
+
+
+def test_a_rounded_narrow_output_is_recomputed_not_read():
+    fd = _fd("narrow_output_read_later")
+    first, second = segments_of(fd).segments
+    e = segments_of(fd).lowered.outputs[0]
+    assert e in first.outputs and e not in second.inputs
+
+
+def test_segment_names_fit_the_name_limit():
+    names = [s.definition.name for s in segments_of(_fd(LONG)).segments]
+    assert names == [LONG[:-3] + "_s0", LONG[:-3] + "_s1"]
+
+
+def three_d_over_dim_0(fd):
+    x = fd.define_tensor([-1, -1, -1])
+    fd.add_output(fd.ops.sub(x, fd.ops.sum(x, [0], keepdim=True)))
+
+
+def rows_of_unrelated_sizes(fd):
+    """The column sums of x broadcast to z's rows: one segment would sweep rows of two
+    sizes."""
+    x = fd.define_tensor([-1, -1])
+    z = fd.define_tensor([-1, -1])
+    s = fd.ops.sum(x, [0])
+    fd.add_output(fd.ops.add(z, fd.ops.broadcast_in_dim(s, [z.size(0), x.size(1)], [1])))
+
+
+def var_mean_3d(fd):
+    """var_mean over [B, S] divides by B * S: a kernel over N-D rows knows only the rows."""
+    x = fd.define_tensor([-1, -1, -1])
+    var, mean = fd.ops.var_mean(x, [0, 1], correction=0, keepdim=True)
+    fd.add_output(fd.ops.mul(fd.ops.sub(x, mean), var))
+
+
+def row_sums_broadcast_to_columns(fd):
+    """broadcast_dims=[1] aligns the row sums with the columns explicitly (what numpy does
+    for x - sum(x, dims=[1])); stages do not see it."""
+    x = fd.define_tensor([-1, -1])
+    s = fd.ops.broadcast_in_dim(fd.ops.sum(x, [1]), x.shape(), [1])
+    fd.add_output(fd.ops.sub(x, s))
+
+
+def non_contiguous(fd):
+    x = fd.define_tensor([-1, -1], contiguity=[False, True])
+    fd.add_output(fd.ops.sub(x, fd.ops.sum(x, [0], keepdim=True)))
+
+
+REFUSED = {  # builder -> what the error says (the segment's reason, or the whole fusion's)
+    three_d_over_dim_0: r"(?s)Cutting fusion .* segment 0 \(T1\).*T1 spans 2 of the fusion's 3",
+    rows_of_unrelated_sizes: r"(?s)Cutting fusion .* segment 1 .*T1 spans 2 of the fusion's 2",
+    var_mean_3d: r"(?s)Cutting fusion .* segment 1 .*flatten the leading dimensions",
+    row_sums_broadcast_to_columns: "two dimensions the definition made one size",
+    non_contiguous: r"(?s)declared non-contiguous.*Cutting fusion.*segment 0",
+}
+
+
+@pytest.mark.parametrize("builder", list(REFUSED), ids=lambda b: b.__name__)
+def test_what_cutting_does_not_help_is_refused_before_anything_runs(builder):
+    with FusionDefinition(builder.__name__) as fd:
+        builder(fd)
+    with pytest.raises(UnsupportedFusionError, match=REFUSED[builder]):
+        segments_of(fd)
+    shape = (2, 3, 4) if fd.fusion.inputs[0].ndim == 3 else (3, 3)
+    tensors = [np.zeros(shape, np.float32) for _ in fd.fusion.inputs]
+    with pytest.raises(UnsupportedFusionError, match=REFUSED[builder]):
+        execute(fd, tensors)  # raised before a device is touched
+
+
+GPU_SHAPES = [(300, 257), (7, 24578), (16384, 4096)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+@pytest.mark.parametrize("name", list(CASES), ids=lambda n: n[:30])
+def test_segmented_fusion_matches_the_oracle_on_the_gpu(name, shape):
+    import cupy
+
+    ndim = len(CASES[name][2][0])
+    if ndim == 3:
+        shape = (2, shape[0] // 2 + 1, shape[1]) if shape[0] > 7 else (1, 7, shape[1])
+    fd = _fd(name)
+    fd.validate([cupy.asarray(a) if isinstance(a, np.ndarray) else a
+                 for a in _inputs(fd, name, shape)])
+    assert len(fd.last_schedule().segments) == CASES[name][1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [HALF, BF16], ids=lambda d: d.name)
+def test_narrow_batch_norm_statistics_match_the_oracle_on_the_gpu(dtype):
+    import cupy
+
+    with FusionDefinition("batch_norm_narrow") as fd:
+        batch_norm_narrow(fd, dtype)
+    x = (100 + np.random.default_rng(1).standard_normal((16384, 1024))).astype(dtype.numpy)
+    fd.validate([cupy.asarray(x)])
