@@ -63,9 +63,13 @@ class Segmentation:
     segments: tuple[Segment, ...]
 
     def __str__(self) -> str:
-        lines = [f"runs as {len(self.segments)} segments (no single kernel can: a value needs "
-                 "a reduction's results from other rows):"]
-        return "\n  ".join(lines + [str(s) for s in self.segments])
+        if len(self.segments) == 1:  # e.g. what one kernel could not run, no output needs
+            head = ("runs as 1 segment (a copy of the fusion with only what its outputs need, "
+                    "which one kernel can run):")
+        else:
+            head = (f"runs as {len(self.segments)} segments (no single kernel can: a value "
+                    "needs a reduction's results from other rows):")
+        return "\n  ".join([head] + [str(s) for s in self.segments])
 
 
 @dataclass(frozen=True, eq=False)
@@ -117,16 +121,16 @@ def _rank(v: Val) -> int:
 
 
 def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError) -> Segmentation:
-    """`fusion` cut into segments that each run as one kernel chain; raises `reason` (why one
-    kernel cannot run it) with a note when cutting at the outer reductions does not help."""
+    """`fusion` cut into segments that each run as one kernel chain (one segment where a copy
+    with only what the outputs need runs: the values one kernel could not run were ones no
+    output needs); raises `reason` (why one kernel cannot run it) when that does not help,
+    with a note where a segment cannot run either."""
     from fuser.frontend import FusionDefinition
 
     lowered = _widened(lower(fusion))
     stage = stages(lowered)
     home = _homes(lowered, stage)
     last = max(home.values(), default=0)
-    if last == 0:
-        raise reason
     demanded: dict[int, list[Val]] = {k: [] for k in range(last + 1)}
     built: list[Segment] = []
     for k in range(last, -1, -1):
@@ -143,6 +147,11 @@ def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError) -> Segmen
         built.append(Segment(k, definition, tuple(inputs), tuple(outputs), _why(k, inputs,
                                                                               lowered)))
     segments = tuple(_renumbered(reversed(built)))
+    if len(segments) == 1:  # no cut: the fusion without the values no output needs
+        try:
+            analyze(segments[0].definition.fusion)
+        except UnsupportedFusionError:
+            raise reason from None
     _check_each_runs(name, segments, reason)
     return Segmentation(lowered, segments)
 

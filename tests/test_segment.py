@@ -170,3 +170,17 @@ def test_sum_by_column_follows_numpy_and_refuses_a_non_square_input():
     np.testing.assert_allclose(got, wide - 2 * wide.sum(axis=1), rtol=1e-6)
     with pytest.raises(fuser.BadInputError, match="T0 dimension 1"):
         execute(_fd("sum_by_column"), [np.zeros((6, 5), np.float32)])
+
+
+def test_values_no_output_needs_are_left_out_of_a_one_segment_run():
+    """Analysis refuses a fusion whose unused value normalizes along the rows; the one segment
+    holds only what the output needs (found by the CPU fuzz)."""
+    with FusionDefinition("dead") as fd:
+        x = fd.define_tensor([-1, -1])
+        fd.ops.sub(x, fd.ops.sum(x, [0], keepdim=True))  # used by nothing
+        fd.add_output(fd.ops.sum(x, [1]))
+    with pytest.raises(UnsupportedFusionError):
+        analyze(fd.fusion)
+    segmentation = segments_of(fd)
+    assert len(segmentation.segments) == 1 and "runs as 1 segment (a copy" in str(segmentation)
+    assert analyze(segmentation.segments[0].definition.fusion).kind.name == "INNER"
