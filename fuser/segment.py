@@ -97,14 +97,15 @@ def stages(fusion: Fusion) -> dict[Val, int]:
     an inner reduction (keepdim=False) that an elementwise op meets with a tensor of higher
     rank is aligned, as numpy aligns, with the trailing axes: `x - sum(x, dims=[1])` subtracts
     row j's sum from column j, so every row sum must exist first, and that op is one stage
-    later, as if the sum were an outer reduction."""
+    later, as if the sum were an outer reduction; so is a broadcast_in_dim that lays such a
+    result along the columns."""
     stage: dict[Val, int] = {v: 0 for v in fusion.vals if v.definition is None}
     per_row: set[Val] = set()  # inner reductions' rank-reduced results, and values of them
     for e in fusion.exprs:
         out = e.outputs[0]
         rank = _rank(out)
-        lifted = e.op in ELEMENTWISE and any(
-            i in per_row and _rank(i) < rank for i in e.inputs)
+        lifted = (e.op in ELEMENTWISE and any(i in per_row and _rank(i) < rank
+                                              for i in e.inputs)) or _across_rows(e, per_row)
         s = max((stage[i] for i in e.inputs), default=0) + (1 if is_outer(e) or lifted else 0)
         for o in e.outputs:
             stage[o] = s
@@ -114,6 +115,14 @@ def stages(fusion: Fusion) -> dict[Val, int]:
         if reduced_row or of_reduced_rows:
             per_row.add(out)
     return stage
+
+
+def _across_rows(e: Expr, per_row: set[Val]) -> bool:
+    """A broadcast_in_dim that lays a per-row value along other axes than the row axes it came
+    from (broadcast_dims [1] for a [rows] sum): as numpy's alignment, a column of row sums."""
+    if e.op != "broadcast_in_dim" or e.inputs[0] not in per_row:
+        return False
+    return list(e.attr("broadcast_dims")) != list(range(_rank(e.inputs[0])))
 
 
 def _rank(v: Val) -> int:

@@ -14,11 +14,11 @@ from fuser.segment import SegmentSchedules
 pytestmark = pytest.mark.gpu
 
 SIZES = {2: [(300, 257), (7, 24578), (16384, 4096)], 3: [(4, 75, 257), (2, 1024, 4096)]}
-SQUARE = [(257, 257), (4096, 4096)]  # sum_by_column aligns row sums with columns
+SQUARE = [(257, 257), (4096, 4096)]  # sum_by_column, sum_along_columns: row sums as columns
 
 
 def _sizes(name: str) -> list[tuple[int, ...]]:
-    return SQUARE if name == "sum_by_column" else SIZES[len(CASES[name][2][0])]
+    return SQUARE if name.startswith("sum_") else SIZES[len(CASES[name][2][0])]
 
 
 def _inputs(name: str, dtype: DataType, shape: tuple[int, ...]) -> list:

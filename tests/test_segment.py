@@ -70,12 +70,21 @@ def sum_by_column(fd, dtype=F):
     fd.add_output(fd.ops.sub(xf, fd.ops.mul(fd.ops.sum(xf, [1]), 2.0)))
 
 
+def sum_along_columns(fd, dtype=F):
+    """The same through an explicit broadcast_in_dim(sum, x's shape, broadcast_dims=[1])."""
+    x = fd.define_tensor([-1, -1], dtype=dtype)
+    xf = fd.ops.cast(x, F)
+    sums = fd.ops.broadcast_in_dim(fd.ops.sum(xf, [1]), xf.shape(), [1])
+    fd.add_output(fd.ops.sub(xf, sums))
+
+
 CASES = {  # builder -> (segments, input shapes)
     "softmax_dim0": (softmax_dim0, 3, [(300, 257)]),
     "batch_norm": (batch_norm, 3, [(300, 257), (257,), (257,)]),
     "row_then_column": (row_then_column, 2, [(300, 257)]),
     "centered_3d": (centered_3d, 2, [(4, 75, 257), 300.0]),
     "sum_by_column": (sum_by_column, 2, [(257, 257)]),
+    "sum_along_columns": (sum_along_columns, 2, [(257, 257)]),
 }
 
 

@@ -305,14 +305,6 @@ def var_mean_3d(fd):
     fd.add_output(fd.ops.mul(fd.ops.sub(x, mean), var))
 
 
-def row_sums_broadcast_to_columns(fd):
-    """broadcast_dims=[1] aligns the row sums with the columns explicitly (what numpy does
-    for x - sum(x, dims=[1])); stages do not see it."""
-    x = fd.define_tensor([-1, -1])
-    s = fd.ops.broadcast_in_dim(fd.ops.sum(x, [1]), x.shape(), [1])
-    fd.add_output(fd.ops.sub(x, s))
-
-
 def non_contiguous(fd):
     x = fd.define_tensor([-1, -1], contiguity=[False, True])
     fd.add_output(fd.ops.sub(x, fd.ops.sum(x, [0], keepdim=True)))
@@ -322,7 +314,6 @@ REFUSED = {  # builder -> what the error says (the segment's reason, or the whol
     three_d_over_dim_0: r"(?s)Cutting fusion .* segment 0 \(T1\).*T1 spans 2 of the fusion's 3",
     rows_of_unrelated_sizes: r"(?s)Cutting fusion .* segment 1 .*T1 spans 2 of the fusion's 2",
     var_mean_3d: r"(?s)Cutting fusion .* segment 1 .*flatten the leading dimensions",
-    row_sums_broadcast_to_columns: "two dimensions the definition made one size",
     non_contiguous: r"(?s)declared non-contiguous.*Cutting fusion.*segment 0",
 }
 
