@@ -216,6 +216,10 @@ class Ops:
         """torch.var(t, dims, correction=, keepdim=): var_mean's variance alone."""
         return self._fusion.var(t, dims, correction, keepdim)
 
+    def unsqueeze(self, t, dim: int):
+        """torch.unsqueeze(t, dim): a size-1 axis inserted at dim (a broadcast_in_dim)."""
+        return self._fusion.unsqueeze(t, dim)
+
     def size(self, t, dim: int):
         return self._fusion.size(t, dim)
 

@@ -344,6 +344,21 @@ class Fusion:
         self._define("size", [t], [out], dim=d)
         return out
 
+    def unsqueeze(self, t, dim: int) -> Tensor:
+        """torch.unsqueeze: `t` with a size-1 axis inserted at `dim` (-ndim - 1 to ndim), as the
+        broadcast_in_dim that keeps every axis of `t` (repr(fd) prints that)."""
+        t = self._require_tensor("unsqueeze", t)
+        if (isinstance(dim, bool | np.bool_) or not isinstance(dim, int | np.integer)
+                or not -t.ndim - 1 <= dim <= t.ndim):
+            raise DefinitionError(
+                f"unsqueeze: dim {dim!r} is out of range for {t.name} of rank {t.ndim}; give an "
+                f"int from {-t.ndim - 1} to {t.ndim}")
+        at = int(dim) % (t.ndim + 1)
+        sizes: list[Scalar | int] = [1 if e is None else self.size(t, d)
+                                     for d, e in enumerate(t.dims)]
+        kept = [d if d < at else d + 1 for d in range(t.ndim)]
+        return self.broadcast_in_dim(t, [*sizes[:at], 1, *sizes[at:]], kept)
+
     def broadcast_in_dim(self, t, shape, broadcast_dims) -> Tensor:
         t = self._require_tensor("broadcast_in_dim", t)
         shape = _listed("broadcast_in_dim", "shape", shape, "one size per output dimension")

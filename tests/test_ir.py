@@ -615,3 +615,42 @@ def test_from_python_names_what_is_wrong_with_the_text():
         FusionDefinition.from_python("def define_fusion(fd):\n    fd.add_output(T9)\n")
     with pytest.raises(DefinitionError, match=r"fusion 'fusion' has no outputs"):  # its own
         FusionDefinition.from_python("def define_fusion(fd):\n    pass\n")
+
+
+@pytest.mark.parametrize(("dim", "shape"), [(0, (1, 3, 4)), (1, (3, 1, 4)), (2, (3, 4, 1)),
+                                            (-1, (3, 4, 1)), (-3, (1, 3, 4))])
+def test_unsqueeze_inserts_a_size_one_axis_as_torch(dim, shape):
+    import numpy as np
+
+    from fuser.reference import evaluate
+
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1])
+        y = fd.ops.unsqueeze(x, dim)
+        fd.add_output(y)
+    assert y.ndim == 3 and y.dims[shape.index(1)] is None
+    data = np.arange(12, dtype=np.float32).reshape(3, 4)
+    (got,) = evaluate(fd.fusion, [data])
+    np.testing.assert_array_equal(got, np.expand_dims(data, dim))
+    assert "broadcast_in_dim(T0" in repr(fd)
+
+
+def test_unsqueeze_of_a_row_statistic_is_a_per_row_value():
+    """rms_norm written with unsqueeze instead of keepdim: one inner-reduction kernel, as the
+    keepdim form, over [B, S, H] too."""
+    from fuser.analysis import Kind, analyze
+
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1, -1])
+        ms = fd.ops.div(fd.ops.sum(fd.ops.mul(x, x), [2]), x.size(2))
+        fd.add_output(fd.ops.mul(x, fd.ops.rsqrt(fd.ops.unsqueeze(ms, -1))))
+    assert analyze(fd.fusion).kind is Kind.INNER
+
+
+@pytest.mark.parametrize("dim", [3, -4, 1.0, True, "1"])
+def test_unsqueeze_refuses_a_dim_out_of_range(dim):
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1])
+        with pytest.raises(DefinitionError, match=r"unsqueeze: dim .* give an int from -3 to 2"):
+            fd.ops.unsqueeze(x, dim)
+        fd.add_output(fd.ops.neg(x))
