@@ -359,18 +359,14 @@ class _Builder:
         self.pool.append(reduce(x, dims=list(dims), keepdim=keepdim, dtype=dtype))
 
     def _var_mean(self, a: int, dims: tuple[int, ...], correction: int, keepdim: bool) -> None:
-        x = self.pick_full(a)
-        if x is None or (self.tame and x.ndim < 2):
-            return
-        if not x.dtype.is_float:
-            x = self.ops.cast(x, DataType.Float)
-        if self.tame:
-            correction = 0  # 1 divides by zero in rows of one element
-        var, mean = self.ops.var_mean(x, dims=list(dims), correction=correction,
-                                      keepdim=keepdim)
-        self.pool += [var, mean]
+        self._variance("var_mean", a, dims, correction, keepdim)
 
     def _var(self, a: int, dims: tuple[int, ...], correction: int, keepdim: bool) -> None:
+        self._variance("var", a, dims, correction, keepdim)
+
+    def _variance(self, name: str, a: int, dims: tuple[int, ...], correction: int,
+                  keepdim: bool) -> None:
+        """var_mean ([var, mean]) or var of a float tensor (an int or bool one cast first)."""
         x = self.pick_full(a)
         if x is None or (self.tame and x.ndim < 2):
             return
@@ -378,8 +374,9 @@ class _Builder:
             x = self.ops.cast(x, DataType.Float)
         if self.tame:
             correction = 0  # 1 divides by zero in rows of one element
-        self.pool.append(self.ops.var(x, dims=list(dims), correction=correction,
-                                      keepdim=keepdim))
+        results = getattr(self.ops, name)(x, dims=list(dims), correction=correction,
+                                          keepdim=keepdim)
+        self.pool += list(results) if name == "var_mean" else [results]
 
 
 def build(plan: Plan, tame: bool = False, traps: bool = True,

@@ -20,6 +20,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from torch_ddp_train import LlamaRMSNorm  # noqa: E402  (Hugging Face's, as written there)
+
 import fuser.torch as ft  # noqa: E402
 from fuser import explain  # noqa: E402
 from fuser.dtypes import DataType  # noqa: E402
@@ -277,22 +279,6 @@ def test_first_block_without_dropout_returns_x_as_the_residual(oracle):
 
 
 # ----- mixed dtypes and Hugging Face's LlamaRMSNorm -----
-
-
-class LlamaRMSNorm(torch.nn.Module):
-    """Hugging Face transformers' LlamaRMSNorm, as it is written there."""
-
-    def __init__(self, hidden_size, eps=1e-6):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.ones(hidden_size))
-        self.variance_epsilon = eps
-
-    def forward(self, hidden_states):
-        input_dtype = hidden_states.dtype
-        hidden_states = hidden_states.to(torch.float32)
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-        return self.weight * hidden_states.to(input_dtype)
 
 
 class GemmaRMSNorm(torch.nn.Module):
