@@ -27,7 +27,7 @@ from fuser.codegen import KernelSource
 from fuser.compile import CompiledModule
 from fuser.device import DeviceSpec
 from fuser.dtypes import DataType
-from fuser.errors import BadInputError, HintError, OutOfResourcesError, UnsupportedFusionError
+from fuser.errors import BadInputError, OutOfResourcesError, UnsupportedFusionError
 from fuser.ir import Scalar, Tensor, as_tensor
 from fuser.kernels import build
 from fuser.launch import POINTER, EntryLauncher, ctype_of
@@ -385,9 +385,6 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
 
 def execute(fd, inputs: list, *, device=None, hints: Hints | None = None):
     inputs = list(inputs)
-    segmentation = segments_of(fd)
-    if segmentation is not None:
-        return _execute_segments(fd, segmentation, inputs, device, hints)
     plans = fd.__dict__.setdefault("_plans", {})
     try:
         key = (_signature(inputs), device, hints)
@@ -395,6 +392,10 @@ def execute(fd, inputs: list, *, device=None, hints: Hints | None = None):
     except TypeError:  # an unhashable input: the full checks will name it
         key, plan = None, None
     if plan is None:
+        # Only a fusion one kernel chain runs has plans: a cached one skips this question.
+        segmentation = segments_of(fd)
+        if segmentation is not None:
+            return _execute_segments(fd, segmentation, inputs, device, hints)
         plan = _plan(fd, inputs, device, hints)
         if key is not None:
             if len(plans) >= MAX_PLANS:
@@ -429,8 +430,7 @@ def _execute_segments(fd, segmentation: Segmentation, inputs: list, device, hint
     """Run the segments in order, each on the fusion's inputs and earlier segments' outputs."""
     lowered = segmentation.lowered
     if hints is not None:
-        raise HintError(f"fusion '{fd.name}' {segmentation}\nhints steer one kernel chain: "
-                        "pass hints=None (each segment is scheduled by the heuristic)")
+        raise segmentation.hint_error(fd.name)
     if len(inputs) != len(lowered.inputs):
         raise BadInputError(
             f"fusion '{fd.name}' takes {len(lowered.inputs)} inputs, got {len(inputs)}")

@@ -219,8 +219,7 @@ def _explain_segments(fd: FusionDefinition, segmentation: Segmentation, shapes, 
     from fuser.reference import bind_shapes
 
     if hints is not None:
-        raise HintError(f"fusion '{fd.name}' {segmentation}\nhints steer one kernel chain: "
-                        "pass hints=None")
+        raise segmentation.hint_error(fd.name)
     lowered = segmentation.lowered
     bound = _bound_shapes(lowered.inputs, _per_input(fd, "shapes", shapes))
     if dtypes is not None:

@@ -348,12 +348,7 @@ class Fusion:
         """torch.unsqueeze: `t` with a size-1 axis inserted at `dim` (-ndim - 1 to ndim), as the
         broadcast_in_dim that keeps every axis of `t` (repr(fd) prints that)."""
         t = self._require_tensor("unsqueeze", t)
-        if (isinstance(dim, bool | np.bool_) or not isinstance(dim, int | np.integer)
-                or not -t.ndim - 1 <= dim <= t.ndim):
-            raise DefinitionError(
-                f"unsqueeze: dim {dim!r} is out of range for {t.name} of rank {t.ndim}; give an "
-                f"int from {-t.ndim - 1} to {t.ndim}")
-        at = int(dim) % (t.ndim + 1)
+        at = self._normalize_dim("unsqueeze", t, dim, rank=t.ndim + 1)
         sizes: list[Scalar | int] = [1 if e is None else self.size(t, d)
                                      for d, e in enumerate(t.dims)]
         kept = [d if d < at else d + 1 for d in range(t.ndim)]
@@ -505,14 +500,17 @@ class Fusion:
         return t
 
     @staticmethod
-    def _normalize_dim(op, t: Tensor, dim) -> int:
+    def _normalize_dim(op, t: Tensor, dim, rank: int | None = None) -> int:
+        """`dim` as an axis from 0 of a result of `rank` (t's own by default; unsqueeze's is
+        one more), negative dims counting from the end, as torch."""
+        rank = t.ndim if rank is None else rank
         if (isinstance(dim, bool | np.bool_) or not isinstance(dim, int | np.integer)
-                or not -t.ndim <= dim < t.ndim):
+                or not -rank <= dim < rank):
             raise DefinitionError(
                 f"{op}: dim {dim!r} is out of range for {t.name} of rank {t.ndim}; give an "
-                f"int from {-t.ndim} to {t.ndim - 1}"
+                f"int from {-rank} to {rank - 1}"
             )
-        return int(dim) % t.ndim
+        return int(dim) % rank
 
     # ----- views -----
 

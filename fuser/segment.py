@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from fuser.analysis import analyze, copy_expr, define_like, equate_extents, lower
 from fuser.dtypes import DataType
-from fuser.errors import UnsupportedFusionError
+from fuser.errors import HintError, UnsupportedFusionError
 from fuser.ir import Expr, Fusion, Tensor, Val, as_tensor
 from fuser.ops import ELEMENTWISE, REDUCTIONS
 
@@ -70,6 +70,11 @@ class Segmentation:
             head = (f"runs as {len(self.segments)} segments (no single kernel can: a value "
                     "needs a reduction's results from other rows):")
         return "\n  ".join([head] + [str(s) for s in self.segments])
+
+    def hint_error(self, name: str) -> HintError:
+        """Why hints are refused for fusion `name` (executor and explain raise it)."""
+        return HintError(f"fusion '{name}' {self}\nhints steer one kernel chain: pass "
+                         "hints=None (each segment is scheduled by the heuristic)")
 
 
 @dataclass(frozen=True, eq=False)
@@ -156,11 +161,6 @@ def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError) -> Segmen
         built.append(Segment(k, definition, tuple(inputs), tuple(outputs), _why(k, inputs,
                                                                               lowered)))
     segments = tuple(_renumbered(reversed(built)))
-    if len(segments) == 1:  # no cut: the fusion without the values no output needs
-        try:
-            analyze(segments[0].definition.fusion)
-        except UnsupportedFusionError:
-            raise reason from None
     _check_each_runs(name, segments, reason)
     return Segmentation(lowered, segments)
 
@@ -178,11 +178,14 @@ def _check_each_runs(name: str, segments: tuple[Segment, ...],
                      reason: UnsupportedFusionError) -> None:
     """Raise, at definition time rather than half-way through a run, when a segment is still
     one that no kernel chain runs (a reduction over some of the row axes, rows of unrelated
-    sizes...): the whole fusion's reason, then the segment's."""
+    sizes...): the whole fusion's reason, then the segment's; the reason alone where there
+    was nothing to cut (one segment: the fusion without the values no output needs)."""
     for s in segments:
         try:
             analyze(s.definition.fusion)
         except UnsupportedFusionError as exc:
+            if len(segments) == 1:
+                raise reason from None
             raise UnsupportedFusionError(
                 f"{reason}\nCutting fusion {name!r} at its reductions over the rows does not "
                 f"help: segment {s.index} ({', '.join(v.name for v in s.outputs)}) cannot run "
