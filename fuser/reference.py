@@ -364,17 +364,20 @@ def stored(x, t: Tensor) -> np.ndarray:
 
 
 def _evaluate(fusion: Fusion, values: list, sizes: Sizes, before: dict[int, float] | None = None,
-              after: dict[int, np.ndarray] | None = None) -> list[np.ndarray]:
+              after: dict[int, np.ndarray] | None = None,
+              added: dict[int, np.ndarray] | None = None) -> list[np.ndarray]:
     """evaluate() on checked input values (float64 / int64 / bool, as _check_inputs gives).
     For input_sensitivity()'s draws: `before` moves the operand of a cast (by id) by a relative
-    amount before it rounds, `after` moves its result by a relative amount per element."""
-    env = _environment(fusion, values, sizes, before, after)
+    amount before it rounds, `after` moves its result by a relative amount per element, `added`
+    moves an Expr's result by an absolute amount per element."""
+    env = _environment(fusion, values, sizes, before, after, added)
     return [np.array(_stored(env[o], o.dtype), order="C") for o in fusion.outputs]
 
 
 def _environment(fusion: Fusion, values: list, sizes: Sizes,
                  before: dict[int, float] | None = None,
-                 after: dict[int, np.ndarray] | None = None) -> dict[Val, object]:
+                 after: dict[int, np.ndarray] | None = None,
+                 added: dict[int, np.ndarray] | None = None) -> dict[Val, object]:
     """The value of every Val the outputs need, as computed (outputs not yet stored)."""
     env: dict[Val, object] = dict(zip(fusion.inputs, values, strict=True))
     for v in fusion.vals:
@@ -383,7 +386,7 @@ def _environment(fusion: Fusion, values: list, sizes: Sizes,
                 stored = np.array(v.value, dtype=v.dtype.scalar_numpy)
             env[v] = _exact(stored, v.dtype)[()]
     needed = _needed(fusion)
-    before, after = before or {}, after or {}
+    before, after, added = before or {}, after or {}, added or {}
     for e in fusion.exprs:
         if id(e) not in needed:
             continue
@@ -391,6 +394,8 @@ def _environment(fusion: Fusion, values: list, sizes: Sizes,
             results = _run(e, [env[v] for v in e.inputs], sizes, before.get(id(e), 0.0))
             if id(e) in after:
                 results = [results[0] * (1.0 + after[id(e)])]
+            if id(e) in added:
+                results = [results[0] + added[id(e)]]
         for out, r in zip(e.outputs, results, strict=True):
             if isinstance(out, Tensor) and np.shape(r) != sizes.shape(out):
                 raise InternalError(
@@ -491,6 +496,11 @@ def input_sensitivity(fusion: Fusion, inputs: list,
     a short row whose elements nearly agree (x - mean cancels, rstd is large) missed a 1e-5
     tolerance by 1.5x in float32 at hidden 3. The results of casts to Half / BFloat16 move
     alike: the float math after such a cast rounds afresh on values the cast made exact.
+    One more draw moves the result of every float sum by the rounding a serial loop may add to
+    it (_serial_rounding): where the math after a sum cancels it (x minus its
+    column sum, times the row count), that rounding reaches the output at its own absolute
+    size, which an epsilon's move of the inputs only matches for some columns' random draws
+    (x - sum(x, dim 0) missed by 7x at 16384 x 4096 on the H200).
 
     For every float output: a cast that rounds (to Half / BFloat16, to an int type) is a step
     function. Where its operand lies within a kernel's error of a rounding boundary, a correct
@@ -531,7 +541,8 @@ def _draw_kinds(out: Tensor, margins: dict[int, float]) -> set[str]:
 def _draws(fusion: Fusion, values: list, sizes: Sizes,
            margins: dict[int, float]) -> Iterator[tuple[str, list[np.ndarray]]]:
     """("inputs", outputs) on the inputs, and the results of casts to Half / BFloat16 (or
-    Double to Float), moved by one epsilon (two draws of signs); then ("casts", outputs) with
+    Double to Float), moved by one epsilon (two draws of signs), and on the results of the
+    float sums moved by their serial rounding; then ("casts", outputs) with
     the operand of every cast in `margins` moved down, then up, by its margin, and where there
     are several, of each alone (a flip upstream can move a later operand the other way)."""
     rng = np.random.default_rng(0)
@@ -542,11 +553,45 @@ def _draws(fusion: Fusion, values: list, sizes: Sizes,
         after = {id(e): _compute_eps(e.attr("dtype"))
                  * _signs(_shape(e.outputs[0], sizes), draw, rng) for e in narrowing}
         yield "inputs", _evaluate(fusion, moved, sizes, after=after)
+    roundings = _sum_roundings(fusion, values, sizes, _upstream(sensitive))
+    if roundings:  # one direction: to first order, the other moves the outputs as far back
+        yield "inputs", _evaluate(fusion, values, sizes, added=roundings)
     groups = [margins, *({k: m} for k, m in margins.items())] if len(margins) > 1 else [margins]
     for group in groups if margins else []:
         for sign in (-1.0, 1.0):
             yield "casts", _evaluate(fusion, values, sizes,
                                      {k: sign * m for k, m in group.items()})
+
+
+def _sum_roundings(fusion: Fusion, values: list, sizes: Sizes,
+                   exprs: list[Expr]) -> dict[int, np.ndarray]:
+    """id -> _serial_rounding() of each float sum among `exprs`, from one evaluation."""
+    sums = [e for e in exprs if e.op == "sum" and e.outputs[0].dtype.is_float]
+    if not sums:
+        return {}
+    env = _environment(fusion, values, sizes)
+    return {id(e): _serial_rounding(env[e.inputs[0]], e.attr("dims"), e.attr("keepdim"),
+                                    e.outputs[0].dtype) for e in sums}
+
+
+def _serial_rounding(x, dims: tuple[int, ...], keepdim: bool, dtype: DataType) -> np.ndarray:
+    """How far a sum over `dims`, added up in a loop in `dtype`'s compute type, may stray:
+    half an epsilon times sqrt(sum of the squared partial sums). Each addition rounds its
+    partial sum by up to half an epsilon of it, with random signs, so the errors add up like
+    a random walk. For terms of one sign this is about tolerance()'s sqrt(n) epsilons of the
+    sum; for terms that cancel (a sum of centred values) it is sqrt(n) epsilons of their
+    spread, however small the sum came out. A tree adds fewer roundings, never more."""
+    x = np.asarray(x, dtype=np.float64)
+    if len(dims) > 1:  # one axis of the reduced ones, in the order a loop walks them
+        x = np.moveaxis(x, dims, range(x.ndim - len(dims), x.ndim))
+        x = x.reshape(*x.shape[:x.ndim - len(dims)], -1)
+    axis = dims[0] if len(dims) == 1 else x.ndim - 1
+    with np.errstate(all="ignore"):
+        partial = np.cumsum(x, axis=axis)
+        squares = np.square(partial, out=partial).sum(axis=axis)
+        rounding = 0.5 * _compute_eps(dtype) * np.sqrt(squares)
+    rounding = np.where(np.isfinite(rounding), rounding, 0.0)
+    return np.expand_dims(rounding, dims) if keepdim else rounding
 
 
 def _shape(v: Val, sizes: Sizes) -> tuple[int, ...]:

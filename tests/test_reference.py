@@ -821,6 +821,42 @@ def test_the_allowance_still_catches_an_error_in_a_well_conditioned_row(rng):
                 input_sensitivity(fusion, inputs))
 
 
+def _centred_by_column_sums(rows: int, columns: int, rng):
+    """(fusion, inputs, float32 kernel outputs) of (x - sum(x, dim 0)) * rows, the sums added
+    up row by row in float32 as a serial loop does: where a column's sum nearly equals one of
+    its elements, the difference cancels and the sum's rounding is all that is left."""
+    with FusionDefinition("minus_column_sums") as fd:
+        x = fd.define_tensor([-1, -1])
+        b = fd.define_scalar(None, dtype=FLOAT)
+        fd.add_output(fd.ops.mul(fd.ops.sub(x, fd.ops.sum(x, [0], keepdim=True)), b))
+    x = rng.standard_normal((rows, columns)).astype(np.float32)
+    sums = np.cumsum(x, axis=0, dtype=np.float32)[-1:]
+    return fd.fusion, [x, float(rows)], [(x - sums) * np.float32(rows)]
+
+
+def test_a_cancelled_sum_gets_the_allowance_of_a_serial_float32_loop(rng):
+    """On the H200, x - sum(x, dim 0) at 16384 x 4096 missed by 7x where one element nearly
+    equalled its column's sum: moving the inputs by an epsilon had moved those columns' sums
+    by less than their rounding."""
+    from fuser.reference import input_sensitivity
+
+    fusion, inputs, kernel = _centred_by_column_sums(16384, 64, rng)
+    refs = evaluate(fusion, inputs)
+    sizes = output_reduction_sizes(fusion, inputs)
+    compare(kernel, refs, fusion, sizes, input_sensitivity(fusion, inputs, refs))
+
+
+def test_the_sum_allowance_still_catches_a_sum_off_by_one_term(rng):
+    from fuser.reference import input_sensitivity
+
+    fusion, inputs, kernel = _centred_by_column_sums(16384, 64, rng)
+    x = inputs[0]
+    kernel[0][:, 3] += x[-1, 3] * np.float32(16384)  # column 3's sum missed its last row
+    with pytest.raises(ValidationError, match=r"worst at index \(\d+, 3\)"):
+        compare(kernel, evaluate(fusion, inputs), fusion, output_reduction_sizes(fusion, inputs),
+                input_sensitivity(fusion, inputs))
+
+
 def test_half_and_bfloat16_outputs_get_no_sensitivity_allowance(rng):
     from fuser.fusions import layernorm_fwd
     from fuser.reference import input_sensitivity
