@@ -1,11 +1,16 @@
-"""PyTorch references of every fusion in fuser/fusions.py: the eager baseline, and, wrapped in
-torch.compile, the compiled one.
+"""PyTorch baselines of every fusion in fuser/fusions.py.
 
-Each function takes the fusion's inputs in definition order and returns a tuple of its outputs
-in definition order, with the same dtypes and shapes (statistics [N, 1] fp32, column outputs [H] in
-the storage dtype). The math is the fusions' own, in fp32, written with explicit formulas (no
-autograd). Only tensor methods are used, so this module imports without torch and dynamo traces
-it without module look-ups.
+eager(name, inputs): what PyTorch itself runs for the fusion's step, the ATen ops behind the
+functions users call: `F.rms_norm` (`_fused_rms_norm`), `F.layer_norm` (`native_layer_norm`),
+`torch.softmax`, and the backward ops autograd runs for them (`_fused_rms_norm_backward`,
+`native_layer_norm_backward`, `native_dropout_backward`). compiled(name): torch.compile of
+FORMULAS, the fusions' own math written with explicit fp32 formulas (no autograd), which is
+what Inductor would see of a user's forward and backward graph.
+
+Every baseline takes the fusion's inputs in definition order and returns a tuple of its outputs
+in definition order, with the same dtypes and shapes (statistics [N, 1] fp32, column outputs
+[H] in the storage dtype). FORMULAS use only tensor methods, so they import without torch and
+dynamo traces them without module look-ups.
 """
 
 from __future__ import annotations
@@ -69,7 +74,7 @@ def layernorm_bwd(x, mean, rstd, dy, w):
     return grad_x.to(x.dtype), (dyf * xhat).sum(0).to(x.dtype), dyf.sum(0).to(x.dtype)
 
 
-EAGER = {
+FORMULAS = {
     "rmsnorm_fwd": rmsnorm_fwd,
     "layernorm_fwd": layernorm_fwd,
     "softmax_fwd": softmax_fwd,
@@ -80,13 +85,55 @@ EAGER = {
 
 
 def compiled(name: str):
-    """torch.compile (default mode, static shapes) of the eager reference of `name`. Dynamo's
+    """torch.compile (default mode, static shapes) of FORMULAS[name]. Dynamo's
     caches are reset first, so every size compiles afresh instead of hitting the recompile
     limit (the on-disk Inductor/Triton caches still apply)."""
     import torch
 
     torch._dynamo.reset()
-    return torch.compile(EAGER[name], dynamic=False)
+    return torch.compile(FORMULAS[name], dynamic=False)
+
+
+def eager(name: str, inputs: list):
+    """A function of no arguments that runs PyTorch's own ops for the fusion `name` on
+    `inputs` and returns its outputs. What a trained model's forward or autograd's backward
+    would have at hand is prepared once, outside it: rstd = 1 / rms, the bias that
+    native_layer_norm_backward takes the shape of db from, and, for dropout + RMSNorm, the
+    residual sum x that the forward saved (the fusion recomputes x from its three inputs;
+    PyTorch reads the saved x instead, and passes grad_x on as the residual's gradient)."""
+    import torch
+
+    aten = torch.ops.aten
+    if name == "rmsnorm_fwd":
+        x, w = inputs
+        return lambda: aten._fused_rms_norm(x, [x.shape[-1]], w, RMS_EPS)
+    if name == "layernorm_fwd":
+        x, w, b = inputs
+        return lambda: aten.native_layer_norm(x, [x.shape[-1]], w, b, LN_EPS)
+    if name == "softmax_fwd":
+        (x,) = inputs
+        return lambda: (torch.softmax(x, 1),)
+    if name == "rmsnorm_bwd":
+        x, rms, dy, w = inputs
+        rstd = rms.reciprocal()
+        return lambda: aten._fused_rms_norm_backward(dy, x, [x.shape[-1]], rstd, w, [True, True])
+    if name == "dropout_rmsnorm_bwd":
+        in1, in2, mask, rms, dy, w = inputs
+        scale = 1.0 / (1.0 - DROPOUT_P)
+        x, rstd = in2 + in1 * mask * scale, rms.reciprocal()
+
+        def dropout_rmsnorm_backward():
+            grad_x, grad_w = aten._fused_rms_norm_backward(dy, x, [x.shape[-1]], rstd, w,
+                                                           [True, True])
+            return aten.native_dropout_backward(grad_x, mask, scale), grad_x, grad_w
+
+        return dropout_rmsnorm_backward
+    if name == "layernorm_bwd":
+        x, mean, rstd, dy, w = inputs
+        bias = torch.zeros_like(w)
+        return lambda: aten.native_layer_norm_backward(dy, x, [x.shape[-1]], mean, rstd, w, bias,
+                                                       [True, True, True])
+    raise KeyError(f"no eager baseline for fusion {name!r}; known: {', '.join(FORMULAS)}")
 
 
 def device_copy(nbytes: int, device="cuda"):
