@@ -584,3 +584,21 @@ def test_fusion_builds_offline(build):
               for v in fd.fusion.inputs]
     report = explain(fd, shapes, device="h200")
     assert all(r.spill_stores == 0 for r in report.resources.values()), str(report)
+
+
+def test_eager_calls_run_through_an_autograd_function_not_the_op_dispatch(oracle):
+    """Eager mode skips the custom op's dispatch (fuser/torch/_eager.py: about 150 us a call);
+    fake tensors, as torch.compile traces them, still take the op and its fake kernel."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x = torch.randn(6, 16, requires_grad=True)
+
+    def node(y):
+        return type(y.grad_fn.next_functions[0][0]).__name__
+
+    assert node(ft.rms_norm(x, 16, torch.rand(16))) == "fuser_rms_normBackward"
+    assert node(ft.layer_norm(x, 16)) == "fuser_layer_normBackward"
+    assert node(ft.softmax(x, -1)) == "fuser_softmaxBackward"
+    with FakeTensorMode():
+        fake = torch.empty(6, 16, requires_grad=True)
+        assert node(ft.rms_norm(fake, 16)) != "fuser_rms_normBackward"

@@ -8,7 +8,9 @@ left empty where there is neither. Each op takes [rows, hidden] tensors; fuser.t
 functions flatten the leading dimensions. They save what the backward kernel reads (x, the
 residual and the mask it re-adds in registers, the per-row statistics), never the normalized
 x. Outputs come from torch's allocator and run on torch's current stream, with no host
-synchronization, so CUDA graphs capture them.
+synchronization, so CUDA graphs capture them. apply_rms_norm and apply_layer_norm call them:
+the custom op under torch.compile, its implementation through an autograd.Function in eager
+mode (_eager.py says why).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch import Tensor
 
 from fuser.dtypes import DataType
 from fuser.torch import _fusions
+from fuser.torch._eager import dispatcher, eager_backward
 from fuser.torch._fusions import NormSpec, norm_backward, norm_forward
 from fuser.torch._support import (
     TORCH_DTYPES,
@@ -99,8 +102,7 @@ def _new_residual_grad(dh: Tensor | None, x: Tensor, mask: Tensor | None,
 # ----- RMSNorm -----
 
 
-@torch.library.custom_op("fuser::rms_norm", mutates_args=())
-def rms_norm(x: Tensor, mask: Tensor | None, residual: Tensor | None, weight: Tensor | None,
+def _rms_norm(x: Tensor, mask: Tensor | None, residual: Tensor | None, weight: Tensor | None,
              scale: float, eps: float, out_dtype: torch.dtype,
              hf: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(y, h, rstd) of RMSNorm over the last dimension of h = residual + mask * x * scale;
@@ -111,14 +113,16 @@ def rms_norm(x: Tensor, mask: Tensor | None, residual: Tensor | None, weight: Te
     return _execute(norm_forward(spec), _forward_layout(spec), x, inputs)
 
 
+rms_norm = torch.library.custom_op("fuser::rms_norm", _rms_norm, mutates_args=())
+
+
 @rms_norm.register_fake
 def _(x, mask, residual, weight, scale, eps, out_dtype, hf):
     spec = _spec(True, x, out_dtype, mask, residual, weight, hf=hf)
     return tuple(_allocate(_forward_layout(spec), x, x.new_empty))
 
 
-@torch.library.custom_op("fuser::rms_norm_backward", mutates_args=())
-def rms_norm_backward(dy: Tensor, dh: Tensor | None, x: Tensor, mask: Tensor | None,
+def _rms_norm_backward(dy: Tensor, dh: Tensor | None, x: Tensor, mask: Tensor | None,
                       residual: Tensor | None, rstd: Tensor, weight: Tensor | None,
                       scale: float, affine_grads: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(grad_x, grad_residual, grad_weight), the absent ones empty; dh is the new residual's
@@ -128,6 +132,10 @@ def rms_norm_backward(dy: Tensor, dh: Tensor | None, x: Tensor, mask: Tensor | N
               *([weight] if weight is not None else []), *([dh] if spec.adds else [])]
     fd = norm_backward(spec, affine_grads)
     return _execute(fd, _backward_layout(spec, affine_grads), x, inputs)
+
+
+rms_norm_backward = torch.library.custom_op("fuser::rms_norm_backward", _rms_norm_backward,
+                                            mutates_args=())
 
 
 @rms_norm_backward.register_fake
@@ -149,21 +157,21 @@ def _rms_grads(ctx, dy, dh, _drstd):
     dy = materialize(dy, x, ctx.out_dtype)
     dh = _new_residual_grad(dh, x, mask, residual)
     affine = weight is not None and ctx.needs_input_grad[3]
-    gx, gres, gw = torch.ops.fuser.rms_norm_backward(dy, dh, x, mask, residual, rstd, weight,
-                                                     ctx.scale, affine)
+    backward = eager_backward(ctx, rms_norm_backward, _rms_norm_backward)
+    gx, gres, gw = backward(dy, dh, x, mask, residual, rstd, weight, ctx.scale, affine)
     return (gx, None, gres if residual is not None else None, gw if affine else None,
             None, None, None, None)
 
 
 rms_norm.register_autograd(_rms_grads, setup_context=_rms_setup)
 forbid_double_backward(rms_norm_backward)
+apply_rms_norm = dispatcher(rms_norm, _rms_norm, _rms_setup, _rms_grads)
 
 
 # ----- LayerNorm -----
 
 
-@torch.library.custom_op("fuser::layer_norm", mutates_args=())
-def layer_norm(x: Tensor, mask: Tensor | None, residual: Tensor | None, weight: Tensor | None,
+def _layer_norm(x: Tensor, mask: Tensor | None, residual: Tensor | None, weight: Tensor | None,
                bias: Tensor | None, scale: float,
                eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(y, h, mean, rstd) of LayerNorm over the last dimension of h, as rms_norm; y in x's
@@ -174,14 +182,16 @@ def layer_norm(x: Tensor, mask: Tensor | None, residual: Tensor | None, weight: 
     return _execute(norm_forward(spec), _forward_layout(spec), x, inputs)
 
 
+layer_norm = torch.library.custom_op("fuser::layer_norm", _layer_norm, mutates_args=())
+
+
 @layer_norm.register_fake
 def _(x, mask, residual, weight, bias, scale, eps):
     spec = _spec(False, x, x.dtype, mask, residual, weight, None if bias is None else bias.dtype)
     return tuple(_allocate(_forward_layout(spec), x, x.new_empty))
 
 
-@torch.library.custom_op("fuser::layer_norm_backward", mutates_args=())
-def layer_norm_backward(dy: Tensor, dh: Tensor | None, x: Tensor, mask: Tensor | None,
+def _layer_norm_backward(dy: Tensor, dh: Tensor | None, x: Tensor, mask: Tensor | None,
                         residual: Tensor | None, mean: Tensor, rstd: Tensor,
                         weight: Tensor | None, bias_dtype: torch.dtype | None, scale: float,
                         affine_grads: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -191,6 +201,10 @@ def layer_norm_backward(dy: Tensor, dh: Tensor | None, x: Tensor, mask: Tensor |
               *([weight] if weight is not None else []), *([dh] if spec.adds else [])]
     fd = norm_backward(spec, affine_grads)
     return _execute(fd, _backward_layout(spec, affine_grads), x, inputs)
+
+
+layer_norm_backward = torch.library.custom_op("fuser::layer_norm_backward", _layer_norm_backward,
+                                              mutates_args=())
 
 
 @layer_norm_backward.register_fake
@@ -213,8 +227,9 @@ def _ln_grads(ctx, dy, dh, _dmean, _drstd):
     dh = _new_residual_grad(dh, x, mask, residual)
     affine = (weight is not None and ctx.needs_input_grad[3]) or (
         ctx.bias_dtype is not None and ctx.needs_input_grad[4])
-    gx, gres, gw, gb = torch.ops.fuser.layer_norm_backward(
-        dy, dh, x, mask, residual, mean, rstd, weight, ctx.bias_dtype, ctx.scale, affine)
+    backward = eager_backward(ctx, layer_norm_backward, _layer_norm_backward)
+    gx, gres, gw, gb = backward(dy, dh, x, mask, residual, mean, rstd, weight, ctx.bias_dtype,
+                                ctx.scale, affine)
     return (gx, None, gres if residual is not None else None,
             gw if affine and weight is not None else None,
             gb if affine and ctx.bias_dtype is not None else None, None, None)
@@ -222,3 +237,4 @@ def _ln_grads(ctx, dy, dh, _dmean, _drstd):
 
 layer_norm.register_autograd(_ln_grads, setup_context=_ln_setup)
 forbid_double_backward(layer_norm_backward)
+apply_layer_norm = dispatcher(layer_norm, _layer_norm, _ln_setup, _ln_grads)

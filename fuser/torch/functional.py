@@ -2,8 +2,8 @@
 dropout + residual add + norm of pre-norm transformer blocks, on fuser's kernels.
 
 Each checks its arguments (a FuserError naming the value and what is allowed), flattens the
-leading dimensions into rows and calls a fuser custom op; the reshapes are torch ops, so
-autograd and torch.compile see through them. Dropout masks come from torch's default
+leading dimensions into rows and calls a fuser op (_ops.py, _softmax.py); the reshapes are
+torch ops, so autograd and torch.compile see through them. Dropout masks come from torch's default
 generator (torch.manual_seed makes them repeatable; torch.compile draws them its own way).
 """
 
@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from fuser.errors import BadInputError
-from fuser.torch import _ops, _softmax  # noqa: F401 (they register the torch.ops.fuser ops)
+from fuser.torch import _ops, _softmax
 from fuser.torch._support import (
     check_float,
     check_normalized_shape,
@@ -50,7 +50,7 @@ def rms_norm(x: Tensor, normalized_shape, weight: Tensor | None = None,
     float64 input, as torch)."""
     rows, (w,) = _rows("fuser.torch.rms_norm", x, normalized_shape, {"weight": weight})
     eps = _default_eps(x, eps)
-    y, _, _ = torch.ops.fuser.rms_norm(rows, None, None, w, 1.0, eps, x.dtype, False)
+    y, _, _ = _ops.apply_rms_norm(rows, None, None, w, 1.0, eps, x.dtype, False)
     return y.view(x.shape)
 
 
@@ -60,7 +60,7 @@ def hf_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     where = "fuser.torch.hf_rms_norm"
     rows, (w,) = _rows(where, x, weight.shape[-1:], {"weight": weight})
     out = torch.promote_types(weight.dtype, x.dtype)
-    y, _, _ = torch.ops.fuser.rms_norm(rows, None, None, w, 1.0, float(eps), out, True)
+    y, _, _ = _ops.apply_rms_norm(rows, None, None, w, 1.0, float(eps), out, True)
     return y.view(x.shape)
 
 
@@ -70,7 +70,7 @@ def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None,
     dtype."""
     rows, (w, b) = _rows("fuser.torch.layer_norm", x, normalized_shape,
                          {"weight": weight, "bias": bias})
-    y, _, _, _ = torch.ops.fuser.layer_norm(rows, None, None, w, b, 1.0, float(eps))
+    y, _, _, _ = _ops.apply_layer_norm(rows, None, None, w, b, 1.0, float(eps))
     return y.view(x.shape)
 
 
@@ -111,7 +111,7 @@ def dropout_add_rms_norm(x: Tensor, residual: Tensor | None, normalized_shape,
     if mask is None and res is None:
         return rms_norm(x, normalized_shape, weight, eps), x
     eps = _default_eps(x, eps)
-    y, h, _ = torch.ops.fuser.rms_norm(rows, mask, res, w, scale, eps, x.dtype, False)
+    y, h, _ = _ops.apply_rms_norm(rows, mask, res, w, scale, eps, x.dtype, False)
     return y.view(x.shape), h.view(x.shape)
 
 
@@ -126,7 +126,7 @@ def dropout_add_layer_norm(x: Tensor, residual: Tensor | None, normalized_shape,
     mask, scale = _dropout(where, rows, p, training)
     if mask is None and res is None:
         return layer_norm(x, normalized_shape, weight, bias, eps), x
-    y, h, _, _ = torch.ops.fuser.layer_norm(rows, mask, res, w, b, scale, float(eps))
+    y, h, _, _ = _ops.apply_layer_norm(rows, mask, res, w, b, scale, float(eps))
     return y.view(x.shape), h.view(x.shape)
 
 
@@ -143,5 +143,5 @@ def softmax(x: Tensor, dim: int | None, dtype: torch.dtype | None = None) -> Ten
     dim %= ndim
     if dim != ndim - 1:
         return softmax(x.movedim(dim, -1), -1).movedim(-1, dim).contiguous()
-    y = torch.ops.fuser.softmax(x.reshape(-1, x.shape[-1] if x.dim() else 1))
+    y = _softmax.apply_softmax(x.reshape(-1, x.shape[-1] if x.dim() else 1))
     return y.view(x.shape)
