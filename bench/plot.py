@@ -16,6 +16,7 @@ STYLE = {  # implementation -> (label, matplotlib format)
     "fuser_tuned": ("fuser (tuned)", "o:"),
     "compile": ("torch.compile", "s-"),
     "eager": ("PyTorch eager", "^-"),
+    "liger": ("Liger-Kernel", "d-"),
     "copy": ("device copy (ceiling)", "k--"),
 }
 

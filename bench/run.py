@@ -220,11 +220,15 @@ def _cell(m: dict | None, with_frac: bool = True) -> str:
 
 
 def markdown_table(report: dict) -> str:
-    """hidden | copy | fuser (frac) | [fuser tuned (frac) |] compile (frac) | eager (frac)."""
-    tuned = any("fuser_tuned" in e.get("impls", {}) for e in report["results"])
-    cols = ["fuser", *(["fuser_tuned"] if tuned else []), "compile", "eager"]
+    """hidden | copy | fuser (frac) | [fuser tuned (frac) |] compile (frac) | eager (frac)
+    [| liger (frac)]: the optional columns where some size measured them."""
+    def measured(impl: str) -> bool:
+        return any("time_us" in e.get("impls", {}).get(impl, {}) for e in report["results"])
+
+    cols = ["fuser", *(["fuser_tuned"] if measured("fuser_tuned") else []), "compile", "eager",
+            *(["liger"] if measured("liger") else [])]
     names = {"fuser": "fuser", "fuser_tuned": "fuser tuned", "compile": "torch.compile",
-             "eager": "PyTorch eager"}
+             "eager": "PyTorch eager", "liger": "Liger-Kernel"}
     lines = [
         f"{report['fusion']}, {report['dtype']}, rows {report['rows']}, "
         f"{report.get('device', '?')}, GB/s (fraction of the copy):",

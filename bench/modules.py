@@ -1,0 +1,273 @@
+"""Module-level bandwidth: fuser.torch's modules against torch.nn's, eager and compiled, and
+Liger-Kernel's, called as a model calls them.
+
+    PYTHONPATH=. python3 bench/modules.py [--module rmsnorm,layernorm,softmax]
+        [--hidden 1024,4096,...] [--rows 16384] [--dtype bf16] [--no-compile] [--out DIR]
+
+For each module and hidden size, two passes on [rows, hidden] inputs:
+
+- `forward`: y = m(x), x requiring grad as in training (so what autograd saves is made too);
+- `train`: the forward, then torch.autograd.grad(y, [x, *parameters], dy).
+
+Implementations: `fuser` (fuser.torch.RMSNorm / LayerNorm / Softmax), `eager` (torch.nn's
+module), `compile` (torch.compile of torch.nn's module, default mode, dynamic=False, compiled
+afresh per size and pass), `liger` (Liger-Kernel's LigerRMSNorm / LigerLayerNorm /
+LigerSoftmax with their defaults, where liger_kernel imports), and `copy` (a device copy of the
+same bytes, the ceiling). Every module has the same parameters (weight 1 + 0.1 N(0, 1), bias
+0.1 N(0, 1)); before timing, each one's y and gradients are compared with torch.nn's module
+run in float64 (`max_rel_err`, as bench/run.py's; above 5e-2 the entry is marked wrong).
+
+Bytes: each pass's minimal traffic, every tensor read or written once. forward: x and y, and
+each [hidden] parameter; train: that, plus dy and x read and dx written, and each parameter
+read and its gradient written (the saved per-row statistics, 4 or 8 bytes a row, are left
+out). Writes OUT/<date>-module-<module>-<pass>.json and .png in bench/run.py's format (so
+bench/plot.py redraws them) and prints a markdown table per pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import shlex
+import sys
+import time
+
+from bench.run import (
+    DTYPES,
+    ITEMSIZE,
+    TOLERANCE,
+    csv_list,
+    environment,
+    error_record,
+    finish_entry,
+    make_timer,
+    markdown_table,
+    output_paths,
+    sync,
+    write_report,
+)
+
+MODULES = ("rmsnorm", "layernorm", "softmax")
+PASSES = ("forward", "train")
+DEFAULT_HIDDEN = (1024, 4096, 8192, 16384, 32768)
+PARAMETERS = {"rmsnorm": 1, "layernorm": 2, "softmax": 0}  # [hidden] tensors each module has
+RMS_EPS, LN_EPS = 1e-6, 1e-5
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="bench/modules.py",
+        description="fuser.torch modules vs torch.nn (eager, torch.compile) vs Liger, GB/s",
+    )
+    p.add_argument("--module", type=csv_list(str), default=list(MODULES),
+                   help="comma-separated modules (default: %(default)s)")
+    p.add_argument("--hidden", type=csv_list(int), default=list(DEFAULT_HIDDEN),
+                   help="comma-separated hidden sizes (default: %(default)s)")
+    p.add_argument("--rows", type=int, default=16384, help="rows (tokens) (default: %(default)s)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--no-compile", action="store_true", help="skip torch.compile (slow to build)")
+    p.add_argument("--out", default="bench/results", help="output folder (default: %(default)s)")
+    p.add_argument("--timer", choices=("auto", "do_bench", "events"), default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    unknown = [m for m in args.module if m not in MODULES]
+    if unknown:
+        p.error(f"unknown module {', '.join(unknown)}; known: {', '.join(MODULES)}")
+    if args.rows < 1 or any(h < 1 for h in args.hidden):
+        p.error("--rows and --hidden must be positive")
+    return args
+
+
+def pass_bytes(module: str, pass_: str, rows: int, hidden: int, itemsize: int) -> int:
+    """The minimal bytes of one pass (module docstring): forward 2 [rows, hidden] tensors and
+    P parameters; train 5 [rows, hidden] tensors and 3 P parameter-sized ones."""
+    big, params = (2, 1) if pass_ == "forward" else (5, 3)
+    return (big * rows * hidden + params * PARAMETERS[module] * hidden) * itemsize
+
+
+# ----- GPU side ---------------------------------------------------------------------------------
+
+
+def torch_module(module: str, hidden: int):
+    """torch.nn's module (a callable for softmax)."""
+    import torch
+
+    if module == "rmsnorm":
+        return torch.nn.RMSNorm(hidden, eps=RMS_EPS)
+    if module == "layernorm":
+        return torch.nn.LayerNorm(hidden, eps=LN_EPS)
+    return torch.nn.Softmax(dim=-1)
+
+
+def fuser_module(module: str, hidden: int):
+    import fuser.torch as ft
+
+    if module == "rmsnorm":
+        return ft.RMSNorm(hidden, eps=RMS_EPS)
+    if module == "layernorm":
+        return ft.LayerNorm(hidden, eps=LN_EPS)
+    return ft.Softmax(dim=-1)
+
+
+def liger_module(module: str, hidden: int):
+    """Liger-Kernel's module with its defaults (LigerRMSNorm's backward writes dx over dy)."""
+    from liger_kernel.transformers import LigerLayerNorm, LigerRMSNorm, LigerSoftmax
+
+    if module == "rmsnorm":
+        return LigerRMSNorm(hidden, eps=RMS_EPS)
+    if module == "layernorm":
+        return LigerLayerNorm(hidden, eps=LN_EPS, bias=True)
+    return LigerSoftmax()
+
+
+def with_parameters(m, params: list, device, dtype):
+    """`m` on the device in `dtype`, its weight (and bias) set to `params`."""
+    import torch
+
+    m = m.to(device=device, dtype=dtype)
+    with torch.no_grad():
+        for name, value in zip(("weight", "bias"), params, strict=False):
+            getattr(m, name).copy_(value)
+    return m
+
+
+def pass_fn(m, pass_: str, x, dy):
+    """The timed call: the forward, or the forward and the gradients of x and the parameters."""
+    import torch
+
+    if pass_ == "forward":
+        return lambda: m(x)
+    wrt = [x, *m.parameters()]
+
+    def train():
+        return torch.autograd.grad(m(x), wrt, dy)
+
+    return train
+
+
+def results(m, x, dy) -> list:
+    """y, dx and each parameter's gradient, in float64 (one call; dy is cloned, as Liger's
+    RMSNorm backward writes over it)."""
+    import torch
+
+    y = m(x)
+    grads = torch.autograd.grad(y, [x, *m.parameters()], dy.clone())
+    return [t.detach().double() for t in (y, *grads)]
+
+
+def max_rel_err(got: list, ref: list) -> float:
+    """Worst over tensors of max |got - ref| / max |ref|."""
+    worst = 0.0
+    for g, r in zip(got, ref, strict=True):
+        scale = r.abs().max().item()
+        err = (g - r).abs().max().item()
+        worst = max(worst, err / scale if scale > 0 else err)
+    return worst
+
+
+def bench_size(module: str, hidden: int, args, timer) -> dict[str, dict]:
+    """pass -> the entry of one hidden size: every implementation's time, GB/s and check."""
+    import torch
+
+    from bench import baselines
+
+    dtype = getattr(torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[args.dtype])
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    x = torch.randn(args.rows, hidden, device="cuda", generator=gen).to(dtype).requires_grad_()
+    dy = torch.randn(args.rows, hidden, device="cuda", generator=gen).to(dtype)
+    params = [1 + 0.1 * torch.randn(hidden, device="cuda", generator=gen),
+              0.1 * torch.randn(hidden, device="cuda", generator=gen)][:PARAMETERS[module]]
+    reference = with_parameters(torch_module(module, hidden), params, "cuda", torch.float64)
+    ref = results(reference, x.detach().double().requires_grad_(), dy.double())
+    del reference
+    entries = {}
+    for pass_ in PASSES:
+        nbytes = pass_bytes(module, pass_, args.rows, hidden, ITEMSIZE[args.dtype])
+        entries[pass_] = {"hidden": hidden, "rows": args.rows, "bytes": nbytes, "impls": {}}
+        try:
+            copy_fn, copy_bytes = baselines.device_copy(nbytes)
+            entries[pass_]["impls"]["copy"] = {"time_us": timer(copy_fn) * 1e3,
+                                               "bytes": copy_bytes}
+            del copy_fn
+        except Exception as exc:
+            entries[pass_]["impls"]["copy"] = error_record(exc)
+    makers = {"fuser": fuser_module, "eager": torch_module, "compile": torch_module,
+              "liger": liger_module}
+    for impl, make in makers.items():
+        skipped = _skipped(impl, args)
+        if skipped:
+            for entry in entries.values():
+                entry["impls"][impl] = {"skipped": skipped}
+            continue
+        try:  # one module per size: compiled once, its forward graph serving both passes
+            m = with_parameters(make(module, hidden), params, "cuda", dtype)
+            if impl == "compile":
+                torch._dynamo.reset()
+                m = torch.compile(m, dynamic=False)
+            t0 = time.perf_counter()
+            err = max_rel_err(results(m, x, dy), ref)
+            sync()
+            check = {"first_call_s": round(time.perf_counter() - t0, 2), "max_rel_err": err,
+                     "correct": err <= TOLERANCE}
+            for pass_, entry in entries.items():
+                entry["impls"][impl] = {**check,
+                                        "time_us": timer(pass_fn(m, pass_, x, dy)) * 1e3}
+        except Exception as exc:
+            for entry in entries.values():
+                entry["impls"].setdefault(impl, error_record(exc))
+        m = None
+        gc.collect()
+        torch.cuda.empty_cache()
+    return {pass_: finish_entry(entry) for pass_, entry in entries.items()}
+
+
+def _skipped(impl: str, args) -> str | None:
+    """Why `impl` is not measured, or None."""
+    if impl == "compile" and args.no_compile:
+        return "--no-compile"
+    if impl == "liger":
+        try:
+            import liger_kernel  # noqa: F401
+        except Exception as exc:
+            return f"liger_kernel does not import ({type(exc).__name__}: {exc})"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench/modules.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    timer_desc, timer = make_timer(args.timer)
+    env = environment()
+    try:
+        from importlib.metadata import version
+
+        env["liger_kernel"] = version("liger-kernel")
+    except Exception as exc:
+        env["liger_kernel"] = f"unavailable ({type(exc).__name__})"
+    date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    command = "PYTHONPATH=. python3 bench/modules.py " + shlex.join(sys.argv[1:] if argv is None
+                                                                     else argv)
+    for module in args.module:
+        reports = {p: {"fusion": f"module-{module}-{p}", "command": command, "date": date,
+                       **env, "dtype": args.dtype, "rows": args.rows, "timer": timer_desc,
+                       "pass": p, "results": []} for p in PASSES}
+        for hidden in args.hidden:
+            for pass_, entry in bench_size(module, hidden, args, timer).items():
+                reports[pass_]["results"].append(entry)
+                write_report(reports[pass_], args.out)
+        for report in reports.values():
+            from bench.plot import plot_report
+
+            _, png = output_paths(args.out, date, report["fusion"])
+            plot_report(report, png)
+            print(markdown_table(report), "\n", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
