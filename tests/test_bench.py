@@ -359,3 +359,38 @@ def test_source_digest_names_the_kernel_code(tmp_path):
     assert second != first
     (tmp_path / "fuser" / "schedulers" / "b.py").write_text("y = 3\n")
     assert source_digest(tmp_path) not in (first, second)
+
+
+# ----- bench/modules.py -------------------------------------------------------------------------
+
+
+def test_module_pass_bytes():
+    from bench.modules import pass_bytes
+
+    # forward: x, y and the weight; train: that, plus dy, x, dx, the weight and its gradient
+    assert pass_bytes("rmsnorm", "forward", 4, 8, 2) == (2 * 4 * 8 + 8) * 2
+    assert pass_bytes("rmsnorm", "train", 4, 8, 2) == (5 * 4 * 8 + 3 * 8) * 2
+    assert pass_bytes("layernorm", "train", 4, 8, 4) == (5 * 4 * 8 + 3 * 2 * 8) * 4
+    assert pass_bytes("softmax", "forward", 4, 8, 2) == 2 * 4 * 8 * 2
+
+
+def test_module_parse_args():
+    from bench.modules import MODULES
+    from bench.modules import parse_args as module_args
+
+    a = module_args([])
+    assert a.module == list(MODULES) and (a.rows, a.dtype, a.no_compile) == (16384, "bf16", False)
+    a = module_args(["--module", "softmax", "--hidden", "7,24578", "--no-compile"])
+    assert (a.module, a.hidden, a.no_compile) == (["softmax"], [7, 24578], True)
+    with pytest.raises(SystemExit):
+        module_args(["--module", "groupnorm"])
+
+
+def test_markdown_table_shows_liger_where_measured():
+    report = fake_report()
+    assert "Liger-Kernel" not in markdown_table(report)
+    report["results"][0]["impls"]["liger"] = {"time_us": 10.0, "gbps": 3000.0,
+                                              "fraction_of_copy": 0.75}
+    lines = markdown_table(report).splitlines()
+    assert lines[2].endswith("| PyTorch eager | Liger-Kernel |")
+    assert lines[4].endswith("| 3000 (0.75) |") and lines[5].endswith("| - |")
