@@ -35,7 +35,7 @@ def dispatcher(op, impl: Callable, setup: Callable, grads: Callable) -> Callable
         return grads(ctx, *grad_outputs)
 
     # Named for the op (autograd's node becomes fuser_rms_normBackward, and so on).
-    eager = type(f"fuser{impl.__name__}", (torch.autograd.Function,),
+    eager: Any = type(f"fuser{impl.__name__}", (torch.autograd.Function,),
                  {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
     def call(x, *args: Any):
