@@ -58,7 +58,7 @@ from fuser.compile import (
     binary_options,
     compile_cuda,
     cuda_headers_hash,
-    nvrtc_version,
+    nvrtc_key,
 )
 from fuser.errors import BadInputError, ToolchainError
 
@@ -257,7 +257,7 @@ class KernelCache:
             "name": name,
             "arch": int(arch),
             "options": [*binary_options(arch), *(f"-I{d}" for d in include_dirs)],
-            "nvrtc": list(nvrtc_version()),
+            "nvrtc": nvrtc_key(),
             "cuda_headers": cuda_headers_hash(),
             "fuser": fuser.__version__,
             "cupy": _cupy_version(),

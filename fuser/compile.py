@@ -18,6 +18,7 @@ import functools
 import hashlib
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from fuser.errors import BadInputError, CompileError, ToolchainError
@@ -67,6 +68,47 @@ def nvrtc_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+# Where the pip wheels keep NVRTC's library and the CUDA runtime's headers, under the `nvidia`
+# namespace package: CUDA 13's wheels, then CUDA 12's (-cu12).
+_WHEEL_LIB_DIRS = (("cu13", "lib"), ("cuda_nvrtc", "lib"))
+_WHEEL_INCLUDE_DIRS = (("cu13", "include"), ("cuda_runtime", "include"))
+
+
+def _wheel_dirs(candidates: tuple[tuple[str, ...], ...]) -> Iterator[str]:
+    """The existing folders `candidates` name under each root of the `nvidia` namespace
+    package (the pip wheels' site-packages), found without importing anything."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return
+    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+        for parts in candidates:
+            folder = os.path.join(root, *parts)
+            if os.path.isdir(folder):
+                yield folder
+
+
+@functools.cache
+def nvrtc_key() -> str:
+    """What names the NVRTC in use in cache keys, found without loading it where it can be.
+
+    Loading NVRTC (importing its bindings, then nvrtcVersion) costs 50 to 60 ms, the most of a
+    process's first kernel that the disk cache holds. cuda-bindings loads a pip wheel's NVRTC
+    before any other (cuda.pathfinder's order), so where a wheel is installed its library
+    files (names, sizes, modification times) name it: another NVRTC changes them. Without a
+    wheel (a system toolkit, conda), the version NVRTC reports."""
+    for folder in _wheel_dirs(_WHEEL_LIB_DIRS):
+        names = sorted(n for n in os.listdir(folder) if n.startswith("libnvrtc"))
+        if names:
+            stats = [os.stat(os.path.join(folder, n)) for n in names]
+            files = ",".join(f"{n}:{st.st_size}:{st.st_mtime_ns}"
+                             for n, st in zip(names, stats, strict=True))
+            return f"wheel {os.path.realpath(folder)} {files}"
+    return "nvrtc {}.{}".format(*nvrtc_version())
+
+
 @functools.cache
 def _no_cache_supported() -> bool:
     """Whether this NVRTC takes --no-cache (NVRTC 13 does; older ones may reject it)."""
@@ -91,7 +133,9 @@ def cuda_include_dir() -> str | None:
 
     Search order: $FUSER_CUDA_INCLUDE_DIR (must hold the headers), then cuda.pathfinder's
     search for the CUDA runtime headers (pip wheel nvidia-cuda-runtime first, then conda,
-    $CUDA_PATH / $CUDA_HOME and the system toolkit), then /usr/local/cuda/include.
+    $CUDA_PATH / $CUDA_HOME and the system toolkit), then /usr/local/cuda/include. The pip
+    wheel's folder is looked at first without importing cuda.pathfinder (26 ms, on the path
+    of a process's first cache hit), as pathfinder would find it first.
     Without headers, kernels that include none still compile; the others fail with NVRTC's
     'could not open source file' in their CompileError.
     """
@@ -103,6 +147,9 @@ def cuda_include_dir() -> str | None:
                 f"folder (the one holding {', '.join(CUDA_HEADERS)}) or unset it to search"
             )
         return os.path.abspath(override)
+    for folder in _wheel_dirs(_WHEEL_INCLUDE_DIRS):
+        if _has_headers(folder):
+            return os.path.abspath(folder)
     try:
         from cuda import pathfinder
 
@@ -115,6 +162,7 @@ def cuda_include_dir() -> str | None:
     return None
 
 
+@functools.cache
 @functools.cache
 def cuda_headers_hash() -> str:
     """sha256 over the CUDA headers kernels may include, so an upgraded header changes keys."""

@@ -133,7 +133,7 @@ def test_every_key_component_changes_the_key(cache_dir, monkeypatch):
         )
         == 5
     )
-    monkeypatch.setattr(fuser.cache, "nvrtc_version", lambda: (99, 0))
+    monkeypatch.setattr(fuser.cache, "nvrtc_key", lambda: "nvrtc 99.0")
     assert cache.key(SOURCE, "add_one", 90) != base
     monkeypatch.undo()
     monkeypatch.setattr(fuser, "__version__", "0.0.0-other")
@@ -750,3 +750,60 @@ def test_compiled_templates_are_kept_beside_the_kernels_and_a_damaged_one_recomp
     codegen._environment.cache_clear()
     assert codegen._environment().bytecode_cache is None
     codegen._environment.cache_clear()
+
+
+# ----- what a process's first cache hit loads ---------------------------------------------------
+
+HIT_PROBE = """
+import sys, time
+from fuser import DataType
+from fuser.analysis import analyze
+from fuser.device import DeviceSpec
+from fuser.fusions import FUSIONS
+from fuser.kernels import build
+from fuser.schedulers import Problem
+fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
+build(fd.name, analyze(fd.fusion), Problem(4096, 64, 16), DeviceSpec.get("h200"))
+loaded = [m for m in ("cuda.bindings.nvrtc", "cuda.pathfinder", "cupy") if m in sys.modules]
+print("loaded:", ",".join(loaded) or "nothing")
+"""
+
+
+def test_a_disk_cache_hit_loads_neither_nvrtc_nor_pathfinder_nor_cupy(tmp_path):
+    """The key of a cached kernel is made without loading NVRTC (nvrtc_key: the wheel's
+    library files), importing cuda.pathfinder (the wheel's include folder is looked at first)
+    or CuPy (its version is read from its files): 55-75 ms -> about 10 ms on this machine."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "FUSER_CACHE_DIR": str(tmp_path)}
+    first = subprocess.run([sys.executable, "-c", HIT_PROBE], env=env, check=True,
+                           capture_output=True, text=True).stdout
+    assert "cuda.bindings.nvrtc" in first  # the miss compiled
+    again = subprocess.run([sys.executable, "-c", HIT_PROBE], env=env, check=True,
+                           capture_output=True, text=True).stdout
+    assert again.strip() == "loaded: nothing"
+
+
+def test_nvrtc_key_names_the_wheels_library_files(tmp_path, monkeypatch):
+    from fuser import compile as compile_module
+
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "libnvrtc.so.13").write_bytes(b"x" * 10)
+    (lib / "other.so").write_bytes(b"")
+    monkeypatch.setattr(compile_module, "_wheel_dirs", lambda candidates: iter([str(lib)]))
+    compile_module.nvrtc_key.cache_clear()
+    try:
+        key = compile_module.nvrtc_key()
+        assert key.startswith(f"wheel {os.path.realpath(lib)} libnvrtc.so.13:10:")
+        assert "other.so" not in key
+        (lib / "libnvrtc.so.13").write_bytes(b"y" * 11)  # another NVRTC in its place
+        compile_module.nvrtc_key.cache_clear()
+        assert compile_module.nvrtc_key() != key
+        monkeypatch.setattr(compile_module, "_wheel_dirs", lambda candidates: iter([]))
+        monkeypatch.setattr(compile_module, "nvrtc_version", lambda: (12, 9))
+        compile_module.nvrtc_key.cache_clear()
+        assert compile_module.nvrtc_key() == "nvrtc 12.9"  # no wheel: the version it reports
+    finally:
+        compile_module.nvrtc_key.cache_clear()
