@@ -68,9 +68,9 @@ def nvrtc_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
-# Where the pip wheels keep NVRTC's library and the CUDA runtime's headers, under the `nvidia`
-# namespace package: CUDA 13's wheels, then CUDA 12's (-cu12).
-_WHEEL_LIB_DIRS = (("cu13", "lib"), ("cuda_nvrtc", "lib"))
+# Where the pip wheels keep NVRTC's library (by CUDA major: the one cuda-bindings of that major
+# loads) and the CUDA runtime's headers, under the `nvidia` namespace package.
+_WHEEL_LIB_DIRS = {13: ("cu13", "lib"), 12: ("cuda_nvrtc", "lib")}
 _WHEEL_INCLUDE_DIRS = (("cu13", "include"), ("cuda_runtime", "include"))
 
 
@@ -97,16 +97,29 @@ def nvrtc_key() -> str:
     Loading NVRTC (importing its bindings, then nvrtcVersion) costs 50 to 60 ms, the most of a
     process's first kernel that the disk cache holds. cuda-bindings loads a pip wheel's NVRTC
     before any other (cuda.pathfinder's order), so where a wheel is installed its library
-    files (names, sizes, modification times) name it: another NVRTC changes them. Without a
-    wheel (a system toolkit, conda), the version NVRTC reports."""
-    for folder in _wheel_dirs(_WHEEL_LIB_DIRS):
+    files (names, sizes, modification times), in the wheel of cuda-bindings' own CUDA major,
+    name it: another NVRTC changes them. Without that wheel (a system toolkit, conda), the
+    version NVRTC reports."""
+    major = _bindings_major()
+    for folder in _wheel_dirs((_WHEEL_LIB_DIRS[major],) if major in _WHEEL_LIB_DIRS else ()):
         names = sorted(n for n in os.listdir(folder) if n.startswith("libnvrtc"))
-        if names:
+        if f"libnvrtc.so.{major}" in names:
             stats = [os.stat(os.path.join(folder, n)) for n in names]
             files = ",".join(f"{n}:{st.st_size}:{st.st_mtime_ns}"
                              for n, st in zip(names, stats, strict=True))
             return f"wheel {os.path.realpath(folder)} {files}"
     return "nvrtc {}.{}".format(*nvrtc_version())
+
+
+def _bindings_major() -> int | None:
+    """The CUDA major of the installed cuda-bindings (the NVRTC soname it loads), read from
+    its metadata without importing it; None where that cannot be read."""
+    from importlib import metadata
+
+    try:
+        return int(metadata.version("cuda-bindings").split(".")[0])
+    except (metadata.PackageNotFoundError, ValueError):
+        return None
 
 
 @functools.cache
@@ -162,7 +175,6 @@ def cuda_include_dir() -> str | None:
     return None
 
 
-@functools.cache
 @functools.cache
 def cuda_headers_hash() -> str:
     """sha256 over the CUDA headers kernels may include, so an upgraded header changes keys."""

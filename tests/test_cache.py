@@ -792,17 +792,29 @@ def test_nvrtc_key_names_the_wheels_library_files(tmp_path, monkeypatch):
     lib.mkdir()
     (lib / "libnvrtc.so.13").write_bytes(b"x" * 10)
     (lib / "other.so").write_bytes(b"")
-    monkeypatch.setattr(compile_module, "_wheel_dirs", lambda candidates: iter([str(lib)]))
+    asked = []
+
+    def wheel_dirs(candidates):
+        asked.append(candidates)
+        return iter([str(lib)])
+
+    monkeypatch.setattr(compile_module, "_wheel_dirs", wheel_dirs)
+    monkeypatch.setattr(compile_module, "_bindings_major", lambda: 13)
+    monkeypatch.setattr(compile_module, "nvrtc_version", lambda: (12, 9))
     compile_module.nvrtc_key.cache_clear()
     try:
         key = compile_module.nvrtc_key()
         assert key.startswith(f"wheel {os.path.realpath(lib)} libnvrtc.so.13:10:")
-        assert "other.so" not in key
+        assert "other.so" not in key and asked == [(("cu13", "lib"),)]
         (lib / "libnvrtc.so.13").write_bytes(b"y" * 11)  # another NVRTC in its place
         compile_module.nvrtc_key.cache_clear()
         assert compile_module.nvrtc_key() != key
+        # cuda-bindings 12 loads libnvrtc.so.12: a folder holding only CUDA 13's is not it
+        monkeypatch.setattr(compile_module, "_bindings_major", lambda: 12)
+        compile_module.nvrtc_key.cache_clear()
+        assert compile_module.nvrtc_key() == "nvrtc 12.9"
+        assert asked[-1] == (("cuda_nvrtc", "lib"),)
         monkeypatch.setattr(compile_module, "_wheel_dirs", lambda candidates: iter([]))
-        monkeypatch.setattr(compile_module, "nvrtc_version", lambda: (12, 9))
         compile_module.nvrtc_key.cache_clear()
         assert compile_module.nvrtc_key() == "nvrtc 12.9"  # no wheel: the version it reports
     finally:

@@ -602,3 +602,18 @@ def test_eager_calls_run_through_an_autograd_function_not_the_op_dispatch(oracle
     with FakeTensorMode():
         fake = torch.empty(6, 16, requires_grad=True)
         assert node(ft.rms_norm(fake, 16)) != "fuser_rms_normBackward"
+
+
+def test_vmap_and_tracers_still_see_the_custom_ops(oracle):
+    """Where something other than autograd must see the op (vmap's fallback, make_fx and other
+    dispatch-mode tracers), the eager path steps aside and the custom op runs."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x = torch.randn(3, 5, 16)
+    w = torch.rand(16)
+    batched = torch.vmap(lambda a: ft.rms_norm(a, 16, w))(x)
+    torch.testing.assert_close(batched, torch.stack([ft.rms_norm(a, 16, w) for a in x]))
+    torch.testing.assert_close(torch.vmap(lambda a: ft.softmax(a, -1))(x), ft.softmax(x, -1))
+    graph = make_fx(lambda a: ft.softmax(a, -1) + ft.rms_norm(a, 16, w))(x[0])
+    targets = {str(n.target) for n in graph.graph.nodes if n.op == "call_function"}
+    assert {"fuser.softmax.default", "fuser.rms_norm.default"} <= targets, targets

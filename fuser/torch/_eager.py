@@ -16,11 +16,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 
 def dispatcher(op, impl: Callable, setup: Callable, grads: Callable) -> Callable:
-    """A function of the op's arguments: the custom op `op` while torch.compile traces or where
-    the first argument is not a plain tensor with data (fake, meta, a tensor subclass), else
+    """A function of the op's arguments: the custom op `op` where anything but autograd must
+    see it (torch.compile, vmap, tracers: _plain), or the first argument is not a plain
+    tensor with data (fake, meta, a tensor subclass), else
     `impl` (the op's implementation) under an autograd.Function whose context `setup` fills and
     whose backward is `grads`, the op's own setup_context and autograd formula. `grads` finds
     `ctx.eager` set, so it may call the backward's implementation directly (eager_backward)."""
@@ -39,17 +41,32 @@ def dispatcher(op, impl: Callable, setup: Callable, grads: Callable) -> Callable
                  {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
     def call(x, *args: Any):
-        if type(x) is not torch.Tensor or x.is_meta or torch.compiler.is_compiling():
-            return op(x, *args)  # fake, meta and subclass tensors take the op's own dispatch
-        return eager.apply(x, *args)
+        if _plain(x):
+            return eager.apply(x, *args)
+        return op(x, *args)
 
     return call
 
 
+def _plain(x) -> bool:
+    """Whether nothing but autograd stands between the call and the kernels: a plain tensor
+    with data, and nothing that must see the op (_watched)."""
+    return type(x) is torch.Tensor and not x.is_meta and not _watched()
+
+
+def _watched() -> bool:
+    """Whether something must see the op itself: torch.compile, functorch transforms (vmap,
+    grad), dispatch modes (make_fx and other tracers, FakeTensorMode, activation-checkpointing
+    policies, FLOP counters) or torch.jit.trace."""
+    return (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
+            or _get_current_dispatch_mode() is not None or torch.jit.is_tracing())
+
+
 def eager_backward(ctx, op, impl: Callable) -> Callable:
     """What a backward formula calls: the backward's implementation on the eager path, or the
-    backward custom op under torch.compile and where the backward itself is differentiated
-    (create_graph=True: the op's own autograd formula refuses double backward by name)."""
-    if getattr(ctx, "eager", False) and not torch.is_grad_enabled():
+    backward custom op where something must see it (_watched) and where the backward itself
+    is differentiated (create_graph=True: the op's own autograd formula refuses double
+    backward by name)."""
+    if getattr(ctx, "eager", False) and not torch.is_grad_enabled() and not _watched():
         return impl
     return op
