@@ -496,8 +496,10 @@ def input_sensitivity(fusion: Fusion, inputs: list,
     a short row whose elements nearly agree (x - mean cancels, rstd is large) missed a 1e-5
     tolerance by 1.5x in float32 at hidden 3. The results of casts to Half / BFloat16 move
     alike: the float math after such a cast rounds afresh on values the cast made exact.
-    One more draw moves the result of every float sum by the rounding a serial loop may add to
-    it (_serial_rounding): where the math after a sum cancels it (x minus its
+    Two more draws (one for a single sum) move the result of every float sum by the rounding a
+    serial loop may add to it (_serial_rounding), with random signs per sum and element, the
+    second draw flipping every other sum's (an output that subtracts two sums sees them move
+    apart in one of the two): where the math after a sum cancels it (x minus its
     column sum, times the row count), that rounding reaches the output at its own absolute
     size, which an epsilon's move of the inputs only matches for some columns' random draws
     (x - sum(x, dim 0) missed by 7x at 16384 x 4096 on the H200).
@@ -542,7 +544,7 @@ def _draws(fusion: Fusion, values: list, sizes: Sizes,
            margins: dict[int, float]) -> Iterator[tuple[str, list[np.ndarray]]]:
     """("inputs", outputs) on the inputs, and the results of casts to Half / BFloat16 (or
     Double to Float), moved by one epsilon (two draws of signs), and on the results of the
-    float sums moved by their serial rounding; then ("casts", outputs) with
+    float sums moved by their serial rounding (one or two draws); then ("casts", outputs) with
     the operand of every cast in `margins` moved down, then up, by its margin, and where there
     are several, of each alone (a flip upstream can move a later operand the other way)."""
     rng = np.random.default_rng(0)
@@ -554,8 +556,13 @@ def _draws(fusion: Fusion, values: list, sizes: Sizes,
                  * _signs(_shape(e.outputs[0], sizes), draw, rng) for e in narrowing}
         yield "inputs", _evaluate(fusion, moved, sizes, after=after)
     roundings = _sum_roundings(fusion, values, sizes, _upstream(sensitive))
-    if roundings:  # one direction: to first order, the other moves the outputs as far back
-        yield "inputs", _evaluate(fusion, values, sizes, added=roundings)
+    signs = {k: rng.choice(np.array([-1.0, 1.0]), size=np.shape(r)) for k, r in roundings.items()}
+    for flip in (1.0, -1.0) if len(roundings) > 1 else (1.0,) if roundings else ():
+        # Independent signs per sum and element, then every other sum's flipped: where an
+        # output adds or subtracts two sums, one of the draws moves them apart.
+        added = {k: r * signs[k] * (flip if i % 2 else 1.0)
+                 for i, (k, r) in enumerate(roundings.items())}
+        yield "inputs", _evaluate(fusion, values, sizes, added=added)
     groups = [margins, *({k: m} for k, m in margins.items())] if len(margins) > 1 else [margins]
     for group in groups if margins else []:
         for sign in (-1.0, 1.0):
@@ -588,9 +595,11 @@ def _serial_rounding(x, dims: tuple[int, ...], keepdim: bool, dtype: DataType) -
     axis = dims[0] if len(dims) == 1 else x.ndim - 1
     with np.errstate(all="ignore"):
         partial = np.cumsum(x, axis=axis)
-        squares = np.square(partial, out=partial).sum(axis=axis)
-        rounding = 0.5 * _compute_eps(dtype) * np.sqrt(squares)
-    rounding = np.where(np.isfinite(rounding), rounding, 0.0)
+        scale = np.max(np.abs(partial), axis=axis, keepdims=True)  # no overflow when squared
+        unit = np.divide(partial, scale, out=np.zeros_like(partial), where=scale > 0)
+        norm = np.sqrt(np.square(unit, out=unit).sum(axis=axis)) * np.squeeze(scale, axis)
+        rounding = 0.5 * _compute_eps(dtype) * norm
+    rounding = np.where(np.isfinite(rounding), rounding, 0.0)  # inf and NaN compare exactly
     return np.expand_dims(rounding, dims) if keepdim else rounding
 
 

@@ -846,13 +846,40 @@ def test_a_cancelled_sum_gets_the_allowance_of_a_serial_float32_loop(rng):
     compare(kernel, refs, fusion, sizes, input_sensitivity(fusion, inputs, refs))
 
 
+def test_two_cancelled_sums_get_both_roundings(rng):
+    """sum(a, dim 0) - sum(b, dim 0) where b holds a's rows in another order: the two sums
+    agree in exact arithmetic, and two serial float32 loops round them differently. Moving
+    both sums the same way had cancelled the allowance (found in review: 40 of 40 seeds)."""
+    from fuser.reference import input_sensitivity
+
+    with FusionDefinition("sums_apart") as fd:
+        a = fd.define_tensor([-1, -1])
+        b = fd.define_tensor([-1, -1])
+        fd.add_output(fd.ops.sub(fd.ops.sum(a, [0]), fd.ops.sum(b, [0])))
+    x = rng.standard_normal((16384, 64)).astype(np.float32)
+    y = x[rng.permutation(len(x))]
+    inputs = [x, y]
+    kernel = [np.cumsum(x, 0, dtype=np.float32)[-1] - np.cumsum(y, 0, dtype=np.float32)[-1]]
+    compare(kernel, evaluate(fd.fusion, inputs), fd.fusion,
+            output_reduction_sizes(fd.fusion, inputs), input_sensitivity(fd.fusion, inputs))
+
+
+def test_the_serial_rounding_of_huge_partial_sums_does_not_overflow_to_nothing():
+    from fuser.reference import _serial_rounding
+
+    x = np.full((4, 3), 1e300)
+    rounding = _serial_rounding(x, (0,), False, FLOAT)
+    assert np.all(np.isfinite(rounding)) and np.all(rounding > 1e290)
+
+
 def test_the_sum_allowance_still_catches_a_sum_off_by_one_term(rng):
     from fuser.reference import input_sensitivity
 
     fusion, inputs, kernel = _centred_by_column_sums(16384, 64, rng)
     x = inputs[0]
-    kernel[0][:, 3] += x[-1, 3] * np.float32(16384)  # column 3's sum missed its last row
-    with pytest.raises(ValidationError, match=r"worst at index \(\d+, 3\)"):
+    column = int(np.argmax(np.abs(x[-1])))  # its last row is the largest: at least 1.5 here
+    kernel[0][:, column] += x[-1, column] * np.float32(16384)  # that sum missed its last row
+    with pytest.raises(ValidationError, match=rf"worst at index \(\d+, {column}\)"):
         compare(kernel, evaluate(fusion, inputs), fusion, output_reduction_sizes(fusion, inputs),
                 input_sensitivity(fusion, inputs))
 
