@@ -11,11 +11,12 @@ For each module and hidden size, two passes on [rows, hidden] inputs:
 
 Implementations: `fuser` (fuser.torch.RMSNorm / LayerNorm / Softmax), `eager` (torch.nn's
 module), `compile` (torch.compile of torch.nn's module, default mode, dynamic=False, compiled
-afresh per size and pass), `liger` (Liger-Kernel's LigerRMSNorm / LigerLayerNorm /
-LigerSoftmax with their defaults, where liger_kernel imports), and `copy` (a device copy of the
-same bytes, the ceiling). Every module has the same parameters (weight 1 + 0.1 N(0, 1), bias
-0.1 N(0, 1)); before timing, each one's y and gradients are compared with torch.nn's module
-run in float64 (`max_rel_err`, as bench/run.py's; above 5e-2 the entry is marked wrong).
+afresh per size), `liger` (Liger-Kernel's LigerRMSNorm / LigerLayerNorm /
+LigerSoftmax with their defaults, LigerRMSNorm's in_place off, where liger_kernel imports),
+and `copy` (a device copy of the same bytes, the ceiling). Every module has the same
+parameters (weight 1 + 0.1 N(0, 1), bias 0.1 N(0, 1), rounded to the dtype); before timing,
+each one's y and gradients are compared with torch.nn's module run in float64 on those
+(`max_rel_err`, as bench/run.py's; above 5e-2 the entry is marked wrong).
 
 Bytes: each pass's minimal traffic, every tensor read or written once. forward: x and y, and
 each [hidden] parameter; train: that, plus dy and x read and dx written, and each parameter
@@ -111,11 +112,13 @@ def fuser_module(module: str, hidden: int):
 
 
 def liger_module(module: str, hidden: int):
-    """Liger-Kernel's module with its defaults (LigerRMSNorm's backward writes dx over dy)."""
+    """Liger-Kernel's module with its defaults, but for LigerRMSNorm's in_place: its default
+    backward writes dx over dy, which would feed every timed step the last one's dx (the
+    same bytes move either way)."""
     from liger_kernel.transformers import LigerLayerNorm, LigerRMSNorm, LigerSoftmax
 
     if module == "rmsnorm":
-        return LigerRMSNorm(hidden, eps=RMS_EPS)
+        return LigerRMSNorm(hidden, eps=RMS_EPS, in_place=False)
     if module == "layernorm":
         return LigerLayerNorm(hidden, eps=LN_EPS, bias=True)
     return LigerSoftmax()
@@ -147,8 +150,8 @@ def pass_fn(m, pass_: str, x, dy):
 
 
 def results(m, x, dy) -> list:
-    """y, dx and each parameter's gradient, in float64 (one call; dy is cloned, as Liger's
-    RMSNorm backward writes over it)."""
+    """y, dx and each parameter's gradient, in float64 (one call; dy is cloned, in case a
+    backward writes over it)."""
     import torch
 
     y = m(x)
@@ -176,8 +179,9 @@ def bench_size(module: str, hidden: int, args, timer) -> dict[str, dict]:
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     x = torch.randn(args.rows, hidden, device="cuda", generator=gen).to(dtype).requires_grad_()
     dy = torch.randn(args.rows, hidden, device="cuda", generator=gen).to(dtype)
-    params = [1 + 0.1 * torch.randn(hidden, device="cuda", generator=gen),
-              0.1 * torch.randn(hidden, device="cuda", generator=gen)][:PARAMETERS[module]]
+    params = [(1 + 0.1 * torch.randn(hidden, device="cuda", generator=gen)).to(dtype),
+              (0.1 * torch.randn(hidden, device="cuda", generator=gen)).to(dtype)]
+    params = params[:PARAMETERS[module]]  # in the modules' dtype, so the reference has them too
     reference = with_parameters(torch_module(module, hidden), params, "cuda", torch.float64)
     ref = results(reference, x.detach().double().requires_grad_(), dy.double())
     del reference

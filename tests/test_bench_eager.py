@@ -53,7 +53,13 @@ def test_eager_baselines_match_the_oracle_on_the_gpu(name, dtype, rng):
     _check(name, dtype, "cuda", rng)
 
 
-def test_every_fusion_has_an_eager_baseline():
+def test_every_fusion_has_both_baselines():
+    """A FORMULAS entry and an eager() function, made here on the CPU also where the ops they
+    call are CUDA-only (made, not run)."""
     assert set(FUSIONS) <= set(baselines.FORMULAS)
+    for name in FUSIONS:
+        inputs = [torch.from_numpy(a.astype(np.float32))
+                  for a in make_inputs(name, 4, 8, DataType.Float, np.random.default_rng(0))]
+        assert callable(baselines.eager(name, inputs)), name
     with pytest.raises(KeyError, match="no eager baseline for fusion 'nope'"):
         baselines.eager("nope", [])
