@@ -8,13 +8,18 @@ fully unrolled); then the next candidate schedule is tried (another storage of t
 The schedule that comes out is the one the binary was built from, so the header comment, the
 cache key and the launch all agree. A build is bounded: past FUSER_BUILD_MAX_COMPILES renders
 (default 32) or FUSER_BUILD_MAX_SECONDS (default 600) it gives up, naming what it tried.
+Where CPUs are free, the next attempts in that order compile at once (FUSER_BUILD_THREADS), and
+the first that does not spill is taken: the same answer, sooner when ptxas spills.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from fuser.analysis import FusionInfo
@@ -61,21 +66,27 @@ def build(
     cache: KernelCache | None = None,
 ) -> Built:
     """Schedule, render and compile fusion `name` for `problem` on `device`: the first
-    candidate schedule that compiles without spills (each rebuilt for fewer blocks per SM,
-    then a shorter unroll, before the next candidate is tried)."""
+    attempt (_attempts' order) that compiles without spills. Up to build_threads() attempts
+    compile at once (NVRTC releases the GIL), and the first in that order that does not spill
+    is taken, so the result is the one compiling them one by one gives."""
     cache = cache or default_cache()
     attempts: list[str] = []
     budget = BuildBudget.from_environment(f"fusion '{name}' at hidden {problem.hidden}")
+    order = _attempts(name, info, problem, device, hints)
+    width = build_threads()
     try:
-        for sched in candidates(info, problem, device, hints):
-            final = None
-            if not isinstance(sched, PointwiseSchedule) and needs_finalize(info):
-                lanes = hints.finalize_lanes if hints is not None else None
-                final = finalize_schedule(info, problem, device, lanes)
-            built = _compile(name, info, sched, final, problem, device, cache, attempts,
-                             budget)
-            if built is not None:
-                return built
+        while batch := _next_batch(order, width, budget, attempts):
+            for attempt, result in zip(batch, _compiled(batch, name, device, cache), strict=True):
+                if isinstance(attempt, Exception):
+                    raise attempt
+                compiled, path = result()
+                resources = compiled.resource(attempt.source.row_entry)
+                if not resources.spills:
+                    built = Built(info, attempt.schedule, attempt.finalize, attempt.source,
+                                  compiled, path)
+                    _dump(built)
+                    return built
+                attempts.append(f"{attempt.schedule.reason}: {resources}")
     except (HintError, OutOfResourcesError) as exc:
         if not attempts:
             raise
@@ -87,38 +98,98 @@ def build(
     )
 
 
-def _compile(name: str, info: FusionInfo, sched: RowSchedule | PointwiseSchedule,
-             final: FinalizeSchedule | None, problem: Problem, device: DeviceSpec,
-             cache: KernelCache, attempts: list[str], budget: BuildBudget) -> Built | None:
-    """The schedule compiled without spills, rebuilt for one block per SM fewer, then (at one
-    block per SM) with its batch loop unrolled half as far, while ptxas spills; None (each
-    attempt noted in `attempts`) when every rebuild spills."""
-    for plan in (sched.smem, final.smem if final else None):
-        if plan is not None:
-            plan.check(f"fusion '{name}' at hidden {problem.hidden}")
-    while True:
-        budget.spend(attempts)
-        source = _render(name, info, sched, final)
-        compiled, path = cache.get_or_compile(source.source, name, device.arch,
-                                              (str(template_dir()),))
-        resources = compiled.resource(source.row_entry)
-        if not resources.spills:
-            built = Built(info, sched, final, source, compiled, path)
-            _dump(built)
-            return built
-        attempts.append(f"{sched.reason}: {resources}")
-        if not isinstance(sched, RowSchedule):
-            return None
-        if sched.blocks_per_sm > 1:
-            sched = replace(sched, blocks_per_sm=sched.blocks_per_sm - 1,
-                            reason=sched.reason + f"; ptxas spilled at {sched.blocks_per_sm} "
-                            f"block(s)/SM, rebuilt for {sched.blocks_per_sm - 1}")
-        elif not sched.full_unroll and sched.unroll > 1:
-            sched = replace(sched, unroll=sched.unroll // 2,
-                            reason=sched.reason + f"; ptxas spilled unrolling {sched.unroll}, "
-                            f"rebuilt unrolling {sched.unroll // 2}")
-        else:
-            return None
+@dataclass(frozen=True)
+class _Attempt:
+    """One schedule a build may compile, rendered."""
+
+    schedule: RowSchedule | PointwiseSchedule
+    finalize: FinalizeSchedule | None
+    source: KernelSource
+
+
+def _attempts(name: str, info: FusionInfo, problem: Problem, device: DeviceSpec,
+              hints: Hints | None) -> Iterator[_Attempt]:
+    """Every schedule a build may compile, best first: each candidate, then, while ptxas
+    spills, that candidate rebuilt for one block per SM fewer, then (at one block per SM)
+    with its batch loop unrolled half as far (_rebuilt). A candidate's shared-memory plans
+    are checked when it is reached."""
+    for sched in candidates(info, problem, device, hints):
+        final = None
+        if not isinstance(sched, PointwiseSchedule) and needs_finalize(info):
+            lanes = hints.finalize_lanes if hints is not None else None
+            final = finalize_schedule(info, problem, device, lanes)
+        for plan in (sched.smem, final.smem if final else None):
+            if plan is not None:
+                plan.check(f"fusion '{name}' at hidden {problem.hidden}")
+        current: RowSchedule | PointwiseSchedule | None = sched
+        while current is not None:
+            yield _Attempt(current, final, _render(name, info, current, final))
+            current = _rebuilt(current)
+
+
+def _rebuilt(sched: RowSchedule | PointwiseSchedule) -> RowSchedule | None:
+    """What to compile after `sched` spilled, or None: one block per SM fewer, then a batch
+    loop unrolled half as far; a pointwise schedule has no rebuild."""
+    if not isinstance(sched, RowSchedule):
+        return None
+    if sched.blocks_per_sm > 1:
+        return replace(sched, blocks_per_sm=sched.blocks_per_sm - 1,
+                       reason=sched.reason + f"; ptxas spilled at {sched.blocks_per_sm} "
+                       f"block(s)/SM, rebuilt for {sched.blocks_per_sm - 1}")
+    if not sched.full_unroll and sched.unroll > 1:
+        return replace(sched, unroll=sched.unroll // 2,
+                       reason=sched.reason + f"; ptxas spilled unrolling {sched.unroll}, "
+                       f"rebuilt unrolling {sched.unroll // 2}")
+    return None
+
+
+def _next_batch(order: Iterator[_Attempt], width: int, budget: BuildBudget,
+                attempts: list[str]) -> list[_Attempt | Exception]:
+    """Up to `width` next attempts, each counted against the budget. An error on the way (a
+    plan that does not fit, hints no schedule honours, the budget spent) ends the batch as
+    its last item: the build raises it only if no attempt before it compiles cleanly."""
+    batch: list[_Attempt | Exception] = []
+    while len(batch) < width:
+        try:
+            attempt = next(order)
+            budget.spend(attempts)
+        except StopIteration:
+            break
+        except (HintError, OutOfResourcesError) as exc:
+            batch.append(exc)
+            break
+        batch.append(attempt)
+    return batch
+
+
+def _compiled(batch: list[_Attempt | Exception], name: str, device: DeviceSpec,
+              cache: KernelCache) -> list[Callable[[], tuple[CompiledModule, str]]]:
+    """Per item of `batch`, a function returning its (module, cubin path), raising its
+    compile error: one compile runs here, several run in threads; those still running when
+    the build has its answer finish in the background (into the cache)."""
+    jobs = [(a.source.source, name, device.arch, (str(template_dir()),))
+            if isinstance(a, _Attempt) else None for a in batch]
+    if sum(job is not None for job in jobs) <= 1:
+        return [functools.partial(cache.get_or_compile, *job) if job else _never
+                for job in jobs]
+    pool = ThreadPoolExecutor(len(jobs), thread_name_prefix="fuser-build")
+    futures = [pool.submit(cache.get_or_compile, *job) if job else None for job in jobs]
+    pool.shutdown(wait=False)
+    return [future.result if future else _never for future in futures]
+
+
+def _never() -> tuple[CompiledModule, str]:
+    raise AssertionError("an error item of a batch has no module")  # build raises it first
+
+
+def build_threads() -> int:
+    """How many attempts a build compiles at once: $FUSER_BUILD_THREADS, else a quarter of
+    the CPUs, at most 4 (one on a machine of fewer than 8). The first attempt usually
+    compiles cleanly; the others cost CPU time, not latency, where cores are free, and save
+    whole compiles where ptxas spills (rmsnorm_bwd at hidden 24578: three in a row)."""
+    if os.environ.get("FUSER_BUILD_THREADS") is not None:
+        return _positive("FUSER_BUILD_THREADS", 1)
+    return max(1, min(4, (os.cpu_count() or 1) // 4))
 
 
 @dataclass

@@ -152,10 +152,14 @@ class _Spilled:
         return dataclasses.replace(self._compiled.resource(name), spill_stores=64)
 
 
-def test_a_build_gives_up_after_its_compile_budget_naming_the_spills(tmp_path, monkeypatch):
+@pytest.mark.parametrize("threads", ["1", "4"])
+def test_a_build_gives_up_after_its_compile_budget_naming_the_spills(threads, tmp_path,
+                                                                     monkeypatch):
     """Issue 13: a fusion whose every schedule spills retried every residency of every
-    candidate (116 compiles, 646 s); FUSER_BUILD_MAX_COMPILES bounds it."""
+    candidate (116 compiles, 646 s); FUSER_BUILD_MAX_COMPILES bounds it, one compile at a time
+    or several."""
     monkeypatch.setenv("FUSER_BUILD_MAX_COMPILES", "3")
+    monkeypatch.setenv("FUSER_BUILD_THREADS", threads)
     cache = _AlwaysSpilling(KernelCache(str(tmp_path)))
     with pytest.raises(OutOfResourcesError, match=r"(?s)gave up building fusion 'rmsnorm_bwd' "
                        r"at hidden \d+ after 3 compiles.*FUSER_BUILD_MAX_COMPILES=3.*spill"):
@@ -193,6 +197,7 @@ def test_many_inputs_build_in_one_compile_without_spills(count, reduce, vec, tmp
     compiles (every schedule spilled: 8-element vectors of 64 inputs are 255 registers);
     vectors now read at most MAX_INPUT_BYTES_PER_VECTOR per step, and the first schedule
     compiles. The same for a 128-input pointwise sum, which spilled with no fallback."""
+    monkeypatch.setenv("FUSER_BUILD_THREADS", "1")  # counts the compiles this build needs
     compiles = []
     spend = kernels.BuildBudget.spend
     monkeypatch.setattr(kernels.BuildBudget, "spend",
@@ -236,3 +241,60 @@ def test_a_build_whose_every_schedule_spills_says_so(tmp_path, monkeypatch):
     assert str(error.value).startswith("every schedule of fusion 'softmax_fwd' at hidden 1000 "
                                        "spills registers on H200")
     assert "shared memory limit" not in str(error.value)
+
+
+# ----- several attempts compiled at once ---------------------------------------------------------
+
+
+def test_attempts_compiled_at_once_give_the_build_one_at_a_time_gives(tmp_path, monkeypatch):
+    """rmsnorm_bwd at hidden 24578 (bf16) spills twice before its third attempt compiles
+    cleanly: compiled four at a time, the build takes the same third attempt."""
+    fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
+    info, problem = analyze(fd.fusion), Problem(24578, 16384, 16)
+    built, caches = {}, {}
+    for threads in ("1", "4"):
+        monkeypatch.setenv("FUSER_BUILD_THREADS", threads)
+        caches[threads] = KernelCache(str(tmp_path / threads))
+        built[threads] = kernels.build(fd.name, info, problem, H200, cache=caches[threads])
+    one, four = built["1"], built["4"]
+    assert caches["1"].stats()["compiles"] == 3  # the two before it spilled
+    assert (four.schedule, four.finalize, four.source) == (one.schedule, one.finalize, one.source)
+
+
+class _Failing:
+    """A cache whose compiles of some sources fail (a CompileError), whichever thread asks."""
+
+    def __init__(self, cache, fails):
+        self.cache, self.fails = cache, fails
+
+    def get_or_compile(self, source, *args):
+        if self.fails(source):
+            raise CompileError("planted", log="", options=(), source=source)
+        return self.cache.get_or_compile(source, *args)
+
+
+def test_an_attempt_after_the_answer_cannot_fail_the_build(tmp_path, monkeypatch):
+    """The later attempts of a batch compile before the first's result is known; their
+    errors count only where the build gets to them (rmsnorm_bwd at hidden 1024: its first
+    attempt compiles cleanly)."""
+    monkeypatch.setenv("FUSER_BUILD_THREADS", "4")
+    fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
+    info, problem = analyze(fd.fusion), Problem(1024, 16384, 16)
+    first = next(kernels._attempts(fd.name, info, problem, H200, None)).source.source
+    cache = KernelCache(str(tmp_path))
+    built = _build(_Failing(cache, lambda source: source != first))
+    assert built.source.source == first
+    with pytest.raises(CompileError, match="planted"):  # as one at a time: the first fails
+        _build(_Failing(cache, lambda source: source == first))
+
+
+def test_build_threads(monkeypatch):
+    monkeypatch.delenv("FUSER_BUILD_THREADS", raising=False)
+    for cpus, threads in ((None, 1), (2, 1), (8, 2), (16, 4), (128, 4)):
+        monkeypatch.setattr(kernels.os, "cpu_count", lambda c=cpus: c)
+        assert kernels.build_threads() == threads
+    monkeypatch.setenv("FUSER_BUILD_THREADS", "3")
+    assert kernels.build_threads() == 3
+    monkeypatch.setenv("FUSER_BUILD_THREADS", "0")
+    with pytest.raises(BadInputError, match="FUSER_BUILD_THREADS='0': a positive integer"):
+        kernels.build_threads()
