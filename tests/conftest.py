@@ -7,7 +7,8 @@ pass by skipping everything.
 
 Tests never write into the user's kernel cache (~/.cache/fuser): FUSER_CACHE_DIR points at a
 temporary folder of the session, removed when it ends. FUSER_TEST_CACHE_DIR=<folder> uses (and
-keeps) that folder instead, e.g. to keep compiled kernels between GPU runs.
+keeps) that folder instead, e.g. to keep compiled kernels between GPU runs. Under pytest-xdist
+each build compiles one attempt at a time (FUSER_BUILD_THREADS=1, unless set).
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ def pytest_configure(config: pytest.Config) -> None:
     this, from this process's environment, so every worker and every subprocess a test starts
     shares the folder, and the cache's per-key file lock compiles each kernel once for all of
     them; a worker (the variable already set, its folder there) keeps it."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # The workers already use the CPUs: a build compiles one attempt at a time there
+        # (FUSER_BUILD_THREADS still says otherwise where it is set).
+        os.environ.setdefault("FUSER_BUILD_THREADS", "1")
     inherited = os.environ.get(_SESSION_CACHE)
     if inherited and os.path.isdir(inherited):
         os.environ["FUSER_CACHE_DIR"] = inherited
