@@ -92,6 +92,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="rows drawn by make_inputs on the host, tiled on the GPU to --rows "
                         "(0: draw all rows; slow at large sizes) (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-startup", action="store_true",
+                   help="skip the start-up costs (bench/startup.py: import, cold and warm "
+                        "first calls in fresh processes, recorded as startup)")
     p.add_argument("--breakdown", action="store_true",
                    help="also record each kernel's device time per call (torch.profiler) for "
                         "fuser and torch.compile: kernels_us in the json")
@@ -644,8 +647,26 @@ def run_fusion(fusion: str, args, env: dict, timer_desc: str, timer, dtype) -> d
             plot_report(report, png_path)
         except Exception as exc:
             print(f"[bench]   plot failed: {exc}", flush=True)
+    if not args.no_startup:
+        report["startup"] = startup_record(fusion, args)
+        write_report(report, args.out)
     print(f"[bench] wrote {json_path} and {png_path}", flush=True)
     return report
+
+
+def startup_record(fusion: str, args) -> dict:
+    """bench/startup.py's fresh-process costs of `fusion` at 16 rows of the first hidden
+    size (import, cold first call, warm first call), or {"error": ...}."""
+    from bench import startup
+
+    try:
+        record = startup.measure(fusion, args.hidden[0], dtype=DTYPES[args.dtype])
+    except Exception as exc:
+        return error_record(exc)
+    print(f"[bench] {fusion} start-up: import fuser {record['import_ms']} ms, first call "
+          f"{record['cold_first_call_s']} s cold ({record['cold_compiles']} compiles), "
+          f"{record['warm_first_call_ms']} ms with the disk cache", flush=True)
+    return record
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -156,8 +156,8 @@ def test_parse_args_defaults():
     assert a.hidden == [1024, 2048, 4096, 8192, 16384, 24578, 32768, 65536, 131072]
     assert (a.rows, a.dtype, a.no_compile, a.tune, a.out) == (
         16384, "bf16", False, False, "bench/results")
-    assert a.timer == "auto" and not a.breakdown
-    assert parse_args(["--breakdown"]).breakdown
+    assert a.timer == "auto" and not a.breakdown and not a.no_startup
+    assert parse_args(["--breakdown"]).breakdown and parse_args(["--no-startup"]).no_startup
 
 
 def test_parse_args_values():
@@ -394,3 +394,20 @@ def test_markdown_table_shows_liger_where_measured():
     lines = markdown_table(report).splitlines()
     assert lines[2].endswith("| PyTorch eager | Liger-Kernel |")
     assert lines[4].endswith("| 3000 (0.75) |") and lines[5].endswith("| - |")
+
+
+# ----- bench/startup.py -------------------------------------------------------------------------
+
+
+def test_startup_summary_and_its_child_script():
+    from bench.startup import CHILD, parse_args, summarize
+
+    compile(CHILD, "<startup child>", "exec")  # the probe each fresh process runs parses
+    cold = {"import_ms": 90.0, "first_call_ms": 2500.0, "cache": {"compiles": 3, "disk_hits": 0}}
+    warm = [{"import_ms": m, "first_call_ms": f, "cache": {"compiles": 0, "disk_hits": 1}}
+            for m, f in ((80.0, 300.0), (100.0, 200.0), (85.0, 250.0))]
+    assert summarize(cold, warm) == {
+        "import_ms": 85.0, "cold_first_call_s": 2.5, "cold_compiles": 3,
+        "warm_first_call_ms": 250.0, "warm_disk_hits": [1, 1, 1]}
+    a = parse_args(["--fusion", "softmax_fwd", "--kind", "cupy", "--warm-runs", "2"])
+    assert (a.fusion, a.kind, a.warm_runs, a.hidden, a.rows) == ("softmax_fwd", "cupy", 2, 1024, 16)
