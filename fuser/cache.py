@@ -288,6 +288,13 @@ class KernelCache:
             self._memory[key] = (compiled, path)
             return compiled, path
 
+    def holds(self, source: str, name: str, arch: int,
+              include_dirs: tuple[str, ...] = ()) -> bool:
+        """Whether get_or_compile would find this module without compiling (in memory, or an
+        entry file on disk: one that turns out damaged is compiled afresh then)."""
+        key = self.key(source, name, arch, include_dirs)
+        return key in self._memory or (self.disk and os.path.isfile(self._entry_path(key)))
+
     def clear(self) -> None:
         """Forget every entry: the memory layer and this cache's files in its folder."""
         with self._guard:

@@ -75,7 +75,7 @@ def build(
     order = _attempts(name, info, problem, device, hints)
     width = build_threads()
     try:
-        while batch := _next_batch(order, width, budget, attempts):
+        while batch := _next_batch(order, width, budget, attempts, _held(cache, name, device)):
             for attempt, result in zip(batch, _compiled(batch, name, device, cache), strict=True):
                 if isinstance(attempt, Exception):
                     raise attempt
@@ -144,10 +144,13 @@ def _rebuilt(sched: RowSchedule | PointwiseSchedule) -> RowSchedule | None:
 
 
 def _next_batch(order: Iterator[_Attempt], width: int, budget: BuildBudget,
-                attempts: list[str]) -> list[_Attempt | Exception]:
-    """Up to `width` next attempts, each counted against the budget. An error on the way (a
-    plan that does not fit, hints no schedule honours, the budget spent) ends the batch as
-    its last item: the build raises it only if no attempt before it compiles cleanly."""
+                attempts: list[str], held: Callable[[_Attempt], bool]
+                ) -> list[_Attempt | Exception]:
+    """Up to `width` next attempts, each counted against the budget; one alone where the
+    cache holds it (a process whose kernels are cached compiles nothing ahead). An error on
+    the way (a plan that does not fit, hints no schedule honours, the budget spent) ends the
+    batch as its last item: the build raises it only if no attempt before it compiles
+    cleanly."""
     batch: list[_Attempt | Exception] = []
     while len(batch) < width:
         try:
@@ -159,7 +162,16 @@ def _next_batch(order: Iterator[_Attempt], width: int, budget: BuildBudget,
             batch.append(exc)
             break
         batch.append(attempt)
+        if len(batch) == 1 and held(attempt):
+            break
     return batch
+
+
+def _held(cache: KernelCache, name: str, device: DeviceSpec) -> Callable[[_Attempt], bool]:
+    def held(attempt: _Attempt) -> bool:
+        return cache.holds(attempt.source.source, name, device.arch, (str(template_dir()),))
+
+    return held
 
 
 def _compiled(batch: list[_Attempt | Exception], name: str, device: DeviceSpec,

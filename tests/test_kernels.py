@@ -143,6 +143,9 @@ class _AlwaysSpilling:
         compiled, path = self.cache.get_or_compile(source, *args)
         return _Spilled(compiled), path
 
+    def holds(self, *args):
+        return self.cache.holds(*args)
+
 
 class _Spilled:
     def __init__(self, compiled):
@@ -272,6 +275,9 @@ class _Failing:
             raise CompileError("planted", log="", options=(), source=source)
         return self.cache.get_or_compile(source, *args)
 
+    def holds(self, *args):
+        return self.cache.holds(*args)
+
 
 def test_an_attempt_after_the_answer_cannot_fail_the_build(tmp_path, monkeypatch):
     """The later attempts of a batch compile before the first's result is known; their
@@ -298,3 +304,13 @@ def test_build_threads(monkeypatch):
     monkeypatch.setenv("FUSER_BUILD_THREADS", "0")
     with pytest.raises(BadInputError, match="FUSER_BUILD_THREADS='0': a positive integer"):
         kernels.build_threads()
+
+
+def test_a_cached_first_attempt_compiles_nothing_ahead(tmp_path, monkeypatch):
+    """A process whose kernel the disk cache holds takes it without compiling the attempts
+    after it: four threads would otherwise compile three kernels it never uses."""
+    monkeypatch.setenv("FUSER_BUILD_THREADS", "4")
+    _build(KernelCache(str(tmp_path)))  # fills the folder
+    fresh = KernelCache(str(tmp_path))  # a new process's cache: nothing in memory
+    _build(fresh)
+    assert (fresh.stats()["compiles"], fresh.stats()["disk_hits"]) == (0, 1)
