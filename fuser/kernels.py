@@ -195,13 +195,12 @@ def _never() -> tuple[CompiledModule, str]:
 
 
 def build_threads() -> int:
-    """How many attempts a build compiles at once: $FUSER_BUILD_THREADS, else a quarter of
-    the CPUs, at most 4 (one on a machine of fewer than 8). The first attempt usually
-    compiles cleanly; the others cost CPU time, not latency, where cores are free, and save
-    whole compiles where ptxas spills (rmsnorm_bwd at hidden 24578: three in a row)."""
+    """How many attempts a build compiles at once: $FUSER_BUILD_THREADS, else one. Opt-in:
+    the time limit is checked per batch, not per compile, and a build during interpreter
+    shutdown cannot start threads (found in review; to fix before it becomes the default)."""
     if os.environ.get("FUSER_BUILD_THREADS") is not None:
         return _positive("FUSER_BUILD_THREADS", 1)
-    return max(1, min(4, (os.cpu_count() or 1) // 4))
+    return 1
 
 
 @dataclass
