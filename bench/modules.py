@@ -35,15 +35,16 @@ import sys
 import time
 
 from bench.run import (
-    DTYPES,
     ITEMSIZE,
     TOLERANCE,
+    add_common_args,
     csv_list,
     environment,
     error_record,
     finish_entry,
     make_timer,
     markdown_table,
+    max_rel_err,
     output_paths,
     sync,
     write_report,
@@ -63,14 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--module", type=csv_list(str), default=list(MODULES),
                    help="comma-separated modules (default: %(default)s)")
-    p.add_argument("--hidden", type=csv_list(int), default=list(DEFAULT_HIDDEN),
-                   help="comma-separated hidden sizes (default: %(default)s)")
-    p.add_argument("--rows", type=int, default=16384, help="rows (tokens) (default: %(default)s)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    p.add_argument("--no-compile", action="store_true", help="skip torch.compile (slow to build)")
-    p.add_argument("--out", default="bench/results", help="output folder (default: %(default)s)")
-    p.add_argument("--timer", choices=("auto", "do_bench", "events"), default="auto")
-    p.add_argument("--seed", type=int, default=0)
+    add_common_args(p, DEFAULT_HIDDEN)
     args = p.parse_args(argv)
     unknown = [m for m in args.module if m not in MODULES]
     if unknown:
@@ -157,16 +151,6 @@ def results(m, x, dy) -> list:
     y = m(x)
     grads = torch.autograd.grad(y, [x, *m.parameters()], dy.clone())
     return [t.detach().double() for t in (y, *grads)]
-
-
-def max_rel_err(got: list, ref: list) -> float:
-    """Worst over tensors of max |got - ref| / max |ref|."""
-    worst = 0.0
-    for g, r in zip(got, ref, strict=True):
-        scale = r.abs().max().item()
-        err = (g - r).abs().max().item()
-        worst = max(worst, err / scale if scale > 0 else err)
-    return worst
 
 
 def bench_size(module: str, hidden: int, args, timer) -> dict[str, dict]:

@@ -71,6 +71,20 @@ def csv_list(kind):
     return parse
 
 
+def add_common_args(p: argparse.ArgumentParser, hidden: tuple[int, ...]) -> None:
+    """The options bench/run.py and bench/modules.py share: sizes, dtype, torch.compile,
+    output folder, timer and seed."""
+    p.add_argument("--hidden", type=csv_list(int), default=list(hidden),
+                   help="comma-separated hidden sizes (default: %(default)s)")
+    p.add_argument("--rows", type=int, default=16384, help="rows N (default: %(default)s)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--no-compile", action="store_true", help="skip torch.compile (slow to build)")
+    p.add_argument("--out", default="bench/results", help="output folder (default: %(default)s)")
+    p.add_argument("--timer", choices=("auto", "do_bench", "events"), default="auto",
+                   help="auto: triton.testing.do_bench if triton imports, else a CUDA-event loop")
+    p.add_argument("--seed", type=int, default=0)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="bench/run.py",
@@ -78,20 +92,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--fusion", type=csv_list(str), default=list(DEFAULT_FUSIONS),
                    help="comma-separated fusion names (default: %(default)s)")
-    p.add_argument("--hidden", type=csv_list(int), default=list(DEFAULT_HIDDEN),
-                   help="comma-separated hidden sizes (default: %(default)s)")
-    p.add_argument("--rows", type=int, default=16384, help="rows N (default: %(default)s)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    p.add_argument("--no-compile", action="store_true", help="skip torch.compile (slow to build)")
+    add_common_args(p, DEFAULT_HIDDEN)
     p.add_argument("--tune", action="store_true",
                    help=f"also try up to {TUNE_LIMIT} fuser Hints per size and report the best")
-    p.add_argument("--out", default="bench/results", help="output folder (default: %(default)s)")
-    p.add_argument("--timer", choices=("auto", "do_bench", "events"), default="auto",
-                   help="auto: triton.testing.do_bench if triton imports, else a CUDA-event loop")
     p.add_argument("--gen-rows", type=int, default=2048,
                    help="rows drawn by make_inputs on the host, tiled on the GPU to --rows "
                         "(0: draw all rows; slow at large sizes) (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-startup", action="store_true",
                    help="skip the start-up costs (bench/startup.py: import, cold and warm "
                         "first calls in fresh processes, recorded as startup)")
