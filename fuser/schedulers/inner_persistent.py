@@ -33,17 +33,18 @@ RING_MIN_THREADS = 64
 
 
 def registers_first_order(phase: Phase) -> Iterator[StorageChoice]:
-    """Rows on chip: staged in shared memory first for STAGED_PASSES_FIRST passes, with the
-    columns in shared memory at either stage count before they go to registers (there they
-    cost blocks per SM, or at one block per SM, registers a second stage would need), then a
-    whole-row ring where ring_first says so, then registers, then shared memory for fusions of
-    fewer passes."""
+    """Rows on chip: staged in shared memory first for STAGED_PASSES_FIRST passes, at each
+    stage count (stage_order) with the columns in shared memory, else in registers (there they
+    cost blocks per SM, but a second stage is worth more: it loads the next row while this one
+    makes its passes; "staged forward rows" in bench/TUNING.md), then a whole-row ring where
+    ring_first says so, then registers, then shared memory for fusions of fewer passes."""
     fusion = phase.fusion
     in_registers = {t.name: Storage.REGISTERS for t in fusion.buffers}
     staged_first = fusion.passes >= STAGED_PASSES_FIRST
     if staged_first:
-        for col_storage in (Storage.SMEM, Storage.REGISTERS):
-            yield from _in_smem(phase, col_storage)
+        for stages in stage_order(phase):
+            for col_storage in (Storage.SMEM, Storage.REGISTERS):
+                yield _staged(phase, stages, col_storage)
     if ring_first(phase, StorageChoice.of(1, in_registers)):
         yield StorageChoice.of(1, {**{t.name: Storage.RING for t in fusion.full},
                                    **{t.name: Storage.SMEM for t in fusion.cols}})
@@ -52,12 +53,6 @@ def registers_first_order(phase: Phase) -> Iterator[StorageChoice]:
         for stages in stage_order(phase):
             for col_storage in (Storage.REGISTERS, Storage.SMEM):
                 yield _staged(phase, stages, col_storage)
-
-
-def _in_smem(phase: Phase, col_storage: Storage) -> Iterator[StorageChoice]:
-    """Row buffers in shared memory at each stage count, the columns in `col_storage`."""
-    for stages in stage_order(phase):
-        yield _staged(phase, stages, col_storage)
 
 
 def _staged(phase: Phase, stages: int, col_storage: Storage) -> StorageChoice:
