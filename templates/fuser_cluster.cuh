@@ -3,7 +3,7 @@
 
 namespace fm {
 
-// ----- thread-block clusters (sm_90): rank, barrier, reads of a peer block's shared memory --
+// ----- thread-block clusters (sm_90): rank, barriers, stores to a peer block's shared memory --
 // Plain PTX, so that no cooperative_groups (and its CCCL headers) is needed under NVRTC.
 
 __device__ __forceinline__ unsigned cluster_rank() {
@@ -22,10 +22,19 @@ __device__ __forceinline__ unsigned cluster_count() {
   return r;
 }
 // Every thread of every block of the cluster arrives; shared-memory writes before it are
-// visible to the peers' reads after it (release / acquire).
+// visible to the peers' reads after it (release / acquire). The release is a GPU-wide memory
+// fence (MEMBAR.ALL.GPU: it waits for the block's global stores too), so row loops exchange
+// values with store_to_peer instead and this runs once, after the exchange's mbarriers are
+// initialized.
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n"
                "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// The same barrier without ordering memory: no block of the cluster passes it before every
+// block has arrived (so none exits while a peer's stores to it may still be on their way).
+__device__ __forceinline__ void cluster_arrive_and_wait() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n"
+               "barrier.cluster.wait.aligned;\n" ::: "memory");
 }
 __device__ __forceinline__ unsigned peer_address(const void* local, unsigned rank) {
   const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(local));
@@ -33,30 +42,20 @@ __device__ __forceinline__ unsigned peer_address(const void* local, unsigned ran
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(address), "r"(rank));
   return remote;
 }
-__device__ __forceinline__ float load_peer(const float* local, unsigned rank) {
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(peer_address(local, rank)));
-  return v;
+// Writes `value` to the block of rank `rank` at the address `local` has here, and counts
+// its bytes off that block's mbarrier at `local_bar`'s address (st.async: the receiver's
+// wait on the mbarrier's phase makes the value visible, no fence on either side).
+__device__ __forceinline__ void store_to_peer(unsigned* local, unsigned value,
+                                              unsigned long long* local_bar, unsigned rank) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n"
+               ::"r"(peer_address(local, rank)), "r"(value), "r"(peer_address(local_bar, rank))
+               : "memory");
 }
-__device__ __forceinline__ double load_peer(const double* local, unsigned rank) {
-  double v;
-  asm volatile("ld.shared::cluster.f64 %0, [%1];\n" : "=d"(v) : "r"(peer_address(local, rank)));
-  return v;
-}
-__device__ __forceinline__ int load_peer(const int* local, unsigned rank) {
-  int v;
-  asm volatile("ld.shared::cluster.s32 %0, [%1];\n" : "=r"(v) : "r"(peer_address(local, rank)));
-  return v;
-}
-__device__ __forceinline__ long long load_peer(const long long* local, unsigned rank) {
-  long long v;
-  asm volatile("ld.shared::cluster.s64 %0, [%1];\n" : "=l"(v) : "r"(peer_address(local, rank)));
-  return v;
-}
-__device__ __forceinline__ bool load_peer(const bool* local, unsigned rank) {
-  unsigned short v;
-  asm volatile("ld.shared::cluster.u8 %0, [%1];\n" : "=h"(v) : "r"(peer_address(local, rank)));
-  return v != 0;
+__device__ __forceinline__ void store_to_peer(unsigned long long* local, unsigned long long value,
+                                              unsigned long long* local_bar, unsigned rank) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];\n"
+               ::"r"(peer_address(local, rank)), "l"(value), "r"(peer_address(local_bar, rank))
+               : "memory");
 }
 
 // ----- programmatic dependent launch (sm_90): the finalize launches while the row kernel ends --

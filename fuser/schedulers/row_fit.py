@@ -23,7 +23,7 @@ from fuser.schedulers.base import (
 )
 from fuser.schedulers.row_geometry import blocks_per_sm
 from fuser.schedulers.row_records import Phase, Rejection, RowGeometry, StorageChoice
-from fuser.schedulers.staging import plan_ring
+from fuser.schedulers.staging import MBARRIER_BYTES, plan_ring
 from fuser.smem import SmemPlan
 
 # Registers a thread needs beyond its buffers (indices, pointers, loop state, reduction
@@ -138,9 +138,11 @@ def _other_requests(phase: Phase, geo: RowGeometry, storage: dict[str, Storage],
                      for e, nbytes in zip(fusion.info.outer_reductions,
                                           fusion.accumulator_bytes, strict=True)]
     if geo.cluster > 1:
-        requests.append(("s_cluster", 2 * width * rows * red,
-                         f"cluster exchange: 2 parities x {width} x {rows} row(s) x {red} B, "
-                         f"read by the {geo.cluster} blocks of the cluster"))
+        word = 8 if red > 4 else 4
+        requests.append(("s_cluster", 2 * MBARRIER_BYTES + 2 * geo.cluster * width * rows * word,
+                         f"cluster exchange: 2 parities x (an mbarrier + {geo.cluster} ranks x "
+                         f"{width} x {rows} row(s) x {word} B), sent by the blocks of the "
+                         "cluster"))
     return requests
 
 

@@ -24,7 +24,7 @@ from fuser.smem import align
 RING_DEPTHS = (4, 3, 2)  # slot counts tried, deepest first: depth - 1 chunks in flight
 RING_BYTES = 128 * 1024  # the most a ring's slots take (96 KB in flight at depth 4)
 MAX_UNITS = 8  # vectors per thread per chunk, at most
-MBARRIER_BYTES = 8  # one mbarrier (a 64-bit word) per slot of a bulk-filled ring
+MBARRIER_BYTES = 8  # one mbarrier (64 bits): per bulk-filled ring slot, per cluster exchange parity
 MAX_TX_BYTES = (1 << 20) - 1  # the bytes one mbarrier phase can count (PTX: tx-count range)
 ASYNC_BYTES = (4, 8, 16)  # the vector widths cp.async copies
 

@@ -84,10 +84,10 @@
 // s_T3         65536   65536    65536  row buffer T3 (BFloat16), 2 stage(s) x 1 row(s) x 16384
 // s_T4         32768  131072    32768  column buffer T4 (BFloat16) x 16384
 // s_reduce       256  163840      256  inner-reduction scratch: 2 parities x 2 x 1 row(s) x 16 warps x 4 B
-// s_cluster       16  164096      128  cluster exchange: 2 parities x 2 x 1 row(s) x 4 B, read by the 8 blocks of the
-//     cluster
+// s_cluster      144  164096      256  cluster exchange: 2 parities x (an mbarrier + 8 ranks x 2 x 1 row(s) x 4 B),
+//     sent by the blocks of the cluster
 // static slot    128  static      128  static __shared__ (magic zero)
-// total 164352 B = dynamic 164224 + static 128; limit 232448 B; headroom 68096 B; alignment 128 B
+// total 164480 B = dynamic 164352 + static 128; limit 232448 B; headroom 67968 B; alignment 128 B
 //
 // FinalizeSchedule
 //   hidden             131072
@@ -138,7 +138,7 @@ layernorm_bwd_row(
   unsigned char* const s_T4 = smem + 131072;
   // inner-reduction scratch: 2 parities x 2 x 1 row(s) x 16 warps x 4 B
   unsigned char* const s_reduce = smem + 163840;
-  // cluster exchange: 2 parities x 2 x 1 row(s) x 4 B, read by the 8 blocks of the cluster
+  // cluster exchange: 2 parities x (an mbarrier + 8 ranks x 2 x 1 row(s) x 4 B), sent by the blocks of the cluster
   unsigned char* const s_cluster = smem + 164096;
   const long long S17 = static_cast<long long>(H);
 
@@ -231,7 +231,7 @@ layernorm_bwd_row(
   }
   acc_T38.finish(part);  // this block's partial row of T38
   acc_T40.finish(part);  // this block's partial row of T40
-  fm::cluster_sync();  // no block leaves while a peer may still read its shared memory
+  fm::cluster_arrive_and_wait();  // no block leaves while a peer may still store to it
 }
 
 // Column finalize: sums the [partial_rows, H] partials of each outer reduction per column, in a

@@ -80,8 +80,8 @@
 // s_T1         49160   98432    49280  column buffer T1 (Float) x 12290
 // s_T2         49160  147712    49280  column buffer T2 (Float) x 12290
 // s_reduce       256  196992      256  inner-reduction scratch: 2 parities x 1 x 1 row(s) x 32 warps x 4 B
-// s_cluster        8  197248      128  cluster exchange: 2 parities x 1 x 1 row(s) x 4 B, read by the 2 blocks of the
-//     cluster
+// s_cluster       32  197248      128  cluster exchange: 2 parities x (an mbarrier + 2 ranks x 1 x 1 row(s) x 4 B),
+//     sent by the blocks of the cluster
 // static slot    128  static      128  static __shared__ (magic zero)
 // total 197504 B = dynamic 197376 + static 128; limit 232448 B; headroom 34944 B; alignment 128 B
 
@@ -119,7 +119,7 @@ layernorm_fwd_row(
   unsigned char* const s_T2 = smem + 147712;
   // inner-reduction scratch: 2 parities x 1 x 1 row(s) x 32 warps x 4 B
   unsigned char* const s_reduce = smem + 196992;
-  // cluster exchange: 2 parities x 1 x 1 row(s) x 4 B, read by the 2 blocks of the cluster
+  // cluster exchange: 2 parities x (an mbarrier + 2 ranks x 1 x 1 row(s) x 4 B), sent by the blocks of the cluster
   unsigned char* const s_cluster = smem + 197248;
   const long long S4 = static_cast<long long>(H);
   const long long S12 = 0LL;
@@ -200,5 +200,5 @@ layernorm_fwd_row(
     if (valid && part.writes_row_values()) g_T20[row] = fm::to_storage<float>(row_T6);
     if (valid && part.writes_row_values()) g_T23[row] = fm::to_storage<float>(row_T23);
   }
-  fm::cluster_sync();  // no block leaves while a peer may still read its shared memory
+  fm::cluster_arrive_and_wait();  // no block leaves while a peer may still store to it
 }

@@ -68,8 +68,8 @@
 // s_T2         131072       0   131072  row buffer T2 (BFloat16), 2 stage(s) x 1 row(s) x 32768
 // s_T3          65536  131072    65536  column buffer T3 (BFloat16) x 32768
 // s_reduce        128  196608      128  inner-reduction scratch: 2 parities x 1 x 1 row(s) x 16 warps x 4 B
-// s_cluster         8  196736      128  cluster exchange: 2 parities x 1 x 1 row(s) x 4 B, read by the 4 blocks of the
-//     cluster
+// s_cluster        48  196736      128  cluster exchange: 2 parities x (an mbarrier + 4 ranks x 1 x 1 row(s) x 4 B),
+//     sent by the blocks of the cluster
 // static slot     128  static      128  static __shared__ (magic zero)
 // total 196992 B = dynamic 196864 + static 128; limit 232448 B; headroom 35456 B; alignment 128 B
 //
@@ -117,7 +117,7 @@ rmsnorm_bwd_row(
   unsigned char* const s_T3 = smem + 131072;
   // inner-reduction scratch: 2 parities x 1 x 1 row(s) x 16 warps x 4 B
   unsigned char* const s_reduce = smem + 196608;
-  // cluster exchange: 2 parities x 1 x 1 row(s) x 4 B, read by the 4 blocks of the cluster
+  // cluster exchange: 2 parities x (an mbarrier + 4 ranks x 1 x 1 row(s) x 4 B), sent by the blocks of the cluster
   unsigned char* const s_cluster = smem + 196736;
   const long long S15 = static_cast<long long>(H);
 
@@ -196,7 +196,7 @@ rmsnorm_bwd_row(
     });
   }
   acc_T25.finish(part);  // this block's partial row of T25
-  fm::cluster_sync();  // no block leaves while a peer may still read its shared memory
+  fm::cluster_arrive_and_wait();  // no block leaves while a peer may still store to it
 }
 
 // Column finalize: sums the [partial_rows, H] partials of each outer reduction per column, in a

@@ -74,8 +74,8 @@
 // s_T3          1024    8320     1024  column buffer T3 (BFloat16) x 512
 // s_acc_T25     2048    9344     2048  column accumulator T25 x 1 row(s) x 512
 // s_reduce        16   11392      128  inner-reduction scratch: 2 parities x 1 x 1 row(s) x 2 warps x 4 B
-// s_cluster        8   11520      128  cluster exchange: 2 parities x 1 x 1 row(s) x 4 B, read by the 8 blocks of the
-//     cluster
+// s_cluster       80   11520      128  cluster exchange: 2 parities x (an mbarrier + 8 ranks x 1 x 1 row(s) x 4 B),
+//     sent by the blocks of the cluster
 // static slot    128  static      128  static __shared__ (magic zero)
 // total 11776 B = dynamic 11648 + static 128; limit 232448 B; headroom 220672 B; alignment 128 B
 //
@@ -129,7 +129,7 @@ rmsnorm_bwd_row(
   unsigned char* const s_acc_T25 = smem + 9344;
   // inner-reduction scratch: 2 parities x 1 x 1 row(s) x 2 warps x 4 B
   unsigned char* const s_reduce = smem + 11392;
-  // cluster exchange: 2 parities x 1 x 1 row(s) x 4 B, read by the 8 blocks of the cluster
+  // cluster exchange: 2 parities x (an mbarrier + 8 ranks x 1 x 1 row(s) x 4 B), sent by the blocks of the cluster
   unsigned char* const s_cluster = smem + 11520;
   const long long S15 = static_cast<long long>(H);
 
@@ -203,7 +203,7 @@ rmsnorm_bwd_row(
     });
   }
   acc_T25.finish(part);  // this block's partial row of T25
-  fm::cluster_sync();  // no block leaves while a peer may still read its shared memory
+  fm::cluster_arrive_and_wait();  // no block leaves while a peer may still store to it
 }
 
 // Column finalize: sums the [partial_rows, H] partials of each outer reduction per column, in a

@@ -70,8 +70,8 @@
 // s_T2         65568   65664    65664  row buffer T2 (BFloat16), 1 stage(s) x 1 row(s) x 32769 in 4098 16-byte chunks
 // s_T3         65538  131328    65664  column buffer T3 (BFloat16) x 32769
 // s_reduce       256  196992      256  inner-reduction scratch: 2 parities x 1 x 1 row(s) x 32 warps x 4 B
-// s_cluster        8  197248      128  cluster exchange: 2 parities x 1 x 1 row(s) x 4 B, read by the 2 blocks of the
-//     cluster
+// s_cluster       32  197248      128  cluster exchange: 2 parities x (an mbarrier + 2 ranks x 1 x 1 row(s) x 4 B),
+//     sent by the blocks of the cluster
 // static slot    128  static      128  static __shared__ (magic zero)
 // total 197504 B = dynamic 197376 + static 128; limit 232448 B; headroom 34944 B; alignment 128 B
 //
@@ -122,7 +122,7 @@ rmsnorm_bwd_row(
   unsigned char* const s_T3 = smem + 131328;
   // inner-reduction scratch: 2 parities x 1 x 1 row(s) x 32 warps x 4 B
   unsigned char* const s_reduce = smem + 196992;
-  // cluster exchange: 2 parities x 1 x 1 row(s) x 4 B, read by the 2 blocks of the cluster
+  // cluster exchange: 2 parities x (an mbarrier + 2 ranks x 1 x 1 row(s) x 4 B), sent by the blocks of the cluster
   unsigned char* const s_cluster = smem + 197248;
   const long long S15 = static_cast<long long>(H);
 
@@ -198,7 +198,7 @@ rmsnorm_bwd_row(
     });
   }
   acc_T25.finish(part);  // this block's partial row of T25
-  fm::cluster_sync();  // no block leaves while a peer may still read its shared memory
+  fm::cluster_arrive_and_wait();  // no block leaves while a peer may still store to it
 }
 
 // Column finalize: sums the [partial_rows, H] partials of each outer reduction per column, in a

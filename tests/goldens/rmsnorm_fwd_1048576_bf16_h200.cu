@@ -59,8 +59,8 @@
 // s_ring_T0    131072       0   131072  staging ring T0: 4 slots x 16384 elements, 8 chunk(s) per pass, tail 16384
 // s_ring_full      32  131072      128  4 mbarriers (8 B each), one per ring slot: the slot's bulk copies have landed
 // s_reduce        256  131200      256  inner-reduction scratch: 2 parities x 1 x 1 row(s) x 32 warps x 4 B
-// s_cluster         8  131456      128  cluster exchange: 2 parities x 1 x 1 row(s) x 4 B, read by the 8 blocks of the
-//     cluster
+// s_cluster        80  131456      128  cluster exchange: 2 parities x (an mbarrier + 8 ranks x 1 x 1 row(s) x 4 B),
+//     sent by the blocks of the cluster
 // static slot     128  static      128  static __shared__ (magic zero)
 // total 131712 B = dynamic 131584 + static 128; limit 232448 B; headroom 100736 B; alignment 128 B
 
@@ -93,7 +93,7 @@ rmsnorm_fwd_row(
   unsigned char* const s_ring_full = smem + 131072;
   // inner-reduction scratch: 2 parities x 1 x 1 row(s) x 32 warps x 4 B
   unsigned char* const s_reduce = smem + 131200;
-  // cluster exchange: 2 parities x 1 x 1 row(s) x 4 B, read by the 8 blocks of the cluster
+  // cluster exchange: 2 parities x (an mbarrier + 8 ranks x 1 x 1 row(s) x 4 B), sent by the blocks of the cluster
   unsigned char* const s_cluster = smem + 131456;
   const long long S5 = static_cast<long long>(H);
   const double S7 = 1e-06;
@@ -149,5 +149,5 @@ rmsnorm_fwd_row(
     });
     if (valid && part.writes_row_values()) g_T9[row] = fm::to_storage<float>(row_T9);
   }
-  fm::cluster_sync();  // no block leaves while a peer may still read its shared memory
+  fm::cluster_arrive_and_wait();  // no block leaves while a peer may still store to it
 }
