@@ -74,20 +74,58 @@ _WHEEL_LIB_DIRS = {13: ("cu13", "lib"), 12: ("cuda_nvrtc", "lib")}
 _WHEEL_INCLUDE_DIRS = (("cu13", "include"), ("cuda_runtime", "include"))
 
 
-def _wheel_dirs(candidates: tuple[tuple[str, ...], ...]) -> Iterator[str]:
-    """The existing folders `candidates` name under each root of the `nvidia` namespace
-    package (the pip wheels' site-packages), found without importing anything."""
-    import importlib.util
+def _site_roots() -> list[str]:
+    """The folders cuda.pathfinder looks for pip wheels in, in its order: site-packages, the
+    user's site after a virtual environment's own and before the system's otherwise (not
+    sys.path: a wheel on PYTHONPATH is not one pathfinder loads)."""
+    import site
+    import sys
 
-    try:
-        spec = importlib.util.find_spec("nvidia")
-    except (ImportError, ValueError):
-        return
-    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+    roots = list(site.getsitepackages())
+    user = site.getusersitepackages() if site.ENABLE_USER_SITE else ""
+    if user:
+        roots.insert(1 if sys.prefix != sys.base_prefix else 0, user)
+    return roots
+
+
+def _wheel_dirs(candidates: tuple[tuple[str, ...], ...]) -> Iterator[str]:
+    """The existing folders `candidates` name under nvidia/ of each site root, found without
+    importing anything."""
+    for root in _site_roots():
         for parts in candidates:
-            folder = os.path.join(root, *parts)
+            folder = os.path.join(root, "nvidia", *parts)
             if os.path.isdir(folder):
                 yield folder
+
+
+def _loaded_nvrtc(major: int) -> str | None:
+    """The folder of the libnvrtc.so.<major> this process has loaded already (preloaded, or
+    loaded by CuPy or cuda-bindings), which cuda.pathfinder then uses whatever is installed;
+    None where none is loaded or its file cannot be named (Linux: /proc/self/maps)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(f"libnvrtc.so.{major}", mode=os.RTLD_NOLOAD)
+    except (OSError, AttributeError):
+        return None
+    with contextlib.suppress(OSError), open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split(maxsplit=5)[-1].strip()
+            if os.path.basename(path).startswith(f"libnvrtc.so.{major}"):
+                return os.path.dirname(os.path.realpath(path))
+    return None
+
+
+def _library_files(folder: str, major: int) -> str | None:
+    """'<folder> name:size:mtime,...' of the NVRTC libraries in `folder` (libnvrtc and its
+    builtins), or None where libnvrtc.so.<major> is not among them."""
+    names = sorted(n for n in os.listdir(folder) if n.startswith("libnvrtc"))
+    if not any(n.startswith(f"libnvrtc.so.{major}") for n in names):
+        return None
+    stats = [os.stat(os.path.join(folder, n)) for n in names]
+    files = ",".join(f"{n}:{st.st_size}:{st.st_mtime_ns}" for n, st in zip(names, stats,
+                                                                          strict=True))
+    return f"{os.path.realpath(folder)} {files}"
 
 
 @functools.cache
@@ -95,19 +133,21 @@ def nvrtc_key() -> str:
     """What names the NVRTC in use in cache keys, found without loading it where it can be.
 
     Loading NVRTC (importing its bindings, then nvrtcVersion) costs 50 to 60 ms, the most of a
-    process's first kernel that the disk cache holds. cuda-bindings loads a pip wheel's NVRTC
-    before any other (cuda.pathfinder's order), so where a wheel is installed its library
-    files (names, sizes, modification times), in the wheel of cuda-bindings' own CUDA major,
-    name it: another NVRTC changes them. Without that wheel (a system toolkit, conda), the
-    version NVRTC reports."""
+    process's first kernel that the disk cache holds. cuda-bindings loads NVRTC through
+    cuda.pathfinder: a libnvrtc.so.<major> already in the process first, else a pip wheel's
+    (of cuda-bindings' own CUDA major) before any other. Where either is found, its folder's
+    library files (names, sizes, modification times) name it: another NVRTC changes them,
+    and a process that loaded the wheel's NVRTC keys the same as one that did not. Otherwise
+    (a system toolkit, conda), the version NVRTC reports."""
     major = _bindings_major()
-    for folder in _wheel_dirs((_WHEEL_LIB_DIRS[major],) if major in _WHEEL_LIB_DIRS else ()):
-        names = sorted(n for n in os.listdir(folder) if n.startswith("libnvrtc"))
-        if f"libnvrtc.so.{major}" in names:
-            stats = [os.stat(os.path.join(folder, n)) for n in names]
-            files = ",".join(f"{n}:{st.st_size}:{st.st_mtime_ns}"
-                             for n, st in zip(names, stats, strict=True))
-            return f"wheel {os.path.realpath(folder)} {files}"
+    if major is not None:
+        loaded = _loaded_nvrtc(major)
+        folders = [loaded] if loaded else list(
+            _wheel_dirs((_WHEEL_LIB_DIRS[major],) if major in _WHEEL_LIB_DIRS else ()))
+        for folder in folders:
+            files = _library_files(folder, major)
+            if files:
+                return f"libraries {files}"
     return "nvrtc {}.{}".format(*nvrtc_version())
 
 

@@ -799,12 +799,13 @@ def test_nvrtc_key_names_the_wheels_library_files(tmp_path, monkeypatch):
         return iter([str(lib)])
 
     monkeypatch.setattr(compile_module, "_wheel_dirs", wheel_dirs)
+    monkeypatch.setattr(compile_module, "_loaded_nvrtc", lambda major: None)
     monkeypatch.setattr(compile_module, "_bindings_major", lambda: 13)
     monkeypatch.setattr(compile_module, "nvrtc_version", lambda: (12, 9))
     compile_module.nvrtc_key.cache_clear()
     try:
         key = compile_module.nvrtc_key()
-        assert key.startswith(f"wheel {os.path.realpath(lib)} libnvrtc.so.13:10:")
+        assert key.startswith(f"libraries {os.path.realpath(lib)} libnvrtc.so.13:10:")
         assert "other.so" not in key and asked == [(("cu13", "lib"),)]
         (lib / "libnvrtc.so.13").write_bytes(b"y" * 11)  # another NVRTC in its place
         compile_module.nvrtc_key.cache_clear()
@@ -819,3 +820,49 @@ def test_nvrtc_key_names_the_wheels_library_files(tmp_path, monkeypatch):
         assert compile_module.nvrtc_key() == "nvrtc 12.9"  # no wheel: the version it reports
     finally:
         compile_module.nvrtc_key.cache_clear()
+
+
+def test_nvrtc_key_names_an_nvrtc_already_loaded_before_the_wheels(tmp_path, monkeypatch):
+    """A libnvrtc.so.13 the process has loaded (preloaded, or by CuPy) is the one
+    cuda.pathfinder hands cuda-bindings: the key names its folder's files, not the wheel's."""
+    from fuser import compile as compile_module
+
+    wheel, elsewhere = tmp_path / "wheel", tmp_path / "elsewhere"
+    for folder, size in ((wheel, 10), (elsewhere, 20)):
+        folder.mkdir()
+        (folder / "libnvrtc.so.13").write_bytes(b"x" * size)
+        (folder / "libnvrtc-builtins.so.13.0").write_bytes(b"b")
+    monkeypatch.setattr(compile_module, "_wheel_dirs", lambda candidates: iter([str(wheel)]))
+    monkeypatch.setattr(compile_module, "_bindings_major", lambda: 13)
+    compile_module.nvrtc_key.cache_clear()
+    try:
+        monkeypatch.setattr(compile_module, "_loaded_nvrtc", lambda major: None)
+        from_wheel = compile_module.nvrtc_key()
+        assert "libnvrtc-builtins.so.13.0:1:" in from_wheel
+        monkeypatch.setattr(compile_module, "_loaded_nvrtc", lambda major: str(wheel))
+        compile_module.nvrtc_key.cache_clear()
+        assert compile_module.nvrtc_key() == from_wheel  # the wheel's, loaded or not
+        monkeypatch.setattr(compile_module, "_loaded_nvrtc", lambda major: str(elsewhere))
+        compile_module.nvrtc_key.cache_clear()
+        assert compile_module.nvrtc_key().startswith(
+            f"libraries {os.path.realpath(elsewhere)} libnvrtc-builtins.so.13.0:1:")
+    finally:
+        compile_module.nvrtc_key.cache_clear()
+
+
+def test_wheel_folders_are_searched_in_site_packages_not_on_sys_path(tmp_path, monkeypatch):
+    """cuda.pathfinder finds wheels in site-packages only: an nvidia/ folder on sys.path
+    (PYTHONPATH) is not the NVRTC or the headers it loads, so fuser does not look there."""
+    import site
+    import sys
+
+    from fuser import compile as compile_module
+
+    on_path, in_site = tmp_path / "path", tmp_path / "site"
+    for root in (on_path, in_site):
+        (root / "nvidia" / "cu13" / "lib").mkdir(parents=True)
+    monkeypatch.setattr(sys, "path", [str(on_path), *sys.path])
+    monkeypatch.setattr(site, "getsitepackages", lambda: [str(in_site)])
+    monkeypatch.setattr(site, "ENABLE_USER_SITE", False)
+    assert list(compile_module._wheel_dirs((("cu13", "lib"),))) == [
+        str(in_site / "nvidia" / "cu13" / "lib")]
