@@ -17,6 +17,10 @@ so the cubin is also kept as `<key>.cubin` beside the entry; it is derived data,
 (atomically) from the checked entry whenever it is missing or differs, a memory hit included:
 a cubin file damaged after it was first loaded is never handed out again.
 
+Beside the entries, `<key>.plan` files hold build plans (fuser.plans: the schedule and source a
+build picked, under a key of everything that picks them), checked by a sha256 line like the
+entries and evicted with them, so a process whose kernel is cached skips the search as well.
+
 Processes share the folder safely: building a key holds an flock on `<key>.lock` beside the
 entry (removed when the build is done), so N processes asking for one new kernel compile it
 once and the others load the entry. The folder is capped (FUSER_CACHE_MAX_BYTES): after each
@@ -73,12 +77,15 @@ MAGIC = b"FUSER-KERNEL-CACHE"
 FORMAT = 1
 ENTRY_SUFFIX = ".fuser"
 CUBIN_SUFFIX = ".cubin"
+PLAN_SUFFIX = ".plan"
+PLAN_MAGIC = b"FUSER-BUILD-PLAN"
 LOCK_SUFFIX = ".lock"
 TEMP_SUFFIX = ".tmp"
 #: The default size cap of the cache folder: about 10,000 typical fuser kernels.
 DEFAULT_MAX_BYTES = 1 << 30
-#: The files this cache writes (entries, cubins, locks, temp files); clear() deletes only these.
-_OWN_FILE = re.compile(r"^\.?([0-9a-f]{64})\.(fuser|cubin|lock)(\S*\.tmp)?$")
+#: The files this cache writes (entries, cubins, build plans, locks, temp files); clear() deletes
+#: only these.
+_OWN_FILE = re.compile(r"^\.?([0-9a-f]{64})\.(fuser|cubin|plan|lock)(\S*\.tmp)?$")
 #: The name of each `extern "C" __global__` kernel, past attributes like __launch_bounds__(..).
 _KERNEL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__\w+__\s*\([^()]*\)\s*)*(\w+)\s*\(')
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
@@ -242,13 +249,15 @@ class KernelCache:
         self.disk = os.environ.get("FUSER_CACHE", "1") != "0" if disk is None else disk
         self.max_bytes = max_cache_bytes() if max_bytes is None else max_bytes
         self._memory: dict[str, tuple[CompiledModule, str]] = {}
+        self._plans: dict[str, bytes] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self._scratch: tempfile.TemporaryDirectory | None = None
         #: Why writes to the folder stopped (the first write that failed), or None.
         self.write_failure: str | None = None
         self.counts = {"memory_hits": 0, "disk_hits": 0, "compiles": 0, "bad_entries": 0,
-                       "unreadable_entries": 0, "cubins_rewritten": 0, "evictions": 0}
+                       "unreadable_entries": 0, "cubins_rewritten": 0, "evictions": 0,
+                       "plan_hits": 0, "bad_plans": 0}
 
     def key(self, source: str, name: str, arch: int, include_dirs: tuple[str, ...] = ()) -> str:
         parts = {
@@ -295,10 +304,54 @@ class KernelCache:
         key = self.key(source, name, arch, include_dirs)
         return key in self._memory or (self.disk and os.path.isfile(self._entry_path(key)))
 
+    def plan(self, key: str) -> bytes | None:
+        """The build plan (fuser.plans) stored under `key`, in memory or in its checked file;
+        None where there is none or its file is damaged (then deleted)."""
+        held = self._plans.get(key)
+        if held is not None or not self.disk:
+            self._count("plan_hits", held is not None)
+            return held
+        path = self._path(key, PLAN_SUFFIX)
+        try:
+            data = _read_file(path)
+        except OSError:
+            return None
+        first, digest, payload = [*data.split(b"\n", 2), b"", b""][:3]
+        if first != PLAN_MAGIC or hashlib.sha256(payload).hexdigest().encode() != digest:
+            log.warning("fuser cache: deleting bad build plan %s; building afresh", path)
+            self._count("bad_plans")
+            self._discard(key, (PLAN_SUFFIX,))
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)
+        self._plans[key] = payload
+        self._count("plan_hits")
+        return payload
+
+    def store_plan(self, key: str, payload: bytes) -> None:
+        """Keep a build plan in memory and, while writes reach the folder, in its file."""
+        self._plans[key] = payload
+        if not self._writes_on():
+            return
+        path = self._path(key, PLAN_SUFFIX)
+        digest = hashlib.sha256(payload).hexdigest().encode()
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            _atomic_write(path, PLAN_MAGIC + b"\n" + digest + b"\n" + payload)
+        except OSError as e:
+            self._write_failed(path, e)
+
+    def discard_plan(self, key: str) -> None:
+        """Forget a plan that did not decode (fuser.plans.decode), in memory and on disk."""
+        self._plans.pop(key, None)
+        self._count("bad_plans")
+        self._discard(key, (PLAN_SUFFIX,))
+
     def clear(self) -> None:
         """Forget every entry: the memory layer and this cache's files in its folder."""
         with self._guard:
             self._memory.clear()
+            self._plans.clear()
         folders = [self.directory] + ([self._scratch.name] if self._scratch else [])
         for folder in folders:
             for path in self._own_files(folder):
@@ -319,6 +372,7 @@ class KernelCache:
             "writable": self.disk and self.write_failure is None,
             "max_bytes": self.max_bytes,
             "entries": sum(p.endswith(ENTRY_SUFFIX) for p in files),
+            "plans": sum(p.endswith(PLAN_SUFFIX) for p in files),
             "bytes": sum(sizes),
             "in_memory": len(self._memory),
             **self.counts,
@@ -532,7 +586,7 @@ class KernelCache:
                 break
             if key == keep:
                 continue
-            self._discard(key, (ENTRY_SUFFIX, CUBIN_SUFFIX))
+            self._discard(key, (ENTRY_SUFFIX, CUBIN_SUFFIX, PLAN_SUFFIX))
             total -= usage[key][1]
             self._count("evictions")
         if total > self.max_bytes:

@@ -13,19 +13,19 @@ import contextlib
 import hashlib
 import os
 import textwrap
-from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 
 import jinja2
 
 from fuser.analysis import FusionInfo, Role
+from fuser.compile import template_dir
 from fuser.emit import Emitter, ctype, element_env, scalar_prologue, used_lines
 from fuser.ops import REDUCTIONS
 from fuser.row_codegen import row_context
 from fuser.schedulers.base import FinalizeSchedule, PointwiseSchedule, RowSchedule
 from fuser.schedulers.finalize import total_type
 from fuser.signature import (
+    KernelSource,
     Signature,
     accumulator_type,
     finalize_signature,
@@ -36,43 +36,7 @@ from fuser.signature import (
 MAX_LINE = 120  # characters per line of generated source
 
 
-@dataclass(frozen=True)
-class KernelSource:
-    """A rendered CUDA module and the signatures of its kernels (the main one first)."""
-
-    name: str  # the fusion's name
-    source: str
-    signatures: tuple[Signature, ...]
-
-    @property
-    def row_entry(self) -> str:
-        """The main kernel (pointwise or row kernel)."""
-        return self.signatures[0].entry
-
-    @property
-    def finalize_entry(self) -> str | None:
-        """The column finalize kernel, when there is one."""
-        return self.signatures[1].entry if len(self.signatures) > 1 else None
-
-    def signature(self, entry: str) -> Signature:
-        return next(s for s in self.signatures if s.entry == entry)
-
-
 # ----- templates -----
-
-
-@cache
-def template_dir() -> Path:
-    """templates/ of the installed wheel (package fuser.templates), else of the source tree."""
-    try:
-        from importlib.resources import files
-
-        path = Path(str(files("fuser.templates")))
-        if (path / "fuser_math.cuh").exists():
-            return path
-    except ModuleNotFoundError:
-        pass
-    return Path(__file__).resolve().parent.parent / "templates"
 
 
 class _TemplateBytecode(jinja2.FileSystemBytecodeCache):

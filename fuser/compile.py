@@ -20,6 +20,7 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from fuser.errors import BadInputError, CompileError, ToolchainError
 
@@ -71,6 +72,7 @@ def nvrtc_version() -> tuple[int, int]:
 # Where the pip wheels keep NVRTC's library (by CUDA major: the one cuda-bindings of that major
 # loads) and the CUDA runtime's headers, under the `nvidia` namespace package.
 _WHEEL_LIB_DIRS = {13: ("cu13", "lib"), 12: ("cuda_nvrtc", "lib")}
+_BINDINGS_DIST = re.compile(r"^cuda_bindings-(\d+)\.[^-]*\.dist-info$")
 _WHEEL_INCLUDE_DIRS = (("cu13", "include"), ("cuda_runtime", "include"))
 
 
@@ -153,7 +155,15 @@ def nvrtc_key() -> str:
 
 def _bindings_major() -> int | None:
     """The CUDA major of the installed cuda-bindings (the NVRTC soname it loads), read from
-    its metadata without importing it; None where that cannot be read."""
+    the name of its dist-info folder in site-packages (importing importlib.metadata costs
+    15 ms of a process's first cache hit), else from its metadata; None where neither
+    says."""
+    for root in _site_roots():
+        with contextlib.suppress(OSError):
+            for name in os.listdir(root):
+                match = _BINDINGS_DIST.match(name)
+                if match:
+                    return int(match.group(1))
     from importlib import metadata
 
     try:
@@ -178,6 +188,20 @@ def _has_headers(folder: str | None) -> bool:
     if not folder:
         return False
     return os.path.isfile(os.path.join(folder, "cuda_bf16.h"))
+
+
+@functools.cache
+def template_dir() -> Path:
+    """templates/ of the installed wheel (package fuser.templates), else of the source tree."""
+    try:
+        from importlib.resources import files
+
+        path = Path(str(files("fuser.templates")))
+        if (path / "fuser_math.cuh").exists():
+            return path
+    except ModuleNotFoundError:
+        pass
+    return Path(__file__).resolve().parent.parent / "templates"
 
 
 @functools.cache

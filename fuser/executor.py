@@ -23,7 +23,6 @@ import numpy as np
 
 from fuser.analysis import FusionInfo, analyze
 from fuser.checks import check_device, check_pointer, scalar_value
-from fuser.codegen import KernelSource
 from fuser.compile import CompiledModule
 from fuser.device import DeviceSpec
 from fuser.dtypes import DataType
@@ -42,7 +41,7 @@ from fuser.schedulers.base import (
     next_pow2,
 )
 from fuser.segment import Segmentation, segment
-from fuser.signature import Signature, Source, workspace_dtype
+from fuser.signature import KernelSource, Signature, Source, workspace_dtype
 
 POINTWISE_BLOCKS_PER_SM = 8
 PER_THREAD_STREAM = 2  # cudaStreamPerThread: the same handle in every thread

@@ -19,18 +19,18 @@ import hashlib
 import os
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
+from fuser import plans
 from fuser.analysis import FusionInfo
 from fuser.cache import KernelCache, default_cache
-from fuser.codegen import KernelSource, render_pointwise, render_row, template_dir
-from fuser.compile import CompiledModule
+from fuser.compile import CompiledModule, template_dir
 from fuser.device import DeviceSpec
 from fuser.errors import BadInputError, HintError, OutOfResourcesError
 from fuser.schedulers import Hints, Problem, candidates
 from fuser.schedulers.base import FinalizeSchedule, PointwiseSchedule, RowSchedule
 from fuser.schedulers.finalize import finalize_schedule, needs_finalize
+from fuser.signature import KernelSource
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,8 @@ class Built:
 
 
 def _render(name, info, sched, final) -> KernelSource:
+    from fuser.codegen import render_pointwise, render_row  # not needed where a plan is held
+
     if isinstance(sched, PointwiseSchedule):
         return render_pointwise(name, info, sched)
     return render_row(name, info, sched, final)
@@ -70,6 +72,10 @@ def build(
     compile at once (NVRTC releases the GIL), and the first in that order that does not spill
     is taken, so the result is the one compiling them one by one gives."""
     cache = cache or default_cache()
+    plan_key = plans.plan_key(name, info, problem, device, hints)
+    planned = _planned(cache, plan_key, name, info, device)
+    if planned is not None:
+        return planned
     attempts: list[str] = []
     budget = BuildBudget.from_environment(f"fusion '{name}' at hidden {problem.hidden}")
     order = _attempts(name, info, problem, device, hints)
@@ -84,6 +90,8 @@ def build(
                 if not resources.spills:
                     built = Built(info, attempt.schedule, attempt.finalize, attempt.source,
                                   compiled, path)
+                    cache.store_plan(plan_key, plans.encode(
+                        (attempt.schedule, attempt.finalize, attempt.source)))
                     _dump(built)
                     return built
                 attempts.append(f"{attempt.schedule.reason}: {resources}")
@@ -96,6 +104,29 @@ def build(
         f"every schedule of fusion '{name}' at hidden {problem.hidden} spills registers on "
         f"{device.name}:\n  " + "\n  ".join(attempts)
     )
+
+
+def _planned(cache: KernelCache, key: str, name: str, info: FusionInfo,
+             device: DeviceSpec) -> Built | None:
+    """The build a stored plan (fuser.plans) names, its module from the kernel cache (compiled
+    again where it was evicted); None where no plan is held, or it does not decode (then it
+    is dropped) or its module now spills (a changed toolchain the key missed)."""
+    data = cache.plan(key)
+    if data is None:
+        return None
+    try:
+        schedule, final, source = plans.decode(data)
+    except ValueError:
+        cache.discard_plan(key)
+        return None
+    compiled, path = cache.get_or_compile(source.source, name, device.arch,
+                                          (str(template_dir()),))
+    if compiled.resource(source.row_entry).spills:
+        cache.discard_plan(key)
+        return None
+    built = Built(info, schedule, final, source, compiled, path)
+    _dump(built)
+    return built
 
 
 @dataclass(frozen=True)
@@ -184,6 +215,8 @@ def _compiled(batch: list[_Attempt | Exception], name: str, device: DeviceSpec,
     if sum(job is not None for job in jobs) <= 1:
         return [functools.partial(cache.get_or_compile, *job) if job else _never
                 for job in jobs]
+    from concurrent.futures import ThreadPoolExecutor
+
     pool = ThreadPoolExecutor(len(jobs), thread_name_prefix="fuser-build")
     futures = [pool.submit(cache.get_or_compile, *job) if job else None for job in jobs]
     pool.shutdown(wait=False)

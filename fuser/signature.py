@@ -107,3 +107,25 @@ def pointwise_signature(info: FusionInfo, entry: str) -> Signature:
     params = (_inputs(info, (*info.full_inputs, *info.col_inputs, *info.row_inputs))
               + _outputs(info, outputs) + _scalars(info) + [ROWS])
     return Signature(entry, tuple(params))
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """A rendered CUDA module and the signatures of its kernels (the main one first)."""
+
+    name: str  # the fusion's name
+    source: str
+    signatures: tuple[Signature, ...]
+
+    @property
+    def row_entry(self) -> str:
+        """The main kernel (pointwise or row kernel)."""
+        return self.signatures[0].entry
+
+    @property
+    def finalize_entry(self) -> str | None:
+        """The column finalize kernel, when there is one."""
+        return self.signatures[1].entry if len(self.signatures) > 1 else None
+
+    def signature(self, entry: str) -> Signature:
+        return next(s for s in self.signatures if s.entry == entry)

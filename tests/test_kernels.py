@@ -146,6 +146,12 @@ class _AlwaysSpilling:
     def holds(self, *args):
         return self.cache.holds(*args)
 
+    def plan(self, key):  # no plans held: every build searches
+        return None
+
+    def store_plan(self, key, payload):
+        pass
+
 
 class _Spilled:
     def __init__(self, compiled):
@@ -277,6 +283,12 @@ class _Failing:
 
     def holds(self, *args):
         return self.cache.holds(*args)
+
+    def plan(self, key):  # no plans held: every build searches
+        return None
+
+    def store_plan(self, key, payload):
+        pass
 
 
 def test_an_attempt_after_the_answer_cannot_fail_the_build(tmp_path, monkeypatch):

@@ -7,21 +7,28 @@ fitting schedules in order of preference, the heuristic's first.
 
 from __future__ import annotations
 
+from types import ModuleType
+
 from fuser.analysis import FusionInfo
 from fuser.device import DeviceSpec
 from fuser.errors import UnsupportedFusionError
-from fuser.schedulers import inner_outer_persistent, inner_persistent, pointwise
 from fuser.schedulers.base import Problem
 from fuser.schedulers.hints import Hints
 
-SCHEDULERS = (pointwise, inner_persistent, inner_outer_persistent)
+
+def schedulers() -> tuple[ModuleType, ...]:
+    """The schedulers in the order they are asked, imported on first use: a process whose
+    build plans are on disk (fuser.plans) launches its kernels without them."""
+    from fuser.schedulers import inner_outer_persistent, inner_persistent, pointwise
+
+    return (pointwise, inner_persistent, inner_outer_persistent)
 
 
 def candidates(info: FusionInfo, problem: Problem, device: DeviceSpec,
                hints: Hints | None = None):
     """Schedules of the first scheduler that accepts the fusion, best first."""
     reasons = []
-    for module in SCHEDULERS:
+    for module in schedulers():
         reason = module.can_schedule(info, problem, device)
         if reason is None:
             return module.candidates(info, problem, device, hints)
@@ -34,4 +41,4 @@ def schedule(info: FusionInfo, problem: Problem, device: DeviceSpec, hints: Hint
     return next(candidates(info, problem, device, hints))
 
 
-__all__ = ["SCHEDULERS", "Hints", "Problem", "candidates", "schedule"]
+__all__ = ["Hints", "Problem", "candidates", "schedule", "schedulers"]
