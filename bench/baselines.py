@@ -2,8 +2,9 @@
 
 eager(name, inputs): what PyTorch itself runs for the fusion's step, the ATen ops behind the
 functions users call: `F.rms_norm` (`_fused_rms_norm`), `F.layer_norm` (`native_layer_norm`),
-`torch.softmax`, and the backward ops autograd runs for them (`_fused_rms_norm_backward`,
-`native_layer_norm_backward`, `native_dropout_backward`). compiled(name): torch.compile of
+`torch.softmax`, `torch.log_softmax`, and the backward ops autograd runs for them
+(`_fused_rms_norm_backward`, `native_layer_norm_backward`, `native_dropout_backward`,
+`_softmax_backward_data`). compiled(name): torch.compile of
 FORMULAS, the fusions' own math written with explicit fp32 formulas (no autograd), which is
 what Inductor would see of a user's forward and backward graph.
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 RMS_EPS = 1e-6  # fusions.rmsnorm_fwd
 LN_EPS = 1e-5  # fusions.layernorm_fwd
-DROPOUT_P = 0.1  # fusions.dropout_rmsnorm_bwd
+DROPOUT_P = 0.1  # fusions.dropout_rmsnorm_fwd and _bwd
 
 
 def rmsnorm_fwd(x, w):
@@ -37,6 +38,17 @@ def layernorm_fwd(x, w, b):
 
 def softmax_fwd(x):
     return (x.float().softmax(1).to(x.dtype),)
+
+
+def log_softmax_fwd(x):
+    return (x.float().log_softmax(1).to(x.dtype),)
+
+
+def dropout_rmsnorm_fwd(in1, in2, mask, w):
+    scale = 1.0 / (1.0 - DROPOUT_P)
+    x = in2.float() + mask.float() * in1.float() * scale
+    rms = (x * x).mean(1, keepdim=True).add(RMS_EPS).sqrt()
+    return (x / rms * w.float()).to(in1.dtype), x.to(in1.dtype), rms
 
 
 def _rms_backward(x, rms, dy, w):
@@ -74,13 +86,21 @@ def layernorm_bwd(x, mean, rstd, dy, w):
     return grad_x.to(x.dtype), (dyf * xhat).sum(0).to(x.dtype), dyf.sum(0).to(x.dtype)
 
 
+def softmax_bwd(y, dy):
+    yf, dyf = y.float(), dy.float()
+    return ((yf * (dyf - (dyf * yf).sum(1, keepdim=True))).to(y.dtype),)
+
+
 FORMULAS = {
     "rmsnorm_fwd": rmsnorm_fwd,
     "layernorm_fwd": layernorm_fwd,
     "softmax_fwd": softmax_fwd,
+    "log_softmax_fwd": log_softmax_fwd,
+    "dropout_rmsnorm_fwd": dropout_rmsnorm_fwd,
     "rmsnorm_bwd": rmsnorm_bwd,
     "dropout_rmsnorm_bwd": dropout_rmsnorm_bwd,
     "layernorm_bwd": layernorm_bwd,
+    "softmax_bwd": softmax_bwd,
 }
 
 
@@ -113,6 +133,22 @@ def eager(name: str, inputs: list):
     if name == "softmax_fwd":
         (x,) = inputs
         return lambda: (torch.softmax(x, 1),)
+    if name == "log_softmax_fwd":
+        (x,) = inputs
+        return lambda: (torch.log_softmax(x, 1),)
+    if name == "dropout_rmsnorm_fwd":
+        in1, in2, mask, w = inputs
+        scale = 1.0 / (1.0 - DROPOUT_P)
+
+        def dropout_add_rms_norm():
+            x = torch.add(in2, in1 * mask, alpha=scale)
+            y, rstd = aten._fused_rms_norm(x, [x.shape[-1]], w, RMS_EPS)
+            return y, x, rstd.reciprocal()
+
+        return dropout_add_rms_norm
+    if name == "softmax_bwd":
+        y, dy = inputs
+        return lambda: (aten._softmax_backward_data(dy, y, 1, y.dtype),)
     if name == "rmsnorm_bwd":
         x, rms, dy, w = inputs
         rstd = rms.reciprocal()

@@ -49,9 +49,12 @@ SHAPE_BYTES = {
     "rmsnorm_fwd": (lambda s: 2 * s, 4, 1),  # x, y | rstd | w
     "layernorm_fwd": (lambda s: 2 * s, 8, 2),  # x, y | mean, rstd | w, b
     "softmax_fwd": (lambda s: 2 * s, 0, 0),  # x, y
+    "log_softmax_fwd": (lambda s: 2 * s, 0, 0),  # x, y
+    "dropout_rmsnorm_fwd": (lambda s: 4 * s + 1, 4, 1),  # in1, in2, mask, y, x | rms | w
     "rmsnorm_bwd": (lambda s: 3 * s, 4, 2),  # x, dy, dx | rms | w, dw
     "dropout_rmsnorm_bwd": (lambda s: 5 * s + 1, 4, 2),  # in1, in2, mask, dy, g1, g2 | rms | w, dw
     "layernorm_bwd": (lambda s: 3 * s, 8, 3),  # x, dy, dx | mean, rstd | w, dw, db
+    "softmax_bwd": (lambda s: 3 * s, 0, 0),  # y, dy, dx
 }
 
 

@@ -64,6 +64,52 @@ def softmax_fwd(dtype: DataType = DataType.BFloat16) -> FusionDefinition:
     return fd
 
 
+def log_softmax_fwd(dtype: DataType = DataType.BFloat16) -> FusionDefinition:
+    """x [N, H] -> log_softmax over the hidden dimension: (x - max) - log(sum(exp(x - max)))."""
+    with FusionDefinition("log_softmax_fwd") as fd:
+        x = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=dtype)
+        xf = fd.ops.cast(x, F32)
+        shifted = fd.ops.sub(xf, _row(fd, fd.ops.max(xf, dims=[1], keepdim=True), x))
+        lse = fd.ops.log(fd.ops.sum(fd.ops.exp(shifted), dims=[1], keepdim=True))
+        fd.add_output(fd.ops.cast(fd.ops.sub(shifted, _row(fd, lse, x)), dtype))
+    return fd
+
+
+def dropout_rmsnorm_fwd(dtype: DataType = DataType.BFloat16, p: float = 0.1,
+                        eps: float = 1e-6) -> FusionDefinition:
+    """input1, input2 [N, H], dropout_mask [N, H] bool, weight [H] -> y [N, H], the residual
+    sum x = input2 + mask * input1 / (1 - p) [N, H], rms [N, 1] fp32 (= sqrt(mean(x^2) + eps)):
+    the forward whose saved inputs dropout_rmsnorm_bwd takes."""
+    with FusionDefinition("dropout_rmsnorm_fwd") as fd:
+        in1 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=dtype)
+        in2 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=dtype)
+        mask = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Bool)
+        w = fd.define_tensor(shape=[-1], contiguity=[True], dtype=dtype)
+        scale = fd.define_scalar(1.0 / (1.0 - p))
+        x = fd.ops.add(fd.ops.cast(in2, F32),
+                       fd.ops.mul(fd.ops.mul(fd.ops.cast(mask, F32), fd.ops.cast(in1, F32)),
+                                  scale))
+        ms = fd.ops.div(fd.ops.sum(fd.ops.mul(x, x), dims=[1], keepdim=True), x.size(1))
+        rms = fd.ops.sqrt(fd.ops.add(ms, fd.define_scalar(eps)))
+        y = fd.ops.mul(fd.ops.div(x, _row(fd, rms, in1)), fd.ops.cast(w, F32))
+        fd.add_output(fd.ops.cast(y, dtype))
+        fd.add_output(fd.ops.cast(x, dtype))
+        fd.add_output(rms)
+    return fd
+
+
+def softmax_bwd(dtype: DataType = DataType.BFloat16) -> FusionDefinition:
+    """y [N, H] (softmax's output), grad_out [N, H] -> grad_x = y * (grad_out - sum(grad_out *
+    y)) [N, H]."""
+    with FusionDefinition("softmax_bwd") as fd:
+        y = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=dtype)
+        dy = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=dtype)
+        yf, dyf = fd.ops.cast(y, F32), fd.ops.cast(dy, F32)
+        dot = fd.ops.sum(fd.ops.mul(dyf, yf), dims=[1], keepdim=True)
+        fd.add_output(fd.ops.cast(fd.ops.mul(yf, fd.ops.sub(dyf, _row(fd, dot, y))), dtype))
+    return fd
+
+
 def rmsnorm_bwd(dtype: DataType = DataType.BFloat16) -> FusionDefinition:
     """x [N, H], rms [N, 1] fp32 (= sqrt(mean(x^2) + eps)), grad_out [N, H], weight [H]
     -> grad_x [N, H], grad_weight [H]."""
@@ -140,9 +186,12 @@ FUSIONS = {
     "rmsnorm_fwd": rmsnorm_fwd,
     "layernorm_fwd": layernorm_fwd,
     "softmax_fwd": softmax_fwd,
+    "log_softmax_fwd": log_softmax_fwd,
+    "dropout_rmsnorm_fwd": dropout_rmsnorm_fwd,
     "rmsnorm_bwd": rmsnorm_bwd,
     "dropout_rmsnorm_bwd": dropout_rmsnorm_bwd,
     "layernorm_bwd": layernorm_bwd,
+    "softmax_bwd": softmax_bwd,
 }
 
 
@@ -157,10 +206,13 @@ def make_inputs(name: str, rows: int, hidden: int, dtype: DataType, rng: np.rand
 
     x = randn(rows, hidden)
     w = (1.0 + 0.1 * randn(hidden)).astype(storage)
-    if name in ("rmsnorm_fwd", "softmax_fwd"):
+    if name in ("rmsnorm_fwd", "softmax_fwd", "log_softmax_fwd"):
         return [x.astype(storage), w] if name == "rmsnorm_fwd" else [x.astype(storage)]
     if name == "layernorm_fwd":
         return [x.astype(storage), w, (0.1 * randn(hidden)).astype(storage)]
+    if name == "dropout_rmsnorm_fwd":
+        mask = rng.random((rows, hidden)) >= p
+        return [x.astype(storage), randn(rows, hidden).astype(storage), mask, w]
     dy = randn(rows, hidden).astype(storage)
     if name == "rmsnorm_bwd":
         xs = x.astype(storage)
@@ -172,6 +224,10 @@ def make_inputs(name: str, rows: int, hidden: int, dtype: DataType, rng: np.rand
         full = in2.astype(np.float64) + mask * in1.astype(np.float64) / (1 - p)
         rms = np.sqrt(np.mean(full**2, axis=1, keepdims=True) + 1e-6).astype(np.float32)
         return [in1, in2, mask, rms, dy, w]
+    if name == "softmax_bwd":
+        x64 = x.astype(storage).astype(np.float64)
+        e = np.exp(x64 - x64.max(axis=1, keepdims=True))
+        return [(e / e.sum(axis=1, keepdims=True)).astype(storage), dy]
     if name == "layernorm_bwd":
         xs = x.astype(storage)
         x64 = xs.astype(np.float64)

@@ -71,9 +71,16 @@ class T:
     def reciprocal(self):
         return T(1 / self.a)
 
+    def sqrt(self):
+        return T(np.sqrt(self.a))
+
     def softmax(self, dim):
         e = np.exp(self.a - self.a.max(axis=dim, keepdims=True))
         return T(e / e.sum(axis=dim, keepdims=True))
+
+    def log_softmax(self, dim):
+        shifted = self.a - self.a.max(axis=dim, keepdims=True)
+        return T(shifted - np.log(np.exp(shifted).sum(axis=dim, keepdims=True)))
 
     @staticmethod
     def _v(x):
@@ -87,6 +94,9 @@ class T:
 
     def __mul__(self, o):
         return T(self.a * self._v(o))
+
+    def __truediv__(self, o):
+        return T(self.a / self._v(o))
 
     __radd__, __rmul__ = __add__, __mul__
 

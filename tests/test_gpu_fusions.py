@@ -96,6 +96,9 @@ def to_device(arrays, torch_kind=False):
     return out
 
 
+NORM_BACKWARD = ("rmsnorm_bwd", "dropout_rmsnorm_bwd", "layernorm_bwd")  # (..., dy, w) inputs
+
+
 def run_and_validate(name, dtype, hidden, rows, rng, hints=None, torch_kind=False):
     fd = FUSIONS[name](dtype)
     if rows * hidden > FULL_ELEMENTS:
@@ -104,7 +107,7 @@ def run_and_validate(name, dtype, hidden, rows, rng, hints=None, torch_kind=Fals
         return fd
     host = make_inputs(name, rows, hidden, dtype, rng)
     inputs = to_device(host, torch_kind)
-    if hidden <= 3 and name.endswith("_bwd"):
+    if hidden <= 3 and name in NORM_BACKWARD:
         check_short_rows(fd, host, inputs)
     elif hints is None:
         fd.validate(inputs)
@@ -234,7 +237,8 @@ def check_short_rows(fd, host, inputs):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize(("hidden", "rows"), cases([1, 3, 127, 1024, 4096, 8192], [1, 7, 16384]))
-@pytest.mark.parametrize("name", ["rmsnorm_fwd", "layernorm_fwd", "softmax_fwd"])
+@pytest.mark.parametrize("name", ["rmsnorm_fwd", "layernorm_fwd", "softmax_fwd", "log_softmax_fwd",
+                                  "dropout_rmsnorm_fwd"])
 def test_forward_matches_reference(name, hidden, rows, dtype, rng):
     run_and_validate(name, dtype, hidden, rows, rng)
 
@@ -243,7 +247,8 @@ def test_forward_matches_reference(name, hidden, rows, dtype, rng):
 @pytest.mark.parametrize(
     ("hidden", "rows"), cases([1, 3, 127, 1024, 4096, 24578], [1, 7, 1000, 16384])
 )
-@pytest.mark.parametrize("name", ["rmsnorm_bwd", "dropout_rmsnorm_bwd", "layernorm_bwd"])
+@pytest.mark.parametrize("name", ["rmsnorm_bwd", "dropout_rmsnorm_bwd", "layernorm_bwd",
+                                  "softmax_bwd"])
 def test_backward_matches_reference(name, hidden, rows, dtype, rng):
     run_and_validate(name, dtype, hidden, rows, rng)
 
@@ -415,7 +420,9 @@ def test_every_size_runs(name, hidden, dtype, rng):
 @pytest.mark.parametrize(("name", "hidden"), [("dropout_rmsnorm_bwd", 24578),
                                               ("rmsnorm_bwd", 65536), ("layernorm_bwd", 32768),
                                               ("rmsnorm_fwd", 131072), ("softmax_fwd", 65537),
-                                              ("layernorm_fwd", 65536)])
+                                              ("layernorm_fwd", 65536), ("log_softmax_fwd", 65537),
+                                              ("dropout_rmsnorm_fwd", 32768),
+                                              ("softmax_bwd", 65536)])
 def test_cluster_split_rows_match_reference(name, hidden, cluster, rng):
     """Rows split over a thread-block cluster, the row sums exchanged through distributed
     shared memory: outputs, row statistics and column sums against the reference."""

@@ -1,6 +1,6 @@
 """GPU: every hint is honoured with correct results, or refused before launch.
 
-A grid of Hints over the six ready fusions (bf16, 64 rows, hidden 1000 and 4096, and 24576
+A grid of Hints over the nine ready fusions (bf16, 64 rows, hidden 1000 and 4096, and 24576
 for rows split over clusters): one factor at a time (threads_per_row, rows_per_block,
 cluster, stages, storage of every row input, accumulators, finalize_lanes, aligned_copy),
 then a few pairs (threads_per_row x rows_per_block, storage x stages, cluster x storage,
@@ -9,7 +9,8 @@ schedule that does what every hint says, OR refused with a HintError and nothing
 Values the kernels once took and got wrong (threads_per_row 7, 33, 48, 96: the warp
 reduction mixed rows) are in the grid.
 
-624 runs, about 30 s with `pytest -n 8` on an H200 (most of it NVRTC). `pytest -s` prints how
+934 runs (624 over the first six fusions took about 30 s with `pytest -n 8` on an H200,
+most of it NVRTC). `pytest -s` prints how
 many hint sets were honoured and refused; with pytest-xdist, set
 FUSER_HINT_OUTCOMES=file.jsonl and run `python tests/test_gpu_hints.py file.jsonl`.
 """

@@ -17,8 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 import sanitize  # noqa: E402
 
-FUSIONS = ("rmsnorm_fwd", "rmsnorm_bwd", "layernorm_fwd", "layernorm_bwd", "softmax_fwd",
-           "dropout_rmsnorm_bwd")
+from fuser.fusions import FUSIONS  # noqa: E402
 
 
 def makefile_selection(name: str) -> str:
