@@ -8,8 +8,9 @@ fully unrolled); then the next candidate schedule is tried (another storage of t
 The schedule that comes out is the one the binary was built from, so the header comment, the
 cache key and the launch all agree. A build is bounded: past FUSER_BUILD_MAX_COMPILES renders
 (default 32) or FUSER_BUILD_MAX_SECONDS (default 600) it gives up, naming what it tried.
-Where CPUs are free, the next attempts in that order compile at once (FUSER_BUILD_THREADS), and
-the first that does not spill is taken: the same answer, sooner when ptxas spills.
+Once the first attempt has spilled, the next attempts in that order compile at once where CPUs
+are free (FUSER_BUILD_THREADS, default up to DEFAULT_BUILD_THREADS), and the first that does
+not spill is taken: the same answer, sooner when ptxas spills.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -31,6 +33,10 @@ from fuser.schedulers import Hints, Problem, candidates
 from fuser.schedulers.base import FinalizeSchedule, PointwiseSchedule, RowSchedule
 from fuser.schedulers.finalize import finalize_schedule, needs_finalize
 from fuser.signature import KernelSource
+
+# Attempts a build compiles at once, by default, after its first spilled (every ready fusion
+# builds on the H200 preset in at most three compiles: dropout_rmsnorm_bwd from 32768).
+DEFAULT_BUILD_THREADS = 3
 
 
 @dataclass(frozen=True)
@@ -68,9 +74,10 @@ def build(
     cache: KernelCache | None = None,
 ) -> Built:
     """Schedule, render and compile fusion `name` for `problem` on `device`: the first
-    attempt (_attempts' order) that compiles without spills. Up to build_threads() attempts
-    compile at once (NVRTC releases the GIL), and the first in that order that does not spill
-    is taken, so the result is the one compiling them one by one gives."""
+    attempt (_attempts' order) that compiles without spills. After the first attempt spills,
+    up to build_threads() attempts compile at once (NVRTC releases the GIL), and the first in
+    that order that does not spill is taken, so the result is the one compiling them one by
+    one gives. A stored plan (fuser.plans) skips all of it."""
     cache = cache or default_cache()
     plan_key = plans.plan_key(name, info, problem, device, hints)
     planned = _planned(cache, plan_key, name, info, device)
@@ -79,9 +86,12 @@ def build(
     attempts: list[str] = []
     budget = BuildBudget.from_environment(f"fusion '{name}' at hidden {problem.hidden}")
     order = _attempts(name, info, problem, device, hints)
-    width = build_threads()
+    threads = build_threads()
     try:
-        while batch := _next_batch(order, width, budget, attempts, _held(cache, name, device)):
+        # The first attempt alone (most compile cleanly: nothing to compile ahead), then
+        # `threads` at a time once one has spilled.
+        while batch := _next_batch(order, threads if attempts else 1, budget, attempts,
+                                   _held(cache, name, device)):
             for attempt, result in zip(batch, _compiled(batch, name, device, cache), strict=True):
                 if isinstance(attempt, Exception):
                     raise attempt
@@ -179,9 +189,9 @@ def _next_batch(order: Iterator[_Attempt], width: int, budget: BuildBudget,
                 ) -> list[_Attempt | Exception]:
     """Up to `width` next attempts, each counted against the budget; one alone where the
     cache holds it (a process whose kernels are cached compiles nothing ahead). An error on
-    the way (a plan that does not fit, hints no schedule honours, the budget spent) ends the
-    batch as its last item: the build raises it only if no attempt before it compiles
-    cleanly."""
+    the way (a plan that does not fit, hints no schedule honours, the budget spent, a render
+    that fails) ends the batch as its last item: the build raises it only if no attempt
+    before it compiles cleanly, as a build of one attempt at a time would."""
     batch: list[_Attempt | Exception] = []
     while len(batch) < width:
         try:
@@ -189,7 +199,7 @@ def _next_batch(order: Iterator[_Attempt], width: int, budget: BuildBudget,
             budget.spend(attempts)
         except StopIteration:
             break
-        except (HintError, OutOfResourcesError) as exc:
+        except Exception as exc:  # raised where reached, as one attempt at a time would
             batch.append(exc)
             break
         batch.append(attempt)
@@ -212,13 +222,18 @@ def _compiled(batch: list[_Attempt | Exception], name: str, device: DeviceSpec,
     the build has its answer finish in the background (into the cache)."""
     jobs = [(a.source.source, name, device.arch, (str(template_dir()),))
             if isinstance(a, _Attempt) else None for a in batch]
-    if sum(job is not None for job in jobs) <= 1:
-        return [functools.partial(cache.get_or_compile, *job) if job else _never
-                for job in jobs]
+    one_by_one = [functools.partial(cache.get_or_compile, *job) if job else _never
+                  for job in jobs]
+    if sum(job is not None for job in jobs) <= 1 or sys.is_finalizing():
+        return one_by_one  # at interpreter shutdown no thread may start
     from concurrent.futures import ThreadPoolExecutor
 
     pool = ThreadPoolExecutor(len(jobs), thread_name_prefix="fuser-build")
-    futures = [pool.submit(cache.get_or_compile, *job) if job else None for job in jobs]
+    try:
+        futures = [pool.submit(cache.get_or_compile, *job) if job else None for job in jobs]
+    except RuntimeError:  # shutdown began meanwhile: what was submitted finishes unused
+        pool.shutdown(wait=False)
+        return one_by_one
     pool.shutdown(wait=False)
     return [future.result if future else _never for future in futures]
 
@@ -228,19 +243,25 @@ def _never() -> tuple[CompiledModule, str]:
 
 
 def build_threads() -> int:
-    """How many attempts a build compiles at once: $FUSER_BUILD_THREADS, else one. Opt-in:
-    the time limit is checked per batch, not per compile, and a build during interpreter
-    shutdown cannot start threads (found in review; to fix before it becomes the default)."""
+    """How many attempts a build compiles at once: $FUSER_BUILD_THREADS, else
+    DEFAULT_BUILD_THREADS where the process may use that many CPUs (fewer where it may use
+    fewer; one on one CPU). Only a build whose first attempt spills compiles more than one."""
     if os.environ.get("FUSER_BUILD_THREADS") is not None:
         return _positive("FUSER_BUILD_THREADS", 1)
-    return 1
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(DEFAULT_BUILD_THREADS, cpus))
 
 
 @dataclass
 class BuildBudget:
     """How many kernels a build may render and compile, and for how long, before it gives
     up: a fusion whose every schedule spills would otherwise retry every residency of every
-    candidate (over a hundred NVRTC runs, minutes that look like a hang)."""
+    candidate (over a hundred NVRTC runs, minutes that look like a hang). Both are checked
+    before each compile starts: compiles started in time (one, or a batch of them in
+    threads) run to their end."""
 
     what: str
     max_compiles: int

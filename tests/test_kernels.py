@@ -56,22 +56,21 @@ def test_spills_rebuild_for_fewer_blocks_per_sm(tmp_path, monkeypatch):
     assert planned > 1
 
     class Spilling:
-        """The real module, but its row kernel reports spills at the planned residency."""
+        """The real module, but its row kernel reports spills at the planned residency (each
+        module its own flag: builds may compile attempts in threads)."""
 
-        def __init__(self, compiled):
-            self._compiled = compiled
+        def __init__(self, compiled, spilling):
+            self._compiled, self._spilling = compiled, spilling
 
         def resource(self, name):
             r = self._compiled.resource(name)
-            return dataclasses.replace(r, spill_stores=64) if spilling else r
+            return dataclasses.replace(r, spill_stores=64) if self._spilling else r
 
     def get_or_compile(source, *args):
-        nonlocal spilling
-        spilling = f"__launch_bounds__({first.schedule.threads}, {planned})" in source
         compiled, path = real(source, *args)
-        return Spilling(compiled), path
+        return Spilling(compiled, f"__launch_bounds__({first.schedule.threads}, {planned})"
+                        in source), path
 
-    spilling = False
     monkeypatch.setattr(cache, "get_or_compile", get_or_compile)
     built = _build(cache)
     assert built.schedule.blocks_per_sm == planned - 1
@@ -306,11 +305,58 @@ def test_an_attempt_after_the_answer_cannot_fail_the_build(tmp_path, monkeypatch
         _build(_Failing(cache, lambda source: source == first))
 
 
+class _FirstSpills(_AlwaysSpilling):
+    """A cache whose first module reports spills, the others as compiled."""
+
+    def get_or_compile(self, source, *args):
+        compiled, path = self.cache.get_or_compile(source, *args)
+        self.calls += 1
+        return (_Spilled(compiled) if self.calls == 1 else compiled), path
+
+
+def test_the_first_attempt_compiles_alone_then_a_batch(tmp_path, monkeypatch):
+    """Most builds compile their first attempt cleanly, so it compiles alone; after it
+    spills, the next attempts render and compile together. An error rendering a later one
+    of that batch (any exception, not only a FuserError) counts only where the build gets to
+    it: the batch's first attempt here compiles cleanly and is the answer."""
+    monkeypatch.setenv("FUSER_BUILD_THREADS", "4")
+    real, rendered = kernels._render, []
+
+    def render(*args):
+        rendered.append(args[2])
+        if len(rendered) > 2:
+            raise ZeroDivisionError("planted render bug")
+        return real(*args)
+
+    monkeypatch.setattr(kernels, "_render", render)
+    cache = _FirstSpills(KernelCache(str(tmp_path)))
+    built = _build(cache)
+    assert built.schedule == rendered[1] and len(rendered) == 3 and cache.calls == 2
+
+
+def test_builds_at_interpreter_shutdown_compile_one_at_a_time(tmp_path, monkeypatch):
+    """No thread may start once the interpreter is finalizing (an atexit hook that builds):
+    the batch compiles in the calling thread instead."""
+    import threading
+
+    monkeypatch.setenv("FUSER_BUILD_THREADS", "4")
+    monkeypatch.setattr(kernels.sys, "is_finalizing", lambda: True)
+    started = []
+    monkeypatch.setattr(threading.Thread, "start", lambda self: started.append(self))
+    built = _build(KernelCache(str(tmp_path)), "dropout_rmsnorm_bwd", 65536)
+    assert started == [] and built.schedule is not None
+
+
 def test_build_threads(monkeypatch):
     monkeypatch.delenv("FUSER_BUILD_THREADS", raising=False)
-    for cpus in (None, 2, 16, 128):  # opt-in: one unless asked
-        monkeypatch.setattr(kernels.os, "cpu_count", lambda c=cpus: c)
-        assert kernels.build_threads() == 1
+    for cpus, threads in ((1, 1), (2, 2), (16, kernels.DEFAULT_BUILD_THREADS),
+                          (128, kernels.DEFAULT_BUILD_THREADS)):  # the CPUs it may use
+        monkeypatch.setattr(kernels.os, "sched_getaffinity", lambda pid, c=cpus: set(range(c)),
+                            raising=False)
+        assert kernels.build_threads() == threads
+    monkeypatch.delattr(kernels.os, "sched_getaffinity", raising=False)
+    monkeypatch.setattr(kernels.os, "cpu_count", lambda: None)
+    assert kernels.build_threads() == 1
     monkeypatch.setenv("FUSER_BUILD_THREADS", "3")
     assert kernels.build_threads() == 3
     monkeypatch.setenv("FUSER_BUILD_THREADS", "0")
