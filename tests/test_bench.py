@@ -414,10 +414,11 @@ def test_startup_summary_and_its_child_script():
 
     compile(CHILD, "<startup child>", "exec")  # the probe each fresh process runs parses
     cold = {"import_ms": 90.0, "first_call_ms": 2500.0, "cache": {"compiles": 3, "disk_hits": 0}}
-    warm = [{"import_ms": m, "first_call_ms": f, "cache": {"compiles": 0, "disk_hits": 1}}
+    warm = [{"import_ms": m, "first_call_ms": f,
+             "cache": {"compiles": 0, "disk_hits": 1, "plan_hits": 1}}
             for m, f in ((80.0, 300.0), (100.0, 200.0), (85.0, 250.0))]
     assert summarize(cold, warm) == {
         "import_ms": 85.0, "cold_first_call_s": 2.5, "cold_compiles": 3,
-        "warm_first_call_ms": 250.0, "warm_disk_hits": [1, 1, 1]}
+        "warm_first_call_ms": 250.0, "warm_disk_hits": [1, 1, 1], "warm_plan_hits": [1, 1, 1]}
     a = parse_args(["--fusion", "softmax_fwd", "--kind", "cupy", "--warm-runs", "2"])
     assert (a.fusion, a.kind, a.warm_runs, a.hidden, a.rows) == ("softmax_fwd", "cupy", 2, 1024, 16)
