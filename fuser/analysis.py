@@ -80,6 +80,9 @@ class FusionInfo:
             f"scalar inputs:     {names(self.scalar_inputs)}",
             f"persistent:        {names(self.persistent)}",
         ]
+        if strided := strided_inputs(self.fusion):
+            lines.append(f"strided inputs:    {names(strided)} (copied to contiguous arrays "
+                         "when passed strided)")
         for i, level in enumerate(self.inner_levels):
             lines.append(
                 f"inner level {i}:     "
@@ -241,15 +244,16 @@ def _role(v: Val, row_axes: tuple[Extent, ...], hidden_axis: Extent | None) -> R
     }[(has_row, has_hidden)]
 
 
+def strided_inputs(fusion: Fusion) -> tuple[Tensor, ...]:
+    """Tensor inputs declared non-contiguous (a False in their contiguity): the kernels read
+    contiguous rows, so execute() copies an array passed for one that is not contiguous into
+    a contiguous one first (one read and one write of it)."""
+    return tuple(t for t in fusion.inputs
+                 if isinstance(t, Tensor) and any(c is False for c in t.contiguity))
+
+
 def _check_inputs_and_outputs(lowered: Fusion, roles: dict) -> None:
-    """Contiguous inputs, and outputs with a row or hidden dimension."""
-    for t in lowered.inputs:
-        if isinstance(t, Tensor) and any(c is False for c in t.contiguity):
-            raise UnsupportedFusionError(
-                f"input {t.name} is declared non-contiguous (contiguity {list(t.contiguity)}); "
-                "fuser kernels read contiguous rows: pass .contiguous() tensors and declare "
-                "contiguity True"
-            )
+    """Outputs with a row or hidden dimension."""
     for o in lowered.outputs:
         if roles[o] is Role.SCALAR:
             raise UnsupportedFusionError(

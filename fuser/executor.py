@@ -7,7 +7,8 @@ as the driver reports it for the loaded kernel, plus the planned dynamic bytes) 
 device's opt-in limit. Nothing in a kernel traps on a condition the host could have checked.
 
 CuPy arrays in give CuPy arrays out; torch CUDA tensors in give torch tensors out (allocated by
-torch, launched on torch's current stream, no copies).
+torch, launched on torch's current stream, no copies, except of a strided array passed for an
+input declared non-contiguous: the kernels read contiguous rows).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from functools import cache
 
 import numpy as np
 
-from fuser.analysis import FusionInfo, analyze
+from fuser.analysis import FusionInfo, analyze, strided_inputs
 from fuser.checks import check_device, check_pointer, scalar_value
 from fuser.compile import CompiledModule
 from fuser.device import DeviceSpec
@@ -151,7 +152,10 @@ def _check_tensor(i: int, t: Tensor, x, torch_kind: bool):
         raise BadInputError(f"{where} has dtype {x.dtype}; the definition declares {t.dtype}")
     if not contiguous:
         fix = "x.contiguous()" if torch_kind else "cupy.ascontiguousarray(x)"
-        raise BadInputError(f"{where} with shape {tuple(x.shape)} is not contiguous; pass {fix}")
+        raise BadInputError(
+            f"{where} with shape {tuple(x.shape)} is not contiguous, and the definition declares "
+            f"it contiguous; pass {fix}, or declare a False in its contiguity (fuser then copies "
+            "a strided array to a contiguous one before the kernels)")
     return tuple(int(s) for s in x.shape), ptr, dev
 
 
@@ -383,7 +387,7 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
 
 
 def execute(fd, inputs: list, *, device=None, hints: Hints | None = None):
-    inputs = list(inputs)
+    inputs = _contiguous(fd, list(inputs))
     plans = fd.__dict__.setdefault("_plans", {})
     try:
         key = (_signature(inputs), device, hints)
@@ -408,6 +412,30 @@ def execute(fd, inputs: list, *, device=None, hints: Hints | None = None):
     outputs = _run(plan, inputs, pointers)
     fd._last_run = Run(plan.kernel, plan.launch, plan.finalize_launch)
     return outputs
+
+
+def _contiguous(fd, inputs: list) -> list:
+    """`inputs`, with a contiguous copy of each array that is passed, not contiguous, for an
+    input the definition declares non-contiguous (analysis.strided_inputs): the kernels read
+    contiguous rows. The copy is the array library's (x.contiguous(), cupy.ascontiguousarray),
+    one read and one write of that input. Inputs declared contiguous are not copied: a strided
+    array there is refused with the fix (_check_tensor)."""
+    stamp = len(fd.fusion.vals)
+    cached = fd.__dict__.get("_strided_cache")
+    if cached is None or cached[0] != stamp:
+        positions = {v: i for i, v in enumerate(fd.fusion.inputs)}
+        fd._strided_cache = cached = (stamp, tuple(positions[t]
+                                                   for t in strided_inputs(fd.fusion)))
+    for i in cached[1]:
+        if i >= len(inputs):
+            continue  # the input count is checked with the rest
+        x = inputs[i]
+        if _is_torch(x):
+            if not x.is_contiguous():
+                inputs[i] = x.contiguous()
+        elif hasattr(x, "flags") and hasattr(x, "device") and not x.flags.c_contiguous:
+            inputs[i] = _cupy().ascontiguousarray(x)
+    return inputs
 
 
 def segments_of(fd) -> Segmentation | None:

@@ -1,0 +1,106 @@
+"""Inputs declared non-contiguous: the kernels read contiguous rows, so execute() copies a
+strided array passed for such an input into a contiguous one first; `show` and explain() say
+so. Inputs declared contiguous stay uncopied, and a strided array there is refused with both
+ways out."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fuser.executor as executor
+from fuser import BadInputError, DataType, FusionDefinition
+from fuser.analysis import analyze, strided_inputs
+from fuser.explain import explain
+from fuser.reference import compare, evaluate, input_sensitivity, output_reduction_sizes
+
+
+def _rms(contiguity=(False, True)) -> FusionDefinition:
+    """y = x * rsqrt(mean(x^2) + eps) * w, x declared with `contiguity`."""
+    with FusionDefinition("strided_rms") as fd:
+        x = fd.define_tensor(shape=[-1, -1], contiguity=list(contiguity), dtype=DataType.Float)
+        w = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)
+        ms = fd.ops.div(fd.ops.sum(fd.ops.mul(x, x), dims=[1], keepdim=True), x.size(1))
+        rstd = fd.ops.rsqrt(fd.ops.add(ms, fd.define_scalar(1e-6)))
+        fd.add_output(fd.ops.mul(fd.ops.mul(x, fd.ops.broadcast_in_dim(rstd, x.shape(), [0, 1])),
+                                 w))
+    return fd
+
+
+def test_a_non_contiguous_input_is_scheduled_and_shown_as_copied():
+    fd = _rms()
+    info = analyze(fd.fusion)
+    assert [t.name for t in strided_inputs(info.fusion)] == ["T0"]
+    report = explain(fd, [(64, 4096), (4096,)])
+    assert "strided inputs:    T0:Float (copied to contiguous arrays when passed strided)" in str(
+        report)
+    contiguous = explain(_rms((True, True)), [(64, 4096), (4096,)])
+    assert "strided inputs" not in str(contiguous)
+    assert report.schedule == contiguous.schedule  # the kernels read the same rows
+
+
+def test_only_strided_arrays_at_inputs_declared_non_contiguous_are_copied():
+    torch = pytest.importorskip("torch")
+    fd = _rms()
+    base = torch.arange(12.0).reshape(4, 3)
+    strided, w = base.t(), torch.ones(4)  # a transposed view: [3, 4], strides (1, 3)
+    out = executor._contiguous(fd, [strided, w])
+    assert out[0].is_contiguous() and torch.equal(out[0], strided) and out[1] is w
+    ready = base.clone()
+    assert executor._contiguous(fd, [ready, w])[0] is ready  # nothing to copy
+    declared = _rms((True, True))
+    assert executor._contiguous(declared, [strided, w])[0] is strided  # left to the checks
+
+
+@pytest.mark.gpu
+def test_a_strided_array_for_an_input_declared_contiguous_names_both_fixes():
+    torch = pytest.importorskip("torch")
+    x, w = torch.zeros(4, 3, device="cuda").t(), torch.ones(4, device="cuda")
+    with pytest.raises(BadInputError, match=r"(?s)not contiguous.*declares it contiguous; pass "
+                       r"x.contiguous\(\), or declare a False in its contiguity"):
+        _rms((True, True)).execute([x, w])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["cupy", "torch"])
+@pytest.mark.parametrize(("rows", "hidden"), [(7, 1000), (300, 4099), (64, 24578)])
+def test_strided_views_match_the_reference(kind, rows, hidden, rng):
+    """A transposed view and a column slice (a storage offset, rows strided) of a bigger
+    array, against the float64 reference of the same values."""
+    fd = _rms()
+    wide = rng.standard_normal((rows, hidden + 3)).astype(np.float32)
+    w = (1.0 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)
+    if kind == "torch":
+        torch = pytest.importorskip("torch")
+
+        def as_device(a):
+            return torch.from_numpy(np.ascontiguousarray(a)).cuda()
+
+        views = [as_device(wide.T).t()[:, :hidden], as_device(wide)[:, 3:]]
+    else:
+        import cupy
+
+        as_device = cupy.asarray
+        views = [cupy.asarray(wide.T).T[:, :hidden], cupy.asarray(wide)[:, 3:]]
+    for x in views:
+        host = [np.asarray(executor.to_host(x)), w]
+        outs = fd.execute([x, as_device(w)])
+        refs = evaluate(fd.fusion, host)
+        compare([executor.to_host(o) for o in outs], refs, fd.fusion,
+                output_reduction_sizes(fd.fusion, host), input_sensitivity(fd.fusion, host, refs))
+
+
+def test_a_strided_input_of_a_segmented_fusion_is_cut_as_a_contiguous_one():
+    """x - sum(x, dims=[0]) runs as segments; declared non-contiguous, its x is copied once
+    by the whole fusion's execute, before the segments run."""
+    from fuser.executor import segments_of
+
+    def centered(contiguity):
+        with FusionDefinition("centered") as fd:
+            x = fd.define_tensor([-1, -1], contiguity=contiguity)
+            fd.add_output(fd.ops.sub(x, fd.ops.sum(x, [0], keepdim=True)))
+        return fd
+
+    strided, plain = segments_of(centered([False, True])), segments_of(centered([True, True]))
+    assert strided is not None and plain is not None
+    assert len(strided.segments) == len(plain.segments) == 2
