@@ -264,22 +264,84 @@ def _check_inputs_and_outputs(lowered: Fusion, roles: dict) -> None:
 
 def _check_row_sizes(lowered: Fusion, row_axes: tuple[Extent, ...]) -> None:
     """With several row axes, a kernel knows only their product (the rows): the size of one
-    of them may shape a broadcast, not enter arithmetic."""
+    of them may shape a broadcast, or be a factor of a product that multiplies every row axis
+    once (row_counts: a mean over the leading dimensions), not enter other arithmetic."""
     if len(row_axes) < 2:
         return
+    counts = row_counts(lowered, row_axes)
+    partial = {p for factors in counts.values() for p in factors.partial}
     for v in lowered.vals:
         e = v.definition
-        if (e is None or e.op != "size" or not isinstance(v, Scalar) or v.extent is None
-                or v.extent.find() not in row_axes):
+        if v in partial:
+            what = f"{v.name}, a product of some of the {len(row_axes)} leading dimensions' sizes"
+        elif (e is not None and e.op == "size" and isinstance(v, Scalar)
+                and v.extent is not None and v.extent.find() in row_axes):
+            what = (f"{v.name} = size of {e.inputs[0].name} dimension {e.attr('dim')}, one of "
+                    f"the {len(row_axes)} leading dimensions,")
+        else:
             continue
-        used = [u.op for u in lowered.uses(v) if u.op != "broadcast_in_dim"]
+        used = [u.op for u in lowered.uses(v) if u.op != "broadcast_in_dim"
+                and not (u.op == "mul" and (u.outputs[0] in counts or u.outputs[0] in partial))]
         if used:
             raise UnsupportedFusionError(
-                f"{v.name} = size of {e.inputs[0].name} dimension {e.attr('dim')}, one of the "
-                f"{len(row_axes)} leading dimensions, feeds {used[0]}: kernels over N-D rows "
-                "know only the number of rows (their product); flatten the leading dimensions "
-                "into one, or pass the size as a scalar input"
+                f"{what} feeds {used[0]}: kernels over N-D rows know only the number of rows "
+                "(their product, which a product of every leading size may use); flatten the "
+                "leading dimensions into one, or pass the size as a scalar input"
             )
+
+
+@dataclass(frozen=True)
+class RowCount:
+    """A product of sizes that multiplies every row axis once: the number of rows times
+    `others` (sizes of the hidden axis or of broadcast axes); `partial` are the products
+    inside it that leave a row axis out (no kernel knows those)."""
+
+    others: tuple[Scalar, ...]
+    partial: tuple[Scalar, ...]
+
+
+def row_counts(fusion: Fusion, row_axes: tuple[Extent, ...]) -> dict[Scalar, RowCount]:
+    """The products of sizes (mul of sizes, at any nesting) in `fusion` that hold every row
+    axis exactly once, as a mean over the leading dimensions of an N-D tensor counts its
+    elements (var_mean over dims [0, 1, 2] of [N, H, W, C]): a kernel over N-D rows knows the
+    row count, not each leading size, and such a product is that count times the rest."""
+    roots = sorted(row_axes, key=id)
+    out: dict[Scalar, RowCount] = {}
+    for v in fusion.vals:
+        if not isinstance(v, Scalar) or v.definition is None or v.definition.op != "mul":
+            continue
+        factors = _size_factors(v)
+        if factors is None:
+            continue
+        extents = [s.extent.find() if s.extent is not None else None for s in factors[0]]
+        if sorted((e for e in extents if e in row_axes), key=id) == roots:
+            others = tuple(s for s, e in zip(factors[0], extents, strict=True)
+                           if e not in row_axes)
+            out[v] = RowCount(others, factors[1])
+    return {v: RowCount(c.others, tuple(p for p in c.partial if p not in out))
+            for v, c in out.items()}
+
+
+def _size_factors(v: Scalar) -> tuple[list[Scalar], tuple[Scalar, ...]] | None:
+    """The size leaves of the mul tree `v` is (with repeats) and its inner products, or None
+    where a leaf is not a size."""
+    leaves: list[Scalar] = []
+    products: list[Scalar] = []
+    stack: list[Val] = [v]
+    while stack:
+        u = stack.pop()
+        e = u.definition
+        if not isinstance(u, Scalar) or e is None:
+            return None
+        if e.op == "size":
+            leaves.append(u)
+        elif e.op == "mul":
+            if u is not v:
+                products.append(u)
+            stack.extend(e.inputs)
+        else:
+            return None
+    return leaves, tuple(products)
 
 
 class _Reductions:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 
-from fuser.analysis import FusionInfo, Role
+from fuser.analysis import FusionInfo, Role, row_counts
 from fuser.dtypes import DataType
 from fuser.errors import FuserError
 from fuser.ir import Expr, Scalar, Tensor, Val
@@ -190,21 +190,27 @@ def scalar_prologue(info: FusionInfo) -> tuple[list[str], dict[Val, str]]:
                     if extent is info.hidden_axis else "n_rows")
             lines.append(f"const long long {v.name} = {size};")
             env[v] = v.name
+    if unknown:
+        for v, count in row_counts(info.fusion, info.row_axes).items():
+            factors = " * ".join(["n_rows"] + [env[s] for s in count.others])
+            lines.append(f"const long long {v.name} = {factors};")
+            env[v] = v.name
     emitter = Emitter(info, env, "")
-    scalars = [v for v in info.fusion.vals
-               if isinstance(v, Scalar) and v not in env and not _depends_on(v, unknown)]
+    scalars = [v for v in info.fusion.vals if isinstance(v, Scalar) and v not in env
+               and not _depends_on(v, unknown, env)]
     lines += emitter.emit(scalars)
     return lines, emitter.env
 
 
-def _depends_on(v: Val, values: set[Val]) -> bool:
-    """Whether `v` is one of `values` or computed from one."""
+def _depends_on(v: Val, values: set[Val], bound: dict[Val, str]) -> bool:
+    """Whether `v` is one of `values` or computed from one, other than through a value
+    already `bound`."""
     stack, seen = [v], set()
     while stack:
         u = stack.pop()
         if u in values:
             return True
-        if u not in seen and u.definition is not None:
+        if u not in seen and u.definition is not None and u not in bound:
             seen.add(u)
             stack.extend(u.definition.inputs)
     return False

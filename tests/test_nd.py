@@ -7,6 +7,8 @@ N-D rows cannot run is refused with a message that says why."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -112,6 +114,36 @@ def test_the_size_of_one_leading_dimension_in_arithmetic_is_refused():
         fd.add_output(fd.ops.div(fd.ops.sum(x, dims=[2], keepdim=True), x.size(0)))
     with pytest.raises(UnsupportedFusionError, match=r"one of the 2 leading dimensions, feeds "
                                                      r"div: kernels over N-D rows know only"):
+        analyze(fd.fusion)
+
+
+def test_a_count_of_every_leading_dimension_is_the_row_count(tmp_path):
+    """x / (B * S) over [B, S, H]: the product of every leading size, in any nesting, is the
+    kernel's row count (times the other factors); the oracle and the kernel agree on it."""
+    from fuser.cache import KernelCache
+    from fuser.kernels import build
+
+    with FusionDefinition("per_count") as fd:
+        x = fd.define_tensor(shape=[-1, -1, -1], contiguity=[True, True, True], dtype=F32)
+        count = fd.ops.mul(fd.ops.mul(x.size(1), x.size(2)), x.size(0))
+        fd.add_output(fd.ops.div(x, count))
+    info = analyze(fd.fusion)
+    built = build(fd.name, info, Problem(1000, 6, 16), H200, cache=KernelCache(str(tmp_path)))
+    assert re.search(r"const long long S\d+ = n_rows \* S2;",
+                     built.source.source), built.source.source
+    x = np.arange(2 * 3 * 1000, dtype=np.float32).reshape(2, 3, 1000)
+    np.testing.assert_array_equal(evaluate(fd.fusion, [x])[0], x / 6000)
+
+
+def test_a_part_of_the_row_count_in_other_arithmetic_is_refused():
+    with FusionDefinition("part_of_count") as fd:
+        x = fd.define_tensor(shape=[-1, -1, -1, -1], contiguity=[True] * 4, dtype=F32)
+        part = fd.ops.mul(x.size(0), x.size(1))
+        fd.add_output(fd.ops.div(fd.ops.sum(x, dims=[3], keepdim=True),
+                                 fd.ops.mul(part, x.size(2))))
+        fd.add_output(fd.ops.add(x, part))
+    with pytest.raises(UnsupportedFusionError, match=r"S\d+, a product of some of the 3 leading "
+                                                     r"dimensions' sizes feeds add"):
         analyze(fd.fusion)
 
 

@@ -179,6 +179,28 @@ def long_name(fd):
     fd.add_output(fd.ops.sub(x, fd.ops.sum(x, [0], keepdim=True)))
 
 
+def var_mean_3d(fd):
+    """var_mean over [B, S] divides by B * S: the row count, all a kernel over N-D rows
+    knows of the leading sizes."""
+    x = fd.define_tensor([-1, -1, -1])
+    var, mean = fd.ops.var_mean(x, [0, 1], correction=0, keepdim=True)
+    fd.add_output(fd.ops.mul(fd.ops.sub(x, mean), var))
+
+
+def batch_norm_nhwc(fd):
+    """Channels-last BatchNorm in training: statistics over N, H and W per channel, then
+    the normalization with a weight and bias; mean and rstd out per channel."""
+    x = fd.define_tensor([-1, -1, -1, -1])
+    w, b = fd.define_tensor([-1]), fd.define_tensor([-1])
+    var, mean = fd.ops.var_mean(x, [0, 1, 2], correction=0, keepdim=False)
+    rstd = fd.ops.rsqrt(fd.ops.add(var, 1e-5))
+    xhat = fd.ops.mul(fd.ops.sub(x, fd.ops.broadcast_in_dim(mean, x.shape(), [3])),
+                      fd.ops.broadcast_in_dim(rstd, x.shape(), [3]))
+    fd.add_output(fd.ops.add(fd.ops.mul(xhat, w), b))
+    fd.add_output(mean)
+    fd.add_output(rstd)
+
+
 LONG = "n" * MAX_NAME_LENGTH
 CASES = {  # name -> (builder, segments, inputs: a shape (standard normal float32) or a float)
     "two_statistics": (two_statistics, 2, [(30, 17)]),
@@ -196,6 +218,8 @@ CASES = {  # name -> (builder, segments, inputs: a shape (standard normal float3
     "narrow_output_read_later": (narrow_output_read_later, 2, [(30, 17)]),
     "softmax_dim0_narrow": (softmax_dim0_narrow, 3, [(30, 17)]),
     "cast_statistics": (cast_statistics, 2, [(30, 17)]),
+    "var_mean_3d": (var_mean_3d, 3, [(3, 10, 17)]),
+    "batch_norm_nhwc": (batch_norm_nhwc, 3, [(2, 3, 5, 17), (17,), (17,)]),
     LONG: (long_name, 2, [(30, 17)]),
 }
 
@@ -298,17 +322,18 @@ def rows_of_unrelated_sizes(fd):
     fd.add_output(fd.ops.add(z, fd.ops.broadcast_in_dim(s, [z.size(0), x.size(1)], [1])))
 
 
-def var_mean_3d(fd):
-    """var_mean over [B, S] divides by B * S: a kernel over N-D rows knows only the rows."""
-    x = fd.define_tensor([-1, -1, -1])
-    var, mean = fd.ops.var_mean(x, [0, 1], correction=0, keepdim=True)
-    fd.add_output(fd.ops.mul(fd.ops.sub(x, mean), var))
+def mean_over_some_leading_dims(fd):
+    """A count of two of three leading dimensions: no kernel over N-D rows knows it."""
+    x = fd.define_tensor([-1, -1, -1, -1])
+    count = fd.ops.mul(x.size(0), x.size(1))
+    fd.add_output(fd.ops.div(fd.ops.sum(x, [0, 1, 2]), count))
 
 
 REFUSED = {  # builder -> what the error says (the segment's reason, or the whole fusion's)
     three_d_over_dim_0: r"(?s)Cutting fusion .* segment 0 \(T1\).*T1 spans 2 of the fusion's 3",
     rows_of_unrelated_sizes: r"(?s)Cutting fusion .* segment 1 .*T1 spans 2 of the fusion's 2",
-    var_mean_3d: r"(?s)Cutting fusion .* segment 1 .*flatten the leading dimensions",
+    mean_over_some_leading_dims: r"(?s)S\d+ = size of T0 dimension 0, one of the 3 leading "
+                                 r"dimensions, feeds mul",
 }
 
 
@@ -336,6 +361,8 @@ def test_segmented_fusion_matches_the_oracle_on_the_gpu(name, shape):
     ndim = len(CASES[name][2][0])
     if ndim == 3:
         shape = (2, shape[0] // 2 + 1, shape[1]) if shape[0] > 7 else (1, 7, shape[1])
+    elif ndim == 4:
+        shape = (2, 5, shape[0] // 10 + 1, shape[1]) if shape[0] > 7 else (1, 1, 7, shape[1])
     fd = _fd(name)
     fd.validate([cupy.asarray(a) if isinstance(a, np.ndarray) else a
                  for a in _inputs(fd, name, shape)])
