@@ -16,9 +16,12 @@ dynamo traces them without module look-ups.
 
 from __future__ import annotations
 
+from fuser.fusions import INV_SQRT_2PI, SQRT_HALF, TANH_CUBIC, TANH_SCALE
+
 RMS_EPS = 1e-6  # fusions.rmsnorm_fwd
-LN_EPS = 1e-5  # fusions.layernorm_fwd
-DROPOUT_P = 0.1  # fusions.dropout_rmsnorm_fwd and _bwd
+LN_EPS = 1e-5  # fusions.layernorm_fwd and dropout_layernorm_fwd
+BN_EPS = 1e-5  # fusions.batchnorm_fwd
+DROPOUT_P = 0.1  # fusions.dropout_rmsnorm_fwd and _bwd, dropout_layernorm_fwd
 
 
 def rmsnorm_fwd(x, w):
@@ -91,16 +94,101 @@ def softmax_bwd(y, dy):
     return ((yf * (dyf - (dyf * yf).sum(1, keepdim=True))).to(y.dtype),)
 
 
+def dropout_layernorm_fwd(in1, in2, mask, w, b):
+    x = in2.float() + mask.float() * in1.float() * (1.0 / (1.0 - DROPOUT_P))
+    mean = x.mean(1, keepdim=True)
+    rstd = x.var(1, correction=0, keepdim=True).add(LN_EPS).rsqrt()
+    return ((x - mean) * rstd * w.float() + b.float()).to(in1.dtype), x.to(in1.dtype), mean, rstd
+
+
+def _gelu(x, approximate: str):
+    """(gelu(x), gelu'(x)) of an fp32 x, as fusions._gelu."""
+    if approximate == "none":
+        cdf = ((x * SQRT_HALF).erf() + 1.0) * 0.5
+        return x * cdf, cdf + x * (x * x * -0.5).exp() * INV_SQRT_2PI
+    t = ((x + x * x * x * TANH_CUBIC) * TANH_SCALE).tanh()
+    cdf = (t + 1.0) * 0.5
+    slope = x * 0.5 * (t * t * -1.0 + 1.0) * (x * x * (3 * TANH_CUBIC) + 1.0) * TANH_SCALE
+    return x * cdf, cdf + slope
+
+
+def _bias_gelu_fwd(approximate: str):
+    def bias_gelu(x, b):
+        return (_gelu(x.float() + b.float(), approximate)[0].to(x.dtype),)
+
+    return bias_gelu
+
+
+def _bias_gelu_bwd(approximate: str):
+    def bias_gelu_backward(x, b, dy):
+        dx = dy.float() * _gelu(x.float() + b.float(), approximate)[1]
+        return dx.to(x.dtype), dx.sum(0).to(x.dtype)
+
+    return bias_gelu_backward
+
+
+def _silu(a):
+    sig = a.sigmoid()
+    return a * sig, sig * (a * (sig * -1.0 + 1.0) + 1.0)
+
+
+def _glu_fwd(activation):
+    def glu(a, b):
+        return ((activation(a.float())[0] * b.float()).to(a.dtype),)
+
+    return glu
+
+
+def _glu_bwd(activation):
+    def glu_backward(a, b, dy):
+        act, slope = activation(a.float())
+        dyf = dy.float()
+        return (dyf * b.float() * slope).to(a.dtype), (dyf * act).to(a.dtype)
+
+    return glu_backward
+
+
+def _gelu_tanh(x):
+    return _gelu(x, "tanh")
+
+
+def batchnorm_fwd(x, w, b):
+    xf = x.float()
+    mean = xf.mean(0)
+    rstd = xf.var(0, correction=0).add(BN_EPS).rsqrt()
+    return ((xf - mean) * rstd * w.float() + b.float()).to(x.dtype), mean, rstd
+
+
+def batchnorm_bwd(x, mean, rstd, dy, w):
+    dyf = dy.float()
+    xhat = (x.float() - mean) * rstd
+    n = x.shape[0]
+    db, dw = dyf.sum(0), (dyf * xhat).sum(0)
+    dx = w.float() * rstd * (dyf - db / n - xhat * (dw / n))
+    return dx.to(x.dtype), dw.to(x.dtype), db.to(x.dtype)
+
+
 FORMULAS = {
     "rmsnorm_fwd": rmsnorm_fwd,
     "layernorm_fwd": layernorm_fwd,
     "softmax_fwd": softmax_fwd,
     "log_softmax_fwd": log_softmax_fwd,
     "dropout_rmsnorm_fwd": dropout_rmsnorm_fwd,
+    "dropout_layernorm_fwd": dropout_layernorm_fwd,
     "rmsnorm_bwd": rmsnorm_bwd,
     "dropout_rmsnorm_bwd": dropout_rmsnorm_bwd,
     "layernorm_bwd": layernorm_bwd,
     "softmax_bwd": softmax_bwd,
+    "gelu_fwd": _bias_gelu_fwd("none"),
+    "gelu_tanh_fwd": _bias_gelu_fwd("tanh"),
+    "gelu_bwd": _bias_gelu_bwd("none"),
+    "gelu_tanh_bwd": _bias_gelu_bwd("tanh"),
+    "swiglu_fwd": _glu_fwd(_silu),
+    "swiglu_bwd": _glu_bwd(_silu),
+    "geglu_fwd": _glu_fwd(_gelu_tanh),
+    "geglu_bwd": _glu_bwd(_gelu_tanh),
+    "batchnorm_fwd": batchnorm_fwd,
+    "batchnorm_bwd": batchnorm_bwd,
 }
 
 
@@ -146,6 +234,48 @@ def eager(name: str, inputs: list):
             return y, x, rstd.reciprocal()
 
         return dropout_add_rms_norm
+    if name == "dropout_layernorm_fwd":
+        in1, in2, mask, w, b = inputs
+        scale = 1.0 / (1.0 - DROPOUT_P)
+
+        def dropout_add_layer_norm():
+            x = torch.add(in2, in1 * mask, alpha=scale)
+            y, mean, rstd = aten.native_layer_norm(x, [x.shape[-1]], w, b, LN_EPS)
+            return y, x, mean, rstd
+
+        return dropout_add_layer_norm
+    if name in ("gelu_fwd", "gelu_tanh_fwd"):
+        x, b = inputs
+        approximate = "tanh" if "tanh" in name else "none"
+        return lambda: (torch.nn.functional.gelu(x + b, approximate=approximate),)
+    if name in ("gelu_bwd", "gelu_tanh_bwd"):
+        x, b, dy = inputs
+        approximate = "tanh" if "tanh" in name else "none"
+
+        def bias_gelu_backward():
+            dx = aten.gelu_backward(dy, x + b, approximate=approximate)
+            return dx, dx.sum(0)
+
+        return bias_gelu_backward
+    if name in ("swiglu_fwd", "geglu_fwd"):
+        a, b = inputs
+        if name == "swiglu_fwd":
+            return lambda: (torch.nn.functional.silu(a) * b,)
+        return lambda: (torch.nn.functional.gelu(a, approximate="tanh") * b,)
+    if name == "swiglu_bwd":
+        a, b, dy = inputs
+        return lambda: (aten.silu_backward(dy * b, a), dy * torch.nn.functional.silu(a))
+    if name == "geglu_bwd":
+        a, b, dy = inputs
+        return lambda: (aten.gelu_backward(dy * b, a, approximate="tanh"),
+                        dy * torch.nn.functional.gelu(a, approximate="tanh"))
+    if name == "batchnorm_fwd":
+        x, w, b = inputs
+        return lambda: aten.native_batch_norm(x, w, b, None, None, True, 0.0, BN_EPS)
+    if name == "batchnorm_bwd":
+        x, mean, rstd, dy, w = inputs
+        return lambda: aten.native_batch_norm_backward(dy, x, w, None, None, mean, rstd, True,
+                                                       BN_EPS, [True, True, True])
     if name == "softmax_bwd":
         y, dy = inputs
         return lambda: (aten._softmax_backward_data(dy, y, 1, y.dtype),)

@@ -43,7 +43,8 @@ WARMUP_MS, REP_MS = 25, 100
 TUNE_LIMIT = 12
 
 # Per fusion: bytes per [N, H] element (inputs + outputs) as a function of the itemsize, bytes
-# per row (fp32 statistics), and number of [H] tensors (column inputs + outputs). For the size
+# per row (fp32 statistics), number of [H] tensors of the storage dtype (column inputs +
+# outputs) and, where there are any, bytes per column of fp32 column statistics. For the size
 # budget and for checking; the reported bytes come from the actual tensors.
 SHAPE_BYTES = {
     "rmsnorm_fwd": (lambda s: 2 * s, 4, 1),  # x, y | rstd | w
@@ -55,6 +56,19 @@ SHAPE_BYTES = {
     "dropout_rmsnorm_bwd": (lambda s: 5 * s + 1, 4, 2),  # in1, in2, mask, dy, g1, g2 | rms | w, dw
     "layernorm_bwd": (lambda s: 3 * s, 8, 3),  # x, dy, dx | mean, rstd | w, dw, db
     "softmax_bwd": (lambda s: 3 * s, 0, 0),  # y, dy, dx
+    # in1, in2, mask, y, x | mean, rstd | w, b
+    "dropout_layernorm_fwd": (lambda s: 4 * s + 1, 8, 2),
+    "gelu_fwd": (lambda s: 2 * s, 0, 1),  # x, y | | bias
+    "gelu_tanh_fwd": (lambda s: 2 * s, 0, 1),
+    "gelu_bwd": (lambda s: 3 * s, 0, 2),  # x, dy, dx | | bias, dbias
+    "gelu_tanh_bwd": (lambda s: 3 * s, 0, 2),
+    "swiglu_fwd": (lambda s: 3 * s, 0, 0),  # a, b, y
+    "swiglu_bwd": (lambda s: 5 * s, 0, 0),  # a, b, dy, da, db
+    "geglu_fwd": (lambda s: 3 * s, 0, 0),
+    "geglu_bwd": (lambda s: 5 * s, 0, 0),
+    # x, y | | w, b; mean and rstd are fp32 columns: 8 bytes each whatever the dtype
+    "batchnorm_fwd": (lambda s: 2 * s, 0, 2, 8),
+    "batchnorm_bwd": (lambda s: 3 * s, 0, 3, 8),  # x, dy, dx | | w, dw, db; mean, rstd
 }
 
 
@@ -126,8 +140,9 @@ def minimal_bytes(inputs, outputs) -> int:
 def expected_bytes(fusion: str, rows: int, hidden: int, itemsize: int) -> int:
     """The same count from the shapes alone (e.g. bf16 dropout+RMSNorm bwd: N*H*11 + N*4 +
     2*H*2, REFERENCE.md section 3)."""
-    per_elem, per_row, cols = SHAPE_BYTES[fusion]
-    return rows * hidden * per_elem(itemsize) + rows * per_row + cols * hidden * itemsize
+    per_elem, per_row, cols, *col_stats = SHAPE_BYTES[fusion]
+    return (rows * hidden * per_elem(itemsize) + rows * per_row
+            + hidden * (cols * itemsize + sum(col_stats)))
 
 
 def rows_for_budget(fusion: str, rows: int, hidden: int, itemsize: int,
@@ -135,7 +150,7 @@ def rows_for_budget(fusion: str, rows: int, hidden: int, itemsize: int,
     """`rows`, or fewer (a multiple of 128 where possible) so inputs + outputs fit `budget`."""
     if expected_bytes(fusion, rows, hidden, itemsize) <= budget:
         return rows
-    cols = SHAPE_BYTES[fusion][2] * hidden * itemsize
+    cols = expected_bytes(fusion, 0, hidden, itemsize)
     per_row = expected_bytes(fusion, 1, hidden, itemsize) - cols
     fit = max(1, (budget - cols) // per_row)
     return int(fit // 128 * 128 if fit >= 128 else fit)

@@ -192,7 +192,7 @@ def _expand_var_mean(f: Fusion, x: Tensor, dims, correction, keepdim, with_mean:
 def analyze(fusion: Fusion) -> FusionInfo:
     """Classify `fusion`; raise UnsupportedFusionError naming what this version cannot do."""
     lowered = lower(fusion)
-    row_axes, hidden_axis = _axes(lowered)
+    row_axes, hidden_axis = axes(lowered)
     roles = {v: _role(v, row_axes, hidden_axis) for v in lowered.vals}
     _check_inputs_and_outputs(lowered, roles)
     _check_row_sizes(lowered, row_axes)
@@ -230,7 +230,7 @@ def analyze(fusion: Fusion) -> FusionInfo:
 
 
 def _role(v: Val, row_axes: tuple[Extent, ...], hidden_axis: Extent | None) -> Role:
-    """A value's role from the axes it spans (_axes() checked they are all rows, or none)."""
+    """A value's role from the axes it spans (axes() checked they are all rows, or none)."""
     if not isinstance(v, Tensor):
         return Role.SCALAR
     spans = {e.find() for e in v.dims if e is not None}
@@ -428,7 +428,7 @@ def _phases_using(t: Tensor, fusion: Fusion, level: dict, inner: set) -> int:
     return len(phases)
 
 
-def _axes(fusion: Fusion) -> tuple[tuple[Extent, ...], Extent | None]:
+def axes(fusion: Fusion) -> tuple[tuple[Extent, ...], Extent | None]:
     """The row axes (the outer dimensions, in order) and the hidden axis (the innermost) of
     the fusion's widest tensor. Every tensor spans all of them (a row tensor), the row axes
     only (per-row values, [batch, seq] or [batch, seq, 1]), the hidden axis only (per-column

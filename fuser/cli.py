@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fuser.analysis import analyze
+from fuser.analysis import axes, lower
 from fuser.device import PRESETS, DeviceSpec
 from fuser.dtypes import DataType
 from fuser.errors import BadInputError, DefinitionError, FuserError, HintError
@@ -145,11 +145,12 @@ def shapes_of(fd: FusionDefinition, rows: int, hidden: int) -> list[tuple[int, .
     they are in the fusion, rows or hidden ([rows, hidden] for a [-1, -1] input, [hidden] for
     a [-1] weight, [rows, 1] for [-1, 1] statistics), 1 where the input broadcasts; None for
     a scalar input."""
-    info = analyze(fd.fusion)
-    hidden_root = info.hidden_axis.find() if info.hidden_axis is not None else None
-    row_roots = [e.find() for e in info.row_axes]
+    lowered = lower(fd.fusion)  # a segmented fusion has no analyze(), but its axes
+    row_axes, hidden_axis = axes(lowered)
+    hidden_root = hidden_axis.find() if hidden_axis is not None else None
+    row_roots = [e.find() for e in row_axes]
     shapes: list[tuple[int, ...] | None] = []
-    for v in info.fusion.inputs:
+    for v in lowered.inputs:
         if not isinstance(v, Tensor):
             shapes.append(None)
             continue

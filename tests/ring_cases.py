@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fuser import DataType
 from fuser.analysis import analyze
-from fuser.fusions import FUSIONS
+from fuser.fusions import ROW_FUSIONS
 from fuser.schedulers import Hints
 from fuser.schedulers.base import Storage, pick_vec
 
@@ -15,7 +15,7 @@ def ring_hints(name: str, dtype: DataType, hidden: int, align_bytes: int = 16,
     """Every full input the ring can take through it (the others re-read by plain loads),
     every column input in shared memory; a ring serves one row per block, which the
     scheduler then takes by itself."""
-    info = analyze(FUSIONS[name](dtype).fusion)
+    info = analyze(ROW_FUSIONS[name](dtype).fusion)
     sizes = [t.dtype.itemsize for t in (*info.full_inputs, *info.col_inputs)]
     vec = pick_vec(hidden, sizes, align_bytes, input_bytes=sum(sizes))
     ringed = {t.name: Storage.RING if (hidden * t.dtype.itemsize % 16 == 0 or
@@ -30,7 +30,7 @@ def ring_hints(name: str, dtype: DataType, hidden: int, align_bytes: int = 16,
 # 24578 dropout + RMSNorm backward spills (its 13 ring chunks unrolled for the dW registers)
 # and LayerNorm backward's two dW/dB register arrays need 72 of the 64 registers a 1024-thread
 # block allows: the scheduler keeps those rows on chip anyway.
-RING_CASES = ([(n, 4096, None) for n in sorted(FUSIONS)]
-              + [(n, 24576, 2) for n in sorted(FUSIONS)]
+RING_CASES = ([(n, 4096, None) for n in sorted(ROW_FUSIONS)]
+              + [(n, 24576, 2) for n in sorted(ROW_FUSIONS)]
               + [(n, 24578, None) for n in ("layernorm_fwd", "rmsnorm_bwd", "rmsnorm_fwd",
                                            "softmax_fwd")])

@@ -18,7 +18,7 @@ from fuser import DataType
 from fuser.analysis import analyze
 from fuser.device import PRESETS, DeviceSpec
 from fuser.errors import FuserError
-from fuser.fusions import FUSIONS
+from fuser.fusions import ROW_FUSIONS
 from fuser.schedulers import Problem, candidates
 from fuser.schedulers.base import PointwiseSchedule, RowSchedule
 
@@ -46,9 +46,9 @@ def compact(s: RowSchedule | PointwiseSchedule) -> str:
 
 def cases() -> Iterator[tuple[str, DataType, int, str, int, int]]:
     """(fusion, dtype, hidden, preset, rows, pointer alignment) of every table entry."""
-    for name, dtype, hidden, preset in itertools.product(FUSIONS, DTYPES, HIDDEN, PRESETS):
+    for name, dtype, hidden, preset in itertools.product(ROW_FUSIONS, DTYPES, HIDDEN, PRESETS):
         yield name, dtype, hidden, preset, 1024, 16
-    for name, hidden in itertools.product(FUSIONS, HIDDEN):
+    for name, hidden in itertools.product(ROW_FUSIONS, HIDDEN):
         yield name, DataType.BFloat16, hidden, "h200", 3, 16
         yield name, DataType.BFloat16, hidden, "h200", 1024, 4
 
@@ -56,7 +56,7 @@ def cases() -> Iterator[tuple[str, DataType, int, str, int, int]]:
 def entry(name: str, dtype: DataType, hidden: int, preset: str, rows: int,
           align: int) -> list[str]:
     """The table's lines for one case."""
-    info = analyze(FUSIONS[name](dtype).fusion)
+    info = analyze(ROW_FUSIONS[name](dtype).fusion)
     device: DeviceSpec = PRESETS[preset]
     lines, every = [], []
     ending = "end"

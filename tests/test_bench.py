@@ -5,6 +5,7 @@ numpy stand-in for torch tensors) against the float64 oracle."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +74,18 @@ class T:
 
     def sqrt(self):
         return T(np.sqrt(self.a))
+
+    def exp(self):
+        return T(np.exp(self.a))
+
+    def tanh(self):
+        return T(np.tanh(self.a))
+
+    def sigmoid(self):
+        return T(1 / (1 + np.exp(-self.a)))
+
+    def erf(self):
+        return T(np.vectorize(math.erf)(self.a).astype(self.a.dtype))
 
     def softmax(self, dim):
         e = np.exp(self.a - self.a.max(axis=dim, keepdims=True))

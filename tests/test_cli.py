@@ -25,6 +25,15 @@ def test_show_prints_every_step(capsys):
     assert 'extern "C" __global__' in out
 
 
+def test_show_a_segmented_ready_fusion(capsys):
+    """batchnorm_fwd's --shape gives x [rows, hidden] and its [hidden] weight and bias (the
+    shapes come from the fusion's axes: it has no one-kernel analysis)."""
+    assert main(["show", "batchnorm_fwd", "--shape", "1000x4096"]) == 0
+    out = capsys.readouterr().out
+    assert "=== batchnorm_fwd: 3 segments" in out
+    assert "inputs:  T0 BFloat16 [1000, 4096], T1 BFloat16 [4096], T2 BFloat16 [4096]" in out
+
+
 def test_demo_without_a_gpu_schedules_for_the_h200(capsys, monkeypatch):
     monkeypatch.setattr("fuser.cli._gpu_available", lambda: False)
     assert main(["demo", "--shape", "64x4096"]) == 0

@@ -16,8 +16,8 @@ from fuser.analysis import analyze
 from fuser.cache import KernelCache
 from fuser.cli import describe, shapes_of
 from fuser.device import DeviceSpec
-from fuser.explain import Explanation
-from fuser.fusions import FUSIONS
+from fuser.explain import Explanation, SegmentedExplanation
+from fuser.fusions import ACTIVATIONS, COLUMN_FUSIONS, FUSIONS, ROW_FUSIONS
 from fuser.kernels import build
 from fuser.schedulers import Hints, Problem
 
@@ -41,9 +41,10 @@ def _ready_shapes(fd: FusionDefinition, rows: int, hidden: int) -> list:
     return shapes
 
 
-@pytest.mark.parametrize("name", sorted(FUSIONS))
+@pytest.mark.parametrize("name", sorted({**ROW_FUSIONS, **ACTIVATIONS}))
 def test_explain_gives_the_schedule_build_gives(name):
-    """Each ready fusion at 1000 rows (the heuristic sees 1024, as execute() rounds them)."""
+    """Each one-kernel ready fusion at 1000 rows (the heuristic sees 1024, as execute() rounds
+    them)."""
     fd = FUSIONS[name](BF16)
     report = fuser.explain(fd, _ready_shapes(fd, 1000, 4096), device="h200")
     built = build(fd.name, analyze(fd.fusion), Problem(4096, 1024, 16), H200)
@@ -61,6 +62,21 @@ def test_explain_gives_the_schedule_build_gives(name):
     for section in SECTIONS:
         assert section in text, section
     assert f"=== {name}  [1000 x 4096]  " in text and "  on H200 " in text
+
+
+@pytest.mark.parametrize(("name", "segments"), [("batchnorm_fwd", 3), ("batchnorm_bwd", 2)])
+def test_column_normalizations_are_explained_segment_by_segment(name, segments):
+    """BatchNorm forward: the column means, then the variances about them, then the
+    normalization; backward: the two column sums, then grad_x. Each segment compiles for the
+    H200 without spills."""
+    assert set(COLUMN_FUSIONS) == {"batchnorm_fwd", "batchnorm_bwd"}
+    fd = FUSIONS[name](BF16)
+    report = fuser.explain(fd, _ready_shapes(fd, 1000, 4096), device="h200")
+    assert isinstance(report, SegmentedExplanation)
+    assert len(report.parts) == segments
+    assert f"runs as {segments} segments" in str(report)
+    for part in report.parts:
+        assert not any(r.spills for r in part.resources.values()), part.name
 
 
 def test_show_prints_what_explain_returns():

@@ -19,7 +19,7 @@ from ring_cases import RING_CASES, ring_hints
 
 import fuser.executor as executor
 from fuser import DataType, FusionDefinition, HintError
-from fuser.fusions import FUSIONS, make_inputs
+from fuser.fusions import FUSIONS, ROW_FUSIONS, make_inputs
 from fuser.reference import (
     compare,
     evaluate,
@@ -238,7 +238,7 @@ def check_short_rows(fd, host, inputs):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize(("hidden", "rows"), cases([1, 3, 127, 1024, 4096, 8192], [1, 7, 16384]))
 @pytest.mark.parametrize("name", ["rmsnorm_fwd", "layernorm_fwd", "softmax_fwd", "log_softmax_fwd",
-                                  "dropout_rmsnorm_fwd"])
+                                  "dropout_rmsnorm_fwd", "dropout_layernorm_fwd"])
 def test_forward_matches_reference(name, hidden, rows, dtype, rng):
     run_and_validate(name, dtype, hidden, rows, rng)
 
@@ -272,7 +272,7 @@ def test_torch_tensors_in_torch_tensors_out(name, rng):
 def test_each_storage_path_matches_reference(storage, hidden, rng):
     """Every row-buffer storage of the persistent kernel, forced: registers, shared memory,
     and re-read from global memory in every pass."""
-    fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
+    fd = ROW_FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
     names = [t.name for t in fd.fusion.inputs if t.dtype is DataType.BFloat16]
     hints = Hints(storage=tuple((n, storage) for n in names), stages=1)
     run_and_validate("rmsnorm_bwd", DataType.BFloat16, hidden, 333, rng, hints=hints)
@@ -294,7 +294,7 @@ def test_staging_ring_matches_reference(name, hidden, cluster, rows, dtype, rng)
 
 def test_weight_gradient_is_identical_from_run_to_run(rng):
     """No atomics in the output path: two runs give the same bits."""
-    fd = FUSIONS["dropout_rmsnorm_bwd"](DataType.BFloat16)
+    fd = ROW_FUSIONS["dropout_rmsnorm_bwd"](DataType.BFloat16)
     inputs = to_device(make_inputs("dropout_rmsnorm_bwd", 16384, 4096, DataType.BFloat16, rng))
     first = [executor.to_host(o) for o in fd.execute(inputs)]
     second = [executor.to_host(o) for o in fd.execute(inputs)]
@@ -378,7 +378,7 @@ def test_bad_inputs_raise_before_any_launch(change, message, rng, monkeypatch):
     no kernel launched."""
     from fuser import BadInputError
 
-    fd = FUSIONS["dropout_rmsnorm_bwd"](DataType.BFloat16)
+    fd = ROW_FUSIONS["dropout_rmsnorm_bwd"](DataType.BFloat16)
     inputs = _bwd_inputs(rng)
     change(inputs)
     monkeypatch.setattr(executor, "_run", lambda *a: pytest.fail("launched"))
@@ -387,7 +387,7 @@ def test_bad_inputs_raise_before_any_launch(change, message, rng, monkeypatch):
 
 
 def test_second_call_compiles_nothing(rng, monkeypatch):
-    fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
+    fd = ROW_FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
     host = make_inputs("rmsnorm_bwd", 100, 2048, DataType.BFloat16, rng)
     fd.execute(to_device(host))
     monkeypatch.setattr(executor, "build", lambda *a, **k: pytest.fail("compiled again"))
@@ -409,7 +409,7 @@ def test_demo_runs_validates_and_times_on_the_gpu(capsys):
 @pytest.mark.parametrize(
     "hidden", [24578 + d for d in (-16, -8, -4, -2, 2, 4, 8, 16)] + [32768, 65537, 131072, 1048576]
 )
-@pytest.mark.parametrize("name", sorted(FUSIONS))
+@pytest.mark.parametrize("name", sorted(ROW_FUSIONS))
 def test_every_size_runs(name, hidden, dtype, rng):
     """Around the first seed's hidden size and far past what one block holds: rows re-read
     each pass, column accumulators in the workspace."""
@@ -422,6 +422,7 @@ def test_every_size_runs(name, hidden, dtype, rng):
                                               ("rmsnorm_fwd", 131072), ("softmax_fwd", 65537),
                                               ("layernorm_fwd", 65536), ("log_softmax_fwd", 65537),
                                               ("dropout_rmsnorm_fwd", 32768),
+                                              ("dropout_layernorm_fwd", 24578),
                                               ("softmax_bwd", 65536)])
 def test_cluster_split_rows_match_reference(name, hidden, cluster, rng):
     """Rows split over a thread-block cluster, the row sums exchanged through distributed
@@ -438,7 +439,7 @@ def test_cluster_split_rows_match_reference(name, hidden, cluster, rng):
 @pytest.mark.parametrize("dtype", [DataType.BFloat16, DataType.Float], ids=lambda d: d.name)
 @pytest.mark.parametrize("rows", [1, 7, 400])
 @pytest.mark.parametrize("hidden", [130, 4098, 24577, 24578])
-@pytest.mark.parametrize("name", sorted(FUSIONS))
+@pytest.mark.parametrize("name", sorted(ROW_FUSIONS))
 def test_aligned_copy_matches_reference(name, hidden, rows, dtype, rng):
     """Aligned copies (the default where vectors are narrow): row buffers filled with 16-byte
     copies from below each row's (or cluster block's part's) start (rows of these sizes start

@@ -1,15 +1,16 @@
 """GPU: every hint is honoured with correct results, or refused before launch.
 
-A grid of Hints over the nine ready fusions (bf16, 64 rows, hidden 1000 and 4096, and 24576
-for rows split over clusters): one factor at a time (threads_per_row, rows_per_block,
-cluster, stages, storage of every row input, accumulators, finalize_lanes, aligned_copy),
-then a few pairs (threads_per_row x rows_per_block, storage x stages, cluster x storage,
-accumulators x storage). Each run is EITHER validated against the float64 reference, with a
-schedule that does what every hint says, OR refused with a HintError and nothing launched.
+A grid of Hints over the ten row normalizations of fuser.fusions (bf16, 64 rows, hidden 1000
+and 4096, and 24576 for rows split over clusters): one factor at a time (threads_per_row,
+rows_per_block, cluster, stages, storage of every row input, accumulators, finalize_lanes,
+aligned_copy), then a few pairs (threads_per_row x rows_per_block, storage x stages,
+cluster x storage, accumulators x storage). Each run is EITHER validated against the float64
+reference, with a schedule that does what every hint says, OR refused with a HintError and
+nothing launched.
 Values the kernels once took and got wrong (threads_per_row 7, 33, 48, 96: the warp
 reduction mixed rows) are in the grid.
 
-934 runs (624 over the first six fusions took about 30 s with `pytest -n 8` on an H200,
+1036 runs (624 over the first six fusions took about 30 s with `pytest -n 8` on an H200,
 most of it NVRTC). `pytest -s` prints how
 many hint sets were honoured and refused; with pytest-xdist, set
 FUSER_HINT_OUTCOMES=file.jsonl and run `python tests/test_gpu_hints.py file.jsonl`.
@@ -31,7 +32,7 @@ import fuser.executor as executor
 from fuser import DataType, FuserError, HintError
 from fuser.analysis import analyze
 from fuser.cache import KernelCache
-from fuser.fusions import FUSIONS, make_inputs
+from fuser.fusions import ROW_FUSIONS, make_inputs
 from fuser.launch import EntryLauncher
 from fuser.reference import compare, evaluate, input_sensitivity, output_reduction_sizes
 from fuser.schedulers import Hints
@@ -49,7 +50,7 @@ OUTCOMES: list[dict] = []  # one per run: fusion, hidden, hints, outcome
 @cache
 def _inputs_of(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(row input names, column input names) of fusion `name`."""
-    info = analyze(FUSIONS[name](BF16).fusion)
+    info = analyze(ROW_FUSIONS[name](BF16).fusion)
     return (tuple(t.name for t in info.full_inputs), tuple(t.name for t in info.col_inputs))
 
 
@@ -93,9 +94,9 @@ def clustered(name: str) -> list[dict]:
             + [{"cluster": 4, "stages": 2}])
 
 
-CASES = ([(name, hidden, kw) for name in sorted(FUSIONS) for hidden in HIDDENS
+CASES = ([(name, hidden, kw) for name in sorted(ROW_FUSIONS) for hidden in HIDDENS
           for kw in one_factor(name) + pairs(name)]
-         + [(name, CLUSTER_HIDDEN, kw) for name in sorted(FUSIONS) for kw in clustered(name)])
+         + [(name, CLUSTER_HIDDEN, kw) for name in sorted(ROW_FUSIONS) for kw in clustered(name)])
 
 
 def case_id(case) -> str:
@@ -164,7 +165,7 @@ def honoured_or_refused(name: str, rows: int, hidden: int, hints: Hints, rng, ca
     that names the hints, with nothing launched, or run as hinted, with results within the
     float64 reference's tolerance. Returns (and records) the outcome."""
     what = f"{name} at {rows} x {hidden} (bf16) with Hints({hints.words()})"
-    fd = FUSIONS[name](BF16)
+    fd = ROW_FUSIONS[name](BF16)
     host = make_inputs(name, rows, hidden, BF16, rng)
     try:
         outs = executor.execute(fd, to_device(host), hints=hints)

@@ -27,7 +27,7 @@ from fuser import (
 from fuser.analysis import analyze
 from fuser.cache import KernelCache
 from fuser.device import PRESETS
-from fuser.fusions import FUSIONS
+from fuser.fusions import ROW_FUSIONS
 from fuser.schedulers import Hints, Problem, candidates, schedule
 from fuser.schedulers.base import FinalizeSchedule, RowSchedule, Storage
 from fuser.schedulers.finalize import default_lanes, finalize_schedule
@@ -40,7 +40,7 @@ POWERS = "allowed: 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024"
 
 @cache
 def info_of(name: str, dtype: DataType = BF16):
-    return analyze(FUSIONS[name](dtype).fusion)
+    return analyze(ROW_FUSIONS[name](dtype).fusion)
 
 
 @cache
@@ -384,7 +384,7 @@ def valid_grid(name: str, device, hidden: int = 4096) -> list[dict]:
 
 @pytest.mark.parametrize("device", [H200, A100, SM89], ids=lambda d: d.name)
 @pytest.mark.parametrize("hidden", HIDDENS)
-@pytest.mark.parametrize("name", sorted(FUSIONS))
+@pytest.mark.parametrize("name", sorted(ROW_FUSIONS))
 def test_every_valid_hint_is_honoured_or_refused_by_the_search(name, hidden, device):
     """Each hint set of the grid schedules with a schedule that honours every hint, or the
     row search refuses it naming the hints and what it tried (never a value check: the

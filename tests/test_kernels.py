@@ -13,14 +13,14 @@ from fuser import BadInputError, CompileError, DataType, DefinitionError, OutOfR
 from fuser.analysis import analyze
 from fuser.cache import KernelCache
 from fuser.device import DeviceSpec
-from fuser.fusions import FUSIONS
+from fuser.fusions import ROW_FUSIONS
 from fuser.schedulers import Problem
 
 H200 = DeviceSpec.get("h200")
 
 
 def _build(cache, name="rmsnorm_bwd", hidden=1024):
-    fd = FUSIONS[name](DataType.BFloat16)
+    fd = ROW_FUSIONS[name](DataType.BFloat16)
     return kernels.build(fd.name, analyze(fd.fusion), Problem(hidden, 16384, 16), H200,
                          cache=cache)
 
@@ -92,7 +92,7 @@ def test_dump_dir_receives_source_and_report(tmp_path, monkeypatch):
 def test_last_accessors_return_what_ran():
     """fd.last_cuda_code() is the CUDA text (not the KernelSource record), and the schedule and
     plan are the ones the kernel was built from; before any run they say so."""
-    fd = FUSIONS["rmsnorm_fwd"](DataType.BFloat16)
+    fd = ROW_FUSIONS["rmsnorm_fwd"](DataType.BFloat16)
     with pytest.raises(DefinitionError, match="nothing has run yet"):
         fd.last_cuda_code()
     built = kernels.build(fd.name, analyze(fd.fusion), Problem(4096, 64, 16),
@@ -227,14 +227,14 @@ def test_pick_vec_bounds_the_input_bytes_of_a_vector_step():
     assert pick_vec(4098, [2, 2], 16, input_bytes=4) == 2
 
 
-@pytest.mark.parametrize("name", sorted(FUSIONS))
+@pytest.mark.parametrize("name", sorted(ROW_FUSIONS))
 def test_candidates_are_offered_once_each(name):
     """The steps overlap (the largest cluster's on-chip choices come again when rows are
     re-read; both copy modes give the same plan where vectors are 16 bytes): a schedule
     offered twice would be compiled twice when the first spills."""
     from fuser.schedulers import candidates
 
-    info = analyze(FUSIONS[name](DataType.BFloat16).fusion)
+    info = analyze(ROW_FUSIONS[name](DataType.BFloat16).fusion)
     for hidden in (1024, 24578, 65536):
         offered = list(candidates(info, Problem(hidden, 16384, 16), H200))
         assert offered and len(set(offered)) == len(offered)
@@ -257,7 +257,7 @@ def test_a_build_whose_every_schedule_spills_says_so(tmp_path, monkeypatch):
 def test_attempts_compiled_at_once_give_the_build_one_at_a_time_gives(tmp_path, monkeypatch):
     """rmsnorm_bwd at hidden 24578 (bf16) spills twice before its third attempt compiles
     cleanly: compiled four at a time, the build takes the same third attempt."""
-    fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
+    fd = ROW_FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
     info, problem = analyze(fd.fusion), Problem(24578, 16384, 16)
     built, caches = {}, {}
     for threads in ("1", "4"):
@@ -295,7 +295,7 @@ def test_an_attempt_after_the_answer_cannot_fail_the_build(tmp_path, monkeypatch
     errors count only where the build gets to them (rmsnorm_bwd at hidden 1024: its first
     attempt compiles cleanly)."""
     monkeypatch.setenv("FUSER_BUILD_THREADS", "4")
-    fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
+    fd = ROW_FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
     info, problem = analyze(fd.fusion), Problem(1024, 16384, 16)
     first = next(kernels._attempts(fd.name, info, problem, H200, None)).source.source
     cache = KernelCache(str(tmp_path))

@@ -11,7 +11,7 @@ import pytest
 from fuser import DataType
 from fuser.analysis import Role, analyze
 from fuser.device import DeviceSpec
-from fuser.fusions import FUSIONS
+from fuser.fusions import ACTIVATIONS, COLUMN_FUSIONS, FUSIONS, ROW_FUSIONS
 from fuser.kernels import build
 from fuser.schedulers import Problem
 
@@ -19,8 +19,8 @@ H200 = DeviceSpec.get("h200")
 DTYPES = [DataType.Float, DataType.Half, DataType.BFloat16]
 
 
-def compile_and_check(name: str, dtype: DataType, hidden: int, rows: int = 16384):
-    fd = FUSIONS[name](dtype)
+def compile_and_check(name: str, dtype: DataType, hidden: int, rows: int = 16384, fd=None):
+    fd = fd or FUSIONS[name](dtype)
     built = build(fd.name, analyze(fd.fusion), Problem(hidden, rows, 16), H200)
     for entry, plan in built.plans():
         r = built.compiled.resource(entry)
@@ -44,6 +44,23 @@ def test_backward_kernels_compile_without_spills(name, hidden, dtype):
     compile_and_check(name, dtype, hidden)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("hidden", [1, 3, 127, 4096, 24578, 65537])
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_activations_compile_without_spills(name, hidden, dtype):
+    compile_and_check(name, dtype, hidden)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("hidden", [1, 127, 4096, 24578, 65537])
+@pytest.mark.parametrize("name", sorted(COLUMN_FUSIONS))
+def test_column_normalization_segments_compile_without_spills(name, hidden, dtype):
+    from fuser.executor import segments_of
+
+    for segment in segments_of(FUSIONS[name](dtype)).segments:
+        compile_and_check(segment.definition.name, dtype, hidden, fd=segment.definition)
+
+
 def test_rendering_is_deterministic():
     a = compile_and_check("dropout_rmsnorm_bwd", DataType.BFloat16, 4096).source.source
     b = compile_and_check("dropout_rmsnorm_bwd", DataType.BFloat16, 4096).source.source
@@ -52,7 +69,7 @@ def test_rendering_is_deterministic():
 
 @pytest.mark.parametrize("dtype", [DataType.Float, DataType.BFloat16], ids=lambda d: d.name)
 @pytest.mark.parametrize("hidden", [32768, 65537, 131072, 1048576])
-@pytest.mark.parametrize("name", sorted(FUSIONS))
+@pytest.mark.parametrize("name", sorted(ROW_FUSIONS))
 def test_long_rows_compile_without_spills(name, hidden, dtype):
     """Rows too long to keep on chip are re-read each pass, and column accumulators too wide
     for registers or shared memory live in the block's partial rows: every size schedules."""
@@ -68,7 +85,7 @@ def test_cluster_split_rows_compile_without_spills(name, hidden, cluster):
     sums exchanged through distributed shared memory) compile clean and plan per block."""
     from fuser.schedulers import Hints
 
-    fd = FUSIONS[name](DataType.BFloat16)
+    fd = ROW_FUSIONS[name](DataType.BFloat16)
     built = build(fd.name, analyze(fd.fusion), Problem(hidden, 16384, 16), H200,
                   Hints(cluster=cluster))
     s = built.schedule
@@ -87,7 +104,7 @@ def test_finalize_lanes_hint_sets_the_finalize_block():
     from fuser import HintError
     from fuser.schedulers import Hints
 
-    fd = FUSIONS["layernorm_bwd"](DataType.BFloat16)
+    fd = ROW_FUSIONS["layernorm_bwd"](DataType.BFloat16)
     info = analyze(fd.fusion)
     built = build(fd.name, info, Problem(2048, 16384, 16), H200, Hints(finalize_lanes=32))
     f = built.finalize
@@ -106,7 +123,7 @@ def test_finalize_lanes_hint_sets_the_finalize_block():
 def test_finalize_blocks_cover_every_sm_twice_where_the_columns_allow(hidden, cols):
     from fuser.schedulers.finalize import finalize_schedule
 
-    info = analyze(FUSIONS["rmsnorm_bwd"](DataType.BFloat16).fusion)
+    info = analyze(ROW_FUSIONS["rmsnorm_bwd"](DataType.BFloat16).fusion)
     f = finalize_schedule(info, Problem(hidden, 16384, 16), H200)
     assert (f.cols_per_block, f.partial_lanes) == (cols, 512 // cols)
     assert -(-hidden // cols) >= 2 * H200.sm_count or cols == 8
@@ -130,7 +147,7 @@ def _global_store_bytes(ptx: str) -> list[int]:
 
 @pytest.mark.parametrize("dtype", [DataType.Float, DataType.BFloat16], ids=lambda d: d.name)
 @pytest.mark.parametrize("hidden", [1024, 2048, 4096, 65536])
-@pytest.mark.parametrize("name", sorted(FUSIONS))
+@pytest.mark.parametrize("name", sorted(ROW_FUSIONS))
 def test_full_row_outputs_are_stored_as_whole_vectors(name, hidden, dtype):
     """In the PTX of the row kernel, every store of a full-row output is one instruction of
     the schedule's vector width. Left to itself the compiler had stored the vectors of blocks
@@ -141,7 +158,7 @@ def test_full_row_outputs_are_stored_as_whole_vectors(name, hidden, dtype):
     from fuser.codegen import template_dir
     from fuser.compile import ptx_of
 
-    fd = FUSIONS[name](dtype)
+    fd = ROW_FUSIONS[name](dtype)
     info = analyze(fd.fusion)
     built = build(fd.name, info, Problem(hidden, 16384, 16), H200)
     s = built.schedule
@@ -157,7 +174,7 @@ def test_full_row_outputs_are_stored_as_whole_vectors(name, hidden, dtype):
 
 @pytest.mark.parametrize("dtype", [DataType.Float, DataType.BFloat16], ids=lambda d: d.name)
 @pytest.mark.parametrize("hidden", [4098, 24577, 24578, 24580])
-@pytest.mark.parametrize("name", sorted(FUSIONS))
+@pytest.mark.parametrize("name", sorted(ROW_FUSIONS))
 def test_aligned_copy_kernels_compile_with_16_byte_copies_only(name, hidden, dtype):
     """Hints(aligned_copy=True): refused where vectors are already 16 bytes wide; elsewhere
     no spills, and the row kernel's cp.async move 16 bytes with a source size (a row's last
@@ -169,7 +186,7 @@ def test_aligned_copy_kernels_compile_with_16_byte_copies_only(name, hidden, dty
     from fuser.schedulers import Hints
     from fuser.schedulers.base import pick_vec
 
-    fd = FUSIONS[name](dtype)
+    fd = ROW_FUSIONS[name](dtype)
     info = analyze(fd.fusion)
     if pick_vec(hidden, [dtype.itemsize], 16, input_bytes=dtype.itemsize) * dtype.itemsize == 16:
         with pytest.raises(HintError, match=r"aligned_copy=True.*narrower than 16 bytes"):
@@ -200,7 +217,7 @@ def test_softmax_divides_once_per_row_and_exponentiates_on_the_sfu(dtype):
     from fuser.codegen import template_dir
     from fuser.compile import ptx_of
 
-    fd = FUSIONS["softmax_fwd"](dtype)
+    fd = ROW_FUSIONS["softmax_fwd"](dtype)
     built = build(fd.name, analyze(fd.fusion), Problem(4096, 16384, 16), H200)
     ptx = _row_entry_ptx(ptx_of(built.source.source, "softmax_fwd", 90,
                                 (str(template_dir()),)), built.source.row_entry)

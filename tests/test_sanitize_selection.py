@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 import sanitize  # noqa: E402
 
-from fuser.fusions import FUSIONS  # noqa: E402
+from fuser.fusions import ROW_FUSIONS  # noqa: E402
 
 
 def makefile_selection(name: str) -> str:
@@ -37,7 +37,7 @@ def test_memcheck_covers_every_storage_cluster_ring_and_copy(selected):
     tests = selected["SANITIZE_TESTS"]
     assert any("seed_case" in t for t in tests)
     assert any("each_storage_path" in t for t in tests)
-    for fusion in FUSIONS:
+    for fusion in ROW_FUSIONS:
         assert any(fusion in t and "cluster2" in t for t in tests), fusion
         assert any(fusion in t and "4096-7-BFloat16" in t for t in tests), fusion
     assert any("aligned_copy_matches_reference" in t for t in tests)
@@ -48,7 +48,7 @@ def test_racecheck_is_a_subset_with_one_persistent_and_cluster_kernel_per_fusion
     race, mem = selected["RACECHECK_TESTS"], set(selected["SANITIZE_TESTS"])
     assert set(race) <= mem
     assert len(race) < len(mem)
-    for fusion in FUSIONS:
+    for fusion in ROW_FUSIONS:
         assert any(fusion in t and "cluster2" in t for t in race), fusion
     assert sum("staging_ring" in t for t in race) == 4
 

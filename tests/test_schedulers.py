@@ -11,7 +11,7 @@ import pytest
 from fuser import DataType, FusionDefinition, HintError, OutOfResourcesError
 from fuser.analysis import Kind, Role, analyze
 from fuser.device import DeviceSpec
-from fuser.fusions import FUSIONS
+from fuser.fusions import ROW_FUSIONS
 from fuser.kernels import build
 from fuser.schedulers import Hints, Problem, schedule
 from fuser.schedulers.base import PointwiseSchedule, RowSchedule, Storage
@@ -23,7 +23,7 @@ DTYPES = [DataType.Float, DataType.Half, DataType.BFloat16]
 
 
 def plan_for(name, dtype, hidden, device=H200, rows=16384):
-    info = analyze(FUSIONS[name](dtype).fusion)
+    info = analyze(ROW_FUSIONS[name](dtype).fusion)
     return info, schedule(info, Problem(hidden, rows, 16), device)
 
 
@@ -46,11 +46,11 @@ def assert_plan_invariants(plan: SmemPlan):
      ("layernorm_bwd", Kind.INNER_OUTER)],
 )
 def test_classification(name, kind):
-    assert analyze(FUSIONS[name](DataType.BFloat16).fusion).kind is kind
+    assert analyze(ROW_FUSIONS[name](DataType.BFloat16).fusion).kind is kind
 
 
 def test_layernorm_backward_reduces_both_row_sums_in_one_level():
-    info = analyze(FUSIONS["layernorm_bwd"](DataType.BFloat16).fusion)
+    info = analyze(ROW_FUSIONS["layernorm_bwd"](DataType.BFloat16).fusion)
     assert [len(level) for level in info.inner_levels] == [2]
     assert len(info.outer_reductions) == 2
     assert [t.name for t in info.persistent] == ["T0", "T3"]  # x and grad_out, not the stats
@@ -74,7 +74,7 @@ def test_seed_case_exact_plan(aligned):
     row buffer in smem, each rounded up to 128 bytes, the static slot counted, and it fits.
     Row buffers hold whole 16-byte chunks (the row plus the bytes before it back to a 16-byte
     boundary) by default, and the row itself with aligned_copy=False."""
-    info = analyze(FUSIONS["dropout_rmsnorm_bwd"](DataType.BFloat16).fusion)
+    info = analyze(ROW_FUSIONS["dropout_rmsnorm_bwd"](DataType.BFloat16).fusion)
     s = schedule(info, Problem(24578, 16384, 16), H200, Hints(aligned_copy=aligned))
     sizes = {b.name: (b.nbytes, b.offset) for b in s.smem.buffers}
     assert s.vec == 2 and s.threads_per_row == 1024 and s.batch == 13
@@ -97,7 +97,7 @@ def test_seed_case_exact_plan(aligned):
 def test_plan_invariants_and_offline_compile_around_the_seed(hidden, dtype, tmp_path_factory):
     """The sweep of the first seed's neighbourhood: plans hold their invariants and every
     kernel compiles with zero spills and static shared memory within the reserved slot."""
-    fd = FUSIONS["dropout_rmsnorm_bwd"](dtype)
+    fd = ROW_FUSIONS["dropout_rmsnorm_bwd"](dtype)
     built = build(fd.name, analyze(fd.fusion), Problem(hidden, 16384, 16), H200)
     for entry, plan in built.plans():
         assert_plan_invariants(plan)
@@ -139,7 +139,7 @@ def test_three_pass_forward_rows_are_staged_in_smem_with_their_columns(name, hid
     whole-row ring, which refetches each pass. LayerNorm's weight and bias stay there too,
     except where they would leave the row one stage: at 32768 (bf16) two stages with the
     columns in registers come first (built: 63 registers, no spills)."""
-    info = analyze(FUSIONS[name](DataType.BFloat16).fusion)
+    info = analyze(ROW_FUSIONS[name](DataType.BFloat16).fusion)
     s = build(name, info, Problem(hidden, 16384, 16), H200).schedule
     assert s.ring is None and s.cluster == 1, s.reason
     columns_in_registers = (name, hidden) == ("layernorm_fwd", 32768)
@@ -196,7 +196,7 @@ def test_where_each_preset_leaves_one_block_on_chip(device, last_on_chip, beyond
     """rmsnorm_bwd, bf16, hidden in steps of 1024: the largest row one block keeps on chip on
     each preset, and what the next size gets: a split over a cluster on sm_90, rows re-read
     from global memory where there are no clusters (the 100 KB part leaves earliest)."""
-    info = analyze(FUSIONS["rmsnorm_bwd"](DataType.BFloat16).fusion)
+    info = analyze(ROW_FUSIONS["rmsnorm_bwd"](DataType.BFloat16).fusion)
     spec = DeviceSpec.get(device)
 
     def plan(hidden):
@@ -231,7 +231,7 @@ def test_short_backward_rows_get_small_blocks(name, hidden, threads_per_row, row
         threads_per_row, rows_per_block, batch), s
 
 @pytest.mark.parametrize("device", ["h100", "h200", "a100", "sm89-100kb"])
-@pytest.mark.parametrize("name", sorted(FUSIONS))
+@pytest.mark.parametrize("name", sorted(ROW_FUSIONS))
 def test_every_fusion_schedules_on_every_preset(name, device):
     spec = DeviceSpec.get(device)
     for hidden in (1, 127, 4096, 16384):
@@ -255,7 +255,7 @@ def test_a_storage_that_cannot_fit_raises_with_the_numbers():
     """Every size schedules by itself on a real part (re-reading rows at worst); a part too
     small for any storage, or a forced storage that cannot hold the row, names the row, the
     limits and what was tried."""
-    info = analyze(FUSIONS["dropout_rmsnorm_bwd"](DataType.Float).fusion)
+    info = analyze(ROW_FUSIONS["dropout_rmsnorm_bwd"](DataType.Float).fusion)
     tiny = dataclasses.replace(SMALL, smem_per_block_optin=256, smem_per_sm=2048,
                                regs_per_block=16384, regs_per_sm=16384)
     with pytest.raises(OutOfResourcesError, match=r"(?s)hidden 1048576 \(13 B per element.*"
@@ -277,7 +277,7 @@ def test_a_copied_row_buffer_keeps_one_stage_and_compiles():
     """At hidden 24578 (vec 2) the bool mask's 2-byte vectors are too narrow for cp.async and
     are copied through registers; forced into shared memory, the kernel has one stage
     (cp.async fills the second, so two stages are refused) and compiles."""
-    info = analyze(FUSIONS["dropout_rmsnorm_bwd"](DataType.BFloat16).fusion)
+    info = analyze(ROW_FUSIONS["dropout_rmsnorm_bwd"](DataType.BFloat16).fusion)
     in_smem = tuple((n, Storage.SMEM) for n in ("T0", "T1", "T2", "T4", "T5"))
     with pytest.raises(HintError, match=r"stages=2: .*this choice runs one stage"):
         schedule(info, Problem(24578, 64, 16), H200,
@@ -291,7 +291,7 @@ def test_a_copied_row_buffer_keeps_one_stage_and_compiles():
     assert not built.compiled.resource(built.source.row_entry).spills
 
 
-@pytest.mark.parametrize("name", sorted(FUSIONS))
+@pytest.mark.parametrize("name", sorted(ROW_FUSIONS))
 def test_every_size_schedules_on_the_smallest_part(name):
     for hidden in (32768, 65537, 131072, 1048576):
         _, s = plan_for(name, DataType.Float, hidden, SMALL, rows=64)
@@ -353,7 +353,7 @@ def test_respellings_classify_and_schedule_the_same(hidden):
         info = analyze(_rmsnorm_bwd_spelled(style).fusion)
         assert info.kind is Kind.INNER_OUTER
         shapes.add(_shape_of(schedule(info, Problem(hidden, 16384, 16), H200)))
-    reference = analyze(FUSIONS["rmsnorm_bwd"](DataType.BFloat16).fusion)
+    reference = analyze(ROW_FUSIONS["rmsnorm_bwd"](DataType.BFloat16).fusion)
     shapes.add(_shape_of(schedule(reference, Problem(hidden, 16384, 16), H200)))
     assert len(shapes) == 1, shapes
 
@@ -440,7 +440,7 @@ def test_aligned_copy_hint_plans_chunked_row_slots():
     """Hints(aligned_copy=True) at the seed's hidden size: each smem row buffer holds whole
     16-byte chunks per row slot (the row plus up to 15 bytes before it), the plan says so,
     and the schedule's repr shows the choice; inputs not 16-byte aligned cannot use it."""
-    info = analyze(FUSIONS["dropout_rmsnorm_bwd"](DataType.BFloat16).fusion)
+    info = analyze(ROW_FUSIONS["dropout_rmsnorm_bwd"](DataType.BFloat16).fusion)
     s = schedule(info, Problem(24578, 16384, 16), H200, Hints(aligned_copy=True))
     assert s.aligned_copy and "rows copied in aligned 16-byte chunks" in s.reason
     assert "aligned_copy       True" in str(s)
@@ -468,7 +468,7 @@ def test_aligned_copy_hint_plans_chunked_row_slots():
 def test_no_fit_error_lists_each_attempt_once_and_names_aligned_copies():
     """Aligned and vector row copies are both tried; the error names which is which and
     lists no attempt twice."""
-    info = analyze(FUSIONS["dropout_rmsnorm_bwd"](DataType.BFloat16).fusion)
+    info = analyze(ROW_FUSIONS["dropout_rmsnorm_bwd"](DataType.BFloat16).fusion)
     forced = Hints(cluster=1, storage=tuple((n, Storage.SMEM) for n in ("T0", "T1", "T2", "T4")))
     with pytest.raises(HintError) as error:
         schedule(info, Problem(49154, 16384, 16), H200, forced)
