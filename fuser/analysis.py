@@ -22,6 +22,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from fuser.dtypes import DataType
 from fuser.errors import UnsupportedFusionError
 from fuser.ir import Expr, Extent, Fusion, Scalar, Tensor, Val, as_tensor
 from fuser.ops import REDUCTIONS
@@ -155,7 +156,8 @@ def copy_expr(out: Fusion, e: Expr, new: dict[Val, Val]) -> None:
         shape = [by_name[s] if isinstance(s, str) else s for s in a["shape"]]
         results = [out.broadcast_in_dim(args[0], shape, a["broadcast_dims"])]
     elif e.op in REDUCTIONS:
-        results = [out.reduction(e.op, args[0], a["dims"], a["keepdim"], e.outputs[0].dtype)]
+        results = [_reduction(out, e.op, as_tensor(args[0]), a["dims"], a["keepdim"],
+                              e.outputs[0].dtype)]
     elif e.op in ("var_mean", "var"):
         results = _expand_var_mean(
             out, as_tensor(args[0]), a["dims"], a["correction"], a["keepdim"],
@@ -165,6 +167,19 @@ def copy_expr(out: Fusion, e: Expr, new: dict[Val, Val]) -> None:
         results = [out.elementwise(e.op, args)]
     for old, nv in zip(e.outputs, results, strict=True):
         new[old] = nv
+
+
+def _reduction(f: Fusion, op: str, x: Tensor, dims, keepdim: bool, dtype: DataType) -> Tensor:
+    """A reduction. One over every axis of a tensor of rank 2 or more (a full reduction) is
+    two: along the last axis (each row's), then over the rows' results, which segmentation
+    runs as a later kernel (it needs every row's result) over one row; a Half or BFloat16
+    result's partials are Float, as a kernel holds them."""
+    if x.ndim < 2 or sorted(dims) != list(range(x.ndim)):
+        return f.reduction(op, x, dims, keepdim, dtype)
+    narrow = dtype in (DataType.Half, DataType.BFloat16)
+    per_row = f.reduction(op, x, [x.ndim - 1], False, DataType.Float if narrow else dtype)
+    total = _reduction(f, op, per_row, list(range(x.ndim - 1)), False, dtype)
+    return f.broadcast_in_dim(total, [1] * x.ndim, []) if keepdim else total
 
 
 def _expand_var_mean(f: Fusion, x: Tensor, dims, correction, keepdim, with_mean: bool = True):
@@ -234,7 +249,9 @@ def _role(v: Val, row_axes: tuple[Extent, ...], hidden_axis: Extent | None) -> R
     if not isinstance(v, Tensor):
         return Role.SCALAR
     spans = {e.find() for e in v.dims if e is not None}
-    has_row = bool(row_axes) and set(row_axes) <= spans
+    # without row axes the fusion is one row: a tensor along the hidden axis is that row, a
+    # tensor of no axis (a full reduction's result) its per-row value
+    has_row = not row_axes or set(row_axes) <= spans
     has_hidden = hidden_axis is not None and hidden_axis in spans
     return {
         (True, True): Role.FULL,
@@ -253,12 +270,22 @@ def strided_inputs(fusion: Fusion) -> tuple[Tensor, ...]:
 
 
 def _check_inputs_and_outputs(lowered: Fusion, roles: dict) -> None:
-    """Outputs with a row or hidden dimension."""
+    """Tensors of no dimension only where the fusion is one row (a full reduction's result
+    is the second of its two kernels, segment.py): a kernel over rows has no place to read
+    or write one."""
+    for t in lowered.inputs:
+        if isinstance(t, Tensor) and roles[t] is Role.SCALAR:
+            raise UnsupportedFusionError(
+                f"input {t.name} is a tensor of no dimension (a single value, such as a full "
+                "reduction's result) that meets tensors with rows: not supported yet; pass it "
+                "as a scalar input (define_scalar), or keep its use in a fusion of its own"
+            )
     for o in lowered.outputs:
         if roles[o] is Role.SCALAR:
             raise UnsupportedFusionError(
-                f"output {o.name} is a single value (no row or hidden dimension); full "
-                "reductions are not supported"
+                f"output {o.name} is a single value (no row or hidden dimension) computed in a "
+                "kernel over rows: reduce over every axis in one reduction (sum(x, dims=[0, "
+                "1])), which runs as a kernel over the rows and one over their results"
             )
 
 

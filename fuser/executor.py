@@ -469,7 +469,7 @@ def _execute_segments(fd, segmentation: Segmentation, inputs: list, device, hint
     values = dict(zip(lowered.inputs, inputs, strict=True))
     runs: list[Run] = []
     for s in segmentation.segments:
-        outs = execute(s.definition, [values[v] for v in s.inputs], device=device)
+        outs = execute(s.definition, s.arguments(values), device=device)
         values.update(zip(s.outputs, outs, strict=True))
         run = s.definition._last_run
         assert isinstance(run, Run)

@@ -26,12 +26,12 @@ a cast is recomputed, not read, by a later segment.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fuser.analysis import analyze, copy_expr, define_like, equate_extents, lower
 from fuser.dtypes import DataType
-from fuser.errors import HintError, UnsupportedFusionError
-from fuser.ir import Expr, Fusion, Tensor, Val, as_tensor
+from fuser.errors import HintError, InternalError, UnsupportedFusionError
+from fuser.ir import Expr, Fusion, Scalar, Tensor, Val, as_tensor
 from fuser.ops import ELEMENTWISE, REDUCTIONS
 
 if TYPE_CHECKING:
@@ -48,6 +48,12 @@ class Segment:
     inputs: tuple[Val, ...]
     outputs: tuple[Val, ...]
     why: str
+
+    def arguments(self, values: dict[Val, Any]) -> list:
+        """The segment's inputs, from `values` (the fusion's inputs and what earlier segments
+        wrote, by value of the lowered fusion): a size it takes as a scalar input is read
+        off the shape of a tensor there with the same extent."""
+        return [values[v] if v in values else _size_from(v, values) for v in self.inputs]
 
     def __str__(self) -> str:
         names = ", ".join(v.name for v in self.outputs)
@@ -89,6 +95,18 @@ class SegmentSchedules:
                          for segment, schedule in zip(self.segments, self.schedules, strict=True))
 
 
+def _size_from(size: Val, values: dict[Val, Any]) -> int:
+    extent = size.extent.find() if isinstance(size, Scalar) and size.extent is not None else None
+    if extent is None:
+        return 1
+    for v, x in values.items():
+        if isinstance(v, Tensor):
+            for d, e in enumerate(v.dims):
+                if e is not None and e.find() is extent:
+                    return int(x.shape[d])
+    raise InternalError(f"segment input {size.name}: no tensor of its extent was passed")
+
+
 def is_outer(e: Expr) -> bool:
     """A reduction over leading (row) axes that keeps the last one: finished after a sweep."""
     if e.op not in REDUCTIONS:
@@ -103,14 +121,17 @@ def stages(fusion: Fusion) -> dict[Val, int]:
     rank is aligned, as numpy aligns, with the trailing axes: `x - sum(x, dims=[1])` subtracts
     row j's sum from column j, so every row sum must exist first, and that op is one stage
     later, as if the sum were an outer reduction; so is a broadcast_in_dim that lays such a
-    result along the columns."""
+    result along the columns, and a reduction of such results over the rows (the second
+    half of a full reduction, analysis._reduction)."""
     stage: dict[Val, int] = {v: 0 for v in fusion.vals if v.definition is None}
     per_row: set[Val] = set()  # inner reductions' rank-reduced results, and values of them
     for e in fusion.exprs:
         out = e.outputs[0]
         rank = _rank(out)
-        lifted = (e.op in ELEMENTWISE and any(i in per_row and _rank(i) < rank
-                                              for i in e.inputs)) or _across_rows(e, per_row)
+        lifted = ((e.op in ELEMENTWISE and any(i in per_row and _rank(i) < rank
+                                               for i in e.inputs))
+                  or _across_rows(e, per_row)
+                  or (e.op in REDUCTIONS and e.inputs[0] in per_row))  # a full reduction's
         s = max((stage[i] for i in e.inputs), default=0) + (1 if is_outer(e) or lifted else 0)
         for o in e.outputs:
             stage[o] = s
@@ -154,7 +175,7 @@ def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError) -> Segmen
             continue
         sub, inputs = _extract(lowered, outputs, home, k)
         for v in inputs:
-            if v not in lowered.inputs:
+            if v not in lowered.inputs and v in home:  # else a size (Segment.arguments)
                 demanded[home[v]].append(v)
         sub.closed_by = f"segment {k} of FusionDefinition {name!r}"
         definition = FusionDefinition.from_fusion(sub, _segment_name(name, k))
@@ -218,13 +239,15 @@ def _widened(f: Fusion) -> Fusion:
 
 
 def _homes(f: Fusion, stage: dict[Val, int]) -> dict[Val, int]:
-    """The segment that computes each value written to global memory: a reduction's result
-    (at its operand's stage) and each fusion output (at its own stage; a cast of a reduction's
-    result where the reduction is, rather than in one more segment)."""
+    """The segment that computes each value written to global memory: an outer reduction's
+    result (at its operand's stage: finished after that segment's sweep), an inner one's (at
+    its own stage: a full reduction's second half is one row of the first half's results,
+    after them) and each fusion output (at its own stage; a cast of a reduction's result where
+    the reduction is, rather than in one more segment)."""
     home: dict[Val, int] = {}
     for e in f.exprs:
         if e.op in REDUCTIONS:
-            home[e.outputs[0]] = stage[e.inputs[0]]
+            home[e.outputs[0]] = stage[e.inputs[0] if is_outer(e) else e.outputs[0]]
     for o in f.outputs:
         d = o.definition
         source = d.inputs[0] if d is not None and d.op == "cast" else o
@@ -242,20 +265,37 @@ def _readable(v: Val) -> bool:
 def _extract(f: Fusion, outputs: list[Val], home: dict[Val, int],
              k: int) -> tuple[Fusion, list[Val]]:
     """The fusion segment k runs to compute `outputs`, and the values of `f` it reads: the
-    fusion's inputs and the values earlier segments wrote (home before k)."""
+    fusion's inputs, the values earlier segments wrote (home before k), and the sizes it
+    uses in arithmetic of tensors it reads nothing else of (the count of a mean over every
+    element, in the segment that finishes the sum: scalar inputs, Segment.arguments)."""
     needed: set[Val] = set()
     reads: set[Val] = set()
+    sizes: set[Val] = set()
+    sizes_of: dict[Val, Val] = {}  # a size -> its tensor
     stack = list(outputs)
     while stack:
-        v = stack.pop()
-        if v in needed or v in reads:
-            continue
-        if v in f.inputs or (home.get(v, k) < k and _readable(v)):
-            reads.add(v)
-            continue
-        needed.add(v)
-        if v.definition is not None:
-            stack.extend(v.definition.inputs)
+        while stack:
+            v = stack.pop()
+            if v in needed or v in reads:
+                continue
+            if v in f.inputs or (home.get(v, k) < k and _readable(v)):
+                reads.add(v)
+                continue
+            if v.definition is not None and v.definition.op == "size":
+                sizes.add(v)
+                sizes_of[v] = v.definition.inputs[0]
+                continue
+            needed.add(v)
+            if v.definition is not None:
+                stack.extend(v.definition.inputs)
+        for v in list(sizes):
+            tensor = sizes_of[v]
+            if tensor in needed or tensor in reads or any(
+                    u.op == "broadcast_in_dim" and u.outputs[0] in needed for u in f.uses(v)):
+                sizes.discard(v)
+                needed.add(v)
+                stack.append(tensor)
+    reads |= sizes
     inputs = [v for v in f.inputs if v in reads] + [v for v in f.vals
                                                     if v in reads and v not in f.inputs]
     sub = Fusion()

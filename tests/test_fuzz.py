@@ -275,7 +275,7 @@ def test_segments_chained_on_the_oracle_equal_the_whole_fusion(plan, rows, hidde
         return
     values = dict(zip(segmentation.lowered.inputs, inputs, strict=True))
     for s in segmentation.segments:
-        values.update(zip(s.outputs, evaluate(s.definition.fusion, [values[v] for v in s.inputs]),
+        values.update(zip(s.outputs, evaluate(s.definition.fusion, s.arguments(values)),
                           strict=True))
     for out, got, expected in zip(fd.fusion.outputs, (values[o] for o in
                                   segmentation.lowered.outputs), whole, strict=True):

@@ -125,7 +125,7 @@ def test_segments_chained_on_the_oracle_equal_the_whole_fusion(name):
     segmentation = segments_of(fd)
     values = dict(zip(segmentation.lowered.inputs, inputs, strict=True))
     for s in segmentation.segments:
-        outs = evaluate(s.definition.fusion, [values[v] for v in s.inputs])
+        outs = evaluate(s.definition.fusion, s.arguments(values))
         values.update(zip(s.outputs, outs, strict=True))
     chained = [values[o] for o in segmentation.lowered.outputs]
     for got, expected in zip(chained, evaluate(fd.fusion, inputs), strict=True):
@@ -150,10 +150,11 @@ def test_a_one_kernel_fusion_is_not_segmented():
 
 
 def test_what_cutting_does_not_help_keeps_its_reason():
-    with FusionDefinition("full") as fd:
-        x = fd.define_tensor([-1, -1])
-        fd.add_output(fd.ops.sum(x, [0, 1]))
-    with pytest.raises(UnsupportedFusionError, match="full reductions are not supported"):
+    with FusionDefinition("partial") as fd:
+        x = fd.define_tensor([-1, -1, -1])
+        w = fd.define_tensor([-1, -1])  # [S, H]: over some of the leading dimensions
+        fd.add_output(fd.ops.mul(x, fd.ops.broadcast_in_dim(w, x.shape(), [1, 2])))
+    with pytest.raises(UnsupportedFusionError, match=r"^T1 spans 2 of the fusion's 3 dimensions"):
         segments_of(fd)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from fuser import DataType, FusionDefinition, UnsupportedFusionError
-from fuser.analysis import analyze
+from fuser.analysis import Kind, Role, analyze
 from fuser.device import DeviceSpec
 from fuser.executor import execute, segments_of
 from fuser.frontend import MAX_NAME_LENGTH
@@ -201,6 +201,40 @@ def batch_norm_nhwc(fd):
     fd.add_output(rstd)
 
 
+def full_sum(fd):
+    """A sum over both axes: each row's sum, then one row of them in a second kernel."""
+    x = fd.define_tensor([-1, -1])
+    fd.add_output(fd.ops.sum(x, [0, 1]))
+
+
+def full_mean_beside_rows(fd):
+    """An elementwise output of every row, and the mean of all elements (keepdim: [1, 1])."""
+    x = fd.define_tensor([-1, -1])
+    fd.add_output(fd.ops.mul(x, 2.0))
+    count = fd.ops.mul(x.size(0), x.size(1))
+    fd.add_output(fd.ops.div(fd.ops.sum(x, [1, 0], keepdim=True), count))
+
+
+def full_max_3d(fd):
+    """max over all three axes of [B, S, H]: per row of [B * S], per B, then one value."""
+    x = fd.define_tensor([-1, -1, -1])
+    fd.add_output(fd.ops.max(x, [0, 1, 2]))
+
+
+def full_sum_bf16(fd):
+    """A bf16 sum of a bf16 tensor over both axes: the row sums carried in float."""
+    x = fd.define_tensor([-1, -1], dtype=BF16)
+    fd.add_output(fd.ops.sum(x, [0, 1], dtype=BF16))
+
+
+def mean_over_some_leading_dims(fd):
+    """A count of two of three leading dimensions, after the column sums: a size the last
+    segment takes as a scalar input, as it reads nothing else of x."""
+    x = fd.define_tensor([-1, -1, -1, -1])
+    count = fd.ops.mul(x.size(0), x.size(1))
+    fd.add_output(fd.ops.div(fd.ops.sum(x, [0, 1, 2]), count))
+
+
 LONG = "n" * MAX_NAME_LENGTH
 CASES = {  # name -> (builder, segments, inputs: a shape (standard normal float32) or a float)
     "two_statistics": (two_statistics, 2, [(30, 17)]),
@@ -220,6 +254,11 @@ CASES = {  # name -> (builder, segments, inputs: a shape (standard normal float3
     "cast_statistics": (cast_statistics, 2, [(30, 17)]),
     "var_mean_3d": (var_mean_3d, 3, [(3, 10, 17)]),
     "batch_norm_nhwc": (batch_norm_nhwc, 3, [(2, 3, 5, 17), (17,), (17,)]),
+    "full_sum": (full_sum, 2, [(30, 17)]),
+    "full_mean_beside_rows": (full_mean_beside_rows, 2, [(30, 17)]),
+    "full_max_3d": (full_max_3d, 3, [(3, 10, 17)]),
+    "full_sum_bf16": (full_sum_bf16, 2, [(30, 17)]),
+    "mean_over_some_leading_dims": (mean_over_some_leading_dims, 2, [(2, 3, 5, 17)]),
     LONG: (long_name, 2, [(30, 17)]),
 }
 
@@ -253,7 +292,7 @@ def _chained(fd: FusionDefinition, inputs: list) -> list[np.ndarray]:
     segmentation = segments_of(fd)
     values = dict(zip(segmentation.lowered.inputs, inputs, strict=True))
     for s in segmentation.segments:
-        outs = evaluate(s.definition.fusion, [values[v] for v in s.inputs])
+        outs = evaluate(s.definition.fusion, s.arguments(values))
         values.update(zip(s.outputs, outs, strict=True))
     return [values[o] for o in segmentation.lowered.outputs]
 
@@ -322,18 +361,17 @@ def rows_of_unrelated_sizes(fd):
     fd.add_output(fd.ops.add(z, fd.ops.broadcast_in_dim(s, [z.size(0), x.size(1)], [1])))
 
 
-def mean_over_some_leading_dims(fd):
-    """A count of two of three leading dimensions: no kernel over N-D rows knows it."""
-    x = fd.define_tensor([-1, -1, -1, -1])
-    count = fd.ops.mul(x.size(0), x.size(1))
-    fd.add_output(fd.ops.div(fd.ops.sum(x, [0, 1, 2]), count))
+def centered_by_the_total(fd):
+    """x minus the sum of all its elements: the total exists before any row uses it."""
+    x = fd.define_tensor([-1, -1])
+    fd.add_output(fd.ops.sub(x, fd.ops.sum(x, [0, 1])))
 
 
 REFUSED = {  # builder -> what the error says (the segment's reason, or the whole fusion's)
     three_d_over_dim_0: r"(?s)Cutting fusion .* segment 0 \(T1\).*T1 spans 2 of the fusion's 3",
     rows_of_unrelated_sizes: r"(?s)Cutting fusion .* segment 1 .*T1 spans 2 of the fusion's 2",
-    mean_over_some_leading_dims: r"(?s)S\d+ = size of T0 dimension 0, one of the 3 leading "
-                                 r"dimensions, feeds mul",
+    centered_by_the_total: r"(?s)Cutting fusion .* segment 2 .*input T1 is a tensor of no "
+                           r"dimension",
 }
 
 
@@ -378,3 +416,35 @@ def test_narrow_batch_norm_statistics_match_the_oracle_on_the_gpu(dtype):
         batch_norm_narrow(fd, dtype)
     x = (100 + np.random.default_rng(1).standard_normal((16384, 1024))).astype(dtype.numpy)
     fd.validate([cupy.asarray(x)])
+
+
+def _sum_1d() -> FusionDefinition:
+    with FusionDefinition("sum_1d") as fd:
+        fd.add_output(fd.ops.sum(fd.define_tensor([-1]), [0]))
+    return fd
+
+
+def test_a_reduction_of_a_1d_tensor_is_one_row():
+    """sum(x, dims=[0]) of x [N] (and the second kernel of every full reduction) is an inner
+    reduction of one row, its result that row's value: one kernel, no segments."""
+    fd = _sum_1d()
+    info = analyze(fd.fusion)
+    assert info.kind is Kind.INNER and info.row_axes == ()
+    assert [info.roles[o] for o in info.fusion.outputs] == [Role.ROW]
+    assert segments_of(fd) is None
+    x = np.random.default_rng(2).standard_normal(1000).astype(np.float32)
+    (total,) = evaluate(fd.fusion, [x])
+    assert total.shape == () and np.isclose(total, x.astype(np.float64).sum())
+    built = build(fd.name, info, Problem(1 << 20, 1, 16), H200)
+    assert not built.compiled.resource(built.source.row_entry).spills
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 1000, 1 << 20])
+def test_a_reduction_of_a_1d_tensor_matches_the_oracle_on_the_gpu(n):
+    import cupy
+
+    fd = _sum_1d()
+    x = np.random.default_rng(3).standard_normal(n).astype(np.float32)
+    fd.validate([cupy.asarray(x)])
+    assert fd.execute([cupy.asarray(x)])[0].shape == ()
