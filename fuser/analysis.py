@@ -56,6 +56,7 @@ class FusionInfo:
     full_inputs: tuple[Tensor, ...]  # [rows, hidden] inputs: the row buffers
     col_inputs: tuple[Tensor, ...]  # [hidden] inputs: loaded once per block
     row_inputs: tuple[Tensor, ...]  # [rows, 1] inputs: one value per row
+    value_inputs: tuple[Tensor, ...]  # tensors of no dimension: one value, read once
     scalar_inputs: tuple[Scalar, ...]
     inner_levels: tuple[tuple[Expr, ...], ...]  # inner reductions, by dependency level
     outer_reductions: tuple[Expr, ...]
@@ -81,6 +82,9 @@ class FusionInfo:
             f"scalar inputs:     {names(self.scalar_inputs)}",
             f"persistent:        {names(self.persistent)}",
         ]
+        if self.value_inputs:
+            lines.append(f"value inputs:      {names(self.value_inputs)} (no dimension: one "
+                         "value, read once)")
         if strided := strided_inputs(self.fusion):
             lines.append(f"strided inputs:    {names(strided)} (copied to contiguous arrays "
                          "when passed strided)")
@@ -234,6 +238,7 @@ def analyze(fusion: Fusion) -> FusionInfo:
         full_inputs=full_inputs,
         col_inputs=tuple(t for t in inputs if roles[t] is Role.COL),
         row_inputs=tuple(t for t in inputs if roles[t] is Role.ROW),
+        value_inputs=tuple(t for t in inputs if roles[t] is Role.SCALAR),
         scalar_inputs=tuple(s for s in lowered.inputs if isinstance(s, Scalar)),
         inner_levels=tuple(tuple(levels[k]) for k in sorted(levels)),
         outer_reductions=tuple(outer),
@@ -270,16 +275,9 @@ def strided_inputs(fusion: Fusion) -> tuple[Tensor, ...]:
 
 
 def _check_inputs_and_outputs(lowered: Fusion, roles: dict) -> None:
-    """Tensors of no dimension only where the fusion is one row (a full reduction's result
-    is the second of its two kernels, segment.py): a kernel over rows has no place to read
-    or write one."""
-    for t in lowered.inputs:
-        if isinstance(t, Tensor) and roles[t] is Role.SCALAR:
-            raise UnsupportedFusionError(
-                f"input {t.name} is a tensor of no dimension (a single value, such as a full "
-                "reduction's result) that meets tensors with rows: not supported yet; pass it "
-                "as a scalar input (define_scalar), or keep its use in a fusion of its own"
-            )
+    """Outputs of no dimension only where the fusion is one row (a full reduction's result
+    is the second of its two kernels, segment.py): a kernel over rows has no place to write
+    one. (An input of no dimension is read once, as a scalar input is.)"""
     for o in lowered.outputs:
         if roles[o] is Role.SCALAR:
             raise UnsupportedFusionError(

@@ -175,6 +175,9 @@ def scalar_prologue(info: FusionInfo) -> tuple[list[str], dict[Val, str]]:
     unknown: set[Val] = set()  # sizes of one of several row axes (analysis keeps them unused)
     for s in info.scalar_inputs:
         env[s] = s.name
+    for t in info.value_inputs:  # a tensor of no dimension: its one element, read once
+        lines.append(f"const {ctype(t)} {t.name} = fm::to_compute(g_{t.name}[0]);")
+        env[t] = t.name
     for v in info.fusion.vals:
         if not isinstance(v, Scalar) or v in env:
             continue
@@ -196,7 +199,7 @@ def scalar_prologue(info: FusionInfo) -> tuple[list[str], dict[Val, str]]:
             lines.append(f"const long long {v.name} = {factors};")
             env[v] = v.name
     emitter = Emitter(info, env, "")
-    scalars = [v for v in info.fusion.vals if isinstance(v, Scalar) and v not in env
+    scalars = [v for v in info.fusion.vals if info.roles[v] is Role.SCALAR and v not in env
                and not _depends_on(v, unknown, env)]
     lines += emitter.emit(scalars)
     return lines, emitter.env

@@ -66,6 +66,7 @@ class Kernel:
     # Signature: the one record of the parameter order, shared with the template
     arguments: tuple
     tensor_inputs: frozenset  # indices of the fusion inputs passed as data pointers
+    vector_inputs: frozenset  # those of them loaded in vectors (not a value input's element)
 
     def resources(self) -> dict:
         """Per entry: the ptxas report and what the driver says about the loaded kernel."""
@@ -203,8 +204,9 @@ def _load(fd, problem: Problem, device: DeviceSpec, hints) -> Kernel:
                       for sig in built.source.signatures)
     tensor_inputs = frozenset(p.index for sig in built.source.signatures for p in sig.params
                               if p.source is Source.INPUT and p.dtype is None)
+    values = {i for i, v in enumerate(built.info.fusion.inputs) if v in built.info.value_inputs}
     return Kernel(built.source, s, built.finalize, built.compiled, functions, launchers, device,
-                  occupancy, groups, arguments, tensor_inputs)
+                  occupancy, groups, arguments, tensor_inputs, tensor_inputs - values)
 
 
 _SIZE_CTYPES = {Source.ROWS: ctypes.c_int64, Source.PARTIAL_ROWS: ctypes.c_int32}
@@ -361,7 +363,8 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
         shape, ptr, dev = _check_tensor(i, as_tensor(v), x, torch_kind)
         check_pointer(i, as_tensor(v), ptr)
         shapes.append(shape)
-        pointers.append(ptr)
+        if v not in info.value_inputs:  # read once, element by element: no vector width
+            pointers.append(ptr)
         devices.add(dev)
     if len(devices) > 1:
         raise BadInputError(f"inputs are on devices {sorted(devices)}; put them on one device")
@@ -405,7 +408,7 @@ def execute(fd, inputs: list, *, device=None, hints: Hints | None = None):
                 plans.pop(next(iter(plans)))
             plans[key] = plan
     pointers = _pointers(plan, inputs)
-    if any(p % plan.align for p in pointers.values()):
+    if any(p % plan.align for i, p in pointers.items() if i in plan.kernel.vector_inputs):
         # Same shapes, but an input starts at an address the cached kernel cannot load with
         # its vector width (a view at an offset): plan this call on its own.
         plan = _plan(fd, inputs, device, hints)

@@ -84,18 +84,19 @@ ROWS = Param(Source.ROWS, 0, "n_rows", "long long")
 
 
 def row_signature(info: FusionInfo, entry: str) -> Signature:
-    """The row kernel: row, column and per-row inputs, full and per-row outputs, the
-    workspaces, scalar inputs, the row count."""
-    params = (_inputs(info, (*info.full_inputs, *info.col_inputs, *info.row_inputs))
+    """The row kernel: row, column, per-row and single-value inputs, full and per-row
+    outputs, the workspaces, scalar inputs, the row count."""
+    params = (_inputs(info, (*info.full_inputs, *info.col_inputs, *info.row_inputs,
+                             *info.value_inputs))
               + _outputs(info, (*info.outputs(Role.FULL), *info.outputs(Role.ROW)))
               + _partials(info, False) + _scalars(info) + [ROWS])
     return Signature(entry, tuple(params))
 
 
 def finalize_signature(info: FusionInfo, entry: str) -> Signature:
-    """The finalize: the workspaces, column inputs and outputs, scalar inputs, the row count
-    and the partial rows to sum."""
-    params = (_partials(info, True) + _inputs(info, info.col_inputs)
+    """The finalize: the workspaces, column and single-value inputs, column outputs, scalar
+    inputs, the row count and the partial rows to sum."""
+    params = (_partials(info, True) + _inputs(info, (*info.col_inputs, *info.value_inputs))
               + _outputs(info, info.outputs(Role.COL)) + _scalars(info)
               + [ROWS, Param(Source.PARTIAL_ROWS, 0, "partial_rows", "int")])
     return Signature(entry, tuple(params))
@@ -104,7 +105,8 @@ def finalize_signature(info: FusionInfo, entry: str) -> Signature:
 def pointwise_signature(info: FusionInfo, entry: str) -> Signature:
     """The pointwise kernel: every tensor input, every output, scalar inputs, the row count."""
     outputs = (*info.outputs(Role.FULL), *info.outputs(Role.COL), *info.outputs(Role.ROW))
-    params = (_inputs(info, (*info.full_inputs, *info.col_inputs, *info.row_inputs))
+    params = (_inputs(info, (*info.full_inputs, *info.col_inputs, *info.row_inputs,
+                             *info.value_inputs))
               + _outputs(info, outputs) + _scalars(info) + [ROWS])
     return Signature(entry, tuple(params))
 
