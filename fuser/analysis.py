@@ -68,6 +68,14 @@ class FusionInfo:
         return tuple(o for o in self.fusion.outputs if self.roles[o] is role)
 
     @property
+    def row_passes(self) -> int:
+        """Passes of a row kernel over each row: one per inner reduction level, then one that
+        writes the full outputs and feeds the column accumulators, where there are any (a
+        fusion whose outputs are per-row values has nothing to do in it)."""
+        last = bool(self.outputs(Role.FULL) or self.outer_reductions)
+        return len(self.inner_levels) + int(last)
+
+    @property
     def row_buffer_bytes(self) -> int:
         """Bytes of one row of every full input, per hidden element."""
         return sum(t.dtype.itemsize for t in self.full_inputs)

@@ -220,7 +220,9 @@ def passes_context(info: FusionInfo) -> dict:
     scalar_lines, scalar_env = scalar_prologue(info)
     p = Passes(info, scalar_env)
     start = p.row_lines(0)
-    passes = [p.level(k, level) for k, level in enumerate(info.inner_levels)] + [p.final()]
+    passes = [p.level(k, level) for k, level in enumerate(info.inner_levels)]
+    if len(passes) < info.row_passes:
+        passes.append(p.final())
     row_outputs = p.row_outputs()
     readers = [line for q in passes for line in q["element_lines"]]
     readers += [r["value"] for q in passes for r in q["reductions"]]

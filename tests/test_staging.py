@@ -194,3 +194,26 @@ def test_a_bulk_filled_ring_does_not_compile_below_sm_90():
     assert built.schedule.ring.fill == Fill.BULK
     with pytest.raises(CompileError, match=r"filled by cp\.async\.bulk on mbarriers, which needs"):
         compile_cuda(built.source.source, fd.name, 80, (str(template_dir()),))
+
+
+@pytest.mark.parametrize(("full_output", "passes"), [(False, 1), (True, 2)])
+def test_a_ring_streams_a_row_once_per_pass_that_has_work(full_output, passes):
+    """Row sums alone (the first kernel of a full reduction) read each row once: no last pass
+    writes full outputs, so the ring does not stream the row again (it did, doubling the
+    bytes of rows past the chip). With a full output the row is streamed twice."""
+    import re
+
+    from fuser import FusionDefinition
+
+    with FusionDefinition("row_sums") as fd:
+        x = fd.define_tensor([-1, -1], dtype=DataType.BFloat16)
+        fd.add_output(fd.ops.sum(x, [1]))
+        if full_output:
+            fd.add_output(fd.ops.mul(x, 2.0))
+    info = analyze(fd.fusion)
+    assert info.row_passes == passes
+    built = build(fd.name, info, Problem(1 << 20, 1000, 16), H200)
+    ring = re.search(r"fm::StagingRing<Part, \w+, \d+, \d+, \d+, (\d+), \d+> ring",
+                     built.source.source)
+    assert ring is not None and int(ring.group(1)) == passes, built.schedule
+    assert not built.compiled.resource(built.source.row_entry).spills

@@ -65,7 +65,7 @@ class RowFusion:
             accumulator_bytes=tuple(_bytes(e) for e in info.outer_reductions),
             width=max((len(level) for level in info.inner_levels), default=0),
             reduction_bytes=max((_bytes(e) for e in inner), default=4),
-            passes=len(info.inner_levels) + 1,
+            passes=info.row_passes,
             itemsizes=tuple(t.dtype.itemsize for t in (
                 *info.full_inputs, *info.col_inputs, *info.outputs(Role.FULL))),
         )
