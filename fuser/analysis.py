@@ -163,6 +163,8 @@ def copy_expr(out: Fusion, e: Expr, new: dict[Val, Val]) -> None:
         results = [out.cast(args[0], a["dtype"])]
     elif e.op == "size":
         results = [out.size(args[0], a["dim"])]
+    elif e.op == "squeeze":
+        results = [out.squeeze(args[0], list(a["dims"]))]
     elif e.op == "broadcast_in_dim":
         by_name = {s.name: new[s] for s in e.inputs[1:]}
         shape = [by_name[s] if isinstance(s, str) else s for s in a["shape"]]
@@ -186,7 +188,8 @@ def _reduction(f: Fusion, op: str, x: Tensor, dims, keepdim: bool, dtype: DataTy
     two: along the last axis (each row's), then over the rows' results, which segmentation
     runs as a later kernel (it needs every row's result) over one row; a Half or BFloat16
     result's partials are Float, as a kernel holds them."""
-    if x.ndim < 2 or sorted(dims) != list(range(x.ndim)):
+    if (x.ndim < 2 or sorted(dims) != list(range(x.ndim))
+            or any(d is None for d in x.dims)):  # a size-1 axis: one row or one column
         return f.reduction(op, x, dims, keepdim, dtype)
     narrow = dtype in (DataType.Half, DataType.BFloat16)
     per_row = f.reduction(op, x, [x.ndim - 1], False, DataType.Float if narrow else dtype)
@@ -203,12 +206,13 @@ def _expand_var_mean(f: Fusion, x: Tensor, dims, correction, keepdim, with_mean:
         size = f.size(x, d)
         count = size if count is None else f.elementwise("mul", [count, size])
     kept = [d for d in range(x.ndim) if d not in dims]
-    mean = f.elementwise("div", [f.reduction("sum", x, dims, False), count])
+    mean = f.elementwise("div", [_reduction(f, "sum", x, dims, False, x.dtype), count])
     centered = f.elementwise("sub", [x, f.broadcast_in_dim(mean, x.shape(), kept)])
     sq = f.elementwise("mul", [centered, centered])
     denominator = f.elementwise("maximum", [
         f.elementwise("sub", [count, f.define_scalar(correction)]), f.define_scalar(0)])
-    var = f.elementwise("div", [f.reduction("sum", sq, dims, False), denominator])
+    var = f.elementwise("div", [_reduction(f, "sum", as_tensor(sq), dims, False, sq.dtype),
+                                denominator])
     results = [var, mean] if with_mean else [var]
     if not keepdim:
         return results

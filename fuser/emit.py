@@ -41,9 +41,12 @@ def literal(value, dtype: DataType) -> str:
     return repr(value)
 
 
+VIEWS = ("broadcast_in_dim", "squeeze")  # ops that name their input's values again
+
+
 def through_broadcasts(v: Val) -> Val:
-    """The value a chain of broadcast_in_dim aliases stands for."""
-    while v.definition is not None and v.definition.op == "broadcast_in_dim":
+    """The value a chain of broadcast_in_dim (and squeeze) aliases stands for."""
+    while v.definition is not None and v.definition.op in VIEWS:
         v = v.definition.inputs[0]
     return v
 
@@ -105,7 +108,7 @@ class Emitter:
             e = v.definition
             assert e is not None  # `needed` holds computed values only
             expr = self._expression(e)
-            if e.op == "broadcast_in_dim" or (e.op == "cast" and e.inputs[0].dtype is v.dtype):
+            if e.op in VIEWS or (e.op == "cast" and e.inputs[0].dtype is v.dtype):
                 self.env[v] = expr
                 continue
             name = f"{self.prefix}{v.name}"
@@ -122,7 +125,7 @@ class Emitter:
         return convert(self._ref(v), ctype(v), compute)
 
     def _expression(self, e: Expr) -> str:
-        if e.op == "broadcast_in_dim":
+        if e.op in VIEWS:
             return self._ref(e.inputs[0])
         if e.op == "cast":
             return self._cast(e)

@@ -436,8 +436,9 @@ def _contiguous(fd, inputs: list) -> list:
         if _is_torch(x):
             if not x.is_contiguous():
                 inputs[i] = x.contiguous()
-        elif hasattr(x, "flags") and hasattr(x, "device") and not x.flags.c_contiguous:
-            inputs[i] = _cupy().ascontiguousarray(x)
+        elif type(x).__module__.startswith("cupy") and not x.flags.c_contiguous:
+            with x.device:  # the copy on the array's own GPU, not the current one
+                inputs[i] = _cupy().ascontiguousarray(x)
     return inputs
 
 

@@ -220,6 +220,11 @@ class Ops:
         """torch.unsqueeze(t, dim): a size-1 axis inserted at dim (a broadcast_in_dim)."""
         return self._fusion.unsqueeze(t, dim)
 
+    def squeeze(self, t, dims):
+        """torch.squeeze(t, dims): the listed size-1 axes removed (dims an int or a list; each
+        axis must be declared size 1)."""
+        return self._fusion.squeeze(t, dims)
+
     def size(self, t, dim: int):
         return self._fusion.size(t, dim)
 

@@ -354,6 +354,26 @@ class Fusion:
         kept = [d if d < at else d + 1 for d in range(t.ndim)]
         return self.broadcast_in_dim(t, [*sizes[:at], 1, *sizes[at:]], kept)
 
+    def squeeze(self, t, dims) -> Tensor:
+        """torch.squeeze(t, dims): `t` without the listed axes, each of which must be declared
+        size 1 (a 1 in define_tensor's shape, a reduction's keepdim axis, a 1 in a broadcast's
+        shape): the same elements in the same order."""
+        t = self._require_tensor("squeeze", t)
+        listed = _listed("squeeze", "dims", [dims] if isinstance(dims, int) else dims,
+                         f"the size-1 dimensions of {t.name} to remove")
+        axes = sorted({self._normalize_dim("squeeze", t, d) for d in listed})
+        if len(axes) != len(listed):
+            raise DefinitionError(f"squeeze({t.name}, dims={listed}): a dimension is listed twice")
+        for d in axes:
+            if t.dims[d] is not None:
+                raise DefinitionError(
+                    f"squeeze({t.name}, dims={listed}): dimension {d} of {t.name} is not "
+                    "declared size 1; squeeze only axes declared so (a 1 in define_tensor's "
+                    "shape, a keepdim reduction's axis, a 1 in a broadcast's shape)")
+        out = self._tensor(t.dtype, [e for d, e in enumerate(t.dims) if d not in axes])
+        self._define("squeeze", [t], [out], dims=tuple(axes))
+        return out
+
     def broadcast_in_dim(self, t, shape, broadcast_dims) -> Tensor:
         t = self._require_tensor("broadcast_in_dim", t)
         shape = _listed("broadcast_in_dim", "shape", shape, "one size per output dimension")

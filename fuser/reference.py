@@ -316,6 +316,8 @@ def _run(e: Expr, args: list, sizes: Sizes, shift: float = 0.0) -> list:
         return [_cast(args[0], e.inputs[0].dtype, out.dtype, shift)]
     if e.op == "size":
         return [np.int64(sizes.value(as_tensor(e.inputs[0]).dims[e.attr("dim")]))]
+    if e.op == "squeeze":
+        return [np.squeeze(np.asarray(args[0]), axis=tuple(e.attr("dims")))]
     if e.op == "broadcast_in_dim":
         src = np.asarray(args[0])
         result = as_tensor(out)

@@ -99,6 +99,8 @@ def _size_from(size: Val, values: dict[Val, Any]) -> int:
     extent = size.extent.find() if isinstance(size, Scalar) and size.extent is not None else None
     if extent is None:
         return 1
+    if extent.value is not None:  # a constant size (a broadcast to 4 columns)
+        return int(extent.value)
     for v, x in values.items():
         if isinstance(v, Tensor):
             for d, e in enumerate(v.dims):
@@ -117,30 +119,51 @@ def is_outer(e: Expr) -> bool:
 
 def stages(fusion: Fusion) -> dict[Val, int]:
     """The stage of every value of `fusion` (see the module docstring). A per-row result of
-    an inner reduction (keepdim=False) that an elementwise op meets with a tensor of higher
-    rank is aligned, as numpy aligns, with the trailing axes: `x - sum(x, dims=[1])` subtracts
-    row j's sum from column j, so every row sum must exist first, and that op is one stage
-    later, as if the sum were an outer reduction; so is a broadcast_in_dim that lays such a
-    result along the columns, and a reduction of such results over the rows (the second
-    half of a full reduction, analysis._reduction)."""
+    an inner reduction (keepdim=False, or a keepdim one squeezed) that an elementwise op meets
+    with a tensor of higher rank is aligned, as numpy aligns, with the trailing axes:
+    `x - sum(x, dims=[1])` subtracts row j's sum from column j, so every row sum must exist
+    first, and that op is one stage later, as if the sum were an outer reduction; so is a
+    broadcast_in_dim that lays such a result along the columns. A reduction of such results
+    over the rows (the second half of a full reduction, analysis._reduction) is one stage
+    later too, and its result is one value of the whole tensor: what meets a tensor of any
+    dimension with it is later again."""
     stage: dict[Val, int] = {v: 0 for v in fusion.vals if v.definition is None}
     per_row: set[Val] = set()  # inner reductions' rank-reduced results, and values of them
+    kept: set[Val] = set()  # inner reductions' keepdim results, and values of them
+    whole: set[Val] = set()  # full reductions' results, and values of them of no dimension
     for e in fusion.exprs:
         out = e.outputs[0]
         rank = _rank(out)
+        of_whole = any(i in whole for i in e.inputs)
         lifted = ((e.op in ELEMENTWISE and any(i in per_row and _rank(i) < rank
                                                for i in e.inputs))
                   or _across_rows(e, per_row)
-                  or (e.op in REDUCTIONS and e.inputs[0] in per_row))  # a full reduction's
+                  or (e.op in REDUCTIONS and e.inputs[0] in per_row)
+                  or (of_whole and _span(out) > 0))
         s = max((stage[i] for i in e.inputs), default=0) + (1 if is_outer(e) or lifted else 0)
         for o in e.outputs:
             stage[o] = s
-        reduced_row = e.op in REDUCTIONS and not is_outer(e) and not e.attr("keepdim")
-        of_reduced_rows = (e.op in ELEMENTWISE or e.op == "cast") and any(
-            i in per_row and _rank(i) == rank for i in e.inputs)
-        if reduced_row or of_reduced_rows:
+        # a reduction of per-row results is one value, or (over N-D rows) per row of fewer
+        across = e.op in REDUCTIONS and e.inputs[0] in per_row
+        if (across or of_whole) and _span(out) == 0:
+            whole.add(out)
+            continue
+        inner = e.op in REDUCTIONS and not is_outer(e)
+        same_rank = (e.op in ELEMENTWISE or e.op == "cast")
+        if (inner and e.attr("keepdim")) or (same_rank and any(
+                i in kept and _rank(i) == rank for i in e.inputs)):
+            kept.add(out)
+        reduced_row = inner and not e.attr("keepdim")
+        of_reduced_rows = same_rank and any(i in per_row and _rank(i) == rank for i in e.inputs)
+        squeezed_row = e.op == "squeeze" and (e.inputs[0] in kept or e.inputs[0] in per_row)
+        if reduced_row or of_reduced_rows or squeezed_row:
             per_row.add(out)
     return stage
+
+
+def _span(v: Val) -> int:
+    """The dimensions of `v` that are not broadcast (size 1)."""
+    return sum(d is not None for d in v.dims) if isinstance(v, Tensor) else 0
 
 
 def _across_rows(e: Expr, per_row: set[Val]) -> bool:
@@ -322,11 +345,13 @@ def _one_size_axes(f: Fusion) -> frozenset:
 
 
 def _why(k: int, inputs: list[Val], f: Fusion) -> str:
-    carried = [v.name for v in inputs if v not in f.inputs]
+    carried = [v.name for v in inputs if v not in f.inputs and isinstance(v, Tensor)]
+    sizes = [v.name for v in inputs if v not in f.inputs and not isinstance(v, Tensor)]
+    given = f" ({', '.join(sizes)}: sizes, passed as scalars)" if sizes else ""
     if not carried:
-        return "the first sweep over the rows"
+        return "the first sweep over the rows" + given
     return (f"needs {', '.join(carried)}, reduced by an earlier segment (every value of it must "
-            "exist before other rows use it)")
+            f"exist before other rows use it){given}")
 
 
 def _renumbered(segments) -> list[Segment]:

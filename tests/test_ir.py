@@ -654,3 +654,96 @@ def test_unsqueeze_refuses_a_dim_out_of_range(dim):
         with pytest.raises(DefinitionError, match=r"unsqueeze: dim .* give an int from -3 to 2"):
             fd.ops.unsqueeze(x, dim)
         fd.add_output(fd.ops.neg(x))
+
+
+@pytest.mark.parametrize(("shape", "dims", "out"), [([-1, 1], 1, (3,)), ([1, -1], [0], (4,)),
+                                                     ([1, -1, 1], [0, -1], (4,)),
+                                                     ([-1, 1, -1], [-2], (3, 4))])
+def test_squeeze_removes_axes_declared_size_1_as_torch(shape, dims, out):
+    import numpy as np
+
+    from fuser.reference import evaluate
+
+    with FusionDefinition() as fd:
+        x = fd.define_tensor(shape)
+        fd.add_output(fd.ops.squeeze(x, dims))
+    sizes = [s for s in out]
+    data = np.arange(int(np.prod(out)), dtype=np.float32).reshape(
+        [1 if s == 1 else sizes.pop(0) for s in shape])
+    (got,) = evaluate(fd.fusion, [data])
+    assert got.shape == out
+    np.testing.assert_array_equal(got, data.reshape(out))
+    assert "fd.ops.squeeze(T0, dims=[" in repr(fd)
+    again = FusionDefinition.from_python(repr(fd)).fusion.python_definition()
+    assert again == fd.fusion.python_definition()
+
+
+def test_squeeze_refuses_an_axis_not_declared_size_1_or_listed_twice():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, 1])
+        with pytest.raises(DefinitionError, match=r"dimension 0 of T0 is not declared size 1"):
+            fd.ops.squeeze(x, [0])
+        with pytest.raises(DefinitionError, match=r"a dimension is listed twice"):
+            fd.ops.squeeze(x, [1, -1])
+        with pytest.raises(DefinitionError, match=r"squeeze: dim 2 is out of range"):
+            fd.ops.squeeze(x, 2)
+        fd.add_output(fd.ops.neg(x))
+
+
+def test_a_squeezed_row_statistic_is_a_per_row_value_and_aligns_as_numpy():
+    """rms_norm written with keepdim then squeeze is the one-kernel inner reduction; the
+    squeezed [rows] sum met by x directly aligns with x's last axis as numpy does (x square),
+    which runs as two segments, as x - sum(x, dims=[1]) does."""
+    import numpy as np
+
+    from fuser.analysis import Kind, analyze
+    from fuser.executor import segments_of
+    from fuser.reference import evaluate
+
+    with FusionDefinition("squeezed_rms") as fd:
+        x = fd.define_tensor([-1, -1])
+        ms = fd.ops.squeeze(fd.ops.sum(fd.ops.mul(x, x), [1], keepdim=True), [1])
+        r = fd.ops.rsqrt(fd.ops.add(fd.ops.div(ms, x.size(1)), 1e-6))
+        fd.add_output(fd.ops.mul(x, fd.ops.broadcast_in_dim(r, x.shape(), [0])))
+    assert analyze(fd.fusion).kind is Kind.INNER
+    with FusionDefinition("aligned") as fd:
+        x = fd.define_tensor([-1, -1])
+        fd.add_output(fd.ops.sub(x, fd.ops.squeeze(fd.ops.sum(x, [1], keepdim=True), 1)))
+    assert len(segments_of(fd).segments) == 2
+    a = np.arange(9, dtype=np.float32).reshape(3, 3)
+    np.testing.assert_array_equal(evaluate(fd.fusion, [a])[0], a - a.sum(1))
+
+
+def _squeezed_rms(dtype=DataType.BFloat16) -> FusionDefinition:
+    with FusionDefinition("squeezed_rms") as fd:
+        x = fd.define_tensor([-1, -1], dtype=dtype)
+        xf = fd.ops.cast(x, DataType.Float)
+        ms = fd.ops.squeeze(fd.ops.sum(fd.ops.mul(xf, xf), [1], keepdim=True), [1])
+        r = fd.ops.rsqrt(fd.ops.add(fd.ops.div(ms, x.size(1)), 1e-6))
+        fd.add_output(fd.ops.cast(fd.ops.mul(xf, fd.ops.broadcast_in_dim(r, x.shape(), [0])),
+                                  dtype))
+        fd.add_output(r)
+    return fd
+
+
+def test_a_squeeze_compiles_as_an_alias():
+    from fuser.analysis import analyze
+    from fuser.device import DeviceSpec
+    from fuser.kernels import build
+    from fuser.schedulers import Problem
+
+    fd = _squeezed_rms()
+    built = build(fd.name, analyze(fd.fusion), Problem(4096, 1024, 16), DeviceSpec.get("h200"))
+    kernel = built.source.source.split("#include", 1)[1]
+    assert "T4" not in kernel and "row_T3 / " in kernel  # T4 = squeeze(T3): T3 itself
+    assert not built.compiled.resource(built.source.row_entry).spills
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("rows", "hidden"), [(1, 1), (7, 1000), (1000, 4096), (64, 24578)])
+def test_a_squeezed_statistic_matches_the_oracle_on_the_gpu(rows, hidden):
+    import cupy
+    import numpy as np
+
+    x = np.random.default_rng(8).standard_normal((rows, hidden)).astype(DataType.BFloat16.numpy)
+    _squeezed_rms().validate([cupy.asarray(x)])

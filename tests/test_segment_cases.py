@@ -235,6 +235,19 @@ def mean_over_some_leading_dims(fd):
     fd.add_output(fd.ops.div(fd.ops.sum(x, [0, 1, 2]), count))
 
 
+def shifted_by_the_kept_max(fd):
+    """x minus the max of all its elements, kept as [1, 1]: the max exists before any row."""
+    x = fd.define_tensor([-1, -1])
+    fd.add_output(fd.ops.sub(x, fd.ops.max(x, [0, 1], keepdim=True)))
+
+
+def var_of_everything(fd):
+    """var_mean over both axes: the mean of all elements, then the squares about it."""
+    var, mean = fd.ops.var_mean(fd.define_tensor([-1, -1]), [0, 1], correction=1)
+    fd.add_output(var)
+    fd.add_output(mean)
+
+
 def centered_by_the_total(fd):
     """x minus the sum of all its elements: the total exists before any row uses it."""
     x = fd.define_tensor([-1, -1])
@@ -266,6 +279,8 @@ CASES = {  # name -> (builder, segments, inputs: a shape (standard normal float3
     "full_sum_bf16": (full_sum_bf16, 2, [(30, 17)]),
     "mean_over_some_leading_dims": (mean_over_some_leading_dims, 2, [(2, 3, 5, 17)]),
     "centered_by_the_total": (centered_by_the_total, 3, [(30, 17)]),
+    "shifted_by_the_kept_max": (shifted_by_the_kept_max, 3, [(30, 17)]),
+    "var_of_everything": (var_of_everything, 4, [(30, 17)]),
     LONG: (long_name, 2, [(30, 17)]),
 }
 
@@ -415,6 +430,29 @@ def test_narrow_batch_norm_statistics_match_the_oracle_on_the_gpu(dtype):
         batch_norm_narrow(fd, dtype)
     x = (100 + np.random.default_rng(1).standard_normal((16384, 1024))).astype(dtype.numpy)
     fd.validate([cupy.asarray(x)])
+
+
+def test_a_constant_size_a_later_segment_takes_is_read_off_the_definition():
+    """sum(y, dims=[0, 1]) / y.size(1) of y = x broadcast to [N, 4]: the segment finishing
+    the sum takes the 4 as a scalar input, though no tensor passed to it has that size."""
+    with FusionDefinition("const_size") as fd:
+        x = fd.define_tensor([-1])
+        y = fd.ops.broadcast_in_dim(x, [x.size(0), 4], [0])
+        fd.add_output(fd.ops.div(fd.ops.sum(y, [0, 1]), y.size(1)))
+    x = np.random.default_rng(6).standard_normal(5).astype(np.float32)
+    (got,) = _chained(fd, [x])
+    np.testing.assert_allclose(got, x.astype(np.float64).sum(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [[-1, 1], [1, -1]], ids=str)
+def test_a_total_of_a_row_or_column_vector_is_one_kernel(shape):
+    """sum over both axes of [N, 1] or [1, N]: one row of N, one inner reduction."""
+    with FusionDefinition("vector_total") as fd:
+        fd.add_output(fd.ops.sum(fd.define_tensor(shape), [0, 1]))
+    assert analyze(fd.fusion).kind is Kind.INNER and segments_of(fd) is None
+    x = np.random.default_rng(7).standard_normal([9 if s == -1 else 1 for s in shape])
+    (total,) = evaluate(fd.fusion, [x.astype(np.float32)])
+    assert total.shape == () and np.isclose(total, x.sum(), rtol=1e-5)
 
 
 def _sum_1d() -> FusionDefinition:

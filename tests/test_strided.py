@@ -52,6 +52,19 @@ def test_only_strided_arrays_at_inputs_declared_non_contiguous_are_copied():
     assert executor._contiguous(declared, [strided, w])[0] is strided  # left to the checks
 
 
+def test_a_strided_numpy_array_is_refused_as_a_host_array_not_copied():
+    """numpy arrays have .flags and .device too: the copy is CuPy's only for CuPy arrays, and
+    a host array gets the error that says to move it to the device (review found a TypeError
+    from cupy.ascontiguousarray)."""
+    from fuser import BadInputError
+
+    x = np.zeros((4, 3), np.float32).T
+    assert executor._contiguous(_rms(), [x, np.ones(4, np.float32)])[0] is x
+    with pytest.raises(BadInputError, match=r"input 0 \(T0\) is a numpy.ndarray; fuser runs on "
+                                            r"CuPy arrays or torch CUDA tensors"):
+        _rms().execute([x, np.ones(4, np.float32)])
+
+
 @pytest.mark.gpu
 def test_a_strided_array_for_an_input_declared_contiguous_names_both_fixes():
     torch = pytest.importorskip("torch")
