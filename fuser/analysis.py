@@ -293,9 +293,11 @@ def _check_inputs_and_outputs(lowered: Fusion, roles: dict) -> None:
     for o in lowered.outputs:
         if roles[o] is Role.SCALAR:
             raise UnsupportedFusionError(
-                f"output {o.name} is a single value (no row or hidden dimension) computed in a "
-                "kernel over rows: reduce over every axis in one reduction (sum(x, dims=[0, "
-                "1])), which runs as a kernel over the rows and one over their results"
+                f"output {o.name} is a single value (no row or hidden dimension) that a kernel "
+                "over rows would have to write: a total over every axis of a [rows, hidden] "
+                "tensor, or of per-row values, runs as kernels of its own; one of column "
+                "values (beside them) or of a tensor with size-1 axes between its others does "
+                "not yet"
             )
 
 

@@ -135,23 +135,24 @@ def stages(fusion: Fusion) -> dict[Val, int]:
         out = e.outputs[0]
         rank = _rank(out)
         of_whole = any(i in whole for i in e.inputs)
+        # a reduction of per-row results (kept or not) is one value, or (over N-D rows) per
+        # row of fewer rows
+        across = e.op in REDUCTIONS and (e.inputs[0] in per_row or e.inputs[0] in kept)
         lifted = ((e.op in ELEMENTWISE and any(i in per_row and _rank(i) < rank
                                                for i in e.inputs))
-                  or _across_rows(e, per_row)
-                  or (e.op in REDUCTIONS and e.inputs[0] in per_row)
-                  or (of_whole and _span(out) > 0))
+                  or _across_rows(e, per_row) or across or (of_whole and _span(out) > 0))
         s = max((stage[i] for i in e.inputs), default=0) + (1 if is_outer(e) or lifted else 0)
         for o in e.outputs:
             stage[o] = s
-        # a reduction of per-row results is one value, or (over N-D rows) per row of fewer
-        across = e.op in REDUCTIONS and e.inputs[0] in per_row
         if (across or of_whole) and _span(out) == 0:
             whole.add(out)
             continue
         inner = e.op in REDUCTIONS and not is_outer(e)
         same_rank = (e.op in ELEMENTWISE or e.op == "cast")
-        if (inner and e.attr("keepdim")) or (same_rank and any(
-                i in kept and _rank(i) == rank for i in e.inputs)):
+        widened = (e.op == "broadcast_in_dim" and e.inputs[0] in per_row
+                   and _span(out) == _span(e.inputs[0]))  # size-1 axes added (unsqueeze)
+        if (inner and e.attr("keepdim")) or widened or (same_rank and any(
+                i in kept and _rank(i) == rank and _span(i) == _span(out) for i in e.inputs)):
             kept.add(out)
         reduced_row = inner and not e.attr("keepdim")
         of_reduced_rows = same_rank and any(i in per_row and _rank(i) == rank for i in e.inputs)
@@ -291,34 +292,7 @@ def _extract(f: Fusion, outputs: list[Val], home: dict[Val, int],
     fusion's inputs, the values earlier segments wrote (home before k), and the sizes it
     uses in arithmetic of tensors it reads nothing else of (the count of a mean over every
     element, in the segment that finishes the sum: scalar inputs, Segment.arguments)."""
-    needed: set[Val] = set()
-    reads: set[Val] = set()
-    sizes: set[Val] = set()
-    sizes_of: dict[Val, Val] = {}  # a size -> its tensor
-    stack = list(outputs)
-    while stack:
-        while stack:
-            v = stack.pop()
-            if v in needed or v in reads:
-                continue
-            if v in f.inputs or (home.get(v, k) < k and _readable(v)):
-                reads.add(v)
-                continue
-            if v.definition is not None and v.definition.op == "size":
-                sizes.add(v)
-                sizes_of[v] = v.definition.inputs[0]
-                continue
-            needed.add(v)
-            if v.definition is not None:
-                stack.extend(v.definition.inputs)
-        for v in list(sizes):
-            tensor = sizes_of[v]
-            if tensor in needed or tensor in reads or any(
-                    u.op == "broadcast_in_dim" and u.outputs[0] in needed for u in f.uses(v)):
-                sizes.discard(v)
-                needed.add(v)
-                stack.append(tensor)
-    reads |= sizes
+    needed, reads, aliases = _segment_values(f, outputs, home, k)
     inputs = [v for v in f.inputs if v in reads] + [v for v in f.vals
                                                     if v in reads and v not in f.inputs]
     sub = Fusion()
@@ -327,13 +301,64 @@ def _extract(f: Fusion, outputs: list[Val], home: dict[Val, int],
         if v in needed and v.definition is None:
             new[v] = define_like(sub, v, False)
     for e in f.exprs:
-        if any(o in needed for o in e.outputs):
+        if e.outputs[0] in aliases:
+            tensor, dim = aliases[e.outputs[0]]
+            new[e.outputs[0]] = sub.size(new[tensor], dim)
+        elif any(o in needed for o in e.outputs):
             copy_expr(sub, e, new)
     # A value read from an earlier segment (a column of statistics written as an output) may
     # meet no other tensor here; its sizes are still those of the tensors it came from.
     equate_extents(new, f"segment {k}", _one_size_axes(f))
     sub.outputs.extend(as_tensor(new[o]) for o in outputs)
     return sub, inputs
+
+
+def _segment_values(f: Fusion, outputs: list[Val], home: dict[Val, int], k: int
+                    ) -> tuple[set[Val], set[Val], dict[Val, tuple[Val, int]]]:
+    """(values segment k computes, values it reads, sizes it takes of another tensor it
+    reads: size -> (tensor, dim)). A size that shapes a broadcast needs a tensor of its
+    extent here: the one it was taken of, or (when that one is not read) one that is read;
+    a size used in arithmetic only, of a tensor not read, is read as a scalar."""
+    needed: set[Val] = set()
+    reads: set[Val] = set()
+    sizes: dict[Val, Val] = {}  # a size -> its tensor
+    aliases: dict[Val, tuple[Val, int]] = {}
+    stack = list(outputs)
+    while stack:
+        while stack:
+            v = stack.pop()
+            if v in needed or v in reads:
+                continue
+            if v in f.inputs or (home.get(v, k) < k and _readable(v)):
+                reads.add(v)
+            elif v.definition is not None and v.definition.op == "size":
+                sizes[v] = v.definition.inputs[0]
+            else:
+                needed.add(v)
+                stack.extend(v.definition.inputs if v.definition is not None else ())
+        for v, tensor in list(sizes.items()):
+            shapes = any(u.op == "broadcast_in_dim" and u.outputs[0] in needed
+                         for u in f.uses(v))
+            if tensor in needed or tensor in reads or shapes:
+                del sizes[v]
+                needed.add(v)
+                alias = None if tensor in needed or tensor in reads else _read_dim(v, reads)
+                if alias is not None:
+                    aliases[v] = alias
+                else:
+                    stack.append(tensor)
+    return needed, reads | set(sizes), aliases
+
+
+def _read_dim(size: Val, reads: set[Val]) -> tuple[Val, int] | None:
+    """A tensor among `reads` and its dimension of `size`'s extent, if any."""
+    extent = size.extent.find() if isinstance(size, Scalar) and size.extent is not None else None
+    for t in sorted(reads, key=lambda v: v.index):
+        if extent is not None and isinstance(t, Tensor):
+            for d, e in enumerate(t.dims):
+                if e is not None and e.find() is extent:
+                    return t, d
+    return None
 
 
 def _one_size_axes(f: Fusion) -> frozenset:

@@ -248,10 +248,32 @@ def var_of_everything(fd):
     fd.add_output(mean)
 
 
+def total_of_kept_row_sums(fd):
+    """The sum of keepdim row sums over both axes: the [rows, 1] sums, then one row of them."""
+    x = fd.define_tensor([-1, -1])
+    fd.add_output(fd.ops.sum(fd.ops.sum(x, [1], keepdim=True), [0, 1]))
+
+
+def total_of_a_squeezed_variance(fd):
+    """var_mean keepdim, squeezed, summed over the rows: the squeeze of a kept row value is a
+    per-row value, and its sum one value after every row's."""
+    var, _ = fd.ops.var_mean(fd.define_tensor([-1, -1]), [1], correction=0, keepdim=True)
+    fd.add_output(fd.ops.sum(fd.ops.squeeze(var, [1]), [0]))
+
+
 def centered_by_the_total(fd):
     """x minus the sum of all its elements: the total exists before any row uses it."""
     x = fd.define_tensor([-1, -1])
     fd.add_output(fd.ops.sub(x, fd.ops.sum(x, [0, 1])))
+
+
+def rows_of_unrelated_sizes(fd):
+    """The column sums of x added to each row of z, whose row count differs: the second
+    segment takes the hidden size from the sums it reads, not from x (it reads no x)."""
+    x = fd.define_tensor([-1, -1])
+    z = fd.define_tensor([-1, -1])
+    s = fd.ops.sum(x, [0])
+    fd.add_output(fd.ops.add(z, fd.ops.broadcast_in_dim(s, [z.size(0), x.size(1)], [1])))
 
 
 LONG = "n" * MAX_NAME_LENGTH
@@ -280,6 +302,9 @@ CASES = {  # name -> (builder, segments, inputs: a shape (standard normal float3
     "mean_over_some_leading_dims": (mean_over_some_leading_dims, 2, [(2, 3, 5, 17)]),
     "centered_by_the_total": (centered_by_the_total, 3, [(30, 17)]),
     "shifted_by_the_kept_max": (shifted_by_the_kept_max, 3, [(30, 17)]),
+    "total_of_kept_row_sums": (total_of_kept_row_sums, 2, [(30, 17)]),
+    "rows_of_unrelated_sizes": (rows_of_unrelated_sizes, 2, [(30, 17), (20, 17)]),
+    "total_of_a_squeezed_variance": (total_of_a_squeezed_variance, 2, [(30, 17)]),
     "var_of_everything": (var_of_everything, 4, [(30, 17)]),
     LONG: (long_name, 2, [(30, 17)]),
 }
@@ -374,18 +399,8 @@ def three_d_over_dim_0(fd):
     fd.add_output(fd.ops.sub(x, fd.ops.sum(x, [0], keepdim=True)))
 
 
-def rows_of_unrelated_sizes(fd):
-    """The column sums of x broadcast to z's rows: one segment would sweep rows of two
-    sizes."""
-    x = fd.define_tensor([-1, -1])
-    z = fd.define_tensor([-1, -1])
-    s = fd.ops.sum(x, [0])
-    fd.add_output(fd.ops.add(z, fd.ops.broadcast_in_dim(s, [z.size(0), x.size(1)], [1])))
-
-
 REFUSED = {  # builder -> what the error says (the segment's reason, or the whole fusion's)
     three_d_over_dim_0: r"(?s)Cutting fusion .* segment 0 \(T1\).*T1 spans 2 of the fusion's 3",
-    rows_of_unrelated_sizes: r"(?s)Cutting fusion .* segment 1 .*T1 spans 2 of the fusion's 2",
 }
 
 
