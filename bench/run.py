@@ -137,6 +137,28 @@ def minimal_bytes(inputs, outputs) -> int:
     return int(sum(int(t.nbytes) for t in (*inputs, *outputs)))
 
 
+def segment_bytes(fd, inputs) -> list[int] | None:
+    """Bytes each kernel of a segmented fusion moves at least (its inputs read once, its
+    outputs written once), from the shapes of `inputs`; None where one kernel chain runs
+    `fd`. Their sum over the copy's bandwidth is the time a chain of these segments cannot
+    beat: finish_entry sets fraction_of_segments_bound against it."""
+    from fuser.executor import segments_of
+    from fuser.ir import Tensor
+    from fuser.reference import bind_shapes
+
+    segmentation = segments_of(fd)
+    if segmentation is None:
+        return None
+    lowered = segmentation.lowered
+    sizes = bind_shapes(lowered, [tuple(x.shape) if isinstance(v, Tensor) else None
+                                  for v, x in zip(lowered.inputs, inputs, strict=True)])
+
+    def nbytes(v) -> int:
+        return math.prod(sizes.shape(v)) * v.dtype.itemsize if isinstance(v, Tensor) else 0
+
+    return [sum(nbytes(v) for v in (*s.inputs, *s.outputs)) for s in segmentation.segments]
+
+
 def expected_bytes(fusion: str, rows: int, hidden: int, itemsize: int) -> int:
     """The same count from the shapes alone (e.g. bf16 dropout+RMSNorm bwd: N*H*11 + N*4 +
     2*H*2, REFERENCE.md section 3)."""
@@ -211,6 +233,9 @@ def finish_entry(entry: dict) -> dict:
     for m in impls.values():
         if "gbps" in m:
             m["fraction_of_copy"] = m["gbps"] / copy if copy else None
+        if "gbps" in m and "segment_bytes" in m:
+            bound = gbps(sum(m["segment_bytes"]), m["time_us"])
+            m["fraction_of_segments_bound"] = bound / copy if copy else None
     return entry
 
 
@@ -515,9 +540,12 @@ def bench_size(fusion: str, hidden: int, args, dtype, timer) -> dict:
         sync()
         m.update(timed(lambda: fd.execute(inputs)))
         impls["fuser"] = m
+        segments = segment_bytes(fd, inputs)
+        if segments is not None:
+            m["segment_bytes"] = segments
         if args.breakdown:
             m["kernels_us"] = breakdown(lambda: fd.execute(inputs))
-        if args.tune:
+        if args.tune and segments is None:  # hints steer one kernel chain
             tune(fd, inputs, ref, schedule, entry, timed)
     except Exception as exc:
         impls["fuser"] = {**impls.get("fuser", {}), **error_record(exc)}

@@ -27,6 +27,7 @@ from bench.run import (
     output_paths,
     parse_args,
     rows_for_budget,
+    segment_bytes,
     tune_grid,
     write_report,
 )
@@ -255,6 +256,36 @@ def test_finish_entry_bandwidth_and_fractions():
     assert e["impls"]["eager"]["fraction_of_copy"] == pytest.approx(0.05)
     assert e["impls"]["fuser_tuned"]["fraction_of_copy"] == pytest.approx(3.9 / 4)
     assert "gbps" not in e["impls"]["compile"]
+
+
+def test_a_segmented_fusion_is_measured_against_its_segments_bytes():
+    """fraction_of_segments_bound: the bytes each segment must move (its inputs read once,
+    its outputs written once), over the fuser time, as a fraction of the copy's bandwidth;
+    the bytes equal what the segments read and write when chained on the oracle."""
+    from fuser.executor import segments_of
+    from fuser.reference import evaluate
+
+    fd = FUSIONS["batchnorm_fwd"](DataType.BFloat16)
+    inputs = make_inputs("batchnorm_fwd", 64, 96, DataType.BFloat16, np.random.default_rng(0))
+    got = segment_bytes(fd, inputs)
+    segmentation = segments_of(fd)
+    values = dict(zip(segmentation.lowered.inputs, inputs, strict=True))
+    chained = []
+    for s in segmentation.segments:
+        args = s.arguments(values)
+        outs = evaluate(s.definition.fusion, args)
+        values.update(zip(s.outputs, outs, strict=True))
+        chained.append(sum(np.asarray(a).size * v.dtype.itemsize  # the oracle's arrays
+                           for v, a in zip((*s.inputs, *s.outputs), (*args, *outs),
+                                           strict=True) if np.asarray(a).ndim))
+    assert got == chained and len(got) == 3
+    assert segment_bytes(FUSIONS["rmsnorm_fwd"](DataType.BFloat16),
+                         make_inputs("rmsnorm_fwd", 8, 32, DataType.BFloat16,
+                                     np.random.default_rng(0))) is None
+    e = finish_entry({"hidden": 96, "rows": 64, "bytes": 1000, "impls": {
+        "copy": {"time_us": 1.0}, "fuser": {"time_us": 2.0, "segment_bytes": [1000, 1000]}}})
+    assert e["impls"]["fuser"]["fraction_of_copy"] == pytest.approx(0.5)
+    assert e["impls"]["fuser"]["fraction_of_segments_bound"] == pytest.approx(1.0)
 
 
 def test_markdown_table():
