@@ -185,7 +185,8 @@ def render_pointwise(name: str, info: FusionInfo, schedule: PointwiseSchedule) -
     def described(ts, values):
         return [{"name": o.name, "ctype": o.dtype.cuda_type, "value": values[o]} for o in ts]
 
-    readers = row_lines + element_lines + [row_emitter.env[o] for o in outs[Role.ROW]]
+    readers = (row_lines + element_lines + [row_emitter.env[o] for o in outs[Role.ROW]]
+               + [emitter.env[o] for o in (*outs[Role.FULL], *outs[Role.COL])])
     context = {
         "header": _header(name, info, [schedule]),
         "entry": signature.entry,

@@ -261,6 +261,14 @@ def total_of_a_squeezed_variance(fd):
     fd.add_output(fd.ops.sum(fd.ops.squeeze(var, [1]), [0]))
 
 
+def total_broadcast_back(fd):
+    """The total of x, kept, broadcast back to x's shape: the last kernel's output is the one
+    value it reads (found by make fuzz: its read was dropped as unused)."""
+    x = fd.define_tensor([-1, -1])
+    total = fd.ops.sum(x, [0, 1], keepdim=True)
+    fd.add_output(fd.ops.broadcast_in_dim(total, [x.size(0), x.size(1)], [0, 1]))
+
+
 def centered_by_the_total(fd):
     """x minus the sum of all its elements: the total exists before any row uses it."""
     x = fd.define_tensor([-1, -1])
@@ -303,6 +311,7 @@ CASES = {  # name -> (builder, segments, inputs: a shape (standard normal float3
     "centered_by_the_total": (centered_by_the_total, 3, [(30, 17)]),
     "shifted_by_the_kept_max": (shifted_by_the_kept_max, 3, [(30, 17)]),
     "total_of_kept_row_sums": (total_of_kept_row_sums, 2, [(30, 17)]),
+    "total_broadcast_back": (total_broadcast_back, 3, [(30, 17)]),
     "rows_of_unrelated_sizes": (rows_of_unrelated_sizes, 2, [(30, 17), (20, 17)]),
     "total_of_a_squeezed_variance": (total_of_a_squeezed_variance, 2, [(30, 17)]),
     "var_of_everything": (var_of_everything, 4, [(30, 17)]),
