@@ -509,3 +509,19 @@ def test_a_reduction_of_a_1d_tensor_matches_the_oracle_on_the_gpu(n):
     x = np.random.default_rng(3).standard_normal(n).astype(np.float32)
     fd.validate([cupy.asarray(x)])
     assert fd.execute([cupy.asarray(x)])[0].shape == ()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 1000, 1 << 20])
+def test_a_1d_pointwise_fusion_matches_the_oracle_on_the_gpu(n):
+    """A fusion of 1-D tensors is one row (its tensors full rows, as in the 1-D sum): the
+    pointwise kernel over one row of n."""
+    import cupy
+
+    with FusionDefinition("pointwise_1d") as fd:
+        x, w = fd.define_tensor([-1]), fd.define_tensor([-1])
+        fd.add_output(fd.ops.mul(fd.ops.relu(x), w))
+    assert [r.value for r in (analyze(fd.fusion).roles[v] for v in fd.fusion.inputs)] == [
+        "full", "full"]
+    rng = np.random.default_rng(9)
+    fd.validate([cupy.asarray(rng.standard_normal(n).astype(np.float32)) for _ in range(2)])
