@@ -195,28 +195,55 @@ def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError) -> Segmen
     for k in range(last, -1, -1):
         outputs = list(dict.fromkeys(
             [o for o in lowered.outputs if home[o] == k] + demanded[k]))
-        if not outputs:
-            continue
-        sub, inputs = _extract(lowered, outputs, home, k)
-        for v in inputs:
-            if v not in lowered.inputs and v in home:  # else a size (Segment.arguments)
-                demanded[home[v]].append(v)
-        sub.closed_by = f"segment {k} of FusionDefinition {name!r}"
-        definition = FusionDefinition.from_fusion(sub, _segment_name(name, k))
-        built.append(Segment(k, definition, tuple(inputs), tuple(outputs), _why(k, inputs,
-                                                                              lowered)))
+        groups = _groups(lowered, outputs, home, k)
+        for part, group in reversed(list(enumerate(groups))):  # built is reversed at the end
+            sub, inputs = _extract(lowered, group, home, k)
+            for v in inputs:
+                if v not in lowered.inputs and v in home:  # else a size (Segment.arguments)
+                    demanded[home[v]].append(v)
+            sub.closed_by = f"segment {k} of FusionDefinition {name!r}"
+            suffix = f"_s{k}" if len(groups) == 1 else f"_s{k}_{part}"
+            definition = FusionDefinition.from_fusion(sub, _segment_name(name, suffix))
+            built.append(Segment(k, definition, tuple(inputs), tuple(group),
+                                 _why(k, inputs, lowered)))
     segments = tuple(_renumbered(reversed(built)))
     _check_each_runs(name, segments, reason)
     return Segmentation(lowered, segments)
 
 
-def _segment_name(name: str, k: int) -> str:
+def _segment_name(name: str, suffix: str) -> str:
     """`name` with the segment's suffix, cut to fit check_name's limit (the kernel cache and
     FUSER_DUMP_DIR tell sources apart by their hash, not by this name)."""
     from fuser.frontend import MAX_NAME_LENGTH
 
-    suffix = f"_s{k}"
     return name[:MAX_NAME_LENGTH - len(suffix)] + suffix
+
+
+def _groups(f: Fusion, outputs: list[Val], home: dict[Val, int], k: int) -> list[list[Val]]:
+    """The outputs of stage k in one group where one kernel chain computes them all; else in
+    groups that share no axis (a total's row results beside a column value: rows of one size
+    and columns of another meet in no tensor), each a segment of its own."""
+    sub, _ = _extract(f, outputs, home, k)
+    try:
+        analyze(sub)
+        return [outputs]
+    except UnsupportedFusionError:
+        pass
+    axes = {o: _axes_touched(f, o, home, k) for o in outputs}
+    groups: list[list[Val]] = []
+    for o in outputs:
+        joined = [g for g in groups if any(axes[o] & axes[p] for p in g)]
+        merged = [p for g in joined for p in g] + [o]
+        groups = [g for g in groups if g not in joined] + [merged]
+    ordered = [sorted(g, key=outputs.index) for g in groups]
+    return sorted(ordered, key=lambda g: outputs.index(g[0]))
+
+
+def _axes_touched(f: Fusion, output: Val, home: dict[Val, int], k: int) -> set:
+    """The extents of every tensor segment k would compute or read for `output` alone."""
+    needed, reads, _ = _segment_values(f, [output], home, k)
+    return {e.find() for v in (*needed, *reads, output) if isinstance(v, Tensor)
+            for e in v.dims if e is not None}
 
 
 def _check_each_runs(name: str, segments: tuple[Segment, ...],

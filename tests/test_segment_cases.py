@@ -269,6 +269,14 @@ def total_broadcast_back(fd):
     fd.add_output(fd.ops.broadcast_in_dim(total, [x.size(0), x.size(1)], [0, 1]))
 
 
+def column_max_beside_the_total(fd):
+    """Twice the column maxima and the total: after the first sweep, one kernel over the
+    columns' maxima and one over the rows' sums (no tensor has both: two segments at once)."""
+    x = fd.define_tensor([-1, -1])
+    fd.add_output(fd.ops.mul(fd.ops.max(x, [0]), 2.0))
+    fd.add_output(fd.ops.sum(x, [0, 1]))
+
+
 def centered_by_the_total(fd):
     """x minus the sum of all its elements: the total exists before any row uses it."""
     x = fd.define_tensor([-1, -1])
@@ -312,6 +320,7 @@ CASES = {  # name -> (builder, segments, inputs: a shape (standard normal float3
     "shifted_by_the_kept_max": (shifted_by_the_kept_max, 3, [(30, 17)]),
     "total_of_kept_row_sums": (total_of_kept_row_sums, 2, [(30, 17)]),
     "total_broadcast_back": (total_broadcast_back, 3, [(30, 17)]),
+    "column_max_beside_the_total": (column_max_beside_the_total, 3, [(30, 17)]),
     "rows_of_unrelated_sizes": (rows_of_unrelated_sizes, 2, [(30, 17), (20, 17)]),
     "total_of_a_squeezed_variance": (total_of_a_squeezed_variance, 2, [(30, 17)]),
     "var_of_everything": (var_of_everything, 4, [(30, 17)]),
