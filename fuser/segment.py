@@ -195,6 +195,8 @@ def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError) -> Segmen
     for k in range(last, -1, -1):
         outputs = list(dict.fromkeys(
             [o for o in lowered.outputs if home[o] == k] + demanded[k]))
+        if not outputs:
+            continue
         groups = _groups(lowered, outputs, home, k)
         for part, group in reversed(list(enumerate(groups))):  # built is reversed at the end
             sub, inputs = _extract(lowered, group, home, k)

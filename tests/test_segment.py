@@ -182,6 +182,18 @@ def test_sum_by_column_follows_numpy_and_refuses_a_non_square_input():
         execute(_fd("sum_by_column"), [np.zeros((6, 5), np.float32)])
 
 
+def test_a_stage_that_writes_nothing_has_no_segment():
+    """A full reduction no output needs puts its second half one stage later, with nothing
+    there to write: no segment for that stage (make fuzz found an empty one, whose repr did
+    not rebuild)."""
+    with FusionDefinition("dead_total") as fd:
+        x = fd.define_tensor([-1, -1])
+        fd.ops.max(x, [0, 1], keepdim=True)  # used by nothing
+        fd.add_output(fd.ops.abs(fd.ops.max(x, [1], keepdim=True)))
+    segmentation = segments_of(fd)
+    assert segmentation is None or all(s.outputs for s in segmentation.segments)
+
+
 def test_values_no_output_needs_are_left_out_of_a_one_segment_run():
     """Analysis refuses a fusion whose unused value normalizes along the rows; the one segment
     holds only what the output needs (found by the CPU fuzz)."""
