@@ -673,6 +673,8 @@ def check_fusion(fd: FusionDefinition, problem: Problem, device: DeviceSpec, nvr
     except InternalError as e:
         raise Crash(f"InternalError at {stage}: {e}\n{where}") from e
     except FuserError as e:
+        if stage == "repr":  # a fusion that exists prints Python that rebuilds it
+            raise ReprMismatch(f"repr(fd) does not rebuild: {e}\n{where}") from e
         return f"{type(e).__name__} ({stage})"
     except Exception as e:
         raise Crash(f"{type(e).__name__} at {stage}: {e}\n{where}") from e

@@ -31,6 +31,7 @@ from fuzz_fusions import (
     KNOWN,
     Crash,
     PlanViolation,
+    ReprMismatch,
     build,
     cases,
     check_fusion,
@@ -282,3 +283,13 @@ def test_segments_chained_on_the_oracle_equal_the_whole_fusion(plan, rows, hidde
         assert got.shape == expected.shape, repr(fd)
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5, equal_nan=True,
                                    err_msg=f"{out.name}\n{fd!r}")
+
+
+def test_a_fusion_whose_repr_does_not_rebuild_is_a_failure_not_an_outcome():
+    """repr(fd) of any fusion fuser made (a segment too) must rebuild it: an empty segment's
+    did not, and the fuzz counted it as an outcome (978 cases) instead of failing."""
+    from fuser.ir import Fusion
+
+    empty = FusionDefinition.from_fusion(Fusion(), "empty_segment")
+    with pytest.raises(ReprMismatch, match=r"repr\(fd\) does not rebuild"):
+        check_fusion(empty, Problem(64, 64, 16), DeviceSpec.get("h200"), False)
