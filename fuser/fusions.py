@@ -21,6 +21,31 @@ def _row(fd: FusionDefinition, t, like):
     return fd.ops.broadcast_in_dim(t, shape=like.shape(), broadcast_dims=[0, 1][: t.ndim])
 
 
+def _dropout_add(fd: FusionDefinition, in1, in2, mask, scale):
+    """input2 + mask * input1 * scale in float: dropout of input1 added to the residual."""
+    return fd.ops.add(fd.ops.cast(in2, F32),
+                      fd.ops.mul(fd.ops.mul(fd.ops.cast(mask, F32), fd.ops.cast(in1, F32)),
+                                 scale))
+
+
+def _standardized(fd: FusionDefinition, xf, w, b, eps: float, like, over_rows: bool = False):
+    """(y, mean, rstd) of y = (xf - mean) * rstd * w + b with the biased variance: the
+    statistics along each row ([N, 1], LayerNorm), or over the rows per column ([H],
+    BatchNorm, broadcast down the columns as numpy aligns them)."""
+    if over_rows:
+        var, mean = fd.ops.var_mean(xf, dims=[0], correction=0, keepdim=False)
+    else:
+        var, mean = fd.ops.var_mean(xf, dims=[1], correction=0, keepdim=True)
+
+    def spread(t):
+        return t if over_rows else _row(fd, t, like)
+
+    rstd = fd.ops.rsqrt(fd.ops.add(var, fd.define_scalar(eps)))
+    xhat = fd.ops.mul(fd.ops.sub(xf, spread(mean)), spread(rstd))
+    y = fd.ops.add(fd.ops.mul(xhat, fd.ops.cast(w, F32)), fd.ops.cast(b, F32))
+    return y, mean, rstd
+
+
 def rmsnorm_fwd(dtype: DataType = DataType.BFloat16, eps: float = 1e-6) -> FusionDefinition:
     """x [N, H], weight [H] -> y = x * rsqrt(mean(x^2) + eps) * weight, rstd [N, 1] fp32."""
     with FusionDefinition("rmsnorm_fwd") as fd:
@@ -41,11 +66,7 @@ def layernorm_fwd(dtype: DataType = DataType.BFloat16, eps: float = 1e-5) -> Fus
         x = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=dtype)
         w = fd.define_tensor(shape=[-1], contiguity=[True], dtype=dtype)
         b = fd.define_tensor(shape=[-1], contiguity=[True], dtype=dtype)
-        xf = fd.ops.cast(x, F32)
-        var, mean = fd.ops.var_mean(xf, dims=[1], correction=0, keepdim=True)
-        rstd = fd.ops.rsqrt(fd.ops.add(var, fd.define_scalar(eps)))
-        xhat = fd.ops.mul(fd.ops.sub(xf, _row(fd, mean, x)), _row(fd, rstd, x))
-        y = fd.ops.add(fd.ops.mul(xhat, fd.ops.cast(w, F32)), fd.ops.cast(b, F32))
+        y, mean, rstd = _standardized(fd, fd.ops.cast(x, F32), w, b, eps, x)
         fd.add_output(fd.ops.cast(y, dtype))
         fd.add_output(mean)
         fd.add_output(rstd)
@@ -85,10 +106,7 @@ def dropout_rmsnorm_fwd(dtype: DataType = DataType.BFloat16, p: float = 0.1,
         in2 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=dtype)
         mask = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Bool)
         w = fd.define_tensor(shape=[-1], contiguity=[True], dtype=dtype)
-        scale = fd.define_scalar(1.0 / (1.0 - p))
-        x = fd.ops.add(fd.ops.cast(in2, F32),
-                       fd.ops.mul(fd.ops.mul(fd.ops.cast(mask, F32), fd.ops.cast(in1, F32)),
-                                  scale))
+        x = _dropout_add(fd, in1, in2, mask, fd.define_scalar(1.0 / (1.0 - p)))
         ms = fd.ops.div(fd.ops.sum(fd.ops.mul(x, x), dims=[1], keepdim=True), x.size(1))
         rms = fd.ops.sqrt(fd.ops.add(ms, fd.define_scalar(eps)))
         y = fd.ops.mul(fd.ops.div(x, _row(fd, rms, in1)), fd.ops.cast(w, F32))
@@ -193,13 +211,8 @@ def dropout_layernorm_fwd(dtype: DataType = DataType.BFloat16, p: float = 0.1,
         mask = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Bool)
         w = fd.define_tensor(shape=[-1], contiguity=[True], dtype=dtype)
         b = fd.define_tensor(shape=[-1], contiguity=[True], dtype=dtype)
-        x = fd.ops.add(fd.ops.cast(in2, F32),
-                       fd.ops.mul(fd.ops.mul(fd.ops.cast(mask, F32), fd.ops.cast(in1, F32)),
-                                  fd.define_scalar(1.0 / (1.0 - p))))
-        var, mean = fd.ops.var_mean(x, dims=[1], correction=0, keepdim=True)
-        rstd = fd.ops.rsqrt(fd.ops.add(var, fd.define_scalar(eps)))
-        xhat = fd.ops.mul(fd.ops.sub(x, _row(fd, mean, in1)), _row(fd, rstd, in1))
-        y = fd.ops.add(fd.ops.mul(xhat, fd.ops.cast(w, F32)), fd.ops.cast(b, F32))
+        x = _dropout_add(fd, in1, in2, mask, fd.define_scalar(1.0 / (1.0 - p)))
+        y, mean, rstd = _standardized(fd, x, w, b, eps, in1)
         fd.add_output(fd.ops.cast(y, dtype))
         fd.add_output(fd.ops.cast(x, dtype))
         fd.add_output(mean)
@@ -341,11 +354,7 @@ def batchnorm_fwd(dtype: DataType = DataType.BFloat16, eps: float = 1e-5) -> Fus
         x = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=dtype)
         w = fd.define_tensor(shape=[-1], contiguity=[True], dtype=dtype)
         b = fd.define_tensor(shape=[-1], contiguity=[True], dtype=dtype)
-        xf = fd.ops.cast(x, F32)
-        var, mean = fd.ops.var_mean(xf, dims=[0], correction=0, keepdim=False)
-        rstd = fd.ops.rsqrt(fd.ops.add(var, fd.define_scalar(eps)))
-        xhat = fd.ops.mul(fd.ops.sub(xf, mean), rstd)
-        y = fd.ops.add(fd.ops.mul(xhat, fd.ops.cast(w, F32)), fd.ops.cast(b, F32))
+        y, mean, rstd = _standardized(fd, fd.ops.cast(x, F32), w, b, eps, x, over_rows=True)
         fd.add_output(fd.ops.cast(y, dtype))
         fd.add_output(mean)
         fd.add_output(rstd)

@@ -96,17 +96,15 @@ class SegmentSchedules:
 
 
 def _size_from(size: Val, values: dict[Val, Any]) -> int:
-    extent = size.extent.find() if isinstance(size, Scalar) and size.extent is not None else None
+    extent = _extent_of(size)
     if extent is None:
         return 1
     if extent.value is not None:  # a constant size (a broadcast to 4 columns)
         return int(extent.value)
-    for v, x in values.items():
-        if isinstance(v, Tensor):
-            for d, e in enumerate(v.dims):
-                if e is not None and e.find() is extent:
-                    return int(x.shape[d])
-    raise InternalError(f"segment input {size.name}: no tensor of its extent was passed")
+    found = _dim_of(size, values)
+    if found is None:
+        raise InternalError(f"segment input {size.name}: no tensor of its extent was passed")
+    return int(values[found[0]].shape[found[1]])
 
 
 def is_outer(e: Expr) -> bool:
@@ -371,7 +369,7 @@ def _segment_values(f: Fusion, outputs: list[Val], home: dict[Val, int], k: int
             if tensor in needed or tensor in reads or shapes:
                 del sizes[v]
                 needed.add(v)
-                alias = None if tensor in needed or tensor in reads else _read_dim(v, reads)
+                alias = None if tensor in needed or tensor in reads else _dim_of(v, reads)
                 if alias is not None:
                     aliases[v] = alias
                 else:
@@ -379,10 +377,14 @@ def _segment_values(f: Fusion, outputs: list[Val], home: dict[Val, int], k: int
     return needed, reads | set(sizes), aliases
 
 
-def _read_dim(size: Val, reads: set[Val]) -> tuple[Val, int] | None:
-    """A tensor among `reads` and its dimension of `size`'s extent, if any."""
-    extent = size.extent.find() if isinstance(size, Scalar) and size.extent is not None else None
-    for t in sorted(reads, key=lambda v: v.index):
+def _extent_of(size: Val):
+    return size.extent.find() if isinstance(size, Scalar) and size.extent is not None else None
+
+
+def _dim_of(size: Val, tensors) -> tuple[Val, int] | None:
+    """A tensor among `tensors` (in definition order) and its dimension of `size`'s extent."""
+    extent = _extent_of(size)
+    for t in sorted(tensors, key=lambda v: v.index):
         if extent is not None and isinstance(t, Tensor):
             for d, e in enumerate(t.dims):
                 if e is not None and e.find() is extent:
