@@ -656,9 +656,11 @@ def _moved(v: Val, x, draw: str, rng: np.random.Generator):
 
 
 def _signs(shape: tuple[int, ...], draw: str, rng: np.random.Generator) -> np.ndarray:
-    """+-1 per element: alternating along the last axis, or random."""
+    """+-1 per element: alternating along the last axis (+1 for a 0-d value), or random."""
     if draw == "alternating":
-        return np.broadcast_to(1.0 - 2.0 * (np.arange(shape[-1] if shape else 1) % 2), shape)
+        if not shape:
+            return np.ones(())
+        return np.broadcast_to(1.0 - 2.0 * (np.arange(shape[-1]) % 2), shape)
     return rng.choice(np.array([-1.0, 1.0]), size=shape)
 
 

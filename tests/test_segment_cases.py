@@ -530,7 +530,7 @@ def test_a_1d_pointwise_fusion_matches_the_oracle_on_the_gpu(n):
     with FusionDefinition("pointwise_1d") as fd:
         x, w = fd.define_tensor([-1]), fd.define_tensor([-1])
         fd.add_output(fd.ops.mul(fd.ops.relu(x), w))
-    assert [r.value for r in (analyze(fd.fusion).roles[v] for v in fd.fusion.inputs)] == [
-        "full", "full"]
+    info = analyze(fd.fusion)
+    assert [info.roles[v] for v in info.fusion.inputs] == [Role.FULL, Role.FULL]
     rng = np.random.default_rng(9)
     fd.validate([cupy.asarray(rng.standard_normal(n).astype(np.float32)) for _ in range(2)])

@@ -13,7 +13,7 @@ from fuser import DataType, FusionDefinition
 from fuser.analysis import Kind, Role, analyze
 from fuser.device import DeviceSpec
 from fuser.kernels import build
-from fuser.reference import evaluate
+from fuser.reference import evaluate, input_sensitivity
 from fuser.schedulers import Problem
 
 F32, BF16 = DataType.Float, DataType.BFloat16
@@ -59,6 +59,8 @@ def test_the_oracle_takes_a_0d_input():
     np.testing.assert_allclose(cols, exact.sum(axis=0) / 0.5, rtol=1e-6)
     np.testing.assert_allclose(rows, (exact * 0.5).sum(axis=1), rtol=1e-6)
     assert y.shape == (7, 33) and rows.shape == (7,)
+    spreads = input_sensitivity(fd.fusion, [x.astype(BF16.numpy), s], [y, cols, rows])
+    assert [None if p is None else p.shape for p in spreads] == [None, (33,), (7,)]
 
 
 @pytest.mark.gpu
