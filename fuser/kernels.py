@@ -2,8 +2,9 @@
 
 The scheduler sizes a persistent kernel for a residency (blocks per SM) from a register
 estimate, and the template asks ptxas to honour it through __launch_bounds__. An estimate is
-only an estimate: when ptxas reports spills, the kernel is rebuilt for one block fewer per SM;
-at one block per SM, with a batch loop unrolled half as far (where no register array needs it
+only an estimate: when ptxas reports spills, the kernel is rebuilt for one block fewer per SM,
+unless that leaves an SM fewer than MIN_REBUILT_THREADS threads and another candidate follows; at
+one block per SM, with a batch loop unrolled half as far (where no register array needs it
 fully unrolled); then the next candidate schedule is tried (another storage of the rows).
 The schedule that comes out is the one the binary was built from, so the header comment, the
 cache key and the launch all agree. A build is bounded: past FUSER_BUILD_MAX_COMPILES renders
@@ -22,6 +23,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from fuser import plans
 from fuser.analysis import FusionInfo
@@ -34,9 +36,17 @@ from fuser.schedulers.base import FinalizeSchedule, PointwiseSchedule, RowSchedu
 from fuser.schedulers.finalize import finalize_schedule, needs_finalize
 from fuser.signature import KernelSource
 
+T = TypeVar("T")
+
 # Attempts a build compiles at once, by default, after its first spilled (every ready fusion
 # builds on the H200 preset in at most three compiles: dropout_rmsnorm_bwd from 32768).
 DEFAULT_BUILD_THREADS = 3
+# A spilled schedule is rebuilt for fewer blocks per SM only while this many threads (16 warps)
+# stay resident, unless no other candidate follows: fewer leave a memory-bound row kernel too
+# few loads in flight, and the next candidate (rows in shared memory, fewer registers) keeps
+# the planned residency (dropout+RMSNorm forward at 8192, bf16, H200: a register plan rebuilt
+# for one block of 256 threads ran at 0.63 of the copy, its neighbours at 0.93).
+MIN_REBUILT_THREADS = 512
 
 
 @dataclass(frozen=True)
@@ -154,7 +164,7 @@ def _attempts(name: str, info: FusionInfo, problem: Problem, device: DeviceSpec,
     spills, that candidate rebuilt for one block per SM fewer, then (at one block per SM)
     with its batch loop unrolled half as far (_rebuilt). A candidate's shared-memory plans
     are checked when it is reached."""
-    for sched in candidates(info, problem, device, hints):
+    for sched, last in _marking_last(candidates(info, problem, device, hints)):
         final = None
         if not isinstance(sched, PointwiseSchedule) and needs_finalize(info):
             lanes = hints.finalize_lanes if hints is not None else None
@@ -165,13 +175,28 @@ def _attempts(name: str, info: FusionInfo, problem: Problem, device: DeviceSpec,
         current: RowSchedule | PointwiseSchedule | None = sched
         while current is not None:
             yield _Attempt(current, final, _render(name, info, current, final))
-            current = _rebuilt(current)
+            current = _rebuilt(current, last)
 
 
-def _rebuilt(sched: RowSchedule | PointwiseSchedule) -> RowSchedule | None:
-    """What to compile after `sched` spilled, or None: one block per SM fewer, then a batch
-    loop unrolled half as far; a pointwise schedule has no rebuild."""
+def _marking_last(items: Iterator[T]) -> Iterator[tuple[T, bool]]:
+    """(item, whether it is the last) for each item, looking one ahead."""
+    pending: list[T] = []
+    for item in items:
+        if pending:
+            yield pending.pop(), False
+        pending.append(item)
+    if pending:
+        yield pending.pop(), True
+
+
+def _rebuilt(sched: RowSchedule | PointwiseSchedule, last: bool) -> RowSchedule | None:
+    """What to compile after `sched` spilled, or None: one block per SM fewer (not below
+    MIN_REBUILT_THREADS resident threads unless `sched` comes from the last candidate), then a
+    batch loop unrolled half as far; a pointwise schedule has no rebuild."""
     if not isinstance(sched, RowSchedule):
+        return None
+    fewer = (sched.blocks_per_sm - 1) * sched.threads
+    if sched.blocks_per_sm > 1 and not last and fewer < MIN_REBUILT_THREADS:
         return None
     if sched.blocks_per_sm > 1:
         return replace(sched, blocks_per_sm=sched.blocks_per_sm - 1,

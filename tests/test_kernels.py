@@ -78,6 +78,55 @@ def test_spills_rebuild_for_fewer_blocks_per_sm(tmp_path, monkeypatch):
     assert f"__launch_bounds__({first.schedule.threads}, {planned - 1})" in built.source.source
 
 
+
+class _SpillingWhere:
+    """A cache whose modules report spills in the row kernel where `spills(source)` holds."""
+
+    def __init__(self, cache, spills):
+        self._cache, self._spills = cache, spills
+
+    def __getattr__(self, name):
+        return getattr(self._cache, name)
+
+    def get_or_compile(self, source, *args):
+        compiled, path = self._cache.get_or_compile(source, *args)
+        spilling = self._spills(source)
+
+        class Module:
+            def __getattr__(self, name):
+                return getattr(compiled, name)
+
+            def resource(self, entry):
+                r = compiled.resource(entry)
+                return dataclasses.replace(r, spill_stores=64) if spilling else r
+
+        return Module(), path
+
+
+@pytest.mark.parametrize("only_candidate", [False, True])
+def test_no_rebuild_below_512_resident_threads_while_a_candidate_follows(
+        only_candidate, tmp_path, monkeypatch):
+    """dropout_rmsnorm_fwd at 8192 plans registers for 2 blocks of 256 threads per SM; when
+    that spills, one block of 256 would leave 8 warps an SM: the next candidate (rows in
+    shared memory) is compiled instead, unless the first is the only candidate."""
+    fd = ROW_FUSIONS["dropout_rmsnorm_fwd"](DataType.BFloat16)
+    info = analyze(fd.fusion)
+    planned = next(kernels.candidates(info, Problem(8192, 16384, 16), H200, None))
+    assert (planned.blocks_per_sm - 1) * planned.threads < kernels.MIN_REBUILT_THREADS
+    if only_candidate:
+        monkeypatch.setattr(kernels, "candidates", lambda *args: iter([planned]))
+    cache = _SpillingWhere(KernelCache(str(tmp_path / "cache")),
+                           lambda source: planned.reason in source and
+                           f"__launch_bounds__({planned.threads}, {planned.blocks_per_sm})"
+                           in source)
+    built = kernels.build(fd.name, info, Problem(8192, 16384, 16), H200, cache=cache)
+    if only_candidate:
+        assert built.schedule.blocks_per_sm == planned.blocks_per_sm - 1
+        assert "rebuilt for" in built.schedule.reason
+    else:
+        assert built.schedule.reason != planned.reason and "rebuilt" not in built.schedule.reason
+        assert built.schedule.blocks_per_sm * built.schedule.threads >= 512
+
 def test_dump_dir_receives_source_and_report(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSER_DUMP_DIR", str(tmp_path / "dump"))
     built = _build(KernelCache(str(tmp_path / "cache")))
