@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from fuser.dtypes import DataType
 from fuser.errors import UnsupportedFusionError
 from fuser.ir import Expr, Extent, Fusion, Scalar, Tensor, Val, as_tensor
-from fuser.ops import REDUCTIONS
+from fuser.ops import LAYOUT_OPS, REDUCTIONS
 
 
 class Kind(enum.Enum):
@@ -165,10 +165,13 @@ def copy_expr(out: Fusion, e: Expr, new: dict[Val, Val]) -> None:
         results = [out.size(args[0], a["dim"])]
     elif e.op == "squeeze":
         results = [out.squeeze(args[0], list(a["dims"]))]
-    elif e.op == "broadcast_in_dim":
+    elif e.op == "permute":
+        results = [out.permute(args[0], list(a["dims"]))]
+    elif e.op in ("broadcast_in_dim", "reshape"):
         by_name = {s.name: new[s] for s in e.inputs[1:]}
         shape = [by_name[s] if isinstance(s, str) else s for s in a["shape"]]
-        results = [out.broadcast_in_dim(args[0], shape, a["broadcast_dims"])]
+        results = [out.broadcast_in_dim(args[0], shape, a["broadcast_dims"])
+                   if e.op == "broadcast_in_dim" else out.reshape(args[0], shape)]
     elif e.op in REDUCTIONS:
         results = [_reduction(out, e.op, as_tensor(args[0]), a["dims"], a["keepdim"],
                               e.outputs[0].dtype)]
@@ -223,6 +226,7 @@ def _expand_var_mean(f: Fusion, x: Tensor, dims, correction, keepdim, with_mean:
 def analyze(fusion: Fusion) -> FusionInfo:
     """Classify `fusion`; raise UnsupportedFusionError naming what this version cannot do."""
     lowered = lower(fusion)
+    _check_no_layout_ops(lowered)
     row_axes, hidden_axis = axes(lowered)
     roles = {v: _role(v, row_axes, hidden_axis) for v in lowered.vals}
     _check_inputs_and_outputs(lowered, roles)
@@ -284,6 +288,14 @@ def strided_inputs(fusion: Fusion) -> tuple[Tensor, ...]:
     a contiguous one first (one read and one write of it)."""
     return tuple(t for t in fusion.inputs
                  if isinstance(t, Tensor) and any(c is False for c in t.contiguity))
+
+
+def _check_no_layout_ops(lowered: Fusion) -> None:
+    for e in lowered.exprs:
+        if e.op in LAYOUT_OPS:
+            raise UnsupportedFusionError(
+                f"{e.outputs[0].name} = {e.op}({e.inputs[0].name}) moves elements to other "
+                "positions, which no kernel here does; it runs between kernels")
 
 
 def _check_inputs_and_outputs(lowered: Fusion, roles: dict) -> None:

@@ -41,7 +41,7 @@ from fuser.schedulers.base import (
     ceil_div,
     next_pow2,
 )
-from fuser.segment import Segmentation, segment
+from fuser.segment import Segmentation, segment, size_from
 from fuser.signature import KernelSource, Signature, Source, workspace_dtype
 
 POINTWISE_BLOCKS_PER_SM = 8
@@ -471,15 +471,53 @@ def _execute_segments(fd, segmentation: Segmentation, inputs: list, device, hint
            if isinstance(v, Tensor)):
         bind_shapes(lowered, shapes)  # sizes the segments share, checked against the whole
     values = dict(zip(lowered.inputs, inputs, strict=True))
+    _make_layouts(segmentation.layouts, values)
     runs: list[Run] = []
     for s in segmentation.segments:
         outs = execute(s.definition, s.arguments(values), device=device)
         values.update(zip(s.outputs, outs, strict=True))
+        _make_layouts(segmentation.layouts, values)
         run = s.definition._last_run
         assert isinstance(run, Run)
         runs.append(run)
     fd._last_run = SegmentedRun(segmentation, tuple(runs))
-    return [values[o] for o in lowered.outputs]
+    return [_copy(values[o]) if _shares_memory(o, lowered) else values[o]
+            for o in lowered.outputs]
+
+
+def _make_layouts(layouts, values: dict) -> None:
+    """Each permute or reshape whose operand is in `values` and result is not yet: permute as
+    a contiguous copy in the new order (the next kernels read contiguous rows), reshape as a
+    view. Their element counts were checked with the fusion's input shapes (bind_shapes)."""
+    for e in layouts:
+        out, x = e.outputs[0], values.get(e.inputs[0])
+        if out in values or x is None:
+            continue
+        if e.op == "permute":
+            dims = e.attr("dims")
+            if _is_torch(x):
+                values[out] = x.permute(*dims).contiguous()
+            else:
+                with x.device:
+                    values[out] = _cupy().ascontiguousarray(x.transpose(dims))
+        else:
+            by_name = {s.name: s for s in e.inputs[1:]}
+            values[out] = x.reshape(tuple(size if isinstance(size, int) else
+                                          size_from(by_name[size], values)
+                                          for size in e.attr("shape")))
+
+
+def _shares_memory(output, lowered) -> bool:
+    """Whether a fusion output is a reshape (through reshapes only) of an input or of another
+    output: a view of memory the caller holds, which it gets as a copy instead."""
+    v = output
+    while v.definition is not None and v.definition.op == "reshape":
+        v = v.definition.inputs[0]
+    return v is not output and (v in lowered.inputs or v in lowered.outputs)
+
+
+def _copy(x):
+    return x.clone() if _is_torch(x) else x.copy()
 
 
 def _pointers(plan: Plan, inputs: list) -> dict[int, int]:

@@ -225,6 +225,17 @@ class Ops:
         axis must be declared size 1)."""
         return self._fusion.squeeze(t, dims)
 
+    def permute(self, t, dims):
+        """torch.permute(t, dims): t's axes reordered (output axis i is axis dims[i]). It runs
+        between kernels: a contiguous copy in the new order, made when its operand exists."""
+        return self._fusion.permute(t, dims)
+
+    def reshape(self, t, new_shape):
+        """torch.reshape(t, new_shape): the same elements in row-major order under a new shape
+        (ints, one of them -1, or sizes taken with t.size(i)). It runs between kernels: a view
+        of its operand, written by an earlier kernel unless it is an input."""
+        return self._fusion.reshape(t, new_shape)
+
     def size(self, t, dim: int):
         return self._fusion.size(t, dim)
 

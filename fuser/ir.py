@@ -374,6 +374,51 @@ class Fusion:
         self._define("squeeze", [t], [out], dims=tuple(axes))
         return out
 
+    def permute(self, t, dims) -> Tensor:
+        """torch.permute(t, dims): `t` with its axes reordered, output axis i being axis
+        dims[i] of `t`. A layout op: it runs between kernels (LAYOUT_OPS)."""
+        t = self._require_tensor("permute", t)
+        listed = _listed("permute", "dims", dims, f"a reordering of {t.name}'s {t.ndim} axes")
+        context = f"permute({t.name}, dims={listed})"
+        axes = [self._normalize_dim(context, t, d) for d in listed]
+        if sorted(axes) != list(range(t.ndim)):
+            raise DefinitionError(
+                f"{context}: dims must name each of {t.name}'s {t.ndim} axes once (a "
+                f"permutation of {list(range(t.ndim))})")
+        out = self._tensor(t.dtype, [t.dims[d] for d in axes])
+        self._define("permute", [t], [out], dims=tuple(axes))
+        return out
+
+    def reshape(self, t, new_shape) -> Tensor:
+        """torch.reshape(t, new_shape): the same elements in the same (row-major) order under
+        another shape. Each size is an int (1 for a broadcast axis, -1 for the one size the
+        element count decides), or a size taken from a tensor (t.size(i)). A layout op: it
+        runs between kernels (LAYOUT_OPS); the element counts are checked when inputs arrive."""
+        t = self._require_tensor("reshape", t)
+        shape = _listed("reshape", "new_shape", new_shape,
+                        "one size per output dimension: ints (one may be -1) or t.size(i)")
+        context = f"reshape({t.name}, new_shape={shape})"
+        if sum(1 for size in shape if isinstance(size, int) and size == -1) > 1:
+            raise DefinitionError(f"{context}: at most one size may be -1 (inferred)")
+        for d, size in enumerate(shape):
+            if isinstance(size, bool) or not isinstance(size, int | np.integer | Scalar):
+                raise DefinitionError(
+                    f"{context}: new_shape[{d}] = {size!r}; give an int (-1 once, for the "
+                    "inferred size) or a size taken from a tensor (t.size(i))")
+        shape = [int(size) if isinstance(size, int | np.integer) else size for size in shape]
+        dims = [self._broadcast_extent(context, d, size) for d, size in enumerate(shape)]
+        fixed = [e.find().value for e in t.dims if e is not None]
+        wanted = [e.find().value for e in dims if e is not None]
+        if None not in fixed + wanted:
+            count, new_count = math.prod(v or 1 for v in fixed), math.prod(v or 1 for v in wanted)
+            if count != new_count:
+                raise DefinitionError(
+                    f"{context}: {t.name} has {count} elements, the new shape {new_count}")
+        out = self._tensor(t.dtype, dims)
+        self._define("reshape", [t, *[size for size in shape if isinstance(size, Scalar)]],
+                     [out], shape=tuple(s if isinstance(s, int) else s.name for s in shape))
+        return out
+
     def broadcast_in_dim(self, t, shape, broadcast_dims) -> Tensor:
         t = self._require_tensor("broadcast_in_dim", t)
         shape = _listed("broadcast_in_dim", "shape", shape, "one size per output dimension")

@@ -30,7 +30,7 @@ from fuser.analysis import FusionInfo
 from fuser.cache import KernelCache, default_cache
 from fuser.compile import CompiledModule, template_dir
 from fuser.device import DeviceSpec
-from fuser.errors import BadInputError, HintError, OutOfResourcesError
+from fuser.errors import BadInputError, FuserError, HintError, OutOfResourcesError
 from fuser.schedulers import Hints, Problem, candidates
 from fuser.schedulers.base import FinalizeSchedule, PointwiseSchedule, RowSchedule
 from fuser.schedulers.finalize import finalize_schedule, needs_finalize
@@ -179,12 +179,19 @@ def _attempts(name: str, info: FusionInfo, problem: Problem, device: DeviceSpec,
 
 
 def _marking_last(items: Iterator[T]) -> Iterator[tuple[T, bool]]:
-    """(item, whether it is the last) for each item, looking one ahead."""
+    """(item, whether it is the last) for each item, looking one ahead. Where looking ahead
+    raises (the candidates of a hint run out with a HintError), the item in hand is the last
+    and the error is raised after it, as it was without the look ahead."""
     pending: list[T] = []
-    for item in items:
+    try:
+        for item in items:
+            if pending:
+                yield pending.pop(), False
+            pending.append(item)
+    except FuserError:
         if pending:
-            yield pending.pop(), False
-        pending.append(item)
+            yield pending.pop(), True
+        raise
     if pending:
         yield pending.pop(), True
 

@@ -206,6 +206,12 @@ REDUCTIONS: dict[str, ReductionOp] = {
 }
 
 
+# Ops that move elements to other positions: no kernel runs them. Segmentation cuts the fusion
+# at each; the executor makes the result from its operand between kernels (permute: a
+# contiguous copy in the new order; reshape: a view, the same bytes).
+LAYOUT_OPS = ("permute", "reshape")
+
+
 def sum_result_type(dtype: DataType) -> DataType:
     """torch.sum's result type: bools and ints accumulate in Int64, floats keep their type."""
     return dtype if dtype.is_float else DataType.Int64

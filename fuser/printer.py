@@ -35,8 +35,10 @@ def _expr_line(e) -> str:
         call = f"cast({args[0]}, dtype={a['dtype']!r})"
     elif e.op == "size":
         call = f"size({args[0]}, dim={a['dim']})"
-    elif e.op == "squeeze":
-        call = f"squeeze({args[0]}, dims={_list(a['dims'])})"
+    elif e.op in ("squeeze", "permute"):
+        call = f"{e.op}({args[0]}, dims={_list(a['dims'])})"
+    elif e.op == "reshape":
+        call = f"reshape({args[0]}, new_shape={_list(a['shape'])})"
     elif e.op == "broadcast_in_dim":
         call = (
             f"broadcast_in_dim({args[0]}, shape={_list(a['shape'])}, "

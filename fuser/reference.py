@@ -214,6 +214,13 @@ class Sizes:
             )
         self._bound.setdefault(root, (size, here))
 
+    def known(self, extent: Extent | None) -> int | None:
+        """The size of `extent` where it is fixed or bound, else None."""
+        if extent is None:
+            return 1
+        root = extent.find()
+        return root.value if root.value is not None else self._bound.get(root, (None,))[0]
+
     def value(self, extent: Extent | None) -> int:
         if extent is None:
             return 1
@@ -261,7 +268,28 @@ def bind_shapes(fusion: Fusion, shapes: Sequence[tuple[int, ...] | None]) -> Siz
             )
         for d, (extent, size) in enumerate(zip(v.dims, shape, strict=True)):
             sizes.bind(extent, int(size), f"{v.name} dimension {d}")
+    for e in fusion.exprs:  # in definition order: a reshape's operand is bound before it
+        if e.op == "reshape":
+            _bind_reshape(e, sizes)
     return sizes
+
+
+def _bind_reshape(e: Expr, sizes: Sizes) -> None:
+    """Bind the sizes of a reshape's result that no input binds (a -1): the operand's element
+    count over the other sizes. BadInputError where the counts cannot agree."""
+    t, out = as_tensor(e.inputs[0]), as_tensor(e.outputs[0])
+    count = math.prod(sizes.value(d) for d in t.dims)
+    given = [sizes.known(d) for d in out.dims]
+    rest = math.prod(k for k in given if k is not None)
+    inferred = count // rest if count % rest == 0 else -1
+    known = [inferred if k is None else k for k in given]
+    if -1 in known or math.prod(known) != count:
+        raise BadInputError(
+            f"{out.name} = reshape({t.name}, new_shape={list(e.attr('shape'))}): {t.name} has "
+            f"shape {sizes.shape(t)}, {count} elements, which cannot take the shape "
+            f"{[-1 if k is None else k for k in given]}")
+    for d, (extent, size) in enumerate(zip(out.dims, known, strict=True)):
+        sizes.bind(extent, size, f"{out.name} dimension {d}")
 
 
 def _check_inputs(fusion: Fusion, inputs: list) -> tuple[list, Sizes]:
@@ -318,6 +346,10 @@ def _run(e: Expr, args: list, sizes: Sizes, shift: float = 0.0) -> list:
         return [np.int64(sizes.value(as_tensor(e.inputs[0]).dims[e.attr("dim")]))]
     if e.op == "squeeze":
         return [np.squeeze(np.asarray(args[0]), axis=tuple(e.attr("dims")))]
+    if e.op == "permute":
+        return [np.transpose(np.asarray(args[0]), e.attr("dims"))]
+    if e.op == "reshape":
+        return [np.reshape(np.asarray(args[0]), sizes.shape(as_tensor(out)))]
     if e.op == "broadcast_in_dim":
         src = np.asarray(args[0])
         result = as_tensor(out)

@@ -32,7 +32,7 @@ from fuser.analysis import analyze, copy_expr, define_like, equate_extents, lowe
 from fuser.dtypes import DataType
 from fuser.errors import HintError, InternalError, UnsupportedFusionError
 from fuser.ir import Expr, Fusion, Scalar, Tensor, Val, as_tensor
-from fuser.ops import ELEMENTWISE, REDUCTIONS
+from fuser.ops import ELEMENTWISE, LAYOUT_OPS, REDUCTIONS
 
 if TYPE_CHECKING:
     from fuser.frontend import FusionDefinition
@@ -53,7 +53,7 @@ class Segment:
         """The segment's inputs, from `values` (the fusion's inputs and what earlier segments
         wrote, by value of the lowered fusion): a size it takes as a scalar input is read
         off the shape of a tensor there with the same extent."""
-        return [values[v] if v in values else _size_from(v, values) for v in self.inputs]
+        return [values[v] if v in values else size_from(v, values) for v in self.inputs]
 
     def __str__(self) -> str:
         names = ", ".join(v.name for v in self.outputs)
@@ -63,19 +63,29 @@ class Segment:
 
 @dataclass(frozen=True, eq=False)
 class Segmentation:
-    """The lowered fusion (its inputs and outputs in the user's order) and its segments."""
+    """The lowered fusion (its inputs and outputs in the user's order), its segments, and the
+    layout ops (permute, reshape) made between them, in definition order: each as soon as its
+    operand exists (an input, or a value a segment wrote)."""
 
     lowered: Fusion
     segments: tuple[Segment, ...]
+    layouts: tuple[Expr, ...] = ()
 
     def __str__(self) -> str:
-        if len(self.segments) == 1:  # e.g. what one kernel could not run, no output needs
+        count = f"{len(self.segments)} segment{'' if len(self.segments) == 1 else 's'}"
+        if self.layouts:
+            head = (f"runs as {count} (permute and reshape move elements, which no kernel "
+                    "does: they run between kernels)")
+        elif len(self.segments) == 1:  # e.g. what one kernel could not run, no output needs
             head = ("runs as 1 segment (a copy of the fusion with only what its outputs need, "
-                    "which one kernel can run):")
+                    "which one kernel can run)")
         else:
-            head = (f"runs as {len(self.segments)} segments (no single kernel can: a value "
-                    "needs a reduction's results from other rows):")
-        return "\n  ".join([head] + [str(s) for s in self.segments])
+            head = (f"runs as {count} (no single kernel can: a value needs a reduction's "
+                    "results from other rows)")
+        head += ":"
+        lines = [head] + [str(s) for s in self.segments]
+        lines += [f"between kernels: {_layout_line(e)}" for e in self.layouts]
+        return "\n  ".join(lines)
 
     def hint_error(self, name: str) -> HintError:
         """Why hints are refused for fusion `name` (executor and explain raise it)."""
@@ -95,7 +105,24 @@ class SegmentSchedules:
                          for segment, schedule in zip(self.segments, self.schedules, strict=True))
 
 
-def _size_from(size: Val, values: dict[Val, Any]) -> int:
+def _layout_line(e: Expr) -> str:
+    what = ("a contiguous copy in the new order" if e.op == "permute"
+            else "a view of the same bytes")
+    shape = ", ".join(str(s) for s in e.attr("dims" if e.op == "permute" else "shape"))
+    return f"{e.outputs[0].name} = {e.op}({e.inputs[0].name}, [{shape}]): {what}"
+
+
+def kernel_made(v: Val) -> bool:
+    """Whether a kernel computes `v` (it is neither an input nor a layout op's result)."""
+    return v.definition is not None and v.definition.op not in LAYOUT_OPS
+
+
+def layout_made(v: Val) -> bool:
+    """Whether `v` is a permute's or reshape's result, made between kernels."""
+    return v.definition is not None and v.definition.op in LAYOUT_OPS
+
+
+def size_from(size: Val, values: dict[Val, Any]) -> int:
     extent = _extent_of(size)
     if extent is None:
         return 1
@@ -131,6 +158,10 @@ def stages(fusion: Fusion) -> dict[Val, int]:
     whole: set[Val] = set()  # full reductions' results, and values of them of no dimension
     for e in fusion.exprs:
         out = e.outputs[0]
+        if e.op in LAYOUT_OPS:  # made after the segment that writes its operand
+            operand = e.inputs[0]
+            stage[out] = max(stage[i] for i in e.inputs) + (1 if kernel_made(operand) else 0)
+            continue
         rank = _rank(out)
         of_whole = any(i in whole for i in e.inputs)
         # a reduction of per-row results (kept or not) is one value, or (over N-D rows) per
@@ -189,10 +220,14 @@ def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError) -> Segmen
     home = _homes(lowered, stage)
     last = max(home.values(), default=0)
     demanded: dict[int, list[Val]] = {k: [] for k in range(last + 1)}
+    layouts = _needed_layouts(lowered)
+    for e in layouts:
+        if kernel_made(e.inputs[0]):
+            demanded[home[e.inputs[0]]].append(e.inputs[0])
     built: list[Segment] = []
     for k in range(last, -1, -1):
         outputs = list(dict.fromkeys(
-            [o for o in lowered.outputs if home[o] == k] + demanded[k]))
+            [o for o in lowered.outputs if home.get(o) == k] + demanded[k]))
         if not outputs:
             continue
         groups = _groups(lowered, outputs, home, k)
@@ -200,7 +235,7 @@ def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError) -> Segmen
             sub, inputs = _extract(lowered, group, home, k)
             for v in inputs:
                 if v not in lowered.inputs and v in home:  # else a size (Segment.arguments)
-                    demanded[home[v]].append(v)
+                    demanded[home[v]].append(v)  # or a layout op's result (layouts)
             sub.closed_by = f"segment {k} of FusionDefinition {name!r}"
             suffix = f"_s{k}" if len(groups) == 1 else f"_s{k}_{part}"
             definition = FusionDefinition.from_fusion(sub, _segment_name(name, suffix))
@@ -208,7 +243,19 @@ def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError) -> Segmen
                                  _why(k, inputs, lowered)))
     segments = tuple(_renumbered(reversed(built)))
     _check_each_runs(name, segments, reason)
-    return Segmentation(lowered, segments)
+    return Segmentation(lowered, segments, tuple(layouts))
+
+
+def _needed_layouts(f: Fusion) -> list[Expr]:
+    """The layout ops the outputs depend on, in definition order."""
+    seen: set[int] = set()
+    stack: list[Val] = list(f.outputs)
+    while stack:
+        e = stack.pop().definition
+        if e is not None and id(e) not in seen:
+            seen.add(id(e))
+            stack.extend(e.inputs)
+    return [e for e in f.exprs if id(e) in seen and e.op in LAYOUT_OPS]
 
 
 def _segment_name(name: str, suffix: str) -> str:
@@ -281,6 +328,12 @@ def _widened(f: Fusion) -> Fusion:
         elif e.op in REDUCTIONS and v.dtype in _NARROW:
             new[v] = out.reduction(e.op, new[e.inputs[0]], e.attr("dims"), e.attr("keepdim"),
                                    DataType.Float)
+        elif (e.op in LAYOUT_OPS and kernel_made(e.inputs[0])
+              and not _readable(new[e.inputs[0]])):
+            # a kernel writes its operand for it: in Float, not rounded to Half or BFloat16
+            mapping = {**new, e.inputs[0]: out.cast(new[e.inputs[0]], DataType.Float)}
+            copy_expr(out, e, mapping)
+            new[v] = mapping[v]
         elif v is e.outputs[0]:
             copy_expr(out, e, new)
     for o in f.outputs:
@@ -299,7 +352,12 @@ def _homes(f: Fusion, stage: dict[Val, int]) -> dict[Val, int]:
     for e in f.exprs:
         if e.op in REDUCTIONS:
             home[e.outputs[0]] = stage[e.inputs[0] if is_outer(e) else e.outputs[0]]
+    for e in f.exprs:
+        if e.op in LAYOUT_OPS and kernel_made(e.inputs[0]):
+            home.setdefault(e.inputs[0], stage[e.inputs[0]])
     for o in f.outputs:
+        if layout_made(o):
+            continue  # made between kernels from its operand
         d = o.definition
         source = d.inputs[0] if d is not None and d.op == "cast" else o
         home.setdefault(o, home.get(source, stage[o]))
@@ -356,7 +414,7 @@ def _segment_values(f: Fusion, outputs: list[Val], home: dict[Val, int], k: int
             v = stack.pop()
             if v in needed or v in reads:
                 continue
-            if v in f.inputs or (home.get(v, k) < k and _readable(v)):
+            if v in f.inputs or layout_made(v) or (home.get(v, k) < k and _readable(v)):
                 reads.add(v)
             elif v.definition is not None and v.definition.op == "size":
                 sizes[v] = v.definition.inputs[0]
@@ -401,9 +459,14 @@ def _one_size_axes(f: Fusion) -> frozenset:
 
 
 def _why(k: int, inputs: list[Val], f: Fusion) -> str:
-    carried = [v.name for v in inputs if v not in f.inputs and isinstance(v, Tensor)]
+    moved = [f"{v.name} ({v.definition.op} of {v.definition.inputs[0].name})"
+             for v in inputs if v.definition is not None and layout_made(v)]
+    carried = [v.name for v in inputs if v not in f.inputs and isinstance(v, Tensor)
+               and not layout_made(v)]
     sizes = [v.name for v in inputs if v not in f.inputs and not isinstance(v, Tensor)]
     given = f" ({', '.join(sizes)}: sizes, passed as scalars)" if sizes else ""
+    if moved:
+        given = f"; reads {', '.join(moved)}, made between kernels" + given
     if not carried:
         return "the first sweep over the rows" + given
     return (f"needs {', '.join(carried)}, reduced by an earlier segment (every value of it must "

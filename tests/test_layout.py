@@ -1,0 +1,264 @@
+"""permute and reshape (issue 15, item 6): ops that move elements, which no kernel here does.
+Segmentation cuts the fusion at each; the executor makes the result between kernels from its
+operand (an input, or a value the segment before wrote): permute a contiguous copy in the new
+order, reshape a view.
+
+CPU: definitions and their errors, repr, the float64 oracle against numpy, the segments
+chained on the oracle (layouts made between them as the executor makes them) equal to the
+whole fusion, every segment compiled without spills, element counts checked on the host.
+GPU (`gpu` marker): fd.validate() of the chain against the oracle, CuPy and torch arrays."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fuser import (
+    BadInputError,
+    DataType,
+    DefinitionError,
+    FusionDefinition,
+    UnsupportedFusionError,
+)
+from fuser.analysis import analyze
+from fuser.device import DeviceSpec
+from fuser.executor import execute, segments_of
+from fuser.kernels import build
+from fuser.reference import bind_shapes, evaluate
+from fuser.schedulers import Problem
+from fuser.segment import size_from
+
+F, BF16 = DataType.Float, DataType.BFloat16
+H200 = DeviceSpec.get("h200")
+
+
+def flatten_then_transpose(fd):
+    """[B, S, H] bf16 flattened to [B * S, H] (a view of an input), times a weight, then
+    transposed (a copy of what the first kernel wrote) and summed along its rows: the
+    weighted column sums, and the transposed product itself."""
+    x = fd.define_tensor([-1, -1, -1], dtype=BF16)
+    w = fd.define_tensor([-1])
+    y = fd.ops.mul(fd.ops.reshape(x, [-1, x.size(2)]), w)
+    t = fd.ops.permute(y, [1, 0])
+    fd.add_output(fd.ops.sum(t, [1]))
+    fd.add_output(t)
+
+
+def group_norm(fd):
+    """GroupNorm without affine over [N, 8, 16], 2 groups: each group of 4 channels x 16 a row
+    of 64, normalized, then put back in the input's shape."""
+    x = fd.define_tensor([-1, 8, 16])
+    rows = fd.ops.reshape(x, [-1, 64])
+    var, mean = fd.ops.var_mean(rows, [1], correction=0, keepdim=True)
+    y = fd.ops.mul(fd.ops.sub(rows, mean), fd.ops.rsqrt(fd.ops.add(var, 1e-5)))
+    fd.add_output(fd.ops.reshape(y, [-1, 8, 16]))
+
+
+def softmax_over_columns(fd):
+    """softmax over dim 0 written as a transpose of the input, a row softmax and a transpose
+    back of its bf16 result: one kernel between two copies."""
+    x = fd.define_tensor([-1, -1], dtype=BF16)
+    t = fd.ops.cast(fd.ops.permute(x, [1, 0]), F)
+    e = fd.ops.exp(fd.ops.sub(t, fd.ops.max(t, [1], keepdim=True)))
+    s = fd.ops.div(e, fd.ops.sum(e, [1], keepdim=True))
+    fd.add_output(fd.ops.permute(fd.ops.cast(s, BF16), [1, 0]))
+
+
+def narrow_product_transposed(fd):
+    """x * x of a bf16 x is a BFloat16 value the kernel holds in float: written for the
+    transpose in Float, not rounded to bf16."""
+    x = fd.define_tensor([-1, -1], dtype=BF16)
+    fd.add_output(fd.ops.sum(fd.ops.permute(fd.ops.mul(x, x), [1, 0]), [1]))
+
+
+def reshaped_input_out(fd):
+    """An input reshaped and returned: no kernel; the caller gets a copy, not a view."""
+    x = fd.define_tensor([-1, -1])
+    fd.add_output(fd.ops.reshape(x, [-1]))
+
+
+CASES = {  # name -> (builder, segments, input shapes)
+    "flatten_then_transpose": (flatten_then_transpose, 2, [(3, 10, 17), (17,)]),
+    "group_norm": (group_norm, 1, [(5, 8, 16)]),
+    "softmax_over_columns": (softmax_over_columns, 1, [(30, 17)]),
+    "narrow_product_transposed": (narrow_product_transposed, 2, [(30, 17)]),
+    "reshaped_input_out": (reshaped_input_out, 0, [(30, 17)]),
+}
+
+
+def _fd(name: str) -> FusionDefinition:
+    with FusionDefinition(name) as fd:
+        CASES[name][0](fd)
+    return fd
+
+
+def _inputs(fd: FusionDefinition, shapes, seed: int = 7) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s).astype(np.float32).astype(v.dtype.numpy)
+            for v, s in zip(fd.fusion.inputs, shapes, strict=True)]
+
+
+def _layouts_on_host(layouts, values: dict) -> None:
+    """The executor's between-kernel step, for numpy arrays."""
+    for e in layouts:
+        out, x = e.outputs[0], values.get(e.inputs[0])
+        if out in values or x is None:
+            continue
+        if e.op == "permute":
+            values[out] = np.ascontiguousarray(np.transpose(x, e.attr("dims")))
+        else:
+            by_name = {s.name: s for s in e.inputs[1:]}
+            values[out] = x.reshape([s if isinstance(s, int) else size_from(by_name[s], values)
+                                     for s in e.attr("shape")])
+
+
+def _chained(fd: FusionDefinition, inputs: list) -> list[np.ndarray]:
+    segmentation = segments_of(fd)
+    values = dict(zip(segmentation.lowered.inputs, inputs, strict=True))
+    _layouts_on_host(segmentation.layouts, values)
+    for s in segmentation.segments:
+        values.update(zip(s.outputs, evaluate(s.definition.fusion, s.arguments(values)),
+                          strict=True))
+        _layouts_on_host(segmentation.layouts, values)
+    return [values[o] for o in segmentation.lowered.outputs]
+
+
+def test_the_oracle_permutes_and_reshapes_as_numpy():
+    fd = _fd("flatten_then_transpose")
+    x, w = _inputs(fd, [(3, 10, 17), (17,)])
+    sums, t = evaluate(fd.fusion, [x, w])
+    expected = (x.astype(np.float64).reshape(30, 17) * w).T
+    np.testing.assert_allclose(t, expected, rtol=1e-6)
+    np.testing.assert_allclose(sums, expected.sum(axis=1), rtol=1e-6)
+    (y,) = evaluate(_fd("group_norm").fusion, [x8 := _inputs(_fd("group_norm"), [(5, 8, 16)])[0]])
+    rows = x8.astype(np.float64).reshape(-1, 64)
+    normed = (rows - rows.mean(1, keepdims=True)) / np.sqrt(rows.var(1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(y, normed.reshape(5, 8, 16), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_segments_chained_on_the_oracle_equal_the_whole_fusion(name):
+    fd = _fd(name)
+    with pytest.raises(UnsupportedFusionError, match="moves elements to other positions"):
+        analyze(fd.fusion)
+    segmentation = segments_of(fd)
+    assert len(segmentation.segments) == CASES[name][1], segmentation
+    assert "between kernels" in str(segmentation)
+    for s in segmentation.segments:
+        assert not any(e.op in ("permute", "reshape") for e in s.definition.fusion.exprs)
+    inputs = _inputs(fd, CASES[name][2])
+    for got, want, o in zip(_chained(fd, inputs), evaluate(fd.fusion, inputs),
+                            fd.fusion.outputs, strict=True):
+        assert got.shape == want.shape, o
+        rtol = 2.0 ** -8 if o.dtype is BF16 else 1e-6
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=1e-6, err_msg=o.name)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_segment_compiles_without_spills(name):
+    for s in segments_of(_fd(name)).segments:
+        built = build(s.definition.name, analyze(s.definition.fusion), Problem(4096, 1024, 16),
+                      H200)
+        for entry, _plan in built.plans():
+            assert not built.compiled.resource(entry).spills, entry
+
+
+def test_a_narrow_value_is_written_in_float_for_a_layout_op():
+    segmentation = segments_of(_fd("narrow_product_transposed"))
+    first, second = segmentation.segments
+    assert [v.dtype for v in first.outputs] == [F]
+    assert [v.dtype for v in second.definition.fusion.inputs] == [F]
+
+
+def test_repr_rebuilds_permute_and_reshape():
+    fd = _fd("flatten_then_transpose")
+    text = repr(fd)
+    assert "fd.ops.reshape(T0, new_shape=[-1, S2])" in text
+    assert "fd.ops.permute(T4, dims=[1, 0])" in text
+    assert repr(FusionDefinition.from_python(text)) == text
+
+
+@pytest.mark.parametrize(("call", "match"), [
+    (lambda fd, x: fd.ops.permute(x, [0, 0, 1]), r"a permutation of \[0, 1, 2\]"),
+    (lambda fd, x: fd.ops.permute(x, [0, 1]), r"a permutation of \[0, 1, 2\]"),
+    (lambda fd, x: fd.ops.permute(x, [0, 1, 3]), "out of range"),
+    (lambda fd, x: fd.ops.reshape(x, [-1, -1]), "at most one size may be -1"),
+    (lambda fd, x: fd.ops.reshape(x, [2.5, -1]), r"new_shape\[0\] = 2.5"),
+    (lambda fd, x: fd.ops.reshape(x, [0, -1]), r"shape\[0\] = 0 is not a valid size"),
+    (lambda fd, x: fd.ops.reshape(x, "ab"), "must be a list or tuple"),
+])
+def test_bad_layout_arguments_are_definition_errors(call, match):
+    with FusionDefinition("bad") as fd:
+        x = fd.define_tensor([-1, -1, -1])
+        with pytest.raises(DefinitionError, match=match):
+            call(fd, x)
+        fd.add_output(fd.ops.neg(x))
+
+
+def test_fixed_sizes_that_cannot_reshape_are_refused_at_definition():
+    with FusionDefinition("bad") as fd:
+        x = fd.define_tensor([4, 6])
+        with pytest.raises(DefinitionError, match="has 24 elements, the new shape 25"):
+            fd.ops.reshape(x, [5, 5])
+        fd.add_output(fd.ops.reshape(x, [3, 8]))
+
+
+def test_element_counts_are_checked_with_the_input_shapes():
+    """bind_shapes (every run's first check) infers the -1 and refuses counts that cannot
+    agree, naming the shapes, before any kernel runs."""
+    fd = _fd("group_norm")
+    sizes = bind_shapes(fd.fusion, [(5, 8, 16)])
+    reshaped = fd.fusion.exprs[0].outputs[0]
+    assert sizes.shape(reshaped) == (10, 64)
+    with FusionDefinition("odd") as odd:
+        x = odd.define_tensor([-1, -1])
+        odd.add_output(odd.ops.mul(odd.ops.reshape(x, [-1, 64]), 2.0))
+    with pytest.raises(BadInputError, match=r"shape \(3, 10\), 30 elements, which cannot take "
+                                            r"the shape \[-1, 64\]"):
+        bind_shapes(odd.fusion, [(3, 10)])
+    with pytest.raises(BadInputError, match="30 elements, which cannot take"):
+        execute(odd, [np.zeros((3, 10), np.float32)])  # refused before a device is touched
+
+
+def test_explain_shows_the_layouts_between_segments():
+    import fuser
+
+    fd = _fd("flatten_then_transpose")
+    report = str(fuser.explain(fd, [(8, 128, 4096), (4096,)], [BF16, F]))
+    assert "T3 = reshape(T0, [-1, S2]): a view of the same bytes" in report
+    assert "T5 = permute(T4, [1, 0]): a contiguous copy in the new order" in report
+    assert "[4096 x 1024]" in report  # the second segment's rows are the columns
+
+
+GPU_SHAPES = {  # name -> input shapes, odd and large
+    "flatten_then_transpose": [[(1, 7, 3), (3,)], [(4, 250, 4099), (4099,)]],
+    "group_norm": [[(1, 8, 16)], [(1000, 8, 16)]],
+    "softmax_over_columns": [[(7, 1)], [(4099, 300)], [(1000, 24578)]],
+    "narrow_product_transposed": [[(1, 1)], [(1000, 4099)]],
+    "reshaped_input_out": [[(7, 3)]],
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("name", "shapes"),
+                         [(n, s) for n, cases in GPU_SHAPES.items() for s in cases], ids=str)
+def test_layouts_match_the_oracle_on_the_gpu(name, shapes):
+    import cupy
+
+    fd = _fd(name)
+    fd.validate([cupy.asarray(a) for a in _inputs(fd, shapes)])
+    assert len(fd.last_schedule().segments) == CASES[name][1]
+
+
+@pytest.mark.gpu
+def test_torch_tensors_and_no_output_aliases_an_input():
+    torch = pytest.importorskip("torch")
+    fd = _fd("reshaped_input_out")
+    x = torch.randn(30, 17, device="cuda")
+    (y,) = fd.execute([x])
+    assert y.shape == (510,) and torch.equal(y, x.reshape(-1))
+    assert y.data_ptr() != x.data_ptr()
+    fd = _fd("softmax_over_columns")
+    x = torch.randn(300, 257, device="cuda").bfloat16()
+    (y,) = fd.execute([x])
+    torch.testing.assert_close(y, torch.softmax(x.float(), dim=0).bfloat16())
