@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from fuser import (
     BadInputError,
@@ -64,11 +66,33 @@ def softmax_over_columns(fd):
     fd.add_output(fd.ops.permute(fd.ops.cast(s, BF16), [1, 0]))
 
 
-def narrow_product_transposed(fd):
-    """x * x of a bf16 x is a BFloat16 value the kernel holds in float: written for the
-    transpose in Float, not rounded to bf16."""
+def cast_then_transposed(fd):
+    """softmax over dim 0 as users write it: cast, transpose, row softmax, transpose back,
+    cast. The transposes are moved onto the input and the output's cast: one kernel."""
     x = fd.define_tensor([-1, -1], dtype=BF16)
-    fd.add_output(fd.ops.sum(fd.ops.permute(fd.ops.mul(x, x), [1, 0]), [1]))
+    t = fd.ops.permute(fd.ops.cast(x, F), [1, 0])
+    e = fd.ops.exp(fd.ops.sub(t, fd.ops.max(t, [1], keepdim=True)))
+    s = fd.ops.div(e, fd.ops.sum(e, [1], keepdim=True))
+    fd.add_output(fd.ops.cast(fd.ops.permute(s, [1, 0]), BF16))
+
+
+def product_of_inputs_reshaped(fd):
+    """(x * y + 1) of two [B, S, H] inputs, reshaped to rows: the reshape is moved onto both
+    inputs (views), and the row sums and the product are one kernel."""
+    x = fd.define_tensor([-1, -1, -1])
+    y = fd.define_tensor([-1, -1, -1])
+    p = fd.ops.reshape(fd.ops.add(fd.ops.mul(x, y), 1.0), [-1, x.size(2)])
+    fd.add_output(fd.ops.sum(p, [1]))
+    fd.add_output(p)
+
+
+def narrow_product_transposed(fd):
+    """x * sum(x) of a bf16 x is a BFloat16 value the kernel holds in float: written for the
+    transpose in Float, not rounded to bf16 (a reduction between it and the input keeps the
+    transpose where it is)."""
+    x = fd.define_tensor([-1, -1], dtype=BF16)
+    p = fd.ops.mul(x, fd.ops.sum(x, [1], keepdim=True))
+    fd.add_output(fd.ops.sum(fd.ops.permute(p, [1, 0]), [1]))
 
 
 def reshaped_input_out(fd):
@@ -81,6 +105,8 @@ CASES = {  # name -> (builder, segments, input shapes)
     "flatten_then_transpose": (flatten_then_transpose, 2, [(3, 10, 17), (17,)]),
     "group_norm": (group_norm, 1, [(5, 8, 16)]),
     "softmax_over_columns": (softmax_over_columns, 1, [(30, 17)]),
+    "cast_then_transposed": (cast_then_transposed, 1, [(30, 17)]),
+    "product_of_inputs_reshaped": (product_of_inputs_reshaped, 1, [(3, 10, 17), (3, 10, 17)]),
     "narrow_product_transposed": (narrow_product_transposed, 2, [(30, 17)]),
     "reshaped_input_out": (reshaped_input_out, 0, [(30, 17)]),
 }
@@ -234,6 +260,8 @@ GPU_SHAPES = {  # name -> input shapes, odd and large
     "flatten_then_transpose": [[(1, 7, 3), (3,)], [(4, 250, 4099), (4099,)]],
     "group_norm": [[(1, 8, 16)], [(1000, 8, 16)]],
     "softmax_over_columns": [[(7, 1)], [(4099, 300)], [(1000, 24578)]],
+    "cast_then_transposed": [[(4099, 300)]],
+    "product_of_inputs_reshaped": [[(2, 500, 4099), (2, 500, 4099)]],
     "narrow_product_transposed": [[(1, 1)], [(1000, 4099)]],
     "reshaped_input_out": [[(7, 3)]],
 }
@@ -262,3 +290,75 @@ def test_torch_tensors_and_no_output_aliases_an_input():
     x = torch.randn(300, 257, device="cuda").bfloat16()
     (y,) = fd.execute([x])
     torch.testing.assert_close(y, torch.softmax(x.float(), dim=0).bfloat16())
+
+
+# ----- random chains of layout ops, elementwise ops and reductions -----
+
+STEPS = ("tanh", "scale", "half_round", "permute", "flatten_rows", "flatten_all",
+         "minus_row_sums", "minus_column_sums", "plus_tanh")
+
+
+@st.composite
+def layout_chains(draw):
+    """(input shape, steps, permutation seed): a chain the builder below turns into a fusion."""
+    rank = draw(st.sampled_from((2, 3)))
+    shape = tuple(draw(st.integers(2, 5)) for _ in range(rank))
+    steps = draw(st.lists(st.sampled_from(STEPS), min_size=1, max_size=6))
+    return shape, steps, draw(st.integers(0, 2 ** 16))
+
+
+def _chain_fusion(shape, steps, seed) -> FusionDefinition:
+    """Each step applied to the running tensor; sizes in reshapes are the concrete ones (or
+    -1); the running tensor and the first permuted value (if any) are the outputs."""
+    rng = np.random.default_rng(seed)
+    with FusionDefinition("chain") as fd:
+        t = fd.define_tensor([-1] * len(shape))
+        dims = list(shape)
+        extra = None
+        for step in steps:
+            if step == "tanh":
+                t = fd.ops.tanh(t)
+            elif step == "scale":
+                t = fd.ops.mul(t, 0.5)
+            elif step == "half_round":
+                t = fd.ops.cast(fd.ops.cast(t, DataType.Half), F)
+            elif step == "permute":
+                order = [int(d) for d in rng.permutation(len(dims))]
+                t, dims = fd.ops.permute(t, order), [dims[d] for d in order]
+                extra = t if extra is None else extra
+            elif step == "flatten_rows" and len(dims) > 2:
+                t, dims = fd.ops.reshape(t, [-1, dims[-1]]), [int(np.prod(dims[:-1])), dims[-1]]
+            elif step == "flatten_all" and len(dims) > 1:
+                t, dims = fd.ops.reshape(t, [-1]), [int(np.prod(dims))]
+            elif step == "minus_row_sums":
+                t = fd.ops.sub(t, fd.ops.sum(t, [len(dims) - 1], keepdim=True))
+            elif step == "minus_column_sums" and len(dims) == 2:
+                t = fd.ops.sub(t, fd.ops.sum(t, [0], keepdim=True))
+            elif step == "plus_tanh":
+                t = fd.ops.add(t, fd.ops.tanh(t))
+        fd.add_output(fd.ops.neg(t) if t is fd.fusion.inputs[0] else t)
+        if extra is not None and extra is not t:
+            fd.add_output(extra)
+    return fd
+
+
+@settings(max_examples=300, deadline=None, database=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(chain=layout_chains())
+def test_random_layout_chains_segment_to_what_the_oracle_gives(chain):
+    """Every chain either runs as segments and layouts whose results, chained on the oracle,
+    are the whole fusion's, or is refused with UnsupportedFusionError at definition."""
+    shape, steps, seed = chain
+    fd = _chain_fusion(shape, steps, seed)
+    try:
+        segmentation = segments_of(fd)
+    except UnsupportedFusionError:
+        return  # a reduction no chain of kernels runs (over the rows of a 3-D tensor)
+    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    if segmentation is None:
+        return  # one kernel: no layout op survived (the fusion has none)
+    for got, want in zip(_chained(fd, [x]), evaluate(fd.fusion, [x]), strict=True):
+        assert got.shape == want.shape
+        # values between segments are stored in float32: a few of its units of the largest
+        # value, where later subtractions cancel
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * (1 + np.abs(want).max()))
