@@ -18,7 +18,7 @@ import math
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 
 import numpy as np
 
@@ -62,8 +62,9 @@ class Kernel:
     device: DeviceSpec
     occupancy: int  # resident blocks per SM of the main kernel, as the driver computes it
     resident_groups: int  # clusters (or blocks, without a cluster) resident on the whole GPU
-    # (entry, ((Source, index) per parameter)) of each kernel in launch order, from its
-    # Signature: the one record of the parameter order, shared with the template
+    # (entry, ((slot of the source in _SLOT_ORDER, index) per parameter)) of each kernel in
+    # launch order, from its Signature: the one record of the parameter order, shared with
+    # the template
     arguments: tuple
     tensor_inputs: frozenset  # indices of the fusion inputs passed as data pointers
     vector_inputs: frozenset  # those of them loaded in vectors (not a value input's element)
@@ -200,7 +201,7 @@ def _load(fd, problem: Problem, device: DeviceSpec, hints) -> Kernel:
                                       programmatic=sig.entry == built.source.finalize_entry
                                       and device.arch >= 90)
                  for sig in built.source.signatures}
-    arguments = tuple((sig.entry, tuple((p.source, p.index) for p in sig.params))
+    arguments = tuple((sig.entry, tuple((_SLOTS[p.source], p.index) for p in sig.params))
                       for sig in built.source.signatures)
     tensor_inputs = frozenset(p.index for sig in built.source.signatures for p in sig.params
                               if p.source is Source.INPUT and p.dtype is None)
@@ -210,6 +211,11 @@ def _load(fd, problem: Problem, device: DeviceSpec, hints) -> Kernel:
 
 
 _SIZE_CTYPES = {Source.ROWS: ctypes.c_int64, Source.PARTIAL_ROWS: ctypes.c_int32}
+# A call's launch arguments by source: _run builds one tuple in this order, and Kernel.arguments
+# index it by position (an Enum key hashes in Python: 20 such hashes a call were 8% of a
+# small call's host time under cProfile).
+_SLOT_ORDER = (Source.INPUT, Source.OUTPUT, Source.PARTIALS, Source.ROWS, Source.PARTIAL_ROWS)
+_SLOTS = {source: slot for slot, source in enumerate(_SLOT_ORDER)}
 
 
 def _launcher(signature: Signature, fn, programmatic: bool) -> EntryLauncher:
@@ -323,6 +329,12 @@ class Plan:
     # cannot enqueue row A, row B, finalize A (which would read B's partial rows).
     lock: threading.Lock = field(default_factory=threading.Lock, compare=False)
 
+    @cached_property
+    def run(self) -> Run:
+        """What fd._last_run holds after a call with this plan (one record for all such
+        calls), which fd.last_schedule() and last_cuda_code() read."""
+        return Run(self.kernel, self.launch, self.finalize_launch)
+
 
 MAX_PLANS = 64  # plans kept per fusion definition (distinct shapes seen recently)
 
@@ -413,7 +425,7 @@ def execute(fd, inputs: list, *, device=None, hints: Hints | None = None):
         # its vector width (a view at an offset): plan this call on its own.
         plan = _plan(fd, inputs, device, hints)
     outputs = _run(plan, inputs, pointers)
-    fd._last_run = Run(plan.kernel, plan.launch, plan.finalize_launch)
+    fd._last_run = plan.run
     return outputs
 
 
@@ -584,20 +596,20 @@ def _run(plan: Plan, inputs: list, pointers: dict[int, int]) -> list:
     partials = _partials(plan, stream, like) if plan.partials else []
     address = (lambda x: x.data_ptr()) if torch_kind else (lambda x: x.data.ptr)
     launch, final = plan.launch, plan.finalize_launch
-    values: dict[Source, Mapping[int, object] | Sequence[object]] = {
-        Source.INPUT: {**pointers, **{i: t(scalar_value(i, v, inputs[i]))
-                                      for i, (v, t) in plan.scalar_types.items()}},
-        Source.OUTPUT: [address(o) for o in outs],
-        Source.PARTIALS: [address(p) for p in partials],
-        Source.ROWS: (plan.rows,),
-        Source.PARTIAL_ROWS: (final.partial_rows if final is not None else 0,),
-    }
+    values: tuple[Mapping[int, object] | Sequence[object], ...] = (  # in _SLOT_ORDER
+        {**pointers, **{i: t(scalar_value(i, v, inputs[i]))
+                        for i, (v, t) in plan.scalar_types.items()}},
+        [address(o) for o in outs],
+        [address(p) for p in partials],
+        (plan.rows,),
+        (final.partial_rows if final is not None else 0,),
+    )
     with _cupy().cuda.Device(plan.device_id), plan.lock:
         _bind_context(plan.device_id)
         for (entry, arguments), size in zip(kernel.arguments, (launch, final), strict=False):
             assert size is not None  # a finalize entry comes with its launch
             kernel.launchers[entry](size.grid, size.block, size.dynamic_smem, stream,
-                                    [values[source][i] for source, i in arguments])
+                                    [values[slot][i] for slot, i in arguments])
     return outs
 
 
