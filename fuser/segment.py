@@ -12,7 +12,8 @@ would cost a write and a read of the whole tensor, recomputing it one more read 
 is made of.
 
 The stage of a value: 0 for inputs and constants; an outer reduction's result is one past its
-operand's stage; any other value takes the largest stage of its operands. Segment k computes
+operand's stage, and so is a layout op's (permute, reshape: fuser/layouts.py) where a kernel
+computes its operand; any other value takes the largest stage of its operands. Segment k computes
 the reductions whose operand is at stage k (an inner one's result is at stage k too, an outer
 one's at k + 1) and the fusion outputs at stage k.
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from fuser import layouts
 from fuser.analysis import analyze, copy_expr, define_like, equate_extents, lower
 from fuser.dtypes import DataType
 from fuser.errors import HintError, InternalError, UnsupportedFusionError
@@ -84,7 +86,7 @@ class Segmentation:
                     "results from other rows)")
         head += ":"
         lines = [head] + [str(s) for s in self.segments]
-        lines += [f"between kernels: {_layout_line(e)}" for e in self.layouts]
+        lines += [f"between kernels: {layouts.describe(e)}" for e in self.layouts]
         return "\n  ".join(lines)
 
     def hint_error(self, name: str) -> HintError:
@@ -103,23 +105,6 @@ class SegmentSchedules:
     def __str__(self) -> str:
         return "\n".join(f"{segment}\n    {schedule}"
                          for segment, schedule in zip(self.segments, self.schedules, strict=True))
-
-
-def _layout_line(e: Expr) -> str:
-    what = ("a contiguous copy in the new order" if e.op == "permute"
-            else "a view of the same bytes")
-    shape = ", ".join(str(s) for s in e.attr("dims" if e.op == "permute" else "shape"))
-    return f"{e.outputs[0].name} = {e.op}({e.inputs[0].name}, [{shape}]): {what}"
-
-
-def kernel_made(v: Val) -> bool:
-    """Whether a kernel computes `v` (it is neither an input nor a layout op's result)."""
-    return v.definition is not None and v.definition.op not in LAYOUT_OPS
-
-
-def layout_made(v: Val) -> bool:
-    """Whether `v` is a permute's or reshape's result, made between kernels."""
-    return v.definition is not None and v.definition.op in LAYOUT_OPS
 
 
 def size_from(size: Val, values: dict[Val, Any]) -> int:
@@ -159,8 +144,8 @@ def stages(fusion: Fusion) -> dict[Val, int]:
     for e in fusion.exprs:
         out = e.outputs[0]
         if e.op in LAYOUT_OPS:  # made after the segment that writes its operand
-            operand = e.inputs[0]
-            stage[out] = max(stage[i] for i in e.inputs) + (1 if kernel_made(operand) else 0)
+            written = layouts.kernel_made(e.inputs[0])
+            stage[out] = max(stage[i] for i in e.inputs) + (1 if written else 0)
             continue
         rank = _rank(out)
         of_whole = any(i in whole for i in e.inputs)
@@ -215,14 +200,14 @@ def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError) -> Segmen
     with a note where a segment cannot run either."""
     from fuser.frontend import FusionDefinition
 
-    lowered = _layouts_on_inputs(_widened(lower(fusion)))
+    lowered = layouts.on_inputs(_widened(lower(fusion)))
     stage = stages(lowered)
     home = _homes(lowered, stage)
     last = max(home.values(), default=0)
     demanded: dict[int, list[Val]] = {k: [] for k in range(last + 1)}
-    layouts = _needed_layouts(lowered)
-    for e in layouts:
-        if kernel_made(e.inputs[0]):
+    moves = layouts.needed(lowered)
+    for e in moves:
+        if layouts.kernel_made(e.inputs[0]):
             demanded[home[e.inputs[0]]].append(e.inputs[0])
     built: list[Segment] = []
     for k in range(last, -1, -1):
@@ -243,19 +228,7 @@ def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError) -> Segmen
                                  _why(k, inputs, lowered)))
     segments = tuple(_renumbered(reversed(built)))
     _check_each_runs(name, segments, reason)
-    return Segmentation(lowered, segments, tuple(layouts))
-
-
-def _needed_layouts(f: Fusion) -> list[Expr]:
-    """The layout ops the outputs depend on, in definition order."""
-    seen: set[int] = set()
-    stack: list[Val] = list(f.outputs)
-    while stack:
-        e = stack.pop().definition
-        if e is not None and id(e) not in seen:
-            seen.add(id(e))
-            stack.extend(e.inputs)
-    return [e for e in f.exprs if id(e) in seen and e.op in LAYOUT_OPS]
+    return Segmentation(lowered, segments, tuple(moves))
 
 
 def _segment_name(name: str, suffix: str) -> str:
@@ -328,7 +301,7 @@ def _widened(f: Fusion) -> Fusion:
         elif e.op in REDUCTIONS and v.dtype in _NARROW:
             new[v] = out.reduction(e.op, new[e.inputs[0]], e.attr("dims"), e.attr("keepdim"),
                                    DataType.Float)
-        elif (e.op in LAYOUT_OPS and kernel_made(e.inputs[0])
+        elif (e.op in LAYOUT_OPS and layouts.kernel_made(e.inputs[0])
               and not _readable(new[e.inputs[0]])):
             # a kernel writes its operand for it: in Float, not rounded to Half or BFloat16
             mapping = {**new, e.inputs[0]: out.cast(new[e.inputs[0]], DataType.Float)}
@@ -342,94 +315,6 @@ def _widened(f: Fusion) -> Fusion:
     return out
 
 
-def _layouts_on_inputs(f: Fusion) -> Fusion:
-    """A copy of `f` where each permute or reshape of an elementwise value of inputs of its
-    own shape (a cast of the input, x * y) is made of the inputs instead: the ops then run on
-    the moved inputs, f(permute(x)) for permute(f(x)), so no kernel writes f(x) for the move
-    and no kernel reads it back. A reshape of an input is a view; a permute of one, a copy.
-    Likewise an op of one tensor (a cast) on the only use of a layout op of a value a kernel
-    computes runs before the move, in that kernel: permute(cast(s)) for cast(permute(s)).
-    Softmax over dim 0 written as cast, permute, row softmax, permute, cast: one kernel, not
-    three."""
-    if not any(e.op in LAYOUT_OPS for e in f.exprs):
-        return f
-    out = Fusion()
-    new: dict[Val, Val] = {}
-    for v in f.vals:
-        e = v.definition
-        if e is None:
-            new[v] = define_like(out, v, v in f.inputs)
-        elif v is e.outputs[0]:
-            if e.op in LAYOUT_OPS and _elementwise_of_inputs(e.inputs[0]):
-                new[v] = _moved_down(out, e, e.inputs[0], new, {})
-            elif (layout := _moved_up_from(f, e, new)) is not None:
-                mapping = {**new, layout.inputs[0]: _remade(out, e, new, layout)}
-                copy_expr(out, layout, mapping)
-                new[v] = mapping[layout.outputs[0]]
-            else:
-                copy_expr(out, e, new)
-    out.outputs.extend(as_tensor(new[o]) for o in f.outputs)
-    return out
-
-
-def _moved_up_from(f: Fusion, e: Expr, new: dict[Val, Val]) -> Expr | None:
-    """The layout op (of `out`, the copy) that `e` can run before: `e` an elementwise op or
-    cast of one tensor, that tensor a layout op's result with no other use in `f`, of a value
-    a kernel computes."""
-    if e.op not in ELEMENTWISE and e.op != "cast":
-        return None
-    tensors = [i for i in e.inputs if isinstance(i, Tensor)]
-    if len(tensors) != 1 or len(f.uses(tensors[0])) != 1:
-        return None
-    layout = new[tensors[0]].definition
-    if layout is None or layout.op not in LAYOUT_OPS or not kernel_made(layout.inputs[0]):
-        return None
-    return layout
-
-
-def _remade(out: Fusion, e: Expr, new: dict[Val, Val], layout: Expr) -> Val:
-    """`e` in `out` on the layout op's operand instead of its result."""
-    operands = [layout.inputs[0] if isinstance(i, Tensor) else new[i] for i in e.inputs]
-    if e.op == "cast":
-        return out.cast(operands[0], e.attr("dtype"))
-    return out.elementwise(e.op, operands)
-
-
-def _elementwise_of_inputs(v: Val) -> bool:
-    """Whether tensor `v` is made by elementwise ops and casts alone from input tensors of its
-    own shape (and scalars): no broadcast, no reduction between them."""
-    e = v.definition
-    if e is None:
-        return isinstance(v, Tensor)
-    if e.op not in ELEMENTWISE and e.op != "cast":
-        return False
-    dims = [d.find() if d is not None else None for d in as_tensor(v).dims]
-    return all(isinstance(i, Scalar) or (
-        [d.find() if d is not None else None for d in as_tensor(i).dims] == dims
-        and _elementwise_of_inputs(i)) for i in e.inputs)
-
-
-def _moved_down(out: Fusion, layout: Expr, v: Val, new: dict[Val, Val],
-                moved: dict[Val, Val]) -> Val:
-    """The layout op `layout` applied to `v` in `out`, moved down to the inputs `v` is made
-    of (_elementwise_of_inputs(v) holds): each tensor operand moved (once: `moved`), then
-    `v`'s op."""
-    if v in moved:
-        return moved[v]
-    e = v.definition
-    if e is None:
-        mapping = {**new, layout.inputs[0]: new[v]}
-        copy_expr(out, layout, mapping)
-        result = mapping[layout.outputs[0]]
-    else:
-        operands = [new[i] if isinstance(i, Scalar) else _moved_down(out, layout, i, new, moved)
-                    for i in e.inputs]
-        result = (out.cast(operands[0], e.attr("dtype")) if e.op == "cast"
-                  else out.elementwise(e.op, operands))
-    moved[v] = result
-    return result
-
-
 def _homes(f: Fusion, stage: dict[Val, int]) -> dict[Val, int]:
     """The segment that computes each value written to global memory: an outer reduction's
     result (at its operand's stage: finished after that segment's sweep), an inner one's (at
@@ -441,10 +326,10 @@ def _homes(f: Fusion, stage: dict[Val, int]) -> dict[Val, int]:
         if e.op in REDUCTIONS:
             home[e.outputs[0]] = stage[e.inputs[0] if is_outer(e) else e.outputs[0]]
     for e in f.exprs:
-        if e.op in LAYOUT_OPS and kernel_made(e.inputs[0]):
+        if e.op in LAYOUT_OPS and layouts.kernel_made(e.inputs[0]):
             home.setdefault(e.inputs[0], stage[e.inputs[0]])
     for o in f.outputs:
-        if layout_made(o):
+        if layouts.layout_made(o):
             continue  # made between kernels from its operand
         d = o.definition
         source = d.inputs[0] if d is not None and d.op == "cast" else o
@@ -502,7 +387,7 @@ def _segment_values(f: Fusion, outputs: list[Val], home: dict[Val, int], k: int
             v = stack.pop()
             if v in needed or v in reads:
                 continue
-            if v in f.inputs or layout_made(v) or (home.get(v, k) < k and _readable(v)):
+            if v in f.inputs or layouts.layout_made(v) or (home.get(v, k) < k and _readable(v)):
                 reads.add(v)
             elif v.definition is not None and v.definition.op == "size":
                 sizes[v] = v.definition.inputs[0]
@@ -548,9 +433,9 @@ def _one_size_axes(f: Fusion) -> frozenset:
 
 def _why(k: int, inputs: list[Val], f: Fusion) -> str:
     moved = [f"{v.name} ({v.definition.op} of {v.definition.inputs[0].name})"
-             for v in inputs if v.definition is not None and layout_made(v)]
+             for v in inputs if v.definition is not None and layouts.layout_made(v)]
     carried = [v.name for v in inputs if v not in f.inputs and isinstance(v, Tensor)
-               and not layout_made(v)]
+               and not layouts.layout_made(v)]
     sizes = [v.name for v in inputs if v not in f.inputs and not isinstance(v, Tensor)]
     given = f" ({', '.join(sizes)}: sizes, passed as scalars)" if sizes else ""
     if moved:

@@ -1,0 +1,131 @@
+"""Layout ops (permute, reshape) in a segmented fusion: which values they need written, which
+they read, and where they can move so that no kernel writes a value only to have it moved.
+
+No kernel here moves elements to other positions; analysis.analyze refuses a fusion with a
+layout op, and segmentation cuts it there (segment.stages: a layout op's result is one stage
+past a kernel-made operand). The executor makes each result between kernels, as soon as its
+operand exists (executor._make_layouts).
+"""
+
+from __future__ import annotations
+
+from fuser.analysis import copy_expr, define_like
+from fuser.ir import Expr, Fusion, Scalar, Tensor, Val, as_tensor
+from fuser.ops import ELEMENTWISE, LAYOUT_OPS
+
+
+def describe(e: Expr) -> str:
+    what = ("a contiguous copy in the new order" if e.op == "permute"
+            else "a view of the same bytes")
+    shape = ", ".join(str(s) for s in e.attr("dims" if e.op == "permute" else "shape"))
+    return f"{e.outputs[0].name} = {e.op}({e.inputs[0].name}, [{shape}]): {what}"
+
+
+def kernel_made(v: Val) -> bool:
+    """Whether a kernel computes `v` (it is neither an input nor a layout op's result)."""
+    return v.definition is not None and v.definition.op not in LAYOUT_OPS
+
+
+def layout_made(v: Val) -> bool:
+    """Whether `v` is a permute's or reshape's result, made between kernels."""
+    return v.definition is not None and v.definition.op in LAYOUT_OPS
+
+
+def needed(f: Fusion) -> list[Expr]:
+    """The layout ops the outputs depend on, in definition order."""
+    seen: set[int] = set()
+    stack: list[Val] = list(f.outputs)
+    while stack:
+        e = stack.pop().definition
+        if e is not None and id(e) not in seen:
+            seen.add(id(e))
+            stack.extend(e.inputs)
+    return [e for e in f.exprs if id(e) in seen and e.op in LAYOUT_OPS]
+
+
+def on_inputs(f: Fusion) -> Fusion:
+    """A copy of `f` where each permute or reshape of an elementwise value of inputs of its
+    own shape (a cast of the input, x * y) is made of the inputs instead: the ops then run on
+    the moved inputs, f(permute(x)) for permute(f(x)), so no kernel writes f(x) for the move
+    and no kernel reads it back. A reshape of an input is a view; a permute of one, a copy.
+    Likewise an op of one tensor (a cast) on the only use of a layout op of a value a kernel
+    computes runs before the move, in that kernel: permute(cast(s)) for cast(permute(s)).
+    Softmax over dim 0 written as cast, permute, row softmax, permute, cast: one kernel, not
+    three."""
+    if not any(e.op in LAYOUT_OPS for e in f.exprs):
+        return f
+    out = Fusion()
+    new: dict[Val, Val] = {}
+    for v in f.vals:
+        e = v.definition
+        if e is None:
+            new[v] = define_like(out, v, v in f.inputs)
+        elif v is e.outputs[0]:
+            if e.op in LAYOUT_OPS and _elementwise_of_inputs(e.inputs[0]):
+                new[v] = _moved_down(out, e, e.inputs[0], new, {})
+            elif (layout := _moved_up_from(f, e, new)) is not None:
+                mapping = {**new, layout.inputs[0]: _remade(out, e, new, layout)}
+                copy_expr(out, layout, mapping)
+                new[v] = mapping[layout.outputs[0]]
+            else:
+                copy_expr(out, e, new)
+    out.outputs.extend(as_tensor(new[o]) for o in f.outputs)
+    return out
+
+
+def _moved_up_from(f: Fusion, e: Expr, new: dict[Val, Val]) -> Expr | None:
+    """The layout op (of `out`, the copy) that `e` can run before: `e` an elementwise op or
+    cast of one tensor, that tensor a layout op's result with no other use in `f`, of a value
+    a kernel computes."""
+    if e.op not in ELEMENTWISE and e.op != "cast":
+        return None
+    tensors = [i for i in e.inputs if isinstance(i, Tensor)]
+    if len(tensors) != 1 or len(f.uses(tensors[0])) != 1:
+        return None
+    layout = new[tensors[0]].definition
+    if layout is None or layout.op not in LAYOUT_OPS or not kernel_made(layout.inputs[0]):
+        return None
+    return layout
+
+
+def _remade(out: Fusion, e: Expr, new: dict[Val, Val], layout: Expr) -> Val:
+    """`e` in `out` on the layout op's operand instead of its result."""
+    operands = [layout.inputs[0] if isinstance(i, Tensor) else new[i] for i in e.inputs]
+    if e.op == "cast":
+        return out.cast(operands[0], e.attr("dtype"))
+    return out.elementwise(e.op, operands)
+
+
+def _elementwise_of_inputs(v: Val) -> bool:
+    """Whether tensor `v` is made by elementwise ops and casts alone from input tensors of its
+    own shape (and scalars): no broadcast, no reduction between them."""
+    e = v.definition
+    if e is None:
+        return isinstance(v, Tensor)
+    if e.op not in ELEMENTWISE and e.op != "cast":
+        return False
+    dims = [d.find() if d is not None else None for d in as_tensor(v).dims]
+    return all(isinstance(i, Scalar) or (
+        [d.find() if d is not None else None for d in as_tensor(i).dims] == dims
+        and _elementwise_of_inputs(i)) for i in e.inputs)
+
+
+def _moved_down(out: Fusion, layout: Expr, v: Val, new: dict[Val, Val],
+                moved: dict[Val, Val]) -> Val:
+    """The layout op `layout` applied to `v` in `out`, moved down to the inputs `v` is made
+    of (_elementwise_of_inputs(v) holds): each tensor operand moved (once: `moved`), then
+    `v`'s op."""
+    if v in moved:
+        return moved[v]
+    e = v.definition
+    if e is None:
+        mapping = {**new, layout.inputs[0]: new[v]}
+        copy_expr(out, layout, mapping)
+        result = mapping[layout.outputs[0]]
+    else:
+        operands = [new[i] if isinstance(i, Scalar) else _moved_down(out, layout, i, new, moved)
+                    for i in e.inputs]
+        result = (out.cast(operands[0], e.attr("dtype")) if e.op == "cast"
+                  else out.elementwise(e.op, operands))
+    moved[v] = result
+    return result
