@@ -41,7 +41,7 @@ from fuser.schedulers.base import (
     ceil_div,
     next_pow2,
 )
-from fuser.segment import Segmentation, segment, size_from
+from fuser.segment import Segmentation, segment
 from fuser.signature import KernelSource, Signature, Source, workspace_dtype
 
 POINTWISE_BLOCKS_PER_SM = 8
@@ -470,62 +470,76 @@ def segments_of(fd) -> Segmentation | None:
 
 
 def _execute_segments(fd, segmentation: Segmentation, inputs: list, device, hints) -> list:
-    """Run the segments in order, each on the fusion's inputs and earlier segments' outputs."""
+    """Run the segments in order, each on the fusion's inputs and earlier segments' outputs,
+    the layout ops made between them. Every input is checked first (kind, device, dtype, rank
+    and sizes against the whole fusion): a layout op may touch it before any segment does."""
     lowered = segmentation.lowered
     if hints is not None:
         raise segmentation.hint_error(fd.name)
     if len(inputs) != len(lowered.inputs):
         raise BadInputError(
             f"fusion '{fd.name}' takes {len(lowered.inputs)} inputs, got {len(inputs)}")
-    shapes = [getattr(x, "shape", None) if isinstance(v, Tensor) else None
-              for v, x in zip(lowered.inputs, inputs, strict=True)]
-    if all(s is not None for v, s in zip(lowered.inputs, shapes, strict=True)
-           if isinstance(v, Tensor)):
-        bind_shapes(lowered, shapes)  # sizes the segments share, checked against the whole
+    sizes = bind_shapes(lowered, _checked_shapes(lowered, inputs))
     values = dict(zip(lowered.inputs, inputs, strict=True))
-    _make_layouts(segmentation.layouts, values)
+    _make_layouts(segmentation.layouts, values, sizes)
     runs: list[Run] = []
     for s in segmentation.segments:
         outs = execute(s.definition, s.arguments(values), device=device)
         values.update(zip(s.outputs, outs, strict=True))
-        _make_layouts(segmentation.layouts, values)
+        _make_layouts(segmentation.layouts, values, sizes)
         run = s.definition._last_run
         assert isinstance(run, Run)
         runs.append(run)
     fd._last_run = SegmentedRun(segmentation, tuple(runs))
-    return [_copy(values[o]) if _shares_memory(o, lowered) else values[o]
-            for o in lowered.outputs]
+    return _unshared(lowered, values)
 
 
-def _make_layouts(layouts, values: dict) -> None:
+def _checked_shapes(fusion, inputs: list) -> list:
+    """The shape of each tensor input (None for a scalar), after _check_tensor's checks."""
+    tensors = [x for v, x in zip(fusion.inputs, inputs, strict=True) if isinstance(v, Tensor)]
+    torch_kind = bool(tensors) and _is_torch(tensors[0])
+    shapes: list[tuple[int, ...] | None] = []
+    for i, (v, x) in enumerate(zip(fusion.inputs, inputs, strict=True)):
+        if isinstance(v, Scalar):
+            scalar_value(i, v, x)
+            shapes.append(None)
+        else:
+            shapes.append(_check_tensor(i, as_tensor(v), x, torch_kind)[0])
+    return shapes
+
+
+def _make_layouts(layouts, values: dict, sizes) -> None:
     """Each permute or reshape whose operand is in `values` and result is not yet: permute as
-    a contiguous copy in the new order (the next kernels read contiguous rows), reshape as a
-    view. Their element counts were checked with the fusion's input shapes (bind_shapes)."""
+    a copy in the new order, always new memory (the next kernels read contiguous rows),
+    reshape as a view of the shape bind_shapes gave its result."""
     for e in layouts:
         out, x = e.outputs[0], values.get(e.inputs[0])
         if out in values or x is None:
             continue
-        if e.op == "permute":
-            dims = e.attr("dims")
-            if _is_torch(x):
-                values[out] = x.permute(*dims).contiguous()
-            else:
-                with x.device:
-                    values[out] = _cupy().ascontiguousarray(x.transpose(dims))
+        if e.op == "reshape":
+            values[out] = x.reshape(sizes.shape(as_tensor(out)))
+        elif _is_torch(x):
+            import torch
+
+            values[out] = x.permute(e.attr("dims")).clone(memory_format=torch.contiguous_format)
         else:
-            by_name = {s.name: s for s in e.inputs[1:]}
-            values[out] = x.reshape(tuple(size if isinstance(size, int) else
-                                          size_from(by_name[size], values)
-                                          for size in e.attr("shape")))
+            with x.device:
+                values[out] = _cupy().array(x.transpose(e.attr("dims")), order="C", copy=True)
 
 
-def _shares_memory(output, lowered) -> bool:
-    """Whether a fusion output is a reshape (through reshapes only) of an input or of another
-    output: a view of memory the caller holds, which it gets as a copy instead."""
-    v = output
-    while v.definition is not None and v.definition.op == "reshape":
-        v = v.definition.inputs[0]
-    return v is not output and (v in lowered.inputs or v in lowered.outputs)
+def _unshared(lowered, values: dict) -> list:
+    """The fusion's outputs, none sharing memory with an input or an earlier output: a
+    reshape's result is a view of its operand, so one of an input, of another output, or of a
+    value two outputs reshape, is returned as a copy."""
+    held = set(lowered.inputs)  # values whose memory the caller holds, by the value viewed
+    results = []
+    for o in lowered.outputs:
+        viewed = o
+        while viewed.definition is not None and viewed.definition.op == "reshape":
+            viewed = viewed.definition.inputs[0]
+        results.append(_copy(values[o]) if viewed in held else values[o])
+        held.add(viewed)
+    return results
 
 
 def _copy(x):

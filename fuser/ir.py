@@ -380,6 +380,9 @@ class Fusion:
         t = self._require_tensor("permute", t)
         listed = _listed("permute", "dims", dims, f"a reordering of {t.name}'s {t.ndim} axes")
         context = f"permute({t.name}, dims={listed})"
+        if t.ndim == 0:
+            raise DefinitionError(f"{context}: {t.name} has no dimensions to reorder; use it "
+                                  "as it is")
         axes = [self._normalize_dim(context, t, d) for d in listed]
         if sorted(axes) != list(range(t.ndim)):
             raise DefinitionError(

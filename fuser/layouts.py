@@ -10,6 +10,7 @@ operand exists (executor._make_layouts).
 from __future__ import annotations
 
 from fuser.analysis import copy_expr, define_like
+from fuser.dtypes import DataType
 from fuser.ir import Expr, Fusion, Scalar, Tensor, Val, as_tensor
 from fuser.ops import ELEMENTWISE, LAYOUT_OPS
 
@@ -79,6 +80,8 @@ def _moved_up_from(f: Fusion, e: Expr, new: dict[Val, Val]) -> Expr | None:
     a kernel computes."""
     if e.op not in ELEMENTWISE and e.op != "cast":
         return None
+    if e.op != "cast" and e.outputs[0].dtype in (DataType.Half, DataType.BFloat16):
+        return None  # the kernel would write it rounded, where the value is not (see _widened)
     tensors = [i for i in e.inputs if isinstance(i, Tensor)]
     if len(tensors) != 1 or len(f.uses(tensors[0])) != 1:
         return None

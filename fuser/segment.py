@@ -242,21 +242,47 @@ def _segment_name(name: str, suffix: str) -> str:
 def _groups(f: Fusion, outputs: list[Val], home: dict[Val, int], k: int) -> list[list[Val]]:
     """The outputs of stage k in one group where one kernel chain computes them all; else in
     groups that share no axis (a total's row results beside a column value: rows of one size
-    and columns of another meet in no tensor), each a segment of its own."""
-    sub, _ = _extract(f, outputs, home, k)
-    try:
-        analyze(sub)
+    and columns of another meet in no tensor), each a segment of its own; a group that one
+    kernel still cannot run is split by the innermost axis of its outputs' widest tensors (x
+    beside its transpose, made between kernels: the same axes, rows and columns swapped)."""
+    if _runs(f, outputs, home, k):
         return [outputs]
-    except UnsupportedFusionError:
-        pass
     axes = {o: _axes_touched(f, o, home, k) for o in outputs}
     groups: list[list[Val]] = []
     for o in outputs:
         joined = [g for g in groups if any(axes[o] & axes[p] for p in g)]
         merged = [p for g in joined for p in g] + [o]
         groups = [g for g in groups if g not in joined] + [merged]
-    ordered = [sorted(g, key=outputs.index) for g in groups]
+    split: list[list[Val]] = []
+    for g in groups:
+        if len(g) == 1 or _runs(f, g, home, k):
+            split.append(g)
+            continue
+        by_axis: dict[Any, list[Val]] = {}
+        for o in g:
+            by_axis.setdefault(_innermost_axis(f, o, home, k), []).append(o)
+        split.extend(by_axis.values())
+    ordered = [sorted(g, key=outputs.index) for g in split]
     return sorted(ordered, key=lambda g: outputs.index(g[0]))
+
+
+def _runs(f: Fusion, outputs: list[Val], home: dict[Val, int], k: int) -> bool:
+    """Whether one kernel chain computes `outputs` in segment k."""
+    try:
+        analyze(_extract(f, outputs, home, k)[0])
+        return True
+    except UnsupportedFusionError:
+        return False
+
+
+def _innermost_axis(f: Fusion, output: Val, home: dict[Val, int], k: int):
+    """The innermost extent of the widest tensor segment k computes or reads for `output`."""
+    needed, reads, _ = _segment_values(f, [output], home, k)
+    tensors = [v for v in (*needed, *reads, output) if isinstance(v, Tensor) and _span(v)]
+    if not tensors:
+        return None
+    widest = max(tensors, key=lambda t: (_span(t), -t.index))
+    return [e for e in widest.dims if e is not None][-1].find()
 
 
 def _axes_touched(f: Fusion, output: Val, home: dict[Val, int], k: int) -> set:
@@ -319,21 +345,19 @@ def _homes(f: Fusion, stage: dict[Val, int]) -> dict[Val, int]:
     """The segment that computes each value written to global memory: an outer reduction's
     result (at its operand's stage: finished after that segment's sweep), an inner one's (at
     its own stage: a full reduction's second half is one row of the first half's results,
-    after them) and each fusion output (at its own stage; a cast of a reduction's result where
-    the reduction is, rather than in one more segment)."""
+    after them), and each fusion output and each operand of a layout op a kernel computes (at
+    its own stage; a cast of a reduction's result where the reduction is, rather than in one
+    more segment). A layout op's result is made between kernels: it has no home."""
     home: dict[Val, int] = {}
     for e in f.exprs:
         if e.op in REDUCTIONS:
             home[e.outputs[0]] = stage[e.inputs[0] if is_outer(e) else e.outputs[0]]
-    for e in f.exprs:
-        if e.op in LAYOUT_OPS and layouts.kernel_made(e.inputs[0]):
-            home.setdefault(e.inputs[0], stage[e.inputs[0]])
-    for o in f.outputs:
-        if layouts.layout_made(o):
-            continue  # made between kernels from its operand
-        d = o.definition
-        source = d.inputs[0] if d is not None and d.op == "cast" else o
-        home.setdefault(o, home.get(source, stage[o]))
+    written = [e.inputs[0] for e in f.exprs
+               if e.op in LAYOUT_OPS and layouts.kernel_made(e.inputs[0])]
+    for v in written + [o for o in f.outputs if not layouts.layout_made(o)]:
+        d = v.definition
+        source = d.inputs[0] if d is not None and d.op == "cast" else v
+        home.setdefault(v, home.get(source, stage[v]))
     return home
 
 

@@ -24,11 +24,10 @@ from fuser import (
 )
 from fuser.analysis import analyze
 from fuser.device import DeviceSpec
-from fuser.executor import execute, segments_of
+from fuser.executor import _unshared, execute, segments_of
 from fuser.kernels import build
 from fuser.reference import bind_shapes, evaluate
 from fuser.schedulers import Problem
-from fuser.segment import size_from
 
 F, BF16 = DataType.Float, DataType.BFloat16
 H200 = DeviceSpec.get("h200")
@@ -95,6 +94,39 @@ def narrow_product_transposed(fd):
     fd.add_output(fd.ops.sum(fd.ops.permute(p, [1, 0]), [1]))
 
 
+def both_orientations(fd):
+    """A stage that reads x as it is and transposed (the transpose moved onto the input): one
+    kernel cannot hold both orientations, so each is a segment of its own."""
+    a = fd.define_tensor([-1, -1])
+    fd.add_output(fd.ops.neg(a))
+    fd.add_output(fd.ops.permute(fd.ops.exp(a), [1, 0]))
+    fd.add_output(fd.ops.sum(fd.ops.permute(a, [1, 0]), [1]))
+
+
+def narrow_after_the_move(fd):
+    """tanh of a Half value after a transpose of a kernel-computed value stays after the
+    transpose: moved before it, the kernel would write tanh's result rounded to Half."""
+    a = fd.define_tensor([-1, -1])
+    t = fd.ops.permute(fd.ops.sub(a, fd.ops.max(a, [1], keepdim=True)), [1, 0])
+    h = fd.ops.tanh(fd.ops.cast(t, DataType.Half))
+    fd.add_output(fd.ops.sum(h, [1], dtype=F))
+
+
+def size_of_a_later_reshape(fd):
+    """z reshaped with a size of r1, a reshape of row sums made after the first kernel."""
+    a = fd.define_tensor([-1, -1])
+    z = fd.define_tensor([-1])
+    r1 = fd.ops.reshape(fd.ops.sum(a, [1]), [-1])
+    fd.add_output(fd.ops.add(r1, fd.ops.reshape(z, [r1.size(0)])))
+
+
+def narrow_column_sums_reshaped(fd):
+    """bf16 column sums (a Float sum cast back) reshaped: the cast is written by the kernel
+    that finishes the sums, not by one more."""
+    a = fd.define_tensor([-1, -1], dtype=BF16)
+    fd.add_output(fd.ops.reshape(fd.ops.sum(a, [0]), [-1, 2]))
+
+
 def reshaped_input_out(fd):
     """An input reshaped and returned: no kernel; the caller gets a copy, not a view."""
     x = fd.define_tensor([-1, -1])
@@ -109,6 +141,10 @@ CASES = {  # name -> (builder, segments, input shapes)
     "product_of_inputs_reshaped": (product_of_inputs_reshaped, 1, [(3, 10, 17), (3, 10, 17)]),
     "narrow_product_transposed": (narrow_product_transposed, 2, [(30, 17)]),
     "reshaped_input_out": (reshaped_input_out, 0, [(30, 17)]),
+    "both_orientations": (both_orientations, 2, [(30, 17)]),
+    "narrow_after_the_move": (narrow_after_the_move, 2, [(64, 48)]),
+    "size_of_a_later_reshape": (size_of_a_later_reshape, 2, [(4, 6), (4,)]),
+    "narrow_column_sums_reshaped": (narrow_column_sums_reshaped, 1, [(30, 18)]),
 }
 
 
@@ -124,29 +160,29 @@ def _inputs(fd: FusionDefinition, shapes, seed: int = 7) -> list[np.ndarray]:
             for v, s in zip(fd.fusion.inputs, shapes, strict=True)]
 
 
-def _layouts_on_host(layouts, values: dict) -> None:
-    """The executor's between-kernel step, for numpy arrays."""
+def _layouts_on_host(layouts, values: dict, sizes) -> None:
+    """The executor's between-kernel step (executor._make_layouts), for numpy arrays."""
     for e in layouts:
         out, x = e.outputs[0], values.get(e.inputs[0])
         if out in values or x is None:
             continue
         if e.op == "permute":
-            values[out] = np.ascontiguousarray(np.transpose(x, e.attr("dims")))
+            values[out] = np.array(np.transpose(x, e.attr("dims")), order="C", copy=True)
         else:
-            by_name = {s.name: s for s in e.inputs[1:]}
-            values[out] = x.reshape([s if isinstance(s, int) else size_from(by_name[s], values)
-                                     for s in e.attr("shape")])
+            values[out] = x.reshape(sizes.shape(out))
 
 
 def _chained(fd: FusionDefinition, inputs: list) -> list[np.ndarray]:
     segmentation = segments_of(fd)
-    values = dict(zip(segmentation.lowered.inputs, inputs, strict=True))
-    _layouts_on_host(segmentation.layouts, values)
+    lowered = segmentation.lowered
+    sizes = bind_shapes(lowered, [np.shape(x) for x in inputs])
+    values = dict(zip(lowered.inputs, inputs, strict=True))
+    _layouts_on_host(segmentation.layouts, values, sizes)
     for s in segmentation.segments:
         values.update(zip(s.outputs, evaluate(s.definition.fusion, s.arguments(values)),
                           strict=True))
-        _layouts_on_host(segmentation.layouts, values)
-    return [values[o] for o in segmentation.lowered.outputs]
+        _layouts_on_host(segmentation.layouts, values, sizes)
+    return _unshared(lowered, values)
 
 
 def test_the_oracle_permutes_and_reshapes_as_numpy():
@@ -189,6 +225,25 @@ def test_every_segment_compiles_without_spills(name):
             assert not built.compiled.resource(entry).spills, entry
 
 
+def test_no_output_shares_memory_with_an_input_or_another_output():
+    """Reshapes are views: of an input, of another output, or two of one value, each comes
+    back as a copy; a permute is always new memory (even when the order does not change)."""
+    with FusionDefinition("views") as fd:
+        a = fd.define_tensor([-1, -1])
+        s = fd.ops.exp(fd.ops.sub(a, fd.ops.sum(a, [1], keepdim=True)))
+        fd.add_output(fd.ops.reshape(s, [-1]))
+        fd.add_output(s)
+        fd.add_output(fd.ops.reshape(s, [a.size(1), a.size(0)]))
+        fd.add_output(fd.ops.reshape(a, [-1]))
+        fd.add_output(fd.ops.permute(a, [0, 1]))
+    x = np.random.default_rng(3).standard_normal((4, 6)).astype(np.float32)
+    outs = _chained(fd, [x])
+    for got, want in zip(outs, evaluate(fd.fusion, [x]), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    arrays = [x, *outs]
+    assert not any(np.shares_memory(p, q) for i, p in enumerate(arrays) for q in arrays[i + 1:])
+
+
 def test_a_narrow_value_is_written_in_float_for_a_layout_op():
     segmentation = segments_of(_fd("narrow_product_transposed"))
     first, second = segmentation.segments
@@ -212,6 +267,7 @@ def test_repr_rebuilds_permute_and_reshape():
     (lambda fd, x: fd.ops.reshape(x, [2.5, -1]), r"new_shape\[0\] = 2.5"),
     (lambda fd, x: fd.ops.reshape(x, [0, -1]), r"shape\[0\] = 0 is not a valid size"),
     (lambda fd, x: fd.ops.reshape(x, "ab"), "must be a list or tuple"),
+    (lambda fd, x: fd.ops.permute(fd.ops.sum(x, [0, 1, 2]), []), "no dimensions to reorder"),
 ])
 def test_bad_layout_arguments_are_definition_errors(call, match):
     with FusionDefinition("bad") as fd:
@@ -242,8 +298,8 @@ def test_element_counts_are_checked_with_the_input_shapes():
     with pytest.raises(BadInputError, match=r"shape \(3, 10\), 30 elements, which cannot take "
                                             r"the shape \[-1, 64\]"):
         bind_shapes(odd.fusion, [(3, 10)])
-    with pytest.raises(BadInputError, match="30 elements, which cannot take"):
-        execute(odd, [np.zeros((3, 10), np.float32)])  # refused before a device is touched
+    with pytest.raises(BadInputError, match=r"is a numpy\.ndarray; fuser runs on CuPy arrays"):
+        execute(odd, [np.zeros((3, 10), np.float32)])  # checked before any layout op runs
 
 
 def test_explain_shows_the_layouts_between_segments():
@@ -264,6 +320,10 @@ GPU_SHAPES = {  # name -> input shapes, odd and large
     "product_of_inputs_reshaped": [[(2, 500, 4099), (2, 500, 4099)]],
     "narrow_product_transposed": [[(1, 1)], [(1000, 4099)]],
     "reshaped_input_out": [[(7, 3)]],
+    "both_orientations": [[(300, 257)]],
+    "narrow_after_the_move": [[(1000, 4099)]],
+    "size_of_a_later_reshape": [[(1000, 4099), (1000,)]],
+    "narrow_column_sums_reshaped": [[(1000, 4098)]],
 }
 
 
@@ -279,6 +339,17 @@ def test_layouts_match_the_oracle_on_the_gpu(name, shapes):
 
 
 @pytest.mark.gpu
+def test_element_counts_are_checked_before_a_kernel_runs():
+    import cupy
+
+    with FusionDefinition("odd") as odd:
+        x = odd.define_tensor([-1, -1])
+        odd.add_output(odd.ops.mul(odd.ops.reshape(x, [-1, 64]), 2.0))
+    with pytest.raises(BadInputError, match="30 elements, which cannot take"):
+        odd.execute([cupy.zeros((3, 10), np.float32)])
+
+
+@pytest.mark.gpu
 def test_torch_tensors_and_no_output_aliases_an_input():
     torch = pytest.importorskip("torch")
     fd = _fd("reshaped_input_out")
@@ -286,6 +357,11 @@ def test_torch_tensors_and_no_output_aliases_an_input():
     (y,) = fd.execute([x])
     assert y.shape == (510,) and torch.equal(y, x.reshape(-1))
     assert y.data_ptr() != x.data_ptr()
+    with FusionDefinition("same_order") as same:
+        a = same.define_tensor([-1, -1])
+        same.add_output(same.ops.permute(a, [0, 1]))
+    (z,) = same.execute([x])
+    assert torch.equal(z, x) and z.data_ptr() != x.data_ptr()
     fd = _fd("softmax_over_columns")
     x = torch.randn(300, 257, device="cuda").bfloat16()
     (y,) = fd.execute([x])

@@ -15,7 +15,7 @@ from fuser.device import DeviceSpec
 from fuser.executor import execute, segments_of
 from fuser.explain import SegmentedExplanation
 from fuser.kernels import build
-from fuser.reference import evaluate
+from fuser.reference import bind_shapes, evaluate
 from fuser.schedulers import Hints, Problem
 
 F, BF16 = DataType.Float, DataType.BFloat16
@@ -178,8 +178,8 @@ def test_sum_by_column_follows_numpy_and_refuses_a_non_square_input():
     (got,) = evaluate(_fd("sum_by_column").fusion, [x])
     wide = x.astype(np.float64)
     np.testing.assert_allclose(got, wide - 2 * wide.sum(axis=1), rtol=1e-6)
-    with pytest.raises(fuser.BadInputError, match="T0 dimension 1"):
-        execute(_fd("sum_by_column"), [np.zeros((6, 5), np.float32)])
+    with pytest.raises(fuser.BadInputError, match="T0 dimension 1"):  # what execute checks
+        bind_shapes(segments_of(_fd("sum_by_column")).lowered, [(6, 5)])
 
 
 def test_a_stage_that_writes_nothing_has_no_segment():
