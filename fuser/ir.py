@@ -412,11 +412,13 @@ class Fusion:
         dims = [self._broadcast_extent(context, d, size) for d, size in enumerate(shape)]
         fixed = [e.find().value for e in t.dims if e is not None]
         wanted = [e.find().value for e in dims if e is not None]
-        if None not in fixed + wanted:
-            count, new_count = math.prod(v or 1 for v in fixed), math.prod(v or 1 for v in wanted)
-            if count != new_count:
+        if None not in fixed and wanted.count(None) <= 1:
+            count, known = math.prod(v or 1 for v in fixed), math.prod(v or 1 for v in wanted)
+            if (count != known) if None not in wanted else (count % known != 0):
                 raise DefinitionError(
-                    f"{context}: {t.name} has {count} elements, the new shape {new_count}")
+                    f"{context}: {t.name} has {count} elements, which the new shape's fixed "
+                    f"sizes ({known} elements{' and one more size' if None in wanted else ''}) "
+                    "cannot hold")
         out = self._tensor(t.dtype, dims)
         self._define("reshape", [t, *[size for size in shape if isinstance(size, Scalar)]],
                      [out], shape=tuple(s if isinstance(s, int) else s.name for s in shape))

@@ -280,8 +280,11 @@ def test_bad_layout_arguments_are_definition_errors(call, match):
 def test_fixed_sizes_that_cannot_reshape_are_refused_at_definition():
     with FusionDefinition("bad") as fd:
         x = fd.define_tensor([4, 6])
-        with pytest.raises(DefinitionError, match="has 24 elements, the new shape 25"):
+        with pytest.raises(DefinitionError, match=r"has 24 elements, which the new shape's "
+                                                  r"fixed sizes \(25 elements\) cannot hold"):
             fd.ops.reshape(x, [5, 5])
+        with pytest.raises(DefinitionError, match=r"\(5 elements and one more size\)"):
+            fd.ops.reshape(x, [-1, 5])
         fd.add_output(fd.ops.reshape(x, [3, 8]))
 
 
