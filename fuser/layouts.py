@@ -52,26 +52,37 @@ def on_inputs(f: Fusion) -> Fusion:
     Likewise an op of one tensor (a cast) on the only use of a layout op of a value a kernel
     computes runs before the move, in that kernel: permute(cast(s)) for cast(permute(s)).
     Softmax over dim 0 written as cast, permute, row softmax, permute, cast: one kernel, not
-    three."""
-    if not any(e.op in LAYOUT_OPS for e in f.exprs):
-        return f
+    three. Each pass moves each layout op one step; a chain of them (a reshape of a permute of
+    x * y) takes a pass per op."""
+    for _ in range(sum(e.op in LAYOUT_OPS for e in f.exprs)):
+        moved = _moved_once(f)
+        if moved is None:
+            break
+        f = moved
+    return f
+
+
+def _moved_once(f: Fusion) -> Fusion | None:
+    """One pass of on_inputs, or None where no layout op moves."""
     out = Fusion()
     new: dict[Val, Val] = {}
+    changed = False
     for v in f.vals:
         e = v.definition
         if e is None:
             new[v] = define_like(out, v, v in f.inputs)
         elif v is e.outputs[0]:
-            if e.op in LAYOUT_OPS and _elementwise_of_inputs(e.inputs[0]):
-                new[v] = _moved_down(out, e, e.inputs[0], new, {})
+            if (e.op in LAYOUT_OPS and kernel_made(e.inputs[0])
+                    and _elementwise_of_host_values(e.inputs[0])):
+                new[v], changed = _moved_down(out, e, e.inputs[0], new, {}), True
             elif (layout := _moved_up_from(f, e, new)) is not None:
                 mapping = {**new, layout.inputs[0]: _remade(out, e, new, layout)}
                 copy_expr(out, layout, mapping)
-                new[v] = mapping[layout.outputs[0]]
+                new[v], changed = mapping[layout.outputs[0]], True
             else:
                 copy_expr(out, e, new)
     out.outputs.extend(as_tensor(new[o]) for o in f.outputs)
-    return out
+    return out if changed else None
 
 
 def _moved_up_from(f: Fusion, e: Expr, new: dict[Val, Val]) -> Expr | None:
@@ -99,29 +110,36 @@ def _remade(out: Fusion, e: Expr, new: dict[Val, Val], layout: Expr) -> Val:
     return out.elementwise(e.op, operands)
 
 
-def _elementwise_of_inputs(v: Val) -> bool:
-    """Whether tensor `v` is made by elementwise ops and casts alone from input tensors of its
-    own shape (and scalars): no broadcast, no reduction between them."""
+def _on_host(v: Val) -> bool:
+    """Whether `v` is an input tensor or layout ops of one: made without a kernel."""
+    while v.definition is not None and v.definition.op in LAYOUT_OPS:
+        v = v.definition.inputs[0]
+    return v.definition is None and isinstance(v, Tensor)
+
+
+def _elementwise_of_host_values(v: Val) -> bool:
+    """Whether tensor `v` is made by elementwise ops and casts alone from tensors of its own
+    shape that no kernel makes (_on_host), and scalars: no broadcast, no reduction between."""
     e = v.definition
-    if e is None:
-        return isinstance(v, Tensor)
+    if e is None or layout_made(v):
+        return _on_host(v)
     if e.op not in ELEMENTWISE and e.op != "cast":
         return False
     dims = [d.find() if d is not None else None for d in as_tensor(v).dims]
     return all(isinstance(i, Scalar) or (
         [d.find() if d is not None else None for d in as_tensor(i).dims] == dims
-        and _elementwise_of_inputs(i)) for i in e.inputs)
+        and _elementwise_of_host_values(i)) for i in e.inputs)
 
 
 def _moved_down(out: Fusion, layout: Expr, v: Val, new: dict[Val, Val],
                 moved: dict[Val, Val]) -> Val:
-    """The layout op `layout` applied to `v` in `out`, moved down to the inputs `v` is made
-    of (_elementwise_of_inputs(v) holds): each tensor operand moved (once: `moved`), then
-    `v`'s op."""
+    """The layout op `layout` applied to `v` in `out`, moved down to the values `v` is made of
+    that no kernel makes (_elementwise_of_host_values(v) holds): each tensor operand moved
+    (once: `moved`), then `v`'s op."""
     if v in moved:
         return moved[v]
     e = v.definition
-    if e is None:
+    if e is None or layout_made(v):
         mapping = {**new, layout.inputs[0]: new[v]}
         copy_expr(out, layout, mapping)
         result = mapping[layout.outputs[0]]

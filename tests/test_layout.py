@@ -85,6 +85,15 @@ def product_of_inputs_reshaped(fd):
     fd.add_output(p)
 
 
+def chain_of_moves(fd):
+    """A reshape of a permute of x * y: both moved onto x and y (two passes), the row sums
+    one kernel."""
+    x = fd.define_tensor([-1, -1, -1])
+    y = fd.define_tensor([-1, -1, -1])
+    p = fd.ops.permute(fd.ops.mul(x, y), [2, 0, 1])
+    fd.add_output(fd.ops.sum(fd.ops.reshape(p, [p.size(0), -1]), [1]))
+
+
 def narrow_product_transposed(fd):
     """x * sum(x) of a bf16 x is a BFloat16 value the kernel holds in float: written for the
     transpose in Float, not rounded to bf16 (a reduction between it and the input keeps the
@@ -140,6 +149,7 @@ CASES = {  # name -> (builder, segments, input shapes)
     "cast_then_transposed": (cast_then_transposed, 1, [(30, 17)]),
     "product_of_inputs_reshaped": (product_of_inputs_reshaped, 1, [(3, 10, 17), (3, 10, 17)]),
     "narrow_product_transposed": (narrow_product_transposed, 2, [(30, 17)]),
+    "chain_of_moves": (chain_of_moves, 1, [(3, 4, 5), (3, 4, 5)]),
     "reshaped_input_out": (reshaped_input_out, 0, [(30, 17)]),
     "both_orientations": (both_orientations, 2, [(30, 17)]),
     "narrow_after_the_move": (narrow_after_the_move, 2, [(64, 48)]),
