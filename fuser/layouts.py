@@ -76,7 +76,9 @@ def _moved_once(f: Fusion) -> Fusion | None:
                     and _elementwise_of_host_values(e.inputs[0])):
                 new[v], changed = _moved_down(out, e, e.inputs[0], new, {}), True
             elif (layout := _moved_up_from(f, e, new)) is not None:
-                mapping = {**new, layout.inputs[0]: _remade(out, e, new, layout)}
+                # `layout` is already of `out`: its sizes (a reshape's) stand for themselves
+                mapping = {**{s: s for s in layout.inputs[1:]},
+                           layout.inputs[0]: _remade(out, e, new, layout)}
                 copy_expr(out, layout, mapping)
                 new[v], changed = mapping[layout.outputs[0]], True
             else:

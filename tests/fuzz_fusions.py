@@ -4,9 +4,10 @@ A draw is a `Plan`: the fusion's inputs (tensors of shape [-1, -1], [-1] and [-1
 dtype, scalar inputs), a list of steps over the values defined so far (every elementwise op of
 fuser.ops.ELEMENTWISE with tensors, scalar inputs, sizes and constants as operands, in Python
 operator form too, the ternary ones (clamp, softplus) with any operands; casts to every dtype;
-broadcast_in_dim; every reduction of fuser.ops.REDUCTIONS (sum, max, min) over dims [1] (inner),
-[0] (outer) or both, with keepdim and a result dtype; var_mean and var with a correction) and the
-outputs. Operands are picked by position
+broadcast_in_dim; a full tensor transposed twice, or flattened and reshaped back (permute and
+reshape, which run between kernels); every reduction of fuser.ops.REDUCTIONS (sum, max, min)
+over dims [1] (inner), [0] (outer) or both, with keepdim and a result dtype; var_mean and var
+with a correction) and the outputs. Operands are picked by position
 counting back from the latest value, so the plan stays valid while Hypothesis shrinks it: a
 failing draw shrinks to a short chain, printed as `repr(fd)`, the Python that rebuilds the
 fusion.
@@ -109,6 +110,9 @@ _step = st.one_of(
     st.tuples(st.just("ternary"), st.sampled_from(TERNARY), _index, _operand, _operand),
     st.tuples(st.just("cast"), _index, st.sampled_from(DTYPES)),
     st.tuples(st.just("bcast"), _index),
+    # layout ops that give back the same shape: the fusion is cut there (or the moves put
+    # them on the inputs), so segments and the moves are drawn too
+    st.tuples(st.just("moved"), _index, st.sampled_from(("transposed twice", "flattened"))),
     st.tuples(st.just("reduce"), st.sampled_from(REDUCE_OPS), _index,
               st.sampled_from(REDUCE_DIMS), st.booleans(),
               st.sampled_from((None, DataType.Float, DataType.Double, DataType.Int64))),
@@ -336,6 +340,17 @@ class _Builder:
 
     def _bcast(self, a: int) -> None:
         self._bcast_value(self.pick(a))
+
+    def _moved(self, a: int, how: str) -> None:
+        """A full tensor through layout ops and back to its own shape (nothing else)."""
+        x = self.pick_tensor(a)
+        if x is None or self.kind(x) != "full":
+            return
+        if how == "transposed twice":
+            moved = self.ops.permute(self.ops.permute(x, [1, 0]), [1, 0])
+        else:
+            moved = self.ops.reshape(self.ops.reshape(x, [-1]), [x.size(0), x.size(1)])
+        self.pool.append(moved)
 
     def _bcast_value(self, x: Val) -> Tensor | None:
         """x broadcast to [rows, hidden] (and added to the pool), None where it cannot be."""

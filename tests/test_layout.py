@@ -94,6 +94,14 @@ def chain_of_moves(fd):
     fd.add_output(fd.ops.sum(fd.ops.reshape(p, [p.size(0), -1]), [1]))
 
 
+def op_after_a_sized_reshape(fd):
+    """abs of a reshape (sized by x.size(i)) of a value a kernel computes runs before the
+    reshape, in that kernel (make fuzz found the sizes missing from the moved reshape)."""
+    x = fd.define_tensor([-1, -1])
+    s = fd.ops.sub(x, fd.ops.sum(x, [1], keepdim=True))
+    fd.add_output(fd.ops.abs(fd.ops.reshape(s, [x.size(1), x.size(0)])))
+
+
 def narrow_product_transposed(fd):
     """x * sum(x) of a bf16 x is a BFloat16 value the kernel holds in float: written for the
     transpose in Float, not rounded to bf16 (a reduction between it and the input keeps the
@@ -150,6 +158,7 @@ CASES = {  # name -> (builder, segments, input shapes)
     "product_of_inputs_reshaped": (product_of_inputs_reshaped, 1, [(3, 10, 17), (3, 10, 17)]),
     "narrow_product_transposed": (narrow_product_transposed, 2, [(30, 17)]),
     "chain_of_moves": (chain_of_moves, 1, [(3, 4, 5), (3, 4, 5)]),
+    "op_after_a_sized_reshape": (op_after_a_sized_reshape, 1, [(6, 4)]),
     "reshaped_input_out": (reshaped_input_out, 0, [(30, 17)]),
     "both_orientations": (both_orientations, 2, [(30, 17)]),
     "narrow_after_the_move": (narrow_after_the_move, 2, [(64, 48)]),
