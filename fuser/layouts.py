@@ -67,13 +67,14 @@ def _moved_once(f: Fusion) -> Fusion | None:
     out = Fusion()
     new: dict[Val, Val] = {}
     changed = False
+    movable: dict[Val, bool] = {}
     for v in f.vals:
         e = v.definition
         if e is None:
             new[v] = define_like(out, v, v in f.inputs)
         elif v is e.outputs[0]:
             if (e.op in LAYOUT_OPS and kernel_made(e.inputs[0])
-                    and _elementwise_of_host_values(e.inputs[0])):
+                    and _movable(f, e.inputs[0], movable)):
                 new[v], changed = _moved_down(out, e, e.inputs[0], new, {}), True
             elif (layout := _moved_up_from(f, e, new)) is not None:
                 # `layout` is already of `out`: its sizes (a reshape's) stand for themselves
@@ -96,7 +97,7 @@ def _moved_up_from(f: Fusion, e: Expr, new: dict[Val, Val]) -> Expr | None:
     if e.op != "cast" and e.outputs[0].dtype in (DataType.Half, DataType.BFloat16):
         return None  # the kernel would write it rounded, where the value is not (see _widened)
     tensors = [i for i in e.inputs if isinstance(i, Tensor)]
-    if len(tensors) != 1 or len(f.uses(tensors[0])) != 1:
+    if len(tensors) != 1 or not _used_once(f, tensors[0]):
         return None
     layout = new[tensors[0]].definition
     if layout is None or layout.op not in LAYOUT_OPS or not kernel_made(layout.inputs[0]):
@@ -119,25 +120,37 @@ def _on_host(v: Val) -> bool:
     return v.definition is None and isinstance(v, Tensor)
 
 
-def _elementwise_of_host_values(v: Val) -> bool:
-    """Whether tensor `v` is made by elementwise ops and casts alone from tensors of its own
-    shape that no kernel makes (_on_host), and scalars: no broadcast, no reduction between."""
+def _used_once(f: Fusion, v: Val) -> bool:
+    """Whether one op uses `v`'s values (a size op reads its shape only) and it is no output
+    of `f`."""
+    return len([u for u in f.uses(v) if u.op != "size"]) == 1 and v not in f.outputs
+
+
+def _movable(f: Fusion, v: Val, memo: dict[Val, bool]) -> bool:
+    """Whether a layout op of tensor `v` can move onto what `v` is made of: elementwise ops
+    and casts alone, each value used once (by the next of them) and no output, from tensors of
+    its own shape that no kernel makes (_on_host) and scalars; no broadcast, no reduction.
+    A value needed as it is elsewhere would be computed in both orientations: another kernel
+    and more copies than the layout op itself costs."""
+    if v in memo:
+        return memo[v]
     e = v.definition
     if e is None or layout_made(v):
-        return _on_host(v)
-    if e.op not in ELEMENTWISE and e.op != "cast":
-        return False
+        memo[v] = _on_host(v)
+        return memo[v]
     dims = [d.find() if d is not None else None for d in as_tensor(v).dims]
-    return all(isinstance(i, Scalar) or (
-        [d.find() if d is not None else None for d in as_tensor(i).dims] == dims
-        and _elementwise_of_host_values(i)) for i in e.inputs)
+    memo[v] = (e.op in ELEMENTWISE or e.op == "cast") and _used_once(f, v) and all(
+        isinstance(i, Scalar) or (
+            [d.find() if d is not None else None for d in as_tensor(i).dims] == dims
+            and _movable(f, i, memo)) for i in e.inputs)
+    return memo[v]
 
 
 def _moved_down(out: Fusion, layout: Expr, v: Val, new: dict[Val, Val],
                 moved: dict[Val, Val]) -> Val:
     """The layout op `layout` applied to `v` in `out`, moved down to the values `v` is made of
-    that no kernel makes (_elementwise_of_host_values(v) holds): each tensor operand moved
-    (once: `moved`), then `v`'s op."""
+    that no kernel makes (_movable(v) holds): each tensor operand moved (once: `moved`), then
+    `v`'s op."""
     if v in moved:
         return moved[v]
     e = v.definition

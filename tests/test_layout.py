@@ -102,6 +102,28 @@ def op_after_a_sized_reshape(fd):
     fd.add_output(fd.ops.abs(fd.ops.reshape(s, [x.size(1), x.size(0)])))
 
 
+def needed_as_it_is(fd):
+    """x + y is an output and reshaped: it stays where it is (one kernel writes it, the
+    reshape is a view of it) rather than moving onto x and y, which would compute x + y in a
+    second kernel."""
+    x = fd.define_tensor([-1, -1])
+    y = fd.define_tensor([-1, -1])
+    v = fd.ops.add(x, y)
+    fd.add_output(v)
+    fd.add_output(fd.ops.reshape(v, [-1]))
+
+
+def doubling_chain(fd):
+    """v = v + v forty times over x * y, transposed and summed: moved onto x and y in time
+    linear in the chain (each value is looked at once)."""
+    x = fd.define_tensor([-1, -1])
+    y = fd.define_tensor([-1, -1])
+    v = fd.ops.mul(x, y)
+    for _ in range(40):
+        v = fd.ops.add(v, v)
+    fd.add_output(fd.ops.sum(fd.ops.permute(v, [1, 0]), [1]))
+
+
 def narrow_product_transposed(fd):
     """x * sum(x) of a bf16 x is a BFloat16 value the kernel holds in float: written for the
     transpose in Float, not rounded to bf16 (a reduction between it and the input keeps the
@@ -159,6 +181,8 @@ CASES = {  # name -> (builder, segments, input shapes)
     "narrow_product_transposed": (narrow_product_transposed, 2, [(30, 17)]),
     "chain_of_moves": (chain_of_moves, 1, [(3, 4, 5), (3, 4, 5)]),
     "op_after_a_sized_reshape": (op_after_a_sized_reshape, 1, [(6, 4)]),
+    "needed_as_it_is": (needed_as_it_is, 1, [(4, 6), (4, 6)]),
+    "doubling_chain": (doubling_chain, 1, [(4, 6), (4, 6)]),
     "reshaped_input_out": (reshaped_input_out, 0, [(30, 17)]),
     "both_orientations": (both_orientations, 2, [(30, 17)]),
     "narrow_after_the_move": (narrow_after_the_move, 2, [(64, 48)]),
@@ -261,6 +285,17 @@ def test_no_output_shares_memory_with_an_input_or_another_output():
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     arrays = [x, *outs]
     assert not any(np.shares_memory(p, q) for i, p in enumerate(arrays) for q in arrays[i + 1:])
+
+
+def test_an_op_on_an_output_layout_stays_after_it():
+    """p = permute(s) is an output and neg(p) another: neg stays after the permute (moved
+    before it, s would be permuted twice)."""
+    with FusionDefinition("kept") as fd:
+        x = fd.define_tensor([-1, -1])
+        p = fd.ops.permute(fd.ops.sub(x, fd.ops.sum(x, [1], keepdim=True)), [1, 0])
+        fd.add_output(p)
+        fd.add_output(fd.ops.neg(p))
+    assert [e.op for e in segments_of(fd).layouts] == ["permute"]
 
 
 def test_a_narrow_value_is_written_in_float_for_a_layout_op():
