@@ -167,11 +167,10 @@ def copy_expr(out: Fusion, e: Expr, new: dict[Val, Val]) -> None:
         results = [out.squeeze(args[0], list(a["dims"]))]
     elif e.op == "permute":
         results = [out.permute(args[0], list(a["dims"]))]
-    elif e.op in ("broadcast_in_dim", "reshape"):
-        by_name = {s.name: new[s] for s in e.inputs[1:]}
-        shape = [by_name[s] if isinstance(s, str) else s for s in a["shape"]]
-        results = [out.broadcast_in_dim(args[0], shape, a["broadcast_dims"])
-                   if e.op == "broadcast_in_dim" else out.reshape(args[0], shape)]
+    elif e.op == "broadcast_in_dim":
+        results = [out.broadcast_in_dim(args[0], _shape_of(e, new), a["broadcast_dims"])]
+    elif e.op == "reshape":
+        results = [out.reshape(args[0], _shape_of(e, new))]
     elif e.op in REDUCTIONS:
         results = [_reduction(out, e.op, as_tensor(args[0]), a["dims"], a["keepdim"],
                               e.outputs[0].dtype)]
@@ -184,6 +183,12 @@ def copy_expr(out: Fusion, e: Expr, new: dict[Val, Val]) -> None:
         results = [out.elementwise(e.op, args)]
     for old, nv in zip(e.outputs, results, strict=True):
         new[old] = nv
+
+
+def _shape_of(e: Expr, new: dict[Val, Val]) -> list:
+    """The `shape` of a broadcast_in_dim or reshape, its size scalars mapped through `new`."""
+    by_name = {s.name: new[s] for s in e.inputs[1:]}
+    return [by_name[s] if isinstance(s, str) else s for s in e.attr("shape")]
 
 
 def _reduction(f: Fusion, op: str, x: Tensor, dims, keepdim: bool, dtype: DataType) -> Tensor:

@@ -353,6 +353,21 @@ def _signature(inputs) -> tuple:
     return tuple(key)
 
 
+def _checked_inputs(fusion, inputs: list) -> tuple[bool, list]:
+    """Whether the tensors are torch's, and per input _check_tensor's (shape, pointer, device)
+    (None for a scalar input, whose value is checked)."""
+    tensors = [x for v, x in zip(fusion.inputs, inputs, strict=True) if isinstance(v, Tensor)]
+    torch_kind = bool(tensors) and _is_torch(tensors[0])
+    checked: list[tuple[tuple[int, ...], int, int] | None] = []
+    for i, (v, x) in enumerate(zip(fusion.inputs, inputs, strict=True)):
+        if isinstance(v, Scalar):
+            scalar_value(i, v, x)
+            checked.append(None)
+        else:
+            checked.append(_check_tensor(i, as_tensor(v), x, torch_kind))
+    return torch_kind, checked
+
+
 def _plan(fd, inputs: list, device, hints) -> Plan:
     """Check every input against the definition, then schedule, compile and size the call."""
     info, _ = _info(fd)
@@ -362,19 +377,15 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
             f"fusion '{fd.name}' takes {len(fusion.inputs)} inputs "
             f"({', '.join(v.name for v in fusion.inputs)}), got {len(inputs)}"
         )
-    tensors = [x for v, x in zip(fusion.inputs, inputs, strict=True) if isinstance(v, Tensor)]
-    torch_kind = bool(tensors) and _is_torch(tensors[0])
-    shapes: list[tuple[int, ...] | None] = []
+    torch_kind, checked = _checked_inputs(fusion, inputs)
+    shapes = [c[0] if c is not None else None for c in checked]
     pointers: list[int] = []
     devices: set[int] = set()
-    for i, (v, x) in enumerate(zip(fusion.inputs, inputs, strict=True)):
-        if isinstance(v, Scalar):
-            scalar_value(i, v, x)
-            shapes.append(None)
+    for i, (v, c) in enumerate(zip(fusion.inputs, checked, strict=True)):
+        if c is None:
             continue
-        shape, ptr, dev = _check_tensor(i, as_tensor(v), x, torch_kind)
+        _, ptr, dev = c
         check_pointer(i, as_tensor(v), ptr)
-        shapes.append(shape)
         if v not in info.value_inputs:  # read once, element by element: no vector width
             pointers.append(ptr)
         devices.add(dev)
@@ -479,7 +490,8 @@ def _execute_segments(fd, segmentation: Segmentation, inputs: list, device, hint
     if len(inputs) != len(lowered.inputs):
         raise BadInputError(
             f"fusion '{fd.name}' takes {len(lowered.inputs)} inputs, got {len(inputs)}")
-    sizes = bind_shapes(lowered, _checked_shapes(lowered, inputs))
+    sizes = bind_shapes(lowered, [c[0] if c is not None else None
+                                  for c in _checked_inputs(lowered, inputs)[1]])
     values = dict(zip(lowered.inputs, inputs, strict=True))
     _make_layouts(segmentation.layouts, values, sizes)
     runs: list[Run] = []
@@ -492,20 +504,6 @@ def _execute_segments(fd, segmentation: Segmentation, inputs: list, device, hint
         runs.append(run)
     fd._last_run = SegmentedRun(segmentation, tuple(runs))
     return _unshared(lowered, values)
-
-
-def _checked_shapes(fusion, inputs: list) -> list:
-    """The shape of each tensor input (None for a scalar), after _check_tensor's checks."""
-    tensors = [x for v, x in zip(fusion.inputs, inputs, strict=True) if isinstance(v, Tensor)]
-    torch_kind = bool(tensors) and _is_torch(tensors[0])
-    shapes: list[tuple[int, ...] | None] = []
-    for i, (v, x) in enumerate(zip(fusion.inputs, inputs, strict=True)):
-        if isinstance(v, Scalar):
-            scalar_value(i, v, x)
-            shapes.append(None)
-        else:
-            shapes.append(_check_tensor(i, as_tensor(v), x, torch_kind)[0])
-    return shapes
 
 
 def _make_layouts(layouts, values: dict, sizes) -> None:

@@ -414,7 +414,7 @@ class Fusion:
         wanted = [e.find().value for e in dims if e is not None]
         if None not in fixed and wanted.count(None) <= 1:
             count, known = math.prod(v or 1 for v in fixed), math.prod(v or 1 for v in wanted)
-            if (count != known) if None not in wanted else (count % known != 0):
+            if reshaped(count, wanted) is None:
                 raise DefinitionError(
                     f"{context}: {t.name} has {count} elements, which the new shape's fixed "
                     f"sizes ({known} elements{' and one more size' if None in wanted else ''}) "
@@ -676,6 +676,16 @@ def _check_literal(value: bool | int | float, dtype: DataType) -> None:
             raise DefinitionError(
                 f"{where}: the value is beyond the range of every float type (about 1.8e308)"
             ) from None
+
+
+def reshaped(count: int, sizes: list[int | None]) -> list[int] | None:
+    """`sizes` with its one unknown (None) inferred so that they hold `count` elements; None
+    where they cannot (two unknowns, or counts that do not agree)."""
+    rest = math.prod(s for s in sizes if s is not None)
+    unknown = sizes.count(None)
+    if unknown > 1 or (count % rest if unknown else count != rest):
+        return None
+    return [count // rest if s is None else s for s in sizes]
 
 
 def _listed(op: str, what: str, x, expected: str) -> list:

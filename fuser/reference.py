@@ -35,7 +35,7 @@ import numpy as np
 
 from fuser.dtypes import Category, DataType
 from fuser.errors import BadInputError, DefinitionError, InternalError, ValidationError
-from fuser.ir import Expr, Extent, Fusion, Scalar, Tensor, Val, as_tensor
+from fuser.ir import Expr, Extent, Fusion, Scalar, Tensor, Val, as_tensor, reshaped
 from fuser.ops import ELEMENTWISE, REDUCTIONS
 
 # ----- values -----------------------------------------------------------------------------------
@@ -280,10 +280,8 @@ def _bind_reshape(e: Expr, sizes: Sizes) -> None:
     t, out = as_tensor(e.inputs[0]), as_tensor(e.outputs[0])
     count = math.prod(sizes.value(d) for d in t.dims)
     given = [sizes.known(d) for d in out.dims]
-    rest = math.prod(k for k in given if k is not None)
-    inferred = count // rest if count % rest == 0 else -1
-    known = [inferred if k is None else k for k in given]
-    if -1 in known or math.prod(known) != count:
+    known = reshaped(count, given)
+    if known is None:
         raise BadInputError(
             f"{out.name} = reshape({t.name}, new_shape={list(e.attr('shape'))}): {t.name} has "
             f"shape {sizes.shape(t)}, {count} elements, which cannot take the shape "

@@ -55,7 +55,7 @@ class Segment:
         """The segment's inputs, from `values` (the fusion's inputs and what earlier segments
         wrote, by value of the lowered fusion): a size it takes as a scalar input is read
         off the shape of a tensor there with the same extent."""
-        return [values[v] if v in values else size_from(v, values) for v in self.inputs]
+        return [values[v] if v in values else _size_from(v, values) for v in self.inputs]
 
     def __str__(self) -> str:
         names = ", ".join(v.name for v in self.outputs)
@@ -107,7 +107,7 @@ class SegmentSchedules:
                          for segment, schedule in zip(self.segments, self.schedules, strict=True))
 
 
-def size_from(size: Val, values: dict[Val, Any]) -> int:
+def _size_from(size: Val, values: dict[Val, Any]) -> int:
     extent = _extent_of(size)
     if extent is None:
         return 1
