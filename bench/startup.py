@@ -3,14 +3,15 @@ with an empty kernel cache (schedule, render, NVRTC, load, launch), and its firs
 that cache on disk (what every later process of a job pays).
 
     PYTHONPATH=. python3 bench/startup.py [--fusion rmsnorm_bwd] [--hidden 1024] [--rows 16]
-        [--kind torch|cupy] [--warm-runs 3]
+        [--kind torch|cupy] [--warm-runs 3] [--profile 40]
 
 FUSER_CACHE_DIR is a new temporary folder: the first process fills it (cold), the next
 `--warm-runs` hit it (warm). An untimed process first writes every module's bytecode (as an
 installed package has it), into a temporary PYTHONPYCACHEPREFIX all of them share. A first
 call is timed from its inputs on the device (CUDA already started, torch or CuPy imported)
 to the synchronized result. bench/run.py records the same under `startup` in its json.
-Prints one json object.
+Prints one json object; with --profile N, one more warm process runs its first call under
+cProfile and its N costliest calls (cumulative) go to stderr.
 """
 
 from __future__ import annotations
@@ -50,12 +51,23 @@ else:
     inputs = [cupy.asarray(a) for a in host]
     sync = cupy.cuda.Device().synchronize
 sync()
+profile = None
+if len(sys.argv) > 6:
+    import cProfile, io, pstats
+    profile = cProfile.Profile()
+    profile.enable()
 t2 = time.perf_counter()
 fd.execute(inputs)
 sync()
 t3 = time.perf_counter()
-print(json.dumps({"import_ms": (t1 - t0) * 1e3, "first_call_ms": (t3 - t2) * 1e3,
-                  "cache": default_cache().stats()}))
+record = {"import_ms": (t1 - t0) * 1e3, "first_call_ms": (t3 - t2) * 1e3,
+          "cache": default_cache().stats()}
+if profile is not None:
+    profile.disable()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(int(sys.argv[6]))
+    record["profile"] = text.getvalue()
+print(json.dumps(record))
 """
 
 
@@ -67,14 +79,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="BFloat16", help="a DataType name (default %(default)s)")
     p.add_argument("--kind", choices=("torch", "cupy"), default="torch")
     p.add_argument("--warm-runs", type=int, default=3)
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="print the N costliest calls of a profiled warm first call")
     args = p.parse_args(argv)
     if min(args.hidden, args.rows, args.warm_runs) < 1:
         p.error("--hidden, --rows and --warm-runs must be positive")
+    if args.profile < 0:
+        p.error(f"--profile takes a count of calls to print, not {args.profile}")
     return args
 
 
 def child_run(cache_dir: str, fusion: str, hidden: int, rows: int, kind: str,
-              dtype: str, pycache: str) -> dict:
+              dtype: str, pycache: str, profile: int = 0) -> dict:
     """One fresh process's measurement (CHILD's json). Its modules' bytecode is kept under
     `pycache` (PYTHONPYCACHEPREFIX), whatever PYTHONDONTWRITEBYTECODE says: an installed
     package has its .pyc files, and compiling fuser's and Jinja's sources again in every
@@ -82,8 +98,9 @@ def child_run(cache_dir: str, fusion: str, hidden: int, rows: int, kind: str,
     env = {**os.environ, "FUSER_CACHE_DIR": cache_dir, "PYTHONPYCACHEPREFIX": pycache,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    done = subprocess.run([sys.executable, "-c", CHILD, fusion, str(hidden), str(rows), kind,
-                           dtype], env=env, capture_output=True, text=True, timeout=600)
+    argv = [sys.executable, "-c", CHILD, fusion, str(hidden), str(rows), kind, dtype]
+    done = subprocess.run(argv + ([str(profile)] if profile else []), env=env,
+                          capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"the start-up probe failed ({done.returncode}): {done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -103,9 +120,10 @@ def summarize(cold: dict, warm: list[dict]) -> dict:
 
 
 def measure(fusion: str, hidden: int, rows: int = 16, kind: str = "torch",
-            dtype: str = "BFloat16", warm_runs: int = 3) -> dict:
+            dtype: str = "BFloat16", warm_runs: int = 3, profile: int = 0) -> dict:
     """summarize() of one cold process and `warm_runs` warm ones, in a new cache folder,
-    after an untimed process (its own kernel cache) has written every module's bytecode."""
+    after an untimed process (its own kernel cache) has written every module's bytecode;
+    with `profile`, the text of one more, profiled, warm process under "profile"."""
     with (tempfile.TemporaryDirectory(prefix="fuser-startup-") as cache_dir,
           tempfile.TemporaryDirectory(prefix="fuser-startup-prime-") as prime_dir,
           tempfile.TemporaryDirectory(prefix="fuser-startup-pyc-") as pycache):
@@ -113,14 +131,21 @@ def measure(fusion: str, hidden: int, rows: int = 16, kind: str = "torch",
         cold = child_run(cache_dir, fusion, hidden, rows, kind, dtype, pycache)
         warm = [child_run(cache_dir, fusion, hidden, rows, kind, dtype, pycache)
                 for _ in range(warm_runs)]
+        profiled = (child_run(cache_dir, fusion, hidden, rows, kind, dtype, pycache, profile)
+                    if profile else {})
     record = summarize(cold, warm)
+    if profiled:
+        record["profile"] = profiled["profile"]
     record.update(fusion=fusion, hidden=hidden, rows=rows, kind=kind, dtype=dtype)
     return record
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
-    print(json.dumps(measure(a.fusion, a.hidden, a.rows, a.kind, a.dtype, a.warm_runs)))
+    record = measure(a.fusion, a.hidden, a.rows, a.kind, a.dtype, a.warm_runs, a.profile)
+    if "profile" in record:
+        print(record.pop("profile"), file=sys.stderr)
+    print(json.dumps(record))
     return 0
 
 

@@ -466,3 +466,6 @@ def test_startup_summary_and_its_child_script():
         "warm_first_call_ms": 250.0, "warm_disk_hits": [1, 1, 1], "warm_plan_hits": [1, 1, 1]}
     a = parse_args(["--fusion", "softmax_fwd", "--kind", "cupy", "--warm-runs", "2"])
     assert (a.fusion, a.kind, a.warm_runs, a.hidden, a.rows) == ("softmax_fwd", "cupy", 2, 1024, 16)
+    assert a.profile == 0 and parse_args(["--profile", "30"]).profile == 30
+    with pytest.raises(SystemExit):
+        parse_args(["--profile", "-1"])
