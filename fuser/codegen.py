@@ -144,8 +144,8 @@ def _render_finalize(signature: Signature, info: FusionInfo, schedule: FinalizeS
         env[t] = f"fm::to_compute(g_{t.name}[col])"
     col_outputs = info.outputs(Role.COL)
     emitter = Emitter(info, env, "c_")
-    lines = emitter.emit(col_outputs)
-    outputs = [{"name": o.name, "ctype": o.dtype.cuda_type, "value": emitter.env[o]}
+    lines, stored = emitter.emit_stored(col_outputs)
+    outputs = [{"name": o.name, "ctype": o.dtype.cuda_type, "value": stored[o]}
                for o in col_outputs]
     scalar_lines, _ = scalar_prologue(info)
     lanes = {b.name: b for b in schedule.smem.buffers}
@@ -179,14 +179,14 @@ def render_pointwise(name: str, info: FusionInfo, schedule: PointwiseSchedule) -
     row_lines = row_emitter.emit(outs[Role.ROW])
     env.update(row_emitter.env)
     emitter = Emitter(info, env, "e_")
-    element_lines = emitter.emit([*outs[Role.FULL], *outs[Role.COL]])
+    element_lines, stored = emitter.emit_stored([*outs[Role.FULL], *outs[Role.COL]])
     signature = pointwise_signature(info, f"{name}_pointwise")
 
     def described(ts, values):
         return [{"name": o.name, "ctype": o.dtype.cuda_type, "value": values[o]} for o in ts]
 
     readers = (row_lines + element_lines + [row_emitter.env[o] for o in outs[Role.ROW]]
-               + [emitter.env[o] for o in (*outs[Role.FULL], *outs[Role.COL])])
+               + list(stored.values()))
     context = {
         "header": _header(name, info, [schedule]),
         "entry": signature.entry,
@@ -199,8 +199,8 @@ def render_pointwise(name: str, info: FusionInfo, schedule: PointwiseSchedule) -
         "row_inputs": [{"name": t.name, "ctype": ctype(t)} for t in info.row_inputs],
         "row_lines": row_lines,
         "element_lines": element_lines,
-        "full_outputs": described(outs[Role.FULL], emitter.env),
-        "col_outputs": described(outs[Role.COL], emitter.env),
+        "full_outputs": described(outs[Role.FULL], stored),
+        "col_outputs": described(outs[Role.COL], stored),
         "row_outputs": described(outs[Role.ROW], row_emitter.env),
     }
     return KernelSource(name, _render("pointwise.cu.j2", context), (signature,))

@@ -42,6 +42,8 @@ def literal(value, dtype: DataType) -> str:
 
 
 VIEWS = ("broadcast_in_dim", "squeeze")  # ops that name their input's values again
+# Storage types a cast rounds to (fm::round_bf16 / round_half), as fm::to_storage does.
+ROUNDED_STORAGE = (DataType.BFloat16, DataType.Half)
 
 
 def through_broadcasts(v: Val) -> Val:
@@ -115,6 +117,23 @@ class Emitter:
             lines.append(f"const {ctype(v)} {name} = {expr};")
             self.env[v] = name
         return lines
+
+    def emit_stored(self, outputs, also=()) -> tuple[list[str], dict[Val, str]]:
+        """emit() for outputs about to be stored through fm::to_storage (and the values
+        `also`), and the expression each store writes. An output made by a cast to its own
+        Half or BFloat16 type is stored from the cast's operand: to_storage rounds to nearest
+        even exactly as the cast does, so the same bits land without the cast's own rounding
+        (an F2F per element on sm_90, on the conversion pipe that exp's MUFU shares: a third
+        of that pipe's work in softmax's bf16 kernel)."""
+        sources = {o: self._stored_source(o) for o in outputs}
+        lines = self.emit([*sources.values(), *also])
+        return lines, {o: self.env[src] for o, src in sources.items()}
+
+    def _stored_source(self, v: Val) -> Val:
+        e = v.definition
+        if v in self.env or e is None or e.op != "cast" or v.dtype not in ROUNDED_STORAGE:
+            return v
+        return e.inputs[0]
 
     def _ref(self, v: Val) -> str:
         if v in self.known:

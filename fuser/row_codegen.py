@@ -194,12 +194,12 @@ class Passes:
         info = self.info
         outputs = info.outputs(Role.FULL)
         emitter = Emitter(info, {**self.elements, **self.row_env}, "e_", self.reciprocals)
-        lines = emitter.emit([*outputs, *(e.inputs[0] for e in info.outer_reductions)])
+        lines, stored = emitter.emit_stored(outputs, [e.inputs[0] for e in info.outer_reductions])
         title = "Outputs of the row" + (" and the column accumulators." if
                                         info.outer_reductions else ".")
         return {**self._reads(emitter), "title": title, "element_lines": lines,
                 "reductions": [], "after_lines": [],
-                "outputs": [{"name": o.name, "ctype": o.dtype.cuda_type, "value": emitter.env[o]}
+                "outputs": [{"name": o.name, "ctype": o.dtype.cuda_type, "value": stored[o]}
                             for o in outputs],
                 "accumulators": [{"name": f"acc_{e.outputs[0].name}",
                                   "value": emitter.env[e.inputs[0]]}

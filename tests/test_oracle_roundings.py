@@ -215,3 +215,47 @@ def test_casts_near_a_rounding_boundary_get_an_allowance_only_there():
     check(fd.fusion, [xs], [other])  # the other neighbour of the tie: accepted
     with pytest.raises(ValidationError, match="1 of 2 elements differ"):
         check(fd.fusion, [xs], [np.array([ref[0], ref[1] + 2.0**-7], np.float32)])
+
+
+# ----- stores of casts: to_storage rounds as the cast does ---------------------------------------
+
+
+def test_a_cast_to_the_outputs_own_type_is_stored_from_its_operand():
+    """emit_stored skips the cast's rounding where the store rounds the same way: the kernel
+    stores fm::to_storage of the operand, and a second use of the cast still gets it."""
+    from fuser.analysis import analyze
+    from fuser.emit import Emitter, element_env
+
+    with FusionDefinition() as fd:
+        x = fd.define_tensor(shape=[-1, -1], dtype=BF16)
+        square = fd.ops.mul(fd.ops.cast(x, FLOAT), fd.ops.cast(x, FLOAT))
+        y = fd.ops.cast(square, BF16)
+        h = fd.ops.cast(square, HALF)
+        fd.add_output(y)
+        fd.add_output(h)
+        fd.add_output(fd.ops.cast(fd.ops.add(y, y), FLOAT))
+    info = analyze(fd.fusion)
+    y, h, z = info.fusion.outputs
+    emitter = Emitter(info, element_env(info, {}), "e_")
+    lines, stored = emitter.emit_stored([y, h, z])
+    square_name = f"e_{y.definition.inputs[0].name}"
+    assert stored[y] == stored[h] == square_name
+    assert not any("round_half" in line for line in lines)
+    assert sum("round_bf16" in line for line in lines) == 1  # for the sum of y, not its store
+
+
+@pytest.mark.parametrize("target", [BF16, HALF])
+def test_rounding_twice_to_nearest_even_stores_the_same_bits(target):
+    """to_storage(round(x)) == to_storage(x), the identity emit_stored relies on, over random
+    floats, the target's halfway points, overflow and NaN."""
+    rng = np.random.default_rng(3)
+    scaled = rng.standard_normal(100_000) * 10.0 ** rng.integers(-8, 8, 100_000)
+    bits = rng.integers(0, 2**32, 100_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    edges = [np.inf, -np.inf, np.nan, 65520.0, 3.4e38, -0.0]
+    x = np.concatenate([scaled.astype(np.float32), bits, np.float32(edges)])
+    assert x.dtype == np.float32
+    with np.errstate(over="ignore", invalid="ignore"):
+        once = x.astype(target.numpy)
+        twice = x.astype(target.numpy).astype(np.float32).astype(target.numpy)
+    same = (once.view(np.uint16) == twice.view(np.uint16)) | (np.isnan(once) & np.isnan(twice))
+    assert same.all()

@@ -230,10 +230,8 @@ dropout_rmsnorm_bwd_row(
         const float e_T32 = (e_T31 * e_T20);
         const float e_T34 = (e_T30 * e_T7);
         const float e_T35 = (e_T34 * static_cast<float>(S6));
-        const float e_T36 = fm::round_bf16(e_T35);
-        const float e_T37 = fm::round_bf16(e_T30);
-        o_T36.v[i] = fm::to_storage<__nv_bfloat16>(e_T36);
-        o_T37.v[i] = fm::to_storage<__nv_bfloat16>(e_T37);
+        o_T36.v[i] = fm::to_storage<__nv_bfloat16>(e_T35);
+        o_T37.v[i] = fm::to_storage<__nv_bfloat16>(e_T30);
         if (valid) acc_T33.add(v, i, e_T32);
       }
       if (valid) fm::store<Part::VEC>(g_T36 + row * H + v.j * Part::VEC, o_T36);
@@ -279,6 +277,5 @@ dropout_rmsnorm_bwd_finalize(
     total_T33 = fm::Sum{}(total_T33, lane_total);
   }
   const float tot_T33 = static_cast<float>(total_T33);
-  const float c_T38 = fm::round_bf16(tot_T33);
-  g_T38[col] = fm::to_storage<__nv_bfloat16>(c_T38);
+  g_T38[col] = fm::to_storage<__nv_bfloat16>(tot_T33);
 }

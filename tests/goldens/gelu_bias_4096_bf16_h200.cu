@@ -89,8 +89,7 @@ gelu_bias_pointwise(
           const float e_T14 = fm::tanh(e_T11);
           const float e_T16 = (e_T14 + static_cast<float>(S15));
           const float e_T17 = (e_T13 * e_T16);
-          const float e_T18 = fm::round_bf16(e_T17);
-          o_T18.v[i] = fm::to_storage<__nv_bfloat16>(e_T18);
+          o_T18.v[i] = fm::to_storage<__nv_bfloat16>(e_T17);
         }
         fm::store_vector<VEC>(g_T18 + row * H + j * VEC, o_T18);
       }

@@ -214,9 +214,8 @@ layernorm_bwd_row(
         const float e_T27 = (e_T16 - e_T26);
         const float e_T31 = (e_T27 - row_T22);
         const float e_T35 = (e_T31 * row_T2);
-        const float e_T36 = fm::round_bf16(e_T35);
         const float e_T37 = (e_T5 * e_T14);
-        o_T36.v[i] = fm::to_storage<__nv_bfloat16>(e_T36);
+        o_T36.v[i] = fm::to_storage<__nv_bfloat16>(e_T35);
         if (valid) acc_T38.add(v, i, e_T37);
         if (valid) acc_T40.add(v, i, e_T5);
       }
@@ -275,8 +274,6 @@ layernorm_bwd_finalize(
     total_T40 = fm::Sum{}(total_T40, lane_total);
   }
   const float tot_T40 = static_cast<float>(total_T40);
-  const float c_T39 = fm::round_bf16(tot_T38);
-  const float c_T41 = fm::round_bf16(tot_T40);
-  g_T39[col] = fm::to_storage<__nv_bfloat16>(c_T39);
-  g_T41[col] = fm::to_storage<__nv_bfloat16>(c_T41);
+  g_T39[col] = fm::to_storage<__nv_bfloat16>(tot_T38);
+  g_T41[col] = fm::to_storage<__nv_bfloat16>(tot_T40);
 }

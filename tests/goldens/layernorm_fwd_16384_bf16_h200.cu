@@ -188,8 +188,7 @@ layernorm_fwd_row(
         const float e_T33 = (e_T31 * e_T32);
         const float e_T34 = fm::to_compute(c_T2.v[i]);
         const float e_T35 = (e_T33 + e_T34);
-        const float e_T36 = fm::round_bf16(e_T35);
-        o_T36.v[i] = fm::to_storage<__nv_bfloat16>(e_T36);
+        o_T36.v[i] = fm::to_storage<__nv_bfloat16>(e_T35);
       }
       if (valid) fm::store_vector<Part::VEC>(g_T36 + row * H + v.j * Part::VEC, o_T36);
     });

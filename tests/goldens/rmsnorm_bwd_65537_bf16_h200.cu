@@ -190,8 +190,7 @@ rmsnorm_bwd_row(
         const float e_T22 = (e_T21 * row_T8);
         const float e_T23 = fm::to_compute(x_T2.v[i]);
         const float e_T24 = (e_T23 * e_T12);
-        const float e_T26 = fm::round_bf16(e_T22);
-        o_T26.v[i] = fm::to_storage<__nv_bfloat16>(e_T26);
+        o_T26.v[i] = fm::to_storage<__nv_bfloat16>(e_T22);
         if (valid) acc_T25.add(v, i, e_T24);
       }
       if (valid) fm::store<Part::VEC>(g_T26 + row * H + v.j * Part::VEC, o_T26);
@@ -237,6 +236,5 @@ rmsnorm_bwd_finalize(
     total_T25 = fm::Sum{}(total_T25, lane_total);
   }
   const float tot_T25 = static_cast<float>(total_T25);
-  const float c_T27 = fm::round_bf16(tot_T25);
-  g_T27[col] = fm::to_storage<__nv_bfloat16>(c_T27);
+  g_T27[col] = fm::to_storage<__nv_bfloat16>(tot_T25);
 }

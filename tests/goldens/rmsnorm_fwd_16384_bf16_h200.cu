@@ -140,8 +140,7 @@ rmsnorm_fwd_row(
         const float e_T13 = (e_T2 * row_T9);
         const float e_T14 = fm::to_compute(c_T1.v[i]);
         const float e_T15 = (e_T13 * e_T14);
-        const float e_T16 = fm::round_bf16(e_T15);
-        o_T16.v[i] = fm::to_storage<__nv_bfloat16>(e_T16);
+        o_T16.v[i] = fm::to_storage<__nv_bfloat16>(e_T15);
       }
       if (valid) fm::store_vector<Part::VEC>(g_T16 + row * H + v.j * Part::VEC, o_T16);
     });

@@ -128,8 +128,7 @@ softmax_fwd_row(
         const float e_T6 = (e_T1 - row_T2);
         const float e_T7 = fm::exp(e_T6);
         const float e_T12 = (e_T7 * row_rcp_T8);
-        const float e_T13 = fm::round_bf16(e_T12);
-        o_T13.v[i] = fm::to_storage<__nv_bfloat16>(e_T13);
+        o_T13.v[i] = fm::to_storage<__nv_bfloat16>(e_T12);
       }
       if (valid) fm::store_vector<Part::VEC>(g_T13 + row * H + v.j * Part::VEC, o_T13);
     });
