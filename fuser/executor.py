@@ -31,6 +31,7 @@ from fuser.errors import BadInputError, OutOfResourcesError, UnsupportedFusionEr
 from fuser.ir import Scalar, Tensor, as_tensor
 from fuser.kernels import build
 from fuser.launch import POINTER, EntryLauncher, ctype_of
+from fuser.launch import driver as launch_driver
 from fuser.reference import bind_shapes
 from fuser.schedulers import Hints, Problem
 from fuser.schedulers.base import (
@@ -647,10 +648,7 @@ def _bind_context(device_id: int) -> None:
     """Make the device's primary context current in this thread if no context is: the driver
     launches into the current context, and a thread that made no CUDA call yet has none (the
     runtime binds it lazily, as cudaSetDevice does)."""
-    from cuda.bindings import driver
-
-    err, context = driver.cuCtxGetCurrent()
-    if err != driver.CUresult.CUDA_SUCCESS or int(context) == 0:
+    if not launch_driver().has_context():
         _cupy().cuda.runtime.setDevice(device_id)
 
 

@@ -21,3 +21,102 @@ def test_scalar_parameters_have_the_compute_types_size(dtype):
 
 def test_pointers_are_64_bit():
     assert ctypes.sizeof(POINTER) == 8
+
+
+# ----- the driver's structures and calls, through ctypes -----------------------------------------
+
+
+def test_launch_structures_have_cuda_h_layout():
+    """CUlaunchAttribute: id, 4 bytes of padding, a 64-byte union at offset 8 (72 bytes, 8-byte
+    aligned); CUlaunchConfig: seven unsigned ints, the stream at 32, attrs at 40, numAttrs at
+    48 (56 bytes). A wrong offset would launch with garbage, so it is pinned here."""
+    from fuser.launch import LaunchAttribute, LaunchAttributeValue, LaunchConfig
+
+    assert ctypes.sizeof(LaunchAttributeValue) == 64 and ctypes.alignment(LaunchAttributeValue) == 8
+    assert ctypes.sizeof(LaunchAttribute) == 72 and LaunchAttribute.value.offset == 8
+    assert ctypes.sizeof(LaunchConfig) == 56
+    assert (LaunchConfig.sharedMemBytes.offset, LaunchConfig.hStream.offset,
+            LaunchConfig.attrs.offset, LaunchConfig.numAttrs.offset) == (24, 32, 40, 48)
+
+
+def test_driver_constants_match_cuda_bindings():
+    driver = pytest.importorskip("cuda.bindings.driver")
+    from fuser import launch
+
+    ids = driver.CUlaunchAttributeID
+    assert (int(ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+            == launch.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+    assert (int(driver.CUresult.CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)
+            == launch.CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)
+    assert int(driver.CUresult.CUDA_SUCCESS) == launch.CUDA_SUCCESS
+
+
+class FakeDriver:
+    """Records launches; answers each with `status`."""
+
+    def __init__(self, status: int = 0):
+        self.status = status
+        self.calls: list[tuple] = []
+
+    def launch(self, function, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        values = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+        first = ctypes.cast(values[0], ctypes.POINTER(POINTER)).contents.value
+        second = ctypes.cast(values[1], ctypes.POINTER(ctypes.c_float)).contents.value
+        self.calls.append((function, (gx, gy, gz), (bx, by, bz), smem, stream, first, second))
+        return self.status
+
+    def launch_ex(self, config, function, params, extra):
+        c = config._obj
+        attribute = c.attrs.contents
+        self.calls.append((function, c.gridDimX, (c.blockDimX, c.blockDimY), c.sharedMemBytes,
+                           c.hStream, attribute.id, attribute.value.programmatic_serialization))
+        return self.status
+
+    def error_name(self, status: int) -> str:
+        return {701: "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"}.get(status, f"CUresult {status}")
+
+
+def test_a_launch_hands_the_driver_the_parameter_values(monkeypatch):
+    from fuser import launch
+
+    fake = FakeDriver()
+    monkeypatch.setattr(launch, "driver", lambda: fake)
+    entry = launch.EntryLauncher("k", 1234, [POINTER, ctypes.c_float], registers=32)
+    entry(132, (256, 2), 4096, 77, [0xDEAD0000, 1.5])
+    entry(66, (128, 1), 0, 0, [0xBEEF0000, -2.0])
+    assert fake.calls == [(1234, (132, 1, 1), (256, 2, 1), 4096, 77, 0xDEAD0000, 1.5),
+                          (1234, (66, 1, 1), (128, 1, 1), 0, 0, 0xBEEF0000, -2.0)]
+    programmatic = launch.EntryLauncher("f", 99, [POINTER, ctypes.c_float], 32, programmatic=True)
+    programmatic(8, (32, 4), 128, 5, [1, 0.0])
+    assert fake.calls[-1] == (99, 8, (32, 4), 128, 5,
+                              launch.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, 1)
+
+
+def test_a_failed_launch_names_the_status_and_the_fix(monkeypatch):
+    from fuser import launch
+    from fuser.errors import LaunchError, OutOfResourcesError
+
+    monkeypatch.setattr(launch, "driver", lambda: FakeDriver(701))
+    entry = launch.EntryLauncher("k", 1, [POINTER, ctypes.c_float], registers=128)
+    with pytest.raises(OutOfResourcesError, match=r"OUT_OF_RESOURCES.*1024 threads x 128"):
+        entry(1, (1024, 1), 0, 0, [0, 0.0])
+    monkeypatch.setattr(launch, "driver", lambda: FakeDriver(999))
+    entry = launch.EntryLauncher("k", 1, [POINTER, ctypes.c_float], registers=128)
+    with pytest.raises(LaunchError, match=r"CUresult 999.*fuser bug"):
+        entry(1, (32, 1), 0, 0, [0, 0.0])
+
+
+def test_a_missing_driver_library_is_a_toolchain_error(monkeypatch):
+    from fuser import launch
+    from fuser.errors import ToolchainError
+
+    def missing(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(launch.ctypes, "CDLL", missing)
+    launch.driver.cache_clear()
+    try:
+        with pytest.raises(ToolchainError, match=r"libcuda\.so\.1.*NVIDIA driver"):
+            launch.driver()
+    finally:
+        launch.driver.cache_clear()

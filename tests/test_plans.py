@@ -166,3 +166,33 @@ def test_a_process_whose_plan_is_held_imports_no_renderer_or_scheduler(tmp_path)
                            capture_output=True, text=True).stdout
     assert again.startswith("imported: nothing ")
     assert again.split(" ", 2)[2] == first.split(" ", 2)[2]  # the same schedule
+
+
+def test_code_digest_ignores_bytecode_and_sees_nested_modules(tmp_path, monkeypatch):
+    """Python rewrites __pycache__ as it likes: a digest over it would miss every stored plan
+    after a recompile; a module in a subpackage counts like any other."""
+    import fuser
+
+    package = tmp_path / "fuser"
+    (package / "schedulers").mkdir(parents=True)
+    (package / "__pycache__").mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "schedulers" / "policy.py").write_text("A = 1")
+    templates = tmp_path / "templates"
+    templates.mkdir()
+    (templates / "row_kernel.cu.j2").write_text("a")
+    monkeypatch.setattr(fuser, "__file__", str(package / "__init__.py"))
+    monkeypatch.setattr(plans, "template_dir", lambda: templates)
+
+    def digest():
+        plans.code_digest.cache_clear()
+        return plans.code_digest()
+
+    try:
+        before = digest()
+        (package / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"\0")
+        assert digest() == before
+        (package / "schedulers" / "policy.py").write_text("A = 20")
+        assert digest() != before
+    finally:
+        plans.code_digest.cache_clear()
