@@ -21,7 +21,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip uninstall -q -y fuser
-	$(VENV)/bin/python -m pip install -e '.[cuda13,dev,bench]' $(TORCH)
+	$(VENV)/bin/python -m pip install -e '.[cuda13,dev,bench,sass]' $(TORCH)
 	touch $(STAMP)
 
 demo: setup

@@ -90,7 +90,7 @@ def _site_roots() -> list[str]:
     return roots
 
 
-def _wheel_dirs(candidates: tuple[tuple[str, ...], ...]) -> Iterator[str]:
+def wheel_dirs(candidates: tuple[tuple[str, ...], ...]) -> Iterator[str]:
     """The existing folders `candidates` name under nvidia/ of each site root, found without
     importing anything."""
     for root in _site_roots():
@@ -145,7 +145,7 @@ def nvrtc_key() -> str:
     if major is not None:
         loaded = _loaded_nvrtc(major)
         folders = [loaded] if loaded else list(
-            _wheel_dirs((_WHEEL_LIB_DIRS[major],) if major in _WHEEL_LIB_DIRS else ()))
+            wheel_dirs((_WHEEL_LIB_DIRS[major],) if major in _WHEEL_LIB_DIRS else ()))
         for folder in folders:
             files = _library_files(folder, major)
             if files:
@@ -226,7 +226,7 @@ def cuda_include_dir() -> str | None:
                 f"folder (the one holding {', '.join(CUDA_HEADERS)}) or unset it to search"
             )
         return os.path.abspath(override)
-    for folder in _wheel_dirs(_WHEEL_INCLUDE_DIRS):
+    for folder in wheel_dirs(_WHEEL_INCLUDE_DIRS):
         if _has_headers(folder):
             return os.path.abspath(folder)
     try:

@@ -26,7 +26,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from fuser.dtypes import DataType
-from fuser.errors import BadInputError, HintError
+from fuser.errors import BadInputError, HintError, ToolchainError
 from fuser.frontend import FusionDefinition
 from fuser.ir import Scalar, Tensor, as_tensor
 
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from fuser.compile import KernelResources
     from fuser.device import DeviceSpec
     from fuser.kernels import Built
+    from fuser.sass import InstructionMix
     from fuser.schedulers import Hints, Problem
     from fuser.schedulers.base import FinalizeSchedule, PointwiseSchedule, RowSchedule
     from fuser.segment import Segmentation
@@ -113,8 +114,25 @@ class Explanation:
             parts += [section(f"shared memory plan: {entry}"), plan.table()]
         parts += [section("ptxas report (NVRTC, offline)")]
         parts += [str(r) for r in self.resources.values()]
+        parts += [section("machine code (nvdisasm of the cubin, static counts)")]
+        parts += self._machine_code_lines()
         parts += [section("CUDA source"), self.source.rstrip()]
         return "\n".join(parts)
+
+    def instruction_mix(self) -> Mapping[str, InstructionMix]:
+        """Each entry's SASS instruction counts by unit (fuser.sass), read from the cubin by
+        nvdisasm; raises ToolchainError where nvdisasm is not installed."""
+        from fuser.sass import instruction_mix
+
+        mixes = instruction_mix(self.built.cubin_path)
+        return MappingProxyType({e: mixes[e] for e in self.entries if e in mixes})
+
+    def _machine_code_lines(self) -> list[str]:
+        """The report's lines for instruction_mix(), or why there are none."""
+        try:
+            return [str(m) for m in self.instruction_mix().values()]
+        except ToolchainError as exc:
+            return [str(exc)]
 
 
 def section(title: str) -> str:

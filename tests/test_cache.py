@@ -798,7 +798,7 @@ def test_nvrtc_key_names_the_wheels_library_files(tmp_path, monkeypatch):
         asked.append(candidates)
         return iter([str(lib)])
 
-    monkeypatch.setattr(compile_module, "_wheel_dirs", wheel_dirs)
+    monkeypatch.setattr(compile_module, "wheel_dirs", wheel_dirs)
     monkeypatch.setattr(compile_module, "_loaded_nvrtc", lambda major: None)
     monkeypatch.setattr(compile_module, "_bindings_major", lambda: 13)
     monkeypatch.setattr(compile_module, "nvrtc_version", lambda: (12, 9))
@@ -815,7 +815,7 @@ def test_nvrtc_key_names_the_wheels_library_files(tmp_path, monkeypatch):
         compile_module.nvrtc_key.cache_clear()
         assert compile_module.nvrtc_key() == "nvrtc 12.9"
         assert asked[-1] == (("cuda_nvrtc", "lib"),)
-        monkeypatch.setattr(compile_module, "_wheel_dirs", lambda candidates: iter([]))
+        monkeypatch.setattr(compile_module, "wheel_dirs", lambda candidates: iter([]))
         compile_module.nvrtc_key.cache_clear()
         assert compile_module.nvrtc_key() == "nvrtc 12.9"  # no wheel: the version it reports
     finally:
@@ -832,7 +832,7 @@ def test_nvrtc_key_names_an_nvrtc_already_loaded_before_the_wheels(tmp_path, mon
         folder.mkdir()
         (folder / "libnvrtc.so.13").write_bytes(b"x" * size)
         (folder / "libnvrtc-builtins.so.13.0").write_bytes(b"b")
-    monkeypatch.setattr(compile_module, "_wheel_dirs", lambda candidates: iter([str(wheel)]))
+    monkeypatch.setattr(compile_module, "wheel_dirs", lambda candidates: iter([str(wheel)]))
     monkeypatch.setattr(compile_module, "_bindings_major", lambda: 13)
     compile_module.nvrtc_key.cache_clear()
     try:
@@ -864,5 +864,5 @@ def test_wheel_folders_are_searched_in_site_packages_not_on_sys_path(tmp_path, m
     monkeypatch.setattr(sys, "path", [str(on_path), *sys.path])
     monkeypatch.setattr(site, "getsitepackages", lambda: [str(in_site)])
     monkeypatch.setattr(site, "ENABLE_USER_SITE", False)
-    assert list(compile_module._wheel_dirs((("cu13", "lib"),))) == [
+    assert list(compile_module.wheel_dirs((("cu13", "lib"),))) == [
         str(in_site / "nvidia" / "cu13" / "lib")]
