@@ -191,7 +191,6 @@ def _has_headers(folder: str | None) -> bool:
 
 
 @functools.cache
-@functools.cache
 def template_dir() -> Path:
     """templates/ of the installed wheel (package fuser.templates), else of the source tree.
     Found through the import system's spec, not importlib.resources (whose import took 5 to
