@@ -198,7 +198,8 @@ def template_dir() -> Path:
     import importlib.util
 
     spec = importlib.util.find_spec("fuser.templates")
-    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+    folders = spec.submodule_search_locations if spec is not None else None
+    for folder in folders or ():
         path = Path(folder)
         if (path / "fuser_math.cuh").exists():
             return path

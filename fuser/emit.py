@@ -42,8 +42,9 @@ def literal(value, dtype: DataType) -> str:
 
 
 VIEWS = ("broadcast_in_dim", "squeeze")  # ops that name their input's values again
-# Storage types a cast rounds to (fm::round_bf16 / round_half), as fm::to_storage does.
-ROUNDED_STORAGE = (DataType.BFloat16, DataType.Half)
+# The device function a cast to a 16-bit float type rounds its value with (to nearest even,
+# kept in float), as fm::to_storage rounds a stored value.
+ROUNDINGS = {DataType.BFloat16: "fm::round_bf16", DataType.Half: "fm::round_half"}
 
 
 def through_broadcasts(v: Val) -> Val:
@@ -131,7 +132,7 @@ class Emitter:
 
     def _stored_source(self, v: Val) -> Val:
         e = v.definition
-        if v in self.env or e is None or e.op != "cast" or v.dtype not in ROUNDED_STORAGE:
+        if v in self.env or e is None or e.op != "cast" or v.dtype not in ROUNDINGS:
             return v
         return e.inputs[0]
 
@@ -164,10 +165,8 @@ class Emitter:
         src = e.inputs[0]
         x = self._ref(src)
         target = e.attr("dtype")
-        if target is DataType.BFloat16:
-            return f"fm::round_bf16({convert(x, ctype(src), 'float')})"
-        if target is DataType.Half:
-            return f"fm::round_half({convert(x, ctype(src), 'float')})"
+        if target in ROUNDINGS:
+            return f"{ROUNDINGS[target]}({convert(x, ctype(src), 'float')})"
         if target is DataType.Bool and src.dtype is not DataType.Bool:
             return f"({x} != 0)"
         return convert(x, ctype(src), target.compute_type)

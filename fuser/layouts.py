@@ -32,6 +32,12 @@ def layout_made(v: Val) -> bool:
     return v.definition is not None and v.definition.op in LAYOUT_OPS
 
 
+def kernel_operands(exprs) -> list[Val]:
+    """The operands of the layout ops among `exprs` that a kernel computes: each is written
+    to global memory by the segment that computes it, and moved between kernels."""
+    return [e.inputs[0] for e in exprs if e.op in LAYOUT_OPS and kernel_made(e.inputs[0])]
+
+
 def needed(f: Fusion) -> list[Expr]:
     """The layout ops the outputs depend on, in definition order."""
     seen: set[int] = set()
@@ -107,7 +113,12 @@ def _moved_up_from(f: Fusion, e: Expr, new: dict[Val, Val]) -> Expr | None:
 
 def _remade(out: Fusion, e: Expr, new: dict[Val, Val], layout: Expr) -> Val:
     """`e` in `out` on the layout op's operand instead of its result."""
-    operands = [layout.inputs[0] if isinstance(i, Tensor) else new[i] for i in e.inputs]
+    return _remake(out, e, [layout.inputs[0] if isinstance(i, Tensor) else new[i]
+                            for i in e.inputs])
+
+
+def _remake(out: Fusion, e: Expr, operands: list[Val]) -> Val:
+    """Elementwise op or cast `e` in `out`, on `operands`."""
     if e.op == "cast":
         return out.cast(operands[0], e.attr("dtype"))
     return out.elementwise(e.op, operands)
@@ -138,12 +149,15 @@ def _movable(f: Fusion, v: Val, memo: dict[Val, bool]) -> bool:
     if e is None or layout_made(v):
         memo[v] = _on_host(v)
         return memo[v]
-    dims = [d.find() if d is not None else None for d in as_tensor(v).dims]
     memo[v] = (e.op in ELEMENTWISE or e.op == "cast") and _used_once(f, v) and all(
-        isinstance(i, Scalar) or (
-            [d.find() if d is not None else None for d in as_tensor(i).dims] == dims
-            and _movable(f, i, memo)) for i in e.inputs)
+        isinstance(i, Scalar) or (_extents(i) == _extents(v) and _movable(f, i, memo))
+        for i in e.inputs)
     return memo[v]
+
+
+def _extents(v: Val) -> list:
+    """The root extent of each of tensor `v`'s axes (None for a broadcast axis)."""
+    return [d.find() if d is not None else None for d in as_tensor(v).dims]
 
 
 def _moved_down(out: Fusion, layout: Expr, v: Val, new: dict[Val, Val],
@@ -159,9 +173,8 @@ def _moved_down(out: Fusion, layout: Expr, v: Val, new: dict[Val, Val],
         copy_expr(out, layout, mapping)
         result = mapping[layout.outputs[0]]
     else:
-        operands = [new[i] if isinstance(i, Scalar) else _moved_down(out, layout, i, new, moved)
-                    for i in e.inputs]
-        result = (out.cast(operands[0], e.attr("dtype")) if e.op == "cast"
-                  else out.elementwise(e.op, operands))
+        result = _remake(out, e, [new[i] if isinstance(i, Scalar)
+                                  else _moved_down(out, layout, i, new, moved)
+                                  for i in e.inputs])
     moved[v] = result
     return result

@@ -222,13 +222,10 @@ class Sizes:
         return root.value if root.value is not None else self._bound.get(root, (None,))[0]
 
     def value(self, extent: Extent | None) -> int:
-        if extent is None:
-            return 1
-        root = extent.find()
-        if root.value is not None:
-            return root.value
-        if root in self._bound:
-            return self._bound[root][0]
+        size = self.known(extent)
+        if size is not None:
+            return size
+        assert extent is not None  # known() gives 1 for a broadcast axis
         raise DefinitionError(
             f"the size {extent.label} is neither a fixed number nor equal to any input's "
             "dimension; give broadcast_in_dim a size taken from a tensor (t.size(i)) or an int"

@@ -206,9 +206,8 @@ def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError) -> Segmen
     last = max(home.values(), default=0)
     demanded: dict[int, list[Val]] = {k: [] for k in range(last + 1)}
     moves = layouts.needed(lowered)
-    for e in moves:
-        if layouts.kernel_made(e.inputs[0]):
-            demanded[home[e.inputs[0]]].append(e.inputs[0])
+    for v in layouts.kernel_operands(moves):
+        demanded[home[v]].append(v)
     built: list[Segment] = []
     for k in range(last, -1, -1):
         outputs = list(dict.fromkeys(
@@ -352,8 +351,7 @@ def _homes(f: Fusion, stage: dict[Val, int]) -> dict[Val, int]:
     for e in f.exprs:
         if e.op in REDUCTIONS:
             home[e.outputs[0]] = stage[e.inputs[0] if is_outer(e) else e.outputs[0]]
-    written = [e.inputs[0] for e in f.exprs
-               if e.op in LAYOUT_OPS and layouts.kernel_made(e.inputs[0])]
+    written = layouts.kernel_operands(f.exprs)
     for v in written + [o for o in f.outputs if not layouts.layout_made(o)]:
         d = v.definition
         source = d.inputs[0] if d is not None and d.op == "cast" else v
