@@ -484,6 +484,65 @@ def _phases_using(t: Tensor, fusion: Fusion, level: dict, inner: set) -> int:
     return len(phases)
 
 
+def per_row(info: FusionInfo) -> set[Val]:
+    """Computed values that are the same along a row: per-row values, and values computed
+    from them and scalars alone (a row statistic broadcast over the row, then transformed:
+    1 / rms). The kernel computes each once per row, not once per element."""
+    out: set[Val] = set()
+    for v in info.fusion.vals:
+        e = v.definition
+        if e is None or e.op in REDUCTIONS or e.op == "size":
+            continue
+        if info.roles[v] is not Role.SCALAR and all(
+                info.roles[i] in (Role.ROW, Role.SCALAR) or i in out for i in e.inputs):
+            out.add(v)
+    return out
+
+
+# Ops worth keeping in registers from one pass over a row to a later one instead of computing
+# them again: each takes the special-function pipe (ex2, lg2, tanh, rcp) or a long polynomial
+# per element, where a kept value costs a register per element a thread owns.
+COSTLY_OPS = frozenset({"exp", "log", "tanh", "sigmoid", "silu", "erf", "log1p", "expm1",
+                        "softplus", "pow"})
+
+
+def pass_roots(info: FusionInfo) -> list[list[Val]]:
+    """What each pass over a row computes: the operands of inner level k's reductions, then
+    (the last pass) the full outputs and the operands of the column reductions."""
+    roots = [[e.inputs[0] for e in level] for level in info.inner_levels]
+    if info.row_passes > len(roots):
+        roots.append([*info.outputs(Role.FULL), *(e.inputs[0] for e in info.outer_reductions)])
+    return roots
+
+
+def kept_values(info: FusionInfo) -> tuple[Val, ...]:
+    """Element values made by a COSTLY_OPS op that a pass over the row computes and a later
+    pass needs again (softmax's exp(x - max): the sum's pass and the output's), in the order
+    they are first computed. A row kernel may keep them in registers between the passes.
+    Each pass is walked from its roots down; a value an earlier pass computed stops the walk
+    there when it is costly (it would be kept), and is computed again otherwise."""
+    rows = per_row(info)
+    first: dict[Val, int] = {}
+    kept: list[Val] = []
+    for k, roots in enumerate(pass_roots(info)):
+        stack, seen = list(roots), set()
+        while stack:
+            v = stack.pop()
+            e = v.definition
+            if (v in seen or e is None or e.op in REDUCTIONS or v in rows
+                    or info.roles[v] is not Role.FULL):
+                continue
+            seen.add(v)
+            if v in kept:
+                continue
+            if first.get(v, k) < k and e.op in COSTLY_OPS:
+                kept.append(v)
+                continue
+            first.setdefault(v, k)
+            stack.extend(e.inputs[:1] if e.op == "broadcast_in_dim" else e.inputs)
+    return tuple(sorted(kept, key=lambda v: v.index))
+
+
 def axes(fusion: Fusion) -> tuple[tuple[Extent, ...], Extent | None]:
     """The row axes (the outer dimensions, in order) and the hidden axis (the innermost) of
     the fusion's widest tensor. Every tensor spans all of them (a row tensor), the row axes

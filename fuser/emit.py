@@ -59,21 +59,6 @@ def operands(e: Expr) -> tuple[Val, ...]:
     return e.inputs[:1] if e.op == "broadcast_in_dim" else tuple(e.inputs)
 
 
-def per_row(info: FusionInfo) -> set[Val]:
-    """Computed values that are the same along a row: per-row values, and values computed
-    from them and scalars alone (a row statistic broadcast over the row, then transformed:
-    1 / rms). The kernel computes each once per row, not once per element."""
-    out: set[Val] = set()
-    for v in info.fusion.vals:
-        e = v.definition
-        if e is None or e.op in REDUCTION_OPS or e.op == "size":
-            continue
-        if info.roles[v] is not Role.SCALAR and all(
-                info.roles[i] in (Role.ROW, Role.SCALAR) or i in out for i in e.inputs):
-            out.add(v)
-    return out
-
-
 class Emitter:
     """Writes C++ statements for values of a fusion, given C++ expressions for what is known.
 

@@ -13,14 +13,13 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass, field
 
-from fuser.analysis import FusionInfo, Role
+from fuser.analysis import FusionInfo, Role, kept_values, per_row
 from fuser.emit import (
     Emitter,
     convert,
     ctype,
     element_env,
     input_tensors,
-    per_row,
     row_divisors,
     scalar_prologue,
     used_lines,
@@ -151,10 +150,14 @@ def _bytes(type_name: str) -> int:
 
 
 class Passes:
-    """The statements of each pass over a row, and the per-row values between them."""
+    """The statements of each pass over a row, and the per-row values between them. A value
+    in `kept` is stored to its register array by the pass that first computes it, and later
+    passes read it there (its element of the thread's vector v.b)."""
 
-    def __init__(self, info: FusionInfo, scalar_env: dict[Val, str]):
+    def __init__(self, info: FusionInfo, scalar_env: dict[Val, str], kept: tuple[Val, ...]):
         self.info = info
+        self.kept = kept
+        self.kept_env: dict[Val, str] = {}
         self.rows = per_row(info)
         self.row_env = dict(scalar_env)
         for t in info.row_inputs:
@@ -179,9 +182,23 @@ class Passes:
                     self.reciprocals[(v, ct)] = name
         return lines
 
+    def _emitter(self) -> Emitter:
+        return Emitter(self.info, {**self.elements, **self.row_env, **self.kept_env}, "e_",
+                       self.reciprocals)
+
+    def _keep(self, emitter: Emitter) -> list[str]:
+        """Stores of the kept values this pass computed, which later passes read instead."""
+        lines = []
+        for v in self.kept:
+            if v in emitter.env and v not in self.kept_env:
+                lines.append(f"kept_{v.name}[v.b][i] = {emitter.env[v]};")
+                self.kept_env[v] = f"kept_{v.name}[v.b][i]"
+        return lines
+
     def level(self, k: int, level: tuple[Expr, ...]) -> dict:
-        emitter = Emitter(self.info, {**self.elements, **self.row_env}, "e_", self.reciprocals)
+        emitter = self._emitter()
         lines = emitter.emit([e.inputs[0] for e in level])
+        lines += self._keep(emitter)
         reductions = [reduction(e, emitter.env[e.inputs[0]]) for e in level]
         for e in level:
             self.row_env[e.outputs[0]] = f"row_{e.outputs[0].name}"
@@ -193,7 +210,7 @@ class Passes:
     def final(self) -> dict:
         info = self.info
         outputs = info.outputs(Role.FULL)
-        emitter = Emitter(info, {**self.elements, **self.row_env}, "e_", self.reciprocals)
+        emitter = self._emitter()
         lines, stored = emitter.emit_stored(outputs, [e.inputs[0] for e in info.outer_reductions])
         title = "Outputs of the row" + (" and the column accumulators." if
                                         info.outer_reductions else ".")
@@ -214,11 +231,13 @@ class Passes:
                 for o in self.info.outputs(Role.ROW)]
 
 
-def passes_context(info: FusionInfo) -> dict:
-    """The scalar prologue, the statements before the first pass, every pass and the row
-    outputs, with the declarations nothing reads left out."""
+def passes_context(info: FusionInfo, kept: tuple[str, ...] = ()) -> dict:
+    """The scalar prologue, the statements before the first pass, the register arrays of the
+    `kept` values (RowSchedule.kept), every pass and the row outputs, with the declarations
+    nothing reads left out."""
     scalar_lines, scalar_env = scalar_prologue(info)
-    p = Passes(info, scalar_env)
+    kept_vals = tuple(v for v in kept_values(info) if v.name in kept)
+    p = Passes(info, scalar_env, kept_vals)
     start = p.row_lines(0)
     passes = [p.level(k, level) for k, level in enumerate(info.inner_levels)]
     if len(passes) < info.row_passes:
@@ -235,6 +254,9 @@ def passes_context(info: FusionInfo) -> dict:
     start = used_lines(start, readers)
     readers += start
     return {"scalar_lines": used_lines(scalar_lines, readers), "start_lines": start,
+            "kept": [{"name": f"kept_{v.name}", "ctype": ctype(v),
+                      "why": f"{v.definition.op} {v.name}, computed once per element"}
+                     for v in kept_vals if v.definition is not None],
             "passes": passes, "row_outputs": row_outputs, "scalar_env": scalar_env}
 
 
@@ -266,7 +288,7 @@ def intro(info: FusionInfo, s: RowSchedule) -> list[str]:
 
 def row_context(info: FusionInfo, s: RowSchedule, finalize: FinalizeSchedule | None) -> dict:
     """Everything row_kernel.cu.j2 places but the header and the signature."""
-    body = passes_context(info)
+    body = passes_context(info, s.kept)
     ring = None
     if s.ring is not None:
         ring = {"buffers": list(s.ring.tensors),

@@ -29,7 +29,8 @@ DTYPES = (DataType.BFloat16, DataType.Half, DataType.Float)
 
 def compact(s: RowSchedule | PointwiseSchedule) -> str:
     """Every decision of a schedule on one line (the reason's words and the plan's purposes
-    left out): geometry, storage of each input, accumulators, ring, residency, smem buffers."""
+    left out): geometry, storage of each input, accumulators, ring, kept values, residency, smem
+    buffers."""
     if isinstance(s, PointwiseSchedule):
         return f"pointwise vec={s.vec} threads={s.threads} unroll={s.unroll}"
     placements = ",".join(f"{p.tensor}:{p.storage}{'+async' if p.async_copy else ''}"
@@ -39,7 +40,8 @@ def compact(s: RowSchedule | PointwiseSchedule) -> str:
             f"rpb={s.rows_per_block} batch={s.batch} unroll={s.unroll}"
             f"{'(full)' if s.full_unroll else ''} stages={s.stages}"
             f"{' aligned' if s.aligned_copy else ''} [{placements}] acc={s.accumulators}"
-            f"{f' ring=({s.ring})' if s.ring else ''} red={s.reduction_bytes} "
+            f"{f' ring=({s.ring})' if s.ring else ''}"
+            f"{' kept=' + ','.join(s.kept) if s.kept else ''} red={s.reduction_bytes} "
             f"regs={s.regs_estimate} blocks/sm={s.blocks_per_sm} smem={s.smem.total} "
             f"[{buffers}]")
 

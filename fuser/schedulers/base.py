@@ -158,6 +158,9 @@ class RowSchedule:
     batch: int  # vectors per thread per row = ceil(hidden / vec / cluster / threads_per_row)
     unroll: int  # batch iterations unrolled per pass
     full_unroll: bool  # register arrays are indexed by the batch loop: it must unroll fully
+    # element values computed once and kept in registers for a later pass over the row
+    # (analysis.kept_values: softmax's exp(x - max)), by name; needs full_unroll
+    kept: tuple[str, ...]
     stages: int  # smem row buffers: 2 = the next rows load while these compute
     # smem row buffers filled by 16-byte cp.async from the 16-byte boundary at or below each
     # row's start, whatever vec is: rows of a hidden size like 24578 start on 4-byte

@@ -159,6 +159,29 @@ def _buffer_registers(phase: Phase, geo: RowGeometry, storage: dict[str, Storage
                                    if storage[t.name] is Storage.REGISTERS)
 
 
+def _register_arrays(phase: Phase, choice: StorageChoice, storage: dict[str, Storage]) -> bool:
+    """Whether a thread keeps register arrays indexed by the batch loop's counter (row or
+    column buffers, column accumulators): the loop must then unroll fully."""
+    fusion = phase.fusion
+    accumulating = choice.accumulators is Storage.REGISTERS and bool(fusion.accumulator_bytes)
+    return accumulating or any(storage[t.name] is Storage.REGISTERS for t in fusion.buffers)
+
+
+def _kept(phase: Phase, geo: RowGeometry, choice: StorageChoice, storage: dict[str, Storage],
+          ring: StagingRing | None, free: int) -> tuple[tuple[str, ...], int]:
+    """The element values kept in registers between passes (RowFusion.kept) and their
+    registers per thread: all of them where their arrays leave the planned overhead free
+    (`free`: squeezed below it, softmax's 1024-thread rows at 32768 ran 2% slower kept) and
+    the batch loop unrolls fully anyway (register arrays, or no more than PARTIAL_UNROLL
+    vectors; a staging ring's passes are loops of their own), else none."""
+    words = sum(ceil_div(geo.batch * geo.vec * (8 if v.dtype.compute_type == "double" else 4),
+                         4) for v in phase.fusion.kept)
+    unrolled = _register_arrays(phase, choice, storage) or geo.batch <= PARTIAL_UNROLL
+    if not phase.fusion.kept or ring is not None or not unrolled or words > free:
+        return (), 0
+    return tuple(v.name for v in phase.fusion.kept), words
+
+
 def _resources(phase: Phase, geo: RowGeometry, choice: StorageChoice,
                storage: dict[str, Storage], ring: StagingRing | None,
                plan: SmemPlan) -> RowSchedule | Rejection:
@@ -166,6 +189,9 @@ def _resources(phase: Phase, geo: RowGeometry, choice: StorageChoice,
     device = phase.device
     max_regs = min(device.max_regs_per_thread, device.regs_per_block // geo.threads)
     buffers = _buffer_registers(phase, geo, storage, choice.accumulators)
+    kept, kept_regs = _kept(phase, geo, choice, storage, ring,
+                            max_regs - PLANNED_OVERHEAD_REGISTERS - buffers)
+    buffers += kept_regs
     regs = min(max_regs, buffers + PLANNED_OVERHEAD_REGISTERS)
     residency = blocks_per_sm(device, geo.threads, regs, plan.total)
     if not (plan.fits and buffers + MIN_OVERHEAD_REGISTERS <= max_regs and residency >= 1):
@@ -176,12 +202,12 @@ def _resources(phase: Phase, geo: RowGeometry, choice: StorageChoice,
             f"{choice.accumulators}",
             f"smem {plan.total} B of {plan.limit}, >= {buffers + MIN_OVERHEAD_REGISTERS} of "
             f"{max_regs} registers per thread at {geo.threads} threads, {residency} block(s)/SM")
-    return _schedule(phase, geo, choice, storage, ring, plan, regs, residency)
+    return _schedule(phase, geo, choice, storage, ring, plan, kept, regs, residency)
 
 
 def _schedule(phase: Phase, geo: RowGeometry, choice: StorageChoice,
               storage: dict[str, Storage], ring: StagingRing | None, plan: SmemPlan,
-              regs: int, residency: int) -> RowSchedule:
+              kept: tuple[str, ...], regs: int, residency: int) -> RowSchedule:
     fusion = phase.fusion
     info = fusion.info
     full_in_smem = any(storage[t.name] is Storage.SMEM for t in fusion.full)
@@ -192,14 +218,12 @@ def _schedule(phase: Phase, geo: RowGeometry, choice: StorageChoice,
         for t in info.fusion.inputs if isinstance(t, Tensor) and t.name in storage)
     # Register arrays are indexed by the batch loop's counter, so they need it unrolled; with
     # every row in smem or re-read, a partly unrolled loop keeps registers free.
-    accumulating = choice.accumulators is Storage.REGISTERS and bool(fusion.accumulator_bytes)
-    register_arrays = accumulating or any(
-        storage[t.name] is Storage.REGISTERS for t in fusion.buffers)
+    register_arrays = _register_arrays(phase, choice, storage) or bool(kept)
     unroll = (geo.batch if register_arrays else ring.units if ring
               else min(geo.batch, PARTIAL_UNROLL))
     return RowSchedule(
         scheduler=phase.policy.scheduler,
-        reason=_reason(phase, geo, choice, storage, ring, regs, residency),
+        reason=_reason(phase, geo, choice, storage, ring, kept, regs, residency),
         hidden=geo.hidden,
         vec=geo.vec,
         threads_per_row=geo.threads_per_row,
@@ -208,6 +232,7 @@ def _schedule(phase: Phase, geo: RowGeometry, choice: StorageChoice,
         cluster=geo.cluster,
         unroll=unroll,
         full_unroll=register_arrays,
+        kept=kept,
         stages=choice.stages if full_in_smem else 1,
         aligned_copy=phase.aligned and full_in_smem,
         placements=placements,
@@ -229,8 +254,8 @@ def _split_words(hidden: int, part: int, cluster: int) -> str:
 
 
 def _reason(phase: Phase, geo: RowGeometry, choice: StorageChoice,
-            storage: dict[str, Storage], ring: StagingRing | None, regs: int,
-            residency: int) -> str:
+            storage: dict[str, Storage], ring: StagingRing | None, recomputed: tuple[str, ...],
+            regs: int, residency: int) -> str:
     """Why this schedule, in words: what is kept where, and the resources it was sized for."""
     buffers = phase.fusion.buffers
     in_smem = [t.name for t in buffers if storage[t.name] is Storage.SMEM]
@@ -250,5 +275,9 @@ def _reason(phase: Phase, geo: RowGeometry, choice: StorageChoice,
         words.append(f"column accumulators in {choice.accumulators}")
     if geo.cluster > 1:
         words.append(f"rows split over {_split_words(geo.hidden, geo.part, geo.cluster)}")
+    if recomputed:
+        ops = {v.name: v.definition.op for v in phase.fusion.kept if v.definition is not None}
+        words.append(f"{', '.join(f'{ops[k]} {k}' for k in recomputed)} kept in registers "
+                     "for the pass that needs it again")
     words.append(f"~{regs} regs/thread, ~{residency} block(s)/SM")
     return ", ".join(words) + (f" ({phase.why})" if phase.why else "")

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
-from fuser.analysis import FusionInfo, Role
+from fuser.analysis import FusionInfo, Role, kept_values
 from fuser.device import DeviceSpec
 from fuser.ir import Expr, Tensor, Val
 from fuser.ops import REDUCTIONS
@@ -52,6 +52,7 @@ class RowFusion:
     reduction_bytes: int  # 8 when any inner reduction accumulates in double, else 4
     passes: int  # passes over each row: one per inner reduction level, one for the outputs
     itemsizes: tuple[int, ...]  # of every tensor a row's vectors must suit
+    kept: tuple[Val, ...]  # element values a later pass needs again (analysis.kept_values)
 
     @classmethod
     def of(cls, info: FusionInfo) -> RowFusion:
@@ -68,6 +69,7 @@ class RowFusion:
             passes=info.row_passes,
             itemsizes=tuple(t.dtype.itemsize for t in (
                 *info.full_inputs, *info.col_inputs, *info.outputs(Role.FULL))),
+            kept=kept_values(info),
         )
 
     @property

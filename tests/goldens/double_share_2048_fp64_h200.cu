@@ -31,6 +31,7 @@
 //   batch              4
 //   unroll             4
 //   full_unroll        True
+//   kept               ()
 //   stages             1
 //   aligned_copy       False
 //   placements         T0:Double->registers

@@ -66,6 +66,7 @@
 //   batch              2
 //   unroll             2
 //   full_unroll        True
+//   kept               ()
 //   stages             1
 //   aligned_copy       False
 //   placements         T0:BFloat16->smem(cp.async), T1:BFloat16->smem(cp.async), T2:Bool->smem,

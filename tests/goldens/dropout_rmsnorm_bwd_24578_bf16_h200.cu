@@ -67,6 +67,7 @@
 //   batch              13
 //   unroll             13
 //   full_unroll        True
+//   kept               ()
 //   stages             1
 //   aligned_copy       True
 //   placements         T0:BFloat16->smem(cp.async), T1:BFloat16->smem(cp.async), T2:Bool->smem(cp.async),

@@ -67,6 +67,7 @@
 //   batch              13
 //   unroll             13
 //   full_unroll        True
+//   kept               ()
 //   stages             1
 //   aligned_copy       False
 //   placements         T0:BFloat16->global, T1:BFloat16->smem(cp.async), T2:Bool->registers,

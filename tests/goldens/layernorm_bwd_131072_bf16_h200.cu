@@ -70,6 +70,7 @@
 //   batch              4
 //   unroll             4
 //   full_unroll        True
+//   kept               ()
 //   stages             2
 //   aligned_copy       False
 //   placements         T0:BFloat16->smem(cp.async), T3:BFloat16->smem(cp.async), T4:BFloat16->smem

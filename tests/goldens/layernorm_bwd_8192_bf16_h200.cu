@@ -69,6 +69,7 @@
 //   batch              2
 //   unroll             2
 //   full_unroll        True
+//   kept               ()
 //   stages             2
 //   aligned_copy       False
 //   placements         T0:BFloat16->smem(cp.async), T3:BFloat16->smem(cp.async), T4:BFloat16->smem

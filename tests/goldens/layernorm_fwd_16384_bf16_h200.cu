@@ -64,6 +64,7 @@
 //   batch              4
 //   unroll             4
 //   full_unroll        False
+//   kept               ()
 //   stages             2
 //   aligned_copy       False
 //   placements         T0:BFloat16->smem(cp.async), T1:BFloat16->smem, T2:BFloat16->smem

@@ -66,6 +66,7 @@
 //   batch              7
 //   unroll             4
 //   full_unroll        False
+//   kept               ()
 //   stages             2
 //   aligned_copy       True
 //   placements         T0:Float->smem(cp.async), T1:Float->smem, T2:Float->smem

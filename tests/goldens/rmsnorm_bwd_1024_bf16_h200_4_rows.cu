@@ -54,6 +54,7 @@
 //   batch              2
 //   unroll             2
 //   full_unroll        True
+//   kept               ()
 //   stages             1
 //   aligned_copy       False
 //   placements         T0:BFloat16->smem(cp.async), T2:BFloat16->smem(cp.async), T3:BFloat16->smem

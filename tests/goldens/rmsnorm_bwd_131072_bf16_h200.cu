@@ -55,6 +55,7 @@
 //   batch              8
 //   unroll             8
 //   full_unroll        True
+//   kept               ()
 //   stages             2
 //   aligned_copy       False
 //   placements         T0:BFloat16->registers, T2:BFloat16->smem(cp.async), T3:BFloat16->smem

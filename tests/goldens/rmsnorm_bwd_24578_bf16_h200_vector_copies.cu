@@ -54,6 +54,7 @@
 //   batch              13
 //   unroll             13
 //   full_unroll        True
+//   kept               ()
 //   stages             2
 //   aligned_copy       False
 //   placements         T0:BFloat16->smem(cp.async), T2:BFloat16->smem(cp.async), T3:BFloat16->registers

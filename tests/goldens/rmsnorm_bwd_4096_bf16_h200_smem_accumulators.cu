@@ -56,6 +56,7 @@
 //   batch              1
 //   unroll             1
 //   full_unroll        False
+//   kept               ()
 //   stages             1
 //   aligned_copy       False
 //   placements         T0:BFloat16->ring, T2:BFloat16->ring, T3:BFloat16->smem

@@ -55,6 +55,7 @@
 //   batch              65
 //   unroll             4
 //   full_unroll        False
+//   kept               ()
 //   stages             1
 //   aligned_copy       False
 //   placements         T0:BFloat16->global, T2:BFloat16->global, T3:BFloat16->smem

@@ -56,6 +56,7 @@
 //   batch              33
 //   unroll             33
 //   full_unroll        True
+//   kept               ()
 //   stages             1
 //   aligned_copy       True
 //   placements         T0:BFloat16->smem(cp.async), T2:BFloat16->smem(cp.async), T3:BFloat16->smem

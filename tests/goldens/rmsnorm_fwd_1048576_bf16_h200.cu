@@ -44,6 +44,7 @@
 //   batch              16
 //   unroll             2
 //   full_unroll        False
+//   kept               ()
 //   stages             1
 //   aligned_copy       False
 //   placements         T0:BFloat16->ring, T1:BFloat16->global

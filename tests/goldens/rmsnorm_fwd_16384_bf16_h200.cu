@@ -43,6 +43,7 @@
 //   batch              4
 //   unroll             4
 //   full_unroll        False
+//   kept               ()
 //   stages             1
 //   aligned_copy       False
 //   placements         T0:BFloat16->ring, T1:BFloat16->smem

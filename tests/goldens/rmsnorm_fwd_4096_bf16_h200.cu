@@ -42,6 +42,7 @@
 //   batch              4
 //   unroll             4
 //   full_unroll        True
+//   kept               ()
 //   stages             1
 //   aligned_copy       False
 //   placements         T0:BFloat16->registers, T1:BFloat16->registers
