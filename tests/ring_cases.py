@@ -14,7 +14,7 @@ def ring_hints(name: str, dtype: DataType, hidden: int, align_bytes: int = 16,
                cluster: int | None = None) -> Hints:
     """Every full input the ring can take through it (the others re-read by plain loads),
     every column input in shared memory; a ring serves one row per block, which the
-    scheduler then takes by itself."""
+    scheduler then takes by itself. Rows of 24578 keep 1024 threads (RING_THREADS)."""
     info = analyze(ROW_FUSIONS[name](dtype).fusion)
     sizes = [t.dtype.itemsize for t in (*info.full_inputs, *info.col_inputs)]
     vec = pick_vec(hidden, sizes, align_bytes, input_bytes=sum(sizes))
@@ -22,7 +22,13 @@ def ring_hints(name: str, dtype: DataType, hidden: int, align_bytes: int = 16,
                                vec * t.dtype.itemsize >= 4) else Storage.GLOBAL
               for t in info.full_inputs}
     return Hints(storage=(*ringed.items(), *((t.name, Storage.SMEM) for t in info.col_inputs)),
-                 cluster=cluster)
+                 cluster=cluster, threads_per_row=RING_THREADS.get(hidden))
+
+
+# The ring cases at 24578 were written for the 1024-thread rows they had; softmax's and
+# LayerNorm forward's default there is 512 threads since (staged_narrow_threads), at which
+# LayerNorm's fp32 columns and ring exceed shared memory.
+RING_THREADS = {24578: 1024}
 
 
 # (fusion, hidden, cluster) forced through a ring: bulk-filled where rows are whole multiples

@@ -151,6 +151,25 @@ def test_three_pass_forward_rows_are_staged_in_smem_with_their_columns(name, hid
     assert_plan_invariants(s.smem)
 
 
+@pytest.mark.parametrize(("name", "hidden", "threads"), [
+    ("softmax_fwd", 24578, 512), ("log_softmax_fwd", 24574, 512), ("layernorm_fwd", 24586, 512),
+    ("dropout_layernorm_fwd", 4099, 512),
+    ("softmax_fwd", 65537, 1024),  # 129 vectors a thread at 512: over the cap
+    ("softmax_fwd", 32768, 1024), ("softmax_fwd", 40000, 1024),  # 16-byte vectors
+    ("rmsnorm_fwd", 24578, 1024), ("softmax_bwd", 24578, 1024),  # two passes
+    ("rmsnorm_bwd", 24578, 1024),  # the smem-first policy has no such limit
+])
+def test_staged_rows_of_narrow_vectors_take_at_most_512_threads(name, hidden, threads):
+    """Three-pass rows staged in shared memory whose vectors are narrower than 16 bytes take
+    inner_persistent.POLICY.staged_narrow_threads threads per row where a thread then owns at
+    most MAX_STAGED_VECTORS_PER_THREAD vectors, so two blocks can share an SM's registers."""
+    for dtype in (DataType.BFloat16, DataType.Float):
+        info = analyze(ROW_FUSIONS[name](dtype).fusion)
+        s = schedule(info, Problem(hidden, 16384, 16), H200)
+        assert isinstance(s, RowSchedule) and s.threads_per_row == threads, s.reason
+        assert s.batch <= 32 or threads == 1024
+
+
 @pytest.mark.parametrize(("hidden", "ring"), [(8192, False), (16384, True)])
 def test_two_pass_forward_takes_the_ring_only_at_one_block_per_sm(hidden, ring):
     """rmsnorm_fwd keeps its rows in registers while they leave several blocks per SM, and

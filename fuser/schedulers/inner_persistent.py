@@ -88,6 +88,11 @@ POLICY = RowPolicy(
     vectors_per_thread=4,  # ~32 bf16 elements per thread
     one_vector_up_to=0,  # never one vector per thread: registers want several loads in flight
     max_threads_per_row=1024,
+    staged_passes=STAGED_PASSES_FIRST,
+    # 512 threads (25 vectors of 2 at 24578) let two blocks of ~38 registers share an SM:
+    # softmax 0.60 -> 0.71, log_softmax 0.62 -> 0.75, LayerNorm forward 0.61 -> 0.66 of the
+    # copy at 24578 ("odd sizes: threads per row" in bench/TUNING.md)
+    staged_narrow_threads=512,
     min_block_threads=256,  # short rows are packed to 256-thread blocks
     partials_pack=None,  # no column reductions here
     on_chip=registers_first_order,

@@ -13,6 +13,10 @@ from fuser.schedulers.row_records import RowFusion, RowGeometry, RowPolicy
 # More vectors per thread than this take every thread of a block instead (the unrolled loads
 # and register arrays of a thread grow with its vectors).
 MAX_VECTORS_PER_THREAD = 8
+# A thread of a row staged in shared memory under the policy's staged_narrow_threads owns at
+# most this many vectors: beyond it (hidden 65537, 129 single-element vectors a thread at 512
+# threads) the capped rows ran 4-16% slower than at the policy's own threads.
+MAX_STAGED_VECTORS_PER_THREAD = 32
 # Rows short enough that one stage of shared memory holds this many of them per SM try one
 # stage before two: the blocks resident on an SM then overlap each other's loads, and a second
 # stage would only halve the rows in flight (bench/TUNING.md, "one stage for short rows").
@@ -21,14 +25,17 @@ SHORT_ROWS_PER_SM = 12
 
 def row_split(hidden: int, itemsizes: tuple[int, ...] | list[int], align_bytes: int,
               policy: RowPolicy, device: DeviceSpec, threads_per_row: int | None = None,
-              parts: int = 1, *, input_bytes: int) -> tuple[int, int, int]:
+              parts: int = 1, *, input_bytes: int, staged_cap: int | None = None
+              ) -> tuple[int, int, int]:
     """(vec, threads per row, batch) of a row cut into `parts` equal ranges of vectors.
 
     vec divides hidden, so the vectors cover the row exactly; a range's vector v =
     b * threads_per_row + x (b < batch) goes to thread x, and batch is the fewest rounds that
     reach the last vector. Threads per row: enough for the policy's vectors per thread (one
     each in rows of up to policy.one_vector_up_to vectors), a power of two, at most the
-    policy's maximum, unless that leaves a thread more than MAX_VECTORS_PER_THREAD.
+    policy's maximum, unless that leaves a thread more than MAX_VECTORS_PER_THREAD; at most
+    `staged_cap` either way where one is given (staged_cap()) and leaves a thread no more
+    than MAX_STAGED_VECTORS_PER_THREAD.
     """
     vec = pick_vec(hidden, list(itemsizes), align_bytes, input_bytes=input_bytes)
     vectors = ceil_div(hidden // vec, parts)
@@ -37,7 +44,19 @@ def row_split(hidden: int, itemsizes: tuple[int, ...] | list[int], align_bytes: 
                                  next_pow2(ceil_div(vectors, per_thread)))
     if not threads_per_row and ceil_div(vectors, tpr) > MAX_VECTORS_PER_THREAD:
         tpr = device.max_threads_per_block
+    if (not threads_per_row and staged_cap is not None
+            and ceil_div(vectors, staged_cap) <= MAX_STAGED_VECTORS_PER_THREAD):
+        tpr = min(tpr, staged_cap)
     return vec, tpr, ceil_div(vectors, tpr)
+
+
+def staged_cap(fusion: RowFusion, problem: Problem, policy: RowPolicy) -> int | None:
+    """policy.staged_narrow_threads where the policy stages this fusion's rows first (its
+    passes reach policy.staged_passes) and their vectors are narrower than 16 bytes."""
+    if policy.staged_passes is None or fusion.passes < policy.staged_passes:
+        return None
+    widest = max((t.dtype.itemsize for t in fusion.full), default=1)
+    return policy.staged_narrow_threads if fusion.vec(problem) * widest < 16 else None
 
 
 def min_block_threads(fusion: RowFusion, policy: RowPolicy) -> int:
@@ -58,7 +77,8 @@ def geometry(fusion: RowFusion, problem: Problem, device: DeviceSpec, policy: Ro
     than the rows there are (rounded up to a power of two)."""
     vec, tpr, batch = row_split(problem.hidden, fusion.itemsizes, problem.align_bytes, policy,
                                 device, hints.threads_per_row, cluster,
-                                input_bytes=fusion.input_bytes)
+                                input_bytes=fusion.input_bytes,
+                                staged_cap=staged_cap(fusion, problem, policy))
     rows = hints.rows_per_block or max(1, min(min_block_threads(fusion, policy) // tpr,
                                               next_pow2(max(problem.rows, 1))))
     return RowGeometry(problem.hidden, vec, tpr, batch, cluster, rows)

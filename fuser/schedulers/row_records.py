@@ -33,6 +33,14 @@ class RowPolicy:
     vectors_per_thread: int  # vectors a thread owns per row, the target that sets threads
     one_vector_up_to: int  # rows of up to this many vectors get one vector per thread
     max_threads_per_row: int
+    # Fusions of at least this many passes over each row stage their rows in shared memory
+    # before any other storage (None: the storage order decides alone).
+    staged_passes: int | None
+    # Threads per row, at most, of those staged rows where vectors are narrower than 16 bytes
+    # (hidden 24578: 2 bf16 each): their batch loops read shared memory, not register arrays,
+    # so a thread may own many vectors, and a block this size leaves room for a second one in
+    # the register file (None: no such limit).
+    staged_narrow_threads: int | None
     min_block_threads: int  # short rows are packed to a block up to this many threads
     # Blocks of twice min_block_threads where the partial rows of the column reductions weigh
     # at least this share of a row's own bytes (None: never).

@@ -55,45 +55,39 @@
 //
 // RowSchedule
 //   scheduler          inner_persistent
-//   reason             registers-first policy: T0, T1, T2 in smem (2 stages), rows copied in aligned 16-byte chunks,
-//       rows split over a cluster of 2 blocks of 12290 elements (12290+12288), ~36 regs/thread, ~1 block(s)/SM (the
-//       plans for fewer blocks do not keep the row on chip)
+//   reason             registers-first policy: T0 in smem (2 stages), rows copied in aligned 16-byte chunks, ~128
+//       regs/thread, ~1 block(s)/SM
 //   hidden             24578
 //   vec                2
-//   threads_per_row    1024
+//   threads_per_row    512
 //   rows_per_block     1
-//   cluster            2
-//   batch              7
-//   unroll             4
-//   full_unroll        False
+//   cluster            1
+//   batch              25
+//   unroll             25
+//   full_unroll        True
 //   kept               ()
 //   stages             2
 //   aligned_copy       True
-//   placements         T0:Float->smem(cp.async), T1:Float->smem, T2:Float->smem
+//   placements         T0:Float->smem(cp.async), T1:Float->registers, T2:Float->registers
 //   accumulators       registers
 //   reduction_bytes    4
-//   regs_estimate      36
+//   regs_estimate      128
 //   blocks_per_sm      1
 //
 // shared memory plan:
-// buffer       bytes  offset  aligned  purpose
-// s_T0         98368       0    98432  row buffer T0 (Float), 2 stage(s) x 1 row(s) x 12290 in 3074 16-byte chunks
-// s_T1         49160   98432    49280  column buffer T1 (Float) x 12290
-// s_T2         49160  147712    49280  column buffer T2 (Float) x 12290
-// s_reduce       256  196992      256  inner-reduction scratch: 2 parities x 1 x 1 row(s) x 32 warps x 4 B
-// s_cluster       32  197248      128  cluster exchange: 2 parities x (an mbarrier + 2 ranks x 1 x 1 row(s) x 4 B),
-//     sent by the blocks of the cluster
-// static slot    128  static      128  static __shared__ (magic zero)
-// total 197504 B = dynamic 197376 + static 128; limit 232448 B; headroom 34944 B; alignment 128 B
+// buffer        bytes  offset  aligned  purpose
+// s_T0         196672       0   196736  row buffer T0 (Float), 2 stage(s) x 1 row(s) x 24578 in 6146 16-byte chunks
+// s_reduce        128  196736      128  inner-reduction scratch: 2 parities x 1 x 1 row(s) x 16 warps x 4 B
+// static slot     128  static      128  static __shared__ (magic zero)
+// total 196992 B = dynamic 196864 + static 128; limit 232448 B; headroom 35456 B; alignment 128 B
 
 #include "fuser_rows.cuh"
 
 // Each block works on 1 row(s) at a time and strides over all rows.
-// Thread x of a row owns vectors x, x + 1024, ... (7 of them, 2 element(s) each) of its block's part of the row (2
-// blocks of a cluster share each row).
-// Inputs: T0, T1, T2 in smem.
+// Thread x of a row owns vectors x, x + 512, ... (25 of them, 2 element(s) each) of the row.
+// Inputs: T1, T2 in registers; T0 in smem.
 // Shared row buffers are filled in 16-byte chunks from the boundary at or below each row's start.
-extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(1024, 1)
+extern "C" __global__ void __launch_bounds__(512, 1)
 layernorm_fwd_row(
     const float* __restrict__ g_T0,
     const float* __restrict__ g_T1,
@@ -106,22 +100,16 @@ layernorm_fwd_row(
   constexpr int H = 24578;  // elements per row
   constexpr int RPB = 1;  // rows per block
   // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER: the thread's rows and vectors, and their passes
-  using Part = fm::RowPart<H, 2, 1024, RPB, 7, 4, 2>;
+  using Part = fm::RowPart<H, 2, 512, RPB, 25, 25, 1>;
   const Part part;
   const int zero = fm::magic_zero();
 
   // Shared memory, as planned (each buffer 128-byte aligned; the static slot is separate).
   extern __shared__ __align__(128) unsigned char smem[];
-  // row buffer T0 (Float), 2 stage(s) x 1 row(s) x 12290 in 3074 16-byte chunks
+  // row buffer T0 (Float), 2 stage(s) x 1 row(s) x 24578 in 6146 16-byte chunks
   unsigned char* const s_T0 = smem;
-  // column buffer T1 (Float) x 12290
-  unsigned char* const s_T1 = smem + 98432;
-  // column buffer T2 (Float) x 12290
-  unsigned char* const s_T2 = smem + 147712;
-  // inner-reduction scratch: 2 parities x 1 x 1 row(s) x 32 warps x 4 B
-  unsigned char* const s_reduce = smem + 196992;
-  // cluster exchange: 2 parities x (an mbarrier + 2 ranks x 1 x 1 row(s) x 4 B), sent by the blocks of the cluster
-  unsigned char* const s_cluster = smem + 197248;
+  // inner-reduction scratch: 2 parities x 1 x 1 row(s) x 16 warps x 4 B
+  unsigned char* const s_reduce = smem + 196736;
   const long long S4 = static_cast<long long>(H);
   const long long S12 = 0LL;
   const long long S14 = 0LL;
@@ -129,12 +117,11 @@ layernorm_fwd_row(
   const long long S13 = (S4 - S12);
   const long long S15 = fm::max(S13, S14);
 
-  fm::ColumnInSmem<float, Part> T1(part, s_T1, g_T1);
-  fm::ColumnInSmem<float, Part> T2(part, s_T2, g_T2);
+  fm::ColumnInRegisters<float, Part> T1(part, g_T1);
+  fm::ColumnInRegisters<float, Part> T2(part, g_T2);
   // the row reductions: warps, then the row's warps, then the cluster's blocks
-  fm::RowReducer<float, Part, 1> reduce(s_reduce, s_cluster);
-  fm::RowInSmem<float, Part, fm::Copy::CHUNKS, 49184> T0(s_T0, g_T0);
-  __syncthreads();  // the column buffers are shared by the block's rows
+  fm::RowReducer<float, Part, 1> reduce(s_reduce, nullptr);
+  fm::RowInSmem<float, Part, fm::Copy::CHUNKS, 98336> T0(s_T0, g_T0);
 
   const long long row_stride = part.row_stride();
   long long row0 = part.first_row();
@@ -196,10 +183,9 @@ layernorm_fwd_row(
         const float e_T35 = (e_T33 + fm::to_compute(c_T2.v[i]));
         o_T36.v[i] = fm::to_storage<float>(e_T35);
       }
-      if (valid) fm::store_vector<Part::VEC>(g_T36 + row * H + v.j * Part::VEC, o_T36);
+      if (valid) fm::store<Part::VEC>(g_T36 + row * H + v.j * Part::VEC, o_T36);
     });
     if (valid && part.writes_row_values()) g_T20[row] = fm::to_storage<float>(row_T6);
     if (valid && part.writes_row_values()) g_T23[row] = fm::to_storage<float>(row_T23);
   }
-  fm::cluster_arrive_and_wait();  // no block leaves while a peer may still store to it
 }
