@@ -407,7 +407,8 @@ def test_demo_runs_validates_and_times_on_the_gpu(capsys):
 
 @pytest.mark.parametrize("dtype", [DataType.Float, DataType.BFloat16], ids=lambda d: d.name)
 @pytest.mark.parametrize(
-    "hidden", [24578 + d for d in (-16, -8, -4, -2, 2, 4, 8, 16)] + [32768, 65537, 131072, 1048576]
+    "hidden", [24578 + d for d in (-16, -8, -4, -2, 2, 4, 8, 16)]
+    + [1000, 4099, 40000, 32768, 65537, 131072, 1048576]
 )
 @pytest.mark.parametrize("name", sorted(ROW_FUSIONS))
 def test_every_size_runs(name, hidden, dtype, rng):
