@@ -157,12 +157,15 @@ def test_three_pass_forward_rows_are_staged_in_smem_with_their_columns(name, hid
     ("softmax_fwd", 65537, 1024),  # 129 vectors a thread at 512: over the cap
     ("softmax_fwd", 32768, 1024), ("softmax_fwd", 40000, 1024),  # 16-byte vectors
     ("rmsnorm_fwd", 24578, 1024), ("softmax_bwd", 24578, 1024),  # two passes
-    ("rmsnorm_bwd", 24578, 1024),  # the smem-first policy has no such limit
+    ("rmsnorm_bwd", 24578, 1024), ("dropout_rmsnorm_bwd", 24578, 1024),  # smem-first: only
+    ("rmsnorm_bwd", 4099, 512), ("dropout_rmsnorm_bwd", 4099, 512),  # single-element vectors
+    ("layernorm_bwd", 65537, 1024),
 ])
 def test_staged_rows_of_narrow_vectors_take_at_most_512_threads(name, hidden, threads):
-    """Three-pass rows staged in shared memory whose vectors are narrower than 16 bytes take
-    inner_persistent.POLICY.staged_narrow_threads threads per row where a thread then owns at
-    most MAX_STAGED_VECTORS_PER_THREAD vectors, so two blocks can share an SM's registers."""
+    """Rows staged in shared memory first (three-pass forward rows; every backward row) whose
+    vectors are narrower than 16 bytes (the backward's: single elements) take the policy's
+    staged_narrow_threads threads per row where a thread then owns at most
+    MAX_STAGED_VECTORS_PER_THREAD vectors, so two blocks can share an SM's registers."""
     for dtype in (DataType.BFloat16, DataType.Float):
         info = analyze(ROW_FUSIONS[name](dtype).fusion)
         s = schedule(info, Problem(hidden, 16384, 16), H200)

@@ -48,8 +48,12 @@ POLICY = RowPolicy(
     vectors_per_thread=2,  # 2 per thread measured best at 4096 and 8192
     one_vector_up_to=128,  # one vector per thread up to 128 threads per row
     max_threads_per_row=512,  # unless that leaves a thread more than 8 vectors
-    staged_passes=None,  # the storage order stages every row in smem first anyway
-    staged_narrow_threads=None,  # 512 at 24578: rmsnorm_bwd 0.70 -> 0.84, softmax_bwd 0.91 -> 0.71
+    staged_passes=1,  # smem first: every fusion's rows are staged first
+    # single-element vectors (4099) at 512 threads: rmsnorm_bwd 0.29 -> 0.53, dropout_rmsnorm_bwd
+    # 0.44 -> 0.77, layernorm_bwd 0.23 -> 0.45; vectors of 2 (24578) gained and lost (the seed
+    # case 0.85 -> 0.81), so they keep the policy's threads ("odd sizes" in bench/TUNING.md)
+    staged_narrow_threads=512,
+    staged_narrow_vec=1,
     min_block_threads=128,  # small blocks: more fit an SM, so more rows are in flight
     partials_pack=0.5,  # two rows per block where partial rows weigh half a row or more
     on_chip=smem_first_order,

@@ -93,6 +93,7 @@ POLICY = RowPolicy(
     # softmax 0.60 -> 0.71, log_softmax 0.62 -> 0.75, LayerNorm forward 0.61 -> 0.66 of the
     # copy at 24578 ("odd sizes: threads per row" in bench/TUNING.md)
     staged_narrow_threads=512,
+    staged_narrow_vec=8,  # every vector narrower than 16 bytes
     min_block_threads=256,  # short rows are packed to 256-thread blocks
     partials_pack=None,  # no column reductions here
     on_chip=registers_first_order,

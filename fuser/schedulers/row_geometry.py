@@ -52,11 +52,14 @@ def row_split(hidden: int, itemsizes: tuple[int, ...] | list[int], align_bytes: 
 
 def staged_cap(fusion: RowFusion, problem: Problem, policy: RowPolicy) -> int | None:
     """policy.staged_narrow_threads where the policy stages this fusion's rows first (its
-    passes reach policy.staged_passes) and their vectors are narrower than 16 bytes."""
+    passes reach policy.staged_passes) and their vectors are narrower than 16 bytes, of at
+    most policy.staged_narrow_vec elements."""
     if policy.staged_passes is None or fusion.passes < policy.staged_passes:
         return None
     widest = max((t.dtype.itemsize for t in fusion.full), default=1)
-    return policy.staged_narrow_threads if fusion.vec(problem) * widest < 16 else None
+    vec = fusion.vec(problem)
+    narrow = vec * widest < 16 and vec <= policy.staged_narrow_vec
+    return policy.staged_narrow_threads if narrow else None
 
 
 def min_block_threads(fusion: RowFusion, policy: RowPolicy) -> int:

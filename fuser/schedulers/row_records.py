@@ -37,10 +37,12 @@ class RowPolicy:
     # before any other storage (None: the storage order decides alone).
     staged_passes: int | None
     # Threads per row, at most, of those staged rows where vectors are narrower than 16 bytes
-    # (hidden 24578: 2 bf16 each): their batch loops read shared memory, not register arrays,
-    # so a thread may own many vectors, and a block this size leaves room for a second one in
-    # the register file (None: no such limit).
+    # and hold at most staged_narrow_vec elements (hidden 24578: 2 bf16 each; 4099: 1): their
+    # batch loops read shared memory, not register arrays, so a thread may own many vectors,
+    # and a block this size leaves room for a second one in the register file (None: no such
+    # limit).
     staged_narrow_threads: int | None
+    staged_narrow_vec: int
     min_block_threads: int  # short rows are packed to a block up to this many threads
     # Blocks of twice min_block_threads where the partial rows of the column reductions weigh
     # at least this share of a row's own bytes (None: never).
