@@ -254,7 +254,7 @@ def _split_words(hidden: int, part: int, cluster: int) -> str:
 
 
 def _reason(phase: Phase, geo: RowGeometry, choice: StorageChoice,
-            storage: dict[str, Storage], ring: StagingRing | None, recomputed: tuple[str, ...],
+            storage: dict[str, Storage], ring: StagingRing | None, kept_names: tuple[str, ...],
             regs: int, residency: int) -> str:
     """Why this schedule, in words: what is kept where, and the resources it was sized for."""
     buffers = phase.fusion.buffers
@@ -275,9 +275,9 @@ def _reason(phase: Phase, geo: RowGeometry, choice: StorageChoice,
         words.append(f"column accumulators in {choice.accumulators}")
     if geo.cluster > 1:
         words.append(f"rows split over {_split_words(geo.hidden, geo.part, geo.cluster)}")
-    if recomputed:
+    if kept_names:
         ops = {v.name: v.definition.op for v in phase.fusion.kept if v.definition is not None}
-        words.append(f"{', '.join(f'{ops[k]} {k}' for k in recomputed)} kept in registers "
+        words.append(f"{', '.join(f'{ops[k]} {k}' for k in kept_names)} kept in registers "
                      "for the pass that needs it again")
     words.append(f"~{regs} regs/thread, ~{residency} block(s)/SM")
     return ", ".join(words) + (f" ({phase.why})" if phase.why else "")

@@ -25,7 +25,7 @@ SHORT_ROWS_PER_SM = 12
 
 def row_split(hidden: int, itemsizes: tuple[int, ...] | list[int], align_bytes: int,
               policy: RowPolicy, device: DeviceSpec, threads_per_row: int | None = None,
-              parts: int = 1, *, input_bytes: int, staged_cap: int | None = None
+              parts: int = 1, *, input_bytes: int, max_staged_threads: int | None = None
               ) -> tuple[int, int, int]:
     """(vec, threads per row, batch) of a row cut into `parts` equal ranges of vectors.
 
@@ -34,8 +34,8 @@ def row_split(hidden: int, itemsizes: tuple[int, ...] | list[int], align_bytes: 
     reach the last vector. Threads per row: enough for the policy's vectors per thread (one
     each in rows of up to policy.one_vector_up_to vectors), a power of two, at most the
     policy's maximum, unless that leaves a thread more than MAX_VECTORS_PER_THREAD; at most
-    `staged_cap` either way where one is given (staged_cap()) and leaves a thread no more
-    than MAX_STAGED_VECTORS_PER_THREAD.
+    `max_staged_threads` either way where one is given (staged_cap()) and leaves a thread no
+    more than MAX_STAGED_VECTORS_PER_THREAD.
     """
     vec = pick_vec(hidden, list(itemsizes), align_bytes, input_bytes=input_bytes)
     vectors = ceil_div(hidden // vec, parts)
@@ -44,9 +44,9 @@ def row_split(hidden: int, itemsizes: tuple[int, ...] | list[int], align_bytes: 
                                  next_pow2(ceil_div(vectors, per_thread)))
     if not threads_per_row and ceil_div(vectors, tpr) > MAX_VECTORS_PER_THREAD:
         tpr = device.max_threads_per_block
-    if (not threads_per_row and staged_cap is not None
-            and ceil_div(vectors, staged_cap) <= MAX_STAGED_VECTORS_PER_THREAD):
-        tpr = min(tpr, staged_cap)
+    if (not threads_per_row and max_staged_threads is not None
+            and ceil_div(vectors, max_staged_threads) <= MAX_STAGED_VECTORS_PER_THREAD):
+        tpr = min(tpr, max_staged_threads)
     return vec, tpr, ceil_div(vectors, tpr)
 
 
@@ -81,7 +81,7 @@ def geometry(fusion: RowFusion, problem: Problem, device: DeviceSpec, policy: Ro
     vec, tpr, batch = row_split(problem.hidden, fusion.itemsizes, problem.align_bytes, policy,
                                 device, hints.threads_per_row, cluster,
                                 input_bytes=fusion.input_bytes,
-                                staged_cap=staged_cap(fusion, problem, policy))
+                                max_staged_threads=staged_cap(fusion, problem, policy))
     rows = hints.rows_per_block or max(1, min(min_block_threads(fusion, policy) // tpr,
                                               next_pow2(max(problem.rows, 1))))
     return RowGeometry(problem.hidden, vec, tpr, batch, cluster, rows)

@@ -167,7 +167,8 @@ class RowSearch:
             tpr = row_split(self.problem.hidden, self.fusion.itemsizes, self.problem.align_bytes,
                             self.policy, self.device, None, self.hints.cluster or 1,
                             input_bytes=self.fusion.input_bytes,
-                            staged_cap=staged_cap(self.fusion, self.problem, self.policy))[1]
+                            max_staged_threads=staged_cap(self.fusion, self.problem,
+                                                          self.policy))[1]
         return HintContext(
             full_inputs=tuple(t.name for t in info.full_inputs),
             col_inputs=tuple(t.name for t in info.col_inputs),
