@@ -5,9 +5,11 @@
         [--tree DIR] [--warm 16] [--out f.json]
 
 For each case, the default schedule and every variant (a name and the Hints fields as JSON)
-run on the same inputs; outputs are checked against the default's (max relative error), and
-each call is timed with bench.run's timer (triton's do_bench median, L2 flushed before each
-call), beside a device copy of the same bytes. A variant the scheduler refuses is reported
+run on the same inputs; outputs are checked against the default's (max relative error), the
+default's against PyTorch's eager ops (`correct`: within bench.run's TOLERANCE; `eager_error`
+where those ops fail), so a tree whose default is wrong shows it. Each call is timed with
+bench.run's timer (triton's do_bench median, L2 flushed before each call), beside a device
+copy of the same bytes. A variant the scheduler refuses is reported
 with its HintError. `--tree DIR` imports fuser from DIR instead of this checkout, so two
 versions run in one job one after the other (before and after a change); `--warm N`
 compiles every kernel first in N processes (NVRTC runs on the CPU), so the timed loop only
@@ -102,6 +104,7 @@ def run_case(fusion: str, hidden: int, args, timer) -> list[dict]:
     from bench import baselines
     from bench.run import (
         DTYPES,
+        TOLERANCE,
         device_inputs,
         gbps,
         max_rel_err,
@@ -131,7 +134,9 @@ def run_case(fusion: str, hidden: int, args, timer) -> list[dict]:
         except getattr(fuser, "HintError", fuser.FuserError) as exc:  # older trees lack it
             record["refused"] = str(exc).splitlines()[0]
             continue
-        reference = reference if reference is not None else outputs
+        if reference is None:
+            reference = outputs
+            record.update(_against_eager(fusion, inputs, outputs, max_rel_err, TOLERANCE))
         nbytes = minimal_bytes(inputs, outputs)
         if copy_us is None:
             copy_fn, _ = baselines.device_copy(nbytes)
@@ -141,9 +146,22 @@ def run_case(fusion: str, hidden: int, args, timer) -> list[dict]:
         record["time_us"] = us = timer(lambda h=hints: execute(fd, inputs, hints=h)) * 1000.0
         record["gbps"] = gbps(nbytes, us)
         record["fraction_of_copy"] = copy_us / us
+        wrong = "" if record.get("correct", True) else "  WRONG against eager"
         print(f"{fusion:20s} {hidden:7d} {name:10s} {us:9.1f} us {copy_us / us:5.2f} of copy "
-              f"err {record['max_rel_err']:.1e}  {record['schedule']}", flush=True)
+              f"err {record['max_rel_err']:.1e}{wrong}  {record['schedule']}", flush=True)
     return records
+
+
+def _against_eager(fusion: str, inputs: list, outputs, max_rel_err, tolerance: float) -> dict:
+    """The default's outputs against PyTorch's eager ops on the same inputs: the error, and
+    whether it is within `tolerance`; the eager error's text where those ops fail."""
+    from bench import baselines
+
+    try:
+        err = max_rel_err(outputs, baselines.eager(fusion, inputs)())
+    except Exception as exc:  # no eager form of this fusion, or outputs of another kind
+        return {"eager_error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+    return {"eager_rel_err": err, "correct": err <= tolerance}
 
 
 def main(argv: list[str] | None = None) -> int:
