@@ -7,7 +7,8 @@ operator form too, the ternary ones (clamp, softplus) with any operands; casts t
 broadcast_in_dim; a full tensor transposed twice, or flattened and reshaped back (permute and
 reshape, which run between kernels); every reduction of fuser.ops.REDUCTIONS (sum, max, min)
 over dims [1] (inner), [0] (outer) or both, with keepdim and a result dtype; var_mean and var
-with a correction) and the outputs. Operands are picked by position
+with a correction; softmax's shape with a costly op, f(x - max) / sum(f(x - max))) and the
+outputs. Operands are picked by position
 counting back from the latest value, so the plan stays valid while Hypothesis shrinks it: a
 failing draw shrinks to a short chain, printed as `repr(fd)`, the Python that rebuilds the
 fusion.
@@ -123,6 +124,9 @@ _step = st.one_of(
     # correction at or past n gives inf (nan for equal values), as torch.var
     st.tuples(st.just("var"), _index, st.sampled_from(((1,), (-1,), (1,), (0,))),
               st.sampled_from((1, 0, 2, 1000)), st.booleans()),
+    # softmax's shape with a costly op: f(x - max(x)) made by the sum's pass and needed again
+    # by a later one, the values a row kernel keeps in registers (RowSchedule.kept)
+    st.tuples(st.just("reused"), _index, st.sampled_from(("exp", "tanh", "sigmoid", "erf"))),
 )
 # Reductions are what the schedulers are about: give them a larger share of the steps.
 _weighted_step = st.one_of(_step, st.tuples(st.just("reduce"), st.sampled_from(REDUCE_OPS),
@@ -372,6 +376,18 @@ class _Builder:
             x = self.ops.cast(x, DataType.Int32)
         reduce = getattr(self.ops, name)
         self.pool.append(reduce(x, dims=list(dims), keepdim=keepdim, dtype=dtype))
+
+    def _reused(self, a: int, op: str) -> None:
+        """f(x - max(x)) / sum(f(x - max(x))) along the rows' hidden axis, for a costly f."""
+        x = self.pick_full(a)
+        if x is None or x.ndim < 2:
+            return
+        if not x.dtype.is_float:
+            x = self.ops.cast(x, DataType.Float)
+        shifted = self.ops.sub(x, self.ops.max(x, dims=[1], keepdim=True))
+        made = getattr(self.ops, op)(shifted)
+        total = self.ops.sum(made, dims=[1], keepdim=True)
+        self.pool.append(self.ops.div(made, self.positive(total) if self.tame else total))
 
     def _var_mean(self, a: int, dims: tuple[int, ...], correction: int, keepdim: bool) -> None:
         self._variance("var_mean", a, dims, correction, keepdim)
