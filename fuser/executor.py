@@ -32,7 +32,6 @@ from fuser.ir import Scalar, Tensor, as_tensor
 from fuser.kernels import build
 from fuser.launch import POINTER, EntryLauncher, ctype_of
 from fuser.launch import driver as launch_driver
-from fuser.reference import bind_shapes
 from fuser.schedulers import Hints, Problem
 from fuser.schedulers.base import (
     FinalizeSchedule,
@@ -43,6 +42,7 @@ from fuser.schedulers.base import (
     next_pow2,
 )
 from fuser.segment import Segmentation, segment
+from fuser.shapes import bind_shapes
 from fuser.signature import KernelSource, Signature, Source, workspace_dtype
 
 POINTWISE_BLOCKS_PER_SM = 8

@@ -234,7 +234,7 @@ def _explain_segments(fd: FusionDefinition, segmentation: Segmentation, shapes, 
                       spec: DeviceSpec, hints: Hints | None,
                       cache: KernelCache | None) -> SegmentedExplanation:
     """Each segment explained at the shapes its inputs have when `fd` runs on `shapes`."""
-    from fuser.reference import bind_shapes
+    from fuser.shapes import bind_shapes
 
     if hints is not None:
         raise segmentation.hint_error(fd.name)
@@ -256,9 +256,9 @@ def _problem(info: FusionInfo, shapes: list[Shape | None]) -> tuple[int, int, Pr
     """(rows, hidden, the Problem) as fuser.executor._plan derives them from inputs of these
     shapes: rows are the product of the row extents, and the heuristic sees at most 1024 of
     them, rounded up to a power of two; the inputs are taken as 16-byte aligned."""
-    from fuser.reference import bind_shapes
     from fuser.schedulers import Problem
     from fuser.schedulers.base import next_pow2
+    from fuser.shapes import bind_shapes
 
     sizes = bind_shapes(info.fusion, shapes)
     rows = math.prod(sizes.value(axis) for axis in info.row_axes)

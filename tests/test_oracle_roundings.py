@@ -16,12 +16,12 @@ from fuser import DataType, FusionDefinition, ValidationError, reference
 from fuser.ir import Fusion, Scalar, as_tensor
 from fuser.ops import ELEMENTWISE, REDUCTIONS
 from fuser.reference import (
-    bind_shapes,
     compare,
     evaluate,
     input_sensitivity,
     output_reduction_sizes,
 )
+from fuser.shapes import bind_shapes
 
 BF16, HALF, FLOAT, DOUBLE = DataType.BFloat16, DataType.Half, DataType.Float, DataType.Double
 

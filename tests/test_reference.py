@@ -12,7 +12,6 @@ import pytest
 from fuser import BadInputError, DataType, DefinitionError, FusionDefinition, ValidationError
 from fuser.ops import ELEMENTWISE
 from fuser.reference import (
-    bind_shapes,
     compare,
     evaluate,
     output_reduction_sizes,
@@ -20,6 +19,7 @@ from fuser.reference import (
     stored,
     tolerance,
 )
+from fuser.shapes import bind_shapes
 
 BF16, HALF, FLOAT, DOUBLE = DataType.BFloat16, DataType.Half, DataType.Float, DataType.Double
 INT32, INT64, BOOL = DataType.Int32, DataType.Int64, DataType.Bool

@@ -15,8 +15,9 @@ from fuser.device import DeviceSpec
 from fuser.executor import execute, segments_of
 from fuser.explain import SegmentedExplanation
 from fuser.kernels import build
-from fuser.reference import bind_shapes, evaluate
+from fuser.reference import evaluate
 from fuser.schedulers import Hints, Problem
+from fuser.shapes import bind_shapes
 
 F, BF16 = DataType.Float, DataType.BFloat16
 H200 = DeviceSpec.get("h200")
