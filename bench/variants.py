@@ -104,7 +104,6 @@ def run_case(fusion: str, hidden: int, args, timer) -> list[dict]:
     from bench import baselines
     from bench.run import (
         DTYPES,
-        TOLERANCE,
         device_inputs,
         gbps,
         max_rel_err,
@@ -136,7 +135,7 @@ def run_case(fusion: str, hidden: int, args, timer) -> list[dict]:
             continue
         if reference is None:
             reference = outputs
-            record.update(_against_eager(fusion, inputs, outputs, max_rel_err, TOLERANCE))
+            record.update(_against_eager(fusion, inputs, outputs))
         nbytes = minimal_bytes(inputs, outputs)
         if copy_us is None:
             copy_fn, _ = baselines.device_copy(nbytes)
@@ -152,16 +151,17 @@ def run_case(fusion: str, hidden: int, args, timer) -> list[dict]:
     return records
 
 
-def _against_eager(fusion: str, inputs: list, outputs, max_rel_err, tolerance: float) -> dict:
+def _against_eager(fusion: str, inputs: list, outputs) -> dict:
     """The default's outputs against PyTorch's eager ops on the same inputs: the error, and
-    whether it is within `tolerance`; the eager error's text where those ops fail."""
+    whether it is within bench.run's TOLERANCE; the eager error's text where those ops fail."""
     from bench import baselines
+    from bench.run import TOLERANCE, max_rel_err
 
     try:
         err = max_rel_err(outputs, baselines.eager(fusion, inputs)())
     except Exception as exc:  # no eager form of this fusion, or outputs of another kind
         return {"eager_error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
-    return {"eager_rel_err": err, "correct": err <= tolerance}
+    return {"eager_rel_err": err, "correct": err <= TOLERANCE}
 
 
 def main(argv: list[str] | None = None) -> int:

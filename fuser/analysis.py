@@ -484,6 +484,11 @@ def _phases_using(t: Tensor, fusion: Fusion, level: dict, inner: set) -> int:
     return len(phases)
 
 
+def operands(e: Expr) -> tuple[Val, ...]:
+    """The values an expression computes from: a broadcast's shape sizes only describe it."""
+    return e.inputs[:1] if e.op == "broadcast_in_dim" else tuple(e.inputs)
+
+
 def per_row(info: FusionInfo) -> set[Val]:
     """Computed values that are the same along a row: per-row values, and values computed
     from them and scalars alone (a row statistic broadcast over the row, then transformed:
@@ -506,7 +511,7 @@ COSTLY_OPS = frozenset({"exp", "log", "tanh", "sigmoid", "silu", "erf", "log1p",
                         "softplus", "pow"})
 
 
-def pass_roots(info: FusionInfo) -> list[list[Val]]:
+def _pass_roots(info: FusionInfo) -> list[list[Val]]:
     """What each pass over a row computes: the operands of inner level k's reductions, then
     (the last pass) the full outputs and the operands of the column reductions."""
     roots = [[e.inputs[0] for e in level] for level in info.inner_levels]
@@ -524,7 +529,7 @@ def kept_values(info: FusionInfo) -> tuple[Val, ...]:
     rows = per_row(info)
     first: dict[Val, int] = {}
     kept: list[Val] = []
-    for k, roots in enumerate(pass_roots(info)):
+    for k, roots in enumerate(_pass_roots(info)):
         stack, seen = list(roots), set()
         while stack:
             v = stack.pop()
@@ -539,7 +544,7 @@ def kept_values(info: FusionInfo) -> tuple[Val, ...]:
                 kept.append(v)
                 continue
             first.setdefault(v, k)
-            stack.extend(e.inputs[:1] if e.op == "broadcast_in_dim" else e.inputs)
+            stack.extend(operands(e))
     return tuple(sorted(kept, key=lambda v: v.index))
 
 

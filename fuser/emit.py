@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 
-from fuser.analysis import FusionInfo, Role, row_counts
+from fuser.analysis import FusionInfo, Role, operands, row_counts
 from fuser.dtypes import DataType
 from fuser.errors import FuserError
 from fuser.ir import Expr, Scalar, Tensor, Val
@@ -52,11 +52,6 @@ def through_broadcasts(v: Val) -> Val:
     while v.definition is not None and v.definition.op in VIEWS:
         v = v.definition.inputs[0]
     return v
-
-
-def operands(e: Expr) -> tuple[Val, ...]:
-    """The values an expression computes from: a broadcast's shape sizes only describe it."""
-    return e.inputs[:1] if e.op == "broadcast_in_dim" else tuple(e.inputs)
 
 
 class Emitter:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass, field
 
-from fuser.analysis import FusionInfo, Role, kept_values, per_row
+from fuser.analysis import FusionInfo, Role, per_row
 from fuser.emit import (
     Emitter,
     convert,
@@ -236,7 +236,7 @@ def passes_context(info: FusionInfo, kept: tuple[str, ...] = ()) -> dict:
     `kept` values (RowSchedule.kept), every pass and the row outputs, with the declarations
     nothing reads left out."""
     scalar_lines, scalar_env = scalar_prologue(info)
-    kept_vals = tuple(v for v in kept_values(info) if v.name in kept)
+    kept_vals = tuple(v for v in info.fusion.vals if v.name in kept)
     p = Passes(info, scalar_env, kept_vals)
     start = p.row_lines(0)
     passes = [p.level(k, level) for k, level in enumerate(info.inner_levels)]

@@ -40,7 +40,7 @@ def registers_first_order(phase: Phase) -> Iterator[StorageChoice]:
     ring_first says so, then registers, then shared memory for fusions of fewer passes."""
     fusion = phase.fusion
     in_registers = {t.name: Storage.REGISTERS for t in fusion.buffers}
-    staged_first = fusion.passes >= STAGED_PASSES_FIRST
+    staged_first = phase.policy.stages_first(fusion.passes)
     if staged_first:
         for stages in stage_order(phase):
             for col_storage in (Storage.SMEM, Storage.REGISTERS):

@@ -174,8 +174,7 @@ def _kept(phase: Phase, geo: RowGeometry, choice: StorageChoice, storage: dict[s
     (`free`: squeezed below it, softmax's 1024-thread rows at 32768 ran 2% slower kept) and
     the batch loop unrolls fully anyway (register arrays, or no more than PARTIAL_UNROLL
     vectors; a staging ring's passes are loops of their own), else none."""
-    words = sum(ceil_div(geo.batch * geo.vec * (8 if v.dtype.compute_type == "double" else 4),
-                         4) for v in phase.fusion.kept)
+    words = sum(ceil_div(geo.batch * geo.vec * nbytes, 4) for nbytes in phase.fusion.kept_bytes)
     unrolled = _register_arrays(phase, choice, storage) or geo.batch <= PARTIAL_UNROLL
     if not phase.fusion.kept or ring is not None or not unrolled or words > free:
         return (), 0

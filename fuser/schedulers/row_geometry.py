@@ -54,12 +54,21 @@ def staged_cap(fusion: RowFusion, problem: Problem, policy: RowPolicy) -> int | 
     """policy.staged_narrow_threads where the policy stages this fusion's rows first (its
     passes reach policy.staged_passes) and their vectors are narrower than 16 bytes, of at
     most policy.staged_narrow_vec elements."""
-    if policy.staged_passes is None or fusion.passes < policy.staged_passes:
+    if not policy.stages_first(fusion.passes):
         return None
     widest = max((t.dtype.itemsize for t in fusion.full), default=1)
     vec = fusion.vec(problem)
     narrow = vec * widest < 16 and vec <= policy.staged_narrow_vec
     return policy.staged_narrow_threads if narrow else None
+
+
+def fusion_split(fusion: RowFusion, problem: Problem, policy: RowPolicy, device: DeviceSpec,
+                 threads_per_row: int | None, parts: int) -> tuple[int, int, int]:
+    """row_split of this fusion's rows: its tensors' item sizes, and the policy's limit on
+    the threads of narrow staged rows (staged_cap)."""
+    return row_split(problem.hidden, fusion.itemsizes, problem.align_bytes, policy, device,
+                     threads_per_row, parts, input_bytes=fusion.input_bytes,
+                     max_staged_threads=staged_cap(fusion, problem, policy))
 
 
 def min_block_threads(fusion: RowFusion, policy: RowPolicy) -> int:
@@ -78,10 +87,8 @@ def geometry(fusion: RowFusion, problem: Problem, device: DeviceSpec, policy: Ro
     """The geometry of rows split over `cluster` blocks, with the hinted threads per row and
     rows per block where given. Rows per block: as many as reach min_block_threads, no more
     than the rows there are (rounded up to a power of two)."""
-    vec, tpr, batch = row_split(problem.hidden, fusion.itemsizes, problem.align_bytes, policy,
-                                device, hints.threads_per_row, cluster,
-                                input_bytes=fusion.input_bytes,
-                                max_staged_threads=staged_cap(fusion, problem, policy))
+    vec, tpr, batch = fusion_split(fusion, problem, policy, device, hints.threads_per_row,
+                                   cluster)
     rows = hints.rows_per_block or max(1, min(min_block_threads(fusion, policy) // tpr,
                                               next_pow2(max(problem.rows, 1))))
     return RowGeometry(problem.hidden, vec, tpr, batch, cluster, rows)

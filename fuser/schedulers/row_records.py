@@ -16,7 +16,7 @@ from functools import cached_property
 
 from fuser.analysis import FusionInfo, Role, kept_values
 from fuser.device import DeviceSpec
-from fuser.ir import Expr, Tensor, Val
+from fuser.ir import Tensor, Val
 from fuser.ops import REDUCTIONS
 from fuser.schedulers.base import Problem, Storage, ceil_div, pick_vec
 from fuser.schedulers.hints import Hints
@@ -49,6 +49,11 @@ class RowPolicy:
     partials_pack: float | None
     on_chip: Callable[[Phase], Iterator[StorageChoice]]  # storage order, rows on chip
 
+    def stages_first(self, passes: int) -> bool:
+        """Whether a fusion of this many passes over each row stages its rows in shared
+        memory before any other storage (staged_passes)."""
+        return self.staged_passes is not None and passes >= self.staged_passes
+
 
 @dataclass(frozen=True)
 class RowFusion:
@@ -63,23 +68,26 @@ class RowFusion:
     passes: int  # passes over each row: one per inner reduction level, one for the outputs
     itemsizes: tuple[int, ...]  # of every tensor a row's vectors must suit
     kept: tuple[Val, ...]  # element values a later pass needs again (analysis.kept_values)
+    kept_bytes: tuple[int, ...]  # per kept value: 8 (double) or 4 (float)
 
     @classmethod
     def of(cls, info: FusionInfo) -> RowFusion:
         full = sorted(info.full_inputs, key=lambda t: (
             _weight_related(t, info), t in info.persistent, t.index))
         inner = [e for level in info.inner_levels for e in level]
+        kept = kept_values(info)
         return cls(
             info=info,
             full=tuple(full),
             cols=tuple(info.col_inputs),
-            accumulator_bytes=tuple(_bytes(e) for e in info.outer_reductions),
+            accumulator_bytes=tuple(_bytes(e.outputs[0]) for e in info.outer_reductions),
             width=max((len(level) for level in info.inner_levels), default=0),
-            reduction_bytes=max((_bytes(e) for e in inner), default=4),
+            reduction_bytes=max((_bytes(e.outputs[0]) for e in inner), default=4),
             passes=info.row_passes,
             itemsizes=tuple(t.dtype.itemsize for t in (
                 *info.full_inputs, *info.col_inputs, *info.outputs(Role.FULL))),
-            kept=kept_values(info),
+            kept=kept,
+            kept_bytes=tuple(_bytes(v) for v in kept),
         )
 
     @property
@@ -103,9 +111,10 @@ class RowFusion:
                                                *self.info.outputs(Role.FULL)))
 
 
-def _bytes(e: Expr) -> int:
-    """Bytes of a reduction's accumulator: 8 in double or long long, else 4."""
-    return 8 if e.outputs[0].dtype.compute_type in ("double", "long long") else 4
+def _bytes(v: Val) -> int:
+    """Bytes a thread holds per element of `v` (a reduction's accumulator, a kept value):
+    8 in double or long long, else 4."""
+    return 8 if v.dtype.compute_type in ("double", "long long") else 4
 
 
 def _weight_related(t: Tensor, info: FusionInfo) -> bool:

@@ -21,7 +21,7 @@ from fuser.schedulers.base import Problem, RowSchedule, Storage
 from fuser.schedulers.finalize import default_lanes, needs_finalize
 from fuser.schedulers.hints import HintContext, Hints, check, powers_of_two
 from fuser.schedulers.row_fit import fit
-from fuser.schedulers.row_geometry import cluster_sizes, geometry, row_split, staged_cap
+from fuser.schedulers.row_geometry import cluster_sizes, fusion_split, geometry
 from fuser.schedulers.row_records import Phase, Reach, Rejection, RowFusion, RowPolicy
 from fuser.schedulers.row_storage import choices
 
@@ -164,11 +164,8 @@ class RowSearch:
         vec = self.fusion.vec(self.problem)
         tpr = self.hints.threads_per_row
         if tpr not in powers_of_two(self.device.max_threads_per_block):
-            tpr = row_split(self.problem.hidden, self.fusion.itemsizes, self.problem.align_bytes,
-                            self.policy, self.device, None, self.hints.cluster or 1,
-                            input_bytes=self.fusion.input_bytes,
-                            max_staged_threads=staged_cap(self.fusion, self.problem,
-                                                          self.policy))[1]
+            tpr = fusion_split(self.fusion, self.problem, self.policy, self.device, None,
+                               self.hints.cluster or 1)[1]
         return HintContext(
             full_inputs=tuple(t.name for t in info.full_inputs),
             col_inputs=tuple(t.name for t in info.col_inputs),
