@@ -5,6 +5,7 @@ same fusion spelled three ways scheduling the same way."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 
@@ -13,7 +14,7 @@ from fuser.analysis import Kind, Role, analyze
 from fuser.device import DeviceSpec
 from fuser.fusions import ROW_FUSIONS
 from fuser.kernels import build
-from fuser.schedulers import Hints, Problem, schedule
+from fuser.schedulers import Hints, Problem, candidates, schedule
 from fuser.schedulers.base import PointwiseSchedule, RowSchedule, Storage
 from fuser.smem import ALIGNMENT, STATIC_SLOT, SmemPlan, align
 
@@ -171,6 +172,51 @@ def test_staged_rows_of_narrow_vectors_take_at_most_512_threads(name, hidden, th
         s = schedule(info, Problem(hidden, 16384, 16), H200)
         assert isinstance(s, RowSchedule) and s.threads_per_row == threads, s.reason
         assert s.batch <= 32 or threads == 1024
+
+
+def _candidates(name, dtype, hidden, hints=None):
+    info = analyze(ROW_FUSIONS[name](dtype).fusion)
+    return info, list(itertools.islice(candidates(info, Problem(hidden, 16384, 16), H200, hints),
+                                       12))
+
+
+@pytest.mark.parametrize(("name", "dtype", "hidden"), [
+    ("rmsnorm_bwd", DataType.BFloat16, 24578), ("layernorm_bwd", DataType.Float, 24578)])
+def test_full_backward_blocks_are_followed_by_half_the_threads(name, dtype, hidden):
+    """A backward choice at one row of 1024 threads (64 registers each) is followed by the same
+    choice at 512 threads, so that a build whose full block spills keeps that storage (two
+    stages) instead of falling to the next choice."""
+    _, found = _candidates(name, dtype, hidden)
+    for full, half in itertools.pairwise(found):
+        if full.threads_per_row == 1024:
+            assert half.threads_per_row == 512, half.reason
+            assert (half.placements, half.stages, half.cluster) == (
+                full.placements, full.stages, full.cluster)
+            assert half.batch == -(-hidden // full.vec // full.cluster // 512)
+            assert half.reason.endswith("512 threads per row, where 1024 spill)")
+    assert any(s.threads_per_row == 1024 for s in found)
+
+
+@pytest.mark.parametrize(("name", "dtype", "hidden", "hints"), [
+    ("rmsnorm_fwd", DataType.BFloat16, 24578, None),  # registers-first: no halving
+    ("softmax_fwd", DataType.BFloat16, 65537, None),
+    ("layernorm_bwd", DataType.BFloat16, 65537, None),  # 33 vectors a thread at a cluster of 4
+    ("rmsnorm_bwd", DataType.BFloat16, 24578, Hints(threads_per_row=1024)),
+])
+def test_blocks_are_not_halved_where_the_rule_does_not_hold(name, dtype, hidden, hints):
+    _, found = _candidates(name, dtype, hidden, hints)
+    assert not any(s.threads_per_row == 512 and "where 1024 spill" in s.reason for s in found)
+
+
+def test_a_spilling_full_backward_block_builds_at_half_the_threads():
+    """rmsnorm_bwd bf16 at 24578: both two-stage choices spill at 1024 threads (ptxas 13), so
+    the build takes the second at 512 threads (0.70 -> 0.84 of the copy on the H200), not the
+    one-stage choice it took before."""
+    info = analyze(ROW_FUSIONS["rmsnorm_bwd"](DataType.BFloat16).fusion)
+    built = build("rmsnorm_bwd", info, Problem(24578, 16384, 16), H200)
+    s = built.schedule
+    assert (s.threads_per_row, s.stages) == (512, 2), s.reason
+    assert not built.compiled.resource(built.source.row_entry).spills
 
 
 @pytest.mark.parametrize(("hidden", "ring"), [(8192, False), (16384, True)])

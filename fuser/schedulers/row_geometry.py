@@ -13,9 +13,10 @@ from fuser.schedulers.row_records import RowFusion, RowGeometry, RowPolicy
 # More vectors per thread than this take every thread of a block instead (the unrolled loads
 # and register arrays of a thread grow with its vectors).
 MAX_VECTORS_PER_THREAD = 8
-# A thread of a row staged in shared memory under the policy's staged_narrow_threads owns at
-# most this many vectors: beyond it (hidden 65537, 129 single-element vectors a thread at 512
-# threads) the capped rows ran 4-16% slower than at the policy's own threads.
+# Where a policy lowers a row's threads (staged_narrow_threads; halve_full_blocks in
+# row_search), a thread owns at most this many vectors: beyond it (hidden 65537, 129
+# single-element vectors a thread at 512 threads) the capped rows ran 4-16% slower than at the
+# policy's own threads, and halved backward rows of 33 lost to a larger cluster.
 MAX_STAGED_VECTORS_PER_THREAD = 32
 # Rows short enough that one stage of shared memory holds this many of them per SM try one
 # stage before two: the blocks resident on an SM then overlap each other's loads, and a second
