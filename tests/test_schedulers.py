@@ -181,11 +181,13 @@ def _candidates(name, dtype, hidden, hints=None):
 
 
 @pytest.mark.parametrize(("name", "dtype", "hidden"), [
-    ("rmsnorm_bwd", DataType.BFloat16, 24578), ("layernorm_bwd", DataType.Float, 24578)])
-def test_full_backward_blocks_are_followed_by_half_the_threads(name, dtype, hidden):
-    """A backward choice at one row of 1024 threads (64 registers each) is followed by the same
-    choice at 512 threads, so that a build whose full block spills keeps that storage (two
-    stages) instead of falling to the next choice."""
+    ("rmsnorm_bwd", DataType.BFloat16, 24578), ("layernorm_bwd", DataType.Float, 24578),
+    ("dropout_layernorm_fwd", DataType.BFloat16, 40000)])
+def test_full_staged_blocks_are_followed_by_half_the_threads(name, dtype, hidden):
+    """A choice for rows staged in shared memory first (backward, three-pass forward) at one
+    row of 1024 threads (64 registers each) is followed by the same choice at 512 threads, so
+    that a build whose full block spills keeps that storage (two stages) instead of falling to
+    the next choice."""
     _, found = _candidates(name, dtype, hidden)
     for full, half in itertools.pairwise(found):
         if full.threads_per_row == 1024:
@@ -198,7 +200,8 @@ def test_full_backward_blocks_are_followed_by_half_the_threads(name, dtype, hidd
 
 
 @pytest.mark.parametrize(("name", "dtype", "hidden", "hints"), [
-    ("rmsnorm_fwd", DataType.BFloat16, 24578, None),  # registers-first: no halving
+    ("rmsnorm_fwd", DataType.BFloat16, 24578, None),  # rows in registers first: no halving
+    ("softmax_bwd", DataType.BFloat16, 24578, None),
     ("softmax_fwd", DataType.BFloat16, 65537, None),
     ("layernorm_bwd", DataType.BFloat16, 65537, None),  # 33 vectors a thread at a cluster of 4
     ("rmsnorm_bwd", DataType.BFloat16, 24578, Hints(threads_per_row=1024)),

@@ -57,10 +57,6 @@ POLICY = RowPolicy(
     min_block_threads=128,  # small blocks: more fit an SM, so more rows are in flight
     partials_pack=0.5,  # two rows per block where partial rows weigh half a row or more
     on_chip=smem_first_order,
-    # a two-stage plan that spills at 1024 threads (64 registers each) fits at 512:
-    # rmsnorm_bwd bf16 24578 0.70 -> 0.84 of the copy ("builds that fall back on spills" in
-    # bench/TUNING.md)
-    halve_full_blocks=True,
 )
 
 

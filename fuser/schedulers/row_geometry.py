@@ -13,7 +13,7 @@ from fuser.schedulers.row_records import RowFusion, RowGeometry, RowPolicy
 # More vectors per thread than this take every thread of a block instead (the unrolled loads
 # and register arrays of a thread grow with its vectors).
 MAX_VECTORS_PER_THREAD = 8
-# Where a policy lowers a row's threads (staged_narrow_threads; halve_full_blocks in
+# Where a policy lowers a row's threads (staged_narrow_threads; RowSearch._halved in
 # row_search), a thread owns at most this many vectors: beyond it (hidden 65537, 129
 # single-element vectors a thread at 512 threads) the capped rows ran 4-16% slower than at the
 # policy's own threads, and halved backward rows of 33 lost to a larger cluster.

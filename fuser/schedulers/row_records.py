@@ -48,10 +48,6 @@ class RowPolicy:
     # at least this share of a row's own bytes (None: never).
     partials_pack: float | None
     on_chip: Callable[[Phase], Iterator[StorageChoice]]  # storage order, rows on chip
-    # Each choice at one row of the device's threads per block is followed by the same choice
-    # at half the threads per row, which kernels.build compiles only where the first spills
-    # (RowSearch._halved).
-    halve_full_blocks: bool = False
 
     def stages_first(self, passes: int) -> bool:
         """Whether a fusion of this many passes over each row stages its rows in shared

@@ -109,16 +109,20 @@ class RowSearch:
                 yield result
 
     def _halved(self, phase: Phase) -> Phase | None:
-        """The phase at half its threads per row, where the policy halves full blocks
-        (RowPolicy.halve_full_blocks) and the phase's block is one row of the device's
-        threads: there ptxas has 64 registers per thread, and each choice that fits is
-        followed by itself at half the threads (twice the registers), which kernels.build
-        reaches only where the full block spills. None where threads per row are hinted, or
-        where a thread would own more than MAX_STAGED_VECTORS_PER_THREAD vectors (at 65537 the
-        halved rows, 33 single-element vectors a thread at a cluster of 4, took the place of
-        a cluster of 8: layernorm_bwd bf16 0.44 -> 0.40, fp32 0.86 -> 0.66 of the copy)."""
+        """The phase at half its threads per row, where the policy stages the fusion's rows
+        in shared memory first (RowPolicy.stages_first: every backward row, three-pass forward
+        rows) and the phase's block is one row of the device's threads: there ptxas has 64
+        registers per thread, and each choice that fits is followed by itself at half the
+        threads (twice the registers), which kernels.build reaches only where the full block
+        spills (rmsnorm_bwd bf16 24578: two stages kept, 0.70 -> 0.84 of the copy; "builds
+        that fall back on spills" in bench/TUNING.md). Rows in registers first lost at half
+        the threads (rmsnorm_fwd 24578 0.86 -> 0.25). None where threads per row are hinted,
+        or where a thread would own more than MAX_STAGED_VECTORS_PER_THREAD vectors (at 65537
+        the halved rows, 33 single-element vectors a thread at a cluster of 4, took the place
+        of a cluster of 8: layernorm_bwd bf16 0.44 -> 0.40, fp32 0.86 -> 0.66)."""
         geo = phase.geometry
-        if (not self.policy.halve_full_blocks or self.hints.threads_per_row is not None
+        if (not self.policy.stages_first(self.fusion.passes)
+                or self.hints.threads_per_row is not None
                 or geo.threads_per_row < self.device.max_threads_per_block):
             return None
         half = replace(self.hints, threads_per_row=geo.threads_per_row // 2)
