@@ -312,8 +312,9 @@ def test_later_candidates_honour_the_hints_too():
 def test_a_hint_whose_every_schedule_spills_is_refused_naming_the_spills():
     """Found by the GPU hint sweep: grad_out (T2, not named) stays in registers at 1024
     threads with the dW accumulators, the one schedule that honours the hint, and ptxas
-    spills it at one block per SM with the loop fully unrolled."""
-    hints = Hints(storage=(("T0", "global"), ("T3", "global")))
+    spills it at one block per SM with the loop fully unrolled. (Without threads_per_row the
+    same storage at 512 threads follows, and fits.)"""
+    hints = Hints(threads_per_row=1024, storage=(("T0", "global"), ("T3", "global")))
     try:
         built = fuser.kernels.build("rmsnorm_bwd", info_of("rmsnorm_bwd"),
                                     Problem(24578, 512, 16), H200, hints)
