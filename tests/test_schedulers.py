@@ -118,7 +118,9 @@ def test_storage_policy_moves_least_reused_buffers_first():
 
 @pytest.mark.parametrize(
     ("device", "hidden", "expected"),
-    [(H200, 4096, {"T0": Storage.SMEM, "T1": Storage.SMEM, "T4": Storage.SMEM, "T5": Storage.SMEM}),
+    [(H200, 2048, {"T0": Storage.SMEM, "T1": Storage.SMEM, "T4": Storage.SMEM, "T5": Storage.SMEM}),
+     # four packed rows in two stages: the least reused row buffer goes to registers
+     (H200, 4096, {"T0": Storage.REGISTERS, "T1": Storage.SMEM, "T4": Storage.SMEM}),
      (H200, 24578, {"T0": Storage.SMEM, "T1": Storage.SMEM, "T4": Storage.SMEM}),
      (SMALL, 8192, {"T0": Storage.REGISTERS, "T1": Storage.SMEM, "T4": Storage.SMEM}),
      (SMALL, 24578, {"T0": Storage.GLOBAL, "T1": Storage.SMEM, "T4": Storage.SMEM,
@@ -285,21 +287,33 @@ def test_where_each_preset_leaves_one_block_on_chip(device, last_on_chip, beyond
 
 @pytest.mark.parametrize(
     ("name", "hidden", "threads_per_row", "rows_per_block", "batch"),
-    [("dropout_rmsnorm_bwd", 512, 64, 2, 1), ("dropout_rmsnorm_bwd", 1024, 128, 1, 1),
-     ("dropout_rmsnorm_bwd", 2048, 128, 1, 2), ("dropout_rmsnorm_bwd", 4096, 256, 1, 2),
-     ("rmsnorm_bwd", 512, 64, 4, 1), ("rmsnorm_bwd", 1024, 128, 2, 1),
-     ("rmsnorm_bwd", 2048, 128, 2, 2), ("rmsnorm_bwd", 4096, 256, 1, 2),
-     ("layernorm_bwd", 1024, 128, 2, 1), ("layernorm_bwd", 2048, 128, 2, 2)],
+    [("dropout_rmsnorm_bwd", 512, 64, 2, 1), ("dropout_rmsnorm_bwd", 1024, 64, 4, 2),
+     ("dropout_rmsnorm_bwd", 2048, 64, 4, 4), ("dropout_rmsnorm_bwd", 4096, 64, 4, 8),
+     ("rmsnorm_bwd", 512, 64, 4, 1), ("rmsnorm_bwd", 1024, 64, 4, 2),
+     ("rmsnorm_bwd", 2048, 64, 4, 4), ("rmsnorm_bwd", 8192, 64, 4, 16),
+     ("layernorm_bwd", 1024, 64, 4, 2), ("layernorm_bwd", 4096, 64, 4, 8),
+     ("rmsnorm_bwd", 16384, 512, 1, 4)],  # past 1024 vectors: plain blocks
 )
 def test_short_backward_rows_get_small_blocks(name, hidden, threads_per_row, rows_per_block,
                                               batch):
-    """bf16 on the H200: the block shapes measured fastest (row_geometry.py's tables). Short
-    rows are packed to 128-thread blocks, or to 256 where the partial rows of the outer
-    reductions weigh half a row's bytes or more (rmsnorm_bwd, layernorm_bwd: PACK_FOR_PARTIALS),
+    """bf16 on the H200: the block shapes measured fastest ("packed backward rows" in
+    bench/TUNING.md). Rows of 65 to 1024 vectors take 64 threads each, four rows to a block;
+    rows of up to 64 vectors one vector per thread, in blocks of 128 threads, or 256 where the
+    partial rows of the outer reductions weigh half a row's bytes or more (rmsnorm_bwd),
     which halves the partial rows the finalize reads."""
     _, s = plan_for(name, DataType.BFloat16, hidden)
     assert (s.threads_per_row, s.rows_per_block, s.batch) == (
         threads_per_row, rows_per_block, batch), s
+
+
+def test_packed_rows_that_cannot_stay_on_chip_take_plain_blocks():
+    """On a part without clusters (sm_89, 100 KB) four packed rows of 8192 do not fit on chip:
+    the search takes the plain block of one row, on chip, before re-reading rows."""
+    _, s = plan_for("dropout_rmsnorm_bwd", DataType.BFloat16, 8192, SMALL)
+    assert (s.threads_per_row, s.rows_per_block) == (512, 1), s.reason
+    assert not _off_chip(s), s.reason
+    _, s = plan_for("dropout_rmsnorm_bwd", DataType.BFloat16, 8192)
+    assert (s.threads_per_row, s.rows_per_block) == (64, 4), s.reason
 
 @pytest.mark.parametrize("device", ["h100", "h200", "a100", "sm89-100kb"])
 @pytest.mark.parametrize("name", sorted(ROW_FUSIONS))
@@ -339,7 +353,7 @@ def test_a_storage_that_cannot_fit_raises_with_the_numbers():
         schedule(info, Problem(1048576, 64, 16), H200, forced)
     with pytest.raises(HintError, match=r"rows_per_block=2\): allowed: 1 to 1 \(1024 threads "
                        r"per block on H200 / 1024 threads per row\); the heuristic picks "
-                       r"rows_per_block=1"):
+                       r"rows_per_block=4"):
         schedule(info, Problem(4096, 64, 16), H200, Hints(threads_per_row=1024,
                                                             rows_per_block=2))
 

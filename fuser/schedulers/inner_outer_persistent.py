@@ -21,7 +21,8 @@ from fuser.analysis import FusionInfo, Kind
 from fuser.device import DeviceSpec
 from fuser.schedulers.base import Problem, RowSchedule, Storage
 from fuser.schedulers.hints import Hints
-from fuser.schedulers.row_records import Phase, RowPolicy, StorageChoice
+from fuser.schedulers.row_fit import fit
+from fuser.schedulers.row_records import PackedRows, Phase, RowPolicy, StorageChoice
 from fuser.schedulers.row_search import RowSearch
 from fuser.schedulers.row_storage import stage_order, staged
 
@@ -29,9 +30,10 @@ from fuser.schedulers.row_storage import stage_order, staged
 def smem_first_order(phase: Phase) -> Iterator[StorageChoice]:
     """Rows on chip: every row buffer in shared memory, then one buffer after another moved
     to registers (full[:moved], least reused first), each with the columns in shared memory,
-    then in registers; two stages first unless rows are short (row_storage.stage_order)."""
+    then in registers; two stages first unless rows are short and one stage leaves other
+    blocks resident (_stage_order)."""
     full, cols = phase.fusion.full, phase.fusion.cols
-    for stages in stage_order(phase):
+    for stages in _stage_order(phase):
         for moved in range(len(full) + 1):
             for col_storage in (Storage.SMEM, Storage.REGISTERS):
                 storage = staged(phase, stages)
@@ -40,13 +42,27 @@ def smem_first_order(phase: Phase) -> Iterator[StorageChoice]:
                 yield StorageChoice.of(stages if moved < len(full) else 1, storage)
 
 
+def _stage_order(phase: Phase) -> list[int]:
+    """row_storage.stage_order, but two stages first where one stage of short rows would
+    leave one block per SM: one stage relies on the other resident blocks to load while a
+    block computes (layernorm_bwd bf16 4096, packed: 0.74 at one stage, 0.88 at two)."""
+    order = stage_order(phase)
+    if order == [1, 2]:
+        one = fit(phase, StorageChoice.of(1, {**staged(phase, 1), **{
+            t.name: Storage.SMEM for t in phase.fusion.cols}}))
+        if isinstance(one, RowSchedule) and one.blocks_per_sm <= 1:
+            return [2, 1]
+    return order
+
+
 # Shared memory first: cp.async keeps the loads in flight, so rows want more warps and fewer
 # vectors per thread than registers do ("smem-first geometry" in bench/TUNING.md).
 POLICY = RowPolicy(
     scheduler="inner_outer_persistent",
     name="smem-first",
-    vectors_per_thread=2,  # 2 per thread measured best at 4096 and 8192
-    one_vector_up_to=128,  # one vector per thread up to 128 threads per row
+    # Rows past the packed ones (bf16 from 16384): 2 vectors per thread, up to 512 threads
+    vectors_per_thread=2,
+    one_vector_up_to=64,  # one vector per thread up to 64 threads per row
     max_threads_per_row=512,  # unless that leaves a thread more than 8 vectors
     staged_passes=1,  # smem first: every fusion's rows are staged first
     # single-element vectors (4099) at 512 threads: rmsnorm_bwd 0.29 -> 0.53, dropout_rmsnorm_bwd
@@ -57,6 +73,11 @@ POLICY = RowPolicy(
     min_block_threads=128,  # small blocks: more fit an SM, so more rows are in flight
     partials_pack=0.5,  # two rows per block where partial rows weigh half a row or more
     on_chip=smem_first_order,
+    # Rows of 65 to 1024 vectors (bf16 1024 to 8192): 64 threads each, 4 to a block. Against
+    # 128-512 threads and one or two rows a block (H200, bf16): rmsnorm_bwd 4096 / 8192
+    # 0.81 / 0.88 -> 0.87 / 0.93, dropout_rmsnorm_bwd 0.89 / 0.88 -> 0.92 / 0.96, layernorm_bwd
+    # 0.68 / 0.86 -> 0.88 / 0.93 ("packed backward rows" in bench/TUNING.md)
+    packed=PackedRows(threads_per_row=64, rows_per_block=4, vectors_per_thread=16),
 )
 
 

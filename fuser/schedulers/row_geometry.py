@@ -8,7 +8,7 @@ from __future__ import annotations
 from fuser.device import DeviceSpec
 from fuser.schedulers.base import Problem, ceil_div, next_pow2, pick_vec
 from fuser.schedulers.hints import CLUSTER_SIZES, Hints
-from fuser.schedulers.row_records import RowFusion, RowGeometry, RowPolicy
+from fuser.schedulers.row_records import PackedRows, RowFusion, RowGeometry, RowPolicy
 
 # More vectors per thread than this take every thread of a block instead (the unrolled loads
 # and register arrays of a thread grow with its vectors).
@@ -32,7 +32,8 @@ def row_split(hidden: int, itemsizes: tuple[int, ...] | list[int], align_bytes: 
 
     vec divides hidden, so the vectors cover the row exactly; a range's vector v =
     b * threads_per_row + x (b < batch) goes to thread x, and batch is the fewest rounds that
-    reach the last vector. Threads per row: enough for the policy's vectors per thread (one
+    reach the last vector. Threads per row: the policy's packed threads per row where its
+    packed rows hold (packed()); else enough for the policy's vectors per thread (one
     each in rows of up to policy.one_vector_up_to vectors), a power of two, at most the
     policy's maximum, unless that leaves a thread more than MAX_VECTORS_PER_THREAD; at most
     `max_staged_threads` either way where one is given (staged_cap()) and leaves a thread no
@@ -40,6 +41,9 @@ def row_split(hidden: int, itemsizes: tuple[int, ...] | list[int], align_bytes: 
     """
     vec = pick_vec(hidden, list(itemsizes), align_bytes, input_bytes=input_bytes)
     vectors = ceil_div(hidden // vec, parts)
+    rows_packed = packed(policy, vectors)
+    if not threads_per_row and rows_packed is not None:
+        return vec, rows_packed.threads_per_row, ceil_div(vectors, rows_packed.threads_per_row)
     per_thread = (1 if vectors <= policy.one_vector_up_to else policy.vectors_per_thread)
     tpr = threads_per_row or min(policy.max_threads_per_row,
                                  next_pow2(ceil_div(vectors, per_thread)))
@@ -49,6 +53,14 @@ def row_split(hidden: int, itemsizes: tuple[int, ...] | list[int], align_bytes: 
             and ceil_div(vectors, max_staged_threads) <= MAX_STAGED_VECTORS_PER_THREAD):
         tpr = min(tpr, max_staged_threads)
     return vec, tpr, ceil_div(vectors, tpr)
+
+
+def packed(policy: RowPolicy, vectors: int) -> PackedRows | None:
+    """The policy's packed rows (RowPolicy.packed) where rows (parts) of this many vectors
+    are packed several to a block, else None."""
+    rows = policy.packed
+    return rows if rows is not None and policy.one_vector_up_to < vectors and rows.holds(
+        vectors) else None
 
 
 def staged_cap(fusion: RowFusion, problem: Problem, policy: RowPolicy) -> int | None:
@@ -86,12 +98,16 @@ def min_block_threads(fusion: RowFusion, policy: RowPolicy) -> int:
 def geometry(fusion: RowFusion, problem: Problem, device: DeviceSpec, policy: RowPolicy,
              hints: Hints, cluster: int) -> RowGeometry:
     """The geometry of rows split over `cluster` blocks, with the hinted threads per row and
-    rows per block where given. Rows per block: as many as reach min_block_threads, no more
-    than the rows there are (rounded up to a power of two)."""
+    rows per block where given. Rows per block: as many as reach min_block_threads (at least
+    the policy's packed rows where those hold), no more than the rows there are (rounded up
+    to a power of two)."""
     vec, tpr, batch = fusion_split(fusion, problem, policy, device, hints.threads_per_row,
                                    cluster)
-    rows = hints.rows_per_block or max(1, min(min_block_threads(fusion, policy) // tpr,
-                                              next_pow2(max(problem.rows, 1))))
+    wanted = min_block_threads(fusion, policy) // tpr
+    rows_packed = packed(policy, ceil_div(problem.hidden // vec, cluster))
+    if rows_packed is not None and tpr == rows_packed.threads_per_row:
+        wanted = max(wanted, rows_packed.rows_per_block)
+    rows = hints.rows_per_block or max(1, min(wanted, next_pow2(max(problem.rows, 1))))
     return RowGeometry(problem.hidden, vec, tpr, batch, cluster, rows)
 
 

@@ -23,6 +23,22 @@ from fuser.schedulers.hints import Hints
 
 
 @dataclass(frozen=True)
+class PackedRows:
+    """Rows (or a cluster block's parts) of more than the policy's one_vector_up_to and at
+    most threads_per_row x vectors_per_thread vectors: each takes threads_per_row threads,
+    and a block rows_per_block rows (where the problem has them), so the block's barriers,
+    its column reads and its partial rows serve several rows, and each thread keeps many
+    loads in flight ("packed backward rows" in bench/TUNING.md)."""
+
+    threads_per_row: int
+    rows_per_block: int
+    vectors_per_thread: int
+
+    def holds(self, vectors: int) -> bool:
+        return vectors <= self.threads_per_row * self.vectors_per_thread
+
+
+@dataclass(frozen=True)
 class RowPolicy:
     """What distinguishes one persistent scheduler from the other: how rows are dealt to
     threads, how many threads a block of short rows reaches, and the order in which storages
@@ -48,6 +64,7 @@ class RowPolicy:
     # at least this share of a row's own bytes (None: never).
     partials_pack: float | None
     on_chip: Callable[[Phase], Iterator[StorageChoice]]  # storage order, rows on chip
+    packed: PackedRows | None = None  # rows dealt to blocks of several rows (None: never)
 
     def stages_first(self, passes: int) -> bool:
         """Whether a fusion of this many passes over each row stages its rows in shared

@@ -13,7 +13,7 @@ next only when ptxas spills.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from fuser.analysis import FusionInfo, Role
 from fuser.device import DeviceSpec
@@ -32,6 +32,17 @@ from fuser.schedulers.row_records import Phase, Reach, Rejection, RowFusion, Row
 from fuser.schedulers.row_storage import choices
 
 SHOWN_REJECTIONS = 6  # the last rejections an error lists
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One step of the search: a cluster size, the storages it tries, why the search got
+    there, and the policy that deals its rows."""
+
+    cluster: int
+    reach: Reach
+    why: str
+    policy: RowPolicy
 
 
 class RowSearch:
@@ -55,36 +66,42 @@ class RowSearch:
         check(self.given, self._hint_context(), self._default)
         self._check_aligned_copy()
         seen: set[RowSchedule] = set()
-        for cluster, reach, why in self._steps():
-            for s in self._by_copy_mode(cluster, reach, why):
+        for step in self._steps():
+            for s in self._by_copy_mode(step):
                 if s not in seen:
                     seen.add(s)
                     yield s
         if not seen or self.hints.given():  # hinted: say which hints no schedule honours
             raise self._exhausted()
 
-    def _steps(self) -> list[tuple[int, Reach, str]]:
-        """(cluster size, storages tried, why) of each step; hinted geometry or storage is
-        one step that tries everything at the hinted cluster size."""
+    def _steps(self) -> list[_Step]:
+        """The steps in order; hinted geometry or storage is one step that tries everything
+        at the hinted cluster size. Where the policy packs rows several to a block
+        (RowPolicy.packed), every cluster size is tried with packed rows before any with the
+        policy's plain blocks, which may keep on chip what packed rows cannot (a part without
+        clusters); rows re-read from global memory are dealt in plain blocks."""
         if self.hints.cluster is not None or self.hints.storage is not None:
-            return [(self.hints.cluster or 1, Reach.ANY, "as hinted")]
+            return [_Step(self.hints.cluster or 1, Reach.ANY, "as hinted", self.policy)]
         sizes = cluster_sizes(self.fusion, self.problem, self.device)
-        steps = [(1, Reach.ON_CHIP, "")]
-        steps += [(k, Reach.ON_CHIP, "the plans for fewer blocks do not keep the row on chip")
-                  for k in sizes[1:]]
-        steps.append((sizes[-1], Reach.OFF_CHIP,
-                       f"{sizes[-1]} block(s) cannot keep the row on chip"))
+        plain = replace(self.policy, packed=None)
+        policies = [self.policy, plain] if self.policy.packed is not None else [plain]
+        steps = [_Step(k, Reach.ON_CHIP, "" if k == 1 else
+                       "the plans for fewer blocks do not keep the row on chip", policy)
+                 for policy in policies for k in sizes]
+        steps.append(_Step(sizes[-1], Reach.OFF_CHIP,
+                           f"{sizes[-1]} block(s) cannot keep the row on chip", plain))
         return steps
 
-    def _phase(self, cluster: int, reach: Reach, why: str, chunked: bool) -> Phase:
+    def _phase(self, step: _Step, chunked: bool) -> Phase:
         """A step's phase. Aligned 16-byte row copies (`chunked`) need the inputs 16-byte
         aligned, and pay only where the widest row input's vectors are narrower than 16 bytes
         (bench/TUNING.md, "aligned row copies")."""
-        geo = geometry(self.fusion, self.problem, self.device, self.policy, self.hints, cluster)
+        geo = geometry(self.fusion, self.problem, self.device, step.policy, self.hints,
+                       step.cluster)
         widest = max((t.dtype.itemsize for t in self.fusion.full), default=1)
         aligned = chunked and self.problem.align_bytes >= 16 and geo.vec * widest < 16
-        return Phase(self.fusion, self.problem, self.device, self.policy, self.hints, geo,
-                     aligned, reach, why)
+        return Phase(self.fusion, self.problem, self.device, step.policy, self.hints, geo,
+                     aligned, step.reach, step.why)
 
     def _fits(self, phase: Phase) -> Iterator[RowSchedule]:
         """The phase's choices that fit and honour the hints, in order."""
@@ -126,29 +143,30 @@ class RowSearch:
                 or geo.threads_per_row < self.device.max_threads_per_block):
             return None
         half = replace(self.hints, threads_per_row=geo.threads_per_row // 2)
-        halved = geometry(self.fusion, self.problem, self.device, self.policy, half, geo.cluster)
+        halved = geometry(self.fusion, self.problem, self.device, phase.policy, half,
+                          geo.cluster)
         if halved.batch > MAX_STAGED_VECTORS_PER_THREAD:
             return None
         return replace(phase, geometry=halved,
             why="; ".join(filter(None, (phase.why, f"{geo.threads_per_row // 2} threads per "
                                         f"row, where {geo.threads_per_row} spill"))))
 
-    def _by_copy_mode(self, cluster: int, reach: Reach, why: str) -> Iterator[RowSchedule]:
+    def _by_copy_mode(self, step: _Step) -> Iterator[RowSchedule]:
         """One step's schedules, those with aligned 16-byte row copies first, unless their
         slightly larger row slots (up to 15 bytes per row) leave more buffers re-read from
         global memory than copies of vec bytes do (the 100 KB part at hidden 24578 would
         re-read two input rows instead of one input row and the weight)."""
         if self.hints.aligned_copy is False:
-            yield from self._fits(self._phase(cluster, reach, why, False))
+            yield from self._fits(self._phase(step, False))
             return
-        chunked = self._fits(self._phase(cluster, reach, why, True))
+        chunked = self._fits(self._phase(step, True))
         first = next(chunked, None)
         if self.hints.aligned_copy is True or (first is not None and not first.aligned_copy):
             # Hinted, or no row buffer to copy in chunks: the same plans either way.
             yield from [first] if first is not None else []
             yield from chunked
             return
-        plain = self._fits(self._phase(cluster, reach, why, False))
+        plain = self._fits(self._phase(step, False))
         other = next(plain, None)
         if first is None or (other is not None and _rereads(other) < _rereads(first)):
             yield from [other] if other is not None else []

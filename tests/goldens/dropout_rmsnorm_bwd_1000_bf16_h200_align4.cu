@@ -57,14 +57,14 @@
 //
 // RowSchedule
 //   scheduler          inner_outer_persistent
-//   reason             smem-first policy: T0, T1, T2, T4, T5 in smem, ~40 regs/thread, ~6 block(s)/SM
+//   reason             smem-first policy: T0, T1, T2, T4, T5 in smem, ~52 regs/thread, ~4 block(s)/SM
 //   hidden             1000
 //   vec                2
-//   threads_per_row    256
-//   rows_per_block     1
+//   threads_per_row    64
+//   rows_per_block     4
 //   cluster            1
-//   batch              2
-//   unroll             2
+//   batch              8
+//   unroll             8
 //   full_unroll        True
 //   kept               ()
 //   stages             1
@@ -73,19 +73,20 @@
 //       T4:BFloat16->smem(cp.async), T5:BFloat16->smem
 //   accumulators       registers
 //   reduction_bytes    4
-//   regs_estimate      40
-//   blocks_per_sm      6
+//   regs_estimate      52
+//   blocks_per_sm      4
 //
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
-// s_T0          2000       0     2048  row buffer T0 (BFloat16), 1 stage(s) x 1 row(s) x 1000
-// s_T1          2000    2048     2048  row buffer T1 (BFloat16), 1 stage(s) x 1 row(s) x 1000
-// s_T2          1000    4096     1024  row buffer T2 (Bool), 1 stage(s) x 1 row(s) x 1000
-// s_T4          2000    5120     2048  row buffer T4 (BFloat16), 1 stage(s) x 1 row(s) x 1000
-// s_T5          2000    7168     2048  column buffer T5 (BFloat16) x 1000
-// s_reduce        64    9216      128  inner-reduction scratch: 2 parities x 1 x 1 row(s) x 8 warps x 4 B
+// s_T0          8000       0     8064  row buffer T0 (BFloat16), 1 stage(s) x 4 row(s) x 1000
+// s_T1          8000    8064     8064  row buffer T1 (BFloat16), 1 stage(s) x 4 row(s) x 1000
+// s_T2          4000   16128     4096  row buffer T2 (Bool), 1 stage(s) x 4 row(s) x 1000
+// s_T4          8000   20224     8064  row buffer T4 (BFloat16), 1 stage(s) x 4 row(s) x 1000
+// s_T5          2000   28288     2048  column buffer T5 (BFloat16) x 1000
+// s_reduce        64   30336      128  inner-reduction scratch: 2 parities x 1 x 4 row(s) x 2 warps x 4 B
+// s_outer_T33   4000   30464     4096  column accumulator T33: 4 rows combined
 // static slot    128  static      128  static __shared__ (magic zero)
-// total 9472 B = dynamic 9344 + static 128; limit 232448 B; headroom 222976 B; alignment 128 B
+// total 34688 B = dynamic 34560 + static 128; limit 232448 B; headroom 197760 B; alignment 128 B
 //
 // FinalizeSchedule
 //   hidden             1000
@@ -101,10 +102,10 @@
 
 #include "fuser_rows.cuh"
 
-// Each block works on 1 row(s) at a time and strides over all rows.
-// Thread x of a row owns vectors x, x + 256, ... (2 of them, 2 element(s) each) of the row.
+// Each block works on 4 row(s) at a time and strides over all rows.
+// Thread x of a row owns vectors x, x + 64, ... (8 of them, 2 element(s) each) of the row.
 // Inputs: T0, T1, T2, T4, T5 in smem.
-extern "C" __global__ void __launch_bounds__(256, 6)
+extern "C" __global__ void __launch_bounds__(256, 4)
 dropout_rmsnorm_bwd_row(
     const __nv_bfloat16* __restrict__ g_T0,
     const __nv_bfloat16* __restrict__ g_T1,
@@ -118,33 +119,35 @@ dropout_rmsnorm_bwd_row(
     long long n_rows)
 {
   constexpr int H = 1000;  // elements per row
-  constexpr int RPB = 1;  // rows per block
+  constexpr int RPB = 4;  // rows per block
   // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER: the thread's rows and vectors, and their passes
-  using Part = fm::RowPart<H, 2, 256, RPB, 2, 2, 1>;
+  using Part = fm::RowPart<H, 2, 64, RPB, 8, 8, 1>;
   const Part part;
   const int zero = fm::magic_zero();
   fm::allow_dependent_launch();  // the finalize may launch now; it waits for this grid's end
 
   // Shared memory, as planned (each buffer 128-byte aligned; the static slot is separate).
   extern __shared__ __align__(128) unsigned char smem[];
-  // row buffer T0 (BFloat16), 1 stage(s) x 1 row(s) x 1000
+  // row buffer T0 (BFloat16), 1 stage(s) x 4 row(s) x 1000
   unsigned char* const s_T0 = smem;
-  // row buffer T1 (BFloat16), 1 stage(s) x 1 row(s) x 1000
-  unsigned char* const s_T1 = smem + 2048;
-  // row buffer T2 (Bool), 1 stage(s) x 1 row(s) x 1000
-  unsigned char* const s_T2 = smem + 4096;
-  // row buffer T4 (BFloat16), 1 stage(s) x 1 row(s) x 1000
-  unsigned char* const s_T4 = smem + 5120;
+  // row buffer T1 (BFloat16), 1 stage(s) x 4 row(s) x 1000
+  unsigned char* const s_T1 = smem + 8064;
+  // row buffer T2 (Bool), 1 stage(s) x 4 row(s) x 1000
+  unsigned char* const s_T2 = smem + 16128;
+  // row buffer T4 (BFloat16), 1 stage(s) x 4 row(s) x 1000
+  unsigned char* const s_T4 = smem + 20224;
   // column buffer T5 (BFloat16) x 1000
-  unsigned char* const s_T5 = smem + 7168;
-  // inner-reduction scratch: 2 parities x 1 x 1 row(s) x 8 warps x 4 B
-  unsigned char* const s_reduce = smem + 9216;
+  unsigned char* const s_T5 = smem + 28288;
+  // inner-reduction scratch: 2 parities x 1 x 4 row(s) x 2 warps x 4 B
+  unsigned char* const s_reduce = smem + 30336;
+  // column accumulator T33: 4 rows combined
+  unsigned char* const s_outer_T33 = smem + 30464;
   const double S6 = 1.1111111111111112;
   const long long S23 = static_cast<long long>(H);
 
   fm::ColumnInSmem<__nv_bfloat16, Part> T5(part, s_T5, g_T5);
   // column reduction sum(T32) -> T33, in registers
-  fm::AccumulatorInRegisters<float, fm::Sum, Part> acc_T33(part, g_part_T33, nullptr);
+  fm::AccumulatorInRegisters<float, fm::Sum, Part> acc_T33(part, g_part_T33, s_outer_T33);
   // the row reductions: warps, then the row's warps, then the cluster's blocks
   fm::RowReducer<float, Part, 1> reduce(s_reduce, nullptr);
   fm::RowInSmem<__nv_bfloat16, Part, fm::Copy::VECTORS, 2000> T0(s_T0, g_T0);
@@ -231,8 +234,8 @@ dropout_rmsnorm_bwd_row(
         o_T37.v[i] = fm::to_storage<__nv_bfloat16>(e_T30);
         if (valid) acc_T33.add(v, i, e_T32);
       }
-      if (valid) fm::store<Part::VEC>(g_T36 + row * H + v.j * Part::VEC, o_T36);
-      if (valid) fm::store<Part::VEC>(g_T37 + row * H + v.j * Part::VEC, o_T37);
+      if (valid) fm::store_vector<Part::VEC>(g_T36 + row * H + v.j * Part::VEC, o_T36);
+      if (valid) fm::store_vector<Part::VEC>(g_T37 + row * H + v.j * Part::VEC, o_T37);
     });
   }
   acc_T33.finish(part);  // this block's partial row of T33

@@ -60,14 +60,15 @@
 //
 // RowSchedule
 //   scheduler          inner_outer_persistent
-//   reason             smem-first policy: T0, T3, T4 in smem (2 stages), ~80 regs/thread, ~1 block(s)/SM
+//   reason             smem-first policy: T0, T3, T4 in smem (2 stages), rows split over a cluster of 2 blocks of 4096
+//       elements, ~176 regs/thread, ~1 block(s)/SM (the plans for fewer blocks do not keep the row on chip)
 //   hidden             8192
 //   vec                8
-//   threads_per_row    512
-//   rows_per_block     1
-//   cluster            1
-//   batch              2
-//   unroll             2
+//   threads_per_row    64
+//   rows_per_block     4
+//   cluster            2
+//   batch              8
+//   unroll             8
 //   full_unroll        True
 //   kept               ()
 //   stages             2
@@ -75,17 +76,21 @@
 //   placements         T0:BFloat16->smem(cp.async), T3:BFloat16->smem(cp.async), T4:BFloat16->smem
 //   accumulators       registers
 //   reduction_bytes    4
-//   regs_estimate      80
+//   regs_estimate      176
 //   blocks_per_sm      1
 //
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
-// s_T0         32768       0    32768  row buffer T0 (BFloat16), 2 stage(s) x 1 row(s) x 8192
-// s_T3         32768   32768    32768  row buffer T3 (BFloat16), 2 stage(s) x 1 row(s) x 8192
-// s_T4         16384   65536    16384  column buffer T4 (BFloat16) x 8192
-// s_reduce       256   81920      256  inner-reduction scratch: 2 parities x 2 x 1 row(s) x 16 warps x 4 B
+// s_T0         65536       0    65536  row buffer T0 (BFloat16), 2 stage(s) x 4 row(s) x 4096
+// s_T3         65536   65536    65536  row buffer T3 (BFloat16), 2 stage(s) x 4 row(s) x 4096
+// s_T4          8192  131072     8192  column buffer T4 (BFloat16) x 4096
+// s_reduce       128  139264      128  inner-reduction scratch: 2 parities x 2 x 4 row(s) x 2 warps x 4 B
+// s_outer_T38  16384  139392    16384  column accumulator T38: 4 rows combined
+// s_outer_T40  16384  155776    16384  column accumulator T40: 4 rows combined
+// s_cluster      144  172160      256  cluster exchange: 2 parities x (an mbarrier + 2 ranks x 2 x 4 row(s) x 4 B),
+//     sent by the blocks of the cluster
 // static slot    128  static      128  static __shared__ (magic zero)
-// total 82304 B = dynamic 82176 + static 128; limit 232448 B; headroom 150144 B; alignment 128 B
+// total 172544 B = dynamic 172416 + static 128; limit 232448 B; headroom 59904 B; alignment 128 B
 //
 // FinalizeSchedule
 //   hidden             8192
@@ -102,10 +107,11 @@
 
 #include "fuser_rows.cuh"
 
-// Each block works on 1 row(s) at a time and strides over all rows.
-// Thread x of a row owns vectors x, x + 512, ... (2 of them, 8 element(s) each) of the row.
+// Each block works on 4 row(s) at a time and strides over all rows.
+// Thread x of a row owns vectors x, x + 64, ... (8 of them, 8 element(s) each) of its block's part of the row (2 blocks
+// of a cluster share each row).
 // Inputs: T0, T3, T4 in smem.
-extern "C" __global__ void __launch_bounds__(512, 1)
+extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 1)
 layernorm_bwd_row(
     const __nv_bfloat16* __restrict__ g_T0,
     const __nv_bfloat16* __restrict__ g_T3,
@@ -118,34 +124,40 @@ layernorm_bwd_row(
     long long n_rows)
 {
   constexpr int H = 8192;  // elements per row
-  constexpr int RPB = 1;  // rows per block
+  constexpr int RPB = 4;  // rows per block
   // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER: the thread's rows and vectors, and their passes
-  using Part = fm::RowPart<H, 8, 512, RPB, 2, 2, 1>;
+  using Part = fm::RowPart<H, 8, 64, RPB, 8, 8, 2>;
   const Part part;
   const int zero = fm::magic_zero();
   fm::allow_dependent_launch();  // the finalize may launch now; it waits for this grid's end
 
   // Shared memory, as planned (each buffer 128-byte aligned; the static slot is separate).
   extern __shared__ __align__(128) unsigned char smem[];
-  // row buffer T0 (BFloat16), 2 stage(s) x 1 row(s) x 8192
+  // row buffer T0 (BFloat16), 2 stage(s) x 4 row(s) x 4096
   unsigned char* const s_T0 = smem;
-  // row buffer T3 (BFloat16), 2 stage(s) x 1 row(s) x 8192
-  unsigned char* const s_T3 = smem + 32768;
-  // column buffer T4 (BFloat16) x 8192
-  unsigned char* const s_T4 = smem + 65536;
-  // inner-reduction scratch: 2 parities x 2 x 1 row(s) x 16 warps x 4 B
-  unsigned char* const s_reduce = smem + 81920;
+  // row buffer T3 (BFloat16), 2 stage(s) x 4 row(s) x 4096
+  unsigned char* const s_T3 = smem + 65536;
+  // column buffer T4 (BFloat16) x 4096
+  unsigned char* const s_T4 = smem + 131072;
+  // inner-reduction scratch: 2 parities x 2 x 4 row(s) x 2 warps x 4 B
+  unsigned char* const s_reduce = smem + 139264;
+  // column accumulator T38: 4 rows combined
+  unsigned char* const s_outer_T38 = smem + 139392;
+  // column accumulator T40: 4 rows combined
+  unsigned char* const s_outer_T40 = smem + 155776;
+  // cluster exchange: 2 parities x (an mbarrier + 2 ranks x 2 x 4 row(s) x 4 B), sent by the blocks of the cluster
+  unsigned char* const s_cluster = smem + 172160;
   const long long S17 = static_cast<long long>(H);
 
   fm::ColumnInSmem<__nv_bfloat16, Part> T4(part, s_T4, g_T4);
   // column reduction sum(T37) -> T38, in registers
-  fm::AccumulatorInRegisters<float, fm::Sum, Part> acc_T38(part, g_part_T38, nullptr);
+  fm::AccumulatorInRegisters<float, fm::Sum, Part> acc_T38(part, g_part_T38, s_outer_T38);
   // column reduction sum(T5) -> T40, in registers
-  fm::AccumulatorInRegisters<float, fm::Sum, Part> acc_T40(part, g_part_T40, nullptr);
+  fm::AccumulatorInRegisters<float, fm::Sum, Part> acc_T40(part, g_part_T40, s_outer_T40);
   // the row reductions: warps, then the row's warps, then the cluster's blocks
-  fm::RowReducer<float, Part, 2> reduce(s_reduce, nullptr);
-  fm::RowInSmem<__nv_bfloat16, Part, fm::Copy::VECTORS, 16384> T0(s_T0, g_T0);
-  fm::RowInSmem<__nv_bfloat16, Part, fm::Copy::VECTORS, 16384> T3(s_T3, g_T3);
+  fm::RowReducer<float, Part, 2> reduce(s_reduce, s_cluster);
+  fm::RowInSmem<__nv_bfloat16, Part, fm::Copy::VECTORS, 8192> T0(s_T0, g_T0);
+  fm::RowInSmem<__nv_bfloat16, Part, fm::Copy::VECTORS, 8192> T3(s_T3, g_T3);
   __syncthreads();  // the column buffers are shared by the block's rows
 
   const long long row_stride = part.row_stride();
@@ -220,11 +232,12 @@ layernorm_bwd_row(
         if (valid) acc_T38.add(v, i, e_T37);
         if (valid) acc_T40.add(v, i, e_T5);
       }
-      if (valid) fm::store<Part::VEC>(g_T36 + row * H + v.j * Part::VEC, o_T36);
+      if (valid) fm::store_vector<Part::VEC>(g_T36 + row * H + v.j * Part::VEC, o_T36);
     });
   }
   acc_T38.finish(part);  // this block's partial row of T38
   acc_T40.finish(part);  // this block's partial row of T40
+  fm::cluster_arrive_and_wait();  // no block leaves while a peer may still store to it
 }
 
 // Column finalize: sums the [partial_rows, H] partials of each outer reduction per column, in a
