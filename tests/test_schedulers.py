@@ -224,6 +224,20 @@ def test_a_spilling_full_backward_block_builds_at_half_the_threads():
     assert not built.compiled.resource(built.source.row_entry).spills
 
 
+def test_a_hinted_storage_that_spills_packed_builds_in_plain_blocks():
+    """Every row buffer forced into registers at 4096: four packed rows of 64 threads spill
+    (8 vectors of three buffers and the dW accumulators a thread), so the build goes on to
+    the policy's plain block, one row of 256 threads, which compiles cleanly."""
+    info = analyze(ROW_FUSIONS["rmsnorm_bwd"](DataType.BFloat16).fusion)
+    hints = Hints(storage=tuple((n, Storage.REGISTERS) for n in ("T0", "T2", "T3")), stages=1)
+    problem = Problem(4096, 333, 16)
+    first = next(candidates(info, problem, H200, hints))
+    assert (first.threads_per_row, first.rows_per_block) == (64, 4), first.reason
+    built = build("rmsnorm_bwd", info, problem, H200, hints)
+    assert (built.schedule.threads_per_row, built.schedule.rows_per_block) == (256, 1)
+    assert not built.compiled.resource(built.source.row_entry).spills
+
+
 @pytest.mark.parametrize(("hidden", "ring"), [(8192, False), (16384, True)])
 def test_two_pass_forward_takes_the_ring_only_at_one_block_per_sm(hidden, ring):
     """rmsnorm_fwd keeps its rows in registers while they leave several blocks per SM, and

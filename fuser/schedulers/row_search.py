@@ -75,16 +75,17 @@ class RowSearch:
             raise self._exhausted()
 
     def _steps(self) -> list[_Step]:
-        """The steps in order; hinted geometry or storage is one step that tries everything
-        at the hinted cluster size. Where the policy packs rows several to a block
-        (RowPolicy.packed), every cluster size is tried with packed rows before any with the
-        policy's plain blocks, which may keep on chip what packed rows cannot (a part without
-        clusters); rows re-read from global memory are dealt in plain blocks."""
-        if self.hints.cluster is not None or self.hints.storage is not None:
-            return [_Step(self.hints.cluster or 1, Reach.ANY, "as hinted", self.policy)]
-        sizes = cluster_sizes(self.fusion, self.problem, self.device)
+        """The steps in order; hinted geometry or storage tries everything at the hinted
+        cluster size (packed rows, then plain blocks). Where the policy packs rows several to
+        a block (RowPolicy.packed), every cluster size is tried with packed rows before any
+        with the policy's plain blocks, which may keep on chip what packed rows cannot (a part
+        without clusters); rows re-read from global memory are dealt in plain blocks."""
         plain = replace(self.policy, packed=None)
         policies = [self.policy, plain] if self.policy.packed is not None else [plain]
+        if self.hints.cluster is not None or self.hints.storage is not None:
+            return [_Step(self.hints.cluster or 1, Reach.ANY, "as hinted", policy)
+                    for policy in policies]
+        sizes = cluster_sizes(self.fusion, self.problem, self.device)
         steps = [_Step(k, Reach.ON_CHIP, "" if k == 1 else
                        "the plans for fewer blocks do not keep the row on chip", policy)
                  for policy in policies for k in sizes]
