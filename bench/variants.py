@@ -141,7 +141,7 @@ def run_case(fusion: str, hidden: int, args, timer) -> list[dict]:
             copy_fn, _ = baselines.device_copy(nbytes)
             copy_us = timer(copy_fn) * 1000.0
         record["max_rel_err"] = max_rel_err(outputs, reference)
-        record["schedule"] = fd.last_schedule().reason
+        record["schedule"] = _schedule_words(fd.last_schedule())
         record["time_us"] = us = timer(lambda h=hints: execute(fd, inputs, hints=h)) * 1000.0
         record["gbps"] = gbps(nbytes, us)
         record["fraction_of_copy"] = copy_us / us
@@ -149,6 +149,15 @@ def run_case(fusion: str, hidden: int, args, timer) -> list[dict]:
         print(f"{fusion:20s} {hidden:7d} {name:10s} {us:9.1f} us {copy_us / us:5.2f} of copy "
               f"err {record['max_rel_err']:.1e}{wrong}  {record['schedule']}", flush=True)
     return records
+
+
+def _schedule_words(schedule) -> str:
+    """A schedule's reason; a segmented fusion's (fuser.segment.SegmentSchedules): each
+    segment's reason, joined by ' | '."""
+    parts = getattr(schedule, "schedules", None)
+    if parts is None:
+        return schedule.reason
+    return " | ".join(getattr(s, "reason", str(s)) for s in parts)
 
 
 def _against_eager(fusion: str, inputs: list, outputs) -> dict:

@@ -486,3 +486,20 @@ def test_variants_check_the_default_against_the_eager_ops():
     assert wrong["correct"] is False and wrong["eager_rel_err"] > TOLERANCE
     missing = _against_eager("no_such_fusion", [x], [ref])
     assert set(missing) == {"eager_error"} and missing["eager_error"]
+
+
+def test_variants_name_a_segmented_fusions_schedules():
+    """bench/variants.py records each run's schedule: a segmented fusion's last_schedule()
+    (SegmentSchedules) has no reason of its own, so each segment's is recorded (the bench of
+    batchnorm_fwd raised AttributeError on it)."""
+    from bench.variants import _schedule_words
+    from fuser.explain import explain
+    from fuser.segment import SegmentSchedules
+
+    fd = FUSIONS["batchnorm_fwd"](DataType.BFloat16)
+    shapes = [getattr(a, "shape", None) for a in make_inputs(
+        "batchnorm_fwd", 64, 96, DataType.BFloat16, np.random.default_rng(0))]
+    report = explain(fd, shapes)
+    ran = [part.schedule for part in report.parts]
+    words = _schedule_words(SegmentSchedules(report.segmentation.segments, tuple(ran)))
+    assert words.split(" | ") == [s.reason for s in ran] and len(ran) >= 2

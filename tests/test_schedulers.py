@@ -12,7 +12,7 @@ import pytest
 from fuser import DataType, FusionDefinition, HintError, OutOfResourcesError
 from fuser.analysis import Kind, Role, analyze
 from fuser.device import DeviceSpec
-from fuser.fusions import ROW_FUSIONS
+from fuser.fusions import FUSIONS, ROW_FUSIONS
 from fuser.kernels import build
 from fuser.schedulers import Hints, Problem, candidates, schedule
 from fuser.schedulers.base import PointwiseSchedule, RowSchedule, Storage
@@ -318,6 +318,16 @@ def test_short_backward_rows_get_small_blocks(name, hidden, threads_per_row, row
     _, s = plan_for(name, DataType.BFloat16, hidden)
     assert (s.threads_per_row, s.rows_per_block, s.batch) == (
         threads_per_row, rows_per_block, batch), s
+
+
+@pytest.mark.parametrize("hidden", [2048, 4096, 8192])
+def test_column_sums_alone_are_not_packed(hidden):
+    """Packing rows serves the row reductions' barriers: bias-GELU backward (column sums, no
+    row reduction) lost with it (0.86 -> 0.66 of the copy at 8192) and keeps its blocks of
+    one or two rows of 128 threads or more."""
+    info = analyze(FUSIONS["gelu_bwd"](DataType.BFloat16).fusion)
+    s = schedule(info, Problem(hidden, 16384, 16), H200)
+    assert s.rows_per_block <= 2 and s.threads_per_row >= 128, s.reason
 
 
 def test_packed_rows_that_cannot_stay_on_chip_take_plain_blocks():

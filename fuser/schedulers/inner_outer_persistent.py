@@ -62,7 +62,7 @@ POLICY = RowPolicy(
     name="smem-first",
     # Rows past the packed ones (bf16 from 16384): 2 vectors per thread, up to 512 threads
     vectors_per_thread=2,
-    one_vector_up_to=64,  # one vector per thread up to 64 threads per row
+    one_vector_up_to=128,  # one vector per thread up to 128 threads per row
     max_threads_per_row=512,  # unless that leaves a thread more than 8 vectors
     staged_passes=1,  # smem first: every fusion's rows are staged first
     # single-element vectors (4099) at 512 threads: rmsnorm_bwd 0.29 -> 0.53, dropout_rmsnorm_bwd
@@ -73,11 +73,13 @@ POLICY = RowPolicy(
     min_block_threads=128,  # small blocks: more fit an SM, so more rows are in flight
     partials_pack=0.5,  # two rows per block where partial rows weigh half a row or more
     on_chip=smem_first_order,
-    # Rows of 65 to 1024 vectors (bf16 1024 to 8192): 64 threads each, 4 to a block. Against
-    # 128-512 threads and one or two rows a block (H200, bf16): rmsnorm_bwd 4096 / 8192
-    # 0.81 / 0.88 -> 0.87 / 0.93, dropout_rmsnorm_bwd 0.89 / 0.88 -> 0.92 / 0.96, layernorm_bwd
-    # 0.68 / 0.86 -> 0.88 / 0.93 ("packed backward rows" in bench/TUNING.md)
-    packed=PackedRows(threads_per_row=64, rows_per_block=4, vectors_per_thread=16),
+    # Rows of 65 to 1024 vectors (bf16 1024 to 8192) of fusions with row reductions: 64
+    # threads each, 4 to a block. Against 128-512 threads and one or two rows a block (H200,
+    # bf16): rmsnorm_bwd 4096 / 8192 0.81 / 0.88 -> 0.87 / 0.93, dropout_rmsnorm_bwd 0.89 /
+    # 0.88 -> 0.92 / 0.96, layernorm_bwd 0.68 / 0.86 -> 0.88 / 0.93 ("packed backward rows"
+    # in bench/TUNING.md)
+    packed=PackedRows(threads_per_row=64, rows_per_block=4, vectors_per_thread=16,
+                      above_vectors=64),
 )
 
 

@@ -24,18 +24,19 @@ from fuser.schedulers.hints import Hints
 
 @dataclass(frozen=True)
 class PackedRows:
-    """Rows (or a cluster block's parts) of more than the policy's one_vector_up_to and at
-    most threads_per_row x vectors_per_thread vectors: each takes threads_per_row threads,
-    and a block rows_per_block rows (where the problem has them), so the block's barriers,
-    its column reads and its partial rows serve several rows, and each thread keeps many
-    loads in flight ("packed backward rows" in bench/TUNING.md)."""
+    """Rows (or a cluster block's parts) of more than above_vectors and at most
+    threads_per_row x vectors_per_thread vectors: each takes threads_per_row threads, and a
+    block rows_per_block rows (where the problem has them), so the block's barriers, its
+    column reads and its partial rows serve several rows, and each thread keeps many loads in
+    flight ("packed backward rows" in bench/TUNING.md)."""
 
     threads_per_row: int
     rows_per_block: int
     vectors_per_thread: int
+    above_vectors: int
 
     def holds(self, vectors: int) -> bool:
-        return vectors <= self.threads_per_row * self.vectors_per_thread
+        return self.above_vectors < vectors <= self.threads_per_row * self.vectors_per_thread
 
 
 @dataclass(frozen=True)

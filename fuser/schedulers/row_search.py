@@ -27,6 +27,7 @@ from fuser.schedulers.row_geometry import (
     cluster_sizes,
     fusion_split,
     geometry,
+    packed,
 )
 from fuser.schedulers.row_records import Phase, Reach, Rejection, RowFusion, RowPolicy
 from fuser.schedulers.row_storage import choices
@@ -81,7 +82,7 @@ class RowSearch:
         with the policy's plain blocks, which may keep on chip what packed rows cannot (a part
         without clusters); rows re-read from global memory are dealt in plain blocks."""
         plain = replace(self.policy, packed=None)
-        policies = [self.policy, plain] if self.policy.packed is not None else [plain]
+        policies = [self.policy, plain] if packed(self.fusion, self.policy) else [plain]
         if self.hints.cluster is not None or self.hints.storage is not None:
             return [_Step(self.hints.cluster or 1, Reach.ANY, "as hinted", policy)
                     for policy in policies]
