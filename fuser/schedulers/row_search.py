@@ -4,10 +4,12 @@ order.
 Rows stay on chip as long as any cluster size can hold them there: one block first, then the
 row split over 2, 4 and 8 blocks of a cluster (sm_90), and only then re-read from global
 memory in every pass (through a staging ring where one fits), split over the largest cluster,
-which keeps the most of the row on chip. Within each step, schedules whose shared row buffers
-are filled by aligned 16-byte copies come first where the vectors are narrower than 16 bytes
-(see _by_copy_mode). The first schedule is the heuristic's; kernels.build() moves on to the
-next only when ptxas spills.
+which keeps the most of the row on chip. Where the policy packs rows several to a block, the
+on-chip steps run with packed rows first, then with plain blocks (_steps). Within each step,
+schedules whose shared row buffers are filled by aligned 16-byte copies come first where the
+vectors are narrower than 16 bytes (see _by_copy_mode), and a choice at one row of 1024 threads
+is followed by itself at 512 where rows are staged first (_halved). The first schedule is the
+heuristic's; kernels.build() moves on to the next only when ptxas spills.
 """
 
 from __future__ import annotations
