@@ -63,16 +63,19 @@ class RowSearch:
         self.rejections: list[Rejection] = []
 
     def candidates(self) -> Iterator[RowSchedule]:
-        """Every fitting schedule, best first, each once (steps overlap: the largest cluster's
-        on-chip choices come again in its re-read step); raises when none fits, and after the
-        last one when hints were given (the build ran out of schedules it could compile)."""
+        """Every fitting schedule, best first, each once whatever its reason says (steps
+        overlap: the largest cluster's on-chip choices come again in its re-read step, and
+        plain blocks repeat the packed steps' where rows are not packed); raises when none
+        fits, and after the last one when hints were given (the build ran out of schedules it
+        could compile)."""
         check(self.given, self._hint_context(), self._default)
         self._check_aligned_copy()
         seen: set[RowSchedule] = set()
         for step in self._steps():
             for s in self._by_copy_mode(step):
-                if s not in seen:
-                    seen.add(s)
+                decisions = replace(s, reason="")  # plain blocks may repeat a packed step's
+                if decisions not in seen:
+                    seen.add(decisions)
                     yield s
         if not seen or self.hints.given():  # hinted: say which hints no schedule honours
             raise self._exhausted()
@@ -89,8 +92,8 @@ class RowSearch:
             return [_Step(self.hints.cluster or 1, Reach.ANY, "as hinted", policy)
                     for policy in policies]
         sizes = cluster_sizes(self.fusion, self.problem, self.device)
-        steps = [_Step(k, Reach.ON_CHIP, "" if k == 1 else
-                       "the plans for fewer blocks do not keep the row on chip", policy)
+        steps = [_Step(k, Reach.ON_CHIP, _on_chip_why(k, after_packed=policy is not policies[0]),
+                       policy)
                  for policy in policies for k in sizes]
         steps.append(_Step(sizes[-1], Reach.OFF_CHIP,
                            f"{sizes[-1]} block(s) cannot keep the row on chip", plain))
@@ -270,6 +273,15 @@ class RowSearch:
             return next(search.candidates()).reason
         except OutOfResourcesError as exc:
             return f"none ({str(exc).splitlines()[0]})"
+
+
+def _on_chip_why(cluster: int, after_packed: bool) -> str:
+    """Why an on-chip step was reached: plain blocks after packed rows, a cluster after
+    fewer blocks."""
+    why = ["packed rows do not stay on chip"] if after_packed else []
+    if cluster > 1:
+        why.append("the plans for fewer blocks do not keep the row on chip")
+    return "; ".join(why)
 
 
 def _rereads(s: RowSchedule) -> int:
