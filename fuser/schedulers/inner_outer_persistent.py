@@ -24,7 +24,7 @@ from fuser.schedulers.hints import Hints
 from fuser.schedulers.row_fit import fit
 from fuser.schedulers.row_records import PackedRows, Phase, RowPolicy, StorageChoice
 from fuser.schedulers.row_search import RowSearch
-from fuser.schedulers.row_storage import stage_order, staged
+from fuser.schedulers.row_storage import stage_order, staged, staged_choice
 
 
 def smem_first_order(phase: Phase) -> Iterator[StorageChoice]:
@@ -48,8 +48,7 @@ def _stage_order(phase: Phase) -> list[int]:
     block computes (layernorm_bwd bf16 4096, packed: 0.74 at one stage, 0.88 at two)."""
     order = stage_order(phase)
     if order == [1, 2]:
-        one = fit(phase, StorageChoice.of(1, {**staged(phase, 1), **{
-            t.name: Storage.SMEM for t in phase.fusion.cols}}))
+        one = fit(phase, staged_choice(phase, 1, Storage.SMEM))
         if isinstance(one, RowSchedule) and one.blocks_per_sm <= 1:
             return [2, 1]
     return order

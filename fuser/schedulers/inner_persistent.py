@@ -20,7 +20,7 @@ from fuser.schedulers.hints import Hints
 from fuser.schedulers.row_fit import fit
 from fuser.schedulers.row_records import Phase, RowPolicy, StorageChoice
 from fuser.schedulers.row_search import RowSearch
-from fuser.schedulers.row_storage import stage_order, staged
+from fuser.schedulers.row_storage import stage_order, staged_choice
 from fuser.schedulers.staging import RING_BYTES, RING_DEPTHS, bulk_aligned
 
 # Fusions of this many passes over each row (two reduction levels and the output) stage their
@@ -44,7 +44,7 @@ def registers_first_order(phase: Phase) -> Iterator[StorageChoice]:
     if staged_first:
         for stages in stage_order(phase):
             for col_storage in (Storage.SMEM, Storage.REGISTERS):
-                yield _staged(phase, stages, col_storage)
+                yield staged_choice(phase, stages, col_storage)
     if ring_first(phase, StorageChoice.of(1, in_registers)):
         yield StorageChoice.of(1, {**{t.name: Storage.RING for t in fusion.full},
                                    **{t.name: Storage.SMEM for t in fusion.cols}})
@@ -52,12 +52,7 @@ def registers_first_order(phase: Phase) -> Iterator[StorageChoice]:
     if not staged_first:
         for stages in stage_order(phase):
             for col_storage in (Storage.REGISTERS, Storage.SMEM):
-                yield _staged(phase, stages, col_storage)
-
-
-def _staged(phase: Phase, stages: int, col_storage: Storage) -> StorageChoice:
-    return StorageChoice.of(stages, {**staged(phase, stages),
-                                     **{t.name: col_storage for t in phase.fusion.cols}})
+                yield staged_choice(phase, stages, col_storage)
 
 
 def ring_first(phase: Phase, in_registers: StorageChoice) -> bool:

@@ -150,13 +150,17 @@ def _buffer_registers(phase: Phase, geo: RowGeometry, storage: dict[str, Storage
                       accumulators: Storage) -> int:
     """Registers per thread of the buffers a thread keeps: two vectors of temporaries, the
     register arrays of row and column buffers, and the accumulators in registers."""
-    def words(nbytes: int) -> int:
-        return ceil_div(geo.batch * geo.vec * nbytes, 4)
-
-    acc = (sum(words(b) for b in phase.fusion.accumulator_bytes)
+    acc = (sum(_array_words(geo, b) for b in phase.fusion.accumulator_bytes)
            if accumulators is Storage.REGISTERS else 0)
-    return 2 * geo.vec + acc + sum(words(t.dtype.itemsize) for t in phase.fusion.buffers
+    return 2 * geo.vec + acc + sum(_array_words(geo, t.dtype.itemsize)
+                                   for t in phase.fusion.buffers
                                    if storage[t.name] is Storage.REGISTERS)
+
+
+def _array_words(geo: RowGeometry, nbytes: int) -> int:
+    """32-bit registers of a thread's array of `nbytes`-byte elements, one per element of
+    its vectors (batch x vec)."""
+    return ceil_div(geo.batch * geo.vec * nbytes, 4)
 
 
 def _register_arrays(phase: Phase, choice: StorageChoice, storage: dict[str, Storage]) -> bool:
@@ -174,7 +178,7 @@ def _kept(phase: Phase, geo: RowGeometry, choice: StorageChoice, storage: dict[s
     (`free`: squeezed below it, softmax's 1024-thread rows at 32768 ran 2% slower kept) and
     the batch loop unrolls fully anyway (register arrays, or no more than PARTIAL_UNROLL
     vectors; a staging ring's passes are loops of their own), else none."""
-    words = sum(ceil_div(geo.batch * geo.vec * nbytes, 4) for nbytes in phase.fusion.kept_bytes)
+    words = sum(_array_words(geo, nbytes) for nbytes in phase.fusion.kept_bytes)
     unrolled = _register_arrays(phase, choice, storage) or geo.batch <= PARTIAL_UNROLL
     if not phase.fusion.kept or ring is not None or not unrolled or words > free:
         return (), 0

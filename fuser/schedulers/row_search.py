@@ -31,7 +31,14 @@ from fuser.schedulers.row_geometry import (
     geometry,
     packed,
 )
-from fuser.schedulers.row_records import Phase, Reach, Rejection, RowFusion, RowPolicy
+from fuser.schedulers.row_records import (
+    Phase,
+    Reach,
+    Rejection,
+    RowFusion,
+    RowPolicy,
+    StorageChoice,
+)
 from fuser.schedulers.row_storage import choices
 
 SHOWN_REJECTIONS = 6  # the last rejections an error lists
@@ -122,30 +129,36 @@ class RowSearch:
             return
         halved = self._halved(phase)
         for choice in choices(phase):
-            for each in (phase, halved):
-                result = fit(each, choice) if each is not None else None
-                if isinstance(result, RowSchedule):
-                    result = self._honoured(result)
-                if isinstance(result, Rejection):
-                    self.rejections.append(result)
-                if not isinstance(result, RowSchedule):
-                    break  # a choice that does not fit a full block is not tried at half
-                yield result
+            full = self._fitted(phase, choice)
+            if full is None:
+                continue  # a choice that does not fit a full block is not tried at half
+            yield full
+            half = self._fitted(halved, choice) if halved is not None else None
+            if half is not None:
+                yield half
+
+    def _fitted(self, phase: Phase, choice: StorageChoice) -> RowSchedule | None:
+        """The choice's schedule in this phase where it fits and honours the hints; else
+        None, with the rejection kept for the error."""
+        result = fit(phase, choice)
+        if isinstance(result, RowSchedule):
+            result = self._honoured(result)
+        if isinstance(result, Rejection):
+            self.rejections.append(result)
+            return None
+        return result
 
     def _halved(self, phase: Phase) -> Phase | None:
-        """The phase at half its threads per row, where the policy stages the fusion's rows
-        in shared memory first (RowPolicy.stages_first: every backward row, three-pass forward
-        rows) and the phase's block is one row of the device's threads: there ptxas has 64
-        registers per thread, and each choice that fits is followed by itself at half the
-        threads (twice the registers), which kernels.build reaches only where the full block
-        spills (rmsnorm_bwd bf16 24578: two stages kept, 0.70 -> 0.84 of the copy; "builds
-        that fall back on spills" in bench/TUNING.md). Rows in registers first lost at half
-        the threads (rmsnorm_fwd 24578 0.86 -> 0.25). None where threads per row are hinted,
-        or where a thread would own more than MAX_STAGED_VECTORS_PER_THREAD vectors (at 65537
-        the halved rows, 33 single-element vectors a thread at a cluster of 4, took the place
-        of a cluster of 8: layernorm_bwd bf16 0.44 -> 0.40, fp32 0.86 -> 0.66)."""
+        """The phase at half its threads per row, where the phase's policy stages the
+        fusion's rows in shared memory first (RowPolicy.stages_first: every backward row,
+        three-pass forward rows) and its block is one row of the device's threads, where
+        ptxas has 64 registers a thread: each choice that fits is followed by itself at half
+        the threads, which kernels.build reaches only where the full block spills. Rows in
+        registers first lost at half the threads. None where threads per row are hinted, or
+        a thread would own more than MAX_STAGED_VECTORS_PER_THREAD vectors ("builds that
+        fall back on spills" in bench/TUNING.md)."""
         geo = phase.geometry
-        if (not self.policy.stages_first(self.fusion.passes)
+        if (not phase.policy.stages_first(self.fusion.passes)
                 or self.hints.threads_per_row is not None
                 or geo.threads_per_row < self.device.max_threads_per_block):
             return None

@@ -53,6 +53,13 @@ def staged(phase: Phase, stages: int) -> dict[str, Storage]:
             for t in phase.fusion.full}
 
 
+def staged_choice(phase: Phase, stages: int, col_storage: Storage) -> StorageChoice:
+    """Every row buffer staged in shared memory as `staged` allows, the columns in
+    `col_storage`."""
+    return StorageChoice.of(stages, {**staged(phase, stages),
+                                     **{t.name: col_storage for t in phase.fusion.cols}})
+
+
 def re_read_order(phase: Phase) -> Iterator[StorageChoice]:
     """Fewer rows on chip, the others re-read in every pass: a row just read is usually still
     in L2, so the second read costs L2, not HBM, bandwidth. The least reused buffers go first,
