@@ -78,7 +78,7 @@ _BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
 
 def _hint(text: str) -> tuple[str, object]:
     """KEY=VALUE of a Hints field, parsed into the type Hints takes: true/false for
-    aligned_copy, a storage word for accumulators, for storage a comma list of
+    aligned_copy, a word for accumulators (a storage) and dealing, for storage a comma list of
     TENSOR:STORAGE, an int for the others. Only the syntax is checked here: Hints and the
     scheduler hold the values against the fusion and the device (a HintError names what is
     allowed and what the heuristic picks)."""
@@ -91,7 +91,7 @@ def _hint(text: str) -> tuple[str, object]:
         if value.lower() not in _BOOLEANS:
             raise argparse.ArgumentTypeError(f"aligned_copy={value!r}: use true or false")
         return key, _BOOLEANS[value.lower()]
-    if key == "accumulators":
+    if key in ("accumulators", "dealing"):
         return key, value
     if key == "storage":
         pairs = tuple(tuple(x.strip() for x in item.split(":", 1))

@@ -22,7 +22,7 @@ from fuser.compile import template_dir
 from fuser.emit import Emitter, ctype, element_env, scalar_prologue, used_lines
 from fuser.ops import REDUCTIONS
 from fuser.row_codegen import row_context
-from fuser.schedulers.base import FinalizeSchedule, PointwiseSchedule, RowSchedule
+from fuser.schedulers.base import Dealing, FinalizeSchedule, PointwiseSchedule, RowSchedule
 from fuser.schedulers.finalize import total_type
 from fuser.signature import (
     KernelSource,
@@ -122,7 +122,7 @@ def _render(template: str, context: dict) -> str:
 
 def render_row(name: str, info: FusionInfo, schedule: RowSchedule,
                finalize: FinalizeSchedule | None) -> KernelSource:
-    row = row_signature(info, f"{name}_row")
+    row = row_signature(info, f"{name}_row", schedule.dealing is Dealing.DYNAMIC)
     context = row_context(info, schedule, finalize)
     context.update(header=_header(name, info, [schedule] + ([finalize] if finalize else [])),
                    entry=row.entry, params=row.params)

@@ -34,6 +34,7 @@ from fuser.launch import POINTER, EntryLauncher, ctype_of
 from fuser.launch import driver as launch_driver
 from fuser.schedulers import Hints, Problem
 from fuser.schedulers.base import (
+    Dealing,
     FinalizeSchedule,
     Launch,
     PointwiseSchedule,
@@ -44,6 +45,7 @@ from fuser.schedulers.base import (
 from fuser.segment import Segmentation, segment
 from fuser.shapes import bind_shapes
 from fuser.signature import KernelSource, Signature, Source, workspace_dtype
+from fuser.tickets import counters as ticket_counters
 
 POINTWISE_BLOCKS_PER_SM = 8
 PER_THREAD_STREAM = 2  # cudaStreamPerThread: the same handle in every thread
@@ -215,7 +217,8 @@ _SIZE_CTYPES = {Source.ROWS: ctypes.c_int64, Source.PARTIAL_ROWS: ctypes.c_int32
 # A call's launch arguments by source: _run builds one tuple in this order, and Kernel.arguments
 # index it by position (an Enum key hashes in Python: 20 such hashes a call were 8% of a
 # small call's host time under cProfile).
-_SLOT_ORDER = (Source.INPUT, Source.OUTPUT, Source.PARTIALS, Source.ROWS, Source.PARTIAL_ROWS)
+_SLOT_ORDER = (Source.INPUT, Source.OUTPUT, Source.PARTIALS, Source.ROWS, Source.PARTIAL_ROWS,
+               Source.ROW_TICKETS)
 _SLOTS = {source: slot for slot, source in enumerate(_SLOT_ORDER)}
 
 
@@ -291,8 +294,12 @@ def _launch(kernel: Kernel, rows: int, device: DeviceSpec) -> tuple[Launch, Laun
                           device.sm_count * kernel.occupancy))
         return Launch(grid, (s.threads, 1), 0, 0), None
     # A cluster of k blocks works on each group of rows: the grid is a multiple of k, and no
-    # larger than what is resident at once (a persistent grid has no second wave).
-    clusters = max(1, min(ceil_div(rows, s.rows_per_block), kernel.resident_groups))
+    # larger than what is resident at once (a persistent grid has no second wave), unless a
+    # block (cluster) takes each group.
+    groups = ceil_div(rows, s.rows_per_block)
+    most = (device.max_grid_x // s.cluster if s.dealing is Dealing.GRID
+            else kernel.resident_groups)
+    clusters = max(1, min(groups, most))
     grid = clusters * s.cluster
     partial_rows = clusters * s.partial_rows_per_block if kernel.finalize is not None else 0
     launch = Launch(grid, (s.threads_per_row, s.rows_per_block), s.smem.dynamic_bytes,
@@ -325,6 +332,7 @@ class Plan:
     # input index -> (the Scalar, the numpy type of its kernel parameter), checked every call:
     # a scalar's value is not part of the plan's key
     scalar_types: dict
+    counted: bool  # the row kernel deals its row groups from a counter (fuser.tickets)
     workspaces: dict = field(default_factory=dict, compare=False)  # stream -> partial buffers
     # Held from the row kernel's launch to the finalize's, so that two threads sharing a stream
     # cannot enqueue row A, row B, finalize A (which would read B's partial rows).
@@ -409,8 +417,11 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
                       workspace_dtype(e.outputs[0].dtype)) for e in info.outer_reductions)
     scalar_types = {i: (v, v.dtype.scalar_numpy.type) for i, v in enumerate(fusion.inputs)
                     if isinstance(v, Scalar)}
+    counted = (isinstance(kernel.schedule, RowSchedule)
+               and kernel.schedule.dealing is Dealing.DYNAMIC)
     return Plan(kernel, launch, final, torch_kind, device_id, align, rows,
-                tuple((sizes.shape(o), o.dtype) for o in fusion.outputs), partials, scalar_types)
+                tuple((sizes.shape(o), o.dtype) for o in fusion.outputs), partials, scalar_types,
+                counted)
 
 
 def execute(fd, inputs: list, *, device=None, hints: Hints | None = None):
@@ -594,11 +605,17 @@ def _partials(plan: Plan, stream: int, like) -> list:
     a different stream in every thread, so its buffers are per thread."""
     if plan.torch_kind:
         return _workspace(plan, like)
-    owner = (stream, threading.get_ident()) if stream == PER_THREAD_STREAM else stream
+    owner = _owner(stream)
     partials = plan.workspaces.get(owner)
     if partials is None:
         partials = plan.workspaces[owner] = _workspace(plan, like)
     return partials
+
+
+def _owner(stream: int):
+    """Who a stream's buffers belong to: the stream, or for the per-thread default stream
+    (one handle for a different stream in every thread) the stream and the thread."""
+    return (stream, threading.get_ident()) if stream == PER_THREAD_STREAM else stream
 
 
 def _run(plan: Plan, inputs: list, pointers: dict[int, int]) -> list:
@@ -616,6 +633,8 @@ def _run(plan: Plan, inputs: list, pointers: dict[int, int]) -> list:
         [address(p) for p in partials],
         (plan.rows,),
         (final.partial_rows if final is not None else 0,),
+        (ticket_counters(plan.device_id).counter((id(kernel), _owner(stream)), stream)
+         if plan.counted else 0,),
     )
     with _cupy().cuda.Device(plan.device_id), plan.lock:
         _bind_context(plan.device_id)

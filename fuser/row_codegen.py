@@ -26,7 +26,7 @@ from fuser.emit import (
 )
 from fuser.ir import Expr, Tensor, Val
 from fuser.ops import REDUCTIONS
-from fuser.schedulers.base import Fill, FinalizeSchedule, RowSchedule, Storage
+from fuser.schedulers.base import Dealing, Fill, FinalizeSchedule, RowSchedule, Storage
 from fuser.signature import accumulator_type
 
 COPY = {True: "fm::Copy::CHUNKS", False: "fm::Copy::VECTORS"}
@@ -271,13 +271,37 @@ def output_store(s: RowSchedule) -> str:
     return "fm::store"
 
 
+# How the rows reach the blocks, in the words of intro().
+DEALT = {
+    Dealing.STRIDED: "a persistent grid, each block taking every grid-th row group.",
+    Dealing.DYNAMIC: "a persistent grid, each block taking its next row group from a counter.",
+    Dealing.GRID: "a block per row group.",
+}
+
+
+def dealer(info: FusionInfo, s: RowSchedule) -> dict:
+    """Whether the kernel takes its row groups from a counter (fm::CountedRows; otherwise
+    its own loop strides over them), the dealer's type and comment, and the pass before
+    whose reduction the next group is published (None: the dealer's own barrier shares it).
+    Only rows of several warps reduce through a block barrier."""
+    if s.dealing is not Dealing.DYNAMIC:
+        return {"counted": False, "publish_pass": None}
+    shared = bool(info.inner_levels) and s.threads_per_row > 32
+    ahead = "true" if s.stages == 2 else "false"
+    return {"type": f"fm::CountedRows<Part, {ahead}, {'false' if shared else 'true'}>",
+            "counted": True, "publish_pass": 0 if shared else None,
+            "comment": "row groups from a counter, as blocks finish theirs"
+                       + (" (the next group known a row ahead, for its loads)"
+                          if s.stages == 2 else "")}
+
+
 def intro(info: FusionInfo, s: RowSchedule) -> list[str]:
     """The kernel's shape in words, above its signature."""
     share = (f"its block's part of the row ({s.cluster} blocks of a cluster share each row)"
              if s.cluster > 1 else "the row")
     where = {st: [p.tensor for p in s.placements if p.storage is st] for st in Storage}
     kept = "; ".join(f"{', '.join(names)} in {st}" for st, names in where.items() if names)
-    lines = [f"Each block works on {s.rows_per_block} row(s) at a time and strides over all rows.",
+    lines = [f"Each block works on {s.rows_per_block} row(s) at a time; {DEALT[s.dealing]}",
              f"Thread x of a row owns vectors x, x + {s.threads_per_row}, ... ({s.batch} of them, "
              f"{s.vec} element(s) each) of {share}.", f"Inputs: {kept}."]
     if s.aligned_copy:
@@ -308,6 +332,7 @@ def row_context(info: FusionInfo, s: RowSchedule, finalize: FinalizeSchedule | N
                         if s.placement(t.name).storage is Storage.GLOBAL],
         "copies": copies(info, s),
         "pipelined": s.stages == 2,  # the next rows load while this one computes
+        "dealer": dealer(info, s),
         "ring": ring,
         "row_inputs": [{"name": t.name, "ctype": ctype(t)} for t in info.row_inputs],
         "store": output_store(s),

@@ -24,6 +24,7 @@ class Source(enum.Enum):
     PARTIALS = "partials"  # the workspace of outer reduction `index` ([partial rows, hidden])
     ROWS = "rows"  # the number of rows (long long)
     PARTIAL_ROWS = "partial_rows"  # rows of the workspaces that hold partial sums (int)
+    ROW_TICKETS = "row_tickets"  # the counter a row kernel deals row groups from (2 words)
 
 
 @dataclass(frozen=True)
@@ -81,15 +82,18 @@ def workspace_dtype(dtype: DataType) -> DataType:
 
 
 ROWS = Param(Source.ROWS, 0, "n_rows", "long long")
+ROW_TICKETS = Param(Source.ROW_TICKETS, 0, "g_row_tickets", "unsigned int* __restrict__")
 
 
-def row_signature(info: FusionInfo, entry: str) -> Signature:
+def row_signature(info: FusionInfo, entry: str, counted: bool) -> Signature:
     """The row kernel: row, column, per-row and single-value inputs, full and per-row
-    outputs, the workspaces, scalar inputs, the row count."""
+    outputs, the workspaces, scalar inputs, the row count, and the counter that deals row
+    groups where the schedule deals them from one (`counted`)."""
     params = (_inputs(info, (*info.full_inputs, *info.col_inputs, *info.row_inputs,
                              *info.value_inputs))
               + _outputs(info, (*info.outputs(Role.FULL), *info.outputs(Role.ROW)))
-              + _partials(info, False) + _scalars(info) + [ROWS])
+              + _partials(info, False) + _scalars(info) + [ROWS]
+              + ([ROW_TICKETS] if counted else []))
     return Signature(entry, tuple(params))
 
 

@@ -23,9 +23,9 @@ namespace fm {
 // A row of H elements is NV = H / VEC vectors. A block works on RPB rows at a time (thread
 // row ty) and owns each row whole, or in a cluster of CLUSTER blocks the PART vectors
 // [first, end) of its rank. Thread tx of the TPR of a row owns vectors first + b * TPR + tx,
-// b < BATCH, those that lie in [first, end). A block (or a cluster) takes rows first_row(),
-// first_row() + row_stride(), ...: the grid is persistent. A pass over a row unrolls UNROLL
-// of the BATCH rounds.
+// b < BATCH, those that lie in [first, end). A block (or a cluster) takes the row group at
+// first_row() first, then every row_stride() rows or from a counter (CountedRows). A pass
+// over a row unrolls UNROLL of the BATCH rounds.
 template <int H_, int VEC_, int TPR_, int RPB_, int BATCH_, int UNROLL_, int CLUSTER_>
 struct RowPart {
   static constexpr int H = H_, VEC = VEC_, TPR = TPR_, RPB = RPB_, BATCH = BATCH_;
@@ -60,6 +60,71 @@ struct RowPart {
   }
   // Whether this thread writes the row's per-row values (one thread of the row's cluster).
   __device__ __forceinline__ bool writes_row_values() const { return tx == 0 && rank == 0; }
+};
+
+// ----- row groups from a counter -----
+
+// Without a counter a block takes groups first_row(), first_row() + row_stride(), ... (the
+// kernel's own loop). From a counter: the grid's first groups (its first two with AHEAD, a
+// pipelined kernel loading the group after this one during it) go one per block as with fixed
+// strides, each later one to the block that asks next. The lead thread takes a ticket at the
+// start of each iteration (more(): its latency hidden behind the iteration's first pass; taken
+// just before a barrier, it held every thread there) and publish(it) writes its group to the
+// parity's shared slot. With BARRIER the dealer publishes in advance() and waits at a barrier
+// of its own; without, the kernel calls publish() before a block barrier it has anyway (a
+// multi-warp row reduction), and advance() only reads. counter[0] counts tickets, counter[1]
+// blocks done; the last block done zeroes both, so the next launch on the stream finds them
+// zero (one counter per kernel and stream: fuser.tickets).
+__device__ __forceinline__ long long* dealt_groups() {
+  __shared__ long long groups[2];
+  return groups;
+}
+
+template <typename Part, bool AHEAD, bool BARRIER>
+struct CountedRows {
+  long long row0;   // the first row of the group this iteration works on
+  long long next0;  // with AHEAD: the first row of the group after it
+  unsigned* counter;
+  unsigned ticket = 0;
+  bool lead;
+
+  __device__ __forceinline__ CountedRows(const Part& part, unsigned* counter)
+      : row0(part.first_row()), next0(part.first_row() + part.row_stride()), counter(counter),
+        lead(threadIdx.x == 0 && threadIdx.y == 0) {}
+  __device__ __forceinline__ long long ahead() const { return next0; }
+  // Whether the current group has rows; if so the lead takes the ticket of the group after it
+  // (or after the next, loading ahead).
+  __device__ __forceinline__ bool more(long long n_rows) {
+    if (row0 >= n_rows) return false;
+    if (lead) ticket = atomicAdd(counter, 1u);
+    return true;
+  }
+  __device__ __forceinline__ void publish(int it) {
+    if (lead) {
+      dealt_groups()[it & 1] =
+          (static_cast<long long>(gridDim.x) * (AHEAD ? 2 : 1) + ticket) * Part::RPB;
+    }
+  }
+  // On to the next iteration's group, at the end of iteration it.
+  __device__ __forceinline__ void advance(int it) {
+    if constexpr (BARRIER) {
+      publish(it);
+      __syncthreads();
+    }
+    if constexpr (AHEAD) {
+      row0 = next0;
+      next0 = dealt_groups()[it & 1];
+    } else {
+      row0 = dealt_groups()[it & 1];
+    }
+  }
+  __device__ __forceinline__ void finish() {
+    if (!lead) return;
+    __threadfence();  // this block's tickets are taken before it counts itself done
+    if (atomicAdd(counter + 1, 1u) == gridDim.x - 1) {
+      *reinterpret_cast<unsigned long long*>(counter) = 0;  // both words (8-byte aligned)
+    }
+  }
 };
 
 // The vector a pass visits: the thread's b-th vector of the part, j-th of the row, k-th of

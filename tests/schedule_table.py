@@ -42,7 +42,8 @@ def compact(s: RowSchedule | PointwiseSchedule) -> str:
             f"{' aligned' if s.aligned_copy else ''} [{placements}] acc={s.accumulators}"
             f"{f' ring=({s.ring})' if s.ring else ''}"
             f"{' kept=' + ','.join(s.kept) if s.kept else ''} red={s.reduction_bytes} "
-            f"regs={s.regs_estimate} blocks/sm={s.blocks_per_sm} smem={s.smem.total} "
+            f"regs={s.regs_estimate} blocks/sm={s.blocks_per_sm} dealing={s.dealing} "
+            f"smem={s.smem.total} "
             f"[{buffers}]")
 
 

@@ -29,7 +29,7 @@ from fuser.cache import KernelCache
 from fuser.device import PRESETS
 from fuser.fusions import ROW_FUSIONS
 from fuser.schedulers import Hints, Problem, candidates, schedule
-from fuser.schedulers.base import FinalizeSchedule, RowSchedule, Storage
+from fuser.schedulers.base import Dealing, FinalizeSchedule, RowSchedule, Storage
 from fuser.schedulers.finalize import default_lanes, finalize_schedule
 
 H200, A100, SM89 = PRESETS["h200"], PRESETS["a100"], PRESETS["sm89-100kb"]
@@ -70,7 +70,7 @@ def unhonoured(s: RowSchedule, hints: Hints, finalize: FinalizeSchedule | None =
     honours every hint. Inputs a storage hint does not name stay in registers."""
     wrong = []
     for field in ("threads_per_row", "rows_per_block", "cluster", "stages", "accumulators",
-                  "aligned_copy"):
+                  "aligned_copy", "dealing"):
         want = getattr(hints, field)
         if want is not None and getattr(s, field) != want:
             wrong.append(f"{field} is {getattr(s, field)}, hinted {want}")
@@ -166,6 +166,9 @@ BAD_VALUES = [
     ("dropout_rmsnorm_bwd", 24578, H200, 4, {"aligned_copy": True},
      ["(these are 4-byte aligned)", "allowed here: None or False"]),
     ("layernorm_fwd", 4096, H200, 16, {"aligned_copy": True}, ["allowed here: None or False"]),
+    ("layernorm_bwd", 4096, H200, 16, {"dealing": "grid"},
+     ["a block per row group would write a partial row of the column sums per group; "
+      "allowed for this fusion: strided, dynamic"]),
 ]
 
 
@@ -240,6 +243,9 @@ def test_a_pointwise_fusion_refuses_every_hint(kw, no_compiling):
     ({"accumulators": "disk"},
      "Hints(accumulators=...): 'disk' is not a storage; allowed: registers, smem, global, ring"),
     ({"accumulators": 1}, "Hints(accumulators=...): 1 is not a storage"),
+    ({"dealing": "dynamical"},
+     "Hints(dealing='dynamical'): not a dealing; allowed: strided, dynamic, grid"),
+    ({"dealing": 2}, "Hints(dealing=2): not a dealing; allowed: strided, dynamic, grid"),
     ({"storage": (("T0", "smem"), ("T2", "registers"), ("T0", "global"))},
      "Hints(storage=...): T0 named more than once"),
     *[({"storage": bad}, "give (tensor name, storage) pairs, e.g. (('T0', 'smem'), ")
@@ -264,6 +270,8 @@ def test_hints_normalize_to_hashable_storage_members():
     assert spelled[0].storage == (("T0", Storage.SMEM), ("T3", Storage.REGISTERS))
     assert spelled[0].accumulators is Storage.GLOBAL
     assert spelled[0].words() == "storage=T0:smem,T3:registers, accumulators=global"
+    assert Hints(dealing="grid") == Hints(dealing=Dealing.GRID)
+    assert Hints(dealing="grid").words() == "dealing=grid"
     assert Hints().given() == {} and Hints().words() == ""
 
 
@@ -281,6 +289,11 @@ def test_hints_normalize_to_hashable_storage_members():
      "aligned_copy=True: smem-first policy: nothing in smem"),
     ("layernorm_bwd", 24578, {"storage": all_rows("layernorm_bwd", "global")},
      ">= 72 of 64 registers per thread at 1024 threads"),
+    ("rmsnorm_fwd", 4096, {"dealing": "dynamic", "storage": all_rows("rmsnorm_fwd", "ring")},
+     "dealing=dynamic: allowed here: strided, grid (a counter needs blocks that own whole "
+     "rows outside a staging ring)"),
+    ("rmsnorm_bwd", 24576, {"dealing": "dynamic", "cluster": 2},
+     "dealing=dynamic: allowed here: strided (a counter needs blocks that own whole rows"),
 ])
 def test_a_hint_no_schedule_honours_is_refused_with_what_was_tried(
         name, hidden, kw, tried, no_compiling):
@@ -375,6 +388,11 @@ def valid_grid(name: str, device, hidden: int = 4096) -> list[dict]:
              for w in ("smem", "global", "ring")]
     grid += [{"cluster": k, "aligned_copy": True} for k in clusters[1:]]
     grid += [{"aligned_copy": True, "storage": all_rows(name, "smem"), "stages": 2}]
+    dealings = ("strided", "dynamic") if backward else ("strided", "dynamic", "grid")
+    grid += [{"dealing": d} for d in dealings]
+    grid += [{"dealing": "dynamic", "stages": s, "storage": all_rows(name, "smem")}
+             for s in (1, 2)]
+    grid += [{"dealing": d, "threads_per_row": 16, "rows_per_block": 3} for d in dealings[1:]]
     if backward:
         grid += [{"accumulators": a} for a in ("registers", "smem", "global")]
         grid += [{"accumulators": a, "storage": all_rows(name, w)}

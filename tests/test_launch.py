@@ -120,3 +120,34 @@ def test_a_missing_driver_library_is_a_toolchain_error(monkeypatch):
             launch.driver()
     finally:
         launch.driver.cache_clear()
+
+
+# ----- the grid of each row dealing ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "hidden", "dealing", "grid"), [
+    ("rmsnorm_fwd", 4096, "grid", 8192),  # a block per group of two rows
+    ("rmsnorm_fwd", 4096, "dynamic", 396),  # the resident blocks, 3 per SM
+    ("rmsnorm_fwd", 4096, "strided", 396),
+    ("rmsnorm_bwd", 4096, "dynamic", 264),
+])
+def test_a_block_per_group_launches_every_group_and_the_others_the_resident_blocks(
+        name, hidden, dealing, grid):
+    """16384 rows; the resident blocks are the driver's (here 3 or 2 per SM of the H200's
+    132): a persistent grid has no second wave, a grid of a block per group has many."""
+    import types
+
+    from fuser.analysis import analyze
+    from fuser.device import DeviceSpec
+    from fuser.executor import _launch
+    from fuser.fusions import ROW_FUSIONS
+    from fuser.schedulers import Hints, Problem, schedule
+
+    h200 = DeviceSpec.get("h200")
+    info = analyze(ROW_FUSIONS[name](DataType.BFloat16).fusion)
+    s = schedule(info, Problem(hidden, 1024, 16), h200, Hints(dealing=dealing))
+    kernel = types.SimpleNamespace(schedule=s, resident_groups=s.blocks_per_sm * 132,
+                                   finalize=None)
+    launch, _ = _launch(kernel, 16384, h200)
+    assert launch.grid == grid, s
+    assert launch.block == (s.threads_per_row, s.rows_per_block)

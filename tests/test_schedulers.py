@@ -15,7 +15,7 @@ from fuser.device import DeviceSpec
 from fuser.fusions import FUSIONS, ROW_FUSIONS
 from fuser.kernels import build
 from fuser.schedulers import Hints, Problem, candidates, schedule
-from fuser.schedulers.base import PointwiseSchedule, RowSchedule, Storage
+from fuser.schedulers.base import Dealing, PointwiseSchedule, RowSchedule, Storage
 from fuser.smem import ALIGNMENT, STATIC_SLOT, SmemPlan, align
 
 H200 = DeviceSpec.get("h200")
@@ -594,3 +594,39 @@ def test_no_fit_error_lists_each_attempt_once_and_names_aligned_copies():
     tried = [line for line in str(error.value).splitlines() if line.startswith("  cluster=")]
     assert len(tried) == len(set(tried)) == 2
     assert sum("aligned copies" in line for line in tried) == 1
+
+
+@pytest.mark.parametrize(("name", "hidden", "align", "dealing"), [
+    # several blocks per SM, one stage, the columns no heavier than the group's rows
+    ("rmsnorm_fwd", 4096, 16, Dealing.GRID),
+    ("softmax_fwd", 2048, 16, Dealing.GRID),
+    # a weight and a bias (32 KB) over one row of 16 KB: reloading them per group costs more
+    ("layernorm_fwd", 8192, 16, Dealing.DYNAMIC),
+    ("rmsnorm_fwd", 32768, 16, Dealing.DYNAMIC),  # one block per SM
+    ("layernorm_fwd", 16384, 16, Dealing.DYNAMIC),  # two stages: the next group loads ahead
+    ("rmsnorm_bwd", 4096, 16, Dealing.DYNAMIC),  # column sums: never a block per group
+    ("rmsnorm_fwd", 16384, 16, Dealing.STRIDED),  # a staging ring fetches rows by stride
+    ("rmsnorm_bwd", 131072, 16, Dealing.STRIDED),  # a cluster of blocks shares each row
+])
+def test_row_groups_are_dealt_by_grid_counter_or_stride(name, hidden, align, dealing):
+    info = analyze(ROW_FUSIONS[name](DataType.BFloat16).fusion)
+    s = schedule(info, Problem(hidden, 16384, align), H200)
+    assert s.dealing is dealing, s
+
+
+def test_rows_copied_in_aligned_chunks_keep_fixed_strides():
+    """Their copies end in a barrier of their own; with a counter's they ran slower."""
+    info = analyze(ROW_FUSIONS["rmsnorm_bwd"](DataType.BFloat16).fusion)
+    aligned = [s for s in candidates(info, Problem(24578, 16384, 16), H200) if s.aligned_copy]
+    assert aligned and all(s.dealing is Dealing.STRIDED for s in aligned)
+
+
+@pytest.mark.parametrize("name", sorted(ROW_FUSIONS))
+def test_no_schedule_deals_what_its_kernel_cannot(name):
+    """A block per group only without column sums (one partial row per resident block); a
+    counter only for blocks that own whole rows outside a staging ring."""
+    info = analyze(ROW_FUSIONS[name](DataType.BFloat16).fusion)
+    for hidden in (1000, 4096, 24578, 65537, 131072):
+        for s in itertools.islice(candidates(info, Problem(hidden, 16384, 16), H200), 6):
+            assert not (s.dealing is Dealing.GRID and info.outer_reductions), s
+            assert not (s.dealing is Dealing.DYNAMIC and (s.cluster > 1 or s.ring)), s

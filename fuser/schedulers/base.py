@@ -32,6 +32,23 @@ class Storage(str, enum.Enum):
         return self.value
 
 
+class Dealing(str, enum.Enum):
+    """How a row kernel's row groups (rows_per_block rows each) are dealt to its blocks."""
+
+    # A persistent grid (the blocks resident at once): block b takes groups b, b + grid, ...
+    STRIDED = "strided"
+    # A persistent grid whose blocks take their next group from a counter as they finish one:
+    # an SM that streams faster takes more groups (fixed strides leave the call as slow as
+    # its slowest SM).
+    DYNAMIC = "dynamic"
+    # One block per group, the hardware starting each as another finishes; a block's setup
+    # (column loads, barrier and ring initialisation) is repeated per group.
+    GRID = "grid"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class Fill(str, enum.Enum):
     """How a staging ring's slots are filled."""
 
@@ -144,8 +161,8 @@ def _field_lines(obj, skip=()) -> list[str]:
 
 @dataclass(frozen=True)
 class RowSchedule:
-    """A normalization kernel: each block owns `rows_per_block` rows at a time and strides over
-    all rows (a persistent grid); inside a row, thread x of `threads_per_row` owns vectors
+    """A normalization kernel: each block owns `rows_per_block` rows at a time, taking row
+    groups as `dealing` says; inside a row, thread x of `threads_per_row` owns vectors
     x, x + threads_per_row, ... (`batch` of them) of `vec` elements each."""
 
     scheduler: str  # the scheduler module that made this schedule
@@ -173,6 +190,7 @@ class RowSchedule:
     reduction_bytes: int  # 4, or 8 when any inner reduction accumulates in double
     regs_estimate: int  # registers per thread this schedule was sized for
     blocks_per_sm: int  # residency it was sized for; __launch_bounds__ holds ptxas to it
+    dealing: Dealing  # how row groups are dealt to blocks (row_dealing.py)
     smem: SmemPlan  # every shared buffer, with the static slot
 
     @property

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields, replace
 
 from fuser.device import DeviceSpec
 from fuser.errors import HintError
-from fuser.schedulers.base import Storage
+from fuser.schedulers.base import Dealing, Storage
 
 CLUSTER_SIZES = (2, 4, 8)  # blocks a row may be split over (a thread-block cluster, sm_90)
 STAGES = (1, 2)  # smem row buffers per row slot: 2 loads the next rows while these compute
@@ -41,6 +41,10 @@ class Hints:
     aligned_copy      True: fill shared row buffers with 16-byte copies from below each row's
                       start (where vectors are narrower than 16 bytes and the inputs 16-byte
                       aligned); False: copies of one vector each
+    dealing           how row groups reach blocks: `strided` (a persistent grid, fixed
+                      strides), `dynamic` (a persistent grid taking groups from a counter;
+                      blocks that own whole rows outside a staging ring) or `grid` (a block per
+                      group; fusions without column sums)
     """
 
     threads_per_row: int | None = None
@@ -51,6 +55,7 @@ class Hints:
     accumulators: Storage | None = None
     finalize_lanes: int | None = None
     aligned_copy: bool | None = None
+    dealing: Dealing | None = None
 
     def __post_init__(self) -> None:
         for name in ("threads_per_row", "rows_per_block", "cluster", "stages", "finalize_lanes"):
@@ -64,6 +69,8 @@ class Hints:
         if self.accumulators is not None:
             object.__setattr__(self, "accumulators",
                                _storage("accumulators", self.accumulators))
+        if self.dealing is not None:
+            object.__setattr__(self, "dealing", _dealing(self.dealing))
 
     def given(self) -> dict[str, object]:
         """The hints that are set, by name."""
@@ -91,6 +98,14 @@ def _storage(what: str, value: object) -> Storage:
     except ValueError:
         raise HintError(f"Hints({what}=...): {value!r} is not a storage; allowed: "
                         f"{', '.join(s.value for s in Storage)}") from None
+
+
+def _dealing(value: object) -> Dealing:
+    try:
+        return Dealing(value)
+    except ValueError:
+        raise HintError(f"Hints(dealing={value!r}): not a dealing; allowed: "
+                        f"{', '.join(d.value for d in Dealing)}") from None
 
 
 def _storage_pairs(value: object) -> tuple[tuple[str, Storage], ...]:
@@ -174,6 +189,10 @@ def _problems(hints: Hints, ctx: HintContext):
             yield "accumulators", "this fusion has no column (outer) reductions to accumulate"
         elif hints.accumulators not in ACCUMULATOR_STORAGES:
             yield "accumulators", f"allowed: {_listed(s.value for s in ACCUMULATOR_STORAGES)}"
+    if hints.dealing is Dealing.GRID and ctx.has_accumulators:
+        yield "dealing", (
+            "a block per row group would write a partial row of the column sums per group; "
+            f"allowed for this fusion: {Dealing.STRIDED}, {Dealing.DYNAMIC}")
     lanes = hints.finalize_lanes
     if lanes is not None:
         if not ctx.has_finalize:

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from fuser.analysis import Role
 from fuser.ir import Tensor
+from fuser.schedulers import row_dealing
 from fuser.schedulers.base import (
     Placement,
     RowSchedule,
@@ -205,6 +206,12 @@ def _resources(phase: Phase, geo: RowGeometry, choice: StorageChoice,
             f"{choice.accumulators}",
             f"smem {plan.total} B of {plan.limit}, >= {buffers + MIN_OVERHEAD_REGISTERS} of "
             f"{max_regs} registers per thread at {geo.threads} threads, {residency} block(s)/SM")
+    hinted, dealings = phase.hints.dealing, row_dealing.allowed(phase, geo, ring)
+    if hinted is not None and hinted not in dealings:
+        return Rejection(
+            f"cluster={geo.cluster} {_storage_words(storage)} dealing={hinted}",
+            f"allowed here: {', '.join(map(str, dealings))} (a counter needs blocks that own "
+            "whole rows outside a staging ring)")
     return _schedule(phase, geo, choice, storage, ring, plan, kept, regs, residency)
 
 
@@ -244,6 +251,8 @@ def _schedule(phase: Phase, geo: RowGeometry, choice: StorageChoice,
         reduction_bytes=fusion.reduction_bytes,
         regs_estimate=regs,
         blocks_per_sm=residency,
+        dealing=row_dealing.pick(phase, geo, ring, choice.stages if full_in_smem else 1,
+                                 phase.aligned and full_in_smem, residency),
         smem=plan,
     )
 

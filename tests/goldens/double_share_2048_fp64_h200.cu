@@ -39,6 +39,7 @@
 //   reduction_bytes    8
 //   regs_estimate      52
 //   blocks_per_sm      4
+//   dealing            grid
 //
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
@@ -48,7 +49,7 @@
 
 #include "fuser_rows.cuh"
 
-// Each block works on 1 row(s) at a time and strides over all rows.
+// Each block works on 1 row(s) at a time; a block per row group.
 // Thread x of a row owns vectors x, x + 256, ... (4 of them, 2 element(s) each) of the row.
 // Inputs: T0 in registers.
 extern "C" __global__ void __launch_bounds__(256, 4)

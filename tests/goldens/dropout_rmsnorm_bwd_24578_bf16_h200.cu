@@ -76,6 +76,7 @@
 //   reduction_bytes    4
 //   regs_estimate      62
 //   blocks_per_sm      1
+//   dealing            strided
 //
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
@@ -102,7 +103,7 @@
 
 #include "fuser_rows.cuh"
 
-// Each block works on 1 row(s) at a time and strides over all rows.
+// Each block works on 1 row(s) at a time; a persistent grid, each block taking every grid-th row group.
 // Thread x of a row owns vectors x, x + 1024, ... (13 of them, 2 element(s) each) of the row.
 // Inputs: T0, T1, T2, T4, T5 in smem.
 // Shared row buffers are filled in 16-byte chunks from the boundary at or below each row's start.

@@ -73,6 +73,7 @@
 //   reduction_bytes    4
 //   regs_estimate      128
 //   blocks_per_sm      1
+//   dealing            strided
 //
 // shared memory plan:
 // buffer        bytes  offset  aligned  purpose
@@ -83,7 +84,7 @@
 
 #include "fuser_rows.cuh"
 
-// Each block works on 1 row(s) at a time and strides over all rows.
+// Each block works on 1 row(s) at a time; a persistent grid, each block taking every grid-th row group.
 // Thread x of a row owns vectors x, x + 512, ... (25 of them, 2 element(s) each) of the row.
 // Inputs: T1, T2 in registers; T0 in smem.
 // Shared row buffers are filled in 16-byte chunks from the boundary at or below each row's start.

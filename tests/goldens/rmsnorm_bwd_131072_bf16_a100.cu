@@ -66,6 +66,7 @@
 //   reduction_bytes    4
 //   regs_estimate      48
 //   blocks_per_sm      1
+//   dealing            strided
 //
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
@@ -89,7 +90,7 @@
 
 #include "fuser_rows.cuh"
 
-// Each block works on 1 row(s) at a time and strides over all rows.
+// Each block works on 1 row(s) at a time; a persistent grid, each block taking every grid-th row group.
 // Thread x of a row owns vectors x, x + 1024, ... (16 of them, 8 element(s) each) of the row.
 // Inputs: T3 in global; T0, T2 in ring.
 extern "C" __global__ void __launch_bounds__(1024, 1)

@@ -66,6 +66,7 @@
 //   reduction_bytes    4
 //   regs_estimate      48
 //   blocks_per_sm      18
+//   dealing            strided
 //
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
@@ -94,7 +95,7 @@
 
 #include "fuser_rows.cuh"
 
-// Each block works on 1 row(s) at a time and strides over all rows.
+// Each block works on 1 row(s) at a time; a persistent grid, each block taking every grid-th row group.
 // Thread x of a row owns vectors x, x + 64, ... (1 of them, 8 element(s) each) of its block's part of the row (8 blocks
 // of a cluster share each row).
 // Inputs: T3 in smem; T0, T2 in ring.

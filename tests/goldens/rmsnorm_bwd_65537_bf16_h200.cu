@@ -64,6 +64,7 @@
 //   reduction_bytes    4
 //   regs_estimate      64
 //   blocks_per_sm      1
+//   dealing            strided
 //
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
@@ -90,7 +91,7 @@
 
 #include "fuser_rows.cuh"
 
-// Each block works on 1 row(s) at a time and strides over all rows.
+// Each block works on 1 row(s) at a time; a persistent grid, each block taking every grid-th row group.
 // Thread x of a row owns vectors x, x + 1024, ... (33 of them, 1 element(s) each) of its block's part of the row (2
 // blocks of a cluster share each row).
 // Inputs: T0, T2, T3 in smem.

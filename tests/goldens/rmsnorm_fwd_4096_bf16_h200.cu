@@ -50,6 +50,7 @@
 //   reduction_bytes    4
 //   regs_estimate      80
 //   blocks_per_sm      3
+//   dealing            grid
 //
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
@@ -59,7 +60,7 @@
 
 #include "fuser_rows.cuh"
 
-// Each block works on 2 row(s) at a time and strides over all rows.
+// Each block works on 2 row(s) at a time; a block per row group.
 // Thread x of a row owns vectors x, x + 128, ... (4 of them, 8 element(s) each) of the row.
 // Inputs: T0, T1 in registers.
 extern "C" __global__ void __launch_bounds__(256, 3)

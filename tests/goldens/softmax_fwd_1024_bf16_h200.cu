@@ -48,6 +48,7 @@
 //   reduction_bytes    4
 //   regs_estimate      80
 //   blocks_per_sm      3
+//   dealing            grid
 //
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
@@ -57,7 +58,7 @@
 
 #include "fuser_rows.cuh"
 
-// Each block works on 8 row(s) at a time and strides over all rows.
+// Each block works on 8 row(s) at a time; a block per row group.
 // Thread x of a row owns vectors x, x + 32, ... (4 of them, 8 element(s) each) of the row.
 // Inputs: T0 in smem.
 extern "C" __global__ void __launch_bounds__(256, 3)

@@ -1,0 +1,51 @@
+"""How a row kernel deals its row groups to blocks (base.Dealing), as a rule over the schedule.
+
+A fixed stride gives every block of a persistent grid the same number of groups, so the call
+lasts as long as its slowest SM takes; on the H200 taking groups from a counter instead, or
+launching a block per group, ran the forward norms at 0.94-0.98 of the copy where fixed
+strides held them at 0.87-0.92 ("dealing rows to blocks" in bench/TUNING.md). A block per group
+repeats the block's setup (its column loads, above all) per group: it is picked only where
+several blocks share an SM and the columns weigh no more than the group's rows.
+"""
+
+from __future__ import annotations
+
+from fuser.schedulers.base import Dealing, StagingRing
+from fuser.schedulers.row_records import Phase, RowGeometry
+
+# Blocks per SM from which a block per row group beat a counter (with one, the gap while an
+# SM starts its next block showed: 0.65-0.89 against 0.91-0.97 at 24578-32768)
+GRID_MIN_BLOCKS = 2
+
+
+def allowed(phase: Phase, geo: RowGeometry, ring: StagingRing | None) -> tuple[Dealing, ...]:
+    """The dealings this kernel can take. A counter serves blocks that own whole rows outside
+    a staging ring (a cluster's blocks would have to agree on each group, and a ring fetches
+    rows ahead by their stride); a block per group would give a fusion with column sums one
+    partial row per group, not per resident block."""
+    dealings = [Dealing.STRIDED]
+    if geo.cluster == 1 and ring is None:
+        dealings.append(Dealing.DYNAMIC)
+    if not phase.fusion.info.outer_reductions:
+        dealings.append(Dealing.GRID)
+    return tuple(dealings)
+
+
+def pick(phase: Phase, geo: RowGeometry, ring: StagingRing | None, stages: int,
+         aligned_copy: bool, blocks_per_sm: int) -> Dealing:
+    """The hinted dealing (fit() checks it is allowed), else a block per group where
+    GRID_MIN_BLOCKS blocks share an SM, rows are not pipelined and the group's rows outweigh
+    the block's column loads; else a counter where allowed, but for rows copied in aligned
+    chunks (their copies end in a barrier of their own: rmsnorm_bwd 24578 ran at 0.51 of the
+    copy with a counter, 0.85 without); else fixed strides."""
+    if phase.hints.dealing is not None:
+        return phase.hints.dealing
+    dealings = allowed(phase, geo, ring)
+    fusion = phase.fusion
+    column_bytes = geo.hidden * sum(t.dtype.itemsize for t in fusion.cols)
+    group_bytes = geo.rows_per_block * geo.hidden * sum(t.dtype.itemsize for t in fusion.full)
+    if (Dealing.GRID in dealings and stages == 1 and blocks_per_sm >= GRID_MIN_BLOCKS
+            and column_bytes <= group_bytes):
+        return Dealing.GRID
+    return (Dealing.DYNAMIC if Dealing.DYNAMIC in dealings and not aligned_copy
+            else Dealing.STRIDED)

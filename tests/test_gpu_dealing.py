@@ -1,0 +1,98 @@
+"""GPU: rows dealt to blocks at a fixed stride, from a counter, or a block per group, against
+the float64 reference, over more row groups than the grid holds at once (so blocks take
+groups from the counter); a counter is zero again after every call, and two streams running
+one kernel at once each count on their own.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_gpu_fusions import poisoned_outputs, to_device  # noqa: F401 (an autouse fixture)
+
+import fuser.executor as executor
+from fuser import DataType
+from fuser.fusions import FUSIONS, make_inputs
+from fuser.reference import compare, evaluate, input_sensitivity, output_reduction_sizes
+from fuser.schedulers import Hints
+from fuser.schedulers.base import Dealing
+
+pytestmark = pytest.mark.gpu
+
+FORWARD = ("rmsnorm_fwd", "layernorm_fwd", "softmax_fwd", "dropout_rmsnorm_fwd",
+           "dropout_layernorm_fwd")
+BACKWARD = ("rmsnorm_bwd", "layernorm_bwd", "dropout_rmsnorm_bwd", "softmax_bwd")
+ROWS = {1000: 20011, 4096: 6007}  # several row groups per resident block
+
+
+def variants(name: str, hidden: int) -> list[dict]:
+    """Each dealing, a counter for pipelined rows, and (where rows are many enough for the
+    blocks of 128 threads the GPU holds) one for single-warp rows, whose reductions have no
+    block barrier to publish the next group at."""
+    dealings = ("strided", "dynamic") + (("grid",) if name in FORWARD else ())
+    return ([{"dealing": d} for d in dealings]
+            + [{"dealing": "dynamic", "stages": 2}]
+            + ([{"dealing": "dynamic", "threads_per_row": 32, "rows_per_block": 4}]
+               if hidden == 1000 else []))
+
+
+CASES = [(name, hidden, kw) for name in FORWARD + BACKWARD for hidden in ROWS
+         for kw in variants(name, hidden)]
+
+
+def validated(name: str, rows: int, hidden: int, hints: Hints, rng, stream=None):
+    """The kernel that ran `name` with `hints` on fresh inputs, its outputs checked."""
+    fd = FUSIONS[name](DataType.BFloat16)
+    host = make_inputs(name, rows, hidden, DataType.BFloat16, rng)
+    outs = executor.execute(fd, to_device(host), hints=hints)
+    refs = evaluate(fd.fusion, host)
+    compare([executor.to_host(o) for o in outs], refs, fd.fusion,
+            output_reduction_sizes(fd.fusion, host), input_sensitivity(fd.fusion, host, refs))
+    return fd._last_run.kernel
+
+
+@pytest.mark.parametrize(("name", "hidden", "kw"), CASES,
+                         ids=[f"{n}-{h}-{Hints(**kw).words()}" for n, h, kw in CASES])
+def test_dealt_rows_match_the_reference(name, hidden, kw, rng):
+    hints = Hints(**kw)
+    kernel = validated(name, ROWS[hidden], hidden, hints, rng)
+    s = kernel.schedule
+    assert s.dealing is hints.dealing
+    if s.dealing is Dealing.DYNAMIC:
+        assert kernel.resident_groups * s.rows_per_block < ROWS[hidden] // 2, (
+            "too few rows: every group went to a block of the first wave")
+
+
+@pytest.mark.parametrize("name", ["rmsnorm_fwd", "layernorm_bwd"])
+def test_a_counter_is_zero_again_after_each_call(name, rng):
+    """Calls of one kernel with different row counts, one after another: each finds its
+    counter zeroed by the last block of the call before."""
+    hints = Hints(dealing="dynamic")
+    kernels = {id(validated(name, rows, 4096, hints, rng)) for rows in (6007, 20011, 3001)}
+    assert len(kernels) == 1
+
+
+def test_two_streams_running_one_kernel_count_on_their_own(rng):
+    """The same kernel queued on two streams without a sync between: the launches may run at
+    once, and with a shared counter they would take each other's groups."""
+    import cupy
+
+    fd = FUSIONS["rmsnorm_fwd"](DataType.BFloat16)
+    hints = Hints(dealing="dynamic")
+    hosts = [make_inputs("rmsnorm_fwd", 20011, 4096, DataType.BFloat16, rng) for _ in range(2)]
+    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
+    inputs = []
+    for host, stream in zip(hosts, streams, strict=True):
+        with stream:
+            inputs.append(to_device(host))
+    cupy.cuda.Device().synchronize()
+    outs: list = [None, None]
+    for _ in range(3):
+        for k, stream in enumerate(streams):
+            with stream:
+                outs[k] = executor.execute(fd, inputs[k], hints=hints)
+    for stream in streams:
+        stream.synchronize()
+    for host, out in zip(hosts, outs, strict=True):
+        refs = evaluate(fd.fusion, host)
+        compare([executor.to_host(o) for o in out], refs, fd.fusion,
+                output_reduction_sizes(fd.fusion, host), input_sensitivity(fd.fusion, host, refs))
