@@ -91,8 +91,10 @@ def _hint(text: str) -> tuple[str, object]:
         if value.lower() not in _BOOLEANS:
             raise argparse.ArgumentTypeError(f"aligned_copy={value!r}: use true or false")
         return key, _BOOLEANS[value.lower()]
-    if key in ("accumulators", "dealing"):
+    if key == "accumulators":
         return key, value
+    if key == "dealing":
+        return key, value.lower()
     if key == "storage":
         pairs = tuple(tuple(x.strip() for x in item.split(":", 1))
                       for item in value.split(",") if item.strip())

@@ -633,7 +633,7 @@ def _run(plan: Plan, inputs: list, pointers: dict[int, int]) -> list:
         [address(p) for p in partials],
         (plan.rows,),
         (final.partial_rows if final is not None else 0,),
-        (ticket_counters(plan.device_id).counter((id(kernel), _owner(stream)), stream)
+        (ticket_counters(plan.device_id).counter(_owner(stream), stream)
          if plan.counted else 0,),
     )
     with _cupy().cuda.Device(plan.device_id), plan.lock:

@@ -24,7 +24,7 @@ class Source(enum.Enum):
     PARTIALS = "partials"  # the workspace of outer reduction `index` ([partial rows, hidden])
     ROWS = "rows"  # the number of rows (long long)
     PARTIAL_ROWS = "partial_rows"  # rows of the workspaces that hold partial sums (int)
-    ROW_TICKETS = "row_tickets"  # the counter a row kernel deals row groups from (2 words)
+    ROW_TICKETS = "row_tickets"  # the counter a row kernel deals row groups from (fuser.tickets)
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def workspace_dtype(dtype: DataType) -> DataType:
 
 
 ROWS = Param(Source.ROWS, 0, "n_rows", "long long")
-ROW_TICKETS = Param(Source.ROW_TICKETS, 0, "g_row_tickets", "unsigned int* __restrict__")
+ROW_TICKETS = Param(Source.ROW_TICKETS, 0, "g_row_tickets", "unsigned long long* __restrict__")
 
 
 def row_signature(info: FusionInfo, entry: str, counted: bool) -> Signature:

@@ -2,7 +2,8 @@
 
 A plan lays buffers out one after another, each at a 128-byte aligned offset (ALIGNMENT), and
 reserves one 128-byte slot (STATIC_SLOT) for the kernel's static `__shared__` variables: the
-magic-zero int today. nvFuser's normalization schedulers once budgeted dynamic memory up to the
+magic-zero int, and in kernels that deal rows from a counter the two row groups it publishes
+(16 bytes). nvFuser's normalization schedulers once budgeted dynamic memory up to the
 device limit and forgot their 16 bytes of static memory (NVIDIA/Fuser #5272); here the slot is
 part of every total, and tests compare it with what ptxas and the driver report.
 
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from fuser.errors import BadInputError, OutOfResourcesError
 
 ALIGNMENT = 128  # every buffer offset and size is a multiple of this
-STATIC_SLOT = 128  # bytes reserved for static __shared__ variables (magic zero)
+STATIC_SLOT = 128  # bytes reserved for static __shared__ variables (magic zero, dealt groups)
 
 
 def align(nbytes: int, to: int = ALIGNMENT) -> int:

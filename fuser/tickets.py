@@ -1,13 +1,15 @@
 """The counters that row kernels dealing row groups from a counter (Dealing.DYNAMIC) take
 their groups from.
 
-A kernel zeroes its counter as its last block finishes, so one counter serves every launch of
-that kernel on one stream (stream order puts each launch after the last one's zeroing).
-Launches on two streams may run at once: each kernel gets its own counter per stream.
-Counters are two 32-bit words, handed out from zeroed device buffers of SLICE counters (32 KiB)
-and kept for the life of the process, so a call only looks one up. A new buffer is allocated
-and zeroed with a device synchronization, which a stream under CUDA graph capture forbids:
-a call there that needs one is refused with the way out.
+A kernel zeroes its counter as its last block finishes, so one counter serves every launch on
+one stream (stream order puts each launch after the last one's zeroing; no row kernel of
+fuser's launches before the one ahead of it has finished). Streams that may run at once get
+counters of their own; so does every launch captured into a CUDA graph, since a graph may be
+replayed on any stream, beside anything. Counters are two 64-bit words (tickets taken, blocks
+done), handed out from zeroed device buffers of SLICE counters and kept for the life of the
+process. Zeroing a buffer synchronizes the device, which a capture forbids: a spare buffer is
+made ready while no capture runs, and a captured launch that finds none is refused with the
+way out.
 """
 
 from __future__ import annotations
@@ -16,51 +18,67 @@ import threading
 
 from fuser.errors import LaunchError
 
-SLICE = 4096  # counters per device buffer
-COUNTER_BYTES = 8  # tickets taken, blocks done
+SLICE = 2048  # counters per device buffer (32 KiB)
+COUNTER_BYTES = 16  # tickets taken, blocks done: 64-bit each
 
 
 class TicketCounters:
-    """One device's counters: counter(key, stream) is the address of key's own, zeroed before
-    its first use on any stream."""
+    """One device's counters: counter(owner, stream) is the address of the counter a launch on
+    `stream` (belonging to `owner`, the stream or the stream and thread) counts on."""
 
     def __init__(self, device_id: int):
         self._device_id = device_id
         self._lock = threading.Lock()
-        self._buffers: list = []  # the device buffers, kept alive
+        self._buffers: list = []  # the device buffers handed out from, kept alive
+        self._spare = None  # a zeroed buffer made ready while no capture runs
         self._next = SLICE  # the next free counter of the last buffer
-        self._given: dict = {}  # key -> address
+        self._given: dict = {}  # owner -> address
 
-    def counter(self, key, stream: int) -> int:
-        """The counter of `key` (a kernel and the owner of `stream`), launched on `stream`."""
-        address = self._given.get(key)
+    def counter(self, owner, stream: int) -> int:
+        capturing = _capturing(stream)
+        address = None if capturing else self._given.get(owner)
         if address is None:
             with self._lock:
-                address = self._given.get(key)
+                if capturing:
+                    return self._new(stream, capturing)
+                address = self._given.get(owner)
                 if address is None:
-                    address = self._given[key] = self._new(stream)
+                    address = self._given[owner] = self._new(stream, capturing)
         return address
 
-    def _new(self, stream: int) -> int:
+    def _new(self, stream: int, capturing: bool) -> int:
         if self._next == SLICE:
-            import cupy
-
-            if cupy.cuda.runtime.streamIsCapturing(stream):
-                raise LaunchError(
-                    f"a kernel that deals its rows from a counter needs a new buffer of "
-                    f"{SLICE} counters on device {self._device_id}, and its stream {stream:#x} "
-                    "is capturing a CUDA graph: the buffer is zeroed with a device "
-                    "synchronization, which a capture forbids. Call the fusion once before "
-                    "capturing (on any stream), or hint Hints(dealing='strided')")
-            with cupy.cuda.Device(self._device_id):
-                buffer = cupy.zeros(SLICE * COUNTER_BYTES // 4, dtype=cupy.uint32)
-                # zeroed on some stream: done before any kernel on another stream counts
-                cupy.cuda.Device(self._device_id).synchronize()
-            self._buffers.append(buffer)
-            self._next = 0
+            if self._spare is None:
+                if capturing:
+                    raise LaunchError(
+                        f"a kernel that deals its rows from a counter needs a new buffer of "
+                        f"{SLICE} counters on device {self._device_id}, and its stream "
+                        f"{stream:#x} is capturing a CUDA graph: the buffer is zeroed with a "
+                        "device synchronization, which a capture forbids. Call the fusion once "
+                        "before capturing (on any stream), or hint Hints(dealing='strided')")
+                self._spare = self._zeroed()
+            self._buffers.append(self._spare)
+            self._spare, self._next = None, 0
         address = self._buffers[-1].data.ptr + self._next * COUNTER_BYTES
         self._next += 1
+        if self._spare is None and not capturing:
+            self._spare = self._zeroed()
         return address
+
+    def _zeroed(self):
+        import cupy
+
+        with cupy.cuda.Device(self._device_id):
+            buffer = cupy.zeros(SLICE * COUNTER_BYTES // 8, dtype=cupy.uint64)
+            # zeroed on some stream: done before any kernel on another stream counts
+            cupy.cuda.Device(self._device_id).synchronize()
+        return buffer
+
+
+def _capturing(stream: int) -> bool:
+    import cupy
+
+    return cupy.cuda.runtime.streamIsCapturing(stream) != 0
 
 
 _devices: dict[int, TicketCounters] = {}

@@ -72,9 +72,10 @@ struct RowPart {
 // just before a barrier, it held every thread there) and publish(it) writes its group to the
 // parity's shared slot. With BARRIER the dealer publishes in advance() and waits at a barrier
 // of its own; without, the kernel calls publish() before a block barrier it has anyway (a
-// multi-warp row reduction), and advance() only reads. counter[0] counts tickets, counter[1]
-// blocks done; the last block done zeroes both, so the next launch on the stream finds them
-// zero (one counter per kernel and stream: fuser.tickets).
+// multi-warp row reduction: RowReducer's barrier), and advance() only reads. counter[0]
+// counts tickets, counter[1] blocks done (64-bit: a ticket never wraps onto a group dealt
+// before); the last block done zeroes both, so the next launch on the stream finds them zero
+// (fuser.tickets hands out one per stream).
 __device__ __forceinline__ long long* dealt_groups() {
   __shared__ long long groups[2];
   return groups;
@@ -82,13 +83,16 @@ __device__ __forceinline__ long long* dealt_groups() {
 
 template <typename Part, bool AHEAD, bool BARRIER>
 struct CountedRows {
+  static_assert(BARRIER || Part::TPR > 32,
+                "without a barrier of its own the dealer publishes before a row reduction's, "
+                "which only rows of several warps have");
   long long row0;   // the first row of the group this iteration works on
   long long next0;  // with AHEAD: the first row of the group after it
-  unsigned* counter;
-  unsigned ticket = 0;
+  unsigned long long* counter;
+  unsigned long long ticket = 0;
   bool lead;
 
-  __device__ __forceinline__ CountedRows(const Part& part, unsigned* counter)
+  __device__ __forceinline__ CountedRows(const Part& part, unsigned long long* counter)
       : row0(part.first_row()), next0(part.first_row() + part.row_stride()), counter(counter),
         lead(threadIdx.x == 0 && threadIdx.y == 0) {}
   __device__ __forceinline__ long long ahead() const { return next0; }
@@ -96,13 +100,13 @@ struct CountedRows {
   // (or after the next, loading ahead).
   __device__ __forceinline__ bool more(long long n_rows) {
     if (row0 >= n_rows) return false;
-    if (lead) ticket = atomicAdd(counter, 1u);
+    if (lead) ticket = atomicAdd(counter, 1ull);
     return true;
   }
   __device__ __forceinline__ void publish(int it) {
     if (lead) {
       dealt_groups()[it & 1] =
-          (static_cast<long long>(gridDim.x) * (AHEAD ? 2 : 1) + ticket) * Part::RPB;
+          static_cast<long long>(gridDim.x * (AHEAD ? 2ull : 1ull) + ticket) * Part::RPB;
     }
   }
   // On to the next iteration's group, at the end of iteration it.
@@ -121,8 +125,8 @@ struct CountedRows {
   __device__ __forceinline__ void finish() {
     if (!lead) return;
     __threadfence();  // this block's tickets are taken before it counts itself done
-    if (atomicAdd(counter + 1, 1u) == gridDim.x - 1) {
-      *reinterpret_cast<unsigned long long*>(counter) = 0;  // both words (8-byte aligned)
+    if (atomicAdd(counter + 1, 1ull) == gridDim.x - 1) {
+      *reinterpret_cast<ulonglong2*>(counter) = make_ulonglong2(0, 0);  // both, 16-byte aligned
     }
   }
 };

@@ -64,11 +64,19 @@ def test_dealt_rows_match_the_reference(name, hidden, kw, rng):
 
 @pytest.mark.parametrize("name", ["rmsnorm_fwd", "layernorm_bwd"])
 def test_a_counter_is_zero_again_after_each_call(name, rng):
-    """Calls of one kernel with different row counts, one after another: each finds its
-    counter zeroed by the last block of the call before."""
+    """Calls of one kernel with different row counts, fewer rows than the grid holds among
+    them, one after another: each finds its counter zeroed by the last block of the call
+    before, and every counter reads zero once the device is idle."""
+    import cupy
+
+    from fuser.tickets import counters
+
     hints = Hints(dealing="dynamic")
-    kernels = {id(validated(name, rows, 4096, hints, rng)) for rows in (6007, 20011, 3001)}
+    kernels = {id(validated(name, rows, 4096, hints, rng)) for rows in (6007, 20011, 7, 3001)}
     assert len(kernels) == 1
+    cupy.cuda.Device().synchronize()
+    held = counters(cupy.cuda.Device().id)._buffers
+    assert held and not any(cupy.asnumpy(b).any() for b in held)
 
 
 def test_two_streams_running_one_kernel_count_on_their_own(rng):

@@ -290,10 +290,10 @@ def test_hints_normalize_to_hashable_storage_members():
     ("layernorm_bwd", 24578, {"storage": all_rows("layernorm_bwd", "global")},
      ">= 72 of 64 registers per thread at 1024 threads"),
     ("rmsnorm_fwd", 4096, {"dealing": "dynamic", "storage": all_rows("rmsnorm_fwd", "ring")},
-     "dealing=dynamic: allowed here: strided, grid (a counter needs blocks that own whole "
-     "rows outside a staging ring)"),
+     "dealing=dynamic: allowed here: strided, grid (a counter deals whole rows to blocks "
+     "outside a staging ring)"),
     ("rmsnorm_bwd", 24576, {"dealing": "dynamic", "cluster": 2},
-     "dealing=dynamic: allowed here: strided (a counter needs blocks that own whole rows"),
+     "dealing=dynamic: allowed here: strided (a counter deals whole rows to blocks"),
 ])
 def test_a_hint_no_schedule_honours_is_refused_with_what_was_tried(
         name, hidden, kw, tried, no_compiling):

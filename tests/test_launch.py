@@ -130,6 +130,7 @@ def test_a_missing_driver_library_is_a_toolchain_error(monkeypatch):
     ("rmsnorm_fwd", 4096, "dynamic", 396),  # the resident blocks, 3 per SM
     ("rmsnorm_fwd", 4096, "strided", 396),
     ("rmsnorm_bwd", 4096, "dynamic", 264),
+    ("rmsnorm_bwd", 4096, None, 264),  # column sums: fixed strides
 ])
 def test_a_block_per_group_launches_every_group_and_the_others_the_resident_blocks(
         name, hidden, dealing, grid):
@@ -146,8 +147,29 @@ def test_a_block_per_group_launches_every_group_and_the_others_the_resident_bloc
     h200 = DeviceSpec.get("h200")
     info = analyze(ROW_FUSIONS[name](DataType.BFloat16).fusion)
     s = schedule(info, Problem(hidden, 1024, 16), h200, Hints(dealing=dealing))
+    assert s.dealing.value == (dealing or "strided")
     kernel = types.SimpleNamespace(schedule=s, resident_groups=s.blocks_per_sm * 132,
                                    finalize=None)
     launch, _ = _launch(kernel, 16384, h200)
     assert launch.grid == grid, s
     assert launch.block == (s.threads_per_row, s.rows_per_block)
+
+
+def test_a_block_per_group_strides_once_the_grid_is_at_its_limit():
+    """More groups than gridDim.x may hold: the largest grid, whose loop strides over the
+    rest (the same loop as a persistent grid's)."""
+    import dataclasses
+    import types
+
+    from fuser.analysis import analyze
+    from fuser.device import DeviceSpec
+    from fuser.executor import _launch
+    from fuser.fusions import ROW_FUSIONS
+    from fuser.schedulers import Problem, schedule
+
+    small = dataclasses.replace(DeviceSpec.get("h200"), max_grid_x=1000)
+    info = analyze(ROW_FUSIONS["softmax_fwd"](DataType.BFloat16).fusion)
+    s = schedule(info, Problem(2048, 1024, 16), small)
+    assert s.dealing.value == "grid"
+    kernel = types.SimpleNamespace(schedule=s, resident_groups=396, finalize=None)
+    assert _launch(kernel, 16384, small)[0].grid == 1000

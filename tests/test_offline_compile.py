@@ -14,7 +14,6 @@ from fuser.device import DeviceSpec
 from fuser.fusions import ACTIVATIONS, COLUMN_FUSIONS, FUSIONS, ROW_FUSIONS
 from fuser.kernels import build
 from fuser.schedulers import Problem
-from fuser.schedulers.base import Dealing
 
 H200 = DeviceSpec.get("h200")
 DTYPES = [DataType.Float, DataType.Half, DataType.BFloat16]
@@ -155,7 +154,7 @@ def test_full_row_outputs_are_stored_as_whole_vectors(name, hidden, dtype):
     of several rows element by element (rmsnorm_fwd, fp32, 1024: 16 four-byte stores per row
     pass instead of 4 of 16 bytes; such kernels ran at a third of the copy bandwidth). The
     only narrower stores left are per-row values and the partial rows of column sums, one
-    element per store, and the one 8-byte store that zeroes a row-group counter."""
+    element per store (a row-group counter is zeroed by one 16-byte store)."""
     from fuser.codegen import template_dir
     from fuser.compile import ptx_of
 
@@ -169,8 +168,7 @@ def test_full_row_outputs_are_stored_as_whole_vectors(name, hidden, dtype):
     stores = _global_store_bytes(ptx)
     assert stores.count(width) >= len(info.outputs(Role.FULL)), (stores, s)
     narrow = [b for b in stores if b < width]
-    allowed = (len(info.outputs(Role.ROW)) + len(info.outer_reductions) * s.vec * s.batch
-               + (s.dealing is Dealing.DYNAMIC))
+    allowed = len(info.outputs(Role.ROW)) + len(info.outer_reductions) * s.vec * s.batch
     assert len(narrow) <= allowed, (stores, s)
 
 

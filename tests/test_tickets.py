@@ -1,32 +1,60 @@
-"""The row-group counters (fuser.tickets), without a GPU where no device memory is needed."""
+"""The row-group counters (fuser.tickets), on the CPU: device buffers stand in as fakes."""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
+import fuser.tickets as tickets
 from fuser.errors import FuserError, LaunchError
-from fuser.tickets import TicketCounters
-
-cupy = pytest.importorskip("cupy")
+from fuser.tickets import COUNTER_BYTES, SLICE, TicketCounters
 
 
-def test_a_new_buffer_under_graph_capture_is_refused_with_the_way_out(monkeypatch):
-    """Zeroing a new buffer synchronizes the device, which a capturing stream forbids: the
-    call is refused before any CUDA call, naming the capture and both ways out."""
-    monkeypatch.setattr(cupy.cuda.runtime, "streamIsCapturing", lambda stream: 1)
+@pytest.fixture
+def zeroed(monkeypatch) -> list:
+    """Buffers 'zeroed' so far (fakes at 1 MiB apart); no capture unless a test says so."""
+    made: list = []
+
+    def fake(self):
+        made.append(types.SimpleNamespace(data=types.SimpleNamespace(ptr=(len(made) + 1) << 20)))
+        return made[-1]
+
+    monkeypatch.setattr(TicketCounters, "_zeroed", fake)
+    monkeypatch.setattr(tickets, "_capturing", lambda stream: False)
+    return made
+
+
+def test_a_stream_keeps_its_counter_and_streams_get_their_own(zeroed):
+    counters = TicketCounters(0)
+    a, b = counters.counter(7, 7), counters.counter(8, 8)
+    assert counters.counter(7, 7) == a and a != b
+    assert b - a == COUNTER_BYTES
+    assert len(zeroed) == 2  # the first buffer, and a spare made ready while nothing captures
+
+
+def test_each_captured_launch_gets_a_counter_of_its_own(zeroed, monkeypatch):
+    """A graph may be replayed on any stream, beside anything: no captured launch shares."""
+    counters = TicketCounters(0)
+    eager = counters.counter(7, 7)
+    monkeypatch.setattr(tickets, "_capturing", lambda stream: True)
+    captured = {counters.counter(7, 7) for _ in range(3)}
+    assert len(captured) == 3 and eager not in captured
+
+
+def test_a_capture_uses_the_spare_and_is_refused_only_when_none_is_left(zeroed, monkeypatch):
+    """Zeroing a buffer synchronizes the device, which a capture forbids: the spare made ready
+    before serves it; past that, the call is refused, naming the capture and the ways out."""
+    counters = TicketCounters(0)
+    counters.counter(7, 7)
+    monkeypatch.setattr(tickets, "_capturing", lambda stream: True)
+    for _ in range(2 * SLICE - 1):  # the rest of the first buffer, then all of the spare
+        counters.counter(7, 7)
+    assert len(zeroed) == 2
     with pytest.raises(LaunchError) as error:
-        TicketCounters(0).counter(("kernel", 7), 7)
+        counters.counter(7, 7)
     message = str(error.value)
     assert "stream 0x7 is capturing a CUDA graph" in message, message
     assert "Call the fusion once before capturing" in message
     assert "Hints(dealing='strided')" in message
     assert isinstance(error.value, FuserError)
-
-
-def test_a_counter_handed_out_is_looked_up_not_allocated_again(monkeypatch):
-    """Each key gets one address, kept: later calls (under a capture too) only look it up."""
-    counters = TicketCounters(0)
-    monkeypatch.setattr(counters, "_new", lambda stream: 0x1000)
-    assert counters.counter(("kernel", 7), 7) == 0x1000
-    monkeypatch.setattr(counters, "_new", lambda stream: pytest.fail("allocated again"))
-    assert counters.counter(("kernel", 7), 7) == 0x1000

@@ -43,8 +43,9 @@ class Hints:
                       aligned); False: copies of one vector each
     dealing           how row groups reach blocks: `strided` (a persistent grid, fixed
                       strides), `dynamic` (a persistent grid taking groups from a counter;
-                      blocks that own whole rows outside a staging ring) or `grid` (a block per
-                      group; fusions without column sums)
+                      blocks that own whole rows outside a staging ring; column sums then
+                      differ from run to run in their last bits) or `grid` (a block per group;
+                      fusions without column sums)
     """
 
     threads_per_row: int | None = None

@@ -3,9 +3,10 @@
 One kernel reads each [rows, hidden] input once per row, computes the row reductions and the
 row outputs (dX), and accumulates the column reductions (dW, dB) for all rows it visits in fp32
 registers; each block then writes one partial row to a [blocks, hidden] fp32 workspace, and a
-small finalize kernel (finalize.py) sums the partials per column (no atomics: the result is
-the same from run to run). Fusions with only outer reductions use the same kernel with no row
-reductions.
+small finalize kernel (finalize.py) sums the partials per column (no atomics, and each block's
+rows fixed by its stride: the result is the same from run to run, unless a hint deals the
+rows from a counter, row_dealing.py). Fusions with only outer reductions use the same kernel
+with no row reductions.
 
 Its policy stages rows in shared memory first: cp.async fills them, the next rows' copies in
 flight while this row computes, when two stages fit. When the plan is over budget, buffers

@@ -5,7 +5,11 @@ lasts as long as its slowest SM takes; on the H200 taking groups from a counter 
 launching a block per group, ran the forward norms at 0.94-0.98 of the copy where fixed
 strides held them at 0.87-0.92 ("dealing rows to blocks" in bench/TUNING.md). A block per group
 repeats the block's setup (its column loads, above all) per group: it is picked only where
-several blocks share an SM and the columns weigh no more than the group's rows.
+several blocks share an SM and the columns weigh no more than the group's rows. Fusions with
+column sums keep fixed strides unless hinted: each block sums its own rows into a partial row,
+and rows dealt by a counter would change the order of the sums from run to run (bit-identical
+results from run to run are the finalize's promise; a counter gained 0.02-0.05 of the copy
+there).
 """
 
 from __future__ import annotations
@@ -33,11 +37,12 @@ def allowed(phase: Phase, geo: RowGeometry, ring: StagingRing | None) -> tuple[D
 
 def pick(phase: Phase, geo: RowGeometry, ring: StagingRing | None, stages: int,
          aligned_copy: bool, blocks_per_sm: int) -> Dealing:
-    """The hinted dealing (fit() checks it is allowed), else a block per group where
-    GRID_MIN_BLOCKS blocks share an SM, rows are not pipelined and the group's rows outweigh
-    the block's column loads; else a counter where allowed, but for rows copied in aligned
-    chunks (their copies end in a barrier of their own: rmsnorm_bwd 24578 ran at 0.51 of the
-    copy with a counter, 0.85 without); else fixed strides."""
+    """The hinted dealing (row_fit._resources checks it is allowed), else a block per group
+    where GRID_MIN_BLOCKS blocks share an SM, rows are not pipelined and the group's rows
+    outweigh the block's column loads; else a counter where allowed, but for fusions with
+    column sums (their sums would differ from run to run) and rows copied in aligned chunks
+    (their copies end in a barrier of their own: rmsnorm_bwd 24578 ran at 0.51 of the copy
+    with a counter, 0.85 without); else fixed strides."""
     if phase.hints.dealing is not None:
         return phase.hints.dealing
     dealings = allowed(phase, geo, ring)
@@ -47,5 +52,6 @@ def pick(phase: Phase, geo: RowGeometry, ring: StagingRing | None, stages: int,
     if (Dealing.GRID in dealings and stages == 1 and blocks_per_sm >= GRID_MIN_BLOCKS
             and column_bytes <= group_bytes):
         return Dealing.GRID
-    return (Dealing.DYNAMIC if Dealing.DYNAMIC in dealings and not aligned_copy
-            else Dealing.STRIDED)
+    counter = (Dealing.DYNAMIC in dealings and not aligned_copy
+               and not fusion.info.outer_reductions)
+    return Dealing.DYNAMIC if counter else Dealing.STRIDED

@@ -210,8 +210,8 @@ def _resources(phase: Phase, geo: RowGeometry, choice: StorageChoice,
     if hinted is not None and hinted not in dealings:
         return Rejection(
             f"cluster={geo.cluster} {_storage_words(storage)} dealing={hinted}",
-            f"allowed here: {', '.join(map(str, dealings))} (a counter needs blocks that own "
-            "whole rows outside a staging ring)")
+            f"allowed here: {', '.join(map(str, dealings))} (a counter deals whole rows to "
+            "blocks outside a staging ring)")
     return _schedule(phase, geo, choice, storage, ring, plan, kept, regs, residency)
 
 

@@ -75,7 +75,7 @@
 //   reduction_bytes    4
 //   regs_estimate      52
 //   blocks_per_sm      4
-//   dealing            dynamic
+//   dealing            strided
 //
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
@@ -103,7 +103,7 @@
 
 #include "fuser_rows.cuh"
 
-// Each block works on 4 row(s) at a time; a persistent grid, each block taking its next row group from a counter.
+// Each block works on 4 row(s) at a time; a persistent grid, each block taking every grid-th row group.
 // Thread x of a row owns vectors x, x + 64, ... (8 of them, 2 element(s) each) of the row.
 // Inputs: T0, T1, T2, T4, T5 in smem.
 extern "C" __global__ void __launch_bounds__(256, 4)
@@ -117,8 +117,7 @@ dropout_rmsnorm_bwd_row(
     __nv_bfloat16* __restrict__ g_T36,
     __nv_bfloat16* __restrict__ g_T37,
     float* __restrict__ g_part_T33,
-    long long n_rows,
-    unsigned int* __restrict__ g_row_tickets)
+    long long n_rows)
 {
   constexpr int H = 1000;  // elements per row
   constexpr int RPB = 4;  // rows per block
@@ -158,10 +157,10 @@ dropout_rmsnorm_bwd_row(
   fm::RowInSmem<__nv_bfloat16, Part, fm::Copy::VECTORS, 2000> T4(s_T4, g_T4);
   __syncthreads();  // the column buffers are shared by the block's rows
 
-  // row groups from a counter, as blocks finish theirs
-  fm::CountedRows<Part, false, false> rows(part, g_row_tickets);
-  for (int it = 0; rows.more(n_rows); rows.advance(it), ++it) {
-    const long long row = rows.row0 + part.ty + zero;
+  const long long row_stride = part.row_stride();
+  long long row0 = part.first_row();
+  for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
+    const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
     const int slot = part.ty;
     T0.copy(part, slot, row, n_rows);
@@ -201,7 +200,6 @@ dropout_rmsnorm_bwd_row(
         row_T22 = fm::Sum{}(row_T22, e_T21);
       }
     });
-    rows.publish(it);  // the next row group, shared by the barrier of the reduction below
     reduce(part, fm::reduced(row_T22, fm::Sum{}));
     const float row_T24 = (row_T22 / static_cast<float>(S23));
 
@@ -241,7 +239,6 @@ dropout_rmsnorm_bwd_row(
       if (valid) fm::store_vector<Part::VEC>(g_T37 + row * H + v.j * Part::VEC, o_T37);
     });
   }
-  rows.finish();
   acc_T33.finish(part);  // this block's partial row of T33
 }
 

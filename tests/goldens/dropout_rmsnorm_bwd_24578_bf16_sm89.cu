@@ -76,7 +76,7 @@
 //   reduction_bytes    4
 //   regs_estimate      64
 //   blocks_per_sm      1
-//   dealing            dynamic
+//   dealing            strided
 //
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
@@ -100,7 +100,7 @@
 
 #include "fuser_rows.cuh"
 
-// Each block works on 1 row(s) at a time; a persistent grid, each block taking its next row group from a counter.
+// Each block works on 1 row(s) at a time; a persistent grid, each block taking every grid-th row group.
 // Thread x of a row owns vectors x, x + 1024, ... (13 of them, 2 element(s) each) of the row.
 // Inputs: T2 in registers; T1, T4 in smem; T0, T5 in global.
 extern "C" __global__ void __launch_bounds__(1024, 1)
@@ -114,8 +114,7 @@ dropout_rmsnorm_bwd_row(
     __nv_bfloat16* __restrict__ g_T36,
     __nv_bfloat16* __restrict__ g_T37,
     float* __restrict__ g_part_T33,
-    long long n_rows,
-    unsigned int* __restrict__ g_row_tickets)
+    long long n_rows)
 {
   constexpr int H = 24578;  // elements per row
   constexpr int RPB = 1;  // rows per block
@@ -145,10 +144,10 @@ dropout_rmsnorm_bwd_row(
   fm::RowInSmem<__nv_bfloat16, Part, fm::Copy::VECTORS, 49156> T1(s_T1, g_T1);
   fm::RowInSmem<__nv_bfloat16, Part, fm::Copy::VECTORS, 49156> T4(s_T4, g_T4);
 
-  // row groups from a counter, as blocks finish theirs
-  fm::CountedRows<Part, false, false> rows(part, g_row_tickets);
-  for (int it = 0; rows.more(n_rows); rows.advance(it), ++it) {
-    const long long row = rows.row0 + part.ty + zero;
+  const long long row_stride = part.row_stride();
+  long long row0 = part.first_row();
+  for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
+    const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
     const int slot = part.ty;
     T1.copy(part, slot, row, n_rows);
@@ -186,7 +185,6 @@ dropout_rmsnorm_bwd_row(
         row_T22 = fm::Sum{}(row_T22, e_T21);
       }
     });
-    rows.publish(it);  // the next row group, shared by the barrier of the reduction below
     reduce(part, fm::reduced(row_T22, fm::Sum{}));
     const float row_T24 = (row_T22 / static_cast<float>(S23));
 
@@ -226,7 +224,6 @@ dropout_rmsnorm_bwd_row(
       if (valid) fm::store<Part::VEC>(g_T37 + row * H + v.j * Part::VEC, o_T37);
     });
   }
-  rows.finish();
   acc_T33.finish(part);  // this block's partial row of T33
 }
 

@@ -97,7 +97,7 @@ layernorm_fwd_row(
     float* __restrict__ g_T20,
     float* __restrict__ g_T23,
     long long n_rows,
-    unsigned int* __restrict__ g_row_tickets)
+    unsigned long long* __restrict__ g_row_tickets)
 {
   constexpr int H = 16384;  // elements per row
   constexpr int RPB = 1;  // rows per block

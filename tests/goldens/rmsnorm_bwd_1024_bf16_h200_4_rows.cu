@@ -62,7 +62,7 @@
 //   reduction_bytes    4
 //   regs_estimate      64
 //   blocks_per_sm      4
-//   dealing            dynamic
+//   dealing            strided
 //
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
@@ -88,7 +88,7 @@
 
 #include "fuser_rows.cuh"
 
-// Each block works on 4 row(s) at a time; a persistent grid, each block taking its next row group from a counter.
+// Each block works on 4 row(s) at a time; a persistent grid, each block taking every grid-th row group.
 // Thread x of a row owns vectors x, x + 64, ... (2 of them, 8 element(s) each) of the row.
 // Inputs: T0, T2, T3 in smem.
 extern "C" __global__ void __launch_bounds__(256, 4)
@@ -99,8 +99,7 @@ rmsnorm_bwd_row(
     const float* __restrict__ g_T1,
     __nv_bfloat16* __restrict__ g_T26,
     float* __restrict__ g_part_T25,
-    long long n_rows,
-    unsigned int* __restrict__ g_row_tickets)
+    long long n_rows)
 {
   constexpr int H = 1024;  // elements per row
   constexpr int RPB = 4;  // rows per block
@@ -133,10 +132,10 @@ rmsnorm_bwd_row(
   fm::RowInSmem<__nv_bfloat16, Part, fm::Copy::VECTORS, 2048> T2(s_T2, g_T2);
   __syncthreads();  // the column buffers are shared by the block's rows
 
-  // row groups from a counter, as blocks finish theirs
-  fm::CountedRows<Part, false, false> rows(part, g_row_tickets);
-  for (int it = 0; rows.more(n_rows); rows.advance(it), ++it) {
-    const long long row = rows.row0 + part.ty + zero;
+  const long long row_stride = part.row_stride();
+  long long row0 = part.first_row();
+  for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
+    const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
     const int slot = part.ty;
     T0.copy(part, slot, row, n_rows);
@@ -165,7 +164,6 @@ rmsnorm_bwd_row(
         row_T14 = fm::Sum{}(row_T14, e_T13);
       }
     });
-    rows.publish(it);  // the next row group, shared by the barrier of the reduction below
     reduce(part, fm::reduced(row_T14, fm::Sum{}));
     const float row_T16 = (row_T14 / static_cast<float>(S15));
 
@@ -193,7 +191,6 @@ rmsnorm_bwd_row(
       if (valid) fm::store_vector<Part::VEC>(g_T26 + row * H + v.j * Part::VEC, o_T26);
     });
   }
-  rows.finish();
   acc_T25.finish(part);  // this block's partial row of T25
 }
 

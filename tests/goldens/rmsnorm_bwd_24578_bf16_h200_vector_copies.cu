@@ -62,7 +62,7 @@
 //   reduction_bytes    4
 //   regs_estimate      64
 //   blocks_per_sm      1
-//   dealing            dynamic
+//   dealing            strided
 //
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
@@ -86,7 +86,7 @@
 
 #include "fuser_rows.cuh"
 
-// Each block works on 1 row(s) at a time; a persistent grid, each block taking its next row group from a counter.
+// Each block works on 1 row(s) at a time; a persistent grid, each block taking every grid-th row group.
 // Thread x of a row owns vectors x, x + 1024, ... (13 of them, 2 element(s) each) of the row.
 // Inputs: T3 in registers; T0, T2 in smem.
 extern "C" __global__ void __launch_bounds__(1024, 1)
@@ -97,8 +97,7 @@ rmsnorm_bwd_row(
     const float* __restrict__ g_T1,
     __nv_bfloat16* __restrict__ g_T26,
     float* __restrict__ g_part_T25,
-    long long n_rows,
-    unsigned int* __restrict__ g_row_tickets)
+    long long n_rows)
 {
   constexpr int H = 24578;  // elements per row
   constexpr int RPB = 1;  // rows per block
@@ -126,19 +125,19 @@ rmsnorm_bwd_row(
   fm::RowInSmem<__nv_bfloat16, Part, fm::Copy::VECTORS, 49156> T0(s_T0, g_T0);
   fm::RowInSmem<__nv_bfloat16, Part, fm::Copy::VECTORS, 49156> T2(s_T2, g_T2);
 
-  // row groups from a counter, as blocks finish theirs (the next group known a row ahead, for its loads)
-  fm::CountedRows<Part, true, false> rows(part, g_row_tickets);
+  const long long row_stride = part.row_stride();
+  long long row0 = part.first_row();
   // Two stages: this block's first rows start loading now, each next row while one computes.
-  T0.copy(part, part.ty, rows.row0 + part.ty, n_rows);
-  T2.copy(part, part.ty, rows.row0 + part.ty, n_rows);
+  T0.copy(part, part.ty, row0 + part.ty, n_rows);
+  T2.copy(part, part.ty, row0 + part.ty, n_rows);
   fm::cp_async_commit();
-  float ahead_T1 = fm::row_value<float>(g_T1, rows.row0 + part.ty, rows.row0 + part.ty < n_rows);
-  for (int it = 0; rows.more(n_rows); rows.advance(it), ++it) {
-    const long long row = rows.row0 + part.ty + zero;
+  float ahead_T1 = fm::row_value<float>(g_T1, row0 + part.ty, row0 + part.ty < n_rows);
+  for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
+    const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
     const int stage = it & 1;
     const int slot = stage * RPB + part.ty;  // this row's slot
-    const long long next = rows.ahead() + part.ty + zero;
+    const long long next = row + row_stride;
     T0.copy(part, (stage ^ 1) * RPB + part.ty, next, n_rows);
     T2.copy(part, (stage ^ 1) * RPB + part.ty, next, n_rows);
     fm::cp_async_commit();
@@ -166,7 +165,6 @@ rmsnorm_bwd_row(
         row_T14 = fm::Sum{}(row_T14, e_T13);
       }
     });
-    rows.publish(it);  // the next row group, shared by the barrier of the reduction below
     reduce(part, fm::reduced(row_T14, fm::Sum{}));
     const float row_T16 = (row_T14 / static_cast<float>(S15));
 
@@ -194,7 +192,6 @@ rmsnorm_bwd_row(
       if (valid) fm::store<Part::VEC>(g_T26 + row * H + v.j * Part::VEC, o_T26);
     });
   }
-  rows.finish();
   acc_T25.finish(part);  // this block's partial row of T25
 }
 

@@ -63,7 +63,7 @@
 //   reduction_bytes    4
 //   regs_estimate      34
 //   blocks_per_sm      1
-//   dealing            dynamic
+//   dealing            strided
 //
 // shared memory plan:
 // buffer        bytes  offset  aligned  purpose
@@ -86,7 +86,7 @@
 
 #include "fuser_rows.cuh"
 
-// Each block works on 1 row(s) at a time; a persistent grid, each block taking its next row group from a counter.
+// Each block works on 1 row(s) at a time; a persistent grid, each block taking every grid-th row group.
 // Thread x of a row owns vectors x, x + 1024, ... (65 of them, 1 element(s) each) of the row.
 // Inputs: T3 in smem; T0, T2 in global.
 extern "C" __global__ void __launch_bounds__(1024, 1)
@@ -97,8 +97,7 @@ rmsnorm_bwd_row(
     const float* __restrict__ g_T1,
     __nv_bfloat16* __restrict__ g_T26,
     float* __restrict__ g_part_T25,
-    long long n_rows,
-    unsigned int* __restrict__ g_row_tickets)
+    long long n_rows)
 {
   constexpr int H = 65537;  // elements per row
   constexpr int RPB = 1;  // rows per block
@@ -125,10 +124,10 @@ rmsnorm_bwd_row(
   fm::RowInGlobal<__nv_bfloat16, Part> T2(g_T2);
   __syncthreads();  // the column buffers are shared by the block's rows
 
-  // row groups from a counter, as blocks finish theirs
-  fm::CountedRows<Part, false, false> rows(part, g_row_tickets);
-  for (int it = 0; rows.more(n_rows); rows.advance(it), ++it) {
-    const long long row = rows.row0 + part.ty + zero;
+  const long long row_stride = part.row_stride();
+  long long row0 = part.first_row();
+  for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
+    const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
     const float row_T1 = fm::row_value<float>(g_T1, row, valid);
     T0.ready(row, valid);
@@ -152,7 +151,6 @@ rmsnorm_bwd_row(
         row_T14 = fm::Sum{}(row_T14, e_T13);
       }
     });
-    rows.publish(it);  // the next row group, shared by the barrier of the reduction below
     reduce(part, fm::reduced(row_T14, fm::Sum{}));
     const float row_T16 = (row_T14 / static_cast<float>(S15));
 
@@ -180,7 +178,6 @@ rmsnorm_bwd_row(
       if (valid) fm::store_vector<Part::VEC>(g_T26 + row * H + v.j * Part::VEC, o_T26);
     });
   }
-  rows.finish();
   acc_T25.finish(part);  // this block's partial row of T25
 }
 
