@@ -3,14 +3,16 @@
 A grid of Hints over the ten row normalizations of fuser.fusions (bf16, 64 rows, hidden 1000
 and 4096, and 24576 for rows split over clusters): one factor at a time (threads_per_row,
 rows_per_block, cluster, stages, storage of every row input, accumulators, finalize_lanes,
-aligned_copy), then a few pairs (threads_per_row x rows_per_block, storage x stages,
-cluster x storage, accumulators x storage). Each run is EITHER validated against the float64
+aligned_copy, dealing), then a few pairs (threads_per_row x rows_per_block, storage x stages,
+cluster x storage, accumulators x storage, a counter x two stages or a ring). At 64 rows
+every row group goes to a block of the first wave: tests/test_gpu_dealing.py deals many. Each
+run is EITHER validated against the float64
 reference, with a schedule that does what every hint says, OR refused with a HintError and
 nothing launched.
 Values the kernels once took and got wrong (threads_per_row 7, 33, 48, 96: the warp
 reduction mixed rows) are in the grid.
 
-1036 runs (624 over the first six fusions took about 30 s with `pytest -n 8` on an H200,
+1136 runs (624 over the first six fusions took about 30 s with `pytest -n 8` on an H200,
 most of it NVRTC). `pytest -s` prints how
 many hint sets were honoured and refused; with pytest-xdist, set
 FUSER_HINT_OUTCOMES=file.jsonl and run `python tests/test_gpu_hints.py file.jsonl`.
@@ -70,6 +72,7 @@ def one_factor(name: str) -> list[dict]:
     grid += [{"accumulators": w} for w in ("registers", "smem", "global")]
     grid += [{"finalize_lanes": k} for k in (3, 16, 1024)]
     grid += [{"aligned_copy": b} for b in (True, False)]
+    grid += [{"dealing": d} for d in ("strided", "dynamic", "grid")]
     return grid
 
 
@@ -80,6 +83,8 @@ def pairs(name: str) -> list[dict]:
     grid += [{"storage": storage(name, w), "stages": s} for w in STORAGES for s in (1, 2)]
     grid += [{"cluster": k, "storage": storage(name, w)} for k in (2, 8)
              for w in ("smem", "global", "ring")]
+    grid += [{"dealing": "dynamic", "storage": storage(name, "smem"), "stages": 2},
+             {"dealing": "dynamic", "storage": storage(name, "ring")}]
     if name.endswith("_bwd"):
         grid += [{"accumulators": a, "storage": storage(name, "global")}
                  for a in ("smem", "global")]
