@@ -142,12 +142,14 @@ def run_case(fusion: str, hidden: int, args, timer) -> list[dict]:
             copy_us = timer(copy_fn) * 1000.0
         record["max_rel_err"] = max_rel_err(outputs, reference)
         record["schedule"] = _schedule_words(fd.last_schedule())
+        record["dealing"] = str(getattr(fd.last_schedule(), "dealing", ""))
         record["time_us"] = us = timer(lambda h=hints: execute(fd, inputs, hints=h)) * 1000.0
         record["gbps"] = gbps(nbytes, us)
         record["fraction_of_copy"] = copy_us / us
         wrong = "" if record.get("correct", True) else "  WRONG against eager"
         print(f"{fusion:20s} {hidden:7d} {name:10s} {us:9.1f} us {copy_us / us:5.2f} of copy "
-              f"err {record['max_rel_err']:.1e}{wrong}  {record['schedule']}", flush=True)
+              f"err {record['max_rel_err']:.1e}{wrong}  {record['dealing']}: {record['schedule']}",
+              flush=True)
     return records
 
 
