@@ -3,7 +3,8 @@ seen in review. One golden per kernel variant: rows in registers, in shared memo
 forward, one and two stages, aligned and vector copies, copied through registers), through
 the staging ring (bulk and cp.async, over a cluster too), split over clusters of 2, 4 and 8,
 re-read from global memory; column accumulators in registers, shared memory and the
-workspace; blocks of several rows; the finalize; a pointwise kernel; double reductions.
+workspace; blocks of several rows; row groups from a counter (published at a row
+reduction's barrier, or behind its own); the finalize; a pointwise kernel; double reductions.
 After an intended change: FUSER_UPDATE_GOLDENS=1 pytest tests/test_goldens.py, then read the
 diff of tests/goldens/ before committing it."""
 
@@ -117,6 +118,14 @@ CASES = [
     # blocks of several rows, accumulators folded across them
     Golden("rmsnorm_bwd_1024_bf16_h200_4_rows", "rmsnorm_bwd", 1024,
            hints=Hints(threads_per_row=64, rows_per_block=4)),
+    # row groups from a counter, published before the row reduction's barrier
+    Golden("rmsnorm_fwd_32768_bf16_h200", "rmsnorm_fwd", 32768),
+    # a counter behind a barrier of its own: single-warp rows, no block barrier to share
+    Golden("softmax_fwd_1024_bf16_h200_counter", "softmax_fwd", 1024,
+           hints=Hints(dealing="dynamic")),
+    # column sums from rows dealt by a counter (hinted), the next group loading ahead
+    Golden("layernorm_bwd_4096_bf16_h200_counter", "layernorm_bwd", 4096,
+           hints=Hints(dealing="dynamic")),
     # a pointwise kernel
     Golden("gelu_bias_4096_bf16_h200", "gelu_bias", 4096),
     # an inner reduction in double

@@ -1,0 +1,135 @@
+// fuser kernel module for fusion 'rmsnorm_fwd' (templates <templates>)
+//
+// The fusion, lowered to primitives (Python that rebuilds it):
+// def define_fusion(fd: FusionDefinition) -> None:
+//     T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
+//     T1 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.BFloat16)
+//     T2 = fd.ops.cast(T0, dtype=DataType.Float)
+//     T3 = fd.ops.mul(T2, T2)
+//     T4 = fd.ops.sum(T3, dims=[1], keepdim=True, dtype=DataType.Float)
+//     S5 = fd.ops.size(T0, dim=1)
+//     T6 = fd.ops.div(T4, S5)
+//     S7 = fd.define_scalar(1e-06, dtype=DataType.Double)
+//     T8 = fd.ops.add(T6, S7)
+//     T9 = fd.ops.rsqrt(T8)
+//     S10 = fd.ops.size(T0, dim=0)
+//     S11 = fd.ops.size(T0, dim=1)
+//     T12 = fd.ops.broadcast_in_dim(T9, shape=[S10, S11], broadcast_dims=[0, 1])
+//     T13 = fd.ops.mul(T2, T12)
+//     T14 = fd.ops.cast(T1, dtype=DataType.Float)
+//     T15 = fd.ops.mul(T13, T14)
+//     T16 = fd.ops.cast(T15, dtype=DataType.BFloat16)
+//     fd.add_output(T16)
+//     fd.add_output(T9)
+//
+// kind:              inner reduction
+// full inputs:       T0:BFloat16
+// row inputs:        -
+// column inputs:     T1:BFloat16
+// scalar inputs:     -
+// persistent:        T0:BFloat16
+// inner level 0:     sum(T3)->T4
+// outputs:           T16:full, T9:row
+//
+// RowSchedule
+//   scheduler          inner_persistent
+//   reason             registers-first policy: nothing in smem, ~64 regs/thread, ~1 block(s)/SM
+//   hidden             32768
+//   vec                8
+//   threads_per_row    1024
+//   rows_per_block     1
+//   cluster            1
+//   batch              4
+//   unroll             4
+//   full_unroll        True
+//   kept               ()
+//   stages             1
+//   aligned_copy       False
+//   placements         T0:BFloat16->registers, T1:BFloat16->registers
+//   accumulators       registers
+//   reduction_bytes    4
+//   regs_estimate      64
+//   blocks_per_sm      1
+//   dealing            dynamic
+//
+// shared memory plan:
+// buffer       bytes  offset  aligned  purpose
+// s_reduce       256       0      256  inner-reduction scratch: 2 parities x 1 x 1 row(s) x 32 warps x 4 B
+// static slot    128  static      128  static __shared__ (magic zero)
+// total 384 B = dynamic 256 + static 128; limit 232448 B; headroom 232064 B; alignment 128 B
+
+#include "fuser_rows.cuh"
+
+// Each block works on 1 row(s) at a time; a persistent grid, each block taking its next row group from a counter.
+// Thread x of a row owns vectors x, x + 1024, ... (4 of them, 8 element(s) each) of the row.
+// Inputs: T0, T1 in registers.
+extern "C" __global__ void __launch_bounds__(1024, 1)
+rmsnorm_fwd_row(
+    const __nv_bfloat16* __restrict__ g_T0,
+    const __nv_bfloat16* __restrict__ g_T1,
+    __nv_bfloat16* __restrict__ g_T16,
+    float* __restrict__ g_T9,
+    long long n_rows,
+    unsigned long long* __restrict__ g_row_tickets)
+{
+  constexpr int H = 32768;  // elements per row
+  constexpr int RPB = 1;  // rows per block
+  // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER: the thread's rows and vectors, and their passes
+  using Part = fm::RowPart<H, 8, 1024, RPB, 4, 4, 1>;
+  const Part part;
+  const int zero = fm::magic_zero();
+
+  // Shared memory, as planned (each buffer 128-byte aligned; the static slot is separate).
+  extern __shared__ __align__(128) unsigned char smem[];
+  // inner-reduction scratch: 2 parities x 1 x 1 row(s) x 32 warps x 4 B
+  unsigned char* const s_reduce = smem;
+  const long long S5 = static_cast<long long>(H);
+  const double S7 = 1e-06;
+
+  fm::ColumnInRegisters<__nv_bfloat16, Part> T1(part, g_T1);
+  // the row reductions: warps, then the row's warps, then the cluster's blocks
+  fm::RowReducer<float, Part, 1> reduce(s_reduce, nullptr);
+
+  // row groups from a counter, as blocks finish theirs
+  fm::CountedRows<Part, false, false> rows(part, g_row_tickets);
+  for (int it = 0; rows.more(n_rows); rows.advance(it), ++it) {
+    const long long row = rows.row0 + part.ty + zero;
+    const bool valid = row < n_rows;
+    const fm::RowInRegisters<__nv_bfloat16, Part> T0(part, g_T0, row, valid);
+
+    // Inner reduction level 0: sum(T3) -> T4.
+    float row_T4 = fm::Sum::identity<float>();
+    fm::for_each_vector(part, [&](const fm::Visit& v) {
+      const auto x_T0 = T0.at(v);
+#pragma unroll
+      for (int i = 0; i < Part::VEC; ++i) {
+        const float e_T2 = fm::to_compute(x_T0.v[i]);
+        const float e_T3 = (e_T2 * e_T2);
+        row_T4 = fm::Sum{}(row_T4, e_T3);
+      }
+    });
+    rows.publish(it);  // the next row group, shared by the barrier of the reduction below
+    reduce(part, fm::reduced(row_T4, fm::Sum{}));
+    const float row_T6 = (row_T4 / static_cast<float>(S5));
+    const float row_T8 = (row_T6 + static_cast<float>(S7));
+    const float row_T9 = fm::rsqrt(row_T8);
+
+    // Outputs of the row.
+    fm::for_each_vector(part, [&](const fm::Visit& v) {
+      const auto x_T0 = T0.at(v);
+      const auto c_T1 = T1.at(v);
+      fm::Vec<__nv_bfloat16, Part::VEC> o_T16;
+#pragma unroll
+      for (int i = 0; i < Part::VEC; ++i) {
+        const float e_T2 = fm::to_compute(x_T0.v[i]);
+        const float e_T13 = (e_T2 * row_T9);
+        const float e_T14 = fm::to_compute(c_T1.v[i]);
+        const float e_T15 = (e_T13 * e_T14);
+        o_T16.v[i] = fm::to_storage<__nv_bfloat16>(e_T15);
+      }
+      if (valid) fm::store<Part::VEC>(g_T16 + row * H + v.j * Part::VEC, o_T16);
+    });
+    if (valid && part.writes_row_values()) g_T9[row] = fm::to_storage<float>(row_T9);
+  }
+  rows.finish();
+}
