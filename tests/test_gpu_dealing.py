@@ -7,7 +7,11 @@ one kernel at once each count on their own.
 from __future__ import annotations
 
 import pytest
-from test_gpu_fusions import poisoned_outputs, to_device  # noqa: F401 (an autouse fixture)
+from test_gpu_fusions import (  # noqa: F401 (poisoned_outputs: an autouse fixture)
+    poisoned_outputs,
+    run_and_validate,
+    to_device,
+)
 
 import fuser.executor as executor
 from fuser import DataType
@@ -39,15 +43,10 @@ CASES = [(name, hidden, kw) for name in FORWARD + BACKWARD for hidden in ROWS
          for kw in variants(name, hidden)]
 
 
-def validated(name: str, rows: int, hidden: int, hints: Hints, rng, stream=None):
-    """The kernel that ran `name` with `hints` on fresh inputs, its outputs checked."""
-    fd = FUSIONS[name](DataType.BFloat16)
-    host = make_inputs(name, rows, hidden, DataType.BFloat16, rng)
-    outs = executor.execute(fd, to_device(host), hints=hints)
-    refs = evaluate(fd.fusion, host)
-    compare([executor.to_host(o) for o in outs], refs, fd.fusion,
-            output_reduction_sizes(fd.fusion, host), input_sensitivity(fd.fusion, host, refs))
-    return fd._last_run.kernel
+def validated(name: str, rows: int, hidden: int, hints: Hints, rng):
+    """The kernel that ran `name` with `hints` on fresh inputs, its outputs checked against
+    the float64 reference (test_gpu_fusions.run_and_validate)."""
+    return run_and_validate(name, DataType.BFloat16, hidden, rows, rng, hints)._last_run.kernel
 
 
 @pytest.mark.parametrize(("name", "hidden", "kw"), CASES,

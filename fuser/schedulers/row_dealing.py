@@ -35,9 +35,10 @@ def allowed(phase: Phase, geo: RowGeometry, ring: StagingRing | None) -> tuple[D
     return tuple(dealings)
 
 
-def pick(phase: Phase, geo: RowGeometry, ring: StagingRing | None, stages: int,
+def pick(phase: Phase, geo: RowGeometry, dealings: tuple[Dealing, ...], stages: int,
          aligned_copy: bool, blocks_per_sm: int) -> Dealing:
-    """The hinted dealing (row_fit._resources checks it is allowed), else a block per group
+    """Of the kernel's `dealings` (allowed()): the hinted one (row_fit._resources refuses one
+    not among them), else a block per group
     where GRID_MIN_BLOCKS blocks share an SM, rows are not pipelined and the group's rows
     outweigh the block's column loads; else a counter where allowed, but for fusions with
     column sums (their sums would differ from run to run) and rows copied in aligned chunks
@@ -45,7 +46,6 @@ def pick(phase: Phase, geo: RowGeometry, ring: StagingRing | None, stages: int,
     with a counter, 0.85 without); else fixed strides."""
     if phase.hints.dealing is not None:
         return phase.hints.dealing
-    dealings = allowed(phase, geo, ring)
     fusion = phase.fusion
     column_bytes = geo.hidden * sum(t.dtype.itemsize for t in fusion.cols)
     group_bytes = geo.rows_per_block * geo.hidden * sum(t.dtype.itemsize for t in fusion.full)

@@ -14,6 +14,7 @@ from fuser.analysis import Role
 from fuser.ir import Tensor
 from fuser.schedulers import row_dealing
 from fuser.schedulers.base import (
+    Dealing,
     Placement,
     RowSchedule,
     StagingRing,
@@ -212,15 +213,18 @@ def _resources(phase: Phase, geo: RowGeometry, choice: StorageChoice,
             f"cluster={geo.cluster} {_storage_words(storage)} dealing={hinted}",
             f"allowed here: {', '.join(map(str, dealings))} (a counter deals whole rows to "
             "blocks outside a staging ring)")
-    return _schedule(phase, geo, choice, storage, ring, plan, kept, regs, residency)
+    return _schedule(phase, geo, choice, storage, ring, plan, kept, regs, residency, dealings)
 
 
 def _schedule(phase: Phase, geo: RowGeometry, choice: StorageChoice,
               storage: dict[str, Storage], ring: StagingRing | None, plan: SmemPlan,
-              kept: tuple[str, ...], regs: int, residency: int) -> RowSchedule:
+              kept: tuple[str, ...], regs: int, residency: int,
+              dealings: tuple[Dealing, ...]) -> RowSchedule:
     fusion = phase.fusion
     info = fusion.info
     full_in_smem = any(storage[t.name] is Storage.SMEM for t in fusion.full)
+    stages = choice.stages if full_in_smem else 1
+    aligned_copy = phase.aligned and full_in_smem
     placements = tuple(
         Placement(t.name, t.dtype, info.roles[t], storage[t.name],
                   storage[t.name] is Storage.SMEM and info.roles[t] is Role.FULL
@@ -243,16 +247,15 @@ def _schedule(phase: Phase, geo: RowGeometry, choice: StorageChoice,
         unroll=unroll,
         full_unroll=register_arrays,
         kept=kept,
-        stages=choice.stages if full_in_smem else 1,
-        aligned_copy=phase.aligned and full_in_smem,
+        stages=stages,
+        aligned_copy=aligned_copy,
         placements=placements,
         accumulators=choice.accumulators,
         ring=ring,
         reduction_bytes=fusion.reduction_bytes,
         regs_estimate=regs,
         blocks_per_sm=residency,
-        dealing=row_dealing.pick(phase, geo, ring, choice.stages if full_in_smem else 1,
-                                 phase.aligned and full_in_smem, residency),
+        dealing=row_dealing.pick(phase, geo, dealings, stages, aligned_copy, residency),
         smem=plan,
     )
 
