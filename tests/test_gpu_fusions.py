@@ -33,7 +33,7 @@ from fuser.reference import (
     tolerance,
 )
 from fuser.schedulers import Hints
-from fuser.schedulers.base import Fill, Storage
+from fuser.schedulers.base import Dealing, Fill, Storage, ceil_div
 
 pytestmark = pytest.mark.gpu
 
@@ -434,8 +434,10 @@ def test_cluster_split_rows_match_reference(name, hidden, cluster, rng):
     fd = run_and_validate(name, DataType.BFloat16, hidden, 400, rng, hints=Hints(cluster=cluster))
     kernel, launch = fd._last_run.kernel, fd._last_run.launch
     assert launch.grid % cluster == 0
-    # No second wave: the grid is at most the clusters the driver keeps resident at once.
-    assert launch.grid // cluster <= kernel.resident_groups
+    if kernel.schedule.dealing is Dealing.GRID:  # a cluster per row group, in waves
+        assert launch.grid // cluster == ceil_div(400, kernel.schedule.rows_per_block)
+    else:  # no second wave: at most the clusters the driver keeps resident at once
+        assert launch.grid // cluster <= kernel.resident_groups
     assert kernel.resident_groups <= kernel.occupancy * kernel.device.sm_count // cluster
 
 
