@@ -88,7 +88,7 @@ def warm(args) -> None:
     from bench.run import DTYPES, rows_for_budget
     from fuser.device import DeviceSpec
 
-    device = DeviceSpec.from_cupy(0)
+    device = DeviceSpec.from_gpu(0)
     dtype_name = DTYPES[args.dtype]
     jobs = [(args.tree, f, h, rows_for_budget(f, args.rows, h, 4 if args.dtype == "fp32" else 2),
              dtype_name, fields, device)

@@ -2,7 +2,7 @@
 
 A key is the sha256 of everything that changes the binary: the source (whose header comment
 carries the templates' hash), the full NVRTC option list, the arch, the kernel file name, the
-NVRTC version, the hash of the CUDA headers, fuser's version and CuPy's version. Each entry is
+NVRTC version, the hash of the CUDA headers and fuser's version. Each entry is
 ONE file, `<key>.fuser`, written to a temp file in the same folder and renamed over the target
 (atomic on POSIX), so readers see a whole old entry or a whole new one, never a mix:
 
@@ -12,10 +12,12 @@ ONE file, `<key>.fuser`, written to a temp file in the same folder and renamed o
 
 A file that fails any check (magic, format, checksum, JSON, key, length, a resource report for
 every `extern "C" __global__` kernel of the source) is deleted and counts as a miss, so a
-truncated or flipped entry is recompiled instead of loaded. `cupy.RawModule` loads from a path,
-so the cubin is also kept as `<key>.cubin` beside the entry; it is derived data, rewritten
-(atomically) from the checked entry whenever it is missing or differs, a memory hit included:
-a cubin file damaged after it was first loaded is never handed out again.
+truncated or flipped entry is recompiled instead of loaded. Kernels load from the checked bytes
+in memory (fuser.driver); the cubin is also kept as `<key>.cubin` beside the entry for the
+tools that read a file (cuobjdump, nvdisasm: `explain`'s instruction mix, a user's own look).
+It is derived data, rewritten (atomically) from the checked entry whenever it is missing or
+differs, a memory hit included: a cubin file damaged after it was written is never handed out
+again.
 
 Beside the entries, `<key>.plan` files hold build plans (fuser.plans: the schedule and source a
 build picked, under a key of everything that picks them), checked by a sha256 line like the
@@ -31,7 +33,7 @@ Nothing on disk is needed for correctness, so OS errors degrade rather than fail
 cannot be read is recompiled; the first write that fails (read-only folder, no space,
 FUSER_CACHE_DIR naming a file) logs one warning and from then on this cache keeps kernels in
 memory, their cubin files in a private temporary folder. Only when no cubin file can be written
-anywhere (CuPy needs one) does a ToolchainError name both folders and the way out.
+anywhere does a ToolchainError name both folders and the way out.
 
 Environment: FUSER_CACHE_DIR (default $XDG_CACHE_HOME/fuser, else ~/.cache/fuser);
 FUSER_CACHE_MAX_BYTES (default 1 GiB; K, M, G suffixes are powers of 1024); FUSER_CACHE=0
@@ -43,14 +45,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import functools
 import hashlib
-import importlib.util
 import json
 import logging
 import os
 import re
-import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -91,29 +90,6 @@ _KERNEL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__\w+__\s*\([^()]*\
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
 #: errnos of one entry's path rather than the whole folder: that entry is skipped, not the disk.
 _ENTRY_ERRNOS = (errno.EISDIR,)
-
-
-@functools.cache
-def _cupy_version() -> str:
-    """CuPy's version, read from its _version.py without importing it (an import costs 0.1
-    to 0.3 s, on every first cache hit of a process); "none" without CuPy."""
-    module = sys.modules.get("cupy")
-    if module is not None:
-        return str(module.__version__)
-    try:
-        spec = importlib.util.find_spec("cupy")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.submodule_search_locations:
-        return "none"
-    for folder in spec.submodule_search_locations:
-        path = os.path.join(folder, "_version.py")
-        if os.path.isfile(path):
-            with open(path, encoding="utf-8") as f:
-                match = re.search(r"__version__\s*=\s*['\"]([^'\"]+)['\"]", f.read())
-            if match:
-                return match.group(1)
-    return "unknown"
 
 
 def default_cache_dir() -> str:
@@ -269,7 +245,6 @@ class KernelCache:
             "nvrtc": nvrtc_key(),
             "cuda_headers": cuda_headers_hash(),
             "fuser": fuser.__version__,
-            "cupy": _cupy_version(),
         }
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
@@ -397,10 +372,10 @@ class KernelCache:
 
     def _memory_hit(self, key: str, compiled: CompiledModule, path: str
                     ) -> tuple[CompiledModule, str]:
-        """The remembered module, its cubin file re-checked byte for byte first: CuPy loads
-        the file again for every new RawModule, and a file changed since it was written (by
-        a user, a disk fault, another tool) would load a different kernel than the one whose
-        resources we return. A file that differs (or is gone) is written afresh."""
+        """The remembered module, its cubin file re-checked byte for byte first: a file
+        changed since it was written (by a user, a disk fault, another tool) would show a
+        different kernel to the tools that read it than the one whose resources we return.
+        A file that differs (or is gone) is written afresh."""
         self._count("memory_hits")
         if not _file_holds(path, compiled.cubin):
             (log.warning if os.path.exists(path) else log.info)(
@@ -534,15 +509,16 @@ class KernelCache:
                 "kernels in memory only")
 
     def _cubin_file(self, key: str, compiled: CompiledModule) -> str:
-        """A plain file holding compiled.cubin (for cupy.RawModule(path=...))."""
+        """A plain file holding compiled.cubin (for the tools that read one)."""
         try:
             return self._write_cubin(key, compiled)
         except OSError as e:
             where = (f"not in {self.directory} ({self.write_failure or 'not writable'}) nor"
                      if self.disk else "not")
             raise ToolchainError(
-                f"cannot write the cubin file {key}{CUBIN_SUFFIX}, which CuPy loads the kernel "
-                f"from: {where} in a temporary folder under {tempfile.gettempdir()} ({e}). "
+                f"cannot write the cubin file {key}{CUBIN_SUFFIX}, which explain and "
+                f"disassemblers read the kernel from: {where} in a temporary folder under "
+                f"{tempfile.gettempdir()} ({e}). "
                 "Free disk space, or point FUSER_CACHE_DIR (and TMPDIR) at writable folders "
                 "with free space"
             ) from e

@@ -459,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "demo":
             rows, hidden = args.shape
             gpu = _gpu_available()
-            device = DeviceSpec.from_cupy() if gpu else DeviceSpec.get("h200")
+            device = DeviceSpec.from_gpu() if gpu else DeviceSpec.get("h200")
             text, fd, _ = describe(HEADLINE[0], rows, hidden, HEADLINE[3], device)
             print(text)
             if gpu:
@@ -486,7 +486,7 @@ def _info() -> None:
     from fuser.compile import nvrtc_version
 
     print(f"fuser {fuser.__version__}; NVRTC {'.'.join(map(str, nvrtc_version()))}")
-    print(f"GPU here: {DeviceSpec.from_cupy() if _gpu_available() else 'none'}")
+    print(f"GPU here: {DeviceSpec.from_gpu() if _gpu_available() else 'none'}")
     print("device presets:")
     for name, spec in sorted(PRESETS.items()):
         print(f"  {name:<12} {spec}")

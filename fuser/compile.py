@@ -3,9 +3,9 @@
 Every kernel fuser runs goes through `compile_cuda`: NVRTC (through `cuda.bindings.nvrtc`)
 builds a cubin for one exact architecture with `--ptxas-options=-v`, so the registers, spills,
 stack and static shared memory of every kernel are known on a machine without a GPU, and are the
-same numbers as for the binary that later runs. On a GPU the cubin is loaded with
-`cupy.RawModule(path=...)` (`load_module`); CuPy never compiles anything itself, so there is one
-option list (`compile_options`) and no second path whose flags could drift.
+same numbers as for the binary that later runs. On a GPU the cubin is loaded through the driver
+(`fuser.driver`); nothing else compiles, so there is one option list (`compile_options`) and
+no second path whose flags could drift.
 
 Why a cubin and not PTX: PTX from a newer NVRTC does not JIT on an older driver, while a cubin
 loads on any driver of the same CUDA major (CuPy emits cubin for the same reason).
@@ -486,33 +486,3 @@ def ptx_of(source: str, name: str, arch: int, include_dirs: tuple[str, ...] = ()
         ptx = bytearray(size)
         _check(nvrtc.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
     return ptx.decode(errors="replace").rstrip("\0")
-
-
-def load_module(compiled: CompiledModule, path: str):
-    """Load the cubin file at `path` (which must hold compiled.cubin) as a cupy.RawModule.
-
-    Needs a GPU. Kernels are then fetched with `.get_function(name)`. The file is checked
-    against the compiled bytes first, so a stale or truncated file cannot be loaded.
-    """
-    try:
-        with open(path, "rb") as f:
-            held = f.read()
-    except OSError as e:
-        raise ToolchainError(
-            f"cannot read the cubin file {path} ({e}); write compiled.cubin to a readable file "
-            "first (KernelCache.get_or_compile() returns one)"
-        ) from e
-    if held != compiled.cubin:
-        raise ToolchainError(
-            f"{path} does not hold this module's cubin ({len(held)} B there, "
-            f"{len(compiled.cubin)} B compiled), a stale or foreign file; "
-            "write compiled.cubin to it again (KernelCache.get_or_compile() does)"
-        )
-    try:
-        import cupy
-    except ImportError as e:
-        raise ToolchainError(
-            f"loading a kernel needs CuPy, which did not import ({e}); {INSTALL_CUDA}"
-        ) from e
-
-    return cupy.RawModule(path=os.fspath(path))

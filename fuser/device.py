@@ -2,7 +2,8 @@
 
 Schedulers and the shared-memory planner take a DeviceSpec instead of asking the driver, so every
 decision can be made and tested on a CPU for any GPU: the presets below describe the parts fuser
-cares about, and `DeviceSpec.from_cupy()` reads the real numbers when a GPU is present.
+cares about, and `DeviceSpec.from_gpu()` reads the real numbers from the driver when a GPU is
+present.
 
 Sources for the presets: the H100/H200 shared-memory numbers are measured (REFERENCE.md section 2);
 the per-compute-capability limits come from NVIDIA's tuning guides (Hopper: 228 KB smem per SM,
@@ -19,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+from fuser.driver import driver
 from fuser.errors import BadInputError, ToolchainError
 
 KiB = 1024
@@ -66,19 +68,19 @@ class DeviceSpec:
         )
 
     @classmethod
-    def from_cupy(cls, device_id: int | None = None) -> DeviceSpec:
-        """Read the limits of a CUDA device (the current one by default) through CuPy.
+    def from_gpu(cls, device_id: int | None = None) -> DeviceSpec:
+        """Read the limits of a CUDA device (the current one by default) from the driver.
 
         Cached per device id: the properties of a device do not change while a process runs.
-        Raises ToolchainError without CuPy or a usable device.
+        Raises ToolchainError without a driver or a usable device.
         """
-        cupy = _cupy()
-        if device_id is None:
-            try:
-                device_id = cupy.cuda.runtime.getDevice()
-            except cupy.cuda.runtime.CUDARuntimeError as e:
-                raise _no_device("the current device", e) from e
-        return _spec_from_cupy(int(device_id))
+        try:
+            gpu = driver()
+            if device_id is None:
+                device_id = gpu.current_device()
+        except ToolchainError as e:
+            raise _no_device("the current device", e) from e
+        return _spec_of_gpu(int(device_id))
 
     @staticmethod
     def get(name_or_spec: str | DeviceSpec) -> DeviceSpec:
@@ -90,72 +92,51 @@ class DeviceSpec:
             if spec is not None:
                 return spec
         raise BadInputError(
-            f"unknown device {name_or_spec!r}: pass a DeviceSpec, DeviceSpec.from_cupy(), or one "
+            f"unknown device {name_or_spec!r}: pass a DeviceSpec, DeviceSpec.from_gpu(), or one "
             f"of the preset names {', '.join(repr(n) for n in PRESETS)}"
         )
 
 
-def _cupy():
-    try:
-        import cupy
-    except ImportError as e:
-        raise ToolchainError(
-            f"DeviceSpec.from_cupy() reads the GPU through CuPy, which did not import ({e}); "
-            "install cupy-cuda13x, or plan for a preset instead: DeviceSpec.get(name) with name "
-            f"one of {', '.join(repr(n) for n in PRESETS)}"
-        ) from e
-    return cupy
-
-
 def _no_device(which: str, error: Exception) -> ToolchainError:
     return ToolchainError(
-        f"CuPy cannot read {which} ({type(error).__name__}: {error}): no such device, or no "
-        "usable CUDA device or driver; pass the id of a visible device, run on a GPU with a "
-        "CUDA 13 driver, or plan for a preset instead: "
+        f"the CUDA driver cannot read {which} ({error}): no such device, or no usable CUDA "
+        "device or driver; pass the id of a visible device, run on a GPU with a CUDA 13 "
+        "driver, or plan for a preset instead: "
         f"DeviceSpec.get(name) with name one of {', '.join(repr(n) for n in PRESETS)}"
     )
 
 
+#: DeviceSpec field -> CUdevice_attribute (cuda.h) it is read from.
+_ATTRIBUTES = {
+    "max_threads_per_block": 1,  # MAX_THREADS_PER_BLOCK
+    "max_grid_x": 5,  # MAX_GRID_DIM_X
+    "smem_per_block_default": 8,  # MAX_SHARED_MEMORY_PER_BLOCK
+    "warp_size": 10,  # WARP_SIZE
+    "regs_per_block": 12,  # MAX_REGISTERS_PER_BLOCK
+    "sm_count": 16,  # MULTIPROCESSOR_COUNT
+    "l2_bytes": 38,  # L2_CACHE_SIZE
+    "max_threads_per_sm": 39,  # MAX_THREADS_PER_MULTIPROCESSOR
+    "smem_per_sm": 81,  # MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
+    "regs_per_sm": 82,  # MAX_REGISTERS_PER_MULTIPROCESSOR
+    "smem_per_block_optin": 97,  # MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+    "max_blocks_per_sm": 106,  # MAX_BLOCKS_PER_MULTIPROCESSOR
+    "reserved_smem_per_block": 111,  # RESERVED_SHARED_MEMORY_PER_BLOCK
+}
+_MAJOR, _MINOR = 75, 76  # COMPUTE_CAPABILITY_MAJOR / _MINOR
+
+
 @functools.cache  # lru_cache without a bound: one entry per device id
-def _spec_from_cupy(device_id: int) -> DeviceSpec:
-    cupy = _cupy()
+def _spec_of_gpu(device_id: int) -> DeviceSpec:
     try:
-        props = cupy.cuda.runtime.getDeviceProperties(device_id)
-    except cupy.cuda.runtime.CUDARuntimeError as e:
+        gpu = driver()
+        read = {field: gpu.device_attribute(device_id, attribute)
+                for field, attribute in _ATTRIBUTES.items()}
+        arch = gpu.device_attribute(device_id, _MAJOR) * 10 + gpu.device_attribute(
+            device_id, _MINOR)
+        name = gpu.device_name(device_id).strip() or f"cuda:{device_id}"
+    except ToolchainError as e:
         raise _no_device(f"the properties of device {device_id}", e) from e
-
-    def prop(key: str) -> int:
-        try:
-            return int(props[key])
-        except KeyError:
-            raise ToolchainError(
-                f"cupy.cuda.runtime.getDeviceProperties({device_id}) has no {key!r}; "
-                f"fuser needs CuPy >= 14 built for CUDA 13 (found keys: {sorted(props)})"
-            ) from None
-
-    name = props.get("name", b"")
-    if isinstance(name, bytes):
-        name = name.decode("utf-8", errors="replace")
-    name = name.rstrip("\x00").strip() or f"cuda:{device_id}"
-    grid = props.get("maxGridSize") or (2**31 - 1,)
-    return DeviceSpec(
-        name=name,
-        arch=prop("major") * 10 + prop("minor"),
-        sm_count=prop("multiProcessorCount"),
-        smem_per_block_optin=prop("sharedMemPerBlockOptin"),
-        smem_per_sm=prop("sharedMemPerMultiprocessor"),
-        reserved_smem_per_block=prop("reservedSharedMemPerBlock"),
-        smem_per_block_default=prop("sharedMemPerBlock"),
-        regs_per_block=prop("regsPerBlock"),
-        regs_per_sm=prop("regsPerMultiprocessor"),
-        max_regs_per_thread=255,
-        max_threads_per_block=prop("maxThreadsPerBlock"),
-        max_threads_per_sm=prop("maxThreadsPerMultiProcessor"),
-        max_blocks_per_sm=prop("maxBlocksPerMultiProcessor"),
-        warp_size=int(props.get("warpSize", 32)),
-        l2_bytes=prop("l2CacheSize"),
-        max_grid_x=int(grid[0]),
-    )
+    return DeviceSpec(name=name, arch=arch, max_regs_per_thread=255, **read)
 
 
 # Hopper H100 SXM5. 227 KiB opt-in = 228 KiB per SM - 1 KiB reserved.

@@ -13,6 +13,7 @@ input declared non-contiguous: the kernels read contiguous rows).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import threading
@@ -26,12 +27,12 @@ from fuser.analysis import FusionInfo, analyze, strided_inputs
 from fuser.checks import check_device, check_pointer, scalar_value
 from fuser.compile import CompiledModule
 from fuser.device import DeviceSpec
+from fuser.driver import Function, LaunchConfig, driver
 from fuser.dtypes import DataType
 from fuser.errors import BadInputError, OutOfResourcesError, UnsupportedFusionError
 from fuser.ir import Scalar, Tensor, as_tensor
 from fuser.kernels import build
 from fuser.launch import POINTER, EntryLauncher, ctype_of
-from fuser.launch import driver as launch_driver
 from fuser.schedulers import Hints, Problem
 from fuser.schedulers.base import (
     Dealing,
@@ -60,9 +61,10 @@ class Kernel:
     schedule: RowSchedule | PointwiseSchedule
     finalize: FinalizeSchedule | None
     compiled: CompiledModule
-    functions: dict  # entry name -> cupy RawKernel (its attributes; launches go through:)
+    functions: dict[str, Function]  # entry name -> the loaded function (launches go through:)
     launchers: dict  # entry name -> EntryLauncher
     device: DeviceSpec
+    device_id: int  # the GPU it is loaded on (into its primary context)
     occupancy: int  # resident blocks per SM of the main kernel, as the driver computes it
     resident_groups: int  # clusters (or blocks, without a cluster) resident on the whole GPU
     # (entry, ((slot of the source in _SLOT_ORDER, index) per parameter)) of each kernel in
@@ -76,13 +78,12 @@ class Kernel:
         """Per entry: the ptxas report and what the driver says about the loaded kernel."""
         report = {}
         for name, fn in self.functions.items():
-            attrs = fn.attributes
             report[name] = {
                 "ptxas": self.compiled.resource(name),
-                "num_regs": attrs["num_regs"],
-                "static_smem": attrs["shared_size_bytes"],
-                "local_bytes": attrs["local_size_bytes"],
-                "max_dynamic_smem": attrs["max_dynamic_shared_size_bytes"],
+                "num_regs": fn.num_regs,
+                "static_smem": fn.static_smem,
+                "local_bytes": fn.local_bytes,
+                "max_dynamic_smem": fn.max_dynamic_smem,
             }
         return report
 
@@ -148,7 +149,7 @@ def _check_tensor(i: int, t: Tensor, x, torch_kind: bool):
         dtype = DataType.from_torch(x.dtype)
         contiguous, ptr, dev = x.is_contiguous(), x.data_ptr(), x.device.index
     else:
-        if not isinstance(x, _cupy().ndarray):
+        if not type(x).__module__.startswith("cupy") or not isinstance(x, _cupy().ndarray):
             raise BadInputError(f"{where} is a {_describe(x)}; fuser runs on CuPy arrays or "
                                 "torch CUDA tensors (cupy.asarray(x) moves a numpy array)")
         dtype = DataType.from_numpy(x.dtype)
@@ -176,30 +177,30 @@ def _alignment(pointers: list[int]) -> int:
 # ----- kernels -----
 
 
-def _load(fd, problem: Problem, device: DeviceSpec, hints) -> Kernel:
+def _load(fd, problem: Problem, device: DeviceSpec, hints, device_id: int) -> Kernel:
     info, _ = _info(fd)
     built = build(fd.name, info, problem, device, hints)
-    module = _cupy().RawModule(path=built.cubin_path)
-    functions = {}
-    for entry, plan in built.plans():
-        fn = module.get_function(entry)
-        _check_static_smem(fd.name, entry, fn, plan, device)
-        fn.max_dynamic_shared_size_bytes = plan.dynamic_bytes
-        functions[entry] = fn
-    s = built.schedule
-    pointwise = isinstance(s, PointwiseSchedule)
-    occupancy = POINTWISE_BLOCKS_PER_SM if pointwise else (
-        _cupy().cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
-            functions[built.source.row_entry].kernel.ptr, s.threads, s.smem.dynamic_bytes))
-    if occupancy < 1:
-        raise OutOfResourcesError(
-            f"kernel {built.source.row_entry} cannot be resident: {s.threads} threads, "
-            f"{functions[built.source.row_entry].num_regs} registers per thread, "
-            f"{s.smem.dynamic_bytes} B dynamic shared memory per block"
-        )
-    groups = occupancy * device.sm_count
-    if isinstance(s, RowSchedule) and s.cluster > 1:
-        groups = _max_active_clusters(functions[built.source.row_entry], s)
+    gpu = driver()
+    with gpu.on_device(device_id):
+        module = gpu.load_module(built.compiled.cubin, f"the kernels of fusion '{fd.name}'")
+        functions = {}
+        for entry, plan in built.plans():
+            fn = gpu.function(module, entry)
+            _check_static_smem(fd.name, fn, plan, device)
+            functions[entry] = gpu.allow_dynamic_smem(fn, plan.dynamic_bytes)
+        s = built.schedule
+        row = functions[built.source.row_entry]
+        pointwise = isinstance(s, PointwiseSchedule)
+        occupancy = POINTWISE_BLOCKS_PER_SM if pointwise else (
+            gpu.max_active_blocks(row, s.threads, s.smem.dynamic_bytes))
+        if occupancy < 1:
+            raise OutOfResourcesError(
+                f"kernel {row.name} cannot be resident: {s.threads} threads, {row.num_regs} "
+                f"registers per thread, {s.smem.dynamic_bytes} B dynamic shared memory per block"
+            )
+        groups = occupancy * device.sm_count
+        if isinstance(s, RowSchedule) and s.cluster > 1:
+            groups = _max_active_clusters(row, s)
     launchers = {sig.entry: _launcher(sig, functions[sig.entry],
                                       programmatic=sig.entry == built.source.finalize_entry
                                       and device.arch >= 90)
@@ -210,7 +211,8 @@ def _load(fd, problem: Problem, device: DeviceSpec, hints) -> Kernel:
                               if p.source is Source.INPUT and p.dtype is None)
     values = {i for i, v in enumerate(built.info.fusion.inputs) if v in built.info.value_inputs}
     return Kernel(built.source, s, built.finalize, built.compiled, functions, launchers, device,
-                  occupancy, groups, arguments, tensor_inputs, tensor_inputs - values)
+                  device_id, occupancy, groups, arguments, tensor_inputs,
+                  tensor_inputs - values)
 
 
 _SIZE_CTYPES = {Source.ROWS: ctypes.c_int64, Source.PARTIAL_ROWS: ctypes.c_int32}
@@ -222,41 +224,39 @@ _SLOT_ORDER = (Source.INPUT, Source.OUTPUT, Source.PARTIALS, Source.ROWS, Source
 _SLOTS = {source: slot for slot, source in enumerate(_SLOT_ORDER)}
 
 
-def _launcher(signature: Signature, fn, programmatic: bool) -> EntryLauncher:
+def _launcher(signature: Signature, fn: Function, programmatic: bool) -> EntryLauncher:
     """The launcher of one entry, its parameter types read from the kernel's signature: a
     pointer per tensor, a scalar input's own type, the sizes. The finalize launches
     programmatically on sm_90 (it overlaps the row kernel's end)."""
     types = [_SIZE_CTYPES.get(p.source) or (ctype_of(p.dtype) if p.dtype is not None
                                             else POINTER) for p in signature.params]
-    return EntryLauncher(signature.entry, fn.kernel.ptr, types, fn.num_regs, programmatic)
+    return EntryLauncher(signature.entry, fn.handle, types, fn.num_regs, programmatic)
 
 
-def _max_active_clusters(fn, s) -> int:
+def _max_active_clusters(fn: Function, s: RowSchedule) -> int:
     """How many clusters of the kernel the driver can keep resident at once. Not SMs x blocks
     per SM / cluster: a cluster must fit in one GPC, and a GPC's SM count need not be a
     multiple of the cluster size (on the H200, 32 clusters of 4 one-block SMs are resident,
     not 33). A persistent grid one cluster over that runs a second wave for the last cluster,
     which doubles the kernel's time."""
-    from cuda.bindings import driver
-
-    config = driver.CUlaunchConfig()
-    config.gridDimX, config.gridDimY, config.gridDimZ = s.cluster, 1, 1
-    config.blockDimX, config.blockDimY, config.blockDimZ = s.threads_per_row, s.rows_per_block, 1
-    config.sharedMemBytes = s.smem.dynamic_bytes
-    err, clusters = driver.cuOccupancyMaxActiveClusters(driver.CUfunction(fn.kernel.ptr), config)
-    if err != driver.CUresult.CUDA_SUCCESS or clusters < 1:
+    config = LaunchConfig(gridDimX=s.cluster, gridDimY=1, gridDimZ=1,
+                          blockDimX=s.threads_per_row, blockDimY=s.rows_per_block, blockDimZ=1,
+                          sharedMemBytes=s.smem.dynamic_bytes)
+    status, clusters = driver().max_active_clusters(fn, config)
+    if status or clusters < 1:
         raise OutOfResourcesError(
             f"clusters of {s.cluster} blocks ({s.threads} threads, {s.smem.dynamic_bytes} B "
-            f"dynamic shared memory each) cannot be resident: the driver says {err.name}, "
-            f"{clusters} cluster(s); use a smaller cluster (Hints(cluster=...))"
+            f"dynamic shared memory each) cannot be resident: the driver says "
+            f"{driver().error_name(status)}, {clusters} cluster(s); use a smaller cluster "
+            "(Hints(cluster=...))"
         )
     return clusters
 
 
-def _check_static_smem(name: str, entry: str, fn, plan, device: DeviceSpec) -> None:
+def _check_static_smem(name: str, fn: Function, plan, device: DeviceSpec) -> None:
     """The static shared memory the driver reports must fit the plan's reserved slot, and
     static + dynamic must fit the device: the check nvFuser's schedulers once missed."""
-    static = fn.attributes["shared_size_bytes"]
+    static, entry = fn.static_smem, fn.name
     if static > plan.static_slot:
         raise OutOfResourcesError(
             f"kernel {entry} of fusion '{name}' declares {static} B of static shared memory, "
@@ -271,16 +271,16 @@ def _check_static_smem(name: str, entry: str, fn, plan, device: DeviceSpec) -> N
         )
 
 
-def get_kernel(fd, problem: Problem, device: DeviceSpec, hints=None) -> Kernel:
+def get_kernel(fd, problem: Problem, device: DeviceSpec, device_id: int, hints=None) -> Kernel:
     """The compiled kernel for this fusion, problem class and device (compiled at most once),
-    loaded on the current device: each GPU has its own function handles and attributes, so
-    the current device's id is part of the key even where two GPUs share a DeviceSpec."""
+    loaded on GPU `device_id`: each GPU has its own function handles and attributes, so its
+    id is part of the key even where two GPUs share a DeviceSpec."""
     _, signature = _info(fd)
-    key = (signature, fd.name, problem, device, hints, _cupy().cuda.runtime.getDevice())
+    key = (signature, fd.name, problem, device, hints, device_id)
     with _kernels_lock:
         kernel = _kernels.get(key)
     if kernel is None:
-        kernel = _load(fd, problem, device, hints)
+        kernel = _load(fd, problem, device, hints, device_id)
         with _kernels_lock:
             kernel = _kernels.setdefault(key, kernel)
     return kernel
@@ -325,6 +325,7 @@ class Plan:
     finalize_launch: Launch | None
     torch_kind: bool
     device_id: int
+    context: int  # the device's primary context, which the kernels are loaded into
     align: int  # every data pointer must be a multiple of this (the kernel's vector accesses)
     rows: int
     outputs: tuple  # (shape, DataType) per fusion output
@@ -403,15 +404,14 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
     sizes = bind_shapes(fusion, shapes)
     rows = math.prod(sizes.value(axis) for axis in info.row_axes)
     hidden = sizes.value(info.hidden_axis) if info.hidden_axis is not None else 1
-    cupy = _cupy()
-    device_id = devices.pop() if devices else cupy.cuda.runtime.getDevice()
+    device_id = devices.pop() if devices else driver().current_device()
     align = _alignment(pointers)
-    with cupy.cuda.Device(device_id):
-        actual = DeviceSpec.from_cupy(device_id)
-        spec = actual if device is None else DeviceSpec.get(device)
-        if device is not None:
-            check_device(spec, actual, device_id)
-        kernel = get_kernel(fd, Problem(hidden, min(next_pow2(rows), 1024), align), spec, hints)
+    actual = DeviceSpec.from_gpu(device_id)
+    spec = actual if device is None else DeviceSpec.get(device)
+    if device is not None:
+        check_device(spec, actual, device_id)
+    kernel = get_kernel(fd, Problem(hidden, min(next_pow2(rows), 1024), align), spec, device_id,
+                        hints)
     launch, final = _launch(kernel, rows, spec)
     partials = tuple(((max(launch.partial_rows, 1), hidden),
                       workspace_dtype(e.outputs[0].dtype)) for e in info.outer_reductions)
@@ -419,9 +419,9 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
                     if isinstance(v, Scalar)}
     counted = (isinstance(kernel.schedule, RowSchedule)
                and kernel.schedule.dealing is Dealing.DYNAMIC)
-    return Plan(kernel, launch, final, torch_kind, device_id, align, rows,
-                tuple((sizes.shape(o), o.dtype) for o in fusion.outputs), partials, scalar_types,
-                counted)
+    return Plan(kernel, launch, final, torch_kind, device_id, driver().primary_context(device_id),
+                align, rows, tuple((sizes.shape(o), o.dtype) for o in fusion.outputs), partials,
+                scalar_types, counted)
 
 
 def execute(fd, inputs: list, *, device=None, hints: Hints | None = None):
@@ -619,6 +619,20 @@ def _owner(stream: int):
 
 
 def _run(plan: Plan, inputs: list, pointers: dict[int, int]) -> list:
+    """Allocate the outputs and launch, with the plan's device current: as it mostly is
+    already (one driver call says so), else made current for the call (and for CuPy arrays
+    through CuPy, which allocates on the runtime's current device)."""
+    gpu = driver()
+    if gpu.current_context() == plan.context:
+        return _enqueue(plan, inputs, pointers)
+    with contextlib.ExitStack() as stack:
+        if not plan.torch_kind:
+            stack.enter_context(_cupy().cuda.Device(plan.device_id))
+        stack.enter_context(gpu.on_device(plan.device_id))
+        return _enqueue(plan, inputs, pointers)
+
+
+def _enqueue(plan: Plan, inputs: list, pointers: dict[int, int]) -> list:
     kernel, torch_kind = plan.kernel, plan.torch_kind
     like = inputs[next(iter(pointers))]
     outs = [_allocate(shape, dtype, torch_kind, like) for shape, dtype in plan.outputs]
@@ -636,8 +650,7 @@ def _run(plan: Plan, inputs: list, pointers: dict[int, int]) -> list:
         (ticket_counters(plan.device_id).counter(_owner(stream), stream)
          if plan.counted else 0,),
     )
-    with _cupy().cuda.Device(plan.device_id), plan.lock:
-        _bind_context(plan.device_id)
+    with plan.lock:
         for (entry, arguments), size in zip(kernel.arguments, (launch, final), strict=False):
             assert size is not None  # a finalize entry comes with its launch
             kernel.launchers[entry](size.grid, size.block, size.dynamic_smem, stream,
@@ -661,14 +674,6 @@ def _workspace(plan: Plan, like) -> list:
             f"block) does not fit in the free memory of device {plan.device_id} ({exc}); free "
             "device memory or run on a device with more"
         ) from None
-
-
-def _bind_context(device_id: int) -> None:
-    """Make the device's primary context current in this thread if no context is: the driver
-    launches into the current context, and a thread that made no CUDA call yet has none (the
-    runtime binds it lazily, as cudaSetDevice does)."""
-    if not launch_driver().has_context():
-        _cupy().cuda.runtime.setDevice(device_id)
 
 
 # ----- validate -----

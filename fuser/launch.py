@@ -8,22 +8,23 @@ reads); a launch writes the call's values into that storage and hands the driver
 address, with no per-argument objects built per call. The driver copies the parameter
 values when the launch is enqueued, so the storage is free again when cuLaunchKernel
 returns; a lock keeps two threads launching one entry from mixing their values.
-
-The driver library is called through ctypes, not cuda-bindings: its wrappers build a
-CUresult enum member for every call's status (and importing them cost 13 to 49 ms of a
-process's first call). The exported names used here have one ABI since CUDA 11.8, and the
-stream semantics of the plain (not _ptsz) entry points, the ones cuda-bindings resolves too.
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
-import os
 import threading
 
+from fuser.driver import (
+    CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+    CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES,
+    CUDA_SUCCESS,
+    LaunchAttribute,
+    LaunchConfig,
+    driver,
+)
 from fuser.dtypes import DataType
-from fuser.errors import LaunchError, OutOfResourcesError, ToolchainError
+from fuser.errors import LaunchError, OutOfResourcesError
 
 POINTER = ctypes.c_uint64  # device addresses are 64-bit parameters
 # Scalar parameters are declared in their compute type (codegen._scalar_params): a Half or
@@ -31,82 +32,10 @@ POINTER = ctypes.c_uint64  # device addresses are 64-bit parameters
 _COMPUTE_CTYPES = {"bool": ctypes.c_bool, "int": ctypes.c_int32, "long long": ctypes.c_int64,
                    "float": ctypes.c_float, "double": ctypes.c_double}
 
-CUDA_SUCCESS = 0
-CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701
-CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
-
 
 def ctype_of(dtype: DataType) -> type:
     """The ctypes type of a kernel parameter holding a scalar of this dtype."""
     return _COMPUTE_CTYPES[dtype.compute_type]
-
-
-class LaunchAttributeValue(ctypes.Union):
-    """CUlaunchAttributeValue: a 64-byte union (8-byte aligned: some members hold pointers);
-    only the programmatic-serialization flag is set here."""
-
-    _fields_ = [("pad", ctypes.c_char * 64), ("programmatic_serialization", ctypes.c_int),
-                ("align", ctypes.c_uint64)]
-
-
-class LaunchAttribute(ctypes.Structure):
-    """CUlaunchAttribute: the attribute id, padding to 8 bytes, then the value."""
-
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4),
-                ("value", LaunchAttributeValue)]
-
-
-class LaunchConfig(ctypes.Structure):
-    """CUlaunchConfig, as cuda.h declares it."""
-
-    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint),
-                ("gridDimZ", ctypes.c_uint), ("blockDimX", ctypes.c_uint),
-                ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
-                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
-                ("attrs", ctypes.POINTER(LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
-
-
-class Driver:
-    """The driver entry points fuser calls on every launch, with their C signatures."""
-
-    def __init__(self, library: ctypes.CDLL):
-        u, p = ctypes.c_uint, ctypes.c_void_p
-        self.launch = library.cuLaunchKernel
-        self.launch.argtypes = [p, u, u, u, u, u, u, u, p, p, p]
-        self.launch_ex = library.cuLaunchKernelEx
-        self.launch_ex.argtypes = [ctypes.POINTER(LaunchConfig), p, p, p]
-        self.current_context = library.cuCtxGetCurrent
-        self.current_context.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-        self._error_name = library.cuGetErrorName
-        self._error_name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
-        for f in (self.launch, self.launch_ex, self.current_context, self._error_name):
-            f.restype = ctypes.c_int
-
-    def error_name(self, status: int) -> str:
-        name = ctypes.c_char_p()
-        if self._error_name(status, ctypes.byref(name)) != CUDA_SUCCESS or not name.value:
-            return f"CUresult {status}"
-        return name.value.decode()
-
-    def has_context(self) -> bool:
-        """Whether this thread has a current context (a thread that made no CUDA call yet
-        has none: the runtime binds one lazily)."""
-        context = ctypes.c_void_p()
-        return self.current_context(ctypes.byref(context)) == CUDA_SUCCESS and bool(
-            context.value)
-
-
-@functools.cache
-def driver() -> Driver:
-    """The CUDA driver library (loaded already by CuPy, which fuser loads kernels with)."""
-    name = "nvcuda.dll" if os.name == "nt" else "libcuda.so.1"
-    try:
-        return Driver(ctypes.CDLL(name))
-    except (OSError, AttributeError) as exc:
-        raise ToolchainError(
-            f"the CUDA driver library {name} could not be loaded with the entry points fuser "
-            f"launches through ({exc}); install an NVIDIA driver that supports CUDA 11.8 or "
-            "later") from None
 
 
 class EntryLauncher:

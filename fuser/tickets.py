@@ -6,16 +6,17 @@ one stream (stream order puts each launch after the last one's zeroing; no row k
 fuser's launches before the one ahead of it has finished). Streams that may run at once get
 counters of their own; so does every launch captured into a CUDA graph, since a graph may be
 replayed on any stream, beside anything. Counters are two 64-bit words (tickets taken, blocks
-done), handed out from zeroed device buffers of SLICE counters and kept for the life of the
-process. Zeroing a buffer synchronizes the device, which a capture forbids: a spare buffer is
-made ready while no capture runs, and a captured launch that finds none is refused with the
-way out.
+done), handed out from zeroed device buffers of SLICE counters, allocated from the driver (not
+from torch's or CuPy's pool) and kept for the life of the process. Zeroing a buffer
+synchronizes the device, which a capture forbids: a spare buffer is made ready while no
+capture runs, and a captured launch that finds none is refused with the way out.
 """
 
 from __future__ import annotations
 
 import threading
 
+from fuser.driver import driver
 from fuser.errors import LaunchError
 
 SLICE = 2048  # counters per device buffer (32 KiB)
@@ -29,8 +30,8 @@ class TicketCounters:
     def __init__(self, device_id: int):
         self._device_id = device_id
         self._lock = threading.Lock()
-        self._buffers: list = []  # the device buffers handed out from, kept alive
-        self._spare = None  # a zeroed buffer made ready while no capture runs
+        self._buffer = 0  # the device address of the buffer counters are handed out from
+        self._spare = 0  # a zeroed buffer made ready while no capture runs
         self._next = SLICE  # the next free counter of the last buffer
         self._given: dict = {}  # owner -> address
 
@@ -48,7 +49,7 @@ class TicketCounters:
 
     def _new(self, stream: int, capturing: bool) -> int:
         if self._next == SLICE:
-            if self._spare is None:
+            if not self._spare:
                 if capturing:
                     raise LaunchError(
                         f"a kernel that deals its rows from a counter needs a new buffer of "
@@ -57,28 +58,22 @@ class TicketCounters:
                         "device synchronization, which a capture forbids. Call the fusion once "
                         "before capturing (on any stream), or hint Hints(dealing='strided')")
                 self._spare = self._zeroed()
-            self._buffers.append(self._spare)
-            self._spare, self._next = None, 0
-        address = self._buffers[-1].data.ptr + self._next * COUNTER_BYTES
+            self._buffer, self._spare, self._next = self._spare, 0, 0
+        address = self._buffer + self._next * COUNTER_BYTES
         self._next += 1
-        if self._spare is None and not capturing:
+        if not self._spare and not capturing:
             self._spare = self._zeroed()
         return address
 
-    def _zeroed(self):
-        import cupy
-
-        with cupy.cuda.Device(self._device_id):
-            buffer = cupy.zeros(SLICE * COUNTER_BYTES // 8, dtype=cupy.uint64)
-            # zeroed on some stream: done before any kernel on another stream counts
-            cupy.cuda.Device(self._device_id).synchronize()
-        return buffer
+    def _zeroed(self) -> int:
+        """A zeroed buffer's address; zeroed before any kernel on any stream counts on it."""
+        gpu = driver()
+        with gpu.on_device(self._device_id):
+            return gpu.zeroed_memory(SLICE * COUNTER_BYTES)
 
 
 def _capturing(stream: int) -> bool:
-    import cupy
-
-    return cupy.cuda.runtime.streamIsCapturing(stream) != 0
+    return driver().stream_capturing(stream)
 
 
 _devices: dict[int, TicketCounters] = {}

@@ -98,84 +98,93 @@ def test_str_is_one_line_summary():
         assert part in text
 
 
-FAKE_PROPS = {
-    "name": b"NVIDIA H200\x00\x00",
-    "major": 9,
-    "minor": 0,
-    "multiProcessorCount": 132,
-    "sharedMemPerBlockOptin": 232448,
-    "sharedMemPerMultiprocessor": 233472,
-    "reservedSharedMemPerBlock": 1024,
-    "sharedMemPerBlock": 49152,
-    "regsPerBlock": 65536,
-    "regsPerMultiprocessor": 65536,
-    "maxThreadsPerBlock": 1024,
-    "maxThreadsPerMultiProcessor": 2048,
-    "maxBlocksPerMultiProcessor": 32,
-    "warpSize": 32,
-    "l2CacheSize": 62914560,
-    "maxGridSize": (2147483647, 65535, 65535),
+# The H200's answers to cuDeviceGetAttribute, by CUdevice_attribute name
+FAKE_ATTRIBUTES = {
+    "COMPUTE_CAPABILITY_MAJOR": 9,
+    "COMPUTE_CAPABILITY_MINOR": 0,
+    "MULTIPROCESSOR_COUNT": 132,
+    "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN": 232448,
+    "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR": 233472,
+    "RESERVED_SHARED_MEMORY_PER_BLOCK": 1024,
+    "MAX_SHARED_MEMORY_PER_BLOCK": 49152,
+    "MAX_REGISTERS_PER_BLOCK": 65536,
+    "MAX_REGISTERS_PER_MULTIPROCESSOR": 65536,
+    "MAX_THREADS_PER_BLOCK": 1024,
+    "MAX_THREADS_PER_MULTIPROCESSOR": 2048,
+    "MAX_BLOCKS_PER_MULTIPROCESSOR": 32,
+    "WARP_SIZE": 32,
+    "L2_CACHE_SIZE": 62914560,
+    "MAX_GRID_DIM_X": 2147483647,
 }
 
 
+class FakeGPU:
+    """Answers the driver's device queries from FAKE_ATTRIBUTES (ids from cuda-bindings);
+    records the devices asked about."""
+
+    def __init__(self, names=None, failing: Exception | None = None):
+        driver = pytest.importorskip("cuda.bindings.driver")
+        self.values = {int(getattr(driver.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{k}")): v
+                       for k, v in FAKE_ATTRIBUTES.items()}
+        self.name = names or "NVIDIA H200"
+        self.failing = failing
+        self.asked: list[int] = []
+
+    def device_attribute(self, device_id: int, attribute: int) -> int:
+        if self.failing is not None:
+            raise self.failing
+        if device_id not in self.asked:
+            self.asked.append(device_id)
+        return self.values[attribute]
+
+    def device_name(self, device_id: int) -> str:
+        return self.name
+
+    def current_device(self) -> int:
+        if self.failing is not None:
+            raise self.failing
+        return 0
+
+
 @pytest.fixture
-def fake_cupy(monkeypatch):
-    """Route CuPy's device queries to FAKE_PROPS; returns the list of device ids asked for."""
-    cupy = pytest.importorskip("cupy")
-    calls = []
-
-    def get_properties(device_id):
-        calls.append(device_id)
-        return dict(FAKE_PROPS)
-
-    monkeypatch.setattr(cupy.cuda.runtime, "getDeviceProperties", get_properties)
-    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
-    device._spec_from_cupy.cache_clear()
-    yield calls
-    device._spec_from_cupy.cache_clear()
+def fake_gpu(monkeypatch):
+    """DeviceSpec.from_gpu's driver replaced by a FakeGPU."""
+    gpu = FakeGPU()
+    monkeypatch.setattr(device, "driver", lambda: gpu)
+    device._spec_of_gpu.cache_clear()
+    yield gpu
+    device._spec_of_gpu.cache_clear()
 
 
-def test_from_cupy_reads_properties(fake_cupy):
-    spec = DeviceSpec.from_cupy(0)
+def test_from_gpu_reads_every_field_from_the_driver(fake_gpu):
+    spec = DeviceSpec.from_gpu(0)
     assert spec == dataclasses.replace(H200, name="NVIDIA H200")
-    assert fake_cupy == [0]
+    assert fake_gpu.asked == [0]
 
 
-def test_from_cupy_defaults_to_current_device_and_caches(fake_cupy):
-    first = DeviceSpec.from_cupy()
-    assert DeviceSpec.from_cupy() is first
-    assert DeviceSpec.from_cupy(0) is first
-    DeviceSpec.from_cupy(1)
-    assert fake_cupy == [0, 1]
+def test_from_gpu_defaults_to_current_device_and_caches(fake_gpu):
+    first = DeviceSpec.from_gpu()
+    assert DeviceSpec.from_gpu() is first
+    assert DeviceSpec.from_gpu(0) is first
+    DeviceSpec.from_gpu(1)
+    assert fake_gpu.asked == [0, 1]
 
 
-def test_from_cupy_accepts_str_name(fake_cupy, monkeypatch):
-    import cupy
-
-    props = dict(FAKE_PROPS, name="NVIDIA L40S", major=8, minor=9)
-    monkeypatch.setattr(cupy.cuda.runtime, "getDeviceProperties", lambda device_id: props)
-    spec = DeviceSpec.from_cupy(3)
+def test_from_gpu_reads_another_arch(fake_gpu):
+    fake_gpu.name = "NVIDIA L40S"
+    driver = pytest.importorskip("cuda.bindings.driver")
+    attributes = driver.CUdevice_attribute
+    fake_gpu.values[int(attributes.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)] = 8
+    fake_gpu.values[int(attributes.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)] = 9
+    spec = DeviceSpec.from_gpu(3)
     assert (spec.name, spec.arch) == ("NVIDIA L40S", 89)
 
 
-def test_from_cupy_missing_key_is_a_fuser_error(fake_cupy, monkeypatch):
-    import cupy
+def test_from_gpu_without_a_usable_device_is_a_toolchain_error(fake_gpu):
+    from fuser.driver import DriverError
 
-    props = {k: v for k, v in FAKE_PROPS.items() if k != "sharedMemPerBlockOptin"}
-    monkeypatch.setattr(cupy.cuda.runtime, "getDeviceProperties", lambda device_id: props)
-    with pytest.raises(ToolchainError, match="sharedMemPerBlockOptin"):
-        DeviceSpec.from_cupy(0)
-
-
-def test_from_cupy_without_a_usable_device_is_a_toolchain_error(fake_cupy, monkeypatch):
-    import cupy
-
-    def no_device(*args):
-        raise cupy.cuda.runtime.CUDARuntimeError(100)  # cudaErrorNoDevice
-
-    monkeypatch.setattr(cupy.cuda.runtime, "getDeviceProperties", no_device)
-    with pytest.raises(ToolchainError, match=r"properties of device 2 .*'h200'"):
-        DeviceSpec.from_cupy(2)
-    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", no_device)
+    fake_gpu.failing = DriverError("cuDeviceGet failed with CUDA_ERROR_INVALID_DEVICE")
+    with pytest.raises(ToolchainError, match=r"properties of device 2 .*INVALID_DEVICE.*'h200'"):
+        DeviceSpec.from_gpu(2)
     with pytest.raises(ToolchainError, match="the current device"):
-        DeviceSpec.from_cupy()
+        DeviceSpec.from_gpu()

@@ -63,19 +63,25 @@ def test_dealt_rows_match_the_reference(name, hidden, kw, rng):
 
 @pytest.mark.parametrize("name", ["rmsnorm_fwd", "layernorm_bwd"])
 def test_a_counter_is_zero_again_after_each_call(name, rng):
-    """Calls of one kernel with different row counts, fewer rows than the grid holds among
-    them, one after another: each finds its counter zeroed by the last block of the call
-    before, and every counter reads zero once the device is idle."""
+    """Calls with different row counts (fewer rows than the grid holds among them, and so
+    another kernel: the counter is the stream's, not the kernel's), one after another: each
+    finds its counter zeroed by the last block of the call before, and every counter handed
+    out reads zero once the device is idle."""
     import cupy
 
-    from fuser.tickets import counters
+    from fuser.tickets import COUNTER_BYTES, counters
 
     hints = Hints(dealing="dynamic")
-    kernels = {id(validated(name, rows, 4096, hints, rng)) for rows in (6007, 20011, 7, 3001)}
-    assert len(kernels) == 1
-    cupy.cuda.Device().synchronize()
-    held = counters(cupy.cuda.Device().id)._buffers
-    assert held and not any(cupy.asnumpy(b).any() for b in held)
+    for rows in (6007, 20011, 7, 3001):
+        validated(name, rows, 4096, hints, rng)
+    device = cupy.cuda.Device()
+    device.synchronize()
+    given = list(counters(device.id)._given.values())
+    assert given
+    for address in given:
+        memory = cupy.cuda.UnownedMemory(address, COUNTER_BYTES, None)
+        words = cupy.ndarray((COUNTER_BYTES // 8,), cupy.uint64, cupy.cuda.MemoryPointer(memory, 0))
+        assert not cupy.asnumpy(words).any(), f"counter at {address:#x}: {cupy.asnumpy(words)}"
 
 
 def test_two_streams_running_one_kernel_count_on_their_own(rng):

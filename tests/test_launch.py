@@ -30,7 +30,7 @@ def test_launch_structures_have_cuda_h_layout():
     """CUlaunchAttribute: id, 4 bytes of padding, a 64-byte union at offset 8 (72 bytes, 8-byte
     aligned); CUlaunchConfig: seven unsigned ints, the stream at 32, attrs at 40, numAttrs at
     48 (56 bytes). A wrong offset would launch with garbage, so it is pinned here."""
-    from fuser.launch import LaunchAttribute, LaunchAttributeValue, LaunchConfig
+    from fuser.driver import LaunchAttribute, LaunchAttributeValue, LaunchConfig
 
     assert ctypes.sizeof(LaunchAttributeValue) == 64 and ctypes.alignment(LaunchAttributeValue) == 8
     assert ctypes.sizeof(LaunchAttribute) == 72 and LaunchAttribute.value.offset == 8
@@ -41,14 +41,43 @@ def test_launch_structures_have_cuda_h_layout():
 
 def test_driver_constants_match_cuda_bindings():
     driver = pytest.importorskip("cuda.bindings.driver")
-    from fuser import launch
+    from fuser import device
+    from fuser import driver as ours
 
     ids = driver.CUlaunchAttributeID
     assert (int(ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
-            == launch.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+            == ours.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
     assert (int(driver.CUresult.CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)
-            == launch.CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)
-    assert int(driver.CUresult.CUDA_SUCCESS) == launch.CUDA_SUCCESS
+            == ours.CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)
+    assert int(driver.CUresult.CUDA_SUCCESS) == ours.CUDA_SUCCESS
+    attribute = driver.CUfunction_attribute
+    theirs = [attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+              attribute.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, attribute.CU_FUNC_ATTRIBUTE_NUM_REGS,
+              attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES]
+    assert [int(a) for a in theirs] == [
+        ours.FUNC_SHARED_SIZE_BYTES, ours.FUNC_LOCAL_SIZE_BYTES, ours.FUNC_NUM_REGS,
+        ours.FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES]
+
+    def attribute_id(name: str) -> int:
+        return int(getattr(driver.CUdevice_attribute, name))
+
+    assert attribute_id("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR") == device._MAJOR
+    assert attribute_id("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR") == device._MINOR
+    assert {field: attribute_id(name) for field, name in {
+        "max_threads_per_block": "CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK",
+        "max_grid_x": "CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X",
+        "smem_per_block_default": "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK",
+        "warp_size": "CU_DEVICE_ATTRIBUTE_WARP_SIZE",
+        "regs_per_block": "CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK",
+        "sm_count": "CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT",
+        "l2_bytes": "CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE",
+        "max_threads_per_sm": "CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR",
+        "smem_per_sm": "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR",
+        "regs_per_sm": "CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR",
+        "smem_per_block_optin": "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN",
+        "max_blocks_per_sm": "CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR",
+        "reserved_smem_per_block": "CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK",
+    }.items()} == device._ATTRIBUTES
 
 
 class FakeDriver:
@@ -107,19 +136,19 @@ def test_a_failed_launch_names_the_status_and_the_fix(monkeypatch):
 
 
 def test_a_missing_driver_library_is_a_toolchain_error(monkeypatch):
-    from fuser import launch
+    from fuser import driver
     from fuser.errors import ToolchainError
 
     def missing(name):
         raise OSError(f"{name}: cannot open shared object file")
 
-    monkeypatch.setattr(launch.ctypes, "CDLL", missing)
-    launch.driver.cache_clear()
+    monkeypatch.setattr(driver.ctypes, "CDLL", missing)
+    driver.driver.cache_clear()
     try:
         with pytest.raises(ToolchainError, match=r"libcuda\.so\.1.*NVIDIA driver"):
-            launch.driver()
+            driver.driver()
     finally:
-        launch.driver.cache_clear()
+        driver.driver.cache_clear()
 
 
 # ----- the grid of each row dealing ------------------------------------------------------------

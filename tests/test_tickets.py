@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import types
-
 import pytest
 
 import fuser.tickets as tickets
@@ -17,7 +15,7 @@ def zeroed(monkeypatch) -> list:
     made: list = []
 
     def fake(self):
-        made.append(types.SimpleNamespace(data=types.SimpleNamespace(ptr=(len(made) + 1) << 20)))
+        made.append((len(made) + 1) << 20)
         return made[-1]
 
     monkeypatch.setattr(TicketCounters, "_zeroed", fake)
