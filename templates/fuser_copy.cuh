@@ -41,6 +41,20 @@ __device__ __forceinline__ void store_vector(T* p, const Vec<T, N>& x) {
   }
 }
 
+// store_vector in accesses of at most 16 bytes, to 16-byte aligned memory (load_pieces'
+// partner).
+template <int N, typename T>
+__device__ __forceinline__ void store_pieces(T* p, const Vec<T, N>& x) {
+  constexpr int P = sizeof(T) * N > 16 ? 16 / static_cast<int>(sizeof(T)) : N;
+#pragma unroll
+  for (int k = 0; k < N; k += P) {
+    Vec<T, P> piece;
+#pragma unroll
+    for (int i = 0; i < P; ++i) piece.v[i] = x.v[k + i];
+    store_vector<P>(p + k, piece);
+  }
+}
+
 // ----- cp.async: global to shared without passing through registers (sm_80+) -----
 
 template <int BYTES>

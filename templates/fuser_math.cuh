@@ -20,6 +20,22 @@ __device__ __forceinline__ Vec<T, N> load(const T* p) {
   return *reinterpret_cast<const Vec<T, N>*>(p);
 }
 
+// N elements in accesses of at most 16 bytes (the widest there is), from 16-byte aligned
+// memory: a column operand of a pointwise kernel may be wider than the rows' vector (fp32
+// statistics beside bf16 rows).
+template <int N, typename T>
+__device__ __forceinline__ Vec<T, N> load_pieces(const T* p) {
+  constexpr int P = sizeof(T) * N > 16 ? 16 / static_cast<int>(sizeof(T)) : N;
+  Vec<T, N> x;
+#pragma unroll
+  for (int k = 0; k < N; k += P) {
+    const Vec<T, P> piece = load<P>(p + k);
+#pragma unroll
+    for (int i = 0; i < P; ++i) x.v[k + i] = piece.v[i];
+  }
+  return x;
+}
+
 // A plain vector store: the compiler keeps it whole in blocks of one row whose batch loop is
 // fully unrolled, and schedules it freely (fm::store_vector in fuser_copy.cuh is the other).
 template <int N, typename T>

@@ -202,3 +202,27 @@ def test_a_block_per_group_strides_once_the_grid_is_at_its_limit():
     assert s.dealing.value == "grid"
     kernel = types.SimpleNamespace(schedule=s, resident_groups=396, finalize=None)
     assert _launch(kernel, 16384, small)[0].grid == 1000
+
+
+def test_a_pointwise_kernel_launches_a_block_per_unrolled_vectors_up_to_the_grid_limit():
+    """swiglu_fwd at [16384, 4096] bf16: 8-element vectors, 256 threads x 4 each a block, so
+    8 M vectors are 8192 blocks (not a persistent grid); past max_grid_x the loop strides."""
+    import dataclasses
+    import types
+
+    from fuser.analysis import analyze
+    from fuser.device import DeviceSpec
+    from fuser.executor import _launch
+    from fuser.fusions import FUSIONS
+    from fuser.schedulers import Problem, schedule
+
+    h200 = DeviceSpec.get("h200")
+    s = schedule(analyze(FUSIONS["swiglu_fwd"](DataType.BFloat16).fusion),
+                 Problem(4096, 1024, 16), h200)
+    kernel = types.SimpleNamespace(schedule=s)
+    assert (s.vec, s.threads, s.unroll) == (8, 256, 4)
+    launch, final = _launch(kernel, 16384, h200)
+    assert (launch.grid, launch.block, final) == (8192, (256, 1), None)
+    assert _launch(kernel, 3, h200)[0].grid == 2  # 1536 vectors
+    small = dataclasses.replace(h200, max_grid_x=1000)
+    assert _launch(kernel, 16384, small)[0].grid == 1000

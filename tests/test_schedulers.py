@@ -370,6 +370,21 @@ def test_pointwise_fusion_gets_the_pointwise_scheduler():
     assert isinstance(s, PointwiseSchedule) and s.vec == 8
 
 
+def test_pointwise_vectors_are_sized_by_the_rows_and_columns_read_in_pieces():
+    """bf16 rows with fp32 column operands (BatchNorm's normalization): 16-byte vectors of
+    the rows, the columns read in 16-byte pieces; where the pointers are only 8-byte aligned
+    a piece would not be, so the columns bound the vector again."""
+    with FusionDefinition("normalize") as fd:
+        x = fd.define_tensor([-1, -1], dtype=DataType.BFloat16)
+        mean = fd.define_tensor([-1], dtype=DataType.Float)
+        y = fd.ops.sub(fd.ops.cast(x, DataType.Float), mean)
+        fd.add_output(fd.ops.cast(y, DataType.BFloat16))
+    info = analyze(fd.fusion)
+    assert schedule(info, Problem(4096, 100, 16), H200).vec == 8
+    assert schedule(info, Problem(4096, 100, 8), H200).vec == 2
+    assert schedule(info, Problem(4100, 100, 16), H200).vec == 4  # 4100 = 4 x 1025
+
+
 def test_a_storage_that_cannot_fit_raises_with_the_numbers():
     """Every size schedules by itself on a real part (re-reading rows at worst); a part too
     small for any storage, or a forced storage that cannot hold the row, names the row, the

@@ -73,7 +73,7 @@ gelu_bias_pointwise(
         const long long row = idx / NV;
         const int j = static_cast<int>(idx - row * NV);
         const fm::Vec<__nv_bfloat16, VEC> x_T0 = fm::load<VEC>(g_T0 + row * H + j * VEC);
-        const fm::Vec<__nv_bfloat16, VEC> c_T1 = fm::load<VEC>(g_T1 + j * VEC);
+        const fm::Vec<__nv_bfloat16, VEC> c_T1 = fm::load_pieces<VEC>(g_T1 + j * VEC);
         fm::Vec<__nv_bfloat16, VEC> o_T18;
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
