@@ -379,7 +379,7 @@ class KernelCache:
         self._count("memory_hits")
         if not _file_holds(path, compiled.cubin):
             (log.warning if os.path.exists(path) else log.info)(
-                "fuser cache: the cubin file %s no longer holds the kernel loaded from it "
+                "fuser cache: the cubin file %s no longer holds the kernel compiled into it "
                 "(changed or deleted since); writing a fresh copy from memory", path)
             self._count("cubins_rewritten")
             path = self._cubin_file(key, compiled)

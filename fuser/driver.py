@@ -3,10 +3,10 @@
 fuser loads its kernels, reads their attributes and the device's limits, asks for occupancy,
 allocates its row counters and launches, all through the driver library the NVIDIA driver
 installs (libcuda), so that neither array library is needed for it: torch tensors in, and
-CuPy is never imported (its import cost 80 ms of a torch user's first call); CuPy arrays in,
-and no call passes through CuPy's device context manager. cuda-bindings is not used at run
-time either: its wrappers build an enum member for every call's status, and importing them
-cost 13 to 49 ms of a process's first call.
+CuPy is never imported (its import cost 80 ms of a torch user's first call); a call on the
+current device asks the driver one question (its current context) and enters no device
+context. cuda-bindings is not used at run time either: its wrappers build an enum member for
+every call's status, and importing them cost 13 to 49 ms of a process's first call.
 
 The exported names used here have had one ABI since CUDA 11.8 (the `_v2` ones where cuda.h
 maps the plain name to them), and the plain (not `_ptsz`) stream semantics, the ones
@@ -77,6 +77,7 @@ _SIGNATURES = {
     "cuCtxGetDevice": [_out_int],
     "cuCtxSynchronize": [],
     "cuModuleLoadData": [_out_ptr, ctypes.c_char_p],
+    "cuModuleUnload": [_ptr],
     "cuModuleGetFunction": [_out_ptr, _ptr, ctypes.c_char_p],
     "cuFuncGetAttribute": [_out_int, _int, _ptr],
     "cuFuncSetAttribute": [_ptr, _int, _int],
@@ -210,6 +211,11 @@ class Driver:
                     "cuModuleLoadData", f"loading {what}")
         return module.value or 0
 
+    def unload_module(self, module: int) -> None:
+        """Unload a module whose kernels are not kept (a load that failed its checks, or one
+        another thread loaded first); a failure here leaves it loaded, which is harmless."""
+        self._calls["cuModuleUnload"](module)
+
     def function(self, module: int, name: str) -> Function:
         handle = ctypes.c_void_p()
         self._check(self._calls["cuModuleGetFunction"](ctypes.byref(handle), module,
@@ -253,8 +259,10 @@ class Driver:
     def stream_capturing(self, stream: int) -> bool:
         """Whether `stream` is capturing a CUDA graph (or a capture it was part of failed)."""
         status = ctypes.c_int()  # CUstreamCaptureStatus, after the stream (not first)
-        self._check(self._calls["cuStreamIsCapturing"](stream or None, ctypes.byref(status)),
-                    "cuStreamIsCapturing", f"asking whether stream {stream:#x} captures")
+        result = self._calls["cuStreamIsCapturing"](stream or None, ctypes.byref(status))
+        if result != CUDA_SUCCESS:
+            self._check(result, "cuStreamIsCapturing", f"asking whether stream {stream:#x} "
+                        "captures")
         return status.value != 0
 
     def zeroed_memory(self, nbytes: int) -> int:

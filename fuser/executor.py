@@ -29,7 +29,7 @@ from fuser.compile import CompiledModule
 from fuser.device import DeviceSpec
 from fuser.driver import Function, LaunchConfig, driver
 from fuser.dtypes import DataType
-from fuser.errors import BadInputError, OutOfResourcesError, UnsupportedFusionError
+from fuser.errors import BadInputError, LaunchError, OutOfResourcesError, UnsupportedFusionError
 from fuser.ir import Scalar, Tensor, as_tensor
 from fuser.kernels import build
 from fuser.launch import POINTER, EntryLauncher, ctype_of
@@ -63,7 +63,7 @@ class Kernel:
     functions: dict[str, Function]  # entry name -> the loaded function (launches go through:)
     launchers: dict  # entry name -> EntryLauncher
     device: DeviceSpec
-    device_id: int  # the GPU it is loaded on (into its primary context)
+    module: int  # the CUmodule of the functions, in its GPU's primary context
     occupancy: int  # resident blocks per SM of the main kernel, as the driver computes it
     resident_groups: int  # clusters (or blocks, without a cluster) resident on the whole GPU
     # (entry, ((slot of the source in _SLOT_ORDER, index) per parameter)) of each kernel in
@@ -182,22 +182,12 @@ def _load(fd, problem: Problem, device: DeviceSpec, hints, device_id: int) -> Ke
     gpu = driver()
     with gpu.on_device(device_id):
         module = gpu.load_module(built.compiled.cubin, f"the kernels of fusion '{fd.name}'")
-        functions = {}
-        for entry, plan in built.plans():
-            fn = gpu.function(module, entry)
-            _check_static_smem(fd.name, fn, plan, device)
-            functions[entry] = gpu.allow_dynamic_smem(fn, plan.dynamic_bytes)
-        s = built.schedule
-        row = functions[built.source.row_entry]
-        occupancy = gpu.max_active_blocks(row, s.threads, s.smem.dynamic_bytes)
-        if occupancy < 1:
-            raise OutOfResourcesError(
-                f"kernel {row.name} cannot be resident: {s.threads} threads, {row.num_regs} "
-                f"registers per thread, {s.smem.dynamic_bytes} B dynamic shared memory per block"
-            )
-        groups = occupancy * device.sm_count
-        if isinstance(s, RowSchedule) and s.cluster > 1:
-            groups = _max_active_clusters(row, s)
+        try:
+            functions, occupancy, groups = _described(fd.name, built, module, device)
+        except BaseException:
+            gpu.unload_module(module)  # refused: nothing keeps its kernels
+            raise
+    s = built.schedule
     launchers = {sig.entry: _launcher(sig, functions[sig.entry],
                                       programmatic=sig.entry == built.source.finalize_entry
                                       and device.arch >= 90)
@@ -208,8 +198,32 @@ def _load(fd, problem: Problem, device: DeviceSpec, hints, device_id: int) -> Ke
                               if p.source is Source.INPUT and p.dtype is None)
     values = {i for i, v in enumerate(built.info.fusion.inputs) if v in built.info.value_inputs}
     return Kernel(built.source, s, built.finalize, built.compiled, functions, launchers, device,
-                  device_id, occupancy, groups, arguments, tensor_inputs,
-                  tensor_inputs - values)
+                  module, occupancy, groups, arguments, tensor_inputs, tensor_inputs - values)
+
+
+def _described(name: str, built, module: int, device: DeviceSpec
+               ) -> tuple[dict[str, Function], int, int]:
+    """The module's functions (checked against their shared-memory plans, opted in to their
+    dynamic shared memory), the row kernel's resident blocks per SM and resident groups
+    (blocks, or clusters) on the GPU; raises where a kernel cannot run."""
+    gpu = driver()
+    functions = {}
+    for entry, plan in built.plans():
+        fn = gpu.function(module, entry)
+        _check_static_smem(name, fn, plan, device)
+        functions[entry] = gpu.allow_dynamic_smem(fn, plan.dynamic_bytes)
+    s = built.schedule
+    row = functions[built.source.row_entry]
+    occupancy = gpu.max_active_blocks(row, s.threads, s.smem.dynamic_bytes)
+    if occupancy < 1:
+        raise OutOfResourcesError(
+            f"kernel {row.name} cannot be resident: {s.threads} threads, {row.num_regs} "
+            f"registers per thread, {s.smem.dynamic_bytes} B dynamic shared memory per block"
+        )
+    groups = occupancy * device.sm_count
+    if isinstance(s, RowSchedule) and s.cluster > 1:
+        groups = _max_active_clusters(row, s)
+    return functions, occupancy, groups
 
 
 _SIZE_CTYPES = {Source.ROWS: ctypes.c_int64, Source.PARTIAL_ROWS: ctypes.c_int32}
@@ -277,9 +291,12 @@ def get_kernel(fd, problem: Problem, device: DeviceSpec, device_id: int, hints=N
     with _kernels_lock:
         kernel = _kernels.get(key)
     if kernel is None:
-        kernel = _load(fd, problem, device, hints, device_id)
+        loaded = _load(fd, problem, device, hints, device_id)
         with _kernels_lock:
-            kernel = _kernels.setdefault(key, kernel)
+            kernel = _kernels.setdefault(key, loaded)
+        if kernel is not loaded:  # another thread's load came first
+            with driver().on_device(device_id):
+                driver().unload_module(loaded.module)
     return kernel
 
 
@@ -621,10 +638,19 @@ def _owner(stream: int):
 def _run(plan: Plan, inputs: list, pointers: dict[int, int]) -> list:
     """Allocate the outputs and launch, with the plan's device current: as it mostly is
     already (one driver call says so), else made current for the call (and for CuPy arrays
-    through CuPy, which allocates on the runtime's current device)."""
+    through CuPy, which allocates on the runtime's current device). Another context of the
+    same device is refused: the caller's stream would be that context's."""
     gpu = driver()
-    if gpu.current_context() == plan.context:
+    current = gpu.current_context()
+    if current == plan.context:
         return _enqueue(plan, inputs, pointers)
+    if current and gpu.current_device() == plan.device_id:
+        raise LaunchError(
+            f"the current CUDA context ({current:#x}) of device {plan.device_id} is not its "
+            f"primary context ({plan.context:#x}), the one torch and CuPy run in and fuser "
+            "loads its kernels into: the stream a launch would go to belongs to another "
+            "context. Make the primary context current (torch.cuda.set_device, "
+            "cupy.cuda.Device, or cuDevicePrimaryCtxRetain and cuCtxSetCurrent)")
     with contextlib.ExitStack() as stack:
         if not plan.torch_kind:
             stack.enter_context(_cupy().cuda.Device(plan.device_id))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 
 import pytest
@@ -102,15 +103,6 @@ def fake() -> tuple[Driver, FakeLibrary]:
     return Driver(library), library  # type: ignore[arg-type]
 
 
-def test_every_entry_point_is_typed(fake):
-    """Each entry point gets the parameter types of _SIGNATURES and an int result: ctypes
-    would otherwise pass Python ints as C ints and truncate 64-bit handles."""
-    gpu, _ = fake
-    for name, function in gpu._calls.items():
-        assert function.argtypes == drivers._SIGNATURES[name], name
-        assert function.restype is ctypes.c_int, name
-
-
 def test_current_device_follows_the_current_context(fake):
     gpu, library = fake
     assert gpu.current_context() == 0 and gpu.current_device() == 0  # none yet: device 0
@@ -172,3 +164,106 @@ def test_a_driver_that_cannot_start_is_a_toolchain_error():
     library.status["cuInit"] = CUDA_ERROR_INVALID_DEVICE
     with pytest.raises(DriverError, match=r"cuInit failed .* initializing the CUDA driver"):
         Driver(library)  # type: ignore[arg-type]
+
+
+def test_every_entry_point_matches_its_prototype_in_cuda_h():
+    """Each _SIGNATURES entry has the parameter count of its cuda.h prototype, and a ctypes
+    pointer exactly where the prototype has one (the output pointer of cuStreamIsCapturing
+    is its second parameter, not its first); handles (CUcontext, CUstream, ...) are void
+    pointers in C as here, CUdeviceptr a 64-bit integer."""
+    import os
+    import re
+
+    from fuser.compile import cuda_include_dir
+
+    folder = cuda_include_dir()
+    header = os.path.join(folder, "cuda.h") if folder else ""
+    assert os.path.isfile(header), f"no cuda.h beside the NVRTC headers ({folder})"
+    with open(header, encoding="utf-8") as f:
+        text = f.read()
+    handles = ("CUcontext", "CUmodule", "CUfunction", "CUstream")
+    for name, argtypes in drivers._SIGNATURES.items():
+        found = (re.search(rf"CUresult CUDAAPI {name}\(([^)]*)\);", text)
+                 or re.search(rf"CUresult CUDAAPI {name.removesuffix('_v2')}\(([^)]*)\);", text))
+        assert found, name
+        params = [p.strip() for p in found.group(1).split(",") if p.strip() not in ("", "void")]
+        assert len(params) == len(argtypes), (name, params)
+        for param, ours in zip(params, argtypes, strict=True):
+            if "*" in param:
+                assert ours in (ctypes.c_void_p, ctypes.c_char_p) or issubclass(
+                    ours, ctypes._Pointer), (name, param, ours)
+            elif param.split()[0] in handles or param.startswith("const CUlaunchConfig"):
+                assert ours is ctypes.c_void_p, (name, param, ours)
+            else:
+                assert not issubclass(ours, ctypes._Pointer) and ours is not ctypes.c_void_p, (
+                    name, param, ours)
+                if param.startswith("CUdeviceptr"):
+                    assert ours is ctypes.c_uint64, (name, param)
+
+
+# ----- the executor's side: contexts and modules ---------------------------------------------
+
+
+class FakeGPU:
+    """The executor's view of the driver: a current context and device, and the modules
+    unloaded."""
+
+    def __init__(self, current: int, device: int):
+        self.current, self.device = current, device
+        self.unloaded: list[int] = []
+
+    def current_context(self) -> int:
+        return self.current
+
+    def current_device(self) -> int:
+        return self.device
+
+    def unload_module(self, module: int) -> None:
+        self.unloaded.append(module)
+
+
+def test_a_call_runs_in_the_primary_context_and_refuses_another_of_its_device(monkeypatch):
+    """The plan's (primary) context current: launch as is. Another context of the same device
+    current: the caller's stream is that context's, so the call is refused on the host with
+    both handles and the way out, not launched into a context mismatch."""
+    import types
+
+    from fuser import executor
+    from fuser.errors import LaunchError
+
+    plan = types.SimpleNamespace(context=0x1000, device_id=0, torch_kind=True)
+    monkeypatch.setattr(executor, "_enqueue", lambda plan, inputs, pointers: "launched")
+    monkeypatch.setattr(executor, "driver", lambda: FakeGPU(0x1000, 0))
+    assert executor._run(plan, [], {}) == "launched"
+    monkeypatch.setattr(executor, "driver", lambda: FakeGPU(0x7777, 0))
+    with pytest.raises(LaunchError, match=r"context \(0x7777\) of device 0 is not its primary "
+                                          r"context \(0x1000\).*torch\.cuda\.set_device"):
+        executor._run(plan, [], {})
+
+
+def test_a_module_that_fails_its_checks_is_unloaded(monkeypatch):
+    """A kernel whose static shared memory overflows its plan's slot is refused after its
+    module was loaded: the module is unloaded, not left in the context for every retry."""
+    import types
+
+    from fuser import executor
+    from fuser.device import DeviceSpec
+    from fuser.driver import Function
+    from fuser.errors import OutOfResourcesError
+    from fuser.smem import STATIC_SLOT
+
+    gpu = FakeGPU(0x1000, 0)
+    gpu.load_module = lambda image, what: 0xABC
+    gpu.function = lambda module, name: Function(name, 1, 32, STATIC_SLOT + 16, 0, 0)
+    gpu.on_device = lambda device_id: contextlib.nullcontext()
+    plan = types.SimpleNamespace(static_slot=STATIC_SLOT, dynamic_bytes=0)
+    built = types.SimpleNamespace(compiled=types.SimpleNamespace(cubin=b"\x7fELF"),
+                                  plans=lambda: iter([("k_row", plan)]))
+    monkeypatch.setattr(executor, "driver", lambda: gpu)
+    monkeypatch.setattr(executor, "build", lambda *args: built)
+    monkeypatch.setattr(executor, "_info", lambda fd: (None, ""))
+    fd = types.SimpleNamespace(name="f")
+    with pytest.raises(OutOfResourcesError, match="more than the 128 B slot"):
+        executor._load(fd, None, DeviceSpec.get("h200"), None, 0)
+    assert gpu.unloaded == [0xABC]
+
