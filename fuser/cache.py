@@ -13,11 +13,10 @@ ONE file, `<key>.fuser`, written to a temp file in the same folder and renamed o
 A file that fails any check (magic, format, checksum, JSON, key, length, a resource report for
 every `extern "C" __global__` kernel of the source) is deleted and counts as a miss, so a
 truncated or flipped entry is recompiled instead of loaded. Kernels load from the checked bytes
-in memory (fuser.driver); the cubin is also kept as `<key>.cubin` beside the entry for the
-tools that read a file (cuobjdump, nvdisasm: `explain`'s instruction mix, a user's own look).
-It is derived data, rewritten (atomically) from the checked entry whenever it is missing or
-differs, a memory hit included: a cubin file damaged after it was written is never handed out
-again.
+in memory (fuser.driver); where a tool needs a file (cuobjdump, nvdisasm: `explain`'s
+instruction mix), `cubin_file` writes `<key>.cubin` beside the entry. It is derived data,
+written (atomically) from the checked entry when asked for and missing or different: a cubin
+file damaged after it was written is never handed out again.
 
 Beside the entries, `<key>.plan` files hold build plans (fuser.plans: the schedule and source a
 build picked, under a key of everything that picks them), checked by a sha256 line like the
@@ -32,8 +31,8 @@ files fit.
 Nothing on disk is needed for correctness, so OS errors degrade rather than fail: an entry that
 cannot be read is recompiled; the first write that fails (read-only folder, no space,
 FUSER_CACHE_DIR naming a file) logs one warning and from then on this cache keeps kernels in
-memory, their cubin files in a private temporary folder. Only when no cubin file can be written
-anywhere does a ToolchainError name both folders and the way out.
+memory, their cubin files in a private temporary folder. Only when a cubin file is asked for
+and can be written nowhere does a ToolchainError name both folders and the way out.
 
 Environment: FUSER_CACHE_DIR (default $XDG_CACHE_HOME/fuser, else ~/.cache/fuser);
 FUSER_CACHE_MAX_BYTES (default 1 GiB; K, M, G suffixes are powers of 1024); FUSER_CACHE=0
@@ -224,7 +223,7 @@ class KernelCache:
         self.directory = os.path.abspath(directory or default_cache_dir())
         self.disk = os.environ.get("FUSER_CACHE", "1") != "0" if disk is None else disk
         self.max_bytes = max_cache_bytes() if max_bytes is None else max_bytes
-        self._memory: dict[str, tuple[CompiledModule, str]] = {}
+        self._memory: dict[str, CompiledModule] = {}
         self._plans: dict[str, bytes] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
@@ -250,13 +249,16 @@ class KernelCache:
 
     def get_or_compile(
         self, source: str, name: str, arch: int, include_dirs: tuple[str, ...] = ()
-    ) -> tuple[CompiledModule, str]:
-        """The compiled module for this source and the path of a file holding its cubin."""
+    ) -> CompiledModule:
+        """The compiled module for this source: from memory, from its entry on disk, or from
+        NVRTC (then stored)."""
         key = self.key(source, name, arch, include_dirs)
         with self._lock_for(key):
             hit = self._memory.get(key)
             if hit is not None:
-                return self._memory_hit(key, *hit)
+                self._count("memory_hits")
+                self._touch(key)
+                return hit
             with self._process_lock(key):
                 compiled = self._load(key, source)
                 fresh = compiled is None
@@ -266,11 +268,23 @@ class KernelCache:
                     self._store(key, compiled, source)
                 else:
                     self._count("disk_hits")
-                path = self._cubin_file(key, compiled)
             if fresh:
                 self._evict(keep=key)
-            self._memory[key] = (compiled, path)
-            return compiled, path
+            self._memory[key] = compiled
+            return compiled
+
+    def cubin_file(self, source: str, name: str, arch: int,
+                   include_dirs: tuple[str, ...] = ()) -> str:
+        """The path of a plain file holding this module's cubin, for the tools that read one
+        (cuobjdump, nvdisasm: `explain`'s instruction mix): `<key>.cubin` beside the entry,
+        written when it is missing or no longer holds the bytes (a file changed since, by a
+        user, a disk fault, another tool, would show another kernel than the one whose
+        resources the cache returns), else one in this cache's temporary folder. Kernels run
+        from the bytes in memory: only this asks for the file."""
+        key = self.key(source, name, arch, include_dirs)
+        compiled = self._memory.get(key) or self.get_or_compile(source, name, arch, include_dirs)
+        with self._lock_for(key):
+            return self._cubin_file(key, compiled)
 
     def holds(self, source: str, name: str, arch: int,
               include_dirs: tuple[str, ...] = ()) -> bool:
@@ -369,23 +383,6 @@ class KernelCache:
 
     def _writes_on(self) -> bool:
         return self.disk and self.write_failure is None
-
-    def _memory_hit(self, key: str, compiled: CompiledModule, path: str
-                    ) -> tuple[CompiledModule, str]:
-        """The remembered module, its cubin file re-checked byte for byte first: a file
-        changed since it was written (by a user, a disk fault, another tool) would show a
-        different kernel to the tools that read it than the one whose resources we return.
-        A file that differs (or is gone) is written afresh."""
-        self._count("memory_hits")
-        if not _file_holds(path, compiled.cubin):
-            (log.warning if os.path.exists(path) else log.info)(
-                "fuser cache: the cubin file %s no longer holds the kernel compiled into it "
-                "(changed or deleted since); writing a fresh copy from memory", path)
-            self._count("cubins_rewritten")
-            path = self._cubin_file(key, compiled)
-            self._memory[key] = (compiled, path)
-        self._touch(key)
-        return compiled, path
 
     def _touch(self, key: str) -> None:
         """Mark an entry used now, for the least-recently-used eviction."""
@@ -530,6 +527,10 @@ class KernelCache:
             path = self._path(key, CUBIN_SUFFIX)
             if _file_holds(path, compiled.cubin):
                 return path
+            if os.path.exists(path):
+                log.warning("fuser cache: the cubin file %s no longer holds the kernel compiled "
+                            "into it (changed since); writing a fresh copy from memory", path)
+                self._count("cubins_rewritten")
             if self._writes_on():
                 try:
                     os.makedirs(self.directory, exist_ok=True)

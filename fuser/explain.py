@@ -124,7 +124,7 @@ class Explanation:
         nvdisasm; raises ToolchainError where nvdisasm is not installed."""
         from fuser.sass import instruction_mix
 
-        mixes = instruction_mix(self.built.cubin_path)
+        mixes = instruction_mix(self.built.cubin_file())
         return MappingProxyType({e: mixes[e] for e in self.entries if e in mixes})
 
     def _machine_code_lines(self) -> list[str]:

@@ -58,7 +58,9 @@ class Built:
     finalize: FinalizeSchedule | None
     source: KernelSource
     compiled: CompiledModule
-    cubin_path: str
+    # The path of a file holding the cubin, written when first asked for (KernelCache.
+    # cubin_file): for the tools that read one; kernels load from compiled.cubin
+    cubin_file: Callable[[], str]
 
     def plans(self):
         """(entry name, smem plan) of each kernel in the module."""
@@ -105,11 +107,11 @@ def build(
             for attempt, result in zip(batch, _compiled(batch, name, device, cache), strict=True):
                 if isinstance(attempt, Exception):
                     raise attempt
-                compiled, path = result()
+                compiled = result()
                 resources = compiled.resource(attempt.source.row_entry)
                 if not resources.spills:
                     built = Built(info, attempt.schedule, attempt.finalize, attempt.source,
-                                  compiled, path)
+                                  compiled, _cubin_file(cache, attempt.source, name, device))
                     cache.store_plan(plan_key, plans.encode(
                         (attempt.schedule, attempt.finalize, attempt.source)))
                     _dump(built)
@@ -139,12 +141,12 @@ def _planned(cache: KernelCache, key: str, name: str, info: FusionInfo,
     except ValueError:
         cache.discard_plan(key)
         return None
-    compiled, path = cache.get_or_compile(source.source, name, device.arch,
-                                          (str(template_dir()),))
+    compiled = cache.get_or_compile(source.source, name, device.arch, (str(template_dir()),))
     if compiled.resource(source.row_entry).spills:
         cache.discard_plan(key)
         return None
-    built = Built(info, schedule, final, source, compiled, path)
+    built = Built(info, schedule, final, source, compiled,
+                  _cubin_file(cache, source, name, device))
     _dump(built)
     return built
 
@@ -247,9 +249,18 @@ def _held(cache: KernelCache, name: str, device: DeviceSpec) -> Callable[[_Attem
     return held
 
 
+def _cubin_file(cache: KernelCache, source: KernelSource, name: str,
+                device: DeviceSpec) -> Callable[[], str]:
+    """Built.cubin_file: the cache writes the file when it is first asked for."""
+    def cubin_file() -> str:
+        return cache.cubin_file(source.source, name, device.arch, (str(template_dir()),))
+
+    return cubin_file
+
+
 def _compiled(batch: list[_Attempt | Exception], name: str, device: DeviceSpec,
-              cache: KernelCache) -> list[Callable[[], tuple[CompiledModule, str]]]:
-    """Per item of `batch`, a function returning its (module, cubin path), raising its
+              cache: KernelCache) -> list[Callable[[], CompiledModule]]:
+    """Per item of `batch`, a function returning its module, raising its
     compile error: one compile runs here, several run in threads; those still running when
     the build has its answer finish in the background (into the cache)."""
     jobs = [(a.source.source, name, device.arch, (str(template_dir()),))
@@ -270,7 +281,7 @@ def _compiled(batch: list[_Attempt | Exception], name: str, device: DeviceSpec,
     return [future.result if future else _never for future in futures]
 
 
-def _never() -> tuple[CompiledModule, str]:
+def _never() -> CompiledModule:
     raise AssertionError("an error item of a batch has no module")  # build raises it first
 
 

@@ -67,9 +67,9 @@ def test_spills_rebuild_for_fewer_blocks_per_sm(tmp_path, monkeypatch):
             return dataclasses.replace(r, spill_stores=64) if self._spilling else r
 
     def get_or_compile(source, *args):
-        compiled, path = real(source, *args)
+        compiled = real(source, *args)
         return Spilling(compiled, f"__launch_bounds__({first.schedule.threads}, {planned})"
-                        in source), path
+                        in source)
 
     monkeypatch.setattr(cache, "get_or_compile", get_or_compile)
     built = _build(cache)
@@ -89,7 +89,7 @@ class _SpillingWhere:
         return getattr(self._cache, name)
 
     def get_or_compile(self, source, *args):
-        compiled, path = self._cache.get_or_compile(source, *args)
+        compiled = self._cache.get_or_compile(source, *args)
         spilling = self._spills(source)
 
         class Module:
@@ -100,7 +100,7 @@ class _SpillingWhere:
                 r = compiled.resource(entry)
                 return dataclasses.replace(r, spill_stores=64) if spilling else r
 
-        return Module(), path
+        return Module()
 
 
 @pytest.mark.parametrize("only_candidate", [False, True])
@@ -188,8 +188,7 @@ class _AlwaysSpilling:
 
     def get_or_compile(self, source, *args):
         self.calls += 1
-        compiled, path = self.cache.get_or_compile(source, *args)
-        return _Spilled(compiled), path
+        return _Spilled(self.cache.get_or_compile(source, *args))
 
     def holds(self, *args):
         return self.cache.holds(*args)
@@ -359,9 +358,9 @@ class _FirstSpills(_AlwaysSpilling):
     """A cache whose first module reports spills, the others as compiled."""
 
     def get_or_compile(self, source, *args):
-        compiled, path = self.cache.get_or_compile(source, *args)
+        compiled = self.cache.get_or_compile(source, *args)
         self.calls += 1
-        return (_Spilled(compiled) if self.calls == 1 else compiled), path
+        return _Spilled(compiled) if self.calls == 1 else compiled
 
 
 def test_the_first_attempt_compiles_alone_then_a_batch(tmp_path, monkeypatch):

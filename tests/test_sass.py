@@ -102,7 +102,7 @@ def test_softmax_row_kernel_rounds_each_output_once_in_machine_code():
     fd = FUSIONS["softmax_fwd"](DataType.BFloat16)
     built = build(fd.name, analyze(fd.fusion), Problem(4096, 16384, 16), H200)
     s = built.schedule
-    mix = sass.instruction_mix(built.cubin_path)[built.source.row_entry]
+    mix = sass.instruction_mix(built.cubin_file())[built.source.row_entry]
     elements = s.batch * s.vec
     assert elements <= mix.count("MUFU") < 2 * elements, mix
     assert mix.count("F2F") == 0 and mix.count("F2FP") == elements // 2, mix
