@@ -132,6 +132,10 @@ def _is_torch(x) -> bool:
     return type(x).__module__.startswith("torch")
 
 
+def _is_cupy(x) -> bool:
+    return type(x).__module__.startswith("cupy")
+
+
 def _describe(x) -> str:
     return f"{type(x).__module__}.{type(x).__name__}"
 
@@ -148,7 +152,7 @@ def _check_tensor(i: int, t: Tensor, x, torch_kind: bool):
         dtype = DataType.from_torch(x.dtype)
         contiguous, ptr, dev = x.is_contiguous(), x.data_ptr(), x.device.index
     else:
-        if not type(x).__module__.startswith("cupy") or not isinstance(x, _cupy().ndarray):
+        if not _is_cupy(x) or not isinstance(x, _cupy().ndarray):
             raise BadInputError(f"{where} is a {_describe(x)}; fuser runs on CuPy arrays or "
                                 "torch CUDA tensors (cupy.asarray(x) moves a numpy array)")
         dtype = DataType.from_numpy(x.dtype)
@@ -183,7 +187,7 @@ def _load(fd, problem: Problem, device: DeviceSpec, hints, device_id: int) -> Ke
     with gpu.on_device(device_id):
         module = gpu.load_module(built.compiled.cubin, f"the kernels of fusion '{fd.name}'")
         try:
-            functions, occupancy, groups = _described(fd.name, built, module, device)
+            functions, occupancy, groups = _checked_functions(fd.name, built, module, device)
         except BaseException:
             gpu.unload_module(module)  # refused: nothing keeps its kernels
             raise
@@ -201,8 +205,8 @@ def _load(fd, problem: Problem, device: DeviceSpec, hints, device_id: int) -> Ke
                   module, occupancy, groups, arguments, tensor_inputs, tensor_inputs - values)
 
 
-def _described(name: str, built, module: int, device: DeviceSpec
-               ) -> tuple[dict[str, Function], int, int]:
+def _checked_functions(name: str, built, module: int, device: DeviceSpec
+                       ) -> tuple[dict[str, Function], int, int]:
     """The module's functions (checked against their shared-memory plans, opted in to their
     dynamic shared memory), the row kernel's resident blocks per SM and resident groups
     (blocks, or clusters) on the GPU; raises where a kernel cannot run."""
@@ -488,7 +492,7 @@ def _contiguous(fd, inputs: list) -> list:
         if _is_torch(x):
             if not x.is_contiguous():
                 inputs[i] = x.contiguous()
-        elif type(x).__module__.startswith("cupy") and not x.flags.c_contiguous:
+        elif _is_cupy(x) and not x.flags.c_contiguous:
             with x.device:  # the copy on the array's own GPU, not the current one
                 inputs[i] = _cupy().ascontiguousarray(x)
     return inputs

@@ -281,18 +281,22 @@ DEALT = {
 
 def dealer(info: FusionInfo, s: RowSchedule) -> dict:
     """Whether the kernel takes its row groups from a counter (fm::CountedRows; otherwise
-    its own loop strides over them), the dealer's type and comment, and the pass before
-    whose reduction the next group is published (None: the dealer's own barrier shares it).
-    Only rows of several warps reduce through a block barrier."""
+    its own loop strides over them), the dealer's type and comment, the pass before whose
+    reduction the next group is published (None: the dealer's own barrier shares it; only
+    rows of several warps reduce through a block barrier), and the row loop's expressions:
+    the group's first row, the loop's condition and step, and the row after this one."""
     if s.dealing is not Dealing.DYNAMIC:
-        return {"counted": False, "publish_pass": None}
+        return {"counted": False, "publish_pass": None, "row0": "row0", "more": "row0 < n_rows",
+                "step": "row0 += row_stride", "next_row": "row + row_stride"}
     shared = bool(info.inner_levels) and s.threads_per_row > 32
     ahead = "true" if s.stages == 2 else "false"
     return {"type": f"fm::CountedRows<Part, {ahead}, {'false' if shared else 'true'}>",
             "counted": True, "publish_pass": 0 if shared else None,
             "comment": "row groups from a counter, as blocks finish theirs"
                        + (" (the next group known a row ahead, for its loads)"
-                          if s.stages == 2 else "")}
+                          if s.stages == 2 else ""),
+            "row0": "rows.row0", "more": "rows.more(n_rows)", "step": "rows.advance(it)",
+            "next_row": "rows.ahead() + part.ty + zero"}
 
 
 def intro(info: FusionInfo, s: RowSchedule) -> list[str]:

@@ -49,6 +49,11 @@ class Dealing(str, enum.Enum):
         return self.value
 
 
+# The dealings of a fusion with column sums: a block per row group would write a partial row of
+# the sums per group, not per resident block.
+COLUMN_SUM_DEALINGS = (Dealing.STRIDED, Dealing.DYNAMIC)
+
+
 class Fill(str, enum.Enum):
     """How a staging ring's slots are filled."""
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields, replace
 
 from fuser.device import DeviceSpec
 from fuser.errors import HintError
-from fuser.schedulers.base import Dealing, Storage
+from fuser.schedulers.base import COLUMN_SUM_DEALINGS, Dealing, Storage
 
 CLUSTER_SIZES = (2, 4, 8)  # blocks a row may be split over (a thread-block cluster, sm_90)
 STAGES = (1, 2)  # smem row buffers per row slot: 2 loads the next rows while these compute
@@ -190,10 +190,11 @@ def _problems(hints: Hints, ctx: HintContext):
             yield "accumulators", "this fusion has no column (outer) reductions to accumulate"
         elif hints.accumulators not in ACCUMULATOR_STORAGES:
             yield "accumulators", f"allowed: {_listed(s.value for s in ACCUMULATOR_STORAGES)}"
-    if hints.dealing is Dealing.GRID and ctx.has_accumulators:
+    if hints.dealing is not None and ctx.has_accumulators and (
+            hints.dealing not in COLUMN_SUM_DEALINGS):
         yield "dealing", (
             "a block per row group would write a partial row of the column sums per group; "
-            f"allowed for this fusion: {Dealing.STRIDED}, {Dealing.DYNAMIC}")
+            f"allowed for this fusion: {_listed(COLUMN_SUM_DEALINGS)}")
     lanes = hints.finalize_lanes
     if lanes is not None:
         if not ctx.has_finalize:

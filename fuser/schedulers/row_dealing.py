@@ -14,7 +14,7 @@ there).
 
 from __future__ import annotations
 
-from fuser.schedulers.base import Dealing, StagingRing
+from fuser.schedulers.base import COLUMN_SUM_DEALINGS, Dealing, StagingRing
 from fuser.schedulers.row_records import Phase, RowGeometry
 
 # Blocks per SM from which a block per row group beat a counter (with one, the gap while an
@@ -27,12 +27,9 @@ def allowed(phase: Phase, geo: RowGeometry, ring: StagingRing | None) -> tuple[D
     a staging ring (a cluster's blocks would have to agree on each group, and a ring fetches
     rows ahead by their stride); a block per group would give a fusion with column sums one
     partial row per group, not per resident block."""
-    dealings = [Dealing.STRIDED]
-    if geo.cluster == 1 and ring is None:
-        dealings.append(Dealing.DYNAMIC)
-    if not phase.fusion.info.outer_reductions:
-        dealings.append(Dealing.GRID)
-    return tuple(dealings)
+    kinds = COLUMN_SUM_DEALINGS if phase.fusion.info.outer_reductions else tuple(Dealing)
+    counter = geo.cluster == 1 and ring is None
+    return tuple(d for d in kinds if d is not Dealing.DYNAMIC or counter)
 
 
 def pick(phase: Phase, geo: RowGeometry, dealings: tuple[Dealing, ...], stages: int,
