@@ -33,6 +33,9 @@ class Kind(enum.Enum):
     INNER = "inner reduction"
     OUTER = "outer reduction"
     INNER_OUTER = "inner + outer reduction"
+    # outer reductions whose results full values use (softmax over dim 0, BatchNorm): the
+    # columns are kept on chip while the reductions finish (outer_persistent)
+    OUTER_NORM = "outer normalization"
 
 
 class Role(enum.Enum):
@@ -62,6 +65,9 @@ class FusionInfo:
     outer_reductions: tuple[Expr, ...]
     level: dict  # Val -> number of inner-reduction levels it waits for (0: none)
     after_outer: frozenset  # Vals computed from an outer reduction (finalize kernel)
+    # OUTER_NORM: the outer reductions by dependency level (level k reduces values computed
+    # from level k - 1's results); one level of every outer reduction otherwise
+    outer_levels: tuple[tuple[Expr, ...], ...]
     persistent: tuple[Tensor, ...]  # full inputs read in more than one phase of a row
 
     def outputs(self, role: Role) -> tuple[Tensor, ...]:
@@ -101,7 +107,13 @@ class FusionInfo:
                 f"inner level {i}:     "
                 + ", ".join(f"{e.op}({e.inputs[0].name})->{e.outputs[0].name}" for e in level)
             )
-        if self.outer_reductions:
+        if self.kind is Kind.OUTER_NORM:
+            for i, level in enumerate(self.outer_levels):
+                lines.append(
+                    f"outer level {i}:     "
+                    + ", ".join(f"{e.op}({e.inputs[0].name})->{e.outputs[0].name}" for e in level)
+                )
+        elif self.outer_reductions:
             lines.append(
                 "outer reductions:  "
                 + ", ".join(f"{e.op}({e.inputs[0].name})->{e.outputs[0].name}"
@@ -247,6 +259,13 @@ def analyze(fusion: Fusion) -> FusionInfo:
         (False, True): Kind.OUTER,
         (True, True): Kind.INNER_OUTER,
     }[(bool(inner), bool(outer))]
+    if reductions.full_after_outer:
+        if inner:
+            v = reductions.full_after_outer[0]
+            raise UnsupportedFusionError(
+                f"{v.name} ({roles[v].value}) uses the result of an outer reduction in a fusion "
+                "with inner reductions: no one kernel normalizes along rows and columns")
+        kind = Kind.OUTER_NORM
     inputs = [t for t in lowered.inputs if isinstance(t, Tensor)]
     full_inputs = tuple(t for t in inputs if roles[t] is Role.FULL)
     inner_exprs = {e for _, e in inner}
@@ -265,6 +284,8 @@ def analyze(fusion: Fusion) -> FusionInfo:
         outer_reductions=tuple(outer),
         level=level,
         after_outer=frozenset(reductions.after_outer),
+        outer_levels=(reductions.outer_levels() if kind is Kind.OUTER_NORM
+                      else (tuple(outer),) if outer else ()),
         persistent=tuple(t for t in full_inputs
                          if _phases_using(t, lowered, level, inner_exprs) > 1),
     )
@@ -409,6 +430,8 @@ class _Reductions:
         self.roles, self.row_axes, self.hidden_axis = roles, set(row_axes), hidden_axis
         self.level: dict[Val, int] = {}
         self.after_outer: set[Val] = set()
+        self.outer_level: dict[Val, int] = {}  # outer reductions a value waits for
+        self.full_after_outer: list[Val] = []  # full values computed from an outer result
         self.inner: list[tuple[int, Expr]] = []
         self.outer: list[Expr] = []
         for v in lowered.vals:
@@ -418,8 +441,10 @@ class _Reductions:
         e = v.definition
         if e is None:
             self.level[v] = 0
+            self.outer_level[v] = 0
             return
         lv = max((self.level[i] for i in e.inputs), default=0)
+        self.outer_level[v] = max((self.outer_level[i] for i in e.inputs), default=0)
         downstream_of_outer = any(i in self.after_outer for i in e.inputs)
         if e.op in REDUCTIONS:
             if self._is_inner(e):
@@ -433,15 +458,25 @@ class _Reductions:
             else:
                 if v is e.outputs[0]:
                     self.outer.append(e)
+                self.outer_level[v] += 1
                 downstream_of_outer = True
         self.level[v] = lv
         if downstream_of_outer:
             self.after_outer.add(v)
-            if self.roles[v] in (Role.FULL, Role.ROW):
+            if self.roles[v] is Role.ROW:
                 raise UnsupportedFusionError(
-                    f"{v.name} ({self.roles[v].value}) uses the result of an outer reduction; "
-                    "normalizing along rows (outer persistence) is not supported"
+                    f"{v.name} (row) uses the result of an outer reduction: a per-row value "
+                    "of per-column results is not supported"
                 )
+            if self.roles[v] is Role.FULL:
+                self.full_after_outer.append(v)
+
+    def outer_levels(self) -> tuple[tuple[Expr, ...], ...]:
+        """The outer reductions grouped by how many outer reductions their operand waits for."""
+        levels: dict[int, list[Expr]] = {}
+        for e in self.outer:
+            levels.setdefault(self.outer_level[e.inputs[0]], []).append(e)
+        return tuple(tuple(levels[k]) for k in sorted(levels))
 
     def _is_inner(self, e: Expr) -> bool:
         """True for a reduction over the hidden axis, False over the rows; anything else is

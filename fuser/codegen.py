@@ -21,14 +21,22 @@ from fuser.analysis import FusionInfo, Role
 from fuser.compile import template_dir
 from fuser.emit import Emitter, ctype, element_env, scalar_prologue, used_lines
 from fuser.ops import REDUCTIONS
+from fuser.outer_codegen import outer_context
 from fuser.row_codegen import row_context
-from fuser.schedulers.base import Dealing, FinalizeSchedule, PointwiseSchedule, RowSchedule
+from fuser.schedulers.base import (
+    Dealing,
+    FinalizeSchedule,
+    OuterSchedule,
+    PointwiseSchedule,
+    RowSchedule,
+)
 from fuser.schedulers.finalize import total_type
 from fuser.signature import (
     KernelSource,
     Signature,
     accumulator_type,
     finalize_signature,
+    outer_signature,
     pointwise_signature,
     row_signature,
 )
@@ -163,6 +171,17 @@ def _render_finalize(signature: Signature, info: FusionInfo, schedule: FinalizeS
         "outputs": outputs,
     }
     return _render("finalize.cu.j2", context)
+
+
+# ----- the outer-persistent kernel -----
+
+
+def render_outer(name: str, info: FusionInfo, schedule: OuterSchedule) -> KernelSource:
+    signature = outer_signature(info, f"{name}_outer")
+    context = outer_context(info, schedule)
+    context.update(header=_header(name, info, [schedule]), entry=signature.entry,
+                   params=signature.params)
+    return KernelSource(name, _render("outer_kernel.cu.j2", context), (signature,))
 
 
 # ----- the pointwise kernel -----

@@ -35,6 +35,7 @@ FUNC_SHARED_SIZE_BYTES = 1
 FUNC_LOCAL_SIZE_BYTES = 3
 FUNC_NUM_REGS = 4
 FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
 
 
 class LaunchAttributeValue(ctypes.Union):
@@ -240,6 +241,13 @@ class Driver:
             "cuFuncSetAttribute", f"allowing {nbytes} B of dynamic shared memory to "
             f"{function.name}")
         return self._described(function.name, function.handle)
+
+    def allow_large_clusters(self, function: Function) -> None:
+        """Let `function` launch in clusters of more than the portable 8 blocks (16 on
+        Hopper)."""
+        self._check(self._calls["cuFuncSetAttribute"](
+            function.handle, FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+            "cuFuncSetAttribute", f"allowing {function.name} clusters of more than 8 blocks")
 
     def max_active_blocks(self, function: Function, threads: int, dynamic_smem: int) -> int:
         return self._int("cuOccupancyMaxActiveBlocksPerMultiprocessor",

@@ -18,18 +18,24 @@ import ctypes
 import math
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
 
 import numpy as np
 
-from fuser.analysis import FusionInfo, analyze, strided_inputs
+from fuser.analysis import FusionInfo, Kind, analyze, strided_inputs
 from fuser.checks import check_device, check_pointer, scalar_value
 from fuser.compile import CompiledModule
 from fuser.device import DeviceSpec
 from fuser.driver import Function, LaunchConfig, driver
 from fuser.dtypes import DataType
-from fuser.errors import BadInputError, LaunchError, OutOfResourcesError, UnsupportedFusionError
+from fuser.errors import (
+    BadInputError,
+    InternalError,
+    LaunchError,
+    OutOfResourcesError,
+    UnsupportedFusionError,
+)
 from fuser.ir import Scalar, Tensor, as_tensor
 from fuser.kernels import build
 from fuser.launch import POINTER, EntryLauncher, ctype_of
@@ -37,11 +43,13 @@ from fuser.schedulers import Hints, Problem
 from fuser.schedulers.base import (
     Dealing,
     FinalizeSchedule,
+    KernelSchedule,
     Launch,
+    OuterSchedule,
     PointwiseSchedule,
     RowSchedule,
     ceil_div,
-    next_pow2,
+    problem_rows,
 )
 from fuser.segment import Segmentation, segment
 from fuser.shapes import bind_shapes
@@ -57,7 +65,7 @@ class Kernel:
     (computed once, so that a call only gathers pointers)."""
 
     source: KernelSource
-    schedule: RowSchedule | PointwiseSchedule
+    schedule: KernelSchedule
     finalize: FinalizeSchedule | None
     compiled: CompiledModule
     functions: dict[str, Function]  # entry name -> the loaded function (launches go through:)
@@ -218,6 +226,8 @@ def _checked_functions(name: str, built, module: int, device: DeviceSpec
         functions[entry] = gpu.allow_dynamic_smem(fn, plan.dynamic_bytes)
     s = built.schedule
     row = functions[built.source.row_entry]
+    if isinstance(s, OuterSchedule) and s.cluster > PORTABLE_CLUSTER:
+        gpu.allow_large_clusters(row)
     occupancy = gpu.max_active_blocks(row, s.threads, s.smem.dynamic_bytes)
     if occupancy < 1:
         raise OutOfResourcesError(
@@ -225,10 +235,12 @@ def _checked_functions(name: str, built, module: int, device: DeviceSpec
             f"registers per thread, {s.smem.dynamic_bytes} B dynamic shared memory per block"
         )
     groups = occupancy * device.sm_count
-    if isinstance(s, RowSchedule) and s.cluster > 1:
+    if isinstance(s, RowSchedule | OuterSchedule) and s.cluster > 1:
         groups = _max_active_clusters(row, s)
     return functions, occupancy, groups
 
+
+PORTABLE_CLUSTER = 8  # blocks of a cluster every sm_90 device runs; more need the attribute
 
 _SIZE_CTYPES = {Source.ROWS: ctypes.c_int64, Source.PARTIAL_ROWS: ctypes.c_int32}
 # A call's launch arguments by source: _run builds one tuple in this order, and Kernel.arguments
@@ -248,15 +260,24 @@ def _launcher(signature: Signature, fn: Function, programmatic: bool) -> EntryLa
     return EntryLauncher(signature.entry, fn.handle, types, fn.num_regs, programmatic)
 
 
-def _max_active_clusters(fn: Function, s: RowSchedule) -> int:
+def _block(s: KernelSchedule) -> tuple[int, int]:
+    """blockDim (x, y) of a schedule's main kernel."""
+    if isinstance(s, PointwiseSchedule):
+        return s.threads, 1
+    if isinstance(s, OuterSchedule):
+        return s.col_lanes, s.row_lanes
+    return s.threads_per_row, s.rows_per_block
+
+
+def _max_active_clusters(fn: Function, s: RowSchedule | OuterSchedule) -> int:
     """How many clusters of the kernel the driver can keep resident at once. Not SMs x blocks
     per SM / cluster: a cluster must fit in one GPC, and a GPC's SM count need not be a
     multiple of the cluster size (on the H200, 32 clusters of 4 one-block SMs are resident,
     not 33). A persistent grid one cluster over that runs a second wave for the last cluster,
     which doubles the kernel's time."""
-    config = LaunchConfig(gridDimX=s.cluster, gridDimY=1, gridDimZ=1,
-                          blockDimX=s.threads_per_row, blockDimY=s.rows_per_block, blockDimZ=1,
-                          sharedMemBytes=s.smem.dynamic_bytes)
+    x, y = _block(s)
+    config = LaunchConfig(gridDimX=s.cluster, gridDimY=1, gridDimZ=1, blockDimX=x, blockDimY=y,
+                          blockDimZ=1, sharedMemBytes=s.smem.dynamic_bytes)
     status, clusters = driver().max_active_clusters(fn, config)
     if status or clusters < 1:
         raise OutOfResourcesError(
@@ -314,6 +335,11 @@ def _launch(kernel: Kernel, rows: int, device: DeviceSpec) -> tuple[Launch, Laun
         vectors = rows * (s.hidden // s.vec)
         grid = max(1, min(ceil_div(vectors, s.threads * s.unroll), device.max_grid_x))
         return Launch(grid, (s.threads, 1), 0, 0), None
+    if isinstance(s, OuterSchedule):
+        # A cluster per slab of columns; each block keeps at most rank_rows of its rows.
+        if ceil_div(rows, s.cluster) > s.rank_rows:
+            raise InternalError(f"{rows} rows for a kernel built for {s.rows} (a fuser bug)")
+        return Launch(s.slabs * s.cluster, _block(s), s.smem.dynamic_bytes, 0), None
     # A cluster of k blocks works on each group of rows: the grid is a multiple of k, and no
     # larger than what is resident at once (a persistent grid has no second wave), unless a
     # block (cluster) takes each group.
@@ -431,11 +457,12 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
     spec = actual if device is None else DeviceSpec.get(device)
     if device is not None:
         check_device(spec, actual, device_id)
-    kernel = get_kernel(fd, Problem(hidden, min(next_pow2(rows), 1024), align), spec, device_id,
+    kernel = get_kernel(fd, Problem(hidden, problem_rows(info, rows), align), spec, device_id,
                         hints)
     launch, final = _launch(kernel, rows, spec)
     partials = tuple(((max(launch.partial_rows, 1), hidden),
-                      workspace_dtype(e.outputs[0].dtype)) for e in info.outer_reductions)
+                      workspace_dtype(e.outputs[0].dtype))
+                     for e in info.outer_reductions if final is not None)
     scalar_types = {i: (v, v.dtype.scalar_numpy.type) for i, v in enumerate(fusion.inputs)
                     if isinstance(v, Scalar)}
     counted = (isinstance(kernel.schedule, RowSchedule)
@@ -458,11 +485,18 @@ def execute(fd, inputs: list, *, device=None, hints: Hints | None = None):
         segmentation = segments_of(fd)
         if segmentation is not None:
             return _execute_segments(fd, segmentation, inputs, device, hints)
-        plan = _plan(fd, inputs, device, hints)
+        try:
+            plan = _plan(fd, inputs, device, hints)
+        except UnsupportedFusionError as exc:
+            plan = columns_too_tall(fd, exc)
+            if plan is None:
+                raise
         if key is not None:
             if len(plans) >= MAX_PLANS:
                 plans.pop(next(iter(plans)))
             plans[key] = plan
+    if isinstance(plan, Segmentation):
+        return _execute_segments(fd, plan, inputs, device, hints)
     pointers = _pointers(plan, inputs)
     if any(p % plan.align for i, p in pointers.items() if i in plan.kernel.vector_inputs):
         # Same shapes, but an input starts at an address the cached kernel cannot load with
@@ -498,9 +532,11 @@ def _contiguous(fd, inputs: list) -> list:
     return inputs
 
 
-def segments_of(fd) -> Segmentation | None:
+def segments_of(fd, tall_columns: bool = False) -> Segmentation | None:
     """None when one kernel chain runs `fd`, else its segments (segment.py); raises the
-    analysis' UnsupportedFusionError when cutting does not help either."""
+    analysis' UnsupportedFusionError when cutting does not help either. `tall_columns`: an
+    outer normalization's segments too, the chain it runs as where its columns are too tall
+    for one kernel (columns_too_tall)."""
     stamp = (len(fd.fusion.vals), len(fd.fusion.outputs))
     cached = fd.__dict__.get("_segments_cache")
     if cached is None or cached[0] != stamp:
@@ -510,6 +546,26 @@ def segments_of(fd) -> Segmentation | None:
         except UnsupportedFusionError as exc:
             found = segment(fd.fusion, fd.name, exc)
         fd._segments_cache = cached = (stamp, found)
+    if cached[1] is None and tall_columns:
+        return columns_too_tall(fd, UnsupportedFusionError("the segments were asked for"))
+    return cached[1]
+
+
+def columns_too_tall(fd, reason: UnsupportedFusionError) -> Segmentation | None:
+    """The segments of an outer normalization whose columns no cluster keeps on chip at these
+    sizes (outer_persistent refused them for `reason`): two sweeps instead of one. None for any
+    other fusion, whose refusal stands."""
+    try:
+        if _info(fd)[0].kind is not Kind.OUTER_NORM:
+            return None
+    except UnsupportedFusionError:  # refused by the analysis: no size makes it one kernel
+        return None
+    stamp = (len(fd.fusion.vals), len(fd.fusion.outputs))
+    cached = fd.__dict__.get("_tall_segments")
+    if cached is None or cached[0] != stamp:
+        refusal = f"one kernel cannot keep its columns on chip at these sizes: {reason}"
+        fd._tall_segments = cached = (stamp, replace(segment(fd.fusion, fd.name, reason),
+                                                     refusal=refusal))
     return cached[1]
 
 

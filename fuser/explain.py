@@ -26,7 +26,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from fuser.dtypes import DataType
-from fuser.errors import BadInputError, HintError, ToolchainError
+from fuser.errors import BadInputError, HintError, ToolchainError, UnsupportedFusionError
 from fuser.frontend import FusionDefinition
 from fuser.ir import Scalar, Tensor, as_tensor
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from fuser.kernels import Built
     from fuser.sass import InstructionMix
     from fuser.schedulers import Hints, Problem
-    from fuser.schedulers.base import FinalizeSchedule, PointwiseSchedule, RowSchedule
+    from fuser.schedulers.base import FinalizeSchedule, KernelSchedule
     from fuser.segment import Segmentation
     from fuser.smem import SmemPlan
 
@@ -65,9 +65,9 @@ class Explanation:
     hidden: int  # the innermost extent
     device: DeviceSpec
     hints: Hints | None
-    problem: Problem  # what the schedulers saw: hidden, rows (at most 1024), alignment
+    problem: Problem  # what the schedulers saw: hidden, rows (base.problem_rows), alignment
     info: FusionInfo  # the classification
-    schedule: RowSchedule | PointwiseSchedule
+    schedule: KernelSchedule
     finalize: FinalizeSchedule | None  # the column finalize kernel's schedule, if any
     smem_plans: Mapping[str, SmemPlan]  # entry -> shared-memory plan
     source: str  # the CUDA source
@@ -165,7 +165,7 @@ def explain(
     scheduling and compiling raise (UnsupportedFusionError, HintError, OutOfResourcesError).
     """
     from fuser.device import DeviceSpec
-    from fuser.executor import segments_of
+    from fuser.executor import columns_too_tall, segments_of
 
     if not isinstance(fd, FusionDefinition):
         raise BadInputError(
@@ -177,7 +177,13 @@ def explain(
     segmentation = segments_of(fd)
     if segmentation is not None:
         return _explain_segments(fd, segmentation, shapes, dtypes, spec, hints, cache)
-    return _explain_one(fd, shapes, dtypes, spec, hints, cache)
+    try:
+        return _explain_one(fd, shapes, dtypes, spec, hints, cache)
+    except UnsupportedFusionError as exc:
+        segmentation = columns_too_tall(fd, exc)
+        if segmentation is None:
+            raise
+        return _explain_segments(fd, segmentation, shapes, dtypes, spec, hints, cache)
 
 
 def _explain_one(fd: FusionDefinition, shapes, dtypes, spec: DeviceSpec, hints: Hints | None,
@@ -254,16 +260,16 @@ def _explain_segments(fd: FusionDefinition, segmentation: Segmentation, shapes, 
 
 def _problem(info: FusionInfo, shapes: list[Shape | None]) -> tuple[int, int, Problem]:
     """(rows, hidden, the Problem) as fuser.executor._plan derives them from inputs of these
-    shapes: rows are the product of the row extents, and the heuristic sees at most 1024 of
-    them, rounded up to a power of two; the inputs are taken as 16-byte aligned."""
+    shapes: rows are the product of the row extents, and the heuristic sees them as
+    schedulers.base.problem_rows rounds them; the inputs are taken as 16-byte aligned."""
     from fuser.schedulers import Problem
-    from fuser.schedulers.base import next_pow2
+    from fuser.schedulers.base import problem_rows
     from fuser.shapes import bind_shapes
 
     sizes = bind_shapes(info.fusion, shapes)
     rows = math.prod(sizes.value(axis) for axis in info.row_axes)
     hidden = sizes.value(info.hidden_axis) if info.hidden_axis is not None else 1
-    return rows, hidden, Problem(hidden, min(next_pow2(rows), 1024), ALIGN_BYTES)
+    return rows, hidden, Problem(hidden, problem_rows(info, rows), ALIGN_BYTES)
 
 
 def _hints(hints: Hints | Mapping[str, Any] | None) -> Hints | None:

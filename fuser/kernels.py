@@ -32,7 +32,13 @@ from fuser.compile import CompiledModule, template_dir
 from fuser.device import DeviceSpec
 from fuser.errors import BadInputError, FuserError, HintError, OutOfResourcesError
 from fuser.schedulers import Hints, Problem, candidates
-from fuser.schedulers.base import FinalizeSchedule, PointwiseSchedule, RowSchedule
+from fuser.schedulers.base import (
+    FinalizeSchedule,
+    KernelSchedule,
+    OuterSchedule,
+    PointwiseSchedule,
+    RowSchedule,
+)
 from fuser.schedulers.finalize import finalize_schedule, needs_finalize
 from fuser.signature import KernelSource
 
@@ -54,7 +60,7 @@ class Built:
     """A compiled kernel module and everything it was built from."""
 
     info: FusionInfo
-    schedule: RowSchedule | PointwiseSchedule
+    schedule: KernelSchedule
     finalize: FinalizeSchedule | None
     source: KernelSource
     compiled: CompiledModule
@@ -70,10 +76,16 @@ class Built:
 
 
 def _render(name, info, sched, final) -> KernelSource:
-    from fuser.codegen import render_pointwise, render_row  # not needed where a plan is held
+    from fuser.codegen import (  # not needed where a plan is held
+        render_outer,
+        render_pointwise,
+        render_row,
+    )
 
     if isinstance(sched, PointwiseSchedule):
         return render_pointwise(name, info, sched)
+    if isinstance(sched, OuterSchedule):
+        return render_outer(name, info, sched)
     return render_row(name, info, sched, final)
 
 
@@ -155,7 +167,7 @@ def _planned(cache: KernelCache, key: str, name: str, info: FusionInfo,
 class _Attempt:
     """One schedule a build may compile, rendered."""
 
-    schedule: RowSchedule | PointwiseSchedule
+    schedule: KernelSchedule
     finalize: FinalizeSchedule | None
     source: KernelSource
 
@@ -168,13 +180,13 @@ def _attempts(name: str, info: FusionInfo, problem: Problem, device: DeviceSpec,
     are checked when it is reached."""
     for sched, last in _marking_last(candidates(info, problem, device, hints)):
         final = None
-        if not isinstance(sched, PointwiseSchedule) and needs_finalize(info):
+        if isinstance(sched, RowSchedule) and needs_finalize(info):
             lanes = hints.finalize_lanes if hints is not None else None
             final = finalize_schedule(info, problem, device, lanes)
         for plan in (sched.smem, final.smem if final else None):
             if plan is not None:
                 plan.check(f"fusion '{name}' at hidden {problem.hidden}")
-        current: RowSchedule | PointwiseSchedule | None = sched
+        current: KernelSchedule | None = sched
         while current is not None:
             yield _Attempt(current, final, _render(name, info, current, final))
             current = _rebuilt(current, last)
@@ -198,10 +210,10 @@ def _marking_last(items: Iterator[T]) -> Iterator[tuple[T, bool]]:
         yield pending.pop(), True
 
 
-def _rebuilt(sched: RowSchedule | PointwiseSchedule, last: bool) -> RowSchedule | None:
+def _rebuilt(sched: KernelSchedule, last: bool) -> RowSchedule | None:
     """What to compile after `sched` spilled, or None: one block per SM fewer (not below
     MIN_REBUILT_THREADS resident threads unless `sched` comes from the last candidate), then a
-    batch loop unrolled half as far; a pointwise schedule has no rebuild."""
+    batch loop unrolled half as far; a pointwise or outer schedule has no rebuild."""
     if not isinstance(sched, RowSchedule):
         return None
     fewer = (sched.blocks_per_sm - 1) * sched.threads

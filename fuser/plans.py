@@ -34,13 +34,13 @@ from fuser.analysis import FusionInfo
 from fuser.compile import cuda_headers_hash, nvrtc_key, template_dir
 from fuser.device import DeviceSpec
 from fuser.printer import python_definition
-from fuser.schedulers.base import FinalizeSchedule, PointwiseSchedule, Problem, RowSchedule
+from fuser.schedulers.base import FinalizeSchedule, KernelSchedule, Problem
 from fuser.schedulers.hints import Hints
 from fuser.signature import KernelSource
 
 FORMAT = 1  # of the key and the record; bumped when either changes meaning
 
-Plan = tuple[RowSchedule | PointwiseSchedule, FinalizeSchedule | None, KernelSource]
+Plan = tuple[KernelSchedule, FinalizeSchedule | None, KernelSource]
 
 
 @functools.cache
@@ -101,7 +101,7 @@ def decode(data: bytes) -> Plan:
         schedule, final, source = plan
     except Exception as exc:  # any unpickling failure means a damaged or foreign file
         raise ValueError(f"not a build plan ({type(exc).__name__}: {exc})") from None
-    if (version != FORMAT or not isinstance(schedule, RowSchedule | PointwiseSchedule)
+    if (version != FORMAT or not isinstance(schedule, KernelSchedule)
             or not isinstance(final, FinalizeSchedule | None)
             or not isinstance(source, KernelSource)):
         raise ValueError("not a build plan of this format")

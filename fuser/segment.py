@@ -72,10 +72,15 @@ class Segmentation:
     lowered: Fusion
     segments: tuple[Segment, ...]
     layouts: tuple[Expr, ...] = ()
+    # why one kernel does not run it, where that depends on the sizes (columns too tall for
+    # the outer-persistent kernel); the analysis' reason otherwise
+    refusal: str = ""
 
     def __str__(self) -> str:
         count = f"{len(self.segments)} segment{'' if len(self.segments) == 1 else 's'}"
-        if self.layouts:
+        if self.refusal:
+            head = f"runs as {count} ({self.refusal})"
+        elif self.layouts:
             head = (f"runs as {count} (permute and reshape move elements, which no kernel "
                     "does: they run between kernels)")
         elif len(self.segments) == 1:  # e.g. what one kernel could not run, no output needs

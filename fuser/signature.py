@@ -115,6 +115,15 @@ def pointwise_signature(info: FusionInfo, entry: str) -> Signature:
     return Signature(entry, tuple(params))
 
 
+def outer_signature(info: FusionInfo, entry: str) -> Signature:
+    """The outer-persistent kernel: row, column and single-value inputs, full and column
+    outputs, scalar inputs, the row count."""
+    params = (_inputs(info, (*info.full_inputs, *info.col_inputs, *info.value_inputs))
+              + _outputs(info, (*info.outputs(Role.FULL), *info.outputs(Role.COL)))
+              + _scalars(info) + [ROWS])
+    return Signature(entry, tuple(params))
+
+
 @dataclass(frozen=True)
 class KernelSource:
     """A rendered CUDA module and the signatures of its kernels (the main one first)."""
@@ -125,7 +134,7 @@ class KernelSource:
 
     @property
     def row_entry(self) -> str:
-        """The main kernel (pointwise or row kernel)."""
+        """The main kernel (pointwise, row or outer kernel)."""
         return self.signatures[0].entry
 
     @property

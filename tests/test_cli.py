@@ -25,13 +25,16 @@ def test_show_prints_every_step(capsys):
     assert 'extern "C" __global__' in out
 
 
-def test_show_a_segmented_ready_fusion(capsys):
-    """batchnorm_fwd's --shape gives x [rows, hidden] and its [hidden] weight and bias (the
-    shapes come from the fusion's axes: it has no one-kernel analysis)."""
+def test_show_a_column_normalization(capsys):
+    """batchnorm_fwd's --shape gives x [rows, hidden] and its [hidden] weight and bias: one
+    outer-persistent kernel, or segments where its columns are too tall for one."""
     assert main(["show", "batchnorm_fwd", "--shape", "1000x4096"]) == 0
     out = capsys.readouterr().out
-    assert "=== batchnorm_fwd: 3 segments" in out
+    assert "kind:              outer normalization" in out and "OuterSchedule" in out
     assert "inputs:  T0 BFloat16 [1000, 4096], T1 BFloat16 [4096], T2 BFloat16 [4096]" in out
+    assert main(["show", "batchnorm_fwd", "--shape", "2097152x64"]) == 0
+    out = capsys.readouterr().out
+    assert "=== batchnorm_fwd: 3 segments" in out and "cannot keep its columns on chip" in out
 
 
 def test_demo_without_a_gpu_schedules_for_the_h200(capsys, monkeypatch):

@@ -66,12 +66,15 @@ def test_explain_gives_the_schedule_build_gives(name):
 
 @pytest.mark.parametrize(("name", "segments"), [("batchnorm_fwd", 3), ("batchnorm_bwd", 2)])
 def test_column_normalizations_are_explained_segment_by_segment(name, segments):
-    """BatchNorm forward: the column means, then the variances about them, then the
-    normalization; backward: the two column sums, then grad_x. Each segment compiles for the
-    H200 without spills."""
+    """One outer-persistent kernel where the columns fit on chip; past that BatchNorm forward
+    runs the column means, then the variances about them, then the normalization, and
+    backward the two column sums, then grad_x. Each segment compiles for the H200 without
+    spills."""
     assert set(COLUMN_FUSIONS) == {"batchnorm_fwd", "batchnorm_bwd"}
     fd = FUSIONS[name](BF16)
-    report = fuser.explain(fd, _ready_shapes(fd, 1000, 4096), device="h200")
+    one = fuser.explain(fd, _ready_shapes(fd, 1000, 4096), device="h200")
+    assert isinstance(one, Explanation) and one.info.kind.name == "OUTER_NORM"
+    report = fuser.explain(fd, _ready_shapes(fd, 2**21, 64), device="h200")
     assert isinstance(report, SegmentedExplanation)
     assert len(report.parts) == segments
     assert f"runs as {segments} segments" in str(report)

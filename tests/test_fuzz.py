@@ -267,7 +267,7 @@ def test_segments_chained_on_the_oracle_equal_the_whole_fusion(plan, rows, hidde
 
     try:
         fd = build(plan, tame=True, traps=True)
-        segmentation = segments_of(fd)
+        segmentation = segments_of(fd, tall_columns=True)
         inputs = gpu_inputs(fd, rows, hidden, data_seed)
         whole = evaluate(fd.fusion, inputs)
     except FuserError:

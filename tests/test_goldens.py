@@ -4,7 +4,8 @@ forward, one and two stages, aligned and vector copies, copied through registers
 the staging ring (bulk and cp.async, over a cluster too), split over clusters of 2, 4 and 8,
 re-read from global memory; column accumulators in registers, shared memory and the
 workspace; blocks of several rows; row groups from a counter (published at a row
-reduction's barrier, or behind its own); the finalize; a pointwise kernel; double reductions.
+reduction's barrier, or behind its own); the finalize; a pointwise kernel; double reductions;
+the outer-persistent kernel (normalization along columns).
 After an intended change: FUSER_UPDATE_GOLDENS=1 pytest tests/test_goldens.py, then read the
 diff of tests/goldens/ before committing it."""
 
@@ -20,11 +21,11 @@ import pytest
 
 from fuser import DataType, FusionDefinition
 from fuser.analysis import analyze
-from fuser.codegen import render_pointwise, render_row, templates_hash
+from fuser.codegen import render_outer, render_pointwise, render_row, templates_hash
 from fuser.device import DeviceSpec
 from fuser.fusions import FUSIONS
 from fuser.schedulers import Hints, Problem, candidates
-from fuser.schedulers.base import PointwiseSchedule
+from fuser.schedulers.base import OuterSchedule, PointwiseSchedule, problem_rows
 from fuser.schedulers.finalize import finalize_schedule, needs_finalize
 
 GOLDENS = Path(__file__).parent / "goldens"
@@ -128,6 +129,11 @@ CASES = [
            hints=Hints(dealing="dynamic")),
     # a pointwise kernel
     Golden("gelu_bias_4096_bf16_h200", "gelu_bias", 4096),
+    # normalization along columns: a slab's rows over a cluster of 16, two levels of column
+    # sums, column outputs
+    Golden("batchnorm_fwd_4096_bf16_h200", "batchnorm_fwd", 4096),
+    # the same over a cluster of 8, two inputs kept, one level of two sums
+    Golden("batchnorm_bwd_16384_bf16_h200", "batchnorm_bwd", 16384, rows=4096),
     # an inner reduction in double
     Golden("double_share_2048_fp64_h200", "double_share", 2048, dtype=DataType.Double),
 ]
@@ -137,12 +143,14 @@ def render(case: Golden) -> str:
     builder = BUILDERS[case.fusion]
     fd = builder(case.dtype) if case.fusion in FUSIONS else builder()
     info = analyze(fd.fusion)
-    problem = Problem(case.hidden, min(case.rows, 1024), case.align)
+    problem = Problem(case.hidden, problem_rows(info, case.rows), case.align)
     device = DeviceSpec.get(case.preset)
     s = next(s for s in candidates(info, problem, device, case.hints)
              if case.pick is None or case.pick(s))
     if isinstance(s, PointwiseSchedule):
         source = render_pointwise(case.fusion, info, s).source
+    elif isinstance(s, OuterSchedule):
+        source = render_outer(case.fusion, info, s).source
     else:
         final = (finalize_schedule(info, problem, device)
                  if needs_finalize(info) else None)

@@ -53,10 +53,11 @@ def test_driver_constants_match_cuda_bindings():
     attribute = driver.CUfunction_attribute
     theirs = [attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
               attribute.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, attribute.CU_FUNC_ATTRIBUTE_NUM_REGS,
-              attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES]
+              attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+              attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED]
     assert [int(a) for a in theirs] == [
         ours.FUNC_SHARED_SIZE_BYTES, ours.FUNC_LOCAL_SIZE_BYTES, ours.FUNC_NUM_REGS,
-        ours.FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES]
+        ours.FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES, ours.FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED]
 
     def attribute_id(name: str) -> int:
         return int(getattr(driver.CUdevice_attribute, name))

@@ -57,7 +57,7 @@ def test_activations_compile_without_spills(name, hidden, dtype):
 def test_column_normalization_segments_compile_without_spills(name, hidden, dtype):
     from fuser.executor import segments_of
 
-    for segment in segments_of(FUSIONS[name](dtype)).segments:
+    for segment in segments_of(FUSIONS[name](dtype), tall_columns=True).segments:
         compile_and_check(segment.definition.name, dtype, hidden, fd=segment.definition)
 
 

@@ -29,7 +29,8 @@ def makefile_selection(name: str) -> str:
 
 @pytest.fixture(scope="module")
 def selected() -> dict[str, list[str]]:
-    return {name: sanitize.collect(["tests/test_gpu_fusions.py"], makefile_selection(name))
+    files = makefile_selection("SANITIZE_FILES").split()
+    return {name: sanitize.collect(files, makefile_selection(name))
             for name in ("SANITIZE_TESTS", "RACECHECK_TESTS")}
 
 
@@ -42,6 +43,8 @@ def test_memcheck_covers_every_storage_cluster_ring_and_copy(selected):
         assert any(fusion in t and "4096-7-BFloat16" in t for t in tests), fusion
     assert any("aligned_copy_matches_reference" in t for t in tests)
     assert any("staging_ring" in t for t in tests)
+    outer = [t for t in tests if "every_cluster_size" in t]
+    assert len(outer) == 10  # both BatchNorms at clusters of 1, 2, 4, 8 and 16
 
 
 def test_racecheck_is_a_subset_with_one_persistent_and_cluster_kernel_per_fusion(selected):
@@ -51,6 +54,7 @@ def test_racecheck_is_a_subset_with_one_persistent_and_cluster_kernel_per_fusion
     for fusion in ROW_FUSIONS:
         assert any(fusion in t and "cluster2" in t for t in race), fusion
     assert sum("staging_ring" in t for t in race) == 4
+    assert sum("every_cluster_size" in t for t in race) == 5
 
 
 def test_unknown_selection_is_refused():

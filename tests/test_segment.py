@@ -10,7 +10,7 @@ import pytest
 
 import fuser
 from fuser import DataType, FusionDefinition, HintError, UnsupportedFusionError
-from fuser.analysis import analyze
+from fuser.analysis import Kind, analyze
 from fuser.device import DeviceSpec
 from fuser.executor import execute, segments_of
 from fuser.explain import SegmentedExplanation
@@ -104,12 +104,26 @@ def _host_inputs(name: str, dtype=F) -> list[np.ndarray]:
                   for s in shapes[1:]]
 
 
+# Normalizations along columns alone: one outer-persistent kernel where the columns fit on
+# chip, these segments where they do not (test_outer_persistent.py).
+OUTER_NORMS = ("softmax_dim0", "batch_norm", "centered_3d")
+
+
+def _segments(fd: FusionDefinition):
+    """The segments `fd` runs as: segments_of(fd), or for an outer normalization the chain it
+    falls back to where its columns are too tall for a cluster."""
+    return segments_of(fd, tall_columns=True)
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_one_kernel_cannot_run_it_and_segments_can(name):
     fd = _fd(name)
-    with pytest.raises(UnsupportedFusionError):
-        analyze(fd.fusion)
-    segmentation = segments_of(fd)
+    if name in OUTER_NORMS:
+        assert analyze(fd.fusion).kind is Kind.OUTER_NORM and segments_of(fd) is None
+    else:
+        with pytest.raises(UnsupportedFusionError):
+            analyze(fd.fusion)
+    segmentation = _segments(fd)
     assert segmentation is not None
     assert len(segmentation.segments) == CASES[name][1]
     assert "reduced by an earlier segment" in str(segmentation)
@@ -123,7 +137,7 @@ def test_segments_chained_on_the_oracle_equal_the_whole_fusion(name):
     oracle stores them): the last values equal the whole fusion's oracle."""
     fd = _fd(name)
     inputs = _host_inputs(name)
-    segmentation = segments_of(fd)
+    segmentation = _segments(fd)
     values = dict(zip(segmentation.lowered.inputs, inputs, strict=True))
     for s in segmentation.segments:
         outs = evaluate(s.definition.fusion, s.arguments(values))
@@ -136,7 +150,7 @@ def test_segments_chained_on_the_oracle_equal_the_whole_fusion(name):
 @pytest.mark.parametrize("dtype", [F, BF16], ids=lambda d: d.name)
 @pytest.mark.parametrize("name", list(CASES))
 def test_every_segment_compiles_without_spills(name, dtype):
-    for s in segments_of(_fd(name, dtype)).segments:
+    for s in _segments(_fd(name, dtype)).segments:
         built = build(s.definition.name, analyze(s.definition.fusion), Problem(4096, 1024, 16),
                       H200)
         for entry, _plan in built.plans():
@@ -160,18 +174,20 @@ def test_what_cutting_does_not_help_keeps_its_reason():
 
 
 def test_hints_are_refused_for_a_segmented_fusion_before_anything_runs():
-    fd = _fd("softmax_dim0")
-    with pytest.raises(HintError, match=r"(?s)runs as 3 segments.*pass hints=None"):
+    fd = _fd("row_then_column")
+    with pytest.raises(HintError, match=r"(?s)runs as 2 segments.*pass hints=None"):
         execute(fd, [np.zeros((4, 4), np.float32)], hints=Hints(threads_per_row=64))
 
 
 def test_explain_shows_each_segment_and_why():
-    report = fuser.explain(_fd("batch_norm", BF16), [(16384, 4096), (4096,), (4096,)])
+    """Columns of 2**21 rows: no cluster holds even 16 bytes of each of them on chip."""
+    tall = 2**21
+    report = fuser.explain(_fd("batch_norm", BF16), [(tall, 64), (64,), (64,)])
     assert isinstance(report, SegmentedExplanation) and len(report.parts) == 3
     text = str(report)
-    assert "3 segments" in text and "needs T" in text
+    assert "3 segments" in text and "needs T" in text and "do not fit on a cluster" in text
     assert [p.info.kind.name for p in report.parts] == ["OUTER", "OUTER", "POINTWISE"]
-    assert report.parts[2].shapes[0] == (16384, 4096)
+    assert report.parts[2].shapes[0] == (tall, 64)
 
 
 def test_sum_by_column_follows_numpy_and_refuses_a_non_square_input():
@@ -180,7 +196,7 @@ def test_sum_by_column_follows_numpy_and_refuses_a_non_square_input():
     wide = x.astype(np.float64)
     np.testing.assert_allclose(got, wide - 2 * wide.sum(axis=1), rtol=1e-6)
     with pytest.raises(fuser.BadInputError, match="T0 dimension 1"):  # what execute checks
-        bind_shapes(segments_of(_fd("sum_by_column")).lowered, [(6, 5)])
+        bind_shapes(_segments(_fd("sum_by_column")).lowered, [(6, 5)])
 
 
 def test_a_stage_that_writes_nothing_has_no_segment():

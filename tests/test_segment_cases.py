@@ -22,6 +22,7 @@ from fuser.frontend import MAX_NAME_LENGTH
 from fuser.kernels import build
 from fuser.reference import evaluate
 from fuser.schedulers import Problem
+from fuser.schedulers.base import OuterSchedule
 
 F, BF16, HALF = DataType.Float, DataType.BFloat16, DataType.Half
 H200 = DeviceSpec.get("h200")
@@ -354,7 +355,7 @@ def _inputs(fd: FusionDefinition, name: str, shape=None, seed: int = 5) -> list:
 def _chained(fd: FusionDefinition, inputs: list) -> list[np.ndarray]:
     """The segments evaluated in order on the oracle: each on the user's inputs and what
     earlier segments wrote (as stored, in the type they wrote it)."""
-    segmentation = segments_of(fd)
+    segmentation = segments_of(fd, tall_columns=True)
     values = dict(zip(segmentation.lowered.inputs, inputs, strict=True))
     for s in segmentation.segments:
         outs = evaluate(s.definition.fusion, s.arguments(values))
@@ -362,12 +363,20 @@ def _chained(fd: FusionDefinition, inputs: list) -> list[np.ndarray]:
     return [values[o] for o in segmentation.lowered.outputs]
 
 
+def _one_kernel(fd: FusionDefinition) -> bool:
+    """Whether one kernel runs `fd` where its columns fit on chip (an outer normalization);
+    the other cases are refused by the analysis."""
+    try:
+        return analyze(fd.fusion).kind is Kind.OUTER_NORM
+    except UnsupportedFusionError:
+        return False
+
+
 @pytest.mark.parametrize("name", list(CASES), ids=lambda n: n[:30])
 def test_segments_chained_on_the_oracle_equal_the_whole_fusion(name):
     fd = _fd(name)
-    with pytest.raises(UnsupportedFusionError):
-        analyze(fd.fusion)
-    segmentation = segments_of(fd)
+    assert _one_kernel(fd) or segments_of(fd) is not None
+    segmentation = segments_of(fd, tall_columns=True)
     assert len(segmentation.segments) == CASES[name][1], segmentation
     inputs = _inputs(fd, name)
     expected = evaluate(fd.fusion, inputs)
@@ -381,7 +390,7 @@ def test_segments_chained_on_the_oracle_equal_the_whole_fusion(name):
 
 @pytest.mark.parametrize("name", list(CASES), ids=lambda n: n[:30])
 def test_every_segment_compiles_without_spills(name):
-    for s in segments_of(_fd(name)).segments:
+    for s in segments_of(_fd(name), tall_columns=True).segments:
         assert len(s.definition.name) <= MAX_NAME_LENGTH
         built = build(s.definition.name, analyze(s.definition.fusion), Problem(4096, 1024, 16),
                       H200)
@@ -389,11 +398,22 @@ def test_every_segment_compiles_without_spills(name):
             assert not built.compiled.resource(entry).spills, entry
 
 
+@pytest.mark.parametrize("hidden", [257, 4096])
+@pytest.mark.parametrize("name", [n for n in CASES if _one_kernel(_fd(n))], ids=lambda n: n[:30])
+def test_outer_normalizations_compile_as_one_kernel(name, hidden):
+    """The cases one outer-persistent kernel runs where their columns fit: each compiles for
+    the H200 without spills (column outputs of every kind: statistics, weights, chains)."""
+    fd = _fd(name)
+    built = build(fd.name, analyze(fd.fusion), Problem(hidden, 1024, 16), H200)
+    assert isinstance(built.schedule, OuterSchedule)
+    assert not built.compiled.resource(built.source.row_entry).spills
+
+
 def test_a_statistic_carried_between_segments_keeps_float_precision():
     """The BFloat16 sums of batch_norm_narrow are written as Float; the outputs keep the
     user's types."""
     fd = _fd("batch_norm_narrow")
-    segmentation = segments_of(fd)
+    segmentation = segments_of(fd, tall_columns=True)
     carried = {v for s in segmentation.segments for v in s.inputs
                if v not in segmentation.lowered.inputs}
     assert carried and all(v.dtype is F for v in carried)
@@ -402,13 +422,13 @@ def test_a_statistic_carried_between_segments_keeps_float_precision():
 
 def test_a_rounded_narrow_output_is_recomputed_not_read():
     fd = _fd("narrow_output_read_later")
-    first, second = segments_of(fd).segments
-    e = segments_of(fd).lowered.outputs[0]
+    first, second = segments_of(fd, tall_columns=True).segments
+    e = segments_of(fd, tall_columns=True).lowered.outputs[0]
     assert e in first.outputs and e not in second.inputs
 
 
 def test_segment_names_fit_the_name_limit():
-    names = [s.definition.name for s in segments_of(_fd(LONG)).segments]
+    names = [s.definition.name for s in segments_of(_fd(LONG), tall_columns=True).segments]
     assert names == [LONG[:-3] + "_s0", LONG[:-3] + "_s1"]
 
 
@@ -427,7 +447,7 @@ def test_what_cutting_does_not_help_is_refused_before_anything_runs(builder):
     with FusionDefinition(builder.__name__) as fd:
         builder(fd)
     with pytest.raises(UnsupportedFusionError, match=REFUSED[builder]):
-        segments_of(fd)
+        segments_of(fd, tall_columns=True)
     shape = (2, 3, 4) if fd.fusion.inputs[0].ndim == 3 else (3, 3)
     tensors = [np.zeros(shape, np.float32) for _ in fd.fusion.inputs]
     with pytest.raises(UnsupportedFusionError, match=REFUSED[builder]):
@@ -451,7 +471,10 @@ def test_segmented_fusion_matches_the_oracle_on_the_gpu(name, shape):
     fd = _fd(name)
     fd.validate([cupy.asarray(a) if isinstance(a, np.ndarray) else a
                  for a in _inputs(fd, name, shape)])
-    assert len(fd.last_schedule().segments) == CASES[name][1]
+    if _one_kernel(fd):  # these columns fit on chip
+        assert isinstance(fd.last_schedule(), OuterSchedule)
+    else:
+        assert len(fd.last_schedule().segments) == CASES[name][1]
 
 
 @pytest.mark.gpu
@@ -482,7 +505,7 @@ def test_a_total_of_a_row_or_column_vector_is_one_kernel(shape):
     """sum over both axes of [N, 1] or [1, N]: one row of N, one inner reduction."""
     with FusionDefinition("vector_total") as fd:
         fd.add_output(fd.ops.sum(fd.define_tensor(shape), [0, 1]))
-    assert analyze(fd.fusion).kind is Kind.INNER and segments_of(fd) is None
+    assert analyze(fd.fusion).kind is Kind.INNER and segments_of(fd, tall_columns=True) is None
     x = np.random.default_rng(7).standard_normal([9 if s == -1 else 1 for s in shape])
     (total,) = evaluate(fd.fusion, [x.astype(np.float32)])
     assert total.shape == () and np.isclose(total, x.sum(), rtol=1e-5)
@@ -501,7 +524,7 @@ def test_a_reduction_of_a_1d_tensor_is_one_row():
     info = analyze(fd.fusion)
     assert info.kind is Kind.INNER and info.row_axes == ()
     assert [info.roles[o] for o in info.fusion.outputs] == [Role.ROW]
-    assert segments_of(fd) is None
+    assert segments_of(fd, tall_columns=True) is None
     x = np.random.default_rng(2).standard_normal(1000).astype(np.float32)
     (total,) = evaluate(fd.fusion, [x])
     assert total.shape == () and np.isclose(total, x.astype(np.float64).sum())

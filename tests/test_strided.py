@@ -114,6 +114,7 @@ def test_a_strided_input_of_a_segmented_fusion_is_cut_as_a_contiguous_one():
             fd.add_output(fd.ops.sub(x, fd.ops.sum(x, [0], keepdim=True)))
         return fd
 
-    strided, plain = segments_of(centered([False, True])), segments_of(centered([True, True]))
+    strided = segments_of(centered([False, True]), tall_columns=True)
+    plain = segments_of(centered([True, True]), tall_columns=True)
     assert strided is not None and plain is not None
     assert len(strided.segments) == len(plain.segments) == 2

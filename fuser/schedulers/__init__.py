@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from fuser.analysis import FusionInfo
+from fuser.analysis import FusionInfo, Kind
 from fuser.device import DeviceSpec
 from fuser.errors import UnsupportedFusionError
 from fuser.schedulers.base import Problem
@@ -19,9 +19,14 @@ from fuser.schedulers.hints import Hints
 def schedulers() -> tuple[ModuleType, ...]:
     """The schedulers in the order they are asked, imported on first use: a process whose
     build plans are on disk (fuser.plans) launches its kernels without them."""
-    from fuser.schedulers import inner_outer_persistent, inner_persistent, pointwise
+    from fuser.schedulers import (
+        inner_outer_persistent,
+        inner_persistent,
+        outer_persistent,
+        pointwise,
+    )
 
-    return (pointwise, inner_persistent, inner_outer_persistent)
+    return (pointwise, inner_persistent, inner_outer_persistent, outer_persistent)
 
 
 def candidates(info: FusionInfo, problem: Problem, device: DeviceSpec,
@@ -33,6 +38,8 @@ def candidates(info: FusionInfo, problem: Problem, device: DeviceSpec,
         if reason is None:
             return module.candidates(info, problem, device, hints)
         reasons.append(f"{module.__name__.rsplit('.', 1)[1]}: {reason}")
+    if info.kind is Kind.OUTER_NORM:  # only outer_persistent takes these: its reason alone
+        raise UnsupportedFusionError(reasons[-1])
     raise UnsupportedFusionError("no scheduler accepts this fusion:\n  " + "\n  ".join(reasons))
 
 

@@ -12,7 +12,7 @@ import enum
 import math
 from dataclasses import dataclass, fields
 
-from fuser.analysis import Role
+from fuser.analysis import FusionInfo, Kind, Role
 from fuser.dtypes import DataType
 from fuser.errors import FuserError, UnsupportedFusionError
 from fuser.smem import SmemPlan
@@ -234,6 +234,39 @@ class PointwiseSchedule:
 
 
 @dataclass(frozen=True)
+class OuterSchedule:
+    """Outer normalization in one kernel: a cluster of `cluster` blocks owns a slab of `slab`
+    columns of every [rows, hidden] input, each block a share of its rows (at most `rank_rows`)
+    kept in shared memory. The column reductions fold each block's rows, then the cluster's
+    blocks in rank order (every block gets the same totals), and the outputs are computed from
+    the rows still on chip: the inputs are read once."""
+
+    scheduler: str
+    reason: str
+    hidden: int  # columns of the [rows, hidden] tensors
+    rows: int  # most rows a call may have: the shared row buffers hold rank_rows each
+    vec: int  # columns of one vector (one copy, load and store)
+    slab: int  # columns a cluster owns: col_lanes x vec
+    col_lanes: int  # threads across a slab (blockDim.x)
+    row_lanes: int  # threads down the rows (blockDim.y): thread y takes rows y, y + row_lanes, ...
+    cluster: int  # blocks sharing a slab's rows (a thread-block cluster from 2, sm_90)
+    rank_rows: int  # rows one block keeps: ceil(rows / cluster)
+    blocks_per_sm: int  # resident blocks the shared memory leaves room for
+    smem: SmemPlan
+
+    @property
+    def threads(self) -> int:
+        return self.col_lanes * self.row_lanes
+
+    @property
+    def slabs(self) -> int:
+        return ceil_div(self.hidden, self.slab)
+
+    def __str__(self) -> str:
+        return "OuterSchedule\n  " + "\n  ".join(_field_lines(self, skip=("smem",)))
+
+
+@dataclass(frozen=True)
 class FinalizeSchedule:
     """Sums the [partial_rows, hidden] fp32 partials of the outer reductions per column, then
     runs the column epilogue (casts, ops on dW/dB) and writes the column outputs."""
@@ -246,6 +279,10 @@ class FinalizeSchedule:
 
     def __str__(self) -> str:
         return "FinalizeSchedule\n  " + "\n  ".join(_field_lines(self, skip=("smem",)))
+
+
+# The schedule of a module's main kernel.
+KernelSchedule = RowSchedule | PointwiseSchedule | OuterSchedule
 
 
 @dataclass(frozen=True)
@@ -275,6 +312,17 @@ def pick_vec(hidden: int, itemsizes: list[int], align_bytes: int, *, input_bytes
     while vec > 1 and (hidden % vec or input_bytes * vec > MAX_INPUT_BYTES_PER_VECTOR):
         vec //= 2
     return vec
+
+
+def problem_rows(info: FusionInfo, rows: int) -> int:
+    """The rows a schedule is built for. A row kernel's choices look at few rows: at most
+    1024, rounded up to a power of two. An outer-persistent kernel keeps its rows on chip, so
+    it is built for the call's rows rounded up to a multiple of an eighth of the power of two
+    at or above them (the shared memory it plans is at most 25% over what they need)."""
+    if info.kind is not Kind.OUTER_NORM:
+        return min(next_pow2(rows), 1024)
+    step = max(1, next_pow2(rows) // 8)
+    return max(1, ceil_div(rows, step) * step)
 
 
 def next_pow2(n: int) -> int:

@@ -1,0 +1,144 @@
+"""OuterSchedule + FusionInfo -> the names and statements outer_kernel.cu.j2 places.
+
+Inside a pass over the rows, an element's operands are the rows kept in shared memory
+(x_<input>), the thread's column inputs (c_<input>), the totals of earlier levels (r_<value>)
+and column values computed from them (k_<value>): a value of one column (rsqrt of a variance,
+a mean) is computed once per column before the pass that needs it, not once per element.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+from fuser.analysis import FusionInfo, Role
+from fuser.emit import Emitter, convert, ctype, scalar_prologue, used_lines
+from fuser.ir import Expr, Val
+from fuser.ops import REDUCTIONS
+from fuser.schedulers.base import OuterSchedule
+from fuser.schedulers.finalize import total_type
+
+
+class _Columns:
+    """The column values known so far (C++ expressions of element i of the thread's
+    columns), and the statements that compute more of them."""
+
+    def __init__(self, info: FusionInfo, scalar_env: dict[Val, str]):
+        self.info = info
+        self.env = dict(scalar_env)
+        for t in info.col_inputs:
+            self.env[t] = f"fm::to_compute(c_{t.name}.v[i])"
+
+    def hoist(self, targets, elements: dict[Val, str]) -> dict:
+        """Column values the element statements for `targets` read: computed here, once per
+        column, into register arrays k_<value>[VEC]."""
+        wanted = self._frontier(targets, elements)
+        emitter = Emitter(self.info, self.env, "col_")
+        lines = emitter.emit(wanted)
+        arrays = []
+        for v in wanted:
+            lines.append(f"k_{v.name}[i] = {emitter.env[v]};")
+            arrays.append({"name": f"k_{v.name}", "ctype": ctype(v)})
+            self.env[v] = f"k_{v.name}[i]"
+        return {"lines": lines, "arrays": arrays}
+
+    def _frontier(self, targets, elements: dict[Val, str]) -> list[Val]:
+        """The column values (not yet known) met walking from `targets` down to what is
+        known, in definition order."""
+        found: set[Val] = set()
+        seen: set[Val] = set()
+        stack = list(targets)
+        while stack:
+            v = stack.pop()
+            if v in seen or v in self.env or v in elements:
+                continue
+            seen.add(v)
+            if self.info.roles[v] is Role.COL:
+                found.add(v)
+            elif v.definition is not None:
+                stack.extend(v.definition.inputs)
+        return sorted(found, key=lambda v: v.index)
+
+    def total(self, e: Expr) -> None:
+        out = e.outputs[0]
+        self.env[out] = f"r_{out.name}[i]"
+
+
+def _reduction(e: Expr, value: str) -> dict:
+    out = e.outputs[0]
+    return {"name": out.name, "ctype": ctype(out), "total": total_type(out.dtype),
+            "functor": REDUCTIONS[e.op].functor,
+            "value": convert(value, ctype(e.inputs[0]), ctype(out))}
+
+
+def _rows_read(info: FusionInfo, emitter: Emitter) -> list[str]:
+    return [t.name for t in info.full_inputs if t in emitter.used]
+
+
+def outer_context(info: FusionInfo, s: OuterSchedule) -> dict:
+    """Everything outer_kernel.cu.j2 places but the header and the signature."""
+    scalar_lines, scalar_env = scalar_prologue(info)
+    elements: dict[Val, str] = {t: f"fm::to_compute(x_{t.name}.v[i])" for t in info.full_inputs}
+    columns = _Columns(info, scalar_env)
+    levels: list[dict] = []
+    for k, level in enumerate(info.outer_levels):
+        operands = [e.inputs[0] for e in level]
+        hoisted = columns.hoist(operands, elements)
+        emitter = Emitter(info, {**columns.env, **elements}, "e_")
+        lines = emitter.emit(operands)
+        words = ", ".join(f"{e.op}({e.inputs[0].name}) -> {e.outputs[0].name}" for e in level)
+        levels.append({"title": f"Outer level {k}: {words}, over every row of the slab.",
+                       "hoisted": hoisted, "rows": _rows_read(info, emitter),
+                       "element_lines": lines,
+                       "reductions": [_reduction(e, emitter.env[e.inputs[0]]) for e in level]})
+        for e in level:
+            columns.total(e)
+    full_outputs = info.outputs(Role.FULL)
+    hoisted = columns.hoist(full_outputs, elements)
+    emitter = Emitter(info, {**columns.env, **elements}, "e_")
+    lines, stored = emitter.emit_stored(full_outputs)
+    col_outputs = info.outputs(Role.COL)
+    col_emitter = Emitter(info, columns.env, "col_")
+    col_lines, col_stored = col_emitter.emit_stored(col_outputs)
+    final: dict = {"hoisted": hoisted, "rows": _rows_read(info, emitter), "element_lines": lines,
+                   "outputs": [{"name": o.name, "ctype": o.dtype.cuda_type, "value": stored[o]}
+                               for o in full_outputs],
+                   "column_lines": col_lines,
+                   "column_outputs": [{"name": o.name, "ctype": o.dtype.cuda_type,
+                                       "value": col_stored[o]} for o in col_outputs]}
+    readers = [line for q in [*levels, final] for line in q["element_lines"]
+               + q["hoisted"]["lines"]]
+    readers += [r["value"] for q in levels for r in q["reductions"]]
+    readers += [o["value"] for o in final["outputs"] + final["column_outputs"]] + col_lines
+    types = _buffer_types(info)
+    return {
+        "intro": _intro(s),
+        "s": s,
+        "smem": [{"name": b.name, "offset": b.offset, "purpose": b.purpose,
+                  "ctype": types[b.name]} for b in s.smem.buffers],
+        "tiles": [t.name for t in info.full_inputs],
+        "columns": [{"name": t.name, "ctype": t.dtype.cuda_type} for t in info.col_inputs],
+        "scalar_lines": used_lines(scalar_lines, readers),
+        "levels": levels,
+        "final": final,
+    }
+
+
+def _buffer_types(info: FusionInfo) -> dict[str, str]:
+    """The C++ type of each buffer outer_persistent plans: a tile holds its input's type, a
+    fold buffer its reduction's total type."""
+    types = {f"s_{t.name}": t.dtype.cuda_type for t in info.full_inputs}
+    for e in info.outer_reductions:
+        for use in ("lanes", "part", "total"):
+            types[f"s_{use}_{e.outputs[0].name}"] = total_type(e.outputs[0].dtype)
+    return types
+
+
+def _intro(s: OuterSchedule) -> list[str]:
+    share = (f"a cluster of {s.cluster} blocks shares each slab's rows, block k the k-th "
+             "share" if s.cluster > 1 else "one block keeps each slab's rows")
+    lines = [f"Each slab of {s.slab} columns is kept on chip: {share} (at most {s.rank_rows} "
+             f"rows) in shared memory, copied once.",
+             f"Thread (x, y) owns columns x * {s.vec} to x * {s.vec} + {s.vec - 1} of the slab "
+             f"and rows y, y + {s.row_lanes}, ... of its block; each level's column totals are "
+             "folded over the block's rows, then over the cluster's blocks in rank order."]
+    return [part for line in lines for part in textwrap.wrap(line, 117)]

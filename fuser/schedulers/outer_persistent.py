@@ -1,0 +1,164 @@
+"""Outer-persistent scheduler: normalization along columns (softmax over dim 0, BatchNorm) in
+one kernel that reads every input once.
+
+A column's reductions need every row before any output of that column can be written. The
+rows of a slab of columns are kept on chip instead of read again: a thread-block cluster
+owns a slab, each of its blocks a share of the rows in shared memory. A block folds its rows
+per column, the cluster folds its blocks' partials in rank order through distributed shared
+memory, and the outputs are computed from the rows still held. A slab is as wide as its
+rows' shared memory allows: SEGMENT_BYTES of each row, widest first, over as few blocks as
+hold them. Columns too tall for any cluster are left to segmentation (two sweeps, segment.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from fuser.analysis import FusionInfo, Kind, Role
+from fuser.device import DeviceSpec
+from fuser.errors import HintError, UnsupportedFusionError
+from fuser.schedulers.base import OuterSchedule, Problem, ceil_div, next_pow2, pick_vec
+from fuser.schedulers.finalize import total_type
+from fuser.schedulers.hints import CLUSTER_SIZES, Hints
+from fuser.schedulers.pointwise import PIECE_BYTES
+from fuser.smem import SmemPlan
+
+# Bytes of each row a slab spans, widest first: a warp's loads and stores of a row are whole
+# 32-byte sectors from 32 bytes, whole 128-byte lines at 128.
+SEGMENT_BYTES = (128, 64, 32, 16)
+LARGE_CLUSTER = 16  # past the portable 8: a kernel attribute allows it on sm_90
+THREADS = 512  # per block, where the rows are enough to give every thread one
+# (row segment bytes, threads per block, least resident blocks per SM), tried in this order
+# with the fewest blocks per cluster first; the last entries take whatever fits. Two blocks
+# of an SM overlap one's copies with the other's passes and stores, but not at the price of
+# segments under 64 bytes (H200 bf16, 16384 x 4096: 0.49 at 32 bytes and two blocks, 0.52 at
+# 64 and one; 4096 x 16384: 0.69 at 128 and two, 0.56 at 128 and one).
+ORDER = ((128, 256, 2), (64, 256, 2), *((s, THREADS, 1) for s in SEGMENT_BYTES))
+TOTAL_BYTES = 8  # a column partial in the fold buffers (a double, or a 64-bit integer)
+# Registers a thread may take (__launch_bounds__ asks no more blocks than leave it this many):
+# the kernels take 80 to 104 (bf16 BatchNorm forward and backward, NVRTC 13).
+REGISTERS = 128
+
+
+def can_schedule(info: FusionInfo, problem: Problem, device: DeviceSpec) -> str | None:
+    if info.kind is not Kind.OUTER_NORM:
+        return f"outer_persistent normalizes along columns; this fusion is {info.kind.value}"
+    if info.row_inputs:
+        names = ", ".join(t.name for t in info.row_inputs)
+        return f"per-row inputs ({names}) beside column reductions are not supported"
+    for e in info.outer_reductions:
+        if total_type(e.outputs[0].dtype) not in ("double", "long long"):
+            return (f"{e.op}({e.inputs[0].name}) of {e.outputs[0].dtype.label}: its partials "
+                    "are not folded across a cluster")
+    found = _fit(info, problem, device, _clusters(device))
+    return found if isinstance(found, str) else None
+
+
+def candidates(info: FusionInfo, problem: Problem, device: DeviceSpec,
+               hints: Hints | None = None) -> Iterator[OuterSchedule]:
+    """The one schedule: the widest slab that fits, over the fewest blocks (or the hinted
+    cluster's)."""
+    allowed = _clusters(device)
+    if hints is not None:
+        _check_hints(hints, allowed)
+    clusters = allowed if hints is None or hints.cluster is None else (hints.cluster,)
+    found = _fit(info, problem, device, clusters)
+    if isinstance(found, str):
+        if hints is not None and hints.cluster is not None:
+            fits = [k for k in allowed if not isinstance(_fit(info, problem, device, (k,)), str)]
+            raise HintError(f"Hints(cluster={hints.cluster}): {found}; clusters that hold "
+                            f"these rows: {', '.join(map(str, fits)) or 'none'}")
+        raise UnsupportedFusionError(found)
+    yield found
+
+
+def _clusters(device: DeviceSpec) -> tuple[int, ...]:
+    """Blocks a slab may be shared by: clusters from sm_90, up to the 16 Hopper allows a
+    kernel that opts in (the executor sets its non-portable cluster size attribute)."""
+    return (1, *CLUSTER_SIZES, LARGE_CLUSTER) if device.arch >= 90 else (1,)
+
+
+def _check_hints(hints: Hints, allowed: tuple[int, ...]) -> None:
+    others = [name for name in hints.given() if name != "cluster"]
+    if others:
+        raise HintError(f"Hints({', '.join(others)}=...): outer_persistent takes only the "
+                        "cluster hint (blocks sharing a slab's rows)")
+    if hints.cluster is not None and hints.cluster not in allowed:
+        raise HintError(f"Hints(cluster={hints.cluster}): allowed: "
+                        f"{', '.join(map(str, allowed))}")
+
+
+def _fit(info: FusionInfo, problem: Problem, device: DeviceSpec,
+         clusters: tuple[int, ...]) -> OuterSchedule | str:
+    """The first (segment width, cluster) whose shared memory fits, else why none does.
+    Vectors are as wide as the [rows, hidden] tensors allow; column operands wider than that
+    (fp32 statistics of bf16 rows) move in 16-byte pieces where the pointers allow."""
+    full = info.full_inputs
+    sized = [*full, *info.outputs(Role.FULL)]
+    if problem.align_bytes < PIECE_BYTES:  # column operands are read in vectors, not pieces
+        sized += [*info.col_inputs, *info.outputs(Role.COL)]
+    vec = pick_vec(problem.hidden, [t.dtype.itemsize for t in sized], problem.align_bytes,
+                   input_bytes=info.row_buffer_bytes)
+    widest = max((t.dtype.itemsize for t in full), default=1)
+    rows = max(problem.rows, 1)
+    for segment, threads, blocks in ORDER:
+        slab = _slab(problem.hidden, vec, max(1, segment // widest))
+        for k in clusters:
+            schedule = _schedule(info, problem, device, vec, slab, k, rows, segment, threads)
+            if schedule.smem.fits and schedule.blocks_per_sm >= blocks:
+                return schedule
+    smallest = _schedule(info, problem, device, vec, _slab(problem.hidden, vec, 1), clusters[-1],
+                         rows, SEGMENT_BYTES[-1], THREADS)
+    return (f"{rows} rows of {len(full)} input(s) do not fit on a cluster of {clusters[-1]} "
+            f"block(s) even {smallest.slab} column(s) wide: {smallest.smem.total} B of shared "
+            f"memory per block, over the {device.smem_per_block_optin} B limit")
+
+
+def _slab(hidden: int, vec: int, columns: int) -> int:
+    """Columns of a slab: a power-of-two number of vectors, about `columns`, no wider than the
+    power of two that covers the row."""
+    lanes = next_pow2(max(1, columns // vec))
+    return vec * min(lanes, next_pow2(ceil_div(hidden, vec)))
+
+
+def _schedule(info: FusionInfo, problem: Problem, device: DeviceSpec, vec: int, slab: int,
+              cluster: int, rows: int, segment: int, threads: int) -> OuterSchedule:
+    col_lanes = slab // vec
+    rank_rows = ceil_div(rows, cluster)
+    row_lanes = max(1, min(threads // col_lanes, next_pow2(rank_rows)))
+    row_lanes = max(row_lanes, ceil_div(device.warp_size, col_lanes))  # whole warps
+    plan = _smem(info, slab, col_lanes, row_lanes, rank_rows, device)
+    threads = col_lanes * row_lanes
+    blocks = min(device.max_blocks_per_sm, device.max_threads_per_sm // threads,
+                 device.regs_per_sm // (threads * REGISTERS),
+                 device.smem_per_sm // (plan.total + device.reserved_smem_per_block))
+    where = f"cluster of {cluster}" if cluster > 1 else "one block"
+    reason = (f"{segment}-byte row segments: {rank_rows} rows x {slab} columns per block, "
+              f"{where} per slab")
+    return OuterSchedule("outer_persistent", reason, problem.hidden, rows, vec, slab, col_lanes,
+                         row_lanes, cluster, rank_rows, max(1, blocks), plan)
+
+
+def fold_groups(col_lanes: int, row_lanes: int, warp: int = 32) -> int:
+    """Row lanes left after a warp folds its own (those of one column lane) by shuffles: the
+    rows of the fold buffers."""
+    span = warp // col_lanes if col_lanes < warp else 1
+    return max(1, row_lanes // span)
+
+
+def _smem(info: FusionInfo, slab: int, col_lanes: int, row_lanes: int, rank_rows: int,
+          device: DeviceSpec) -> SmemPlan:
+    groups = fold_groups(col_lanes, row_lanes, device.warp_size)
+    requests = [(f"s_{t.name}", rank_rows * slab * t.dtype.itemsize,
+                 f"{t.name}'s rows of the slab ({t.dtype.label}): {rank_rows} x {slab}")
+                for t in info.full_inputs]
+    for e in info.outer_reductions:
+        out = e.outputs[0].name
+        requests += [
+            (f"s_lanes_{out}", groups * slab * TOTAL_BYTES,
+             f"{e.op}({e.inputs[0].name}) over each warp's rows: {groups} x {slab}"),
+            (f"s_part_{out}", slab * TOTAL_BYTES,
+             f"{out}: this block's partial per column, read by the cluster"),
+            (f"s_total_{out}", slab * TOTAL_BYTES, f"{out}: the slab's totals per column"),
+        ]
+    return SmemPlan.build(requests, device.smem_per_block_optin)

@@ -1,0 +1,147 @@
+// fuser device helpers for outer-persistent kernels (outer_kernel.cu.j2): a slab of columns
+// owned by a thread-block cluster, each block's share of its rows kept in shared memory, and
+// the column folds, in a fixed order so that every block (and every run) gets the same totals.
+#pragma once
+#include "fuser_cluster.cuh"
+#include "fuser_copy.cuh"
+#include "fuser_math.cuh"
+
+namespace fm {
+
+// One vector of BYTES bytes into shared memory: cp.async from 4 bytes (its smallest copy),
+// through a register below.
+template <int BYTES>
+__device__ __forceinline__ void copy_vector(void* dst, const void* src) {
+  if constexpr (BYTES >= 4) {
+    cp_async<BYTES>(dst, src);
+  } else if constexpr (BYTES == 2) {
+    *static_cast<unsigned short*>(dst) = *static_cast<const unsigned short*>(src);
+  } else {
+    *static_cast<unsigned char*>(dst) = *static_cast<const unsigned char*>(src);
+  }
+}
+
+// A partial from the shared memory of the cluster's block `rank`, at the address `local`
+// has here (distributed shared memory; the cluster barrier before it published the value).
+__device__ __forceinline__ double peer_load(const double* local, unsigned rank) {
+  unsigned long long bits;
+  asm volatile("ld.shared::cluster.u64 %0, [%1];\n"
+               : "=l"(bits) : "r"(peer_address(local, rank)) : "memory");
+  return __longlong_as_double(static_cast<long long>(bits));
+}
+__device__ __forceinline__ long long peer_load(const long long* local, unsigned rank) {
+  unsigned long long bits;
+  asm volatile("ld.shared::cluster.u64 %0, [%1];\n"
+               : "=l"(bits) : "r"(peer_address(local, rank)) : "memory");
+  return static_cast<long long>(bits);
+}
+
+// A slab of W = LANES x VEC columns of [n_rows, H] tensors, owned by a cluster of CLUSTER
+// blocks (or by one block): the block of rank k keeps rows [k * share, (k + 1) * share) of it,
+// share = ceil(n_rows / CLUSTER). Thread (tx, ty) owns the VEC columns from col and visits
+// the rows ty, ty + ROW_LANES, ... of its block.
+template <int H_, int VEC_, int LANES_, int ROW_LANES_, int CLUSTER_>
+struct ColumnSlab {
+  static constexpr int H = H_, VEC = VEC_, LANES = LANES_, ROW_LANES = ROW_LANES_;
+  static constexpr int CLUSTER = CLUSTER_;
+  static constexpr int W = LANES * VEC;
+  static constexpr int THREADS = LANES * ROW_LANES;
+  // A warp holds SPAN row lanes of each column lane, folded by shuffles; GROUPS are left.
+  static constexpr int SPAN = LANES < 32 ? 32 / LANES : 1;
+  static constexpr int GROUPS = ROW_LANES / SPAN;
+  static_assert(THREADS % 32 == 0 && ROW_LANES % SPAN == 0, "whole warps of whole spans");
+
+  int tx, ty;
+  unsigned rank;   // the block's rank in its cluster (0 without one)
+  int col0;        // the slab's first column
+  int col;         // the thread's first column
+  bool owns;       // the thread's columns exist (H is a multiple of VEC)
+  long long row0;  // the block's first row
+  int rows;        // rows the block keeps
+
+  __device__ __forceinline__ explicit ColumnSlab(long long n_rows)
+      : tx(threadIdx.x), ty(threadIdx.y), rank(CLUSTER > 1 ? cluster_rank() : 0u) {
+    const int slab = CLUSTER > 1 ? static_cast<int>(cluster_index()) : static_cast<int>(blockIdx.x);
+    col0 = slab * W;
+    col = col0 + tx * VEC;
+    owns = col < H;
+    const long long share = (n_rows + CLUSTER - 1) / CLUSTER;
+    row0 = share * rank;
+    const long long left = n_rows - row0;
+    rows = static_cast<int>(left <= 0 ? 0 : left < share ? left : share);
+  }
+
+  // The block's rows of the slab of `g` into `tile` ([rows][W]) by cp.async (the caller
+  // commits and waits): each thread copies its own vectors, the ones it later reads, so no
+  // block barrier stands between the copies and the first pass. (Copies in groups that the
+  // first pass followed one by one ran slower: bench/TUNING.md, "outer-persistent kernels".)
+  template <typename T>
+  __device__ __forceinline__ void fill(T* tile, const T* g) const {
+    if (!owns) return;
+#pragma unroll 4
+    for (int r = ty; r < rows; r += ROW_LANES) {
+      copy_vector<VEC * static_cast<int>(sizeof(T))>(tile + r * W + tx * VEC,
+                                                      g + (row0 + r) * H + col);
+    }
+  }
+
+  template <typename T>
+  __device__ __forceinline__ Vec<T, VEC> at(const T* tile, int r) const {
+    return load<VEC>(tile + r * W + tx * VEC);
+  }
+
+  // Fold step 1: each thread's partials of its columns, folded over its warp's row lanes,
+  // into `lanes` ([GROUPS][W]). Every thread takes part (the shuffles need the whole warp).
+  template <typename Total, typename R, typename F>
+  __device__ __forceinline__ void put(Total* lanes, const R (&acc)[VEC], F f) const {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      R x = acc[i];
+#pragma unroll
+      for (int offset = LANES; offset < 32; offset *= 2) x = f(x, shfl_xor(x, offset));
+      if (ty % SPAN == 0) lanes[(ty / SPAN) * W + tx * VEC + i] = static_cast<Total>(x);
+    }
+  }
+
+  // Fold step 2, after a block barrier: the block's partial of each column, its groups in
+  // order.
+  template <typename Total, typename F>
+  __device__ __forceinline__ void fold_groups(const Total* lanes, Total* part, F f) const {
+    for (int c = ty * LANES + tx; c < W; c += THREADS) {
+      Total x = F::template identity<Total>();
+#pragma unroll
+      for (int g = 0; g < GROUPS; ++g) x = f(x, lanes[g * W + c]);
+      part[c] = x;
+    }
+  }
+
+  // Fold step 3, after a cluster barrier: the slab's total of each column, the blocks'
+  // partials in rank order (the same sum in every block).
+  template <typename Total, typename F>
+  __device__ __forceinline__ void fold_blocks(const Total* part, Total* total, F f) const {
+    for (int c = ty * LANES + tx; c < W; c += THREADS) {
+      Total x = F::template identity<Total>();
+      if constexpr (CLUSTER > 1) {
+        Total partials[CLUSTER];  // every load in flight before the first add waits on one
+#pragma unroll
+        for (int k = 0; k < CLUSTER; ++k) {
+          partials[k] = peer_load(part + c, static_cast<unsigned>(k));
+        }
+#pragma unroll
+        for (int k = 0; k < CLUSTER; ++k) x = f(x, partials[k]);
+      } else {
+        x = f(x, part[c]);
+      }
+      total[c] = x;
+    }
+  }
+
+  // Fold step 4, after a block barrier: the totals of the thread's columns.
+  template <typename R, typename Total>
+  __device__ __forceinline__ void get(const Total* total, R (&out)[VEC]) const {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) out[i] = static_cast<R>(total[tx * VEC + i]);
+  }
+};
+
+}  // namespace fm

@@ -1,0 +1,85 @@
+"""GPU: the outer-persistent kernel (normalization along columns in one kernel) against the
+float64 reference: every cluster size a hint allows, row counts that leave blocks of a
+cluster short or empty, 3-D inputs, columns too tall for any cluster (run as segments), and
+the same bits from run to run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_gpu_fusions import (  # noqa: F401 (poisoned_outputs: an autouse fixture)
+    poisoned_outputs,
+    run_and_validate,
+)
+from test_segment import _fd, _host_inputs
+
+from fuser import DataType
+from fuser.executor import to_host
+from fuser.schedulers import Hints
+from fuser.schedulers.base import OuterSchedule
+from fuser.segment import SegmentSchedules
+
+pytestmark = pytest.mark.gpu
+
+BF16, F = DataType.BFloat16, DataType.Float
+
+
+@pytest.mark.parametrize("cluster", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize(("rows", "hidden"), [(1, 8), (9, 1000), (1001, 257), (4096, 4096)],
+                         ids=str)
+@pytest.mark.parametrize("name", ["batchnorm_fwd", "batchnorm_bwd"])
+def test_every_cluster_size_matches_the_reference(name, rows, hidden, cluster, rng):
+    fd = run_and_validate(name, BF16, hidden, rows, rng, hints=Hints(cluster=cluster))
+    schedule = fd.last_schedule()
+    assert isinstance(schedule, OuterSchedule) and schedule.cluster == cluster
+
+
+@pytest.mark.parametrize("dtype", [F, DataType.Half, BF16], ids=lambda d: d.name)
+@pytest.mark.parametrize(("rows", "hidden"), [(3, 5), (16384, 1024), (1024, 16384), (30000, 24)],
+                         ids=str)
+@pytest.mark.parametrize("name", ["batchnorm_fwd", "batchnorm_bwd"])
+def test_heuristic_schedules_match_the_reference(name, rows, hidden, dtype, rng):
+    fd = run_and_validate(name, dtype, hidden, rows, rng)
+    assert isinstance(fd.last_schedule(), OuterSchedule)
+
+
+def _device_inputs(name: str, dtype: DataType, shape: tuple[int, ...], seed: int) -> list:
+    import cupy
+
+    host = _host_inputs(name, dtype)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(np.float32).astype(dtype.numpy)
+    rest = [rng.standard_normal(shape[-1:]).astype(np.float32) if isinstance(a, np.ndarray)
+            else float(np.prod(shape[:-1])) for a in host[1:]]
+    return [cupy.asarray(x)] + [cupy.asarray(a) if isinstance(a, np.ndarray) else a
+                                for a in rest]
+
+
+@pytest.mark.parametrize(("name", "shape"), [("softmax_dim0", (3001, 67)),
+                                             ("batch_norm", (5000, 520)),
+                                             ("centered_3d", (3, 700, 1000))], ids=str)
+def test_user_fusions_along_columns_match_the_oracle(name, shape):
+    fd = _fd(name, BF16)
+    fd.validate(_device_inputs(name, BF16, shape, 5))
+    assert isinstance(fd.last_schedule(), OuterSchedule)
+
+
+def test_columns_too_tall_for_a_cluster_run_as_segments():
+    """2**18 rows of 64 bf16 columns: 256 KiB per block of a cluster of 16 even 8 columns
+    wide, over the 227 KiB a block may have, so the three sweeps of the segments run."""
+    fd = _fd("batch_norm", BF16)
+    fd.validate(_device_inputs("batch_norm", BF16, (2**18, 64), 6))
+    schedules = fd.last_schedule()
+    assert isinstance(schedules, SegmentSchedules) and len(schedules.segments) == 3
+
+
+def test_the_same_bits_from_run_to_run():
+    """Column totals are folded over a block's rows, then the cluster's blocks in rank order:
+    no atomics, so every run gives the same bits."""
+    fd = _fd("batch_norm", BF16)
+    inputs = _device_inputs("batch_norm", BF16, (16384, 1024), 7)
+    first = [to_host(o) for o in fd.execute(inputs)]
+    for _ in range(3):
+        again = [to_host(o) for o in fd.execute(inputs)]
+        for a, b in zip(first, again, strict=True):
+            assert a.tobytes() == b.tobytes()

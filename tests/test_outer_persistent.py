@@ -1,0 +1,136 @@
+"""CPU: normalization along columns (analysis Kind.OUTER_NORM, schedulers/outer_persistent.py):
+classified, scheduled on every device preset, planned, rendered and compiled by NVRTC with
+no spills; hints either honoured or refused naming what is allowed; columns too tall for any
+cluster fall back to segments. tests/test_gpu_outer.py runs the kernels."""
+
+from __future__ import annotations
+
+import pytest
+from test_segment import _fd
+
+import fuser
+from fuser import DataType, FusionDefinition, HintError, UnsupportedFusionError
+from fuser.analysis import Kind, analyze
+from fuser.device import PRESETS, DeviceSpec
+from fuser.executor import columns_too_tall
+from fuser.explain import Explanation, SegmentedExplanation
+from fuser.fusions import FUSIONS
+from fuser.schedulers import Hints, Problem, candidates
+from fuser.schedulers.base import OuterSchedule, problem_rows
+from fuser.schedulers.outer_persistent import fold_groups
+from fuser.smem import STATIC_SLOT
+
+BF16, F = DataType.BFloat16, DataType.Float
+H200 = DeviceSpec.get("h200")
+
+
+def _shapes(fd: FusionDefinition, shape: tuple[int, ...]) -> list:
+    """`shape` for the fusion's full inputs, its last extent for [hidden] ones."""
+    out = []
+    for v in fd.fusion.inputs:
+        dims = getattr(v, "dims", None)
+        out.append(None if dims is None else shape if len(dims) == len(shape) else shape[-1:])
+    return out
+
+
+@pytest.mark.parametrize(("name", "levels"), [("batchnorm_fwd", [["sum"], ["sum"]]),
+                                              ("batchnorm_bwd", [["sum", "sum"]])])
+def test_batchnorm_is_one_outer_normalization(name, levels):
+    info = analyze(FUSIONS[name](BF16).fusion)
+    assert info.kind is Kind.OUTER_NORM
+    assert [[e.op for e in level] for level in info.outer_levels] == levels
+    assert "outer level 0:" in info.describe()
+
+
+def test_softmax_over_dim_0_folds_a_max_then_a_sum():
+    info = analyze(_fd("softmax_dim0").fusion)
+    assert [[e.op for e in level] for level in info.outer_levels] == [["max"], ["sum"]]
+
+
+def test_a_row_normalization_then_a_column_one_is_still_cut():
+    with pytest.raises(UnsupportedFusionError, match="fusion with inner reductions"):
+        analyze(_fd("row_then_column").fusion)
+
+
+def test_problem_rows_keep_every_row_of_an_outer_normalization():
+    outer, rows = analyze(_fd("batch_norm").fusion), analyze(FUSIONS["rmsnorm_fwd"](BF16).fusion)
+    assert [problem_rows(outer, n) for n in (1, 7, 1000, 16384, 16385, 60000)] == [
+        1, 7, 1024, 16384, 20480, 65536]
+    assert [problem_rows(rows, n) for n in (7, 16384)] == [8, 1024]
+
+
+@pytest.mark.parametrize(("rows", "hidden", "cluster", "slab", "blocks"),
+                         [(16384, 4096, 16, 32, 2), (4096, 16384, 8, 64, 2), (7, 3, 1, 4, 16)])
+def test_the_widest_slab_over_the_fewest_blocks(rows, hidden, cluster, slab, blocks):
+    info = analyze(FUSIONS["batchnorm_fwd"](BF16).fusion)
+    s = next(candidates(info, Problem(hidden, problem_rows(info, rows), 16), H200))
+    assert isinstance(s, OuterSchedule)
+    assert (s.cluster, s.slab, s.blocks_per_sm) == (cluster, slab, blocks)
+    assert s.rank_rows * s.cluster >= s.rows >= rows
+    assert s.slabs * s.slab >= hidden > (s.slabs - 1) * s.slab
+    tile = s.smem.buffer("s_T0")
+    assert tile.nbytes == s.rank_rows * s.slab * 2 and tile.offset == 0
+    groups = fold_groups(s.col_lanes, s.row_lanes)
+    assert s.smem.buffer("s_lanes_T5").nbytes == groups * s.slab * 8
+    assert s.smem.static_slot == STATIC_SLOT and s.smem.fits
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_runs_one_kernel_or_segments(preset):
+    fd = FUSIONS["batchnorm_bwd"](BF16)
+    small = fuser.explain(fd, _shapes(fd, (1000, 1000)), device=preset)
+    assert isinstance(small, Explanation) and isinstance(small.schedule, OuterSchedule)
+    if DeviceSpec.get(preset).arch < 90:
+        assert small.schedule.cluster == 1
+    tall = fuser.explain(fd, _shapes(fd, (2**21, 64)), device=preset)
+    assert isinstance(tall, SegmentedExplanation)
+    assert "cannot keep its columns on chip" in str(tall)
+
+
+@pytest.mark.parametrize("dtype", [BF16, DataType.Half, F], ids=lambda d: d.name)
+@pytest.mark.parametrize("shape", [(1, 1), (7, 3), (1000, 4099), (30000, 24), (4096, 4096)],
+                         ids=str)
+@pytest.mark.parametrize("name", ["batchnorm_fwd", "batchnorm_bwd"])
+def test_kernels_compile_without_spills(name, shape, dtype):
+    fd = FUSIONS[name](dtype)
+    report = fuser.explain(fd, _shapes(fd, shape))
+    assert isinstance(report.schedule, OuterSchedule)
+    for resources in report.resources.values():
+        assert not resources.spills, resources
+        assert resources.static_smem <= report.schedule.smem.static_slot
+
+
+@pytest.mark.parametrize("cluster", [1, 2, 4, 8, 16])
+def test_a_cluster_hint_is_honoured(cluster):
+    fd = FUSIONS["batchnorm_fwd"](BF16)
+    report = fuser.explain(fd, _shapes(fd, (1000, 520)), hints=Hints(cluster=cluster))
+    assert report.schedule.cluster == cluster
+    assert f"__cluster_dims__({cluster}, 1, 1)" in report.source or cluster == 1
+
+
+@pytest.mark.parametrize(("hints", "message"), [
+    (Hints(cluster=3), r"Hints\(cluster=3\): allowed: 1, 2, 4, 8, 16"),
+    (Hints(cluster=1), r"(?s)do not fit on a cluster of 1.*clusters that hold these rows: 2, 4, "
+                       r"8, 16"),
+    (Hints(stages=2), r"Hints\(stages=\.\.\.\): outer_persistent takes only the cluster hint"),
+])
+def test_other_hints_are_refused_naming_what_is_allowed(hints, message):
+    fd = FUSIONS["batchnorm_fwd"](BF16)
+    with pytest.raises(HintError, match=message):
+        fuser.explain(fd, _shapes(fd, (16384, 1024)), hints=hints)
+
+
+def test_only_an_outer_normalization_falls_back_to_segments():
+    reason = UnsupportedFusionError("a test")
+    assert columns_too_tall(_fd("row_then_column"), reason) is None
+    found = columns_too_tall(_fd("batch_norm"), reason)
+    assert len(found.segments) == 3 and "a test" in str(found)
+    assert columns_too_tall(_fd("batch_norm"), reason) is not None
+
+
+def test_column_totals_fold_in_rank_order_with_no_atomics():
+    fd = FUSIONS["batchnorm_bwd"](BF16)
+    source = fuser.explain(fd, _shapes(fd, (4096, 16384))).source
+    assert "atomic" not in source.split("#include")[1].replace("fm::magic_zero", "")
+    assert source.count("fm::cluster_sync()") == 1
+    assert "slab.fold_blocks(s_part_T9, s_total_T9, fm::Sum{});" in source
