@@ -563,7 +563,7 @@ def columns_too_tall(fd, reason: UnsupportedFusionError) -> Segmentation | None:
     stamp = (len(fd.fusion.vals), len(fd.fusion.outputs))
     cached = fd.__dict__.get("_tall_segments")
     if cached is None or cached[0] != stamp:
-        refusal = f"one kernel cannot keep its columns on chip at these sizes: {reason}"
+        refusal = f"one outer-persistent kernel cannot run it here: {reason}"
         fd._tall_segments = cached = (stamp, replace(segment(fd.fusion, fd.name, reason),
                                                      refusal=refusal))
     return cached[1]

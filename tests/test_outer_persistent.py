@@ -84,7 +84,8 @@ def test_every_preset_runs_one_kernel_or_segments(preset):
         assert small.schedule.cluster == 1
     tall = fuser.explain(fd, _shapes(fd, (2**21, 64)), device=preset)
     assert isinstance(tall, SegmentedExplanation)
-    assert "cannot keep its columns on chip" in str(tall)
+    assert "outer-persistent kernel cannot run it here" in str(tall)
+    assert "do not fit on a cluster" in str(tall)
 
 
 @pytest.mark.parametrize("dtype", [BF16, DataType.Half, F], ids=lambda d: d.name)
