@@ -31,6 +31,7 @@ from fuser.driver import Function, LaunchConfig, driver
 from fuser.dtypes import DataType
 from fuser.errors import (
     BadInputError,
+    FuserError,
     InternalError,
     LaunchError,
     OutOfResourcesError,
@@ -487,7 +488,7 @@ def execute(fd, inputs: list, *, device=None, hints: Hints | None = None):
             return _execute_segments(fd, segmentation, inputs, device, hints)
         try:
             plan = _plan(fd, inputs, device, hints)
-        except UnsupportedFusionError as exc:
+        except (UnsupportedFusionError, OutOfResourcesError) as exc:  # HintErrors stand
             plan = columns_too_tall(fd, exc)
             if plan is None:
                 raise
@@ -547,25 +548,33 @@ def segments_of(fd, tall_columns: bool = False) -> Segmentation | None:
             found = segment(fd.fusion, fd.name, exc)
         fd._segments_cache = cached = (stamp, found)
     if cached[1] is None and tall_columns:
-        return columns_too_tall(fd, UnsupportedFusionError("the segments were asked for"))
+        return _outer_segments(fd)
     return cached[1]
 
 
-def columns_too_tall(fd, reason: UnsupportedFusionError) -> Segmentation | None:
-    """The segments of an outer normalization whose columns no cluster keeps on chip at these
-    sizes (outer_persistent refused them for `reason`): two sweeps instead of one. None for any
-    other fusion, whose refusal stands."""
+def columns_too_tall(fd, reason: FuserError) -> Segmentation | None:
+    """The segments of an outer normalization that the outer-persistent kernel cannot run here
+    (its columns too tall for any cluster to keep on chip, most often; `reason` says why), with
+    that reason: two or three sweeps instead of one. None for any other fusion, whose refusal
+    stands."""
+    found = _outer_segments(fd)
+    if found is None:
+        return None
+    return replace(found, refusal=f"one outer-persistent kernel cannot run it here: {reason}")
+
+
+def _outer_segments(fd) -> Segmentation | None:
+    """segment() of an outer normalization (cached per definition), None for any other."""
     try:
         if _info(fd)[0].kind is not Kind.OUTER_NORM:
             return None
     except UnsupportedFusionError:  # refused by the analysis: no size makes it one kernel
         return None
     stamp = (len(fd.fusion.vals), len(fd.fusion.outputs))
-    cached = fd.__dict__.get("_tall_segments")
+    cached = fd.__dict__.get("_outer_segments")
     if cached is None or cached[0] != stamp:
-        refusal = f"one outer-persistent kernel cannot run it here: {reason}"
-        fd._tall_segments = cached = (stamp, replace(segment(fd.fusion, fd.name, reason),
-                                                     refusal=refusal))
+        reason = UnsupportedFusionError("an outer normalization whose columns do not fit")
+        fd._outer_segments = cached = (stamp, segment(fd.fusion, fd.name, reason))
     return cached[1]
 
 

@@ -26,7 +26,13 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from fuser.dtypes import DataType
-from fuser.errors import BadInputError, HintError, ToolchainError, UnsupportedFusionError
+from fuser.errors import (
+    BadInputError,
+    HintError,
+    OutOfResourcesError,
+    ToolchainError,
+    UnsupportedFusionError,
+)
 from fuser.frontend import FusionDefinition
 from fuser.ir import Scalar, Tensor, as_tensor
 
@@ -179,7 +185,7 @@ def explain(
         return _explain_segments(fd, segmentation, shapes, dtypes, spec, hints, cache)
     try:
         return _explain_one(fd, shapes, dtypes, spec, hints, cache)
-    except UnsupportedFusionError as exc:
+    except (UnsupportedFusionError, OutOfResourcesError) as exc:  # HintErrors stand
         segmentation = columns_too_tall(fd, exc)
         if segmentation is None:
             raise

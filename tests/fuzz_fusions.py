@@ -47,7 +47,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from fuser import DataType, FusionDefinition
-from fuser.analysis import analyze
+from fuser.analysis import Kind, analyze
 from fuser.codegen import template_dir
 from fuser.compile import compile_cuda
 from fuser.device import PRESETS, DeviceSpec
@@ -56,7 +56,7 @@ from fuser.ir import Extent, Scalar, Tensor, Val
 from fuser.kernels import _render
 from fuser.ops import ELEMENTWISE, REDUCTIONS
 from fuser.schedulers import Problem, candidates
-from fuser.schedulers.base import PointwiseSchedule, RowSchedule
+from fuser.schedulers.base import OuterSchedule, PointwiseSchedule, RowSchedule
 from fuser.schedulers.finalize import finalize_schedule, needs_finalize
 from fuser.segment import Segmentation, segment
 from fuser.smem import ALIGNMENT, STATIC_SLOT, SmemPlan
@@ -612,10 +612,11 @@ def check_plan(plan: SmemPlan, device: DeviceSpec, what: str) -> None:
         raise PlanViolation(f"{what}: " + "; ".join(problems) + f"\n{plan.table()}")
 
 
-def check_schedule(s: RowSchedule | PointwiseSchedule, problem: Problem,
+def check_schedule(s: RowSchedule | PointwiseSchedule | OuterSchedule, problem: Problem,
                    device: DeviceSpec) -> None:
     """The geometry rules schedules document: vec divides hidden, at most 16 bytes per vector
-    access, a block within the device's thread limit, a row covered, clusters only on sm_90."""
+    access, a block within the device's thread limit, a row covered, clusters only on sm_90
+    (an outer kernel's: whole warps, slabs covering the columns, a block's rows the call's)."""
     problems = []
     if problem.hidden % s.vec:
         problems.append(f"vec {s.vec} does not divide hidden {problem.hidden}")
@@ -630,6 +631,13 @@ def check_schedule(s: RowSchedule | PointwiseSchedule, problem: Problem,
                             f"cluster {s.cluster} does not cover hidden {problem.hidden}")
         if s.threads_per_row & (s.threads_per_row - 1):
             problems.append(f"threads_per_row {s.threads_per_row} is not a power of two")
+    if isinstance(s, OuterSchedule):
+        if s.cluster not in (1, 2, 4, 8, 16) or (s.cluster > 1 and device.arch < 90):
+            problems.append(f"cluster {s.cluster} on sm_{device.arch}")
+        if threads % device.warp_size or s.slab != s.col_lanes * s.vec:
+            problems.append(f"{s.col_lanes} x {s.row_lanes} threads for a slab of {s.slab}")
+        if s.slabs * s.slab < problem.hidden or s.rank_rows * s.cluster < problem.rows:
+            problems.append(f"slabs or rows of the blocks do not cover {problem}")
     if problems:
         raise PlanViolation("schedule: " + "; ".join(problems) + f"\n{s}")
 
@@ -669,11 +677,18 @@ def check_fusion(fd: FusionDefinition, problem: Problem, device: DeviceSpec, nvr
             return check_segments(segment(fd.fusion, fd.name, refusal), problem, device, nvrtc,
                                   where)
         stage = "schedule"
-        sched = next(candidates(info, problem, device), None)
+        try:
+            sched = next(candidates(info, problem, device), None)
+        except UnsupportedFusionError as refusal:
+            if info.kind is not Kind.OUTER_NORM:
+                raise
+            stage = "segmentation"  # what the executor runs where one outer kernel cannot
+            return check_segments(segment(fd.fusion, fd.name, refusal), problem, device, nvrtc,
+                                  where)
         if sched is None:
             raise PlanViolation("schedulers.candidates() yielded nothing and raised nothing")
         final = None
-        if not isinstance(sched, PointwiseSchedule) and needs_finalize(info):
+        if isinstance(sched, RowSchedule) and needs_finalize(info):
             final = finalize_schedule(info, problem, device)
         stage = "plan"
         check_schedule(sched, problem, device)

@@ -135,3 +135,38 @@ def test_column_totals_fold_in_rank_order_with_no_atomics():
     assert "atomic" not in source.split("#include")[1].replace("fm::magic_zero", "")
     assert source.count("fm::cluster_sync()") == 1
     assert "slab.fold_blocks(s_part_T9, s_total_T9, fm::Sum{});" in source
+
+
+def _many_column_sums(count: int) -> FusionDefinition:
+    """x plus x times each of `count` column sums of x scaled or exponentiated: one level of
+    `count` reductions, whose accumulators outgrow a thread's registers."""
+    with FusionDefinition(f"sums{count}") as fd:
+        x = fd.define_tensor([-1, -1], dtype=BF16)
+        xf = fd.ops.cast(x, F)
+        acc = xf
+        for k in range(count):
+            p = fd.ops.mul(xf, float(k + 1)) if k % 2 else fd.ops.exp(fd.ops.mul(xf, 0.1 * k))
+            acc = fd.ops.add(acc, fd.ops.mul(xf, fd.ops.sum(p, [0], keepdim=True)))
+        fd.add_output(fd.ops.cast(acc, BF16))
+    return fd
+
+
+def test_a_kernel_that_spills_is_rebuilt_then_left_to_segments():
+    """16 column sums spill at two blocks per SM and fit at one (255 registers); 24 spill at
+    one too, and run as segments, as they did before the outer kernel existed."""
+    rebuilt = fuser.explain(_many_column_sums(16), [(16384, 4096)])
+    assert isinstance(rebuilt.schedule, OuterSchedule) and rebuilt.schedule.blocks_per_sm == 1
+    assert "rebuilt for 1" in rebuilt.schedule.reason
+    assert not any(r.spills for r in rebuilt.resources.values())
+    cut = fuser.explain(_many_column_sums(24), [(16384, 4096)])
+    assert isinstance(cut, SegmentedExplanation)
+    assert "outer-persistent kernel cannot run it here: every schedule" in str(cut)
+
+
+def test_each_fallback_names_its_own_refusal():
+    fd = FUSIONS["batchnorm_fwd"](BF16)
+    first = fuser.explain(fd, _shapes(fd, (2**21, 64)), device="a100")
+    assert "cluster of 1 block(s)" in str(first.segmentation)
+    second = fuser.explain(fd, _shapes(fd, (2**23, 4096)), device="h200")
+    text = str(second.segmentation)
+    assert "columns of 8388608 rows" in text and "cluster of 16 block(s)" in text

@@ -32,15 +32,16 @@ def schedulers() -> tuple[ModuleType, ...]:
 def candidates(info: FusionInfo, problem: Problem, device: DeviceSpec,
                hints: Hints | None = None):
     """Schedules of the first scheduler that accepts the fusion, best first."""
-    reasons = []
+    reasons = {}
     for module in schedulers():
         reason = module.can_schedule(info, problem, device)
         if reason is None:
             return module.candidates(info, problem, device, hints)
-        reasons.append(f"{module.__name__.rsplit('.', 1)[1]}: {reason}")
+        reasons[module.__name__.rsplit('.', 1)[1]] = reason
     if info.kind is Kind.OUTER_NORM:  # only outer_persistent takes these: its reason alone
-        raise UnsupportedFusionError(reasons[-1])
-    raise UnsupportedFusionError("no scheduler accepts this fusion:\n  " + "\n  ".join(reasons))
+        raise UnsupportedFusionError(f"outer_persistent: {reasons['outer_persistent']}")
+    raise UnsupportedFusionError("no scheduler accepts this fusion:\n  " + "\n  ".join(
+        f"{name}: {reason}" for name, reason in reasons.items()))
 
 
 def schedule(info: FusionInfo, problem: Problem, device: DeviceSpec, hints: Hints | None = None):

@@ -244,14 +244,14 @@ class OuterSchedule:
     scheduler: str
     reason: str
     hidden: int  # columns of the [rows, hidden] tensors
-    rows: int  # most rows a call may have: the shared row buffers hold rank_rows each
+    rows: int  # rows built for (base.problem_rows of the call's): blocks keep rank_rows each
     vec: int  # columns of one vector (one copy, load and store)
     slab: int  # columns a cluster owns: col_lanes x vec
     col_lanes: int  # threads across a slab (blockDim.x)
     row_lanes: int  # threads down the rows (blockDim.y): thread y takes rows y, y + row_lanes, ...
     cluster: int  # blocks sharing a slab's rows (a thread-block cluster from 2, sm_90)
-    rank_rows: int  # rows one block keeps: ceil(rows / cluster)
-    blocks_per_sm: int  # resident blocks the shared memory leaves room for
+    rank_rows: int  # rows one block keeps, ceil(rows / cluster): calls up to cluster x this fit
+    blocks_per_sm: int  # resident blocks its threads, registers and shared memory allow
     smem: SmemPlan
 
     @property

@@ -48,8 +48,8 @@ def can_schedule(info: FusionInfo, problem: Problem, device: DeviceSpec) -> str 
         return f"per-row inputs ({names}) beside column reductions are not supported"
     for e in info.outer_reductions:
         if total_type(e.outputs[0].dtype) not in ("double", "long long"):
-            return (f"{e.op}({e.inputs[0].name}) of {e.outputs[0].dtype.label}: its partials "
-                    "are not folded across a cluster")
+            return (f"{e.op}({e.inputs[0].name}) of {e.outputs[0].dtype.label}: the kernel "
+                    "folds column partials of 8-byte types only (double, Int64)")
     found = _fit(info, problem, device, _clusters(device))
     return found if isinstance(found, str) else None
 
@@ -67,7 +67,7 @@ def candidates(info: FusionInfo, problem: Problem, device: DeviceSpec,
         if hints is not None and hints.cluster is not None:
             fits = [k for k in allowed if not isinstance(_fit(info, problem, device, (k,)), str)]
             raise HintError(f"Hints(cluster={hints.cluster}): {found}; clusters that hold "
-                            f"these rows: {', '.join(map(str, fits)) or 'none'}")
+                            f"these rows: {', '.join(map(str, fits))}")
         raise UnsupportedFusionError(found)
     yield found
 
@@ -107,11 +107,13 @@ def _fit(info: FusionInfo, problem: Problem, device: DeviceSpec,
             schedule = _schedule(info, problem, device, vec, slab, k, rows, segment, threads)
             if schedule.smem.fits and schedule.blocks_per_sm >= blocks:
                 return schedule
-    smallest = _schedule(info, problem, device, vec, _slab(problem.hidden, vec, 1), clusters[-1],
-                         rows, SEGMENT_BYTES[-1], THREADS)
-    return (f"{rows} rows of {len(full)} input(s) do not fit on a cluster of {clusters[-1]} "
-            f"block(s) even {smallest.slab} column(s) wide: {smallest.smem.total} B of shared "
-            f"memory per block, over the {device.smem_per_block_optin} B limit")
+    narrowest = _slab(problem.hidden, vec, max(1, SEGMENT_BYTES[-1] // widest))
+    smallest = _schedule(info, problem, device, vec, narrowest, clusters[-1], rows,
+                         SEGMENT_BYTES[-1], THREADS)
+    return (f"columns of {rows} rows (the call's, rounded up as kernels are built) of "
+            f"{len(full)} input(s) do not fit on a cluster of {clusters[-1]} block(s) even "
+            f"{smallest.slab} column(s) wide: {smallest.smem.total} B of shared memory per "
+            f"block, over the {device.smem_per_block_optin} B limit")
 
 
 def _slab(hidden: int, vec: int, columns: int) -> int:
