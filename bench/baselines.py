@@ -47,6 +47,10 @@ def log_softmax_fwd(x):
     return (x.float().log_softmax(1).to(x.dtype),)
 
 
+def softmax_dim0_fwd(x):
+    return (x.float().softmax(0).to(x.dtype),)
+
+
 def dropout_rmsnorm_fwd(in1, in2, mask, w):
     scale = 1.0 / (1.0 - DROPOUT_P)
     x = in2.float() + mask.float() * in1.float() * scale
@@ -189,6 +193,7 @@ FORMULAS = {
     "geglu_bwd": _glu_bwd(_gelu_tanh),
     "batchnorm_fwd": batchnorm_fwd,
     "batchnorm_bwd": batchnorm_bwd,
+    "softmax_dim0_fwd": softmax_dim0_fwd,
 }
 
 
@@ -224,6 +229,9 @@ def eager(name: str, inputs: list):
     if name == "log_softmax_fwd":
         (x,) = inputs
         return lambda: (torch.log_softmax(x, 1),)
+    if name == "softmax_dim0_fwd":
+        (x,) = inputs
+        return lambda: (torch.softmax(x, 0),)
     if name == "dropout_rmsnorm_fwd":
         in1, in2, mask, w = inputs
         scale = 1.0 / (1.0 - DROPOUT_P)

@@ -69,6 +69,7 @@ SHAPE_BYTES = {
     # x, y | | w, b; mean and rstd are fp32 columns: 8 bytes each whatever the dtype
     "batchnorm_fwd": (lambda s: 2 * s, 0, 2, 8),
     "batchnorm_bwd": (lambda s: 3 * s, 0, 3, 8),  # x, dy, dx | | w, dw, db; mean, rstd
+    "softmax_dim0_fwd": (lambda s: 2 * s, 0, 0),  # x, y
 }
 
 

@@ -343,7 +343,8 @@ def geglu_bwd(dtype: DataType = DataType.BFloat16) -> FusionDefinition:
     return _glu_bwd("tanh", "geglu_bwd", dtype)
 
 
-# ----- normalization over the rows, per column: several kernels (fuser.segment) ---------------
+# ----- normalization over the rows, per column: one outer-persistent kernel (segments where the
+# columns are too tall for it) ----------------------------------------------------------------
 
 
 def batchnorm_fwd(dtype: DataType = DataType.BFloat16, eps: float = 1e-5) -> FusionDefinition:
@@ -358,6 +359,16 @@ def batchnorm_fwd(dtype: DataType = DataType.BFloat16, eps: float = 1e-5) -> Fus
         fd.add_output(fd.ops.cast(y, dtype))
         fd.add_output(mean)
         fd.add_output(rstd)
+    return fd
+
+
+def softmax_dim0_fwd(dtype: DataType = DataType.BFloat16) -> FusionDefinition:
+    """x [N, C] -> softmax over the rows (dim 0), each column max-subtracted."""
+    with FusionDefinition("softmax_dim0_fwd") as fd:
+        x = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=dtype)
+        xf = fd.ops.cast(x, F32)
+        e = fd.ops.exp(fd.ops.sub(xf, fd.ops.max(xf, dims=[0], keepdim=True)))
+        fd.add_output(fd.ops.cast(fd.ops.div(e, fd.ops.sum(e, dims=[0], keepdim=True)), dtype))
     return fd
 
 
@@ -408,10 +419,11 @@ ACTIVATIONS = {
     "geglu_fwd": geglu_fwd,
     "geglu_bwd": geglu_bwd,
 }
-# Normalizations over the rows, per column: segmented into several kernels.
+# Normalizations over the rows, per column: one outer-persistent kernel each.
 COLUMN_FUSIONS = {
     "batchnorm_fwd": batchnorm_fwd,
     "batchnorm_bwd": batchnorm_bwd,
+    "softmax_dim0_fwd": softmax_dim0_fwd,
 }
 FUSIONS = {**ROW_FUSIONS, **ACTIVATIONS, **COLUMN_FUSIONS}  # every ready fusion, by name
 
@@ -428,7 +440,7 @@ def make_inputs(name: str, rows: int, hidden: int, dtype: DataType, rng: np.rand
     x = randn(rows, hidden)
     w = (1.0 + 0.1 * randn(hidden)).astype(storage)
     bias = (0.1 * randn(hidden)).astype(storage)
-    if name in ("rmsnorm_fwd", "softmax_fwd", "log_softmax_fwd"):
+    if name in ("rmsnorm_fwd", "softmax_fwd", "log_softmax_fwd", "softmax_dim0_fwd"):
         return [x.astype(storage), w] if name == "rmsnorm_fwd" else [x.astype(storage)]
     if name in ("layernorm_fwd", "batchnorm_fwd"):
         return [x.astype(storage), w, bias]

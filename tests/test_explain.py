@@ -64,13 +64,14 @@ def test_explain_gives_the_schedule_build_gives(name):
     assert f"=== {name}  [1000 x 4096]  " in text and "  on H200 " in text
 
 
-@pytest.mark.parametrize(("name", "segments"), [("batchnorm_fwd", 3), ("batchnorm_bwd", 2)])
+@pytest.mark.parametrize(("name", "segments"), [("batchnorm_fwd", 3), ("batchnorm_bwd", 2),
+                                              ("softmax_dim0_fwd", 3)])
 def test_column_normalizations_are_explained_segment_by_segment(name, segments):
     """One outer-persistent kernel where the columns fit on chip; past that BatchNorm forward
     runs the column means, then the variances about them, then the normalization, and
     backward the two column sums, then grad_x. Each segment compiles for the H200 without
     spills."""
-    assert set(COLUMN_FUSIONS) == {"batchnorm_fwd", "batchnorm_bwd"}
+    assert set(COLUMN_FUSIONS) == {"batchnorm_fwd", "batchnorm_bwd", "softmax_dim0_fwd"}
     fd = FUSIONS[name](BF16)
     one = fuser.explain(fd, _ready_shapes(fd, 1000, 4096), device="h200")
     assert isinstance(one, Explanation) and one.info.kind.name == "OUTER_NORM"

@@ -91,7 +91,7 @@ def test_every_preset_runs_one_kernel_or_segments(preset):
 @pytest.mark.parametrize("dtype", [BF16, DataType.Half, F], ids=lambda d: d.name)
 @pytest.mark.parametrize("shape", [(1, 1), (7, 3), (1000, 4099), (30000, 24), (4096, 4096)],
                          ids=str)
-@pytest.mark.parametrize("name", ["batchnorm_fwd", "batchnorm_bwd"])
+@pytest.mark.parametrize("name", ["batchnorm_fwd", "batchnorm_bwd", "softmax_dim0_fwd"])
 def test_kernels_compile_without_spills(name, shape, dtype):
     fd = FUSIONS[name](dtype)
     report = fuser.explain(fd, _shapes(fd, shape))
