@@ -7,7 +7,9 @@ owns a slab, each of its blocks a share of the rows in shared memory. A block fo
 per column, the cluster folds its blocks' partials in rank order through distributed shared
 memory, and the outputs are computed from the rows still held. A slab is as wide as its
 rows' shared memory allows: SEGMENT_BYTES of each row, widest first, over as few blocks as
-hold them. Columns too tall for any cluster are left to segmentation (two sweeps, segment.py).
+hold them. Columns too tall for any cluster, like kernels that spill or clusters the driver
+cannot keep resident, are left to the segments (fuser/segment.py: a sweep per level, the
+executor's columns_too_tall).
 """
 
 from __future__ import annotations
@@ -125,14 +127,16 @@ def _slab(hidden: int, vec: int, columns: int) -> int:
 
 def _schedule(info: FusionInfo, problem: Problem, device: DeviceSpec, vec: int, slab: int,
               cluster: int, rows: int, segment: int, threads: int) -> OuterSchedule:
+    """The schedule of a slab of `slab` columns over `cluster` blocks, at most `threads` a
+    block (fewer where the rows are few, never less than a warp)."""
     col_lanes = slab // vec
     rank_rows = ceil_div(rows, cluster)
     row_lanes = max(1, min(threads // col_lanes, next_pow2(rank_rows)))
     row_lanes = max(row_lanes, ceil_div(device.warp_size, col_lanes))  # whole warps
     plan = _smem(info, slab, col_lanes, row_lanes, rank_rows, device)
-    threads = col_lanes * row_lanes
-    blocks = min(device.max_blocks_per_sm, device.max_threads_per_sm // threads,
-                 device.regs_per_sm // (threads * REGISTERS),
+    block = col_lanes * row_lanes
+    blocks = min(device.max_blocks_per_sm, device.max_threads_per_sm // block,
+                 device.regs_per_sm // (block * REGISTERS),
                  device.smem_per_sm // (plan.total + device.reserved_smem_per_block))
     where = f"cluster of {cluster}" if cluster > 1 else "one block"
     reason = (f"{segment}-byte row segments: {rank_rows} rows x {slab} columns per block, "
