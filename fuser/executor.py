@@ -482,7 +482,8 @@ def execute(fd, inputs: list, *, device=None, hints: Hints | None = None):
     except TypeError:  # an unhashable input: the full checks will name it
         key, plan = None, None
     if plan is None:
-        # Only a fusion one kernel chain runs has plans: a cached one skips this question.
+        # A fusion one kernel chain runs has plans (a cached one skips this question); so has
+        # an outer normalization that runs its segments at these shapes (columns_too_tall).
         segmentation = segments_of(fd)
         if segmentation is not None:
             return _execute_segments(fd, segmentation, inputs, device, hints)

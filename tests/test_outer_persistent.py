@@ -170,3 +170,30 @@ def test_each_fallback_names_its_own_refusal():
     second = fuser.explain(fd, _shapes(fd, (2**23, 4096)), device="h200")
     text = str(second.segmentation)
     assert "columns of 8388608 rows" in text and "cluster of 16 block(s)" in text
+
+
+def test_a_call_the_outer_kernel_cannot_run_runs_the_segments_and_remembers(monkeypatch):
+    """execute(): where planning the outer kernel raises (too tall, spills, a cluster the
+    driver cannot keep resident), the call runs the segments, and the next call of the same
+    signature goes straight to them; any other fusion's refusal stands."""
+    import numpy as np
+
+    from fuser import OutOfResourcesError, executor
+
+    calls = []
+
+    def refused(fd, inputs, device, hints):
+        calls.append("plan")
+        raise OutOfResourcesError("clusters of 16 blocks cannot be resident (a test)")
+
+    monkeypatch.setattr(executor, "_plan", refused)
+    monkeypatch.setattr(executor, "_execute_segments",
+                        lambda fd, seg, inputs, device, hints: ("segments", seg))
+    fd = _fd("batch_norm")
+    inputs = [np.zeros((8, 4), np.float32), np.zeros(4, np.float32), np.zeros(4, np.float32)]
+    ran, segmentation = executor.execute(fd, inputs)
+    assert ran == "segments" and len(segmentation.segments) == 3
+    assert "cannot be resident (a test)" in str(segmentation)
+    assert executor.execute(fd, inputs)[0] == "segments" and calls == ["plan"]
+    with pytest.raises(OutOfResourcesError, match="a test"):
+        executor.execute(FUSIONS["rmsnorm_fwd"](BF16), [np.zeros((8, 4), np.float32)])
