@@ -65,8 +65,8 @@ class FusionInfo:
     outer_reductions: tuple[Expr, ...]
     level: dict  # Val -> number of inner-reduction levels it waits for (0: none)
     after_outer: frozenset  # Vals computed from an outer reduction (finalize kernel)
-    # OUTER_NORM: the outer reductions by dependency level (level k reduces values computed
-    # from level k - 1's results); one level of every outer reduction otherwise
+    # the outer reductions by dependency level (level k reduces values computed from level
+    # k - 1's results): more than one only in an OUTER_NORM fusion
     outer_levels: tuple[tuple[Expr, ...], ...]
     persistent: tuple[Tensor, ...]  # full inputs read in more than one phase of a row
 
@@ -284,8 +284,7 @@ def analyze(fusion: Fusion) -> FusionInfo:
         outer_reductions=tuple(outer),
         level=level,
         after_outer=frozenset(reductions.after_outer),
-        outer_levels=(reductions.outer_levels() if kind is Kind.OUTER_NORM
-                      else (tuple(outer),) if outer else ()),
+        outer_levels=reductions.outer_levels(),
         persistent=tuple(t for t in full_inputs
                          if _phases_using(t, lowered, level, inner_exprs) > 1),
     )

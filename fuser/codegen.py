@@ -36,7 +36,6 @@ from fuser.signature import (
     Signature,
     accumulator_type,
     finalize_signature,
-    outer_signature,
     pointwise_signature,
     row_signature,
 )
@@ -177,7 +176,7 @@ def _render_finalize(signature: Signature, info: FusionInfo, schedule: FinalizeS
 
 
 def render_outer(name: str, info: FusionInfo, schedule: OuterSchedule) -> KernelSource:
-    signature = outer_signature(info, f"{name}_outer")
+    signature = pointwise_signature(info, f"{name}_outer")
     context = outer_context(info, schedule)
     context.update(header=_header(name, info, [schedule]), entry=signature.entry,
                    params=signature.params)

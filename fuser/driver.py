@@ -68,7 +68,6 @@ _out_int, _out_ptr = ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_void_
 #: The entry points fuser calls, with their C parameter types (each returns a CUresult).
 _SIGNATURES = {
     "cuInit": [_uint],
-    "cuDeviceGetCount": [_out_int],
     "cuDeviceGet": [_out_int, _int],
     "cuDeviceGetAttribute": [_out_int, _int, _int],
     "cuDeviceGetName": [ctypes.c_char_p, _int, _int],
@@ -143,9 +142,6 @@ class Driver:
         return value.value
 
     # ----- devices and contexts -----
-
-    def device_count(self) -> int:
-        return self._int("cuDeviceGetCount", "counting the devices")
 
     def device_attribute(self, device_id: int, attribute: int) -> int:
         return self._int("cuDeviceGetAttribute", f"reading attribute {attribute} of device "

@@ -17,9 +17,10 @@ import contextlib
 import ctypes
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
+from typing import TypeVar
 
 import numpy as np
 
@@ -52,11 +53,13 @@ from fuser.schedulers.base import (
     ceil_div,
     problem_rows,
 )
+from fuser.schedulers.hints import PORTABLE_CLUSTER
 from fuser.segment import Segmentation, segment
 from fuser.shapes import bind_shapes
 from fuser.signature import KernelSource, Signature, Source, workspace_dtype
 from fuser.tickets import counters as ticket_counters
 
+T = TypeVar("T")
 PER_THREAD_STREAM = 2  # cudaStreamPerThread: the same handle in every thread
 
 
@@ -227,7 +230,8 @@ def _checked_functions(name: str, built, module: int, device: DeviceSpec
         functions[entry] = gpu.allow_dynamic_smem(fn, plan.dynamic_bytes)
     s = built.schedule
     row = functions[built.source.row_entry]
-    if isinstance(s, OuterSchedule) and s.cluster > PORTABLE_CLUSTER:
+    clustered = isinstance(s, RowSchedule | OuterSchedule) and s.cluster > 1
+    if clustered and s.cluster > PORTABLE_CLUSTER:
         gpu.allow_large_clusters(row)
     occupancy = gpu.max_active_blocks(row, s.threads, s.smem.dynamic_bytes)
     if occupancy < 1:
@@ -236,12 +240,10 @@ def _checked_functions(name: str, built, module: int, device: DeviceSpec
             f"registers per thread, {s.smem.dynamic_bytes} B dynamic shared memory per block"
         )
     groups = occupancy * device.sm_count
-    if isinstance(s, RowSchedule | OuterSchedule) and s.cluster > 1:
+    if clustered:
         groups = _max_active_clusters(row, s)
     return functions, occupancy, groups
 
-
-PORTABLE_CLUSTER = 8  # blocks of a cluster every sm_90 device runs; more need the attribute
 
 _SIZE_CTYPES = {Source.ROWS: ctypes.c_int64, Source.PARTIAL_ROWS: ctypes.c_int32}
 # A call's launch arguments by source: _run builds one tuple in this order, and Kernel.arguments
@@ -335,7 +337,7 @@ def _launch(kernel: Kernel, rows: int, device: DeviceSpec) -> tuple[Launch, Laun
         # swiglu_bwd 0.86-0.88 -> 0.98-1.00 of the copy, geglu_fwd 0.96 -> 1.00).
         vectors = rows * (s.hidden // s.vec)
         grid = max(1, min(ceil_div(vectors, s.threads * s.unroll), device.max_grid_x))
-        return Launch(grid, (s.threads, 1), 0, 0), None
+        return Launch(grid, _block(s), 0, 0), None
     if isinstance(s, OuterSchedule):
         # A cluster per slab of columns; each block keeps at most rank_rows of its rows.
         if ceil_div(rows, s.cluster) > s.rank_rows:
@@ -350,8 +352,7 @@ def _launch(kernel: Kernel, rows: int, device: DeviceSpec) -> tuple[Launch, Laun
     clusters = max(1, min(groups, most))
     grid = clusters * s.cluster
     partial_rows = clusters * s.partial_rows_per_block if kernel.finalize is not None else 0
-    launch = Launch(grid, (s.threads_per_row, s.rows_per_block), s.smem.dynamic_bytes,
-                    partial_rows)
+    launch = Launch(grid, _block(s), s.smem.dynamic_bytes, partial_rows)
     final = None
     if kernel.finalize is not None:
         f = kernel.finalize
@@ -461,9 +462,9 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
     kernel = get_kernel(fd, Problem(hidden, problem_rows(info, rows), align), spec, device_id,
                         hints)
     launch, final = _launch(kernel, rows, spec)
-    partials = tuple(((max(launch.partial_rows, 1), hidden),
-                      workspace_dtype(e.outputs[0].dtype))
-                     for e in info.outer_reductions if final is not None)
+    partials = () if final is None else tuple(
+        ((max(launch.partial_rows, 1), hidden), workspace_dtype(e.outputs[0].dtype))
+        for e in info.outer_reductions)
     scalar_types = {i: (v, v.dtype.scalar_numpy.type) for i, v in enumerate(fusion.inputs)
                     if isinstance(v, Scalar)}
     counted = (isinstance(kernel.schedule, RowSchedule)
@@ -487,12 +488,7 @@ def execute(fd, inputs: list, *, device=None, hints: Hints | None = None):
         segmentation = segments_of(fd)
         if segmentation is not None:
             return _execute_segments(fd, segmentation, inputs, device, hints)
-        try:
-            plan = _plan(fd, inputs, device, hints)
-        except (UnsupportedFusionError, OutOfResourcesError) as exc:  # HintErrors stand
-            plan = columns_too_tall(fd, exc)
-            if plan is None:
-                raise
+        plan = planned(fd, lambda: _plan(fd, inputs, device, hints))
         if key is not None:
             if len(plans) >= MAX_PLANS:
                 plans.pop(next(iter(plans)))
@@ -503,7 +499,9 @@ def execute(fd, inputs: list, *, device=None, hints: Hints | None = None):
     if any(p % plan.align for i, p in pointers.items() if i in plan.kernel.vector_inputs):
         # Same shapes, but an input starts at an address the cached kernel cannot load with
         # its vector width (a view at an offset): plan this call on its own.
-        plan = _plan(fd, inputs, device, hints)
+        plan = planned(fd, lambda: _plan(fd, inputs, device, hints))
+        if isinstance(plan, Segmentation):
+            return _execute_segments(fd, plan, inputs, device, hints)
     outputs = _run(plan, inputs, pointers)
     fd._last_run = plan.run
     return outputs
@@ -551,6 +549,21 @@ def segments_of(fd, tall_columns: bool = False) -> Segmentation | None:
     if cached[1] is None and tall_columns:
         return _outer_segments(fd)
     return cached[1]
+
+
+def planned(fd, plan: Callable[[], T]) -> T | Segmentation:
+    """plan(), or where it raises for an outer normalization (its columns too tall for the
+    outer-persistent kernel, a kernel that spills, a cluster the driver cannot keep resident)
+    the segments that run it instead (columns_too_tall); explain() and execute() both ask
+    here. A HintError stands; hints given to a fusion that runs as segments are refused
+    there (Segmentation.hint_error), the refusal that made it segments named."""
+    try:
+        return plan()
+    except (UnsupportedFusionError, OutOfResourcesError) as exc:
+        segmentation = columns_too_tall(fd, exc)
+        if segmentation is None:
+            raise
+        return segmentation
 
 
 def columns_too_tall(fd, reason: FuserError) -> Segmentation | None:

@@ -26,13 +26,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from fuser.dtypes import DataType
-from fuser.errors import (
-    BadInputError,
-    HintError,
-    OutOfResourcesError,
-    ToolchainError,
-    UnsupportedFusionError,
-)
+from fuser.errors import BadInputError, HintError, ToolchainError
 from fuser.frontend import FusionDefinition
 from fuser.ir import Scalar, Tensor, as_tensor
 
@@ -171,7 +165,7 @@ def explain(
     scheduling and compiling raise (UnsupportedFusionError, HintError, OutOfResourcesError).
     """
     from fuser.device import DeviceSpec
-    from fuser.executor import columns_too_tall, segments_of
+    from fuser.executor import planned, segments_of
 
     if not isinstance(fd, FusionDefinition):
         raise BadInputError(
@@ -183,13 +177,10 @@ def explain(
     segmentation = segments_of(fd)
     if segmentation is not None:
         return _explain_segments(fd, segmentation, shapes, dtypes, spec, hints, cache)
-    try:
-        return _explain_one(fd, shapes, dtypes, spec, hints, cache)
-    except (UnsupportedFusionError, OutOfResourcesError) as exc:  # HintErrors stand
-        segmentation = columns_too_tall(fd, exc)
-        if segmentation is None:
-            raise
-        return _explain_segments(fd, segmentation, shapes, dtypes, spec, hints, cache)
+    found = planned(fd, lambda: _explain_one(fd, shapes, dtypes, spec, hints, cache))
+    if isinstance(found, Explanation):
+        return found
+    return _explain_segments(fd, found, shapes, dtypes, spec, hints, cache)
 
 
 def _explain_one(fd: FusionDefinition, shapes, dtypes, spec: DeviceSpec, hints: Hints | None,

@@ -153,7 +153,7 @@ def _planned(cache: KernelCache, key: str, name: str, info: FusionInfo,
     except ValueError:
         cache.discard_plan(key)
         return None
-    compiled = cache.get_or_compile(source.source, name, device.arch, (str(template_dir()),))
+    compiled = cache.get_or_compile(*_cache_args(source, name, device))
     if compiled.resource(source.row_entry).spills:
         cache.discard_plan(key)
         return None
@@ -260,16 +260,22 @@ def _next_batch(order: Iterator[_Attempt], width: int, budget: BuildBudget,
 
 def _held(cache: KernelCache, name: str, device: DeviceSpec) -> Callable[[_Attempt], bool]:
     def held(attempt: _Attempt) -> bool:
-        return cache.holds(attempt.source.source, name, device.arch, (str(template_dir()),))
+        return cache.holds(*_cache_args(attempt.source, name, device))
 
     return held
+
+
+def _cache_args(source: KernelSource, name: str, device: DeviceSpec) -> tuple:
+    """What the kernel cache keys a module on, in the order its methods take: the source, the
+    name, the arch and the include folders (the templates')."""
+    return source.source, name, device.arch, (str(template_dir()),)
 
 
 def _cubin_file(cache: KernelCache, source: KernelSource, name: str,
                 device: DeviceSpec) -> Callable[[], str]:
     """Built.cubin_file: the cache writes the file when it is first asked for."""
     def cubin_file() -> str:
-        return cache.cubin_file(source.source, name, device.arch, (str(template_dir()),))
+        return cache.cubin_file(*_cache_args(source, name, device))
 
     return cubin_file
 
@@ -279,8 +285,8 @@ def _compiled(batch: list[_Attempt | Exception], name: str, device: DeviceSpec,
     """Per item of `batch`, a function returning its module, raising its
     compile error: one compile runs here, several run in threads; those still running when
     the build has its answer finish in the background (into the cache)."""
-    jobs = [(a.source.source, name, device.arch, (str(template_dir()),))
-            if isinstance(a, _Attempt) else None for a in batch]
+    jobs = [_cache_args(a.source, name, device) if isinstance(a, _Attempt) else None
+            for a in batch]
     one_by_one = [functools.partial(cache.get_or_compile, *job) if job else _never
                   for job in jobs]
     if sum(job is not None for job in jobs) <= 1 or sys.is_finalizing():

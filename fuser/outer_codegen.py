@@ -11,22 +11,21 @@ from __future__ import annotations
 import textwrap
 
 from fuser.analysis import FusionInfo, Role
-from fuser.emit import Emitter, convert, ctype, scalar_prologue, used_lines
+from fuser.emit import Emitter, ctype, element_env, input_tensors, scalar_prologue, used_lines
 from fuser.ir import Expr, Val
-from fuser.ops import REDUCTIONS
+from fuser.row_codegen import reduction
 from fuser.schedulers.base import OuterSchedule
 from fuser.schedulers.finalize import total_type
+from fuser.schedulers.outer_persistent import FOLD_BUFFERS, fold_buffer, tile_buffer
 
 
 class _Columns:
     """The column values known so far (C++ expressions of element i of the thread's
     columns), and the statements that compute more of them."""
 
-    def __init__(self, info: FusionInfo, scalar_env: dict[Val, str]):
+    def __init__(self, info: FusionInfo, env: dict[Val, str]):
         self.info = info
-        self.env = dict(scalar_env)
-        for t in info.col_inputs:
-            self.env[t] = f"fm::to_compute(c_{t.name}.v[i])"
+        self.env = env  # scalars and column inputs to start with
 
     def hoist(self, targets, elements: dict[Val, str]) -> dict:
         """Column values the element statements for `targets` read: computed here, once per
@@ -64,21 +63,24 @@ class _Columns:
 
 
 def _reduction(e: Expr, value: str) -> dict:
-    out = e.outputs[0]
-    return {"name": out.name, "ctype": ctype(out), "total": total_type(out.dtype),
-            "functor": REDUCTIONS[e.op].functor,
-            "value": convert(value, ctype(e.inputs[0]), ctype(out))}
+    """row_codegen.reduction's record, with the names of the fold's shared buffers (lanes,
+    part, total: their type, the fold's total type, is the buffers')."""
+    return {**reduction(e, value), "name": e.outputs[0].name,
+            **{use: fold_buffer(use, e) for use in FOLD_BUFFERS}}
 
 
-def _rows_read(info: FusionInfo, emitter: Emitter) -> list[str]:
-    return [t.name for t in info.full_inputs if t in emitter.used]
+def _rows_read(info: FusionInfo, emitter: Emitter) -> list[dict]:
+    """The full inputs the emitted statements read, and their shared buffers."""
+    return [{"name": t.name, "buffer": tile_buffer(t)}
+            for t in input_tensors(info, emitter.used)[0]]
 
 
 def outer_context(info: FusionInfo, s: OuterSchedule) -> dict:
     """Everything outer_kernel.cu.j2 places but the header and the signature."""
     scalar_lines, scalar_env = scalar_prologue(info)
-    elements: dict[Val, str] = {t: f"fm::to_compute(x_{t.name}.v[i])" for t in info.full_inputs}
-    columns = _Columns(info, scalar_env)
+    env = element_env(info, scalar_env)
+    elements: dict[Val, str] = {t: env.pop(t) for t in info.full_inputs}
+    columns = _Columns(info, env)
     levels: list[dict] = []
     for k, level in enumerate(info.outer_levels):
         operands = [e.inputs[0] for e in level]
@@ -115,7 +117,7 @@ def outer_context(info: FusionInfo, s: OuterSchedule) -> dict:
         "s": s,
         "smem": [{"name": b.name, "offset": b.offset, "purpose": b.purpose,
                   "ctype": types[b.name]} for b in s.smem.buffers],
-        "tiles": [t.name for t in info.full_inputs],
+        "tiles": [{"name": t.name, "buffer": tile_buffer(t)} for t in info.full_inputs],
         "columns": [{"name": t.name, "ctype": t.dtype.cuda_type} for t in info.col_inputs],
         "scalar_lines": used_lines(scalar_lines, readers),
         "levels": levels,
@@ -126,10 +128,10 @@ def outer_context(info: FusionInfo, s: OuterSchedule) -> dict:
 def _buffer_types(info: FusionInfo) -> dict[str, str]:
     """The C++ type of each buffer outer_persistent plans: a tile holds its input's type, a
     fold buffer its reduction's total type."""
-    types = {f"s_{t.name}": t.dtype.cuda_type for t in info.full_inputs}
+    types = {tile_buffer(t): t.dtype.cuda_type for t in info.full_inputs}
     for e in info.outer_reductions:
-        for use in ("lanes", "part", "total"):
-            types[f"s_{use}_{e.outputs[0].name}"] = total_type(e.outputs[0].dtype)
+        types.update({fold_buffer(use, e): total_type(e.outputs[0].dtype)
+                      for use in FOLD_BUFFERS})
     return types
 
 

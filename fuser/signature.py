@@ -107,20 +107,12 @@ def finalize_signature(info: FusionInfo, entry: str) -> Signature:
 
 
 def pointwise_signature(info: FusionInfo, entry: str) -> Signature:
-    """The pointwise kernel: every tensor input, every output, scalar inputs, the row count."""
+    """The pointwise kernel, and the outer-persistent one (whose fusions have no per-row
+    inputs or outputs): every tensor input, every output, scalar inputs, the row count."""
     outputs = (*info.outputs(Role.FULL), *info.outputs(Role.COL), *info.outputs(Role.ROW))
     params = (_inputs(info, (*info.full_inputs, *info.col_inputs, *info.row_inputs,
                              *info.value_inputs))
               + _outputs(info, outputs) + _scalars(info) + [ROWS])
-    return Signature(entry, tuple(params))
-
-
-def outer_signature(info: FusionInfo, entry: str) -> Signature:
-    """The outer-persistent kernel: row, column and single-value inputs, full and column
-    outputs, scalar inputs, the row count."""
-    params = (_inputs(info, (*info.full_inputs, *info.col_inputs, *info.value_inputs))
-              + _outputs(info, (*info.outputs(Role.FULL), *info.outputs(Role.COL)))
-              + _scalars(info) + [ROWS])
     return Signature(entry, tuple(params))
 
 

@@ -40,16 +40,17 @@ __device__ __forceinline__ long long peer_load(const long long* local, unsigned 
 // blocks (or by one block): the block of rank k keeps rows [k * share, (k + 1) * share) of it,
 // share = ceil(n_rows / CLUSTER). Thread (tx, ty) owns the VEC columns from col and visits
 // the rows ty, ty + ROW_LANES, ... of its block.
-template <int H_, int VEC_, int LANES_, int ROW_LANES_, int CLUSTER_>
+template <int H_, int VEC_, int LANES_, int ROW_LANES_, int GROUPS_, int CLUSTER_>
 struct ColumnSlab {
   static constexpr int H = H_, VEC = VEC_, LANES = LANES_, ROW_LANES = ROW_LANES_;
-  static constexpr int CLUSTER = CLUSTER_;
+  static constexpr int GROUPS = GROUPS_, CLUSTER = CLUSTER_;
   static constexpr int W = LANES * VEC;
   static constexpr int THREADS = LANES * ROW_LANES;
-  // A warp holds SPAN row lanes of each column lane, folded by shuffles; GROUPS are left.
+  // A warp holds SPAN row lanes of each column lane, folded by shuffles; the GROUPS left (rows
+  // of the lanes buffers, as the shared-memory plan sized them) are folded through them.
   static constexpr int SPAN = LANES < 32 ? 32 / LANES : 1;
-  static constexpr int GROUPS = ROW_LANES / SPAN;
   static_assert(THREADS % 32 == 0 && ROW_LANES % SPAN == 0, "whole warps of whole spans");
+  static_assert(GROUPS == ROW_LANES / SPAN, "the planned lanes buffers hold every group");
 
   int tx, ty;
   unsigned rank;   // the block's rank in its cluster (0 without one)

@@ -11,6 +11,7 @@ from test_segment import _fd
 import fuser
 from fuser import DataType, FusionDefinition, HintError, UnsupportedFusionError
 from fuser.analysis import Kind, analyze
+from fuser.cli import shapes_of
 from fuser.device import PRESETS, DeviceSpec
 from fuser.executor import columns_too_tall
 from fuser.explain import Explanation, SegmentedExplanation
@@ -22,15 +23,6 @@ from fuser.smem import STATIC_SLOT
 
 BF16, F = DataType.BFloat16, DataType.Float
 H200 = DeviceSpec.get("h200")
-
-
-def _shapes(fd: FusionDefinition, shape: tuple[int, ...]) -> list:
-    """`shape` for the fusion's full inputs, its last extent for [hidden] ones."""
-    out = []
-    for v in fd.fusion.inputs:
-        dims = getattr(v, "dims", None)
-        out.append(None if dims is None else shape if len(dims) == len(shape) else shape[-1:])
-    return out
 
 
 @pytest.mark.parametrize(("name", "levels"), [("batchnorm_fwd", [["sum"], ["sum"]]),
@@ -70,7 +62,7 @@ def test_the_widest_slab_over_the_fewest_blocks(rows, hidden, cluster, slab, blo
     assert s.slabs * s.slab >= hidden > (s.slabs - 1) * s.slab
     tile = s.smem.buffer("s_T0")
     assert tile.nbytes == s.rank_rows * s.slab * 2 and tile.offset == 0
-    groups = fold_groups(s.col_lanes, s.row_lanes)
+    groups = fold_groups(s.col_lanes, s.row_lanes, H200.warp_size)
     assert s.smem.buffer("s_lanes_T5").nbytes == groups * s.slab * 8
     assert s.smem.static_slot == STATIC_SLOT and s.smem.fits
 
@@ -78,11 +70,11 @@ def test_the_widest_slab_over_the_fewest_blocks(rows, hidden, cluster, slab, blo
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_every_preset_runs_one_kernel_or_segments(preset):
     fd = FUSIONS["batchnorm_bwd"](BF16)
-    small = fuser.explain(fd, _shapes(fd, (1000, 1000)), device=preset)
+    small = fuser.explain(fd, shapes_of(fd, 1000, 1000), device=preset)
     assert isinstance(small, Explanation) and isinstance(small.schedule, OuterSchedule)
     if DeviceSpec.get(preset).arch < 90:
         assert small.schedule.cluster == 1
-    tall = fuser.explain(fd, _shapes(fd, (2**21, 64)), device=preset)
+    tall = fuser.explain(fd, shapes_of(fd, 2**21, 64), device=preset)
     assert isinstance(tall, SegmentedExplanation)
     assert "outer-persistent kernel cannot run it here" in str(tall)
     assert "do not fit on a cluster" in str(tall)
@@ -94,7 +86,7 @@ def test_every_preset_runs_one_kernel_or_segments(preset):
 @pytest.mark.parametrize("name", ["batchnorm_fwd", "batchnorm_bwd", "softmax_dim0_fwd"])
 def test_kernels_compile_without_spills(name, shape, dtype):
     fd = FUSIONS[name](dtype)
-    report = fuser.explain(fd, _shapes(fd, shape))
+    report = fuser.explain(fd, shapes_of(fd, *shape))
     assert isinstance(report.schedule, OuterSchedule)
     for resources in report.resources.values():
         assert not resources.spills, resources
@@ -104,7 +96,7 @@ def test_kernels_compile_without_spills(name, shape, dtype):
 @pytest.mark.parametrize("cluster", [1, 2, 4, 8, 16])
 def test_a_cluster_hint_is_honoured(cluster):
     fd = FUSIONS["batchnorm_fwd"](BF16)
-    report = fuser.explain(fd, _shapes(fd, (1000, 520)), hints=Hints(cluster=cluster))
+    report = fuser.explain(fd, shapes_of(fd, 1000, 520), hints=Hints(cluster=cluster))
     assert report.schedule.cluster == cluster
     assert f"__cluster_dims__({cluster}, 1, 1)" in report.source or cluster == 1
 
@@ -118,7 +110,7 @@ def test_a_cluster_hint_is_honoured(cluster):
 def test_other_hints_are_refused_naming_what_is_allowed(hints, message):
     fd = FUSIONS["batchnorm_fwd"](BF16)
     with pytest.raises(HintError, match=message):
-        fuser.explain(fd, _shapes(fd, (16384, 1024)), hints=hints)
+        fuser.explain(fd, shapes_of(fd, 16384, 1024), hints=hints)
 
 
 def test_only_an_outer_normalization_falls_back_to_segments():
@@ -131,7 +123,7 @@ def test_only_an_outer_normalization_falls_back_to_segments():
 
 def test_column_totals_fold_in_rank_order_with_no_atomics():
     fd = FUSIONS["batchnorm_bwd"](BF16)
-    source = fuser.explain(fd, _shapes(fd, (4096, 16384))).source
+    source = fuser.explain(fd, shapes_of(fd, 4096, 16384)).source
     assert "atomic" not in source.split("#include")[1].replace("fm::magic_zero", "")
     assert source.count("fm::cluster_sync()") == 1
     assert "slab.fold_blocks(s_part_T9, s_total_T9, fm::Sum{});" in source
@@ -165,9 +157,9 @@ def test_a_kernel_that_spills_is_rebuilt_then_left_to_segments():
 
 def test_each_fallback_names_its_own_refusal():
     fd = FUSIONS["batchnorm_fwd"](BF16)
-    first = fuser.explain(fd, _shapes(fd, (2**21, 64)), device="a100")
+    first = fuser.explain(fd, shapes_of(fd, 2**21, 64), device="a100")
     assert "cluster of 1 block(s)" in str(first.segmentation)
-    second = fuser.explain(fd, _shapes(fd, (2**23, 4096)), device="h200")
+    second = fuser.explain(fd, shapes_of(fd, 2**23, 4096), device="h200")
     text = str(second.segmentation)
     assert "columns of 8388608 rows" in text and "cluster of 16 block(s)" in text
 

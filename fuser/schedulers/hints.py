@@ -18,6 +18,7 @@ from fuser.errors import HintError
 from fuser.schedulers.base import COLUMN_SUM_DEALINGS, Dealing, Storage
 
 CLUSTER_SIZES = (2, 4, 8)  # blocks a row may be split over (a thread-block cluster, sm_90)
+PORTABLE_CLUSTER = max(CLUSTER_SIZES)  # more blocks a cluster need a kernel attribute (16)
 STAGES = (1, 2)  # smem row buffers per row slot: 2 loads the next rows while these compute
 ACCUMULATOR_STORAGES = (Storage.REGISTERS, Storage.SMEM, Storage.GLOBAL)
 
@@ -30,6 +31,7 @@ class Hints:
                       over aligned groups of lanes), at most the device's threads per block
     rows_per_block    rows a block works on at once (threads_per_row x this <= the limit)
     cluster           blocks of a thread-block cluster sharing each row: 1, or 2, 4, 8 on sm_90
+                      (an outer normalization's slab of columns: 16 too)
     stages            1, or 2: the next rows' shared row buffers load while these compute
     storage           ((tensor, storage), ...): where each named full or column input lives,
                       `registers`, `smem`, `global` (re-read each pass) or `ring` (re-read

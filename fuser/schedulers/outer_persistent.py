@@ -16,19 +16,21 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fuser.analysis import FusionInfo, Kind, Role
+from fuser.analysis import FusionInfo, Kind
 from fuser.device import DeviceSpec
 from fuser.errors import HintError, UnsupportedFusionError
+from fuser.ir import Expr, Tensor
 from fuser.schedulers.base import OuterSchedule, Problem, ceil_div, next_pow2, pick_vec
 from fuser.schedulers.finalize import total_type
 from fuser.schedulers.hints import CLUSTER_SIZES, Hints
-from fuser.schedulers.pointwise import PIECE_BYTES
+from fuser.schedulers.pointwise import vector_itemsizes
+from fuser.schedulers.row_geometry import blocks_per_sm
 from fuser.smem import SmemPlan
 
 # Bytes of each row a slab spans, widest first: a warp's loads and stores of a row are whole
 # 32-byte sectors from 32 bytes, whole 128-byte lines at 128.
 SEGMENT_BYTES = (128, 64, 32, 16)
-LARGE_CLUSTER = 16  # past the portable 8: a kernel attribute allows it on sm_90
+LARGE_CLUSTER = 16  # past PORTABLE_CLUSTER: a kernel attribute allows it on sm_90
 THREADS = 512  # per block, where the rows are enough to give every thread one
 # (row segment bytes, threads per block, least resident blocks per SM), tried in this order
 # with the fewest blocks per cluster first; the last entries take whatever fits. Two blocks
@@ -96,11 +98,8 @@ def _fit(info: FusionInfo, problem: Problem, device: DeviceSpec,
     Vectors are as wide as the [rows, hidden] tensors allow; column operands wider than that
     (fp32 statistics of bf16 rows) move in 16-byte pieces where the pointers allow."""
     full = info.full_inputs
-    sized = [*full, *info.outputs(Role.FULL)]
-    if problem.align_bytes < PIECE_BYTES:  # column operands are read in vectors, not pieces
-        sized += [*info.col_inputs, *info.outputs(Role.COL)]
-    vec = pick_vec(problem.hidden, [t.dtype.itemsize for t in sized], problem.align_bytes,
-                   input_bytes=info.row_buffer_bytes)
+    vec = pick_vec(problem.hidden, vector_itemsizes(info, problem.align_bytes),
+                   problem.align_bytes, input_bytes=info.row_buffer_bytes)
     widest = max((t.dtype.itemsize for t in full), default=1)
     rows = max(problem.rows, 1)
     for segment, threads, blocks in ORDER:
@@ -133,38 +132,49 @@ def _schedule(info: FusionInfo, problem: Problem, device: DeviceSpec, vec: int, 
     rank_rows = ceil_div(rows, cluster)
     row_lanes = max(1, min(threads // col_lanes, next_pow2(rank_rows)))
     row_lanes = max(row_lanes, ceil_div(device.warp_size, col_lanes))  # whole warps
-    plan = _smem(info, slab, col_lanes, row_lanes, rank_rows, device)
-    block = col_lanes * row_lanes
-    blocks = min(device.max_blocks_per_sm, device.max_threads_per_sm // block,
-                 device.regs_per_sm // (block * REGISTERS),
-                 device.smem_per_sm // (plan.total + device.reserved_smem_per_block))
+    groups = fold_groups(col_lanes, row_lanes, device.warp_size)
+    plan = _smem(info, slab, groups, rank_rows, device)
+    blocks = blocks_per_sm(device, col_lanes * row_lanes, REGISTERS, plan.total)
     where = f"cluster of {cluster}" if cluster > 1 else "one block"
     reason = (f"{segment}-byte row segments: {rank_rows} rows x {slab} columns per block, "
               f"{where} per slab")
     return OuterSchedule("outer_persistent", reason, problem.hidden, rows, vec, slab, col_lanes,
-                         row_lanes, cluster, rank_rows, max(1, blocks), plan)
+                         row_lanes, groups, cluster, rank_rows, max(1, blocks), plan)
 
 
-def fold_groups(col_lanes: int, row_lanes: int, warp: int = 32) -> int:
+def fold_groups(col_lanes: int, row_lanes: int, warp: int) -> int:
     """Row lanes left after a warp folds its own (those of one column lane) by shuffles: the
-    rows of the fold buffers."""
+    rows of the fold buffers (OuterSchedule.groups, which the kernel gets as ColumnSlab's
+    GROUPS and checks against its shuffles)."""
     span = warp // col_lanes if col_lanes < warp else 1
     return max(1, row_lanes // span)
 
 
-def _smem(info: FusionInfo, slab: int, col_lanes: int, row_lanes: int, rank_rows: int,
+def _smem(info: FusionInfo, slab: int, groups: int, rank_rows: int,
           device: DeviceSpec) -> SmemPlan:
-    groups = fold_groups(col_lanes, row_lanes, device.warp_size)
-    requests = [(f"s_{t.name}", rank_rows * slab * t.dtype.itemsize,
+    requests = [(tile_buffer(t), rank_rows * slab * t.dtype.itemsize,
                  f"{t.name}'s rows of the slab ({t.dtype.label}): {rank_rows} x {slab}")
                 for t in info.full_inputs]
     for e in info.outer_reductions:
         out = e.outputs[0].name
         requests += [
-            (f"s_lanes_{out}", groups * slab * TOTAL_BYTES,
+            (fold_buffer("lanes", e), groups * slab * TOTAL_BYTES,
              f"{e.op}({e.inputs[0].name}) over each warp's rows: {groups} x {slab}"),
-            (f"s_part_{out}", slab * TOTAL_BYTES,
+            (fold_buffer("part", e), slab * TOTAL_BYTES,
              f"{out}: this block's partial per column, read by the cluster"),
-            (f"s_total_{out}", slab * TOTAL_BYTES, f"{out}: the slab's totals per column"),
+            (fold_buffer("total", e), slab * TOTAL_BYTES, f"{out}: the slab's totals per column"),
         ]
     return SmemPlan.build(requests, device.smem_per_block_optin)
+
+
+def tile_buffer(t: Tensor) -> str:
+    """The shared buffer of full input t's rows."""
+    return f"s_{t.name}"
+
+
+FOLD_BUFFERS = ("lanes", "part", "total")  # of each column reduction, in plan order
+
+
+def fold_buffer(use: str, e: Expr) -> str:
+    """The shared buffer `use` (one of FOLD_BUFFERS) of column reduction e."""
+    return f"s_{use}_{e.outputs[0].name}"

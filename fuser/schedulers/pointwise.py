@@ -26,6 +26,16 @@ def can_schedule(info: FusionInfo, problem: Problem, device: DeviceSpec) -> str 
     return None
 
 
+def vector_itemsizes(info: FusionInfo, align_bytes: int) -> list[int]:
+    """The itemsizes a vector of elements is sized by: the [rows, hidden] tensors', and the
+    column operands' too where the pointers are aligned below PIECE_BYTES (only then are
+    they read in vectors instead of 16-byte pieces)."""
+    sized = [*info.full_inputs, *info.outputs(Role.FULL)]
+    if align_bytes < PIECE_BYTES:
+        sized += [*info.col_inputs, *info.outputs(Role.COL)]
+    return [t.dtype.itemsize for t in sized]
+
+
 def heuristic(info: FusionInfo, problem: Problem, device: DeviceSpec) -> PointwiseSchedule:
     """Vectors as wide as the [rows, hidden] tensors allow (16 bytes of the widest). Column
     operands wider than that (fp32 statistics beside bf16 rows) are read and written in
@@ -34,11 +44,8 @@ def heuristic(info: FusionInfo, problem: Problem, device: DeviceSpec) -> Pointwi
     normalization moved bf16 rows 8 bytes at a time (H200, [16384, 16384] bf16: the whole
     BatchNorm forward 0.31 -> 0.34 of the copy)."""
     inputs = [*info.full_inputs, *info.col_inputs]
-    full = [*info.full_inputs, *info.outputs(Role.FULL)]
-    cols = [*info.col_inputs, *info.outputs(Role.COL)]
-    sized = full if problem.align_bytes >= PIECE_BYTES else full + cols
-    vec = pick_vec(problem.hidden, [t.dtype.itemsize for t in sized], problem.align_bytes,
-                   input_bytes=sum(t.dtype.itemsize for t in inputs))
+    vec = pick_vec(problem.hidden, vector_itemsizes(info, problem.align_bytes),
+                   problem.align_bytes, input_bytes=sum(t.dtype.itemsize for t in inputs))
     return PointwiseSchedule(
         scheduler="pointwise",
         reason=f"{vec}-element vectors, {THREADS} threads x {UNROLL} vectors in flight",

@@ -48,6 +48,7 @@
 //   slab               64
 //   col_lanes          8
 //   row_lanes          32
+//   groups             8
 //   cluster            16
 //   rank_rows          256
 //   blocks_per_sm      2
@@ -84,8 +85,9 @@ batchnorm_bwd_outer(
     long long n_rows)
 {
   constexpr int H = 16384;  // columns
-  // H, VEC, LANES (threads across the slab), ROW_LANES (threads down its rows), CLUSTER
-  using Slab = fm::ColumnSlab<H, 8, 8, 32, 16>;
+  // H, VEC, LANES (threads across the slab), ROW_LANES (threads down its rows), GROUPS (rows of
+  // the fold buffers), CLUSTER
+  using Slab = fm::ColumnSlab<H, 8, 8, 32, 8, 16>;
   constexpr int VEC = Slab::VEC;
   const Slab slab(n_rows);
   const int zero = fm::magic_zero();

@@ -53,6 +53,7 @@
 //   slab               32
 //   col_lanes          4
 //   row_lanes          64
+//   groups             8
 //   cluster            16
 //   rank_rows          1024
 //   blocks_per_sm      2
@@ -86,8 +87,9 @@ batchnorm_fwd_outer(
     long long n_rows)
 {
   constexpr int H = 4096;  // columns
-  // H, VEC, LANES (threads across the slab), ROW_LANES (threads down its rows), CLUSTER
-  using Slab = fm::ColumnSlab<H, 8, 4, 64, 16>;
+  // H, VEC, LANES (threads across the slab), ROW_LANES (threads down its rows), GROUPS (rows of
+  // the fold buffers), CLUSTER
+  using Slab = fm::ColumnSlab<H, 8, 4, 64, 8, 16>;
   constexpr int VEC = Slab::VEC;
   const Slab slab(n_rows);
   const int zero = fm::magic_zero();
