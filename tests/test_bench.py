@@ -507,3 +507,18 @@ def test_variants_name_a_segmented_fusions_schedules():
     ran = [part.schedule for part in report.parts]
     words = _schedule_words(SegmentSchedules(report.segmentation.segments, tuple(ran)))
     assert words.split(" | ") == [s.reason for s in ran] and len(ran) >= 2
+
+
+def test_outer_geometry_orders_are_parsed_or_refused():
+    """bench/outer_geometry.py --order NAME=JSON: a list of [segment bytes, threads, least
+    blocks per SM], refused with the form when it is not one."""
+    import argparse
+
+    from bench.outer_geometry import parse_args, parse_order
+
+    assert parse_order("two=[[128,256,2],[64,512,1]]") == ("two", [(128, 256, 2), (64, 512, 1)])
+    for bad in ("[[128,256,2]]", "x=[[128,256]]", "x=[]", "x=not json"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_order(bad)
+    args = parse_args(["--order", "a=[[64,256,2]]", "--clusters", "1,8"])
+    assert args.order == [("a", [(64, 256, 2)])] and args.clusters == (1, 8)
