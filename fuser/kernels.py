@@ -213,11 +213,12 @@ def _marking_last(items: Iterator[T]) -> Iterator[tuple[T, bool]]:
 def _rebuilt(sched: KernelSchedule, last: bool) -> RowSchedule | OuterSchedule | None:
     """What to compile after `sched` spilled, or None: one block per SM fewer (not below
     MIN_REBUILT_THREADS resident threads unless `sched` comes from the last candidate), then a
-    batch loop unrolled half as far; an outer schedule rebuilt for one block per SM (all the
-    registers its threads may have); a pointwise schedule has no rebuild."""
+    batch loop unrolled half as far; an outer schedule rebuilt for one block per SM fewer (more
+    registers for its threads); a pointwise schedule has no rebuild."""
     if isinstance(sched, OuterSchedule) and sched.blocks_per_sm > 1:
-        return replace(sched, blocks_per_sm=1, reason=sched.reason + f"; ptxas spilled at "
-                       f"{sched.blocks_per_sm} block(s)/SM, rebuilt for 1")
+        fewer = sched.blocks_per_sm - 1
+        return replace(sched, blocks_per_sm=fewer, reason=sched.reason + f"; ptxas spilled at "
+                       f"{sched.blocks_per_sm} block(s)/SM, rebuilt for {fewer}")
     if not isinstance(sched, RowSchedule):
         return None
     fewer = (sched.blocks_per_sm - 1) * sched.threads

@@ -15,8 +15,15 @@ from fuser.emit import Emitter, ctype, element_env, input_tensors, scalar_prolog
 from fuser.ir import Expr, Val
 from fuser.row_codegen import reduction
 from fuser.schedulers.base import OuterSchedule
-from fuser.schedulers.finalize import total_type
-from fuser.schedulers.outer_persistent import FOLD_BUFFERS, fold_buffer, tile_buffer
+from fuser.schedulers.outer_persistent import (
+    LEVEL_BARRIERS,
+    TOTAL_BYTES,
+    fold_buffer_types,
+    inbox_buffer,
+    lanes_buffer,
+    tile_buffer,
+    total_buffer,
+)
 
 
 class _Columns:
@@ -62,11 +69,11 @@ class _Columns:
         self.env[out] = f"r_{out.name}[i]"
 
 
-def _reduction(e: Expr, value: str) -> dict:
+def _reduction(info: FusionInfo, e: Expr, value: str) -> dict:
     """row_codegen.reduction's record, with the names of the fold's shared buffers (lanes,
-    part, total: their type, the fold's total type, is the buffers')."""
-    return {**reduction(e, value), "name": e.outputs[0].name,
-            **{use: fold_buffer(use, e) for use in FOLD_BUFFERS}}
+    inbox, total)."""
+    return {**reduction(e, value), "name": e.outputs[0].name, "lanes": lanes_buffer(info, e),
+            "inbox": inbox_buffer(e), "total": total_buffer(info, e)}
 
 
 def _rows_read(info: FusionInfo, emitter: Emitter) -> list[dict]:
@@ -88,10 +95,13 @@ def outer_context(info: FusionInfo, s: OuterSchedule) -> dict:
         emitter = Emitter(info, {**columns.env, **elements}, "e_")
         lines = emitter.emit(operands)
         words = ", ".join(f"{e.op}({e.inputs[0].name}) -> {e.outputs[0].name}" for e in level)
+        reductions = [_reduction(info, e, emitter.env[e.inputs[0]]) for e in level]
         levels.append({"title": f"Outer level {k}: {words}, over every row of the slab.",
+                       "barrier": f"&{LEVEL_BARRIERS}[{k}]",
+                       "inbox_bytes": len(level) * s.cluster * s.slab * TOTAL_BYTES,
                        "hoisted": hoisted, "rows": _rows_read(info, emitter),
                        "element_lines": lines,
-                       "reductions": [_reduction(e, emitter.env[e.inputs[0]]) for e in level]})
+                       "reductions": reductions})
         for e in level:
             columns.total(e)
     full_outputs = info.outputs(Role.FULL)
@@ -126,13 +136,11 @@ def outer_context(info: FusionInfo, s: OuterSchedule) -> dict:
 
 
 def _buffer_types(info: FusionInfo) -> dict[str, str]:
-    """The C++ type of each buffer outer_persistent plans: a tile holds its input's type, a
-    fold buffer its reduction's total type."""
+    """The C++ type of each buffer outer_persistent plans: a tile holds its input's type; the
+    fold buffers' types are the scheduler's (fold_buffer_types)."""
     types = {tile_buffer(t): t.dtype.cuda_type for t in info.full_inputs}
-    for e in info.outer_reductions:
-        types.update({fold_buffer(use, e): total_type(e.outputs[0].dtype)
-                      for use in FOLD_BUFFERS})
-    return types
+    types[LEVEL_BARRIERS] = "unsigned long long"
+    return {**types, **fold_buffer_types(info)}
 
 
 def _intro(s: OuterSchedule) -> list[str]:

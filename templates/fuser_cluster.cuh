@@ -36,6 +36,16 @@ __device__ __forceinline__ void cluster_arrive_and_wait() {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\n"
                "barrier.cluster.wait.aligned;\n" ::: "memory");
 }
+// The same barrier in two halves, so that a block's work goes on between them: arrive says
+// what this block had to do before its peers may go on is done (relaxed: it orders no memory
+// by itself; an mbarrier's initialization is published by fence_mbarrier_init before it),
+// wait returns once every block of the cluster has arrived (acquire, the default).
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+}
 __device__ __forceinline__ unsigned peer_address(const void* local, unsigned rank) {
   const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(local));
   unsigned remote;

@@ -21,19 +21,15 @@ __device__ __forceinline__ void copy_vector(void* dst, const void* src) {
   }
 }
 
-// A partial from the shared memory of the cluster's block `rank`, at the address `local`
-// has here (distributed shared memory; the cluster barrier before it published the value).
-__device__ __forceinline__ double peer_load(const double* local, unsigned rank) {
-  unsigned long long bits;
-  asm volatile("ld.shared::cluster.u64 %0, [%1];\n"
-               : "=l"(bits) : "r"(peer_address(local, rank)) : "memory");
-  return __longlong_as_double(static_cast<long long>(bits));
-}
-__device__ __forceinline__ long long peer_load(const long long* local, unsigned rank) {
-  unsigned long long bits;
-  asm volatile("ld.shared::cluster.u64 %0, [%1];\n"
-               : "=l"(bits) : "r"(peer_address(local, rank)) : "memory");
-  return static_cast<long long>(bits);
+// A column partial (8 bytes: a double or a 64-bit integer) into slot `local` of the cluster's
+// block `rank`, counted off that block's mbarrier at `local_bar`'s address (st.async).
+template <typename Total>
+__device__ __forceinline__ void push_to_peer(Total* local, Total value,
+                                             unsigned long long* local_bar, unsigned rank) {
+  static_assert(sizeof(Total) == 8, "column partials are 8-byte totals");
+  unsigned long long word;
+  memcpy(&word, &value, sizeof(word));
+  store_to_peer(reinterpret_cast<unsigned long long*>(local), word, local_bar, rank);
 }
 
 // A slab of W = LANES x VEC columns of [n_rows, H] tensors, owned by a cluster of CLUSTER
@@ -92,47 +88,52 @@ struct ColumnSlab {
   }
 
   // Fold step 1: each thread's partials of its columns, folded over its warp's row lanes,
-  // into `lanes` ([GROUPS][W]). Every thread takes part (the shuffles need the whole warp).
-  template <typename Total, typename R, typename F>
-  __device__ __forceinline__ void put(Total* lanes, const R (&acc)[VEC], F f) const {
+  // into `lanes` ([GROUPS][W], of the partials' own type: the 8-byte totals start at step 2).
+  // Every thread takes part (the shuffles need the whole warp).
+  template <typename R, typename F>
+  __device__ __forceinline__ void put(R* lanes, const R (&acc)[VEC], F f) const {
 #pragma unroll
     for (int i = 0; i < VEC; ++i) {
       R x = acc[i];
 #pragma unroll
       for (int offset = LANES; offset < 32; offset *= 2) x = f(x, shfl_xor(x, offset));
-      if (ty % SPAN == 0) lanes[(ty / SPAN) * W + tx * VEC + i] = static_cast<Total>(x);
+      if (ty % SPAN == 0) lanes[(ty / SPAN) * W + tx * VEC + i] = x;
     }
   }
 
   // Fold step 2, after a block barrier: the block's partial of each column, its groups in
-  // order.
-  template <typename Total, typename F>
-  __device__ __forceinline__ void fold_groups(const Total* lanes, Total* part, F f) const {
+  // order. Without a cluster it is the slab's total (into `out`, the totals buffer); in a
+  // cluster it goes to row `rank` of every block's inbox ([CLUSTER][W], this block's too),
+  // counted off each block's mbarrier `bar` of this level, which expects all CLUSTER rows.
+  // The pushes are the fold's only exchange: no cluster barrier per level, whose release
+  // would wait on every memory access the SM has in flight (MEMBAR.ALL.GPU).
+  template <typename Lane, typename Total, typename F>
+  __device__ __forceinline__ void fold_groups(const Lane* lanes, Total* out, F f,
+                                              unsigned long long* bar = nullptr) const {
     for (int c = ty * LANES + tx; c < W; c += THREADS) {
       Total x = F::template identity<Total>();
 #pragma unroll
-      for (int g = 0; g < GROUPS; ++g) x = f(x, lanes[g * W + c]);
-      part[c] = x;
+      for (int g = 0; g < GROUPS; ++g) x = f(x, static_cast<Total>(lanes[g * W + c]));
+      if constexpr (CLUSTER > 1) {
+#pragma unroll 1  // once per level: unrolled, its peer addresses would take registers
+        for (int k = 0; k < CLUSTER; ++k) {
+          push_to_peer(out + rank * W + c, x, bar, static_cast<unsigned>(k));
+        }
+      } else {
+        out[c] = x;
+      }
     }
   }
 
-  // Fold step 3, after a cluster barrier: the slab's total of each column, the blocks'
-  // partials in rank order (the same sum in every block).
+  // Fold step 3 (clusters), once this block's mbarrier of the level has seen every row of
+  // its inbox: the slab's total of each column, the blocks' partials in rank order (the same
+  // sum in every block).
   template <typename Total, typename F>
-  __device__ __forceinline__ void fold_blocks(const Total* part, Total* total, F f) const {
+  __device__ __forceinline__ void fold_blocks(const Total* inbox, Total* total, F f) const {
     for (int c = ty * LANES + tx; c < W; c += THREADS) {
       Total x = F::template identity<Total>();
-      if constexpr (CLUSTER > 1) {
-        Total partials[CLUSTER];  // every load in flight before the first add waits on one
 #pragma unroll
-        for (int k = 0; k < CLUSTER; ++k) {
-          partials[k] = peer_load(part + c, static_cast<unsigned>(k));
-        }
-#pragma unroll
-        for (int k = 0; k < CLUSTER; ++k) x = f(x, partials[k]);
-      } else {
-        x = f(x, part[c]);
-      }
+      for (int k = 0; k < CLUSTER; ++k) x = f(x, inbox[k * W + c]);
       total[c] = x;
     }
   }

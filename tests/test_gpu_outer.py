@@ -85,14 +85,16 @@ def test_the_same_bits_from_run_to_run():
             assert a.tobytes() == b.tobytes()
 
 
-@pytest.mark.parametrize(("count", "kind"), [(16, OuterSchedule), (24, SegmentSchedules)])
-def test_a_rebuilt_kernel_and_the_segments_after_spills_match_the_oracle(count, kind):
-    """16 column sums of one level: rebuilt for one block per SM (255 registers); 24: still
-    spilling there, so the segments run (test_outer_persistent has the offline half)."""
+@pytest.mark.parametrize(("count", "rows", "kind"), [
+    (16, 4096, OuterSchedule), (16, 16384, OuterSchedule), (32, 4096, SegmentSchedules)])
+def test_kernels_rebuilt_after_spills_and_the_segments_match_the_oracle(count, rows, kind):
+    """16 column sums: over 4096 rows rebuilt for one block per SM (255 registers), over
+    16384 built at the next ORDER entry (256 threads for 512); 32: spilling in every
+    schedule, so the segments run (test_outer_persistent has the offline half)."""
     import cupy
     from test_outer_persistent import _many_column_sums
 
     fd = _many_column_sums(count)
-    x = np.random.default_rng(8).standard_normal((16384, 256)).astype(np.float32)
+    x = np.random.default_rng(8).standard_normal((rows, 256)).astype(np.float32)
     fd.validate([cupy.asarray((0.1 * x).astype(BF16.numpy))])
     assert isinstance(fd.last_schedule(), kind)

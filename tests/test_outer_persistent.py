@@ -52,7 +52,7 @@ def test_problem_rows_keep_every_row_of_an_outer_normalization():
 
 
 @pytest.mark.parametrize(("rows", "hidden", "cluster", "slab", "blocks"),
-                         [(16384, 4096, 16, 32, 2), (4096, 16384, 8, 64, 2), (7, 3, 1, 4, 16)])
+                         [(16384, 4096, 16, 32, 3), (4096, 16384, 8, 64, 3), (7, 3, 1, 4, 25)])
 def test_the_widest_slab_over_the_fewest_blocks(rows, hidden, cluster, slab, blocks):
     info = analyze(FUSIONS["batchnorm_fwd"](BF16).fusion)
     s = next(candidates(info, Problem(hidden, problem_rows(info, rows), 16), H200))
@@ -63,7 +63,7 @@ def test_the_widest_slab_over_the_fewest_blocks(rows, hidden, cluster, slab, blo
     tile = s.smem.buffer("s_T0")
     assert tile.nbytes == s.rank_rows * s.slab * 2 and tile.offset == 0
     groups = fold_groups(s.col_lanes, s.row_lanes, H200.warp_size)
-    assert s.smem.buffer("s_lanes_T5").nbytes == groups * s.slab * 8
+    assert s.smem.buffer("s_lanes0_f32").nbytes == groups * s.slab * 4
     assert s.smem.static_slot == STATIC_SLOT and s.smem.fits
 
 
@@ -125,8 +125,32 @@ def test_column_totals_fold_in_rank_order_with_no_atomics():
     fd = FUSIONS["batchnorm_bwd"](BF16)
     source = fuser.explain(fd, shapes_of(fd, 4096, 16384)).source
     assert "atomic" not in source.split("#include")[1].replace("fm::magic_zero", "")
-    assert source.count("fm::cluster_sync()") == 1
-    assert "slab.fold_blocks(s_part_T9, s_total_T9, fm::Sum{});" in source
+    assert "fm::cluster_sync()" not in source  # its release would fence every access in flight
+    assert source.count("fm::mbarrier_wait(&s_level_bars[0], 0);") == 1
+    assert "slab.fold_groups(s_lanes0_f32, s_inbox_T9, fm::Sum{}, &s_level_bars[0]);" in source
+    assert "slab.fold_blocks(s_inbox_T9, s_total0_f64, fm::Sum{});" in source
+    assert "slab.fold_blocks(s_inbox_T11, s_total1_f64, fm::Sum{});" in source
+
+
+def test_levels_take_turns_in_the_lanes_and_totals_buffers_but_not_the_inboxes():
+    """BatchNorm forward's mean and variance sums (two levels) share one lanes and one totals
+    buffer; each keeps its own inbox (a peer may push the variance's partials before this
+    block has read the mean's); a Double sum beside a Float one in a level has its own."""
+    fd = FUSIONS["batchnorm_fwd"](BF16)
+    plan = fuser.explain(fd, shapes_of(fd, 16384, 4096)).schedule.smem
+    names = [b.name for b in plan.buffers]
+    assert names == ["s_T0", "s_lanes0_f32", "s_inbox_T5", "s_inbox_T16", "s_total0_f64",
+                     "s_level_bars"]
+    with FusionDefinition("mixed") as mixed:
+        x = mixed.define_tensor([-1, -1], dtype=BF16)
+        xf = mixed.ops.cast(x, F)
+        a = mixed.ops.sum(xf, dims=[0], keepdim=True)
+        b = mixed.ops.sum(mixed.ops.cast(xf, DataType.Double), dims=[0], keepdim=True)
+        mixed.add_output(mixed.ops.cast(mixed.ops.add(mixed.ops.mul(xf, a),
+                                                      mixed.ops.cast(b, F)), BF16))
+    plan = fuser.explain(mixed, [(16384, 1024)]).schedule.smem
+    assert {"s_lanes0_f32", "s_lanes0_f64", "s_total0_f64"} <= {b.name for b in plan.buffers}
+    assert plan.buffer("s_lanes0_f64").nbytes == 2 * plan.buffer("s_lanes0_f32").nbytes
 
 
 def _many_column_sums(count: int) -> FusionDefinition:
@@ -143,14 +167,23 @@ def _many_column_sums(count: int) -> FusionDefinition:
     return fd
 
 
-def test_a_kernel_that_spills_is_rebuilt_then_left_to_segments():
-    """16 column sums spill at two blocks per SM and fit at one (255 registers); 24 spill at
-    one too, and run as segments, as they did before the outer kernel existed."""
-    rebuilt = fuser.explain(_many_column_sums(16), [(16384, 4096)])
+def test_a_kernel_that_spills_is_rebuilt_then_built_at_the_next_entry_then_left_to_segments():
+    """16 column sums spill at two blocks per SM of 256 threads and fit at one (255
+    registers); over 16384 rows their first candidate has 512 threads (128 registers), spills,
+    and the next ORDER entry, at 256, runs; 32 sums spill in every schedule and run as
+    segments, as they did before the outer kernel existed."""
+    rebuilt = fuser.explain(_many_column_sums(16), [(4096, 4096)])
     assert isinstance(rebuilt.schedule, OuterSchedule) and rebuilt.schedule.blocks_per_sm == 1
     assert "rebuilt for 1" in rebuilt.schedule.reason
     assert not any(r.spills for r in rebuilt.resources.values())
-    cut = fuser.explain(_many_column_sums(24), [(16384, 4096)])
+    fd = _many_column_sums(16)
+    info = analyze(fd.fusion)
+    first = next(candidates(info, Problem(4096, problem_rows(info, 16384), 16), H200))
+    assert first.threads == 512
+    built = fuser.explain(fd, [(16384, 4096)])
+    assert isinstance(built.schedule, OuterSchedule) and built.schedule.threads == 256
+    assert not any(r.spills for r in built.resources.values())
+    cut = fuser.explain(_many_column_sums(32), [(4096, 4096)])
     assert isinstance(cut, SegmentedExplanation)
     assert "outer-persistent kernel cannot run it here: every schedule" in str(cut)
 

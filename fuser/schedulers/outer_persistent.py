@@ -33,15 +33,20 @@ SEGMENT_BYTES = (128, 64, 32, 16)
 LARGE_CLUSTER = 16  # past PORTABLE_CLUSTER: a kernel attribute allows it on sm_90
 THREADS = 512  # per block, where the rows are enough to give every thread one
 # (row segment bytes, threads per block, least resident blocks per SM), tried in this order
-# with the fewest blocks per cluster first; the last entries take whatever fits. Two blocks
-# of an SM overlap one's copies with the other's passes and stores, but not at the price of
-# segments under 64 bytes (H200 bf16, 16384 x 4096: 0.49 at 32 bytes and two blocks, 0.52 at
-# 64 and one; 4096 x 16384: 0.69 at 128 and two, 0.56 at 128 and one).
-ORDER = ((128, 256, 2), (64, 256, 2), *((s, THREADS, 1) for s in SEGMENT_BYTES))
-TOTAL_BYTES = 8  # a column partial in the fold buffers (a double, or a 64-bit integer)
-# Registers a thread may take (__launch_bounds__ asks no more blocks than leave it this many):
-# the kernels take 80 to 104 (bf16 BatchNorm forward and backward, NVRTC 13).
-REGISTERS = 128
+# with the fewest blocks per cluster first. Two blocks of an SM overlap one's copies with the
+# other's passes and stores, but not at the price of segments under 64 bytes (H200 bf16,
+# 16384 x 4096: 0.49 at 32 bytes and two blocks, 0.52 at 64 and one; 4096 x 16384: 0.69 at
+# 128 and two, 0.56 at 128 and one). Each entry that fits is a candidate, so a kernel that
+# spills at 512 threads (fewer registers each) is built next at 256, the same segments.
+ORDER = ((128, 256, 2), (64, 256, 2), (128, THREADS, 1), (64, THREADS, 1), (128, 256, 1),
+         (64, 256, 1), *((s, t, 1) for s in SEGMENT_BYTES[2:] for t in (THREADS, 256)))
+TOTAL_BYTES = 8  # a column partial past a warp's (a double, or a 64-bit integer)
+# The fewest registers a thread is built with: __launch_bounds__ asks for as many blocks per
+# SM as shared memory holds, up to those that leave each thread this many (three of 256
+# threads at 80), and a kernel that spills there is rebuilt for one block fewer. The kernels
+# take 71 to 104 (bf16 softmax over dim 0, BatchNorm forward and backward, NVRTC 13); a third
+# block of softmax over dim 0 (84 registers at two) is worth squeezing it to 80.
+REGISTERS = 80
 
 
 def can_schedule(info: FusionInfo, problem: Problem, device: DeviceSpec) -> str | None:
@@ -60,8 +65,8 @@ def can_schedule(info: FusionInfo, problem: Problem, device: DeviceSpec) -> str 
 
 def candidates(info: FusionInfo, problem: Problem, device: DeviceSpec,
                hints: Hints | None = None) -> Iterator[OuterSchedule]:
-    """The one schedule: the widest slab that fits, over the fewest blocks (or the hinted
-    cluster's)."""
+    """The schedules that fit, best first: the widest slab over the fewest blocks (or the
+    hinted cluster's), then the next ORDER entries, which the build tries where one spills."""
     allowed = _clusters(device)
     if hints is not None:
         _check_hints(hints, allowed)
@@ -73,7 +78,7 @@ def candidates(info: FusionInfo, problem: Problem, device: DeviceSpec,
             raise HintError(f"Hints(cluster={hints.cluster}): {found}; clusters that hold "
                             f"these rows: {', '.join(map(str, fits))}")
         raise UnsupportedFusionError(found)
-    yield found
+    yield from _fits(info, problem, device, clusters)
 
 
 def _clusters(device: DeviceSpec) -> tuple[int, ...]:
@@ -94,27 +99,48 @@ def _check_hints(hints: Hints, allowed: tuple[int, ...]) -> None:
 
 def _fit(info: FusionInfo, problem: Problem, device: DeviceSpec,
          clusters: tuple[int, ...]) -> OuterSchedule | str:
-    """The first (segment width, cluster) whose shared memory fits, else why none does.
-    Vectors are as wide as the [rows, hidden] tensors allow; column operands wider than that
-    (fp32 statistics of bf16 rows) move in 16-byte pieces where the pointers allow."""
+    """The first schedule that fits (_fits), else why none does."""
+    first = next(_fits(info, problem, device, clusters), None)
+    if first is not None:
+        return first
     full = info.full_inputs
-    vec = pick_vec(problem.hidden, vector_itemsizes(info, problem.align_bytes),
-                   problem.align_bytes, input_bytes=info.row_buffer_bytes)
+    vec = _vec(info, problem)
     widest = max((t.dtype.itemsize for t in full), default=1)
     rows = max(problem.rows, 1)
+    narrowest = _slab(problem.hidden, vec, max(1, SEGMENT_BYTES[-1] // widest))
+    smallest = _schedule(info, problem, device, vec, narrowest, clusters[-1], rows,
+                         SEGMENT_BYTES[-1], 256)
+    return (f"columns of {rows} rows (the call's, rounded up as kernels are built) of "
+            f"{len(full)} input(s) do not fit on a cluster of {clusters[-1]} block(s) even "
+            f"{smallest.slab} column(s) wide: {smallest.smem.total} B of shared memory per "
+            f"block, over the {device.smem_per_block_optin} B limit")
+
+
+def _fits(info: FusionInfo, problem: Problem, device: DeviceSpec,
+          clusters: tuple[int, ...]) -> Iterator[OuterSchedule]:
+    """For each ORDER entry, the first cluster whose shared memory fits the entry's slab with
+    its least blocks per SM, each geometry once."""
+    vec = _vec(info, problem)
+    widest = max((t.dtype.itemsize for t in info.full_inputs), default=1)
+    rows = max(problem.rows, 1)
+    seen = set()
     for segment, threads, blocks in ORDER:
         slab = _slab(problem.hidden, vec, max(1, segment // widest))
         for k in clusters:
             schedule = _schedule(info, problem, device, vec, slab, k, rows, segment, threads)
             if schedule.smem.fits and schedule.blocks_per_sm >= blocks:
-                return schedule
-    narrowest = _slab(problem.hidden, vec, max(1, SEGMENT_BYTES[-1] // widest))
-    smallest = _schedule(info, problem, device, vec, narrowest, clusters[-1], rows,
-                         SEGMENT_BYTES[-1], THREADS)
-    return (f"columns of {rows} rows (the call's, rounded up as kernels are built) of "
-            f"{len(full)} input(s) do not fit on a cluster of {clusters[-1]} block(s) even "
-            f"{smallest.slab} column(s) wide: {smallest.smem.total} B of shared memory per "
-            f"block, over the {device.smem_per_block_optin} B limit")
+                geometry = (schedule.slab, schedule.threads, schedule.cluster)
+                if geometry not in seen:
+                    seen.add(geometry)
+                    yield schedule
+                break
+
+
+def _vec(info: FusionInfo, problem: Problem) -> int:
+    """Vectors as wide as the [rows, hidden] tensors allow; column operands wider than that
+    (fp32 statistics of bf16 rows) move in 16-byte pieces where the pointers allow."""
+    return pick_vec(problem.hidden, vector_itemsizes(info, problem.align_bytes),
+                    problem.align_bytes, input_bytes=info.row_buffer_bytes)
 
 
 def _slab(hidden: int, vec: int, columns: int) -> int:
@@ -133,7 +159,7 @@ def _schedule(info: FusionInfo, problem: Problem, device: DeviceSpec, vec: int, 
     row_lanes = max(1, min(threads // col_lanes, next_pow2(rank_rows)))
     row_lanes = max(row_lanes, ceil_div(device.warp_size, col_lanes))  # whole warps
     groups = fold_groups(col_lanes, row_lanes, device.warp_size)
-    plan = _smem(info, slab, groups, rank_rows, device)
+    plan = _smem(info, slab, groups, rank_rows, cluster, device)
     blocks = blocks_per_sm(device, col_lanes * row_lanes, REGISTERS, plan.total)
     where = f"cluster of {cluster}" if cluster > 1 else "one block"
     reason = (f"{segment}-byte row segments: {rank_rows} rows x {slab} columns per block, "
@@ -150,20 +176,31 @@ def fold_groups(col_lanes: int, row_lanes: int, warp: int) -> int:
     return max(1, row_lanes // span)
 
 
-def _smem(info: FusionInfo, slab: int, groups: int, rank_rows: int,
+def _smem(info: FusionInfo, slab: int, groups: int, rank_rows: int, cluster: int,
           device: DeviceSpec) -> SmemPlan:
     requests = [(tile_buffer(t), rank_rows * slab * t.dtype.itemsize,
                  f"{t.name}'s rows of the slab ({t.dtype.label}): {rank_rows} x {slab}")
                 for t in info.full_inputs]
+    lanes: dict[str, list[Expr]] = {}  # the reductions taking turns in each buffer
+    totals: dict[str, list[Expr]] = {}
     for e in info.outer_reductions:
-        out = e.outputs[0].name
-        requests += [
-            (fold_buffer("lanes", e), groups * slab * TOTAL_BYTES,
-             f"{e.op}({e.inputs[0].name}) over each warp's rows: {groups} x {slab}"),
-            (fold_buffer("part", e), slab * TOTAL_BYTES,
-             f"{out}: this block's partial per column, read by the cluster"),
-            (fold_buffer("total", e), slab * TOTAL_BYTES, f"{out}: the slab's totals per column"),
-        ]
+        lanes.setdefault(lanes_buffer(info, e), []).append(e)
+        totals.setdefault(total_buffer(info, e), []).append(e)
+    for name, users in lanes.items():
+        words = ", ".join(f"{e.op}({e.inputs[0].name})" for e in users)
+        requests.append((name, groups * slab * _BYTES[lane_type(users[0])],
+                         f"{words} over each warp's rows, level by level: {groups} x {slab}"))
+    if cluster > 1:
+        requests += [(inbox_buffer(e), cluster * slab * TOTAL_BYTES,
+                      f"{e.outputs[0].name}: the cluster's partials per column, pushed here "
+                      f"by each block: {cluster} x {slab}") for e in info.outer_reductions]
+    requests += [(name, slab * TOTAL_BYTES, f"{', '.join(e.outputs[0].name for e in users)}: "
+                  "the slab's totals per column, level by level")
+                 for name, users in totals.items()]
+    if cluster > 1:
+        levels = len(info.outer_levels)
+        requests.append((LEVEL_BARRIERS, levels * 8,
+                         f"one mbarrier per level ({levels}): the inboxes' rows have arrived"))
     return SmemPlan.build(requests, device.smem_per_block_optin)
 
 
@@ -172,9 +209,47 @@ def tile_buffer(t: Tensor) -> str:
     return f"s_{t.name}"
 
 
-FOLD_BUFFERS = ("lanes", "part", "total")  # of each column reduction, in plan order
+# A level's lanes and totals buffers are free once its totals are read (two block barriers
+# before the next level's first write), so the levels take turns in them: the n-th reduction
+# of each type in a level uses the n-th buffer of that type. Inboxes are each reduction's own:
+# a peer may push the next level's partials before this block has read this level's.
+_WORDS = {"float": "f32", "double": "f64", "long long": "i64"}
+_BYTES = {"float": 4, "double": 8, "long long": 8}
+LEVEL_BARRIERS = "s_level_bars"  # a cluster's mbarriers, one per level of column reductions
 
 
-def fold_buffer(use: str, e: Expr) -> str:
-    """The shared buffer `use` (one of FOLD_BUFFERS) of column reduction e."""
-    return f"s_{use}_{e.outputs[0].name}"
+def lane_type(e: Expr) -> str:
+    """The C++ type of a warp's partial of column reduction e: the reduction's own (compute)
+    type, a float for Float and narrower sums (the 8-byte totals start past the warps)."""
+    return e.outputs[0].dtype.compute_type
+
+
+def lanes_buffer(info: FusionInfo, e: Expr) -> str:
+    return f"s_lanes{_turn(info, e, lane_type)}_{_WORDS[lane_type(e)]}"
+
+
+def total_buffer(info: FusionInfo, e: Expr) -> str:
+    return f"s_total{_turn(info, e, _total)}_{_WORDS[_total(e)]}"
+
+
+def inbox_buffer(e: Expr) -> str:
+    return f"s_inbox_{e.outputs[0].name}"
+
+
+def fold_buffer_types(info: FusionInfo) -> dict[str, str]:
+    """The C++ type of each lanes, inbox and totals buffer."""
+    types = {}
+    for e in info.outer_reductions:
+        types[lanes_buffer(info, e)] = lane_type(e)
+        types[inbox_buffer(e)] = types[total_buffer(info, e)] = _total(e)
+    return types
+
+
+def _total(e: Expr) -> str:
+    return total_type(e.outputs[0].dtype)
+
+
+def _turn(info: FusionInfo, e: Expr, kind) -> int:
+    """How many reductions of e's level before e have e's type (`kind` of them)."""
+    level = next(lv for lv in info.outer_levels if e in lv)
+    return sum(kind(other) == kind(e) for other in level[:level.index(e)])

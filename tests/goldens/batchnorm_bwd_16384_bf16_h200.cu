@@ -54,17 +54,18 @@
 //   blocks_per_sm      2
 //
 // shared memory plan:
-// buffer       bytes  offset  aligned  purpose
-// s_T0         32768       0    32768  T0's rows of the slab (BFloat16): 256 x 64
-// s_T3         32768   32768    32768  T3's rows of the slab (BFloat16): 256 x 64
-// s_lanes_T9    4096   65536     4096  sum(T5) over each warp's rows: 8 x 64
-// s_part_T9      512   69632      512  T9: this block's partial per column, read by the cluster
-// s_total_T9     512   70144      512  T9: the slab's totals per column
-// s_lanes_T11   4096   70656     4096  sum(T10) over each warp's rows: 8 x 64
-// s_part_T11     512   74752      512  T11: this block's partial per column, read by the cluster
-// s_total_T11    512   75264      512  T11: the slab's totals per column
-// static slot    128  static      128  static __shared__ (magic zero)
-// total 75904 B = dynamic 75776 + static 128; limit 232448 B; headroom 156544 B; alignment 128 B
+// buffer        bytes  offset  aligned  purpose
+// s_T0          32768       0    32768  T0's rows of the slab (BFloat16): 256 x 64
+// s_T3          32768   32768    32768  T3's rows of the slab (BFloat16): 256 x 64
+// s_lanes0_f32   2048   65536     2048  sum(T5) over each warp's rows, level by level: 8 x 64
+// s_lanes1_f32   2048   67584     2048  sum(T10) over each warp's rows, level by level: 8 x 64
+// s_inbox_T9     8192   69632     8192  T9: the cluster's partials per column, pushed here by each block: 16 x 64
+// s_inbox_T11    8192   77824     8192  T11: the cluster's partials per column, pushed here by each block: 16 x 64
+// s_total0_f64    512   86016      512  T9: the slab's totals per column, level by level
+// s_total1_f64    512   86528      512  T11: the slab's totals per column, level by level
+// s_level_bars      8   87040      128  one mbarrier per level (1): the inboxes' rows have arrived
+// static slot     128  static      128  static __shared__ (magic zero)
+// total 87296 B = dynamic 87168 + static 128; limit 232448 B; headroom 145152 B; alignment 128 B
 
 #include "fuser_columns.cuh"
 
@@ -98,19 +99,30 @@ batchnorm_bwd_outer(
   __nv_bfloat16* const s_T0 = reinterpret_cast<__nv_bfloat16*>(smem);
   // T3's rows of the slab (BFloat16): 256 x 64
   __nv_bfloat16* const s_T3 = reinterpret_cast<__nv_bfloat16*>(smem + 32768);
-  // sum(T5) over each warp's rows: 8 x 64
-  double* const s_lanes_T9 = reinterpret_cast<double*>(smem + 65536);
-  // T9: this block's partial per column, read by the cluster
-  double* const s_part_T9 = reinterpret_cast<double*>(smem + 69632);
-  // T9: the slab's totals per column
-  double* const s_total_T9 = reinterpret_cast<double*>(smem + 70144);
-  // sum(T10) over each warp's rows: 8 x 64
-  double* const s_lanes_T11 = reinterpret_cast<double*>(smem + 70656);
-  // T11: this block's partial per column, read by the cluster
-  double* const s_part_T11 = reinterpret_cast<double*>(smem + 74752);
-  // T11: the slab's totals per column
-  double* const s_total_T11 = reinterpret_cast<double*>(smem + 75264);
+  // sum(T5) over each warp's rows, level by level: 8 x 64
+  float* const s_lanes0_f32 = reinterpret_cast<float*>(smem + 65536);
+  // sum(T10) over each warp's rows, level by level: 8 x 64
+  float* const s_lanes1_f32 = reinterpret_cast<float*>(smem + 67584);
+  // T9: the cluster's partials per column, pushed here by each block: 16 x 64
+  double* const s_inbox_T9 = reinterpret_cast<double*>(smem + 69632);
+  // T11: the cluster's partials per column, pushed here by each block: 16 x 64
+  double* const s_inbox_T11 = reinterpret_cast<double*>(smem + 77824);
+  // T9: the slab's totals per column, level by level
+  double* const s_total0_f64 = reinterpret_cast<double*>(smem + 86016);
+  // T11: the slab's totals per column, level by level
+  double* const s_total1_f64 = reinterpret_cast<double*>(smem + 86528);
+  // one mbarrier per level (1): the inboxes' rows have arrived
+  unsigned long long* const s_level_bars = reinterpret_cast<unsigned long long*>(smem + 87040);
   const long long S12 = n_rows;
+
+  // Each level's mbarrier expects the cluster's pushes into this block's inboxes; the cluster
+  // barrier's first half tells the peers they may push (its second half comes before the first push).
+  if (threadIdx.x == 0 && threadIdx.y == 0) {
+    fm::mbarrier_init(&s_level_bars[0], 1);
+    fm::fence_mbarrier_init();
+    fm::mbarrier_expect_tx(&s_level_bars[0], 16384);
+  }
+  fm::cluster_arrive_relaxed();
 
   // The block's rows of the slab, copied once: each thread copies the vectors it reads.
   slab.fill(s_T0, g_T0);
@@ -147,19 +159,21 @@ batchnorm_bwd_outer(
       }
     }
   }
-  slab.put(s_lanes_T9, acc_T9, fm::Sum{});
-  slab.put(s_lanes_T11, acc_T11, fm::Sum{});
+  slab.put(s_lanes0_f32, acc_T9, fm::Sum{});
+  slab.put(s_lanes1_f32, acc_T11, fm::Sum{});
   __syncthreads();  // every warp's partials are in the lanes buffers
-  slab.fold_groups(s_lanes_T9, s_part_T9, fm::Sum{});
-  slab.fold_groups(s_lanes_T11, s_part_T11, fm::Sum{});
-  fm::cluster_sync();  // every block's partials are visible to the cluster
-  slab.fold_blocks(s_part_T9, s_total_T9, fm::Sum{});
-  slab.fold_blocks(s_part_T11, s_total_T11, fm::Sum{});
+  fm::cluster_wait();  // every block's mbarriers are ready for the pushes
+  slab.fold_groups(s_lanes0_f32, s_inbox_T9, fm::Sum{}, &s_level_bars[0]);
+  slab.fold_groups(s_lanes1_f32, s_inbox_T11, fm::Sum{}, &s_level_bars[0]);
+  fm::mbarrier_wait(&s_level_bars[0], 0);  // every block's partials are in the inboxes
+  slab.fold_blocks(s_inbox_T9, s_total0_f64, fm::Sum{});
+  slab.fold_blocks(s_inbox_T11, s_total1_f64, fm::Sum{});
+  fm::cluster_arrive_relaxed();  // nothing more will be pushed to this block
   __syncthreads();  // the slab's totals are complete
   float r_T9[VEC];
-  slab.get(s_total_T9, r_T9);
+  slab.get(s_total0_f64, r_T9);
   float r_T11[VEC];
-  slab.get(s_total_T11, r_T11);
+  slab.get(s_total1_f64, r_T11);
 
   // Outputs, from the rows still in shared memory.
   float k_T13[VEC];
@@ -207,5 +221,5 @@ batchnorm_bwd_outer(
     fm::store_pieces<VEC>(g_T22 + slab.col, o_T22);
     fm::store_pieces<VEC>(g_T23 + slab.col, o_T23);
   }
-  fm::cluster_arrive_and_wait();  // no block leaves while a peer may still read its partials
+  fm::cluster_wait();  // no block leaves while its pushes may still be on their way to a peer
 }

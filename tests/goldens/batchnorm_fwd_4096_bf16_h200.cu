@@ -56,19 +56,18 @@
 //   groups             8
 //   cluster            16
 //   rank_rows          1024
-//   blocks_per_sm      2
+//   blocks_per_sm      3
 //
 // shared memory plan:
-// buffer       bytes  offset  aligned  purpose
-// s_T0         65536       0    65536  T0's rows of the slab (BFloat16): 1024 x 32
-// s_lanes_T5    2048   65536     2048  sum(T3) over each warp's rows: 8 x 32
-// s_part_T5      256   67584      256  T5: this block's partial per column, read by the cluster
-// s_total_T5     256   67840      256  T5: the slab's totals per column
-// s_lanes_T16   2048   68096     2048  sum(T11) over each warp's rows: 8 x 32
-// s_part_T16     256   70144      256  T16: this block's partial per column, read by the cluster
-// s_total_T16    256   70400      256  T16: the slab's totals per column
-// static slot    128  static      128  static __shared__ (magic zero)
-// total 70784 B = dynamic 70656 + static 128; limit 232448 B; headroom 161664 B; alignment 128 B
+// buffer        bytes  offset  aligned  purpose
+// s_T0          65536       0    65536  T0's rows of the slab (BFloat16): 1024 x 32
+// s_lanes0_f32   1024   65536     1024  sum(T3), sum(T11) over each warp's rows, level by level: 8 x 32
+// s_inbox_T5     4096   66560     4096  T5: the cluster's partials per column, pushed here by each block: 16 x 32
+// s_inbox_T16    4096   70656     4096  T16: the cluster's partials per column, pushed here by each block: 16 x 32
+// s_total0_f64    256   74752      256  T5, T16: the slab's totals per column, level by level
+// s_level_bars     16   75008      128  one mbarrier per level (2): the inboxes' rows have arrived
+// static slot     128  static      128  static __shared__ (magic zero)
+// total 75264 B = dynamic 75136 + static 128; limit 232448 B; headroom 157184 B; alignment 128 B
 
 #include "fuser_columns.cuh"
 
@@ -76,7 +75,7 @@
 // most 1024 rows) in shared memory, copied once.
 // Thread (x, y) owns columns x * 8 to x * 8 + 7 of the slab and rows y, y + 64, ... of its block; each level's column
 // totals are folded over the block's rows, then over the cluster's blocks in rank order.
-extern "C" __global__ void __cluster_dims__(16, 1, 1) __launch_bounds__(256, 2)
+extern "C" __global__ void __cluster_dims__(16, 1, 1) __launch_bounds__(256, 3)
 batchnorm_fwd_outer(
     const __nv_bfloat16* __restrict__ g_T0,
     const __nv_bfloat16* __restrict__ g_T1,
@@ -98,24 +97,33 @@ batchnorm_fwd_outer(
   extern __shared__ __align__(128) unsigned char smem[];
   // T0's rows of the slab (BFloat16): 1024 x 32
   __nv_bfloat16* const s_T0 = reinterpret_cast<__nv_bfloat16*>(smem);
-  // sum(T3) over each warp's rows: 8 x 32
-  double* const s_lanes_T5 = reinterpret_cast<double*>(smem + 65536);
-  // T5: this block's partial per column, read by the cluster
-  double* const s_part_T5 = reinterpret_cast<double*>(smem + 67584);
-  // T5: the slab's totals per column
-  double* const s_total_T5 = reinterpret_cast<double*>(smem + 67840);
-  // sum(T11) over each warp's rows: 8 x 32
-  double* const s_lanes_T16 = reinterpret_cast<double*>(smem + 68096);
-  // T16: this block's partial per column, read by the cluster
-  double* const s_part_T16 = reinterpret_cast<double*>(smem + 70144);
-  // T16: the slab's totals per column
-  double* const s_total_T16 = reinterpret_cast<double*>(smem + 70400);
+  // sum(T3), sum(T11) over each warp's rows, level by level: 8 x 32
+  float* const s_lanes0_f32 = reinterpret_cast<float*>(smem + 65536);
+  // T5: the cluster's partials per column, pushed here by each block: 16 x 32
+  double* const s_inbox_T5 = reinterpret_cast<double*>(smem + 66560);
+  // T16: the cluster's partials per column, pushed here by each block: 16 x 32
+  double* const s_inbox_T16 = reinterpret_cast<double*>(smem + 70656);
+  // T5, T16: the slab's totals per column, level by level
+  double* const s_total0_f64 = reinterpret_cast<double*>(smem + 74752);
+  // one mbarrier per level (2): the inboxes' rows have arrived
+  unsigned long long* const s_level_bars = reinterpret_cast<unsigned long long*>(smem + 75008);
   const long long S4 = n_rows;
   const long long S12 = 0LL;
   const long long S14 = 0LL;
   const double S18 = 1e-05;
   const long long S13 = (S4 - S12);
   const long long S15 = fm::max(S13, S14);
+
+  // Each level's mbarrier expects the cluster's pushes into this block's inboxes; the cluster
+  // barrier's first half tells the peers they may push (its second half comes before the first push).
+  if (threadIdx.x == 0 && threadIdx.y == 0) {
+    fm::mbarrier_init(&s_level_bars[0], 1);
+    fm::mbarrier_init(&s_level_bars[1], 1);
+    fm::fence_mbarrier_init();
+    fm::mbarrier_expect_tx(&s_level_bars[0], 4096);
+    fm::mbarrier_expect_tx(&s_level_bars[1], 4096);
+  }
+  fm::cluster_arrive_relaxed();
 
   // The block's rows of the slab, copied once: each thread copies the vectors it reads.
   slab.fill(s_T0, g_T0);
@@ -140,14 +148,15 @@ batchnorm_fwd_outer(
       }
     }
   }
-  slab.put(s_lanes_T5, acc_T5, fm::Sum{});
+  slab.put(s_lanes0_f32, acc_T5, fm::Sum{});
   __syncthreads();  // every warp's partials are in the lanes buffers
-  slab.fold_groups(s_lanes_T5, s_part_T5, fm::Sum{});
-  fm::cluster_sync();  // every block's partials are visible to the cluster
-  slab.fold_blocks(s_part_T5, s_total_T5, fm::Sum{});
+  fm::cluster_wait();  // every block's mbarriers are ready for the pushes
+  slab.fold_groups(s_lanes0_f32, s_inbox_T5, fm::Sum{}, &s_level_bars[0]);
+  fm::mbarrier_wait(&s_level_bars[0], 0);  // every block's partials are in the inboxes
+  slab.fold_blocks(s_inbox_T5, s_total0_f64, fm::Sum{});
   __syncthreads();  // the slab's totals are complete
   float r_T5[VEC];
-  slab.get(s_total_T5, r_T5);
+  slab.get(s_total0_f64, r_T5);
 
   // Outer level 1: sum(T11) -> T16, over every row of the slab.
   float k_T6[VEC];
@@ -171,14 +180,15 @@ batchnorm_fwd_outer(
       }
     }
   }
-  slab.put(s_lanes_T16, acc_T16, fm::Sum{});
+  slab.put(s_lanes0_f32, acc_T16, fm::Sum{});
   __syncthreads();  // every warp's partials are in the lanes buffers
-  slab.fold_groups(s_lanes_T16, s_part_T16, fm::Sum{});
-  fm::cluster_sync();  // every block's partials are visible to the cluster
-  slab.fold_blocks(s_part_T16, s_total_T16, fm::Sum{});
+  slab.fold_groups(s_lanes0_f32, s_inbox_T16, fm::Sum{}, &s_level_bars[1]);
+  fm::mbarrier_wait(&s_level_bars[1], 0);  // every block's partials are in the inboxes
+  slab.fold_blocks(s_inbox_T16, s_total0_f64, fm::Sum{});
+  fm::cluster_arrive_relaxed();  // nothing more will be pushed to this block
   __syncthreads();  // the slab's totals are complete
   float r_T16[VEC];
-  slab.get(s_total_T16, r_T16);
+  slab.get(s_total0_f64, r_T16);
 
   // Outputs, from the rows still in shared memory.
   float k_T20[VEC];
@@ -223,5 +233,5 @@ batchnorm_fwd_outer(
     fm::store_pieces<VEC>(g_T6 + slab.col, o_T6);
     fm::store_pieces<VEC>(g_T20 + slab.col, o_T20);
   }
-  fm::cluster_arrive_and_wait();  // no block leaves while a peer may still read its partials
+  fm::cluster_wait();  // no block leaves while its pushes may still be on their way to a peer
 }
