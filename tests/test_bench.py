@@ -522,3 +522,26 @@ def test_outer_geometry_orders_are_parsed_or_refused():
             parse_order(bad)
     args = parse_args(["--order", "a=[[64,256,2]]", "--clusters", "1,8"])
     assert args.order == [("a", [(64, 256, 2)])] and args.clusters == (1, 8)
+
+
+def test_outer_skeleton_configurations_compile_and_bad_arguments_are_refused(capsys):
+    """bench/outer_skeleton.py: every fold form and copy of the skeleton builds for sm_90 with
+    no spills; the fold form runs once where it cannot matter (no levels, no cluster); values
+    outside the kernel's forms are refused naming them."""
+    from bench.outer_skeleton import SOURCE, configurations, parse_args
+    from fuser.compile import compile_cuda, template_dir
+
+    args = parse_args(["--segments", "128", "--threads", "256", "--clusters", "1,16",
+                       "--levels", "0,2", "--sync", "0,3", "--copy", "0,1"])
+    found = configurations(args)
+    assert {(c["cluster"], c["levels"], c["sync"]) for c in found} == {
+        (1, 0, 0), (1, 2, 0), (16, 0, 0), (16, 2, 0), (16, 2, 3)}
+    assert len(found) == 10  # each twice: cp.async and bulk copies
+    entries = "".join(f"template __global__ void {c['entry']}(const uint4*, uint4*, long long, "
+                      "int);\n" for c in found)
+    module = compile_cuda(SOURCE + entries, "skeleton.cu", 90, (str(template_dir()),))
+    assert len(module.resources) == 10 and not any(r.spills for r in module.resources)
+    for bad in (["--sync", "4"], ["--clusters", "3"], ["--segments", "48"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
+        assert bad[1] in capsys.readouterr().err
