@@ -25,6 +25,12 @@ from fuser.frontend import FusionDefinition
 
 __version__ = "0.2.0"
 
+# The executor (with the kernel cache and the driver it runs kernels through) comes with the
+# package instead of with the first execute(): `import fuser` stays within its 150 ms, and a
+# process's first call whose kernel is on disk costs the call, not 25-30 ms of imports
+# (bench/startup.py on the H200 machine). It imports neither CuPy, torch, NVRTC nor Jinja.
+from fuser import executor as _executor  # noqa: F401
+
 __all__ = [
     "BadInputError",
     "CompileError",

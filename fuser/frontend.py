@@ -1,8 +1,9 @@
 """The user surface: `with FusionDefinition() as fd:` and `fd.ops.*`, as nvFuser users know it.
 
 FusionDefinition builds a Fusion (ir.py) and is also the user's handle on everything after:
-execute(), validate() and the inspection calls delegate to the executor, imported when first
-used so that defining and printing fusions needs neither CuPy nor a GPU.
+execute(), validate() and the inspection calls delegate to the executor, named where called
+(`import fuser` has loaded it already). Neither importing fuser nor defining and printing
+fusions needs CuPy or a GPU.
 """
 
 from __future__ import annotations

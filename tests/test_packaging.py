@@ -200,3 +200,16 @@ def test_installed_wheel_compiles_and_answers_version(wheel, tmp_path):
     version = subprocess.run([sys.executable, str(command), "--version"], cwd=tmp_path,
                              check=True, capture_output=True, text=True, env=env)
     assert version.stdout.splitlines()[0] == f"fuser {fuser.__version__}"
+
+
+def test_import_fuser_brings_the_executor_and_nothing_heavy():
+    """`import fuser` loads the executor, whose imports a process's first call would otherwise
+    pay, and none of CuPy, torch, NVRTC, cuda.pathfinder or Jinja, nor logging and tempfile,
+    which the kernel cache imports only when it logs or writes."""
+    heavy = ("cupy", "torch", "cuda.bindings.nvrtc", "cuda.pathfinder", "jinja2", "logging",
+             "tempfile")
+    probe = (f"import sys, fuser; print('fuser.executor' in sys.modules, "
+             f"[m for m in {heavy!r} if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout.split(maxsplit=1)
+    assert out == ["True", "[]\n"]
