@@ -40,6 +40,7 @@ from fuser.schedulers.base import (
     RowSchedule,
 )
 from fuser.schedulers.finalize import finalize_schedule, needs_finalize
+from fuser.schedulers.outer_persistent import rebuilt_blocks
 from fuser.signature import KernelSource
 
 T = TypeVar("T")
@@ -189,7 +190,7 @@ def _attempts(name: str, info: FusionInfo, problem: Problem, device: DeviceSpec,
         current: KernelSchedule | None = sched
         while current is not None:
             yield _Attempt(current, final, _render(name, info, current, final))
-            current = _rebuilt(current, last)
+            current = _rebuilt(current, last, device)
 
 
 def _marking_last(items: Iterator[T]) -> Iterator[tuple[T, bool]]:
@@ -210,13 +211,17 @@ def _marking_last(items: Iterator[T]) -> Iterator[tuple[T, bool]]:
         yield pending.pop(), True
 
 
-def _rebuilt(sched: KernelSchedule, last: bool) -> RowSchedule | OuterSchedule | None:
+def _rebuilt(sched: KernelSchedule, last: bool, device: DeviceSpec
+             ) -> RowSchedule | OuterSchedule | None:
     """What to compile after `sched` spilled, or None: one block per SM fewer (not below
     MIN_REBUILT_THREADS resident threads unless `sched` comes from the last candidate), then a
-    batch loop unrolled half as far; an outer schedule rebuilt for one block per SM fewer (more
-    registers for its threads); a pointwise schedule has no rebuild."""
-    if isinstance(sched, OuterSchedule) and sched.blocks_per_sm > 1:
-        fewer = sched.blocks_per_sm - 1
+    batch loop unrolled half as far; an outer schedule rebuilt for fewer blocks per SM, as
+    many as leave its threads a quarter more registers (outer_persistent.rebuilt_blocks); a
+    pointwise schedule has no rebuild."""
+    if isinstance(sched, OuterSchedule):
+        fewer = rebuilt_blocks(sched, device)
+        if fewer is None:
+            return None
         return replace(sched, blocks_per_sm=fewer, reason=sched.reason + f"; ptxas spilled at "
                        f"{sched.blocks_per_sm} block(s)/SM, rebuilt for {fewer}")
     if not isinstance(sched, RowSchedule):

@@ -222,3 +222,25 @@ def test_a_call_the_outer_kernel_cannot_run_runs_the_segments_and_remembers(monk
     assert executor.execute(fd, inputs)[0] == "segments" and calls == ["plan"]
     with pytest.raises(OutOfResourcesError, match="a test"):
         executor.execute(FUSIONS["rmsnorm_fwd"](BF16), [np.zeros((8, 4), np.float32)])
+
+
+@pytest.mark.parametrize(("threads", "blocks", "chain"), [
+    (256, 3, [3, 2, 1]), (512, 1, [1]), (32, 25, [25, 19, 15, 11, 8])])
+def test_a_spilled_outer_kernel_is_rebuilt_for_a_quarter_more_registers_each_time(
+        threads, blocks, chain):
+    """Each rebuild leaves the threads at least a quarter more registers than the kernel that
+    spilled (not one block fewer at a time, which at 32 threads compiled again under the same
+    limit), and none follows a kernel at the per-thread maximum (255 at 8 blocks of 32)."""
+    from dataclasses import replace
+
+    from fuser.schedulers.outer_persistent import rebuilt_blocks
+
+    info = analyze(FUSIONS["batchnorm_fwd"](BF16).fusion)
+    s = next(candidates(info, Problem(4096, 16384, 16), H200))
+    lanes = min(s.col_lanes, threads)
+    s = replace(s, col_lanes=lanes, row_lanes=threads // lanes, blocks_per_sm=blocks)
+    assert s.threads == threads
+    found = [s.blocks_per_sm]
+    while (fewer := rebuilt_blocks(replace(s, blocks_per_sm=found[-1]), H200)) is not None:
+        found.append(fewer)
+    assert found == chain

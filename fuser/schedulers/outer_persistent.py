@@ -168,6 +168,21 @@ def _schedule(info: FusionInfo, problem: Problem, device: DeviceSpec, vec: int, 
                          row_lanes, groups, cluster, rank_rows, max(1, blocks), plan)
 
 
+def rebuilt_blocks(s: OuterSchedule, device: DeviceSpec) -> int | None:
+    """Blocks per SM to rebuild `s` for after ptxas spilled at s.blocks_per_sm: the most whose
+    register limit (__launch_bounds__'s: the register file over blocks x threads, in steps of
+    8) is at least a quarter above this one's, or None where it is at the per-thread maximum.
+    One block fewer at a time would often compile again under the same limit (thread counts
+    of 32 to 64 at a few rows run 12 to 25 blocks)."""
+    def limit(blocks: int) -> int:
+        per_thread = device.regs_per_sm // (blocks * s.threads) // 8 * 8
+        return min(device.max_regs_per_thread, per_thread)
+
+    now = limit(s.blocks_per_sm)
+    return next((b for b in range(s.blocks_per_sm - 1, 0, -1) if limit(b) * 4 >= now * 5),
+                None)
+
+
 def fold_groups(col_lanes: int, row_lanes: int, warp: int) -> int:
     """Row lanes left after a warp folds its own (those of one column lane) by shuffles: the
     rows of the fold buffers (OuterSchedule.groups, which the kernel gets as ColumnSlab's
@@ -190,7 +205,7 @@ def _smem(info: FusionInfo, slab: int, groups: int, rank_rows: int, cluster: int
         words = ", ".join(f"{e.op}({e.inputs[0].name})" for e in users)
         requests.append((name, groups * slab * _BYTES[lane_type(users[0])],
                          f"{words} over each warp's rows, level by level: {groups} x {slab}"))
-    if cluster > 1:
+    if cluster > 1:  # a level's inbox bytes fit shared memory, under an mbarrier's 2^20 count
         requests += [(inbox_buffer(e), cluster * slab * TOTAL_BYTES,
                       f"{e.outputs[0].name}: the cluster's partials per column, pushed here "
                       f"by each block: {cluster} x {slab}") for e in info.outer_reductions]
