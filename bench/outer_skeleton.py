@@ -3,7 +3,7 @@ arithmetic, geometry by geometry and fold mechanism by mechanism.
 
     PYTHONPATH=. python3 bench/outer_skeleton.py [--segments 64,128] [--threads 256,512] \
         [--clusters 4,8,16] [--levels 0,1,2] [--sync 0,1,2,3] [--copy 0] [--min-blocks 2] \
-        [--out f.json]
+        [--register-rows 0,8] [--out f.json]
 
 The skeleton is outer_kernel.cu.j2 with its statements taken out: a cluster owns a slab of
 16-byte vectors of a [rows, row bytes] array (segment bytes of each row), each block copies
@@ -15,7 +15,10 @@ loads from every peer (fuser before e1f9380); 1, a relaxed cluster barrier, whic
 memory (a bound, not a correct kernel); 2, pushes into every block's inbox counted off an
 mbarrier per level, after a release arrive at the start; 3, the same after
 fence.mbarrier_init and a relaxed arrive (fuser since e1f9380; the push forms here end
-without the split cluster barrier fuser's kernel closes with). Each configuration runs at
+without the split cluster barrier fuser's kernel closes with). --register-rows R keeps each
+thread's first R rows in registers (plain loads, issued before the copies) and only the rest
+in shared memory, which leaves room for more blocks per SM at the same slab. Each
+configuration runs at
 [16384, 8192 B] and [4096, 32768 B] (bf16 [16384, 4096] and [4096, 16384]) against a device
 copy of the same array in the same process, triton do_bench medians; what it prints and
 --out writes is one record per run. The tool behind "outer folds by pushes" in
@@ -37,7 +40,8 @@ SOURCE = r'''
 #include "fuser_cluster.cuh"
 #include "fuser_copy.cuh"
 
-template <int LANES, int ROW_LANES, int CLUSTER, int LEVELS, int COPY, int MINB, int SYNC>
+template <int LANES, int ROW_LANES, int CLUSTER, int LEVELS, int COPY, int MINB, int SYNC,
+          int REG>
 __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(LANES * ROW_LANES, MINB)
 skeleton(const uint4* __restrict__ x, uint4* __restrict__ y, long long n_rows, int h16) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -51,8 +55,12 @@ skeleton(const uint4* __restrict__ x, uint4* __restrict__ y, long long n_rows, i
   const long long share = (n_rows + CLUSTER - 1) / CLUSTER;
   const long long row0 = share * rank;
   const int rows = static_cast<int>(min(share, n_rows - row0));
+  // The block's first HELD rows stay in registers (REG a thread: rows ty + j * ROW_LANES),
+  // the rest in shared memory from row HELD on.
+  constexpr int HELD = REG * ROW_LANES;
+  const long long kept = share > HELD ? share - HELD : 0;
   uint4* tile = reinterpret_cast<uint4*>(smem);
-  float* lanes = reinterpret_cast<float*>(smem + share * LANES * 16);
+  float* lanes = reinterpret_cast<float*>(smem + kept * LANES * 16);
   float* part = lanes + GROUPS * W;
   float* total = part + W;
   unsigned long long* bar = reinterpret_cast<unsigned long long*>(total + W);
@@ -71,10 +79,16 @@ skeleton(const uint4* __restrict__ x, uint4* __restrict__ y, long long n_rows, i
     }
   }
   const uint4* src = x + row0 * h16 + slab * LANES;
+  uint4 held[REG > 0 ? REG : 1];
+#pragma unroll
+  for (int j = 0; j < REG; ++j) {
+    const int r = ty + j * ROW_LANES;
+    if (r < rows) held[j] = src[static_cast<long long>(r) * h16 + tx];
+  }
   if constexpr (COPY == 0) {
 #pragma unroll 4
-    for (int r = ty; r < rows; r += ROW_LANES) {
-      fm::cp_async<16>(tile + r * LANES + tx, src + static_cast<long long>(r) * h16 + tx);
+    for (int r = ty + HELD; r < rows; r += ROW_LANES) {
+      fm::cp_async<16>(tile + (r - HELD) * LANES + tx, src + static_cast<long long>(r) * h16 + tx);
     }
     fm::cp_async_commit();
     fm::cp_async_wait<0>();
@@ -84,10 +98,11 @@ skeleton(const uint4* __restrict__ x, uint4* __restrict__ y, long long n_rows, i
       fm::fence_mbarrier_init();
     }
     __syncthreads();
-    if (threadIdx.x == 0) fm::mbarrier_expect_tx(bar, rows * LANES * 16);
+    if (threadIdx.x == 0) fm::mbarrier_expect_tx(bar, max(rows - HELD, 0) * LANES * 16);
     __syncthreads();
-    for (int r = threadIdx.x; r < rows; r += THREADS) {
-      fm::bulk_copy(tile + r * LANES, src + static_cast<long long>(r) * h16, LANES * 16, bar);
+    for (int r = HELD + threadIdx.x; r < rows; r += THREADS) {
+      fm::bulk_copy(tile + (r - HELD) * LANES, src + static_cast<long long>(r) * h16, LANES * 16,
+                    bar);
     }
     fm::mbarrier_wait(bar, 0);
   }
@@ -96,13 +111,17 @@ skeleton(const uint4* __restrict__ x, uint4* __restrict__ y, long long n_rows, i
 #pragma unroll 1
   for (int level = 0; level < LEVELS; ++level) {
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int r = ty; r < rows; r += ROW_LANES) {
-      const uint4 v = tile[r * LANES + tx];
+    const auto fold = [&](const uint4& v) {
       acc[0] += __uint_as_float(v.x) * add;
       acc[1] += __uint_as_float(v.y);
       acc[2] += __uint_as_float(v.z);
       acc[3] += __uint_as_float(v.w);
+    };
+#pragma unroll
+    for (int j = 0; j < REG; ++j) {
+      if (ty + j * ROW_LANES < rows) fold(held[j]);
     }
+    for (int r = ty + HELD; r < rows; r += ROW_LANES) fold(tile[(r - HELD) * LANES + tx]);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       float s = acc[i];
@@ -162,11 +181,15 @@ skeleton(const uint4* __restrict__ x, uint4* __restrict__ y, long long n_rows, i
     add += total[tx * 4] * 1e-30f;
   }
   uint4* dst = y + row0 * h16 + slab * LANES;
-  for (int r = ty; r < rows; r += ROW_LANES) {
-    uint4 v = tile[r * LANES + tx];
+  const auto store = [&](int r, uint4 v) {
     v.x = __float_as_uint(__uint_as_float(v.x) + add);
     dst[static_cast<long long>(r) * h16 + tx] = v;
+  };
+#pragma unroll
+  for (int j = 0; j < REG; ++j) {
+    if (ty + j * ROW_LANES < rows) store(ty + j * ROW_LANES, held[j]);
   }
+  for (int r = ty + HELD; r < rows; r += ROW_LANES) store(r, tile[(r - HELD) * LANES + tx]);
   if constexpr (CLUSTER > 1 && SYNC < 2) fm::cluster_arrive_and_wait();
 }
 '''
@@ -186,6 +209,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sync", type=_ints, default=(0, 3), help="cluster fold (see above)")
     p.add_argument("--copy", type=_ints, default=(0,), help="0 cp.async, 1 bulk copies")
     p.add_argument("--min-blocks", type=_ints, default=(2,), help="__launch_bounds__'s")
+    p.add_argument("--register-rows", type=_ints, default=(0,),
+                   help="rows a thread keeps in registers")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     for name in ("segments", "threads"):
@@ -204,16 +229,16 @@ def configurations(args: argparse.Namespace) -> list[dict]:
     """Every combination asked for, with its template arguments (sync only matters with
     levels and a cluster, so the others run once, as sync 0)."""
     found = []
-    for seg, threads, cluster, levels, sync, copy, minb in itertools.product(
+    for seg, threads, cluster, levels, sync, copy, minb, reg in itertools.product(
             args.segments, args.threads, args.clusters, args.levels, args.sync, args.copy,
-            args.min_blocks):
+            args.min_blocks, args.register_rows):
         if (levels == 0 or cluster == 1) and sync != args.sync[0]:
             continue
         lanes = seg // 16
         found.append({"seg": seg, "threads": threads, "cluster": cluster, "levels": levels,
-                      "sync": sync, "copy": copy, "minb": minb,
+                      "sync": sync, "copy": copy, "minb": minb, "register_rows": reg,
                       "entry": f"skeleton<{lanes},{threads // lanes},{cluster},{levels},{copy},"
-                               f"{minb},{sync}>"})
+                               f"{minb},{sync},{reg}>"})
     return found
 
 
@@ -222,7 +247,8 @@ def shared_bytes(c: dict, rows: int) -> int:
     lanes = c["seg"] // 16
     groups = (c["threads"] // lanes) // (32 // lanes if lanes < 32 else 1)
     share = -(-rows // c["cluster"])
-    return (share * c["seg"] + (groups + 2) * lanes * 16 + 64
+    kept = max(0, share - c["register_rows"] * (c["threads"] // lanes))
+    return (kept * c["seg"] + (groups + 2) * lanes * 16 + 64
             + c["levels"] * c["cluster"] * c["seg"])
 
 

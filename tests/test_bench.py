@@ -525,22 +525,28 @@ def test_outer_geometry_orders_are_parsed_or_refused():
 
 
 def test_outer_skeleton_configurations_compile_and_bad_arguments_are_refused(capsys):
-    """bench/outer_skeleton.py: every fold form and copy of the skeleton builds for sm_90 with
-    no spills; the fold form runs once where it cannot matter (no levels, no cluster); values
-    outside the kernel's forms are refused naming them."""
-    from bench.outer_skeleton import SOURCE, configurations, parse_args
+    """bench/outer_skeleton.py: every fold form, copy and register-row count of the skeleton
+    builds for sm_90 with no spills, and rows held in registers leave shared memory; the fold
+    form runs once where it cannot matter (no levels, no cluster); values outside the
+    kernel's forms are refused naming them."""
+    from bench.outer_skeleton import SOURCE, configurations, parse_args, shared_bytes
     from fuser.compile import compile_cuda, template_dir
 
     args = parse_args(["--segments", "128", "--threads", "256", "--clusters", "1,16",
-                       "--levels", "0,2", "--sync", "0,3", "--copy", "0,1"])
+                       "--levels", "0,2", "--sync", "0,3", "--copy", "0,1",
+                       "--register-rows", "0,8"])
     found = configurations(args)
     assert {(c["cluster"], c["levels"], c["sync"]) for c in found} == {
         (1, 0, 0), (1, 2, 0), (16, 0, 0), (16, 2, 0), (16, 2, 3)}
-    assert len(found) == 10  # each twice: cp.async and bulk copies
+    assert len(found) == 20  # each four times: cp.async or bulk copies, 0 or 8 register rows
+    held = next(c for c in found if c["register_rows"] == 8 and c["cluster"] == 16)
+    # 16384 rows over 16 blocks, 8 of each of 32 row lanes' rows in registers: 768 in smem
+    assert shared_bytes(held, 16384) == shared_bytes({**held, "register_rows": 0}, 16384) - (
+        256 * 128)
     entries = "".join(f"template __global__ void {c['entry']}(const uint4*, uint4*, long long, "
                       "int);\n" for c in found)
     module = compile_cuda(SOURCE + entries, "skeleton.cu", 90, (str(template_dir()),))
-    assert len(module.resources) == 10 and not any(r.spills for r in module.resources)
+    assert len(module.resources) == 20 and not any(r.spills for r in module.resources)
     for bad in (["--sync", "4"], ["--clusters", "3"], ["--segments", "48"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
