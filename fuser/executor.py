@@ -532,11 +532,9 @@ def _contiguous(fd, inputs: list) -> list:
     return inputs
 
 
-def segments_of(fd, tall_columns: bool = False) -> Segmentation | None:
+def segments_of(fd) -> Segmentation | None:
     """None when one kernel chain runs `fd`, else its segments (segment.py); raises the
-    analysis' UnsupportedFusionError when cutting does not help either. `tall_columns`: an
-    outer normalization's segments too, the chain it runs as where its columns are too tall
-    for one kernel (columns_too_tall)."""
+    analysis' UnsupportedFusionError when cutting does not help either."""
     stamp = (len(fd.fusion.vals), len(fd.fusion.outputs))
     cached = fd.__dict__.get("_segments_cache")
     if cached is None or cached[0] != stamp:
@@ -546,8 +544,6 @@ def segments_of(fd, tall_columns: bool = False) -> Segmentation | None:
         except UnsupportedFusionError as exc:
             found = segment(fd.fusion, fd.name, exc)
         fd._segments_cache = cached = (stamp, found)
-    if cached[1] is None and tall_columns:
-        return _outer_segments(fd)
     return cached[1]
 
 
@@ -571,14 +567,15 @@ def columns_too_tall(fd, reason: FuserError) -> Segmentation | None:
     (its columns too tall for any cluster to keep on chip, most often; `reason` says why), with
     that reason: two or three sweeps instead of one. None for any other fusion, whose refusal
     stands."""
-    found = _outer_segments(fd)
+    found = outer_segments(fd)
     if found is None:
         return None
     return replace(found, refusal=f"one outer-persistent kernel cannot run it here: {reason}")
 
 
-def _outer_segments(fd) -> Segmentation | None:
-    """segment() of an outer normalization (cached per definition), None for any other."""
+def outer_segments(fd) -> Segmentation | None:
+    """segment() of an outer normalization (cached per definition): the chain it runs as where
+    the outer-persistent kernel cannot (columns_too_tall); None for any other fusion."""
     try:
         if _info(fd)[0].kind is not Kind.OUTER_NORM:
             return None

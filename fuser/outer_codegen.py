@@ -17,7 +17,6 @@ from fuser.row_codegen import reduction
 from fuser.schedulers.base import OuterSchedule
 from fuser.schedulers.outer_persistent import (
     LEVEL_BARRIERS,
-    TOTAL_BYTES,
     fold_buffer_types,
     inbox_buffer,
     lanes_buffer,
@@ -76,6 +75,11 @@ def _reduction(info: FusionInfo, e: Expr, value: str) -> dict:
             "inbox": inbox_buffer(e), "total": total_buffer(info, e)}
 
 
+def _inbox_bytes(s: OuterSchedule, level: tuple[Expr, ...]) -> int:
+    """Bytes a level's mbarrier waits for: its reductions' inboxes, as planned (clusters)."""
+    return sum(s.smem.buffer(inbox_buffer(e)).nbytes for e in level) if s.cluster > 1 else 0
+
+
 def _rows_read(info: FusionInfo, emitter: Emitter) -> list[dict]:
     """The full inputs the emitted statements read, and their shared buffers."""
     return [{"name": t.name, "buffer": tile_buffer(t)}
@@ -98,7 +102,7 @@ def outer_context(info: FusionInfo, s: OuterSchedule) -> dict:
         reductions = [_reduction(info, e, emitter.env[e.inputs[0]]) for e in level]
         levels.append({"title": f"Outer level {k}: {words}, over every row of the slab.",
                        "barrier": f"&{LEVEL_BARRIERS}[{k}]",
-                       "inbox_bytes": len(level) * s.cluster * s.slab * TOTAL_BYTES,
+                       "inbox_bytes": _inbox_bytes(s, level),
                        "hoisted": hoisted, "rows": _rows_read(info, emitter),
                        "element_lines": lines,
                        "reductions": reductions})

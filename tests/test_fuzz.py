@@ -263,11 +263,11 @@ def test_segments_chained_on_the_oracle_equal_the_whole_fusion(plan, rows, hidde
     over the rows meet rows), cut into segments: each segment evaluated on the float64 oracle
     in order, on the fusion's inputs and earlier segments' stored outputs, gives what the
     whole fusion gives (up to float32 storage of what segments pass on)."""
-    from fuser.executor import segments_of
+    from test_segment import _segments
 
     try:
         fd = build(plan, tame=True, traps=True)
-        segmentation = segments_of(fd, tall_columns=True)
+        segmentation = _segments(fd)
         inputs = gpu_inputs(fd, rows, hidden, data_seed)
         whole = evaluate(fd.fusion, inputs)
     except FuserError:

@@ -695,9 +695,9 @@ def test_a_squeezed_row_statistic_is_a_per_row_value_and_aligns_as_numpy():
     squeezed [rows] sum met by x directly aligns with x's last axis as numpy does (x square),
     which runs as two segments, as x - sum(x, dims=[1]) does."""
     import numpy as np
+    from test_segment import _segments
 
     from fuser.analysis import Kind, analyze
-    from fuser.executor import segments_of
     from fuser.reference import evaluate
 
     with FusionDefinition("squeezed_rms") as fd:
@@ -709,14 +709,14 @@ def test_a_squeezed_row_statistic_is_a_per_row_value_and_aligns_as_numpy():
     with FusionDefinition("aligned") as fd:
         x = fd.define_tensor([-1, -1])
         fd.add_output(fd.ops.sub(x, fd.ops.squeeze(fd.ops.sum(x, [1], keepdim=True), 1)))
-    assert len(segments_of(fd, tall_columns=True).segments) == 2
+    assert len(_segments(fd).segments) == 2
     a = np.arange(9, dtype=np.float32).reshape(3, 3)
     np.testing.assert_array_equal(evaluate(fd.fusion, [a])[0], a - a.sum(1))
     with FusionDefinition("unsqueezed_then_squeezed") as fd:
         x = fd.define_tensor([-1, -1])
         kept = fd.ops.unsqueeze(fd.ops.sum(x, [1]), 1)  # a per-row value kept as [rows, 1]
         fd.add_output(fd.ops.sub(x, fd.ops.squeeze(kept, [1])))
-    assert len(segments_of(fd, tall_columns=True).segments) == 2
+    assert len(_segments(fd).segments) == 2
 
 
 def _squeezed_rms(dtype=DataType.BFloat16) -> FusionDefinition:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_segment import _segments
 
 from fuser import (
     BadInputError,
@@ -24,7 +25,7 @@ from fuser import (
 )
 from fuser.analysis import analyze
 from fuser.device import DeviceSpec
-from fuser.executor import _unshared, execute, segments_of
+from fuser.executor import _unshared, execute
 from fuser.kernels import build
 from fuser.reference import bind_shapes, evaluate
 from fuser.schedulers import Problem
@@ -216,7 +217,7 @@ def _layouts_on_host(layouts, values: dict, sizes) -> None:
 
 
 def _chained(fd: FusionDefinition, inputs: list) -> list[np.ndarray]:
-    segmentation = segments_of(fd, tall_columns=True)
+    segmentation = _segments(fd)
     lowered = segmentation.lowered
     sizes = bind_shapes(lowered, [np.shape(x) for x in inputs])
     values = dict(zip(lowered.inputs, inputs, strict=True))
@@ -246,7 +247,7 @@ def test_segments_chained_on_the_oracle_equal_the_whole_fusion(name):
     fd = _fd(name)
     with pytest.raises(UnsupportedFusionError, match="moves elements to other positions"):
         analyze(fd.fusion)
-    segmentation = segments_of(fd, tall_columns=True)
+    segmentation = _segments(fd)
     assert len(segmentation.segments) == CASES[name][1], segmentation
     assert "between kernels" in str(segmentation)
     for s in segmentation.segments:
@@ -261,7 +262,7 @@ def test_segments_chained_on_the_oracle_equal_the_whole_fusion(name):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_every_segment_compiles_without_spills(name):
-    for s in segments_of(_fd(name), tall_columns=True).segments:
+    for s in _segments(_fd(name)).segments:
         built = build(s.definition.name, analyze(s.definition.fusion), Problem(4096, 1024, 16),
                       H200)
         for entry, _plan in built.plans():
@@ -295,11 +296,11 @@ def test_an_op_on_an_output_layout_stays_after_it():
         p = fd.ops.permute(fd.ops.sub(x, fd.ops.sum(x, [1], keepdim=True)), [1, 0])
         fd.add_output(p)
         fd.add_output(fd.ops.neg(p))
-    assert [e.op for e in segments_of(fd, tall_columns=True).layouts] == ["permute"]
+    assert [e.op for e in _segments(fd).layouts] == ["permute"]
 
 
 def test_a_narrow_value_is_written_in_float_for_a_layout_op():
-    segmentation = segments_of(_fd("narrow_product_transposed"), tall_columns=True)
+    segmentation = _segments(_fd("narrow_product_transposed"))
     first, second = segmentation.segments
     assert [v.dtype for v in first.outputs] == [F]
     assert [v.dtype for v in second.definition.fusion.inputs] == [F]
@@ -484,7 +485,7 @@ def test_random_layout_chains_segment_to_what_the_oracle_gives(chain):
     shape, steps, seed = chain
     fd = _chain_fusion(shape, steps, seed)
     try:
-        segmentation = segments_of(fd, tall_columns=True)
+        segmentation = _segments(fd)
     except UnsupportedFusionError:
         return  # a reduction no chain of kernels runs (over the rows of a 3-D tensor)
     x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)

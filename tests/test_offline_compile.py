@@ -55,9 +55,9 @@ def test_activations_compile_without_spills(name, hidden, dtype):
 @pytest.mark.parametrize("hidden", [1, 127, 4096, 24578, 65537])
 @pytest.mark.parametrize("name", sorted(COLUMN_FUSIONS))
 def test_column_normalization_segments_compile_without_spills(name, hidden, dtype):
-    from fuser.executor import segments_of
+    from test_segment import _segments
 
-    for segment in segments_of(FUSIONS[name](dtype), tall_columns=True).segments:
+    for segment in _segments(FUSIONS[name](dtype)).segments:
         compile_and_check(segment.definition.name, dtype, hidden, fd=segment.definition)
 
 

@@ -12,7 +12,7 @@ import fuser
 from fuser import DataType, FusionDefinition, HintError, UnsupportedFusionError
 from fuser.analysis import Kind, analyze
 from fuser.device import DeviceSpec
-from fuser.executor import execute, segments_of
+from fuser.executor import execute, outer_segments, segments_of
 from fuser.explain import SegmentedExplanation
 from fuser.kernels import build
 from fuser.reference import evaluate
@@ -112,7 +112,7 @@ OUTER_NORMS = ("softmax_dim0", "batch_norm", "centered_3d")
 def _segments(fd: FusionDefinition):
     """The segments `fd` runs as: segments_of(fd), or for an outer normalization the chain it
     falls back to where its columns are too tall for a cluster."""
-    return segments_of(fd, tall_columns=True)
+    return segments_of(fd) or outer_segments(fd)
 
 
 @pytest.mark.parametrize("name", list(CASES))

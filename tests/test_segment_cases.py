@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_segment import _segments
 
 from fuser import DataType, FusionDefinition, UnsupportedFusionError
 from fuser.analysis import Kind, Role, analyze
@@ -355,7 +356,7 @@ def _inputs(fd: FusionDefinition, name: str, shape=None, seed: int = 5) -> list:
 def _chained(fd: FusionDefinition, inputs: list) -> list[np.ndarray]:
     """The segments evaluated in order on the oracle: each on the user's inputs and what
     earlier segments wrote (as stored, in the type they wrote it)."""
-    segmentation = segments_of(fd, tall_columns=True)
+    segmentation = _segments(fd)
     values = dict(zip(segmentation.lowered.inputs, inputs, strict=True))
     for s in segmentation.segments:
         outs = evaluate(s.definition.fusion, s.arguments(values))
@@ -376,7 +377,7 @@ def _one_kernel(fd: FusionDefinition) -> bool:
 def test_segments_chained_on_the_oracle_equal_the_whole_fusion(name):
     fd = _fd(name)
     assert _one_kernel(fd) or segments_of(fd) is not None
-    segmentation = segments_of(fd, tall_columns=True)
+    segmentation = _segments(fd)
     assert len(segmentation.segments) == CASES[name][1], segmentation
     inputs = _inputs(fd, name)
     expected = evaluate(fd.fusion, inputs)
@@ -390,7 +391,7 @@ def test_segments_chained_on_the_oracle_equal_the_whole_fusion(name):
 
 @pytest.mark.parametrize("name", list(CASES), ids=lambda n: n[:30])
 def test_every_segment_compiles_without_spills(name):
-    for s in segments_of(_fd(name), tall_columns=True).segments:
+    for s in _segments(_fd(name)).segments:
         assert len(s.definition.name) <= MAX_NAME_LENGTH
         built = build(s.definition.name, analyze(s.definition.fusion), Problem(4096, 1024, 16),
                       H200)
@@ -413,7 +414,7 @@ def test_a_statistic_carried_between_segments_keeps_float_precision():
     """The BFloat16 sums of batch_norm_narrow are written as Float; the outputs keep the
     user's types."""
     fd = _fd("batch_norm_narrow")
-    segmentation = segments_of(fd, tall_columns=True)
+    segmentation = _segments(fd)
     carried = {v for s in segmentation.segments for v in s.inputs
                if v not in segmentation.lowered.inputs}
     assert carried and all(v.dtype is F for v in carried)
@@ -422,13 +423,13 @@ def test_a_statistic_carried_between_segments_keeps_float_precision():
 
 def test_a_rounded_narrow_output_is_recomputed_not_read():
     fd = _fd("narrow_output_read_later")
-    first, second = segments_of(fd, tall_columns=True).segments
-    e = segments_of(fd, tall_columns=True).lowered.outputs[0]
+    first, second = _segments(fd).segments
+    e = _segments(fd).lowered.outputs[0]
     assert e in first.outputs and e not in second.inputs
 
 
 def test_segment_names_fit_the_name_limit():
-    names = [s.definition.name for s in segments_of(_fd(LONG), tall_columns=True).segments]
+    names = [s.definition.name for s in _segments(_fd(LONG)).segments]
     assert names == [LONG[:-3] + "_s0", LONG[:-3] + "_s1"]
 
 
@@ -447,7 +448,7 @@ def test_what_cutting_does_not_help_is_refused_before_anything_runs(builder):
     with FusionDefinition(builder.__name__) as fd:
         builder(fd)
     with pytest.raises(UnsupportedFusionError, match=REFUSED[builder]):
-        segments_of(fd, tall_columns=True)
+        _segments(fd)
     shape = (2, 3, 4) if fd.fusion.inputs[0].ndim == 3 else (3, 3)
     tensors = [np.zeros(shape, np.float32) for _ in fd.fusion.inputs]
     with pytest.raises(UnsupportedFusionError, match=REFUSED[builder]):
@@ -505,7 +506,7 @@ def test_a_total_of_a_row_or_column_vector_is_one_kernel(shape):
     """sum over both axes of [N, 1] or [1, N]: one row of N, one inner reduction."""
     with FusionDefinition("vector_total") as fd:
         fd.add_output(fd.ops.sum(fd.define_tensor(shape), [0, 1]))
-    assert analyze(fd.fusion).kind is Kind.INNER and segments_of(fd, tall_columns=True) is None
+    assert analyze(fd.fusion).kind is Kind.INNER and _segments(fd) is None
     x = np.random.default_rng(7).standard_normal([9 if s == -1 else 1 for s in shape])
     (total,) = evaluate(fd.fusion, [x.astype(np.float32)])
     assert total.shape == () and np.isclose(total, x.sum(), rtol=1e-5)
@@ -524,7 +525,7 @@ def test_a_reduction_of_a_1d_tensor_is_one_row():
     info = analyze(fd.fusion)
     assert info.kind is Kind.INNER and info.row_axes == ()
     assert [info.roles[o] for o in info.fusion.outputs] == [Role.ROW]
-    assert segments_of(fd, tall_columns=True) is None
+    assert _segments(fd) is None
     x = np.random.default_rng(2).standard_normal(1000).astype(np.float32)
     (total,) = evaluate(fd.fusion, [x])
     assert total.shape == () and np.isclose(total, x.astype(np.float64).sum())

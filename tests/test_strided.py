@@ -106,7 +106,7 @@ def test_strided_views_match_the_reference(kind, rows, hidden, rng):
 def test_a_strided_input_of_a_segmented_fusion_is_cut_as_a_contiguous_one():
     """x - sum(x, dims=[0]) runs as segments; declared non-contiguous, its x is copied once
     by the whole fusion's execute, before the segments run."""
-    from fuser.executor import segments_of
+    from test_segment import _segments
 
     def centered(contiguity):
         with FusionDefinition("centered") as fd:
@@ -114,7 +114,7 @@ def test_a_strided_input_of_a_segmented_fusion_is_cut_as_a_contiguous_one():
             fd.add_output(fd.ops.sub(x, fd.ops.sum(x, [0], keepdim=True)))
         return fd
 
-    strided = segments_of(centered([False, True]), tall_columns=True)
-    plain = segments_of(centered([True, True]), tall_columns=True)
+    strided = _segments(centered([False, True]))
+    plain = _segments(centered([True, True]))
     assert strided is not None and plain is not None
     assert len(strided.segments) == len(plain.segments) == 2

@@ -59,8 +59,10 @@ def can_schedule(info: FusionInfo, problem: Problem, device: DeviceSpec) -> str 
         if total_type(e.outputs[0].dtype) not in ("double", "long long"):
             return (f"{e.op}({e.inputs[0].name}) of {e.outputs[0].dtype.label}: the kernel "
                     "folds column partials of 8-byte types only (double, Int64)")
-    found = _fit(info, problem, device, _clusters(device))
-    return found if isinstance(found, str) else None
+    clusters = _clusters(device)
+    if next(_fits(info, problem, device, clusters), None) is None:
+        return _refusal(info, problem, device, clusters)
+    return None
 
 
 def candidates(info: FusionInfo, problem: Problem, device: DeviceSpec,
@@ -71,14 +73,17 @@ def candidates(info: FusionInfo, problem: Problem, device: DeviceSpec,
     if hints is not None:
         _check_hints(hints, allowed)
     clusters = allowed if hints is None or hints.cluster is None else (hints.cluster,)
-    found = _fit(info, problem, device, clusters)
-    if isinstance(found, str):
+    fits = _fits(info, problem, device, clusters)
+    first = next(fits, None)
+    if first is None:
+        refusal = _refusal(info, problem, device, clusters)
         if hints is not None and hints.cluster is not None:
-            fits = [k for k in allowed if not isinstance(_fit(info, problem, device, (k,)), str)]
-            raise HintError(f"Hints(cluster={hints.cluster}): {found}; clusters that hold "
-                            f"these rows: {', '.join(map(str, fits))}")
-        raise UnsupportedFusionError(found)
-    yield from _fits(info, problem, device, clusters)
+            held = [k for k in allowed if next(_fits(info, problem, device, (k,)), None)]
+            raise HintError(f"Hints(cluster={hints.cluster}): {refusal}; clusters that hold "
+                            f"these rows: {', '.join(map(str, held))}")
+        raise UnsupportedFusionError(refusal)
+    yield first
+    yield from fits
 
 
 def _clusters(device: DeviceSpec) -> tuple[int, ...]:
@@ -97,43 +102,32 @@ def _check_hints(hints: Hints, allowed: tuple[int, ...]) -> None:
                         f"{', '.join(map(str, allowed))}")
 
 
-def _fit(info: FusionInfo, problem: Problem, device: DeviceSpec,
-         clusters: tuple[int, ...]) -> OuterSchedule | str:
-    """The first schedule that fits (_fits), else why none does."""
-    first = next(_fits(info, problem, device, clusters), None)
-    if first is not None:
-        return first
-    full = info.full_inputs
-    vec = _vec(info, problem)
-    widest = max((t.dtype.itemsize for t in full), default=1)
-    rows = max(problem.rows, 1)
-    narrowest = _slab(problem.hidden, vec, max(1, SEGMENT_BYTES[-1] // widest))
-    smallest = _schedule(info, problem, device, vec, narrowest, clusters[-1], rows,
-                         SEGMENT_BYTES[-1], 256)
-    return (f"columns of {rows} rows (the call's, rounded up as kernels are built) of "
-            f"{len(full)} input(s) do not fit on a cluster of {clusters[-1]} block(s) even "
-            f"{smallest.slab} column(s) wide: {smallest.smem.total} B of shared memory per "
-            f"block, over the {device.smem_per_block_optin} B limit")
-
-
 def _fits(info: FusionInfo, problem: Problem, device: DeviceSpec,
           clusters: tuple[int, ...]) -> Iterator[OuterSchedule]:
     """For each ORDER entry, the first cluster whose shared memory fits the entry's slab with
     its least blocks per SM, each geometry once."""
-    vec = _vec(info, problem)
-    widest = max((t.dtype.itemsize for t in info.full_inputs), default=1)
-    rows = max(problem.rows, 1)
     seen = set()
     for segment, threads, blocks in ORDER:
-        slab = _slab(problem.hidden, vec, max(1, segment // widest))
         for k in clusters:
-            schedule = _schedule(info, problem, device, vec, slab, k, rows, segment, threads)
+            schedule = _schedule(info, problem, device, segment, k, threads)
             if schedule.smem.fits and schedule.blocks_per_sm >= blocks:
                 geometry = (schedule.slab, schedule.threads, schedule.cluster)
                 if geometry not in seen:
                     seen.add(geometry)
                     yield schedule
                 break
+
+
+def _refusal(info: FusionInfo, problem: Problem, device: DeviceSpec,
+             clusters: tuple[int, ...]) -> str:
+    """Why no schedule fits: the smallest one's shared memory (the narrowest slab, ORDER's
+    last entry, over the largest cluster)."""
+    segment, threads, _ = ORDER[-1]
+    smallest = _schedule(info, problem, device, segment, clusters[-1], threads)
+    return (f"columns of {smallest.rows} rows (the call's, rounded up as kernels are built) of "
+            f"{len(info.full_inputs)} input(s) do not fit on a cluster of {clusters[-1]} "
+            f"block(s) even {smallest.slab} column(s) wide: {smallest.smem.total} B of shared "
+            f"memory per block, over the {device.smem_per_block_optin} B limit")
 
 
 def _vec(info: FusionInfo, problem: Problem) -> int:
@@ -150,10 +144,15 @@ def _slab(hidden: int, vec: int, columns: int) -> int:
     return vec * min(lanes, next_pow2(ceil_div(hidden, vec)))
 
 
-def _schedule(info: FusionInfo, problem: Problem, device: DeviceSpec, vec: int, slab: int,
-              cluster: int, rows: int, segment: int, threads: int) -> OuterSchedule:
-    """The schedule of a slab of `slab` columns over `cluster` blocks, at most `threads` a
-    block (fewer where the rows are few, never less than a warp)."""
+def _schedule(info: FusionInfo, problem: Problem, device: DeviceSpec, segment: int,
+              cluster: int, threads: int) -> OuterSchedule:
+    """The schedule of a slab `segment` bytes of each row wide (of its widest input) over
+    `cluster` blocks, at most `threads` a block (fewer where the rows are few, never less than
+    a warp)."""
+    vec = _vec(info, problem)
+    widest = max((t.dtype.itemsize for t in info.full_inputs), default=1)
+    slab = _slab(problem.hidden, vec, max(1, segment // widest))
+    rows = max(problem.rows, 1)
     col_lanes = slab // vec
     rank_rows = ceil_div(rows, cluster)
     row_lanes = max(1, min(threads // col_lanes, next_pow2(rank_rows)))
