@@ -132,7 +132,41 @@ def copies(info: FusionInfo, s: RowSchedule) -> dict:
         "copied": [p.tensor for p in in_smem if p.storage is Storage.SMEM and not p.async_copy],
         "barrier": s.aligned_copy,
         "pending": 1 if s.stages == 2 else 0,
+        "guard": "",  # before each row's copies: "if (it == 0) " where later rows are refilled
     }
+
+
+def refill(info: FusionInfo, s: RowSchedule, dealt: dict) -> list[str]:
+    """The row buffers a row's last pass refills with the next row as it reads them (none:
+    []). With one stage, the next row's copies would otherwise start only after the last pass:
+    refilled, they overlap it (a thread reads back only the vectors it copied: cp.async of
+    whole vectors, no aligned chunks). Only rows dealt from a counter, whose next group is
+    published before the first reduction's barrier: there it won (H200 bf16, fraction of the
+    copy: layernorm_fwd 8192 0.74 -> 0.93, rmsnorm_fwd 65536 0.86 -> 0.97, log_softmax_fwd
+    65536 0.71 -> 0.88, softmax_bwd 32768 0.83 -> 1.01; softmax_fwd 65536 0.91 -> 0.88), while
+    rows at fixed strides lost (rmsnorm_bwd 8192 0.92 -> 0.80, layernorm_bwd 2048 0.79 -> 0.68,
+    softmax_fwd 131072 0.88 -> 0.83): bench/TUNING.md, "refilled rows"."""
+    staged = copies(info, s)["staged"]
+    if s.stages != 1 or s.ring is not None or s.aligned_copy or info.row_passes < 2:
+        return []
+    if s.dealing is not Dealing.DYNAMIC or dealt["publish_pass"] != 0:
+        return []
+    return staged
+
+
+def _refilled(body: dict, copied: dict, buffers: list[str]) -> None:
+    """Place the refills of `buffers` (refill()): the first row's copies only, and in the last
+    pass the next row's name, each vector's copy after its reads, the copies' commit after."""
+    if not buffers:
+        return
+    copied["guard"] = "if (it == 0) "
+    last = body["passes"][-1]
+    last["opening_lines"] = [
+        "const long long next = rows.dealt(it) + part.ty + zero;  // refilling the row slots"]
+    last["vector_lines"] = [
+        f"{b}.refill(v, {f'fm::first_word(x_{b})' if b in last['rows'] else '0u'}, slot, "
+        "next, n_rows);" for b in buffers]
+    last["after_lines"] = ["fm::cp_async_commit();  // the next row's copies", *last["after_lines"]]
 
 
 def reduction(e: Expr, value: str) -> dict:
@@ -204,6 +238,7 @@ class Passes:
             self.row_env[e.outputs[0]] = f"row_{e.outputs[0].name}"
         words = ", ".join(f"{e.op}({e.inputs[0].name}) -> {e.outputs[0].name}" for e in level)
         return {**self._reads(emitter), "title": f"Inner reduction level {k}: {words}.",
+                "opening_lines": [], "vector_lines": [],
                 "element_lines": lines, "reductions": reductions, "outputs": [],
                 "accumulators": [], "after_lines": self.row_lines(k + 1)}
 
@@ -215,6 +250,7 @@ class Passes:
         title = "Outputs of the row" + (" and the column accumulators." if
                                         info.outer_reductions else ".")
         return {**self._reads(emitter), "title": title, "element_lines": lines,
+                "opening_lines": [], "vector_lines": [],
                 "reductions": [], "after_lines": [],
                 "outputs": [{"name": o.name, "ctype": o.dtype.cuda_type, "value": stored[o]}
                             for o in outputs],
@@ -317,6 +353,9 @@ def intro(info: FusionInfo, s: RowSchedule) -> list[str]:
 def row_context(info: FusionInfo, s: RowSchedule, finalize: FinalizeSchedule | None) -> dict:
     """Everything row_kernel.cu.j2 places but the header and the signature."""
     body = passes_context(info, s.kept)
+    dealt = dealer(info, s)
+    copied = copies(info, s)
+    _refilled(body, copied, refill(info, s, dealt))
     ring = None
     if s.ring is not None:
         ring = {"buffers": list(s.ring.tensors),
@@ -334,9 +373,9 @@ def row_context(info: FusionInfo, s: RowSchedule, finalize: FinalizeSchedule | N
                         if s.placement(t.name).storage is Storage.REGISTERS],
         "global_rows": [t.name for t in info.full_inputs
                         if s.placement(t.name).storage is Storage.GLOBAL],
-        "copies": copies(info, s),
+        "copies": copied,
         "pipelined": s.stages == 2,  # the next rows load while this one computes
-        "dealer": dealer(info, s),
+        "dealer": dealt,
         "ring": ring,
         "row_inputs": [{"name": t.name, "ctype": ctype(t)} for t in info.row_inputs],
         "store": output_store(s),

@@ -67,6 +67,28 @@ __device__ __forceinline__ void cp_async(void* smem_dst, const void* gmem_src) {
                  "n"(BYTES));
   }
 }
+// cp.async into a place this thread has just read, with a word of what it read (first_word)
+// as an operand: the compiler cannot issue the copy before that read, and keeps every other
+// load free to move (a memory clobber held the next vectors' reads behind it).
+template <int BYTES>
+__device__ __forceinline__ void cp_async_after(void* smem_dst, const void* gmem_src,
+                                               unsigned read) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  if constexpr (BYTES == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16; // after %2\n" ::"r"(dst),
+                 "l"(gmem_src), "r"(read));
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2; // after %3\n" ::"r"(dst),
+                 "l"(gmem_src), "n"(BYTES), "r"(read));
+  }
+}
+template <typename V>
+__device__ __forceinline__ unsigned first_word(const V& x) {
+  unsigned w = 0;
+  memcpy(&w, &x, sizeof(V) < 4 ? sizeof(V) : 4);
+  return w;
+}
+
 // 16 bytes into shared memory, of which the first `src_bytes` (1 to 16) are read from global
 // memory and the rest are zero.
 __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, int src_bytes) {

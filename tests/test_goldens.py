@@ -4,7 +4,8 @@ forward, one and two stages, aligned and vector copies, copied through registers
 the staging ring (bulk and cp.async, over a cluster too), split over clusters of 2, 4 and 8,
 re-read from global memory; column accumulators in registers, shared memory and the
 workspace; blocks of several rows; row groups from a counter (published at a row
-reduction's barrier, or behind its own); the finalize; a pointwise kernel; double reductions;
+reduction's barrier, or behind its own; one stage refilled by each row's last pass); the
+finalize; a pointwise kernel; double reductions;
 the outer-persistent kernel (normalization along columns).
 After an intended change: FUSER_UPDATE_GOLDENS=1 pytest tests/test_goldens.py, then read the
 diff of tests/goldens/ before committing it."""
@@ -121,6 +122,8 @@ CASES = [
            hints=Hints(threads_per_row=64, rows_per_block=4)),
     # row groups from a counter, published before the row reduction's barrier
     Golden("rmsnorm_fwd_32768_bf16_h200", "rmsnorm_fwd", 32768),
+    # one stage of rows from a counter, each row's last pass refilling its slots with the next
+    Golden("layernorm_fwd_8192_bf16_h200", "layernorm_fwd", 8192),
     # a counter behind a barrier of its own: single-warp rows, no block barrier to share
     Golden("softmax_fwd_1024_bf16_h200_counter", "softmax_fwd", 1024,
            hints=Hints(dealing="dynamic")),
