@@ -26,6 +26,7 @@ from fuser.emit import (
 )
 from fuser.ir import Expr, Tensor, Val
 from fuser.ops import REDUCTIONS
+from fuser.schedulers import row_dealing
 from fuser.schedulers.base import Dealing, Fill, FinalizeSchedule, RowSchedule, Storage
 from fuser.signature import accumulator_type
 
@@ -136,20 +137,18 @@ def copies(info: FusionInfo, s: RowSchedule) -> dict:
     }
 
 
-def refill(info: FusionInfo, s: RowSchedule, dealt: dict) -> list[str]:
+def refill(info: FusionInfo, s: RowSchedule) -> list[str]:
     """The row buffers a row's last pass refills with the next row as it reads them (none:
-    []). With one stage, the next row's copies would otherwise start only after the last pass:
-    refilled, they overlap it (a thread reads back only the vectors it copied: cp.async of
-    whole vectors, no aligned chunks). Only rows dealt from a counter, whose next group is
-    published before the first reduction's barrier: there it won (H200 bf16, fraction of the
-    copy: layernorm_fwd 8192 0.74 -> 0.93, rmsnorm_fwd 65536 0.86 -> 0.97, log_softmax_fwd
-    65536 0.71 -> 0.88, softmax_bwd 32768 0.83 -> 1.01; softmax_fwd 65536 0.91 -> 0.88), while
-    rows at fixed strides lost (rmsnorm_bwd 8192 0.92 -> 0.80, layernorm_bwd 2048 0.79 -> 0.68,
-    softmax_fwd 131072 0.88 -> 0.83): bench/TUNING.md, "refilled rows"."""
+    []): rows dealt from a counter where row_dealing.refills() says they can be. With one
+    stage, the next row's copies would otherwise start only after the last pass; refilled,
+    they overlap it. H200 bf16, fraction of the copy: layernorm_fwd 8192 0.74 -> 0.93,
+    rmsnorm_fwd 65536 0.86 -> 0.97, log_softmax_fwd 65536 0.71 -> 0.88, softmax_bwd 32768 0.83
+    -> 1.01, softmax_fwd 65536 0.91 -> 0.88; rows at fixed strides lost (rmsnorm_bwd 8192 0.92
+    -> 0.80, softmax_fwd 131072 0.88 -> 0.83) and are not refilled: bench/TUNING.md, "refilled
+    rows"."""
     staged = copies(info, s)["staged"]
-    if s.stages != 1 or s.ring is not None or s.aligned_copy or info.row_passes < 2:
-        return []
-    if s.dealing is not Dealing.DYNAMIC or dealt["publish_pass"] != 0:
+    if s.dealing is not Dealing.DYNAMIC or not row_dealing.refills(
+            info, s.stages, s.aligned_copy, bool(staged), s.ring, s.threads_per_row):
         return []
     return staged
 
@@ -355,7 +354,7 @@ def row_context(info: FusionInfo, s: RowSchedule, finalize: FinalizeSchedule | N
     body = passes_context(info, s.kept)
     dealt = dealer(info, s)
     copied = copies(info, s)
-    _refilled(body, copied, refill(info, s, dealt))
+    _refilled(body, copied, refill(info, s))
     ring = None
     if s.ring is not None:
         ring = {"buffers": list(s.ring.tensors),

@@ -120,8 +120,10 @@ CASES = [
     # blocks of several rows, accumulators folded across them
     Golden("rmsnorm_bwd_1024_bf16_h200_4_rows", "rmsnorm_bwd", 1024,
            hints=Hints(threads_per_row=64, rows_per_block=4)),
-    # row groups from a counter, published before the row reduction's barrier
-    Golden("rmsnorm_fwd_32768_bf16_h200", "rmsnorm_fwd", 32768),
+    # row groups from a counter (hinted: two stages keep fixed strides by default), published
+    # before the row reduction's barrier, the next group loading ahead
+    Golden("rmsnorm_fwd_32768_bf16_h200_counter", "rmsnorm_fwd", 32768,
+           hints=Hints(dealing="dynamic")),
     # one stage of rows from a counter, each row's last pass refilling its slots with the next
     Golden("layernorm_fwd_8192_bf16_h200", "layernorm_fwd", 8192),
     # a counter behind a barrier of its own: single-warp rows, no block barrier to share

@@ -14,7 +14,8 @@ from test_gpu_fusions import (  # noqa: F401 (poisoned_outputs: an autouse fixtu
 )
 
 import fuser.executor as executor
-from fuser import DataType
+from fuser import DataType, row_codegen
+from fuser.analysis import analyze
 from fuser.fusions import FUSIONS, make_inputs
 from fuser.reference import compare, evaluate, input_sensitivity, output_reduction_sizes
 from fuser.schedulers import Hints
@@ -29,14 +30,18 @@ ROWS = {1000: 20011, 4096: 6007}  # several row groups per resident block
 
 
 def variants(name: str, hidden: int) -> list[dict]:
-    """Each dealing, a counter for pipelined rows, and (where rows are many enough for the
-    blocks of 128 threads the GPU holds) one for single-warp rows, whose reductions have no
-    block barrier to publish the next group at."""
+    """Each dealing, a counter for pipelined rows, one for rows in one stage of shared memory
+    (refilled by each row's last pass) and (where rows are many enough for the blocks of 128
+    threads the GPU holds) one for single-warp rows, whose reductions have no block barrier to
+    publish the next group at."""
     dealings = ("strided", "dynamic") + (("grid",) if name in FORWARD else ())
     return ([{"dealing": d} for d in dealings]
             + [{"dealing": "dynamic", "stages": 2}]
             + ([{"dealing": "dynamic", "threads_per_row": 32, "rows_per_block": 4}]
-               if hidden == 1000 else []))
+               if hidden == 1000 else [REFILLED]))
+
+
+REFILLED = {"dealing": "dynamic", "stages": 1, "storage": (("T0", "smem"),)}
 
 
 CASES = [(name, hidden, kw) for name in FORWARD + BACKWARD for hidden in ROWS
@@ -56,6 +61,10 @@ def test_dealt_rows_match_the_reference(name, hidden, kw, rng):
     kernel = validated(name, ROWS[hidden], hidden, hints, rng)
     s = kernel.schedule
     assert s.dealing is hints.dealing
+    refilled = "refill(" in kernel.source.source
+    info = analyze(FUSIONS[name](DataType.BFloat16).fusion)
+    assert refilled == bool(row_codegen.refill(info, s)), s
+    assert refilled or kw is not REFILLED, "the refilled variant's rows were not refilled"
     if s.dealing is Dealing.DYNAMIC:
         assert kernel.resident_groups * s.rows_per_block < ROWS[hidden] // 2, (
             "too few rows: every group went to a block of the first wave")

@@ -9,8 +9,9 @@ import itertools
 
 import pytest
 
-from fuser import DataType, FusionDefinition, HintError, OutOfResourcesError
+from fuser import DataType, FusionDefinition, HintError, OutOfResourcesError, row_codegen
 from fuser.analysis import Kind, Role, analyze
+from fuser.codegen import render_row
 from fuser.device import DeviceSpec
 from fuser.fusions import FUSIONS, ROW_FUSIONS
 from fuser.kernels import build
@@ -615,12 +616,14 @@ def test_no_fit_error_lists_each_attempt_once_and_names_aligned_copies():
     # several blocks per SM, one stage, the columns no heavier than the group's rows
     ("rmsnorm_fwd", 4096, 16, Dealing.GRID),
     ("softmax_fwd", 2048, 16, Dealing.GRID),
-    # a weight and a bias (32 KB) over one row of 16 KB: reloading them per group costs more
+    # a weight and a bias (32 KB) over one row of 16 KB: reloading them per group costs more;
+    # one stage in shared memory: the counter's rows are refilled by each row's last pass
     ("layernorm_fwd", 8192, 16, Dealing.DYNAMIC),
-    ("rmsnorm_fwd", 32768, 16, Dealing.DYNAMIC),  # one block per SM
-    ("layernorm_fwd", 16384, 16, Dealing.DYNAMIC),  # two stages: the next group loads ahead
+    ("rmsnorm_fwd", 65536, 16, Dealing.DYNAMIC),  # one block per SM, one stage
+    ("rmsnorm_fwd", 32768, 16, Dealing.STRIDED),  # rows in registers: nothing to refill
+    ("layernorm_fwd", 16384, 16, Dealing.STRIDED),  # two stages
     ("rmsnorm_bwd", 4096, 16, Dealing.STRIDED),  # column sums: the same order every run
-    ("softmax_bwd", 16384, 16, Dealing.DYNAMIC),  # one block per SM, no column sums
+    ("softmax_bwd", 16384, 16, Dealing.STRIDED),  # rows in registers
     ("rmsnorm_fwd", 16384, 16, Dealing.STRIDED),  # a staging ring fetches rows by stride
     ("rmsnorm_bwd", 131072, 16, Dealing.STRIDED),  # a cluster of blocks shares each row
 ])
@@ -628,6 +631,22 @@ def test_row_groups_are_dealt_by_grid_counter_or_stride(name, hidden, align, dea
     info = analyze(ROW_FUSIONS[name](DataType.BFloat16).fusion)
     s = schedule(info, Problem(hidden, 16384, align), H200)
     assert s.dealing is dealing, s
+
+
+@pytest.mark.parametrize("name", sorted(ROW_FUSIONS))
+def test_a_counter_by_default_only_where_the_rows_are_refilled(name):
+    """Without refills a counter lost to fixed strides (bench/TUNING.md, "refilled rows"):
+    every default that deals from a counter refills its row slots in the last pass, and a
+    hinted counter renders (without refills) where the rows cannot be."""
+    info = analyze(ROW_FUSIONS[name](DataType.BFloat16).fusion)
+    for hidden in (2048, 8192, 32768, 65536):
+        problem = Problem(hidden, 16384, 16)
+        for s in itertools.islice(candidates(info, problem, H200), 6):
+            assert (s.dealing is Dealing.DYNAMIC) == bool(row_codegen.refill(info, s)), s
+    hinted = candidates(info, Problem(4096, 16384, 16), H200, Hints(dealing="dynamic"))
+    for s in itertools.islice(hinted, 3):
+        source = render_row(name, info, s, None).source
+        assert ("refill(" in source) == bool(row_codegen.refill(info, s))
 
 
 def test_rows_copied_in_aligned_chunks_keep_fixed_strides():

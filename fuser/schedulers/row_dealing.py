@@ -1,16 +1,16 @@
 """How a row kernel deals its row groups to blocks (base.Dealing), as a rule over the schedule.
 
 A fixed stride gives every block of a persistent grid the same number of groups, so the call
-lasts as long as its slowest SM takes; on the H200 taking groups from a counter instead, or
-launching a block per group, ran the forward norms at 0.94-0.98 of the copy where fixed
-strides held them at 0.87-0.92 ("dealing rows to blocks" in bench/TUNING.md). A block per group
-repeats the block's setup (its column loads, above all) per group: it is picked only where
-several blocks share an SM and the columns weigh no more than the group's rows. Fusions with
-column sums keep fixed strides unless hinted: each block sums its own rows into a partial row,
-and rows dealt by a counter would change the order of the sums from run to run (bit-identical
-results from run to run are the finalize's promise; a counter gained 0.02-0.05 of the copy
-there).
-"""
+lasts as long as its slowest SM takes; launching a block per group ran the forward norms up to
+8192 at 0.97-1.00 of the copy where fixed strides held them at 0.89-0.92 ("dealing rows to
+blocks" in bench/TUNING.md). A block per group repeats the block's setup (its column loads,
+above all) per group: it is picked only where several blocks share an SM and the columns weigh
+no more than the group's rows. A counter is picked only where one stage of rows in shared
+memory is refilled with the next group during each row's last pass (refills()): there it
+beat fixed strides, and elsewhere it lost to them ("refilled rows"). Fusions with column sums
+keep fixed strides unless hinted: each block sums its own rows into a partial row, and rows
+dealt by a counter would change the order of the sums from run to run (bit-identical results
+from run to run are the finalize's promise)."""
 
 from __future__ import annotations
 
@@ -32,15 +32,28 @@ def allowed(phase: Phase, geo: RowGeometry, ring: StagingRing | None) -> tuple[D
     return tuple(d for d in kinds if d is not Dealing.DYNAMIC or counter)
 
 
+def refills(info, stages: int, aligned_copy: bool, staged: bool, ring: StagingRing | None,
+            threads_per_row: int) -> bool:
+    """Whether a kernel dealt rows by a counter refills its row slots with the next group
+    during each row's last pass (row_codegen.refill): one stage of rows staged by cp.async of
+    whole vectors (each thread reads back only what it copied), outside a staging ring, with a
+    pass after the first reduction, whose barrier publishes the next group (rows of several
+    warps; single-warp rows have no block barrier to share)."""
+    return (stages == 1 and staged and ring is None and not aligned_copy
+            and bool(info.inner_levels) and info.row_passes >= 2 and threads_per_row > 32)
+
+
 def pick(phase: Phase, geo: RowGeometry, dealings: tuple[Dealing, ...], stages: int,
-         aligned_copy: bool, blocks_per_sm: int) -> Dealing:
+         aligned_copy: bool, blocks_per_sm: int, refilled: bool) -> Dealing:
     """Of the kernel's `dealings` (allowed()): the hinted one (row_fit._resources refuses one
-    not among them), else a block per group
-    where GRID_MIN_BLOCKS blocks share an SM, rows are not pipelined and the group's rows
-    outweigh the block's column loads; else a counter where allowed, but for fusions with
-    column sums (their sums would differ from run to run) and rows copied in aligned chunks
-    (their copies end in a barrier of their own: rmsnorm_bwd 24578 ran at 0.51 of the copy
-    with a counter, 0.85 without); else fixed strides."""
+    not among them), else a block per group where GRID_MIN_BLOCKS blocks share an SM, rows are
+    not pipelined and the group's rows outweigh the block's column loads; else a counter where
+    allowed and its rows are refilled (`refilled`: refills()), but for fusions with column
+    sums (their sums would differ from run to run); else fixed strides. A counter without
+    refills lost to fixed strides: the lead thread's ticket held its block at the first row
+    reduction's barrier (ncu: a third of the stalls at that barrier), layernorm_fwd 16384 ran
+    0.56 of the copy against 0.93, softmax_bwd 16384 0.62 against 0.97 (bench/TUNING.md,
+    "refilled rows")."""
     if phase.hints.dealing is not None:
         return phase.hints.dealing
     fusion = phase.fusion
@@ -49,6 +62,5 @@ def pick(phase: Phase, geo: RowGeometry, dealings: tuple[Dealing, ...], stages: 
     if (Dealing.GRID in dealings and stages == 1 and blocks_per_sm >= GRID_MIN_BLOCKS
             and column_bytes <= group_bytes):
         return Dealing.GRID
-    counter = (Dealing.DYNAMIC in dealings and not aligned_copy
-               and not fusion.info.outer_reductions)
+    counter = Dealing.DYNAMIC in dealings and refilled and not fusion.info.outer_reductions
     return Dealing.DYNAMIC if counter else Dealing.STRIDED

@@ -255,7 +255,10 @@ def _schedule(phase: Phase, geo: RowGeometry, choice: StorageChoice,
         reduction_bytes=fusion.reduction_bytes,
         regs_estimate=regs,
         blocks_per_sm=residency,
-        dealing=row_dealing.pick(phase, geo, dealings, stages, aligned_copy, residency),
+        dealing=row_dealing.pick(phase, geo, dealings, stages, aligned_copy, residency,
+                                 row_dealing.refills(info, stages, aligned_copy,
+                                                     any(p.async_copy for p in placements), ring,
+                                                     geo.threads_per_row)),
         smem=plan,
     )
 

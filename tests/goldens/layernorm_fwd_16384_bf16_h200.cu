@@ -72,7 +72,7 @@
 //   reduction_bytes    4
 //   regs_estimate      48
 //   blocks_per_sm      1
-//   dealing            dynamic
+//   dealing            strided
 //
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
@@ -85,7 +85,7 @@
 
 #include "fuser_rows.cuh"
 
-// Each block works on 1 row(s) at a time; a persistent grid, each block taking its next row group from a counter.
+// Each block works on 1 row(s) at a time; a persistent grid, each block taking every grid-th row group.
 // Thread x of a row owns vectors x, x + 512, ... (4 of them, 8 element(s) each) of the row.
 // Inputs: T0, T1, T2 in smem.
 extern "C" __global__ void __launch_bounds__(512, 1)
@@ -96,8 +96,7 @@ layernorm_fwd_row(
     __nv_bfloat16* __restrict__ g_T36,
     float* __restrict__ g_T20,
     float* __restrict__ g_T23,
-    long long n_rows,
-    unsigned long long* __restrict__ g_row_tickets)
+    long long n_rows)
 {
   constexpr int H = 16384;  // elements per row
   constexpr int RPB = 1;  // rows per block
@@ -130,17 +129,17 @@ layernorm_fwd_row(
   fm::RowInSmem<__nv_bfloat16, Part, fm::Copy::VECTORS, 32768> T0(s_T0, g_T0);
   __syncthreads();  // the column buffers are shared by the block's rows
 
-  // row groups from a counter, as blocks finish theirs (the next group known a row ahead, for its loads)
-  fm::CountedRows<Part, true, false> rows(part, g_row_tickets);
+  const long long row_stride = part.row_stride();
+  long long row0 = part.first_row();
   // Two stages: this block's first rows start loading now, each next row while one computes.
-  T0.copy(part, part.ty, rows.row0 + part.ty, n_rows);
+  T0.copy(part, part.ty, row0 + part.ty, n_rows);
   fm::cp_async_commit();
-  for (int it = 0; rows.more(n_rows); rows.advance(it), ++it) {
-    const long long row = rows.row0 + part.ty + zero;
+  for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
+    const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
     const int stage = it & 1;
     const int slot = stage * RPB + part.ty;  // this row's slot
-    const long long next = rows.ahead() + part.ty + zero;
+    const long long next = row + row_stride;
     T0.copy(part, (stage ^ 1) * RPB + part.ty, next, n_rows);
     fm::cp_async_commit();
     fm::cp_async_wait<1>();
@@ -156,7 +155,6 @@ layernorm_fwd_row(
         row_T5 = fm::Sum{}(row_T5, e_T3);
       }
     });
-    rows.publish(it);  // the next row group, shared by the barrier of the reduction below
     reduce(part, fm::reduced(row_T5, fm::Sum{}));
     const float row_T6 = (row_T5 / static_cast<float>(S4));
 
@@ -199,5 +197,4 @@ layernorm_fwd_row(
     if (valid && part.writes_row_values()) g_T20[row] = fm::to_storage<float>(row_T6);
     if (valid && part.writes_row_values()) g_T23[row] = fm::to_storage<float>(row_T23);
   }
-  rows.finish();
 }
