@@ -163,8 +163,8 @@ def _refilled(body: dict, copied: dict, buffers: list[str]) -> None:
     last["opening_lines"] = [
         "const long long next = rows.dealt(it) + part.ty + zero;  // refilling the row slots"]
     last["vector_lines"] = [
-        f"{b}.refill(v, {f'fm::first_word(x_{b})' if b in last['rows'] else '0u'}, slot, "
-        "next, n_rows);" for b in buffers]
+        f"{b}.refill(v, {f'x_{b}' if b in last['rows'] else '{}'}, slot, next, n_rows);"
+        for b in buffers]
     last["after_lines"] = ["fm::cp_async_commit();  // the next row's copies", *last["after_lines"]]
 
 
@@ -323,7 +323,7 @@ def dealer(info: FusionInfo, s: RowSchedule) -> dict:
     if s.dealing is not Dealing.DYNAMIC:
         return {"counted": False, "publish_pass": None, "row0": "row0", "more": "row0 < n_rows",
                 "step": "row0 += row_stride", "next_row": "row + row_stride"}
-    shared = bool(info.inner_levels) and s.threads_per_row > 32
+    shared = row_dealing.publishes_at_reduction(info, s.threads_per_row)
     ahead = "true" if s.stages == 2 else "false"
     return {"type": f"fm::CountedRows<Part, {ahead}, {'false' if shared else 'true'}>",
             "counted": True, "publish_pass": 0 if shared else None,

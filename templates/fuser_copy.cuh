@@ -67,26 +67,25 @@ __device__ __forceinline__ void cp_async(void* smem_dst, const void* gmem_src) {
                  "n"(BYTES));
   }
 }
-// cp.async into a place this thread has just read, with a word of what it read (first_word)
-// as an operand: the compiler cannot issue the copy before that read, and keeps every other
-// load free to move (a memory clobber held the next vectors' reads behind it).
-template <int BYTES>
-__device__ __forceinline__ void cp_async_after(void* smem_dst, const void* gmem_src,
-                                               unsigned read) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  if constexpr (BYTES == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16; // after %2\n" ::"r"(dst),
-                 "l"(gmem_src), "r"(read));
-  } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2; // after %3\n" ::"r"(dst),
-                 "l"(gmem_src), "n"(BYTES), "r"(read));
-  }
-}
+// cp.async of a vector (4, 8 or 16 bytes) into the place this thread has just read it from,
+// with every word of what it read as an operand: the compiler must have the whole read done
+// before it issues the copy (a memory clobber would also have held back every later shared
+// load, and cost rmsnorm_bwd 8192 62 registers). The operands only name the order; they are
+// a comment in the instruction.
 template <typename V>
-__device__ __forceinline__ unsigned first_word(const V& x) {
-  unsigned w = 0;
-  memcpy(&w, &x, sizeof(V) < 4 ? sizeof(V) : 4);
-  return w;
+__device__ __forceinline__ void cp_async_after(void* smem_dst, const void* gmem_src,
+                                               const V& read) {
+  static_assert(sizeof(V) == 4 || sizeof(V) == 8 || sizeof(V) == 16, "cp.async sizes");
+  unsigned w[4] = {0u, 0u, 0u, 0u};
+  memcpy(w, &read, sizeof(V));
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  if constexpr (sizeof(V) == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16; // after %2 %3 %4 %5\n" ::"r"(dst),
+                 "l"(gmem_src), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]));
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2; // after %3 %4\n" ::"r"(dst),
+                 "l"(gmem_src), "n"(int(sizeof(V))), "r"(w[0]), "r"(w[1]));
+  }
 }
 
 // 16 bytes into shared memory, of which the first `src_bytes` (1 to 16) are read from global

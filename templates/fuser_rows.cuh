@@ -122,9 +122,12 @@ struct CountedRows {
       row0 = dealt_groups()[it & 1];
     }
   }
-  // The first row group of iteration it + 1, which publish(it) wrote before a barrier that
-  // has passed (without AHEAD: what advance(it) will read).
-  __device__ __forceinline__ long long dealt(int it) const { return dealt_groups()[it & 1]; }
+  // The first row group of iteration it + 1, which publish(it) wrote before a row
+  // reduction's barrier that has passed: what advance(it) will read.
+  __device__ __forceinline__ long long dealt(int it) const {
+    static_assert(!AHEAD && !BARRIER, "the next group is published a row ahead, or at the end");
+    return dealt_groups()[it & 1];
+  }
   __device__ __forceinline__ void finish() {
     if (!lead) return;
     __threadfence();  // this block's tickets are taken before it counts itself done
@@ -219,15 +222,16 @@ struct RowInSmem {
       }
     }
   }
-  // Row r's copy of the vector a row's last pass has just read (x, whose first word is
-  // `read`), into its place: a thread reads back only what it copied (Copy::VECTORS), so the
-  // next row loads while this one's last pass runs, with no barrier.
-  __device__ __forceinline__ void refill(const Visit& x, unsigned read, int slot, long long r,
+  // Row r's copy of the vector a row's last pass has just read (x, `read` its value; a zero
+  // vector where the pass does not read this buffer), into its place: a thread reads back only
+  // what it copied (Copy::VECTORS), so the next row loads while this one's last pass runs,
+  // with no barrier.
+  __device__ __forceinline__ void refill(const Visit& x, const V& read, int slot, long long r,
                                          long long n_rows) {
     static_assert(COPY == Copy::VECTORS, "only a thread's own vectors are refilled");
     if (r < n_rows) {
-      cp_async_after<sizeof(V)>(reinterpret_cast<V*>(base + slot * SLOT_BYTES) + x.k,
-                                g + r * Part::H + x.j * Part::VEC, read);
+      cp_async_after(reinterpret_cast<V*>(base + slot * SLOT_BYTES) + x.k,
+                     g + r * Part::H + x.j * Part::VEC, read);
     }
   }
   __device__ __forceinline__ void ready(const Part& part, int slot, long long r) {

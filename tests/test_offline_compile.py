@@ -172,6 +172,42 @@ def test_full_row_outputs_are_stored_as_whole_vectors(name, hidden, dtype):
     assert len(narrow) <= allowed, (stores, s)
 
 
+@pytest.mark.parametrize(("name", "hidden", "dtype"), [
+    ("layernorm_fwd", 8192, DataType.BFloat16),
+    ("rmsnorm_fwd", 65536, DataType.BFloat16),
+    ("softmax_fwd", 65536, DataType.BFloat16),
+    ("softmax_bwd", 32768, DataType.BFloat16),
+    ("dropout_rmsnorm_fwd", 32768, DataType.BFloat16),
+])
+def test_a_refill_follows_the_read_of_the_place_it_copies_into(name, hidden, dtype):
+    """A refilled row's last pass copies the next row's vector into a shared place it has just
+    read: in the PTX, each such cp.async names as operands the words one earlier ld.shared
+    loaded, all of them (the vector's bytes), so the compiler cannot have moved the read after
+    the copy, or split it so that part of it comes later."""
+    from fuser.codegen import template_dir
+    from fuser.compile import ptx_of
+
+    fd = ROW_FUSIONS[name](dtype)
+    built = build(fd.name, analyze(fd.fusion), Problem(hidden, 16384, 16), H200)
+    assert "refill(" in built.source.source, built.schedule
+    ptx = _row_entry_ptx(ptx_of(built.source.source, name, 90, (str(template_dir()),)),
+                         built.source.row_entry)
+    loads = {}  # register -> (the load's width in words, its line)
+    refills = 0
+    for number, line in enumerate(ptx.splitlines()):
+        loaded = re.search(r"ld\.shared\.v(\d)\.u32\s+\{([^}]*)\}", line)
+        if loaded:
+            for register in loaded.group(2).split(", "):
+                loads[register] = (int(loaded.group(1)), number)
+        copy = re.search(r"cp\.async\.cg\.shared\.global \[[^\]]+\], .* // after (.*)$", line)
+        if copy:
+            refills += 1
+            read = [loads.get(w) for w in copy.group(1).split()]
+            assert all(r is not None for r in read), (line, read)
+            assert len(set(read)) == 1 and read[0][0] == len(read) == 4, (line, read)
+    assert refills >= built.schedule.unroll, ptx[-3000:]  # the unrolled rounds of the last pass
+
+
 @pytest.mark.parametrize("dtype", [DataType.Float, DataType.BFloat16], ids=lambda d: d.name)
 @pytest.mark.parametrize("hidden", [4098, 24577, 24578, 24580])
 @pytest.mark.parametrize("name", sorted(ROW_FUSIONS))

@@ -646,7 +646,16 @@ def test_a_counter_by_default_only_where_the_rows_are_refilled(name):
     hinted = candidates(info, Problem(4096, 16384, 16), H200, Hints(dealing="dynamic"))
     for s in itertools.islice(hinted, 3):
         source = render_row(name, info, s, None).source
-        assert ("refill(" in source) == bool(row_codegen.refill(info, s))
+        if not row_codegen.refill(info, s):
+            assert "refill(" not in source and "if (it == 0)" not in source, s
+            continue
+        # the first row's copies only; the next group read after the first reduction's
+        # barrier published it; each refill after it, and their commit after the last
+        assert "if (it == 0) " in source, s
+        published = source.index("rows.dealt(it)")
+        assert source.index("reduce(part") < published < source.index(".refill(v, "), s
+        committed = source.index("fm::cp_async_commit();  // the next row's copies")
+        assert source.rindex(".refill(v, ") < committed, s
 
 
 def test_rows_copied_in_aligned_chunks_keep_fixed_strides():

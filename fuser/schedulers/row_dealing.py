@@ -7,7 +7,8 @@ blocks" in bench/TUNING.md). A block per group repeats the block's setup (its co
 above all) per group: it is picked only where several blocks share an SM and the columns weigh
 no more than the group's rows. A counter is picked only where one stage of rows in shared
 memory is refilled with the next group during each row's last pass (refills()): there it
-beat fixed strides, and elsewhere it lost to them ("refilled rows"). Fusions with column sums
+beat fixed strides but at softmax_fwd 65536 (0.88 against 0.90), and elsewhere it lost to
+them ("refilled rows"). Fusions with column sums
 keep fixed strides unless hinted: each block sums its own rows into a partial row, and rows
 dealt by a counter would change the order of the sums from run to run (bit-identical results
 from run to run are the finalize's promise)."""
@@ -32,28 +33,33 @@ def allowed(phase: Phase, geo: RowGeometry, ring: StagingRing | None) -> tuple[D
     return tuple(d for d in kinds if d is not Dealing.DYNAMIC or counter)
 
 
+def publishes_at_reduction(info, threads_per_row: int) -> bool:
+    """Whether a counter's dealer publishes the next group before the first row reduction's
+    barrier (fm::CountedRows without a barrier of its own): rows of several warps reduce
+    through a block barrier; single-warp rows have none to share."""
+    return bool(info.inner_levels) and threads_per_row > 32
+
+
 def refills(info, stages: int, aligned_copy: bool, staged: bool, ring: StagingRing | None,
             threads_per_row: int) -> bool:
     """Whether a kernel dealt rows by a counter refills its row slots with the next group
     during each row's last pass (row_codegen.refill): one stage of rows staged by cp.async of
     whole vectors (each thread reads back only what it copied), outside a staging ring, with a
-    pass after the first reduction, whose barrier publishes the next group (rows of several
-    warps; single-warp rows have no block barrier to share)."""
+    pass after the first reduction, whose barrier publishes the next group."""
     return (stages == 1 and staged and ring is None and not aligned_copy
-            and bool(info.inner_levels) and info.row_passes >= 2 and threads_per_row > 32)
+            and info.row_passes >= 2 and publishes_at_reduction(info, threads_per_row))
 
 
 def pick(phase: Phase, geo: RowGeometry, dealings: tuple[Dealing, ...], stages: int,
-         aligned_copy: bool, blocks_per_sm: int, refilled: bool) -> Dealing:
+         blocks_per_sm: int, refilled: bool) -> Dealing:
     """Of the kernel's `dealings` (allowed()): the hinted one (row_fit._resources refuses one
     not among them), else a block per group where GRID_MIN_BLOCKS blocks share an SM, rows are
     not pipelined and the group's rows outweigh the block's column loads; else a counter where
     allowed and its rows are refilled (`refilled`: refills()), but for fusions with column
     sums (their sums would differ from run to run); else fixed strides. A counter without
-    refills lost to fixed strides: the lead thread's ticket held its block at the first row
-    reduction's barrier (ncu: a third of the stalls at that barrier), layernorm_fwd 16384 ran
-    0.56 of the copy against 0.93, softmax_bwd 16384 0.62 against 0.97 (bench/TUNING.md,
-    "refilled rows")."""
+    refills lost to fixed strides on 2026-12-01 (layernorm_fwd 16384 0.56 of the copy against
+    0.93, softmax_bwd 16384 0.62 against 0.97) with a third of its stalls at the barrier where
+    the next group is published, a cause not established (bench/TUNING.md, "refilled rows")."""
     if phase.hints.dealing is not None:
         return phase.hints.dealing
     fusion = phase.fusion

@@ -191,7 +191,7 @@ layernorm_fwd_row(
         o_T36.v[i] = fm::to_storage<__nv_bfloat16>(e_T35);
       }
       if (valid) fm::store_vector<Part::VEC>(g_T36 + row * H + v.j * Part::VEC, o_T36);
-      T0.refill(v, fm::first_word(x_T0), slot, next, n_rows);
+      T0.refill(v, x_T0, slot, next, n_rows);
     });
     fm::cp_async_commit();  // the next row's copies
     if (valid && part.writes_row_values()) g_T20[row] = fm::to_storage<float>(row_T6);
