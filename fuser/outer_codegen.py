@@ -80,6 +80,16 @@ def _inbox_bytes(s: OuterSchedule, level: tuple[Expr, ...]) -> int:
     return sum(s.smem.buffer(inbox_buffer(e)).nbytes for e in level) if s.cluster > 1 else 0
 
 
+def _cluster_steps(k: int, count: int) -> dict:
+    """The split cluster barrier's halves around level k's pushes (of `count` levels): every
+    block's mbarriers are ready before the first level's first push, and after the last
+    level's wait nothing more will be pushed to this block (the kernel's end waits for that)."""
+    return {"before_push": ["fm::cluster_wait();  // every block's mbarriers are ready for the "
+                            "pushes"] if k == 0 else [],
+            "after_fold": ["fm::cluster_arrive_relaxed();  // nothing more will be pushed to "
+                           "this block"] if k == count - 1 else []}
+
+
 def _rows_read(info: FusionInfo, emitter: Emitter) -> list[dict]:
     """The full inputs the emitted statements read, and their shared buffers."""
     return [{"name": t.name, "buffer": tile_buffer(t)}
@@ -103,6 +113,7 @@ def outer_context(info: FusionInfo, s: OuterSchedule) -> dict:
         levels.append({"title": f"Outer level {k}: {words}, over every row of the slab.",
                        "barrier": f"&{LEVEL_BARRIERS}[{k}]",
                        "inbox_bytes": _inbox_bytes(s, level),
+                       **_cluster_steps(k, len(info.outer_levels)),
                        "hoisted": hoisted, "rows": _rows_read(info, emitter),
                        "element_lines": lines,
                        "reductions": reductions})

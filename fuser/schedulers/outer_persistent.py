@@ -107,9 +107,10 @@ def _fits(info: FusionInfo, problem: Problem, device: DeviceSpec,
     """For each ORDER entry, the first cluster whose shared memory fits the entry's slab with
     its least blocks per SM, each geometry once."""
     seen = set()
+    vec = _vec(info, problem)
     for segment, threads, blocks in ORDER:
         for k in clusters:
-            schedule = _schedule(info, problem, device, segment, k, threads)
+            schedule = _schedule(info, problem, device, vec, segment, k, threads)
             if schedule.smem.fits and schedule.blocks_per_sm >= blocks:
                 geometry = (schedule.slab, schedule.threads, schedule.cluster)
                 if geometry not in seen:
@@ -123,7 +124,8 @@ def _refusal(info: FusionInfo, problem: Problem, device: DeviceSpec,
     """Why no schedule fits: the smallest one's shared memory (the narrowest slab, ORDER's
     last entry, over the largest cluster)."""
     segment, threads, _ = ORDER[-1]
-    smallest = _schedule(info, problem, device, segment, clusters[-1], threads)
+    smallest = _schedule(info, problem, device, _vec(info, problem), segment, clusters[-1],
+                         threads)
     return (f"columns of {smallest.rows} rows (the call's, rounded up as kernels are built) of "
             f"{len(info.full_inputs)} input(s) do not fit on a cluster of {clusters[-1]} "
             f"block(s) even {smallest.slab} column(s) wide: {smallest.smem.total} B of shared "
@@ -144,12 +146,11 @@ def _slab(hidden: int, vec: int, columns: int) -> int:
     return vec * min(lanes, next_pow2(ceil_div(hidden, vec)))
 
 
-def _schedule(info: FusionInfo, problem: Problem, device: DeviceSpec, segment: int,
+def _schedule(info: FusionInfo, problem: Problem, device: DeviceSpec, vec: int, segment: int,
               cluster: int, threads: int) -> OuterSchedule:
     """The schedule of a slab `segment` bytes of each row wide (of its widest input) over
-    `cluster` blocks, at most `threads` a block (fewer where the rows are few, never less than
-    a warp)."""
-    vec = _vec(info, problem)
+    `cluster` blocks in vectors of `vec` (_vec), at most `threads` a block (fewer where the
+    rows are few, never less than a warp)."""
     widest = max((t.dtype.itemsize for t in info.full_inputs), default=1)
     slab = _slab(problem.hidden, vec, max(1, segment // widest))
     rows = max(problem.rows, 1)

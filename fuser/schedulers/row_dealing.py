@@ -15,6 +15,7 @@ from run to run are the finalize's promise)."""
 
 from __future__ import annotations
 
+from fuser.analysis import FusionInfo
 from fuser.schedulers.base import COLUMN_SUM_DEALINGS, Dealing, StagingRing
 from fuser.schedulers.row_records import Phase, RowGeometry
 
@@ -33,15 +34,15 @@ def allowed(phase: Phase, geo: RowGeometry, ring: StagingRing | None) -> tuple[D
     return tuple(d for d in kinds if d is not Dealing.DYNAMIC or counter)
 
 
-def publishes_at_reduction(info, threads_per_row: int) -> bool:
+def publishes_at_reduction(info: FusionInfo, threads_per_row: int) -> bool:
     """Whether a counter's dealer publishes the next group before the first row reduction's
     barrier (fm::CountedRows without a barrier of its own): rows of several warps reduce
     through a block barrier; single-warp rows have none to share."""
     return bool(info.inner_levels) and threads_per_row > 32
 
 
-def refills(info, stages: int, aligned_copy: bool, staged: bool, ring: StagingRing | None,
-            threads_per_row: int) -> bool:
+def refills(info: FusionInfo, stages: int, aligned_copy: bool, staged: bool,
+            ring: StagingRing | None, threads_per_row: int) -> bool:
     """Whether a kernel dealt rows by a counter refills its row slots with the next group
     during each row's last pass (row_codegen.refill): one stage of rows staged by cp.async of
     whole vectors (each thread reads back only what it copied), outside a staging ring, with a
