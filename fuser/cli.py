@@ -87,9 +87,9 @@ def _hint(text: str) -> tuple[str, object]:
     if not sep or key not in _HINT_KINDS:
         raise argparse.ArgumentTypeError(
             f"hint {text!r} is not KEY=VALUE with KEY one of {', '.join(_HINT_KINDS)}")
-    if key == "aligned_copy":
+    if key in ("aligned_copy", "skewed"):
         if value.lower() not in _BOOLEANS:
-            raise argparse.ArgumentTypeError(f"aligned_copy={value!r}: use true or false")
+            raise argparse.ArgumentTypeError(f"{key}={value!r}: use true or false")
         return key, _BOOLEANS[value.lower()]
     if key == "accumulators":
         return key, value

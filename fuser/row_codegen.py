@@ -148,7 +148,7 @@ def refill(info: FusionInfo, s: RowSchedule) -> list[str]:
     rows"."""
     staged = copies(info, s)["staged"]
     if s.dealing is not Dealing.DYNAMIC or not row_dealing.refills(
-            info, s.stages, s.aligned_copy, bool(staged), s.ring, s.threads_per_row):
+            info, s.stages, s.aligned_copy, bool(staged), s.ring, s.threads_per_row, s.skew):
         return []
     return staged
 
@@ -295,15 +295,21 @@ def passes_context(info: FusionInfo, kept: tuple[str, ...] = ()) -> dict:
             "passes": passes, "row_outputs": row_outputs, "scalar_env": scalar_env}
 
 
-def output_store(s: RowSchedule) -> str:
-    """The device function that stores a vector of a full-row output. NVRTC split plain vector
-    stores into element stores in blocks of several rows and in batch loops not fully
-    unrolled (a CPU test on the PTX pins it), so those get fm::store_vector, one st.global
-    by inline PTX; elsewhere the plain fm::store stays whole and leaves the compiler free to
-    schedule (the inline PTX cost registers: bench/TUNING.md, "output stores")."""
-    if s.rows_per_block > 1 or not s.full_unroll:
-        return "fm::store_vector"
-    return "fm::store"
+def ptx_store(s: RowSchedule) -> bool:
+    """Whether a vector of a full-row output is stored by fm::store_vector (one st.global by
+    inline PTX) rather than the plain fm::store. NVRTC split plain vector stores into element
+    stores in blocks of several rows and in batch loops not fully unrolled (a CPU test on the
+    PTX pins it), so those take the PTX store; elsewhere the plain store stays whole and
+    leaves the compiler free to schedule (the inline PTX cost registers: bench/TUNING.md,
+    "output stores")."""
+    return s.rows_per_block > 1 or not s.full_unroll
+
+
+def skew_words(s: RowSchedule) -> str:
+    """The comment on the row's skew in the kernel (RowSchedule.skew)."""
+    if not s.skew:
+        return "0: rows start on vector boundaries"
+    return f"elements from the row's vector boundary to its start (a multiple of {s.skew})"
 
 
 # How the rows reach the blocks, in the words of intro().
@@ -343,6 +349,10 @@ def intro(info: FusionInfo, s: RowSchedule) -> list[str]:
     lines = [f"Each block works on {s.rows_per_block} row(s) at a time; {DEALT[s.dealing]}",
              f"Thread x of a row owns vectors x, x + {s.threads_per_row}, ... ({s.batch} of them, "
              f"{s.vec} element(s) each) of {share}.", f"Inputs: {kept}."]
+    if s.skew:
+        lines.append(f"Rows are skewed: {s.vec} does not divide {s.hidden}, so a row's vectors "
+                     f"start at the {s.vec}-element boundary at or below its start, and its "
+                     "first and last vectors are masked to the row's elements.")
     if s.aligned_copy:
         lines.append("Shared row buffers are filled in 16-byte chunks from the boundary at or "
                      "below each row's start.")
@@ -377,7 +387,8 @@ def row_context(info: FusionInfo, s: RowSchedule, finalize: FinalizeSchedule | N
         "dealer": dealt,
         "ring": ring,
         "row_inputs": [{"name": t.name, "ctype": ctype(t)} for t in info.row_inputs],
-        "store": output_store(s),
+        "ptx_store": str(ptx_store(s)).lower(),
+        "skew_words": skew_words(s),
         "accumulators": [{"name": f"acc_{e.outputs[0].name}", "output": e.outputs[0].name}
                          for e in info.outer_reductions],
         **body,

@@ -26,11 +26,19 @@ namespace fm {
 // b < BATCH, those that lie in [first, end). A block (or a cluster) takes the row group at
 // first_row() first, then every row_stride() rows or from a counter (CountedRows). A pass
 // over a row unrolls UNROLL of the BATCH rounds.
-template <int H_, int VEC_, int TPR_, int RPB_, int BATCH_, int UNROLL_, int CLUSTER_>
+// Skewed rows (SKEW > 0, a whole row per block): VEC does not divide H, so row r starts
+// skew(r) = r * H % VEC elements past a VEC-element boundary (a multiple of SKEW, which divides
+// H and VEC). Its vectors are then the VEC-element ones of the tensor, from the boundary at or
+// below the row's start: vector j holds the row's elements j * VEC - skew(r) on, whole vectors
+// in every tensor whatever its element size (every base is 16-byte aligned), and the row's
+// first and last vectors (edges) hold elements of the rows beside it, which are masked.
+template <int H_, int VEC_, int TPR_, int RPB_, int BATCH_, int UNROLL_, int CLUSTER_, int SKEW_>
 struct RowPart {
   static constexpr int H = H_, VEC = VEC_, TPR = TPR_, RPB = RPB_, BATCH = BATCH_;
-  static constexpr int UNROLL = UNROLL_, CLUSTER = CLUSTER_;
-  static constexpr int NV = H / VEC;
+  static constexpr int UNROLL = UNROLL_, CLUSTER = CLUSTER_, SKEW = SKEW_;
+  static_assert(SKEW == 0 || (CLUSTER == 1 && H % SKEW == 0 && VEC % SKEW == 0 && SKEW < VEC),
+                "skewed rows are whole rows of a block, in vectors of a multiple of SKEW");
+  static constexpr int NV = SKEW ? (H + 2 * VEC - SKEW - 1) / VEC : H / VEC;
   static constexpr int PART = (NV + CLUSTER - 1) / CLUSTER;  // vectors a block keeps per row
   static constexpr bool EXACT = BATCH * TPR * CLUSTER == NV;  // every visited vector exists
   int tx;          // the thread's lane in its row
@@ -45,6 +53,14 @@ struct RowPart {
         group(CLUSTER > 1 ? cluster_index() : blockIdx.x), first(int(rank) * PART),
         end(CLUSTER > 1 ? min(NV, first + PART) : NV) {}
 
+  // Elements row r starts past a VEC-element boundary (0 unless SKEW).
+  static __device__ __forceinline__ int skew(long long r) {
+    return SKEW ? static_cast<int>((r * H) & (VEC - 1)) : 0;
+  }
+  // Whether round b may visit an edge: the first vector of the row or one reaching its end.
+  static __device__ __forceinline__ bool may_edge(int b) {
+    return SKEW && (b == 0 || (b + 1) * TPR * VEC > H);
+  }
   __device__ __forceinline__ int vector(int b) const { return first + b * TPR + tx; }
   __device__ __forceinline__ bool owns(int j) const { return EXACT || j < end; }
   __device__ __forceinline__ long long first_row() const {
@@ -53,10 +69,10 @@ struct RowPart {
   __device__ __forceinline__ long long row_stride() const {
     return static_cast<long long>(CLUSTER > 1 ? cluster_count() : gridDim.x) * RPB;
   }
-  // Bytes of the block's part of a row of T.
+  // Bytes of the block's part of a row of T (skewed: the row's own, not its vectors').
   template <typename T>
   __device__ __forceinline__ int bytes() const {
-    return (end - first) * VEC * static_cast<int>(sizeof(T));
+    return (SKEW ? H : (end - first) * VEC) * static_cast<int>(sizeof(T));
   }
   // Whether this thread writes the row's per-row values (one thread of the row's cluster).
   __device__ __forceinline__ bool writes_row_values() const { return tx == 0 && rank == 0; }
@@ -138,22 +154,98 @@ struct CountedRows {
 };
 
 // The vector a pass visits: the thread's b-th vector of the part, j-th of the row, k-th of
-// the block's part; through a staging ring, also its slot and its index there.
+// the block's part; through a staging ring, also its slot and its index there; e, the row's
+// element in its first lane (j * VEC - the row's skew). An EdgeVisit is a skewed row's vector
+// that holds elements outside the row (e < 0 or e + VEC > H): its reads, reductions and stores
+// take only the row's elements, in pieces of Part::SKEW.
 struct Visit {
+  static constexpr bool EDGE = false;
   int b;
   int j;
   int k;
   int slot;
   int in_slot;
+  int e;
+};
+struct EdgeVisit : Visit {
+  static constexpr bool EDGE = true;
 };
 
-// One pass over the thread's vectors of its part: body(v) for each.
+// Whether lane i of visit v is an element of the row (always, but in an edge).
+template <typename Part, typename X>
+__device__ __forceinline__ bool in_row(const X& v, int i) {
+  if constexpr (X::EDGE) {
+    return static_cast<unsigned>(v.e + i) < static_cast<unsigned>(Part::H);
+  } else {
+    return true;
+  }
+}
+
+// One pass over the thread's vectors of its part: body(v) for each; `skew`, the row's
+// (Part::skew), sends a skewed row's edges to body as EdgeVisits.
 template <typename Part, typename Body>
-__device__ __forceinline__ void for_each_vector(const Part& part, Body&& body) {
+__device__ __forceinline__ void for_each_vector(const Part& part, int skew, Body&& body) {
 #pragma unroll Part::UNROLL
   for (int b = 0; b < Part::BATCH; ++b) {
     const int j = part.vector(b);
-    if (part.owns(j)) body(Visit{b, j, j - part.first, 0, 0});
+    if (!part.owns(j)) continue;
+    const Visit v{b, j, j - part.first, 0, 0, j * Part::VEC - skew};
+    if constexpr (Part::SKEW > 0) {
+      if (Part::may_edge(b) && (v.e < 0 || v.e + Part::VEC > Part::H)) {
+        body(EdgeVisit{v});
+        continue;
+      }
+    }
+    body(v);
+  }
+}
+
+// The row's elements of the vector at element e of `row` (others zero), in pieces of
+// Part::SKEW elements: a skewed row's edge (each piece lies wholly in or out of the row).
+template <typename Part, typename T>
+__device__ __forceinline__ Vec<T, Part::VEC> load_edge(const T* row, int e) {
+  constexpr int P = Part::SKEW;
+  Vec<T, Part::VEC> x{};
+#pragma unroll
+  for (int k = 0; k < Part::VEC; k += P) {
+    if (static_cast<unsigned>(e + k) < static_cast<unsigned>(Part::H)) {
+      const Vec<T, P> piece = load<P>(row + e + k);
+#pragma unroll
+      for (int i = 0; i < P; ++i) x.v[k + i] = piece.v[i];
+    }
+  }
+  return x;
+}
+
+// The vector at element e of `row`, visited in round b: an edge's elements of the row, or the
+// whole vector.
+template <typename Part, typename T>
+__device__ __forceinline__ Vec<T, Part::VEC> load_vector(const T* row, int e, int b) {
+  if constexpr (Part::SKEW > 0) {
+    if (Part::may_edge(b) && (e < 0 || e + Part::VEC > Part::H)) return load_edge<Part>(row, e);
+  }
+  return load<Part::VEC>(row + e);
+}
+
+// Vector x of visit v into its place in `row`: whole (PTX: by store_vector), or an edge's
+// elements of the row, in pieces of Part::SKEW.
+template <typename Part, bool PTX, typename T, typename X>
+__device__ __forceinline__ void store_visit(T* row, const X& v, const Vec<T, Part::VEC>& x) {
+  if constexpr (X::EDGE) {
+    constexpr int P = Part::SKEW;
+#pragma unroll
+    for (int k = 0; k < Part::VEC; k += P) {
+      if (static_cast<unsigned>(v.e + k) < static_cast<unsigned>(Part::H)) {
+        Vec<T, P> piece;
+#pragma unroll
+        for (int i = 0; i < P; ++i) piece.v[i] = x.v[k + i];
+        store_vector<P>(row + v.e + k, piece);  // one store of the piece (plain ones split)
+      }
+    }
+  } else if constexpr (PTX) {
+    store_vector<Part::VEC>(row + v.e, x);
+  } else {
+    store<Part::VEC>(row + v.e, x);
   }
 }
 
@@ -173,10 +265,13 @@ struct RowInRegisters {
 
   __device__ __forceinline__ RowInRegisters(const Part& part, const T* g, long long row,
                                             bool valid) {
+    const T* r = g + row * Part::H;
+    const int skew = Part::skew(row);
 #pragma unroll
     for (int b = 0; b < Part::BATCH; ++b) {
       const int j = part.vector(b);
-      v[b] = (valid && part.owns(j)) ? load<Part::VEC>(g + row * Part::H + j * Part::VEC) : V{};
+      const int e = j * Part::VEC - skew;
+      v[b] = (valid && part.owns(j)) ? load_vector<Part>(r, e, b) : V{};
     }
   }
   __device__ __forceinline__ V at(const Visit& x) const { return v[x.b]; }
@@ -208,19 +303,39 @@ struct RowInSmem {
       copy_row_chunks<ROUNDS>(dst, g + r * Part::H + part.first * Part::VEC, part.template bytes<T>(),
                               part.tx, Part::TPR, r + 1 == n_rows);
     } else {
+      const T* src = g + r * Part::H;
+      const int skew = Part::skew(r);
 #pragma unroll
       for (int b = 0; b < Part::BATCH; ++b) {
         const int j = part.vector(b);
+        const int e = j * Part::VEC - skew;
         if (part.owns(j)) {
           V* to = reinterpret_cast<V*>(dst) + (j - part.first);
           if constexpr (COPY == Copy::VECTORS) {
-            cp_async<sizeof(V)>(to, g + r * Part::H + j * Part::VEC);
+            copy_vector(to, src, e, Part::may_edge(b) && r + 1 == n_rows);
           } else {
-            *to = load<Part::VEC>(g + r * Part::H + j * Part::VEC);
+            *to = load_vector<Part>(src, e, b);
           }
         }
       }
     }
+  }
+  // cp.async of the vector at element e of `src` into `to`. A skewed row's vectors reach
+  // past its ends into the rows beside it; past the tensor's end (`last`: its last row, a
+  // round that may hold its edge) only the row's bytes are read (copy_tail), and a vector
+  // wholly past the row is not copied.
+  __device__ __forceinline__ void copy_vector(V* to, const T* src, int e, bool last) {
+    if constexpr (Part::SKEW > 0) {
+      if (last && e + Part::VEC > Part::H) {
+        if (e < Part::H) {
+          copy_tail(reinterpret_cast<unsigned char*>(to),
+                    reinterpret_cast<const unsigned char*>(src + e),
+                    (Part::H - e) * static_cast<int>(sizeof(T)));
+        }
+        return;
+      }
+    }
+    cp_async<sizeof(V)>(to, src + e);
   }
   // Row r's copy of the vector a row's last pass has just read (x, `read` its value; a zero
   // vector where the pass does not read this buffer), into its place: a thread reads back only
@@ -228,7 +343,8 @@ struct RowInSmem {
   // with no barrier.
   __device__ __forceinline__ void refill(const Visit& x, const V& read, int slot, long long r,
                                          long long n_rows) {
-    static_assert(COPY == Copy::VECTORS, "only a thread's own vectors are refilled");
+    static_assert(COPY == Copy::VECTORS && Part::SKEW == 0,
+                  "only a thread's own vectors are refilled, and only where they divide rows");
     if (r < n_rows) {
       cp_async_after(reinterpret_cast<V*>(base + slot * SLOT_BYTES) + x.k,
                      g + r * Part::H + x.j * Part::VEC, read);
@@ -237,7 +353,10 @@ struct RowInSmem {
   __device__ __forceinline__ void ready(const Part& part, int slot, long long r) {
     const unsigned char* p = base + slot * SLOT_BYTES;
     if constexpr (COPY == Copy::CHUNKS) {
-      p += row_offset(g, (r * Part::H + part.first * Part::VEC) * static_cast<long long>(sizeof(T)));
+      // The row's offset in its chunks; skewed, the offset of the vector boundary below it.
+      const int offset = row_offset(
+          g, (r * Part::H + part.first * Part::VEC) * static_cast<long long>(sizeof(T)));
+      p += Part::SKEW ? offset & ~static_cast<int>(sizeof(V) - 1) : offset;
     }
     row = reinterpret_cast<const V*>(p);
   }
@@ -258,7 +377,10 @@ struct RowInGlobal {
     valid = v;
   }
   __device__ __forceinline__ V at(const Visit& x) const {
-    return valid ? load<Part::VEC>(row + x.j * Part::VEC) : V{};
+    return valid ? load<Part::VEC>(row + x.e) : V{};
+  }
+  __device__ __forceinline__ V at(const EdgeVisit& x) const {
+    return valid ? load_edge<Part>(row, x.e) : V{};
   }
 };
 
@@ -325,7 +447,7 @@ struct StagingRing {
   // body(v) over its vectors, then refill the slot DEPTH chunks ahead once every thread is
   // done with it.
   template <int UNROLL, typename Fill, typename Body>
-  __device__ __forceinline__ void pass(const Part& part, long long n_rows, Fill&& f,
+  __device__ __forceinline__ void pass(const Part& part, int skew, long long n_rows, Fill&& f,
                                        Body&& body) {
 #pragma unroll UNROLL
     for (int c = 0; c < CHUNKS; ++c, ++q) {
@@ -339,7 +461,10 @@ struct StagingRing {
       for (int u = 0; u < UNITS; ++u) {
         const int b = c * UNITS + u;
         const int j = part.vector(b);
-        if (part.owns(j)) body(Visit{b, j, j - part.first, slot, u * Part::TPR + part.tx});
+        if (part.owns(j)) {
+          const int e = j * Part::VEC - skew;
+          body(Visit{b, j, j - part.first, slot, u * Part::TPR + part.tx, e});
+        }
       }
       __syncthreads();  // every thread is done with the slot
       fill(part, q + DEPTH, n_rows, f);
@@ -350,6 +475,7 @@ struct StagingRing {
 // A row buffer streamed through the ring: DEPTH slots of SLOT_VECTORS vectors each.
 template <typename T, typename Part, bool BULK, int SLOT_VECTORS>
 struct RowInRing {
+  static_assert(Part::SKEW == 0, "skewed rows take no column buffers, accumulators or ring");
   using V = Vec<T, Part::VEC>;
   V* slots;
   const T* g;
@@ -379,6 +505,7 @@ struct RowInRing {
 
 template <typename T, typename Part>
 struct ColumnInRegisters {
+  static_assert(Part::SKEW == 0, "skewed rows take no column buffers, accumulators or ring");
   using V = Vec<T, Part::VEC>;
   V v[Part::BATCH];
 
@@ -396,6 +523,7 @@ struct ColumnInRegisters {
 // follows the loads of every column buffer).
 template <typename T, typename Part>
 struct ColumnInSmem {
+  static_assert(Part::SKEW == 0, "skewed rows take no column buffers, accumulators or ring");
   using V = Vec<T, Part::VEC>;
   V* s;
 
@@ -413,6 +541,7 @@ struct ColumnInSmem {
 
 template <typename T, typename Part>
 struct ColumnInGlobal {
+  static_assert(Part::SKEW == 0, "skewed rows take no column buffers, accumulators or ring");
   const T* g;
 
   __device__ __forceinline__ explicit ColumnInGlobal(const T* g) : g(g) {}
@@ -566,6 +695,7 @@ struct RowReducer {
 // of the block's part).
 template <typename T, typename Op, typename Part>
 struct AccumulatorInRegisters {
+  static_assert(Part::SKEW == 0, "skewed rows take no column buffers, accumulators or ring");
   T v[Part::BATCH][Part::VEC];
   T* partials;
   T* combine;
@@ -618,6 +748,7 @@ struct AccumulatorInRegisters {
 // of threads folds the block's rows into the partial row.
 template <typename T, typename Op, typename Part>
 struct AccumulatorInSmem {
+  static_assert(Part::SKEW == 0, "skewed rows take no column buffers, accumulators or ring");
   T* s;
   T* partials;
 
@@ -648,6 +779,7 @@ struct AccumulatorInSmem {
 // (read and written every row; nothing to fold).
 template <typename T, typename Op, typename Part>
 struct AccumulatorInGlobal {
+  static_assert(Part::SKEW == 0, "skewed rows take no column buffers, accumulators or ring");
   T* row;
 
   __device__ __forceinline__ AccumulatorInGlobal(const Part& part, T* partials)

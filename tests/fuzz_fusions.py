@@ -614,11 +614,17 @@ def check_plan(plan: SmemPlan, device: DeviceSpec, what: str) -> None:
 
 def check_schedule(s: RowSchedule | PointwiseSchedule | OuterSchedule, problem: Problem,
                    device: DeviceSpec) -> None:
-    """The geometry rules schedules document: vec divides hidden, at most 16 bytes per vector
-    access, a block within the device's thread limit, a row covered, clusters only on sm_90
-    (an outer kernel's: whole warps, slabs covering the columns, a block's rows the call's)."""
+    """The geometry rules schedules document: vec divides hidden (or the rows are skewed: the
+    skew divides hidden and vec, a block owns each row, its vectors reach past the row's end
+    at any start), at most 16 bytes per vector access, a block within the device's thread
+    limit, a row covered, clusters only on sm_90 (an outer kernel's: whole warps, slabs
+    covering the columns, a block's rows the call's)."""
     problems = []
-    if problem.hidden % s.vec:
+    skew = getattr(s, "skew", 0)
+    if skew and (problem.hidden % skew or s.vec % skew or skew >= s.vec or s.cluster != 1
+                 or s.batch * s.threads_per_row * s.vec < problem.hidden + s.vec - skew):
+        problems.append(f"skew {skew} of vec {s.vec} does not fit hidden {problem.hidden}")
+    if problem.hidden % s.vec and not skew:
         problems.append(f"vec {s.vec} does not divide hidden {problem.hidden}")
     threads = s.threads
     if threads > device.max_threads_per_block:

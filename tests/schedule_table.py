@@ -36,7 +36,8 @@ def compact(s: RowSchedule | PointwiseSchedule) -> str:
     placements = ",".join(f"{p.tensor}:{p.storage}{'+async' if p.async_copy else ''}"
                           for p in s.placements)
     buffers = ",".join(f"{b.name}={b.nbytes}" for b in s.smem.buffers)
-    return (f"{s.scheduler} cluster={s.cluster} vec={s.vec} tpr={s.threads_per_row} "
+    return (f"{s.scheduler} cluster={s.cluster} vec={s.vec}"
+            f"{f' skew={s.skew}' if s.skew else ''} tpr={s.threads_per_row} "
             f"rpb={s.rows_per_block} batch={s.batch} unroll={s.unroll}"
             f"{'(full)' if s.full_unroll else ''} stages={s.stages}"
             f"{' aligned' if s.aligned_copy else ''} [{placements}] acc={s.accumulators}"

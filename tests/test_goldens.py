@@ -132,6 +132,12 @@ CASES = [
     # column sums from rows dealt by a counter (hinted), the next group loading ahead
     Golden("layernorm_bwd_4096_bf16_h200_counter", "layernorm_bwd", 4096,
            hints=Hints(dealing="dynamic")),
+    # skewed rows: 16-byte vectors from the boundary below each row's start, edges masked,
+    # one stage of the row in shared memory
+    Golden("softmax_fwd_24578_bf16_h200_skewed", "softmax_fwd", 24578),
+    # skewed rows in registers, several rows to a block, 1-element skews
+    Golden("softmax_bwd_4099_bf16_h200_skewed_registers", "softmax_bwd", 4099,
+           hints=Hints(storage=(("T0", "registers"), ("T1", "registers")))),
     # a pointwise kernel
     Golden("gelu_bias_4096_bf16_h200", "gelu_bias", 4096),
     # normalization along columns: a slab's rows over a cluster of 16, two levels of column

@@ -172,6 +172,35 @@ def test_full_row_outputs_are_stored_as_whole_vectors(name, hidden, dtype):
     assert len(narrow) <= allowed, (stores, s)
 
 
+@pytest.mark.parametrize("dtype", [DataType.BFloat16, DataType.Float], ids=lambda d: d.name)
+@pytest.mark.parametrize("hidden", [4099, 24578, 65537])
+@pytest.mark.parametrize("name", ["softmax_fwd", "log_softmax_fwd", "softmax_bwd"])
+def test_skewed_rows_move_16_byte_vectors(name, hidden, dtype):
+    """Rows whose length the 16-byte vector does not divide are skewed by default where they
+    fit a block: in the PTX, the copies into shared memory and the output's stores are 16
+    bytes wide, and the only narrower stores are the edges' pieces (of the row's alignment:
+    skew elements each)."""
+    from fuser.codegen import template_dir
+    from fuser.compile import ptx_of
+
+    fd = ROW_FUSIONS[name](dtype)
+    built = build(fd.name, analyze(fd.fusion), Problem(hidden, 16384, 16), H200)
+    s = built.schedule
+    if not s.skew:  # rows too long for one block are split over a cluster, not skewed
+        assert hidden == 65537 and s.cluster > 1, s
+        return
+    assert s.vec * dtype.itemsize == 16 and hidden % s.vec, s
+    ptx = _row_entry_ptx(ptx_of(built.source.source, name, 90, (str(template_dir()),)),
+                         built.source.row_entry)
+    stores = _global_store_bytes(ptx)
+    assert stores.count(16) >= 1, stores
+    edge = s.skew * dtype.itemsize
+    assert set(stores) <= {16, edge}, stores
+    copies = re.findall(r"cp\.async\.c[ag]\.shared\.global\S*\s+\[[^]]*\], \[[^]]*\], (\d+)", ptx)
+    if any(p.storage == "smem" for p in s.placements):
+        assert "16" in copies, copies
+
+
 @pytest.mark.parametrize(("name", "hidden", "dtype"), [
     ("layernorm_fwd", 8192, DataType.BFloat16),
     ("rmsnorm_fwd", 65536, DataType.BFloat16),

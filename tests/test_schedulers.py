@@ -169,10 +169,11 @@ def test_staged_rows_of_narrow_vectors_take_at_most_512_threads(name, hidden, th
     """Rows staged in shared memory first (three-pass forward rows; every backward row) whose
     vectors are narrower than 16 bytes (the backward's: single elements) take the policy's
     staged_narrow_threads threads per row where a thread then owns at most
-    MAX_STAGED_VECTORS_PER_THREAD vectors, so two blocks can share an SM's registers."""
+    MAX_STAGED_VECTORS_PER_THREAD vectors, so two blocks can share an SM's registers. Rows
+    not skewed: skewed ones (RowSchedule.skew) have 16-byte vectors."""
     for dtype in (DataType.BFloat16, DataType.Float):
         info = analyze(ROW_FUSIONS[name](dtype).fusion)
-        s = schedule(info, Problem(hidden, 16384, 16), H200)
+        s = schedule(info, Problem(hidden, 16384, 16), H200, Hints(skewed=False))
         assert isinstance(s, RowSchedule) and s.threads_per_row == threads, s.reason
         assert s.batch <= 32 or threads == 1024
 
@@ -357,9 +358,9 @@ def test_every_fusion_schedules_on_every_preset(name, device):
     for hidden in (1, 127, 4096, 16384):
         _, s = plan_for(name, DataType.BFloat16, hidden, spec)
         assert isinstance(s, RowSchedule)
-        assert s.hidden % s.vec == 0 and s.vec * 2 <= 16
+        assert (s.hidden % s.vec == 0) != bool(s.skew) and s.vec * 2 <= 16
         assert s.threads_per_row * s.rows_per_block <= spec.max_threads_per_block
-        assert s.batch * s.threads_per_row * s.vec >= hidden
+        assert s.batch * s.threads_per_row * s.vec >= hidden + (s.vec - s.skew if s.skew else 0)
         assert_plan_invariants(s.smem)
 
 
@@ -676,3 +677,49 @@ def test_no_schedule_deals_what_its_kernel_cannot(name):
             assert not (s.dealing is Dealing.GRID and info.outer_reductions), s
             assert not (s.dealing is Dealing.DYNAMIC and (s.cluster > 1 or s.ring)), s
             assert not (s.dealing is Dealing.DYNAMIC and info.outer_reductions), s
+
+
+@pytest.mark.parametrize(("name", "dtype", "hidden", "skew", "threads"), [
+    ("softmax_fwd", DataType.BFloat16, 24578, 2, 512),
+    ("log_softmax_fwd", DataType.BFloat16, 24574, 2, 512),
+    ("softmax_bwd", DataType.BFloat16, 4099, 1, 64),  # 514 vectors: 6 a thread at most 64
+    ("softmax_fwd", DataType.Float, 24578, 2, 512),
+    ("softmax_fwd", DataType.Half, 65537, 1, 512),
+])
+def test_rows_are_skewed_where_vectors_would_be_narrow(name, dtype, hidden, skew, threads):
+    """16-byte vectors from the boundary below each row's start instead of the few bytes that
+    divide hidden; at most 512 threads a row, six vectors a thread, rows in one stage."""
+    _, s = plan_for(name, dtype, hidden)
+    assert (s.skew, s.vec * dtype.itemsize, s.threads_per_row) == (skew, 16, threads), s.reason
+    assert s.stages == 1 and not s.aligned_copy and s.cluster == 1, s.reason
+    assert s.batch * s.threads_per_row * s.vec >= hidden + s.vec - s.skew
+    assert "skewed rows" in s.reason
+
+
+@pytest.mark.parametrize(("name", "hidden", "align", "why"), [
+    ("layernorm_fwd", 24578, 16, "column inputs"),
+    ("rmsnorm_bwd", 24578, 16, "column reductions"),
+    ("softmax_fwd", 24578, 4, "4-byte aligned inputs"),
+    ("softmax_fwd", 24576, 16, "vectors divide the row"),
+    ("softmax_fwd", 30, 16, "rows of fewer than 4 vectors"),
+])
+def test_rows_are_not_skewed_where_they_cannot_be(name, hidden, align, why):
+    info = analyze(ROW_FUSIONS[name](DataType.BFloat16).fusion)
+    for s in itertools.islice(candidates(info, Problem(hidden, 16384, align), H200), 8):
+        assert not s.skew and hidden % s.vec == 0, (why, s.reason)
+
+
+def test_skewed_hints_are_honoured_or_refused():
+    info = analyze(ROW_FUSIONS["softmax_fwd"](DataType.BFloat16).fusion)
+    problem = Problem(24578, 16384, 16)
+    assert schedule(info, problem, H200, Hints(skewed=False)).vec == 2
+    assert schedule(info, problem, H200, Hints(skewed=True)).skew == 2
+    with pytest.raises(HintError, match=r"skewed=True.*cluster None or 1.*picks skewed=True"):
+        schedule(info, problem, H200, Hints(skewed=True, cluster=2))
+    with pytest.raises(HintError, match=r"aligned_copy None or False"):
+        schedule(info, problem, H200, Hints(skewed=True, aligned_copy=True))
+    with pytest.raises(HintError, match=r"skewed='yes'\): True or False"):
+        Hints(skewed="yes")
+    ln = analyze(ROW_FUSIONS["layernorm_fwd"](DataType.BFloat16).fusion)
+    with pytest.raises(HintError, match=r"no column input.*picks skewed=False"):
+        schedule(ln, problem, H200, Hints(skewed=True))

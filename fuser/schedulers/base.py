@@ -173,7 +173,12 @@ class RowSchedule:
     scheduler: str  # the scheduler module that made this schedule
     reason: str  # why this storage and geometry, in words
     hidden: int  # the kernel is specialised on the hidden size: every loop is unrolled
-    vec: int  # elements per vector access; divides hidden; at most 16 bytes per access
+    vec: int  # elements per vector access; divides hidden (unless skewed); at most 16 bytes
+    # 0, or skewed rows (fuser_rows.cuh, RowPart): vec does not divide hidden and rows start
+    # on boundaries of `skew` elements (which divides hidden and vec); a thread's vectors are
+    # the tensor's vec-element ones from the boundary below the row's start, the row's first
+    # and last masked. The vectors of hidden 24578 are 16 bytes, not 4.
+    skew: int
     threads_per_row: int  # threads sharing one row (blockDim.x); a power of two
     rows_per_block: int  # rows a block works on at once (blockDim.y)
     cluster: int  # blocks sharing each row as a thread-block cluster (1: a block owns rows)
@@ -313,6 +318,11 @@ def pick_vec(hidden: int, itemsizes: list[int], align_bytes: int, *, input_bytes
     while vec > 1 and (hidden % vec or input_bytes * vec > MAX_INPUT_BYTES_PER_VECTOR):
         vec //= 2
     return vec
+
+
+def skewed_vec(itemsizes: list[int], align_bytes: int, *, input_bytes: int) -> int:
+    """pick_vec of a row whose length every vector width divides: the vector of skewed rows."""
+    return pick_vec(16, itemsizes, align_bytes, input_bytes=input_bytes)
 
 
 def problem_rows(info: FusionInfo, rows: int) -> int:

@@ -43,6 +43,10 @@ class Hints:
     aligned_copy      True: fill shared row buffers with 16-byte copies from below each row's
                       start (where vectors are narrower than 16 bytes and the inputs 16-byte
                       aligned); False: copies of one vector each
+    skewed            True: rows whose vectors are narrower than the dtypes allow (hidden
+                      24578: 2 bf16) take the widest vectors from the boundary below each
+                      row's start, the row's edges masked (RowSchedule.skew); False: vectors
+                      that divide hidden
     dealing           how row groups reach blocks: `strided` (a persistent grid, fixed
                       strides), `dynamic` (a persistent grid taking groups from a counter;
                       blocks that own whole rows outside a staging ring; column sums then
@@ -58,6 +62,7 @@ class Hints:
     accumulators: Storage | None = None
     finalize_lanes: int | None = None
     aligned_copy: bool | None = None
+    skewed: bool | None = None
     dealing: Dealing | None = None
 
     def __post_init__(self) -> None:
@@ -65,8 +70,10 @@ class Hints:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise HintError(f"Hints({name}={value!r}): an int is needed")
-        if self.aligned_copy is not None and not isinstance(self.aligned_copy, bool):
-            raise HintError(f"Hints(aligned_copy={self.aligned_copy!r}): True or False")
+        for name in ("aligned_copy", "skewed"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise HintError(f"Hints({name}={value!r}): True or False")
         if self.storage is not None:
             object.__setattr__(self, "storage", _storage_pairs(self.storage))
         if self.accumulators is not None:

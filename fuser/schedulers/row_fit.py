@@ -51,6 +51,10 @@ def fit(phase: Phase, choice: StorageChoice) -> RowSchedule | Rejection:
         return Rejection(_words(phase, choice), (
             f"a staging ring holds row buffers, not the column inputs {', '.join(ringed_cols)}; "
             f"give those {Storage.SMEM}, {Storage.REGISTERS} or {Storage.GLOBAL}"))
+    if geo.skew and Storage.RING in storage.values():
+        return Rejection(_words(phase, choice) + " skewed",
+                         "a staging ring streams vectors that divide hidden; skewed rows "
+                         "keep their vectors in registers, smem or global memory")
     stages = choice.stages
     if any(storage[t.name] is Storage.SMEM and not phase.can_async(t) for t in phase.fusion.full):
         stages = 1  # cp.async fills the two-stage pipeline; a copied row buffer has one
@@ -240,6 +244,7 @@ def _schedule(phase: Phase, geo: RowGeometry, choice: StorageChoice,
         reason=_reason(phase, geo, choice, storage, ring, kept, regs, residency),
         hidden=geo.hidden,
         vec=geo.vec,
+        skew=geo.skew,
         threads_per_row=geo.threads_per_row,
         rows_per_block=geo.rows_per_block,
         batch=geo.batch,
@@ -258,7 +263,7 @@ def _schedule(phase: Phase, geo: RowGeometry, choice: StorageChoice,
         dealing=row_dealing.pick(phase, geo, dealings, stages, residency,
                                  row_dealing.refills(info, stages, aligned_copy,
                                                      any(p.async_copy for p in placements), ring,
-                                                     geo.threads_per_row)),
+                                                     geo.threads_per_row, geo.skew)),
         smem=plan,
     )
 
@@ -287,6 +292,9 @@ def _reason(phase: Phase, geo: RowGeometry, choice: StorageChoice,
     if ring:
         words.append(f"{', '.join(ring.tensors)} re-read each pass through a staging ring "
                      f"({ring.fill}, {ring.depth} slots x {ring.chunks} chunk(s))")
+    if geo.skew:
+        words.append(f"skewed rows ({geo.vec}-element vectors from the boundary below each "
+                     f"row's start, which lies on a multiple of {geo.skew})")
     if phase.aligned and any(storage[t.name] is Storage.SMEM for t in phase.fusion.full):
         words.append("rows copied in aligned 16-byte chunks")
     if choice.accumulators is not Storage.REGISTERS:

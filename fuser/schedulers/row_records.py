@@ -18,8 +18,12 @@ from fuser.analysis import FusionInfo, Role, kept_values
 from fuser.device import DeviceSpec
 from fuser.ir import Tensor, Val
 from fuser.ops import REDUCTIONS
-from fuser.schedulers.base import Problem, Storage, ceil_div, pick_vec
+from fuser.schedulers.base import Problem, Storage, ceil_div, pick_vec, skewed_vec
 from fuser.schedulers.hints import Hints
+
+# Rows shorter than this many of the widest vectors are not skewed: a thread would read a
+# whole vector of several rows for the few elements of its own (not measured below it).
+SKEWED_MIN_VECTORS = 4
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,22 @@ class RowFusion:
         return pick_vec(problem.hidden, list(self.itemsizes), problem.align_bytes,
                         input_bytes=self.input_bytes)
 
+    def skew(self, problem: Problem) -> int:
+        """The skew of this fusion's rows where they may be skewed (RowSchedule.skew), else 0:
+        the vector that divides hidden is narrower than the one the dtypes allow, the row
+        spans SKEWED_MIN_VECTORS of those, every input is 16-byte aligned, and no column input
+        or column reduction needs the row's element at a vector's lane (whole rows' vectors
+        start at a different element in every row)."""
+        vec, wide = self.vec(problem), self.skewed_vec(problem)
+        if (problem.align_bytes < 16 or wide == vec or problem.hidden < SKEWED_MIN_VECTORS * wide
+                or self.cols or self.info.outer_reductions):
+            return 0
+        return vec
+
+    def skewed_vec(self, problem: Problem) -> int:
+        """The vector of this fusion's skewed rows (base.skewed_vec)."""
+        return skewed_vec(list(self.itemsizes), problem.align_bytes, input_bytes=self.input_bytes)
+
     @property
     def input_bytes(self) -> int:
         """Bytes per element of every row and column input: what one element's loads hold."""
@@ -163,14 +183,18 @@ class RowGeometry:
     rows_per_block rows at once."""
 
     hidden: int
-    vec: int  # elements per vector; divides hidden; at most 16 bytes per access
+    vec: int  # elements per vector; divides hidden (unless skewed); at most 16 bytes per access
     threads_per_row: int  # a power of two
     batch: int  # vectors per thread per row: the fewest rounds that reach a part's last vector
     cluster: int
     rows_per_block: int
+    skew: int = 0  # RowSchedule.skew: rows start on boundaries of this many elements
 
     @property
     def vectors(self) -> int:
+        """Vectors of a row; skewed, those that cover it at any of its starts."""
+        if self.skew:
+            return ceil_div(self.hidden + self.vec - self.skew, self.vec)
         return self.hidden // self.vec
 
     @property

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from fuser.analysis import FusionInfo, Role
 from fuser.device import DeviceSpec
 from fuser.errors import HintError, OutOfResourcesError
-from fuser.schedulers.base import Problem, RowSchedule, Storage
+from fuser.schedulers.base import Problem, RowSchedule, Storage, ceil_div
 from fuser.schedulers.finalize import default_lanes, needs_finalize
 from fuser.schedulers.hints import HintContext, Hints, check, powers_of_two
 from fuser.schedulers.row_fit import fit
@@ -42,6 +42,10 @@ from fuser.schedulers.row_records import (
 from fuser.schedulers.row_storage import choices
 
 SHOWN_REJECTIONS = 6  # the last rejections an error lists
+# Skewed rows: at most this many threads a row, and fewer while a thread would own fewer
+# vectors than SKEWED_VECTORS_PER_THREAD (skewed_threads).
+SKEWED_MAX_THREADS = 512
+SKEWED_VECTORS_PER_THREAD = 6
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class _Step:
     reach: Reach
     why: str
     policy: RowPolicy
+    skewed: bool = False  # rows in the widest vectors, skewed (RowSchedule.skew)
 
 
 class RowSearch:
@@ -77,6 +82,7 @@ class RowSearch:
         could compile)."""
         check(self.given, self._hint_context(), self._default)
         self._check_aligned_copy()
+        self._check_skewed()
         seen: set[RowSchedule] = set()
         for step in self._steps():
             for s in self._by_copy_mode(step):
@@ -96,26 +102,60 @@ class RowSearch:
         plain = replace(self.policy, packed=None)
         policies = [self.policy, plain] if packed(self.fusion, self.policy) else [plain]
         if self.hints.cluster is not None or self.hints.storage is not None:
-            return [_Step(self.hints.cluster or 1, Reach.ANY, "as hinted", policy)
-                    for policy in policies]
-        sizes = cluster_sizes(self.fusion, self.problem, self.device)
-        steps = [_Step(k, Reach.ON_CHIP, _on_chip_why(k, after_packed=policy is not policies[0]),
-                       policy)
-                 for policy in policies for k in sizes]
-        steps.append(_Step(sizes[-1], Reach.OFF_CHIP,
-                           f"{sizes[-1]} block(s) cannot keep the row on chip", plain))
-        return steps
+            steps = [_Step(self.hints.cluster or 1, Reach.ANY, "as hinted", policy)
+                     for policy in policies]
+        else:
+            sizes = cluster_sizes(self.fusion, self.problem, self.device)
+            steps = [_Step(k, Reach.ON_CHIP,
+                           _on_chip_why(k, after_packed=policy is not policies[0]), policy)
+                     for policy in policies for k in sizes]
+            steps.append(_Step(sizes[-1], Reach.OFF_CHIP,
+                               f"{sizes[-1]} block(s) cannot keep the row on chip", plain))
+        return self._skewed_first(steps)
+
+    def _skewed_first(self, steps: list[_Step]) -> list[_Step]:
+        """The steps of one block per row again with skewed rows, before all the others, where
+        the fusion's rows may be skewed (RowFusion.skew) and the hints allow it; only those
+        with skewed=True. Skewed rows move 16-byte vectors where the plain ones move 2 or 4
+        bytes (H200 bf16, 16384 rows, fraction of the copy: softmax_fwd 24578 0.70 -> 0.89,
+        4099 0.49 -> 0.84, softmax_bwd 4099 0.42 -> 0.92; bench/TUNING.md, "skewed rows")."""
+        if not self.fusion.skew(self.problem) or self.hints.skewed is False or (
+                self.hints.aligned_copy):
+            return steps
+        skewed = [replace(step, skewed=True) for step in steps
+                  if step.cluster == 1 and step.reach is not Reach.OFF_CHIP]
+        return skewed if self.hints.skewed else skewed + steps
 
     def _phase(self, step: _Step, chunked: bool) -> Phase:
         """A step's phase. Aligned 16-byte row copies (`chunked`) need the inputs 16-byte
         aligned, and pay only where the widest row input's vectors are narrower than 16 bytes
         (bench/TUNING.md, "aligned row copies")."""
+        if step.skewed:
+            return self._skewed_phase(step)
         geo = geometry(self.fusion, self.problem, self.device, step.policy, self.hints,
                        step.cluster)
         widest = max((t.dtype.itemsize for t in self.fusion.full), default=1)
         aligned = chunked and self.problem.align_bytes >= 16 and geo.vec * widest < 16
         return Phase(self.fusion, self.problem, self.device, step.policy, self.hints, geo,
                      aligned, step.reach, step.why)
+
+    def _skewed_phase(self, step: _Step) -> Phase:
+        """A skewed step's phase: the geometry of a row as long as its vectors reach (the
+        policies then see the vectors a thread owns), at most skewed_threads() threads a row,
+        with the row's own length and skew. Shared row buffers are filled a vector at a time,
+        each thread its own (so no barrier comes between the copies and the reads): the
+        vectors are already whole."""
+        problem = self.problem
+        vec, skew = self.fusion.skewed_vec(problem), self.fusion.skew(problem)
+        spanned = replace(problem, hidden=ceil_div(problem.hidden + vec - skew, vec) * vec)
+        geo = geometry(self.fusion, spanned, self.device, step.policy, self.hints, step.cluster)
+        most = skewed_threads(geo.vectors)
+        if self.hints.threads_per_row is None and geo.threads_per_row > most:
+            geo = geometry(self.fusion, spanned, self.device, step.policy,
+                           replace(self.hints, threads_per_row=most), step.cluster)
+        geo = replace(geo, hidden=problem.hidden, skew=skew)
+        return Phase(self.fusion, problem, self.device, step.policy, self.hints, geo, False,
+                     step.reach, step.why)
 
     def _fits(self, phase: Phase) -> Iterator[RowSchedule]:
         """The phase's choices that fit and honour the hints, in order."""
@@ -176,7 +216,7 @@ class RowSearch:
         slightly larger row slots (up to 15 bytes per row) leave more buffers re-read from
         global memory than copies of vec bytes do (the 100 KB part at hidden 24578 would
         re-read two input rows instead of one input row and the weight)."""
-        if self.hints.aligned_copy is False:
+        if step.skewed or self.hints.aligned_copy is False:
             yield from self._fits(self._phase(step, False))
             return
         chunked = self._fits(self._phase(step, True))
@@ -230,6 +270,28 @@ class RowSearch:
                 f"Hints(aligned_copy=True): aligned copies need {' and '.join(why)}; allowed "
                 f"here: None or False; the heuristic picks "
                 f"aligned_copy={self._default('aligned_copy')} here")
+
+    def _check_skewed(self) -> None:
+        """skewed=True where rows cannot be skewed, or with a hint that skewed rows break."""
+        if not self.hints.skewed:
+            return
+        why = []
+        if not self.fusion.skew(self.problem):
+            vec = self.fusion.vec(self.problem)
+            why.append(
+                f"vectors narrower than the dtypes allow (here {vec} element(s), "
+                f"{self.fusion.skewed_vec(self.problem)} allowed), every input 16-byte aligned "
+                f"(these are {self.problem.align_bytes}-byte aligned), and no column input or "
+                "column reduction")
+        if self.hints.aligned_copy:
+            why.append("aligned_copy None or False (skewed rows copy whole vectors)")
+        if self.hints.cluster not in (None, 1):
+            why.append("cluster None or 1 (a block owns each skewed row)")
+        if why:
+            raise HintError(
+                f"Hints(skewed=True): skewed rows need {'; and '.join(why)}; allowed here: "
+                f"None or False; the heuristic picks skewed={bool(self._default('skew'))} "
+                "here")
 
     def _hint_context(self) -> HintContext:
         info = self.fusion.info
@@ -286,6 +348,19 @@ class RowSearch:
             return next(search.candidates()).reason
         except OutOfResourcesError as exc:
             return f"none ({str(exc).splitlines()[0]})"
+
+
+def skewed_threads(vectors: int) -> int:
+    """Threads a skewed row of `vectors` vectors takes at most: SKEWED_MAX_THREADS, fewer
+    (down to a warp) while a thread would own under SKEWED_VECTORS_PER_THREAD of them. Such
+    a row rarely fills its last round (hidden 24578: 3073 vectors), so one thread makes one
+    round more than the others, and the row's block waits for it at every reduction; with
+    more vectors a thread the extra round weighs less, and with smaller blocks others fill
+    the SM meanwhile (bench/TUNING.md, "skewed rows")."""
+    threads = SKEWED_MAX_THREADS
+    while threads > 32 and vectors < SKEWED_VECTORS_PER_THREAD * threads:
+        threads //= 2
+    return threads
 
 
 def _on_chip_why(cluster: int, after_packed: bool) -> str:

@@ -39,10 +39,14 @@ def _ordered(phase: Phase) -> Iterator[StorageChoice]:
 
 def stage_order(phase: Phase) -> list[int]:
     """Stages to try for shared row buffers: the hinted ones, else two first, or one first
-    for rows short enough that many fit an SM (row_geometry.SHORT_ROWS_PER_SM)."""
+    for rows short enough that many fit an SM (row_geometry.SHORT_ROWS_PER_SM) and for
+    skewed rows, whose blocks wait on one thread's extra vector at every reduction while
+    others fill the SM (H200 bf16 24578, 512 threads: softmax_fwd 0.82 -> 0.93 of the copy
+    with one stage; bench/TUNING.md, "skewed rows")."""
     if phase.hints.stages:
         return [phase.hints.stages]
-    return [1, 2] if short_rows(phase.fusion, phase.geometry.part, phase.device) else [2, 1]
+    geo = phase.geometry
+    return [1, 2] if geo.skew or short_rows(phase.fusion, geo.part, phase.device) else [2, 1]
 
 
 def staged(phase: Phase, stages: int) -> dict[str, Storage]:

@@ -25,6 +25,7 @@
 //   reason             registers-first policy: nothing in smem, ~52 regs/thread, ~4 block(s)/SM
 //   hidden             2048
 //   vec                2
+//   skew               0
 //   threads_per_row    256
 //   rows_per_block     1
 //   cluster            1
@@ -61,8 +62,8 @@ double_share_row(
 {
   constexpr int H = 2048;  // elements per row
   constexpr int RPB = 1;  // rows per block
-  // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER: the thread's rows and vectors, and their passes
-  using Part = fm::RowPart<H, 2, 256, RPB, 4, 4, 1>;
+  // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER, SKEW: the thread's rows and vectors, and their passes
+  using Part = fm::RowPart<H, 2, 256, RPB, 4, 4, 1, 0>;
   const Part part;
   const int zero = fm::magic_zero();
 
@@ -79,22 +80,23 @@ double_share_row(
   for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
     const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
+    const int skew = Part::skew(row);  // 0: rows start on vector boundaries
     const fm::RowInRegisters<double, Part> T0(part, g_T0, row, valid);
 
     // Inner reduction level 0: sum(T0) -> T1.
     double row_T1 = fm::Sum::identity<double>();
-    fm::for_each_vector(part, [&](const fm::Visit& v) {
+    fm::for_each_vector(part, skew, [&](const auto& v) {
       const auto x_T0 = T0.at(v);
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
-        row_T1 = fm::Sum{}(row_T1, fm::to_compute(x_T0.v[i]));
+        if (fm::in_row<Part>(v, i)) row_T1 = fm::Sum{}(row_T1, fm::to_compute(x_T0.v[i]));
       }
     });
     reduce(part, fm::reduced(row_T1, fm::Sum{}));
     const double row_rcp_d_T1 = double(1) / row_T1;
 
     // Outputs of the row.
-    fm::for_each_vector(part, [&](const fm::Visit& v) {
+    fm::for_each_vector(part, skew, [&](const auto& v) {
       const auto x_T0 = T0.at(v);
       fm::Vec<double, Part::VEC> o_T5;
 #pragma unroll
@@ -102,7 +104,7 @@ double_share_row(
         const double e_T5 = (fm::to_compute(x_T0.v[i]) * row_rcp_d_T1);
         o_T5.v[i] = fm::to_storage<double>(e_T5);
       }
-      if (valid) fm::store<Part::VEC>(g_T5 + row * H + v.j * Part::VEC, o_T5);
+      if (valid) fm::store_visit<Part, false>(g_T5 + row * H, v, o_T5);
     });
     if (valid && part.writes_row_values()) g_T1[row] = fm::to_storage<double>(row_T1);
   }

@@ -61,6 +61,7 @@
 //       block(s) cannot keep the row on chip)
 //   hidden             24578
 //   vec                2
+//   skew               0
 //   threads_per_row    1024
 //   rows_per_block     1
 //   cluster            1
@@ -118,8 +119,8 @@ dropout_rmsnorm_bwd_row(
 {
   constexpr int H = 24578;  // elements per row
   constexpr int RPB = 1;  // rows per block
-  // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER: the thread's rows and vectors, and their passes
-  using Part = fm::RowPart<H, 2, 1024, RPB, 13, 13, 1>;
+  // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER, SKEW: the thread's rows and vectors, and their passes
+  using Part = fm::RowPart<H, 2, 1024, RPB, 13, 13, 1, 0>;
   const Part part;
   const int zero = fm::magic_zero();
   fm::allow_dependent_launch();  // the finalize may launch now; it waits for this grid's end
@@ -149,6 +150,7 @@ dropout_rmsnorm_bwd_row(
   for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
     const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
+    const int skew = Part::skew(row);  // 0: rows start on vector boundaries
     const int slot = part.ty;
     T1.copy(part, slot, row, n_rows);
     T4.copy(part, slot, row, n_rows);
@@ -163,7 +165,7 @@ dropout_rmsnorm_bwd_row(
 
     // Inner reduction level 0: sum(T21) -> T22.
     float row_T22 = fm::Sum::identity<float>();
-    fm::for_each_vector(part, [&](const fm::Visit& v) {
+    fm::for_each_vector(part, skew, [&](const auto& v) {
       const auto x_T0 = T0.at(v);
       const auto x_T1 = T1.at(v);
       const auto x_T2 = T2.at(v);
@@ -182,14 +184,14 @@ dropout_rmsnorm_bwd_row(
         const float e_T19 = (e_T17 * e_T18);
         const float e_T20 = (e_T12 * row_T16);
         const float e_T21 = (e_T19 * e_T20);
-        row_T22 = fm::Sum{}(row_T22, e_T21);
+        if (fm::in_row<Part>(v, i)) row_T22 = fm::Sum{}(row_T22, e_T21);
       }
     });
     reduce(part, fm::reduced(row_T22, fm::Sum{}));
     const float row_T24 = (row_T22 / static_cast<float>(S23));
 
     // Outputs of the row and the column accumulators.
-    fm::for_each_vector(part, [&](const fm::Visit& v) {
+    fm::for_each_vector(part, skew, [&](const auto& v) {
       const auto x_T0 = T0.at(v);
       const auto x_T1 = T1.at(v);
       const auto x_T2 = T2.at(v);
@@ -220,8 +222,8 @@ dropout_rmsnorm_bwd_row(
         o_T37.v[i] = fm::to_storage<__nv_bfloat16>(e_T30);
         if (valid) acc_T33.add(v, i, e_T32);
       }
-      if (valid) fm::store<Part::VEC>(g_T36 + row * H + v.j * Part::VEC, o_T36);
-      if (valid) fm::store<Part::VEC>(g_T37 + row * H + v.j * Part::VEC, o_T37);
+      if (valid) fm::store_visit<Part, false>(g_T36 + row * H, v, o_T36);
+      if (valid) fm::store_visit<Part, false>(g_T37 + row * H, v, o_T37);
     });
   }
   acc_T33.finish(part);  // this block's partial row of T33

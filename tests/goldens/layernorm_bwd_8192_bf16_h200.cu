@@ -64,6 +64,7 @@
 //       elements, ~176 regs/thread, ~1 block(s)/SM (the plans for fewer blocks do not keep the row on chip)
 //   hidden             8192
 //   vec                8
+//   skew               0
 //   threads_per_row    64
 //   rows_per_block     4
 //   cluster            2
@@ -126,8 +127,8 @@ layernorm_bwd_row(
 {
   constexpr int H = 8192;  // elements per row
   constexpr int RPB = 4;  // rows per block
-  // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER: the thread's rows and vectors, and their passes
-  using Part = fm::RowPart<H, 8, 64, RPB, 8, 8, 2>;
+  // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER, SKEW: the thread's rows and vectors, and their passes
+  using Part = fm::RowPart<H, 8, 64, RPB, 8, 8, 2, 0>;
   const Part part;
   const int zero = fm::magic_zero();
   fm::allow_dependent_launch();  // the finalize may launch now; it waits for this grid's end
@@ -172,6 +173,7 @@ layernorm_bwd_row(
   for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
     const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
+    const int skew = Part::skew(row);  // 0: rows start on vector boundaries
     const int stage = it & 1;
     const int slot = stage * RPB + part.ty;  // this row's slot
     const long long next = row + row_stride;
@@ -189,7 +191,7 @@ layernorm_bwd_row(
     // Inner reduction level 0: sum(T18) -> T19, sum(T16) -> T21.
     float row_T19 = fm::Sum::identity<float>();
     float row_T21 = fm::Sum::identity<float>();
-    fm::for_each_vector(part, [&](const fm::Visit& v) {
+    fm::for_each_vector(part, skew, [&](const auto& v) {
       const auto x_T0 = T0.at(v);
       const auto x_T3 = T3.at(v);
       const auto c_T4 = T4.at(v);
@@ -202,8 +204,8 @@ layernorm_bwd_row(
         const float e_T15 = fm::to_compute(c_T4.v[i]);
         const float e_T16 = (e_T5 * e_T15);
         const float e_T18 = (e_T16 * e_T14);
-        row_T19 = fm::Sum{}(row_T19, e_T18);
-        row_T21 = fm::Sum{}(row_T21, e_T16);
+        if (fm::in_row<Part>(v, i)) row_T19 = fm::Sum{}(row_T19, e_T18);
+        if (fm::in_row<Part>(v, i)) row_T21 = fm::Sum{}(row_T21, e_T16);
       }
     });
     reduce(part, fm::reduced(row_T19, fm::Sum{}), fm::reduced(row_T21, fm::Sum{}));
@@ -211,7 +213,7 @@ layernorm_bwd_row(
     const float row_T22 = (row_T21 / static_cast<float>(S17));
 
     // Outputs of the row and the column accumulators.
-    fm::for_each_vector(part, [&](const fm::Visit& v) {
+    fm::for_each_vector(part, skew, [&](const auto& v) {
       const auto x_T0 = T0.at(v);
       const auto x_T3 = T3.at(v);
       const auto c_T4 = T4.at(v);
@@ -233,7 +235,7 @@ layernorm_bwd_row(
         if (valid) acc_T38.add(v, i, e_T37);
         if (valid) acc_T40.add(v, i, e_T5);
       }
-      if (valid) fm::store_vector<Part::VEC>(g_T36 + row * H + v.j * Part::VEC, o_T36);
+      if (valid) fm::store_visit<Part, true>(g_T36 + row * H, v, o_T36);
     });
   }
   acc_T38.finish(part);  // this block's partial row of T38

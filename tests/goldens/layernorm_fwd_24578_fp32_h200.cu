@@ -59,6 +59,7 @@
 //       regs/thread, ~1 block(s)/SM
 //   hidden             24578
 //   vec                2
+//   skew               0
 //   threads_per_row    512
 //   rows_per_block     1
 //   cluster            1
@@ -100,8 +101,8 @@ layernorm_fwd_row(
 {
   constexpr int H = 24578;  // elements per row
   constexpr int RPB = 1;  // rows per block
-  // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER: the thread's rows and vectors, and their passes
-  using Part = fm::RowPart<H, 2, 512, RPB, 25, 25, 1>;
+  // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER, SKEW: the thread's rows and vectors, and their passes
+  using Part = fm::RowPart<H, 2, 512, RPB, 25, 25, 1, 0>;
   const Part part;
   const int zero = fm::magic_zero();
 
@@ -132,6 +133,7 @@ layernorm_fwd_row(
   for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
     const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
+    const int skew = Part::skew(row);  // 0: rows start on vector boundaries
     const int stage = it & 1;
     const int slot = stage * RPB + part.ty;  // this row's slot
     const long long next = row + row_stride;
@@ -144,11 +146,11 @@ layernorm_fwd_row(
 
     // Inner reduction level 0: sum(T3) -> T5.
     float row_T5 = fm::Sum::identity<float>();
-    fm::for_each_vector(part, [&](const fm::Visit& v) {
+    fm::for_each_vector(part, skew, [&](const auto& v) {
       const auto x_T0 = T0.at(v);
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
-        row_T5 = fm::Sum{}(row_T5, fm::to_compute(x_T0.v[i]));
+        if (fm::in_row<Part>(v, i)) row_T5 = fm::Sum{}(row_T5, fm::to_compute(x_T0.v[i]));
       }
     });
     reduce(part, fm::reduced(row_T5, fm::Sum{}));
@@ -156,13 +158,13 @@ layernorm_fwd_row(
 
     // Inner reduction level 1: sum(T11) -> T16.
     float row_T16 = fm::Sum::identity<float>();
-    fm::for_each_vector(part, [&](const fm::Visit& v) {
+    fm::for_each_vector(part, skew, [&](const auto& v) {
       const auto x_T0 = T0.at(v);
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
         const float e_T10 = (fm::to_compute(x_T0.v[i]) - row_T6);
         const float e_T11 = (e_T10 * e_T10);
-        row_T16 = fm::Sum{}(row_T16, e_T11);
+        if (fm::in_row<Part>(v, i)) row_T16 = fm::Sum{}(row_T16, e_T11);
       }
     });
     reduce(part, fm::reduced(row_T16, fm::Sum{}));
@@ -171,7 +173,7 @@ layernorm_fwd_row(
     const float row_T23 = fm::rsqrt(row_T22);
 
     // Outputs of the row.
-    fm::for_each_vector(part, [&](const fm::Visit& v) {
+    fm::for_each_vector(part, skew, [&](const auto& v) {
       const auto x_T0 = T0.at(v);
       const auto c_T1 = T1.at(v);
       const auto c_T2 = T2.at(v);
@@ -184,7 +186,7 @@ layernorm_fwd_row(
         const float e_T35 = (e_T33 + fm::to_compute(c_T2.v[i]));
         o_T36.v[i] = fm::to_storage<float>(e_T35);
       }
-      if (valid) fm::store<Part::VEC>(g_T36 + row * H + v.j * Part::VEC, o_T36);
+      if (valid) fm::store_visit<Part, false>(g_T36 + row * H, v, o_T36);
     });
     if (valid && part.writes_row_values()) g_T20[row] = fm::to_storage<float>(row_T6);
     if (valid && part.writes_row_values()) g_T23[row] = fm::to_storage<float>(row_T23);

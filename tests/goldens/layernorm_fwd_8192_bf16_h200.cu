@@ -58,6 +58,7 @@
 //   reason             registers-first policy: T0, T1, T2 in smem, ~48 regs/thread, ~4 block(s)/SM
 //   hidden             8192
 //   vec                8
+//   skew               0
 //   threads_per_row    256
 //   rows_per_block     1
 //   cluster            1
@@ -101,8 +102,8 @@ layernorm_fwd_row(
 {
   constexpr int H = 8192;  // elements per row
   constexpr int RPB = 1;  // rows per block
-  // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER: the thread's rows and vectors, and their passes
-  using Part = fm::RowPart<H, 8, 256, RPB, 4, 4, 1>;
+  // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER, SKEW: the thread's rows and vectors, and their passes
+  using Part = fm::RowPart<H, 8, 256, RPB, 4, 4, 1, 0>;
   const Part part;
   const int zero = fm::magic_zero();
 
@@ -135,6 +136,7 @@ layernorm_fwd_row(
   for (int it = 0; rows.more(n_rows); rows.advance(it), ++it) {
     const long long row = rows.row0 + part.ty + zero;
     const bool valid = row < n_rows;
+    const int skew = Part::skew(row);  // 0: rows start on vector boundaries
     const int slot = part.ty;
     if (it == 0) T0.copy(part, slot, row, n_rows);
     fm::cp_async_commit();
@@ -143,12 +145,12 @@ layernorm_fwd_row(
 
     // Inner reduction level 0: sum(T3) -> T5.
     float row_T5 = fm::Sum::identity<float>();
-    fm::for_each_vector(part, [&](const fm::Visit& v) {
+    fm::for_each_vector(part, skew, [&](const auto& v) {
       const auto x_T0 = T0.at(v);
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
         const float e_T3 = fm::to_compute(x_T0.v[i]);
-        row_T5 = fm::Sum{}(row_T5, e_T3);
+        if (fm::in_row<Part>(v, i)) row_T5 = fm::Sum{}(row_T5, e_T3);
       }
     });
     rows.publish(it);  // the next row group, shared by the barrier of the reduction below
@@ -157,14 +159,14 @@ layernorm_fwd_row(
 
     // Inner reduction level 1: sum(T11) -> T16.
     float row_T16 = fm::Sum::identity<float>();
-    fm::for_each_vector(part, [&](const fm::Visit& v) {
+    fm::for_each_vector(part, skew, [&](const auto& v) {
       const auto x_T0 = T0.at(v);
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
         const float e_T3 = fm::to_compute(x_T0.v[i]);
         const float e_T10 = (e_T3 - row_T6);
         const float e_T11 = (e_T10 * e_T10);
-        row_T16 = fm::Sum{}(row_T16, e_T11);
+        if (fm::in_row<Part>(v, i)) row_T16 = fm::Sum{}(row_T16, e_T11);
       }
     });
     reduce(part, fm::reduced(row_T16, fm::Sum{}));
@@ -174,7 +176,7 @@ layernorm_fwd_row(
 
     // Outputs of the row.
     const long long next = rows.dealt(it) + part.ty + zero;  // refilling the row slots
-    fm::for_each_vector(part, [&](const fm::Visit& v) {
+    fm::for_each_vector(part, skew, [&](const auto& v) {
       const auto x_T0 = T0.at(v);
       const auto c_T1 = T1.at(v);
       const auto c_T2 = T2.at(v);
@@ -190,7 +192,7 @@ layernorm_fwd_row(
         const float e_T35 = (e_T33 + e_T34);
         o_T36.v[i] = fm::to_storage<__nv_bfloat16>(e_T35);
       }
-      if (valid) fm::store_vector<Part::VEC>(g_T36 + row * H + v.j * Part::VEC, o_T36);
+      if (valid) fm::store_visit<Part, true>(g_T36 + row * H, v, o_T36);
       T0.refill(v, x_T0, slot, next, n_rows);
     });
     fm::cp_async_commit();  // the next row's copies

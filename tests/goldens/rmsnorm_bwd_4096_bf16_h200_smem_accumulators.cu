@@ -50,6 +50,7 @@
 //       regs/thread, ~18 block(s)/SM (8 block(s) cannot keep the row on chip)
 //   hidden             4096
 //   vec                8
+//   skew               0
 //   threads_per_row    64
 //   rows_per_block     1
 //   cluster            8
@@ -111,8 +112,8 @@ rmsnorm_bwd_row(
 {
   constexpr int H = 4096;  // elements per row
   constexpr int RPB = 1;  // rows per block
-  // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER: the thread's rows and vectors, and their passes
-  using Part = fm::RowPart<H, 8, 64, RPB, 1, 1, 8>;
+  // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER, SKEW: the thread's rows and vectors, and their passes
+  using Part = fm::RowPart<H, 8, 64, RPB, 1, 1, 8, 0>;
   const Part part;
   const int zero = fm::magic_zero();
   fm::allow_dependent_launch();  // the finalize may launch now; it waits for this grid's end
@@ -156,12 +157,13 @@ rmsnorm_bwd_row(
   for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
     const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
+    const int skew = Part::skew(row);  // 0: rows start on vector boundaries
     const float row_T1 = fm::row_value<float>(g_T1, row, valid);
     const float row_T8 = fm::reciprocal(row_T1);
 
     // Inner reduction level 0: sum(T13) -> T14.
     float row_T14 = fm::Sum::identity<float>();
-    ring.pass<1>(part, n_rows, ring_fill, [&](const fm::Visit& v) {
+    ring.pass<1>(part, skew, n_rows, ring_fill, [&](const auto& v) {
       const auto x_T0 = T0.at(v);
       const auto x_T2 = T2.at(v);
       const auto c_T3 = T3.at(v);
@@ -173,14 +175,14 @@ rmsnorm_bwd_row(
         const float e_T11 = (e_T9 * e_T10);
         const float e_T12 = (e_T4 * row_T8);
         const float e_T13 = (e_T11 * e_T12);
-        row_T14 = fm::Sum{}(row_T14, e_T13);
+        if (fm::in_row<Part>(v, i)) row_T14 = fm::Sum{}(row_T14, e_T13);
       }
     });
     reduce(part, fm::reduced(row_T14, fm::Sum{}));
     const float row_T16 = (row_T14 / static_cast<float>(S15));
 
     // Outputs of the row and the column accumulators.
-    ring.pass<1>(part, n_rows, ring_fill, [&](const fm::Visit& v) {
+    ring.pass<1>(part, skew, n_rows, ring_fill, [&](const auto& v) {
       const auto x_T0 = T0.at(v);
       const auto x_T2 = T2.at(v);
       const auto c_T3 = T3.at(v);
@@ -200,7 +202,7 @@ rmsnorm_bwd_row(
         o_T26.v[i] = fm::to_storage<__nv_bfloat16>(e_T22);
         if (valid) acc_T25.add(v, i, e_T24);
       }
-      if (valid) fm::store_vector<Part::VEC>(g_T26 + row * H + v.j * Part::VEC, o_T26);
+      if (valid) fm::store_visit<Part, true>(g_T26 + row * H, v, o_T26);
     });
   }
   acc_T25.finish(part);  // this block's partial row of T25

@@ -50,6 +50,7 @@
 //       blocks do not keep the row on chip)
 //   hidden             65537
 //   vec                1
+//   skew               0
 //   threads_per_row    1024
 //   rows_per_block     1
 //   cluster            2
@@ -108,8 +109,8 @@ rmsnorm_bwd_row(
 {
   constexpr int H = 65537;  // elements per row
   constexpr int RPB = 1;  // rows per block
-  // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER: the thread's rows and vectors, and their passes
-  using Part = fm::RowPart<H, 1, 1024, RPB, 33, 33, 2>;
+  // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER, SKEW: the thread's rows and vectors, and their passes
+  using Part = fm::RowPart<H, 1, 1024, RPB, 33, 33, 2, 0>;
   const Part part;
   const int zero = fm::magic_zero();
   fm::allow_dependent_launch();  // the finalize may launch now; it waits for this grid's end
@@ -142,6 +143,7 @@ rmsnorm_bwd_row(
   for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
     const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
+    const int skew = Part::skew(row);  // 0: rows start on vector boundaries
     const int slot = part.ty;
     __syncthreads();  // every thread is done with the slots the copies below overwrite
     T0.copy(part, slot, row, n_rows);
@@ -156,7 +158,7 @@ rmsnorm_bwd_row(
 
     // Inner reduction level 0: sum(T13) -> T14.
     float row_T14 = fm::Sum::identity<float>();
-    fm::for_each_vector(part, [&](const fm::Visit& v) {
+    fm::for_each_vector(part, skew, [&](const auto& v) {
       const auto x_T0 = T0.at(v);
       const auto x_T2 = T2.at(v);
       const auto c_T3 = T3.at(v);
@@ -168,14 +170,14 @@ rmsnorm_bwd_row(
         const float e_T11 = (e_T9 * e_T10);
         const float e_T12 = (e_T4 * row_T8);
         const float e_T13 = (e_T11 * e_T12);
-        row_T14 = fm::Sum{}(row_T14, e_T13);
+        if (fm::in_row<Part>(v, i)) row_T14 = fm::Sum{}(row_T14, e_T13);
       }
     });
     reduce(part, fm::reduced(row_T14, fm::Sum{}));
     const float row_T16 = (row_T14 / static_cast<float>(S15));
 
     // Outputs of the row and the column accumulators.
-    fm::for_each_vector(part, [&](const fm::Visit& v) {
+    fm::for_each_vector(part, skew, [&](const auto& v) {
       const auto x_T0 = T0.at(v);
       const auto x_T2 = T2.at(v);
       const auto c_T3 = T3.at(v);
@@ -195,7 +197,7 @@ rmsnorm_bwd_row(
         o_T26.v[i] = fm::to_storage<__nv_bfloat16>(e_T22);
         if (valid) acc_T25.add(v, i, e_T24);
       }
-      if (valid) fm::store<Part::VEC>(g_T26 + row * H + v.j * Part::VEC, o_T26);
+      if (valid) fm::store_visit<Part, false>(g_T26 + row * H, v, o_T26);
     });
   }
   acc_T25.finish(part);  // this block's partial row of T25

@@ -38,6 +38,7 @@
 //       131072 elements, ~48 regs/thread, ~1 block(s)/SM (8 block(s) cannot keep the row on chip)
 //   hidden             1048576
 //   vec                8
+//   skew               0
 //   threads_per_row    1024
 //   rows_per_block     1
 //   cluster            8
@@ -82,8 +83,8 @@ rmsnorm_fwd_row(
 {
   constexpr int H = 1048576;  // elements per row
   constexpr int RPB = 1;  // rows per block
-  // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER: the thread's rows and vectors, and their passes
-  using Part = fm::RowPart<H, 8, 1024, RPB, 16, 2, 8>;
+  // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER, SKEW: the thread's rows and vectors, and their passes
+  using Part = fm::RowPart<H, 8, 1024, RPB, 16, 2, 8, 0>;
   const Part part;
   const int zero = fm::magic_zero();
 
@@ -116,16 +117,17 @@ rmsnorm_fwd_row(
   for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
     const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
+    const int skew = Part::skew(row);  // 0: rows start on vector boundaries
 
     // Inner reduction level 0: sum(T3) -> T4.
     float row_T4 = fm::Sum::identity<float>();
-    ring.pass<1>(part, n_rows, ring_fill, [&](const fm::Visit& v) {
+    ring.pass<1>(part, skew, n_rows, ring_fill, [&](const auto& v) {
       const auto x_T0 = T0.at(v);
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
         const float e_T2 = fm::to_compute(x_T0.v[i]);
         const float e_T3 = (e_T2 * e_T2);
-        row_T4 = fm::Sum{}(row_T4, e_T3);
+        if (fm::in_row<Part>(v, i)) row_T4 = fm::Sum{}(row_T4, e_T3);
       }
     });
     reduce(part, fm::reduced(row_T4, fm::Sum{}));
@@ -134,7 +136,7 @@ rmsnorm_fwd_row(
     const float row_T9 = fm::rsqrt(row_T8);
 
     // Outputs of the row.
-    ring.pass<1>(part, n_rows, ring_fill, [&](const fm::Visit& v) {
+    ring.pass<1>(part, skew, n_rows, ring_fill, [&](const auto& v) {
       const auto x_T0 = T0.at(v);
       const auto c_T1 = T1.at(v);
       fm::Vec<__nv_bfloat16, Part::VEC> o_T16;
@@ -146,7 +148,7 @@ rmsnorm_fwd_row(
         const float e_T15 = (e_T13 * e_T14);
         o_T16.v[i] = fm::to_storage<__nv_bfloat16>(e_T15);
       }
-      if (valid) fm::store_vector<Part::VEC>(g_T16 + row * H + v.j * Part::VEC, o_T16);
+      if (valid) fm::store_visit<Part, true>(g_T16 + row * H, v, o_T16);
     });
     if (valid && part.writes_row_values()) g_T9[row] = fm::to_storage<float>(row_T9);
   }

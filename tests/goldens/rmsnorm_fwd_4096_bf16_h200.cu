@@ -36,6 +36,7 @@
 //   reason             registers-first policy: nothing in smem, ~80 regs/thread, ~3 block(s)/SM
 //   hidden             4096
 //   vec                8
+//   skew               0
 //   threads_per_row    128
 //   rows_per_block     2
 //   cluster            1
@@ -73,8 +74,8 @@ rmsnorm_fwd_row(
 {
   constexpr int H = 4096;  // elements per row
   constexpr int RPB = 2;  // rows per block
-  // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER: the thread's rows and vectors, and their passes
-  using Part = fm::RowPart<H, 8, 128, RPB, 4, 4, 1>;
+  // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER, SKEW: the thread's rows and vectors, and their passes
+  using Part = fm::RowPart<H, 8, 128, RPB, 4, 4, 1, 0>;
   const Part part;
   const int zero = fm::magic_zero();
 
@@ -94,17 +95,18 @@ rmsnorm_fwd_row(
   for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
     const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
+    const int skew = Part::skew(row);  // 0: rows start on vector boundaries
     const fm::RowInRegisters<__nv_bfloat16, Part> T0(part, g_T0, row, valid);
 
     // Inner reduction level 0: sum(T3) -> T4.
     float row_T4 = fm::Sum::identity<float>();
-    fm::for_each_vector(part, [&](const fm::Visit& v) {
+    fm::for_each_vector(part, skew, [&](const auto& v) {
       const auto x_T0 = T0.at(v);
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
         const float e_T2 = fm::to_compute(x_T0.v[i]);
         const float e_T3 = (e_T2 * e_T2);
-        row_T4 = fm::Sum{}(row_T4, e_T3);
+        if (fm::in_row<Part>(v, i)) row_T4 = fm::Sum{}(row_T4, e_T3);
       }
     });
     reduce(part, fm::reduced(row_T4, fm::Sum{}));
@@ -113,7 +115,7 @@ rmsnorm_fwd_row(
     const float row_T9 = fm::rsqrt(row_T8);
 
     // Outputs of the row.
-    fm::for_each_vector(part, [&](const fm::Visit& v) {
+    fm::for_each_vector(part, skew, [&](const auto& v) {
       const auto x_T0 = T0.at(v);
       const auto c_T1 = T1.at(v);
       fm::Vec<__nv_bfloat16, Part::VEC> o_T16;
@@ -125,7 +127,7 @@ rmsnorm_fwd_row(
         const float e_T15 = (e_T13 * e_T14);
         o_T16.v[i] = fm::to_storage<__nv_bfloat16>(e_T15);
       }
-      if (valid) fm::store_vector<Part::VEC>(g_T16 + row * H + v.j * Part::VEC, o_T16);
+      if (valid) fm::store_visit<Part, true>(g_T16 + row * H, v, o_T16);
     });
     if (valid && part.writes_row_values()) g_T9[row] = fm::to_storage<float>(row_T9);
   }

@@ -34,6 +34,7 @@
 //       ~80 regs/thread, ~3 block(s)/SM
 //   hidden             1024
 //   vec                8
+//   skew               0
 //   threads_per_row    32
 //   rows_per_block     8
 //   cluster            1
@@ -69,8 +70,8 @@ softmax_fwd_row(
 {
   constexpr int H = 1024;  // elements per row
   constexpr int RPB = 8;  // rows per block
-  // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER: the thread's rows and vectors, and their passes
-  using Part = fm::RowPart<H, 8, 32, RPB, 4, 4, 1>;
+  // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER, SKEW: the thread's rows and vectors, and their passes
+  using Part = fm::RowPart<H, 8, 32, RPB, 4, 4, 1, 0>;
   const Part part;
   const int zero = fm::magic_zero();
 
@@ -88,6 +89,7 @@ softmax_fwd_row(
   for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
     const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
+    const int skew = Part::skew(row);  // 0: rows start on vector boundaries
     const int slot = part.ty;
     T0.copy(part, slot, row, n_rows);
     fm::cp_async_commit();
@@ -97,19 +99,19 @@ softmax_fwd_row(
 
     // Inner reduction level 0: max(T1) -> T2.
     float row_T2 = fm::Max::identity<float>();
-    fm::for_each_vector(part, [&](const fm::Visit& v) {
+    fm::for_each_vector(part, skew, [&](const auto& v) {
       const auto x_T0 = T0.at(v);
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
         const float e_T1 = fm::to_compute(x_T0.v[i]);
-        row_T2 = fm::Max{}(row_T2, e_T1);
+        if (fm::in_row<Part>(v, i)) row_T2 = fm::Max{}(row_T2, e_T1);
       }
     });
     reduce(part, fm::reduced(row_T2, fm::Max{}));
 
     // Inner reduction level 1: sum(T7) -> T8.
     float row_T8 = fm::Sum::identity<float>();
-    fm::for_each_vector(part, [&](const fm::Visit& v) {
+    fm::for_each_vector(part, skew, [&](const auto& v) {
       const auto x_T0 = T0.at(v);
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
@@ -117,21 +119,21 @@ softmax_fwd_row(
         const float e_T6 = (e_T1 - row_T2);
         const float e_T7 = fm::exp(e_T6);
         kept_T7[v.b][i] = e_T7;
-        row_T8 = fm::Sum{}(row_T8, e_T7);
+        if (fm::in_row<Part>(v, i)) row_T8 = fm::Sum{}(row_T8, e_T7);
       }
     });
     reduce(part, fm::reduced(row_T8, fm::Sum{}));
     const float row_rcp_T8 = float(1) / row_T8;
 
     // Outputs of the row.
-    fm::for_each_vector(part, [&](const fm::Visit& v) {
+    fm::for_each_vector(part, skew, [&](const auto& v) {
       fm::Vec<__nv_bfloat16, Part::VEC> o_T13;
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
         const float e_T12 = (kept_T7[v.b][i] * row_rcp_T8);
         o_T13.v[i] = fm::to_storage<__nv_bfloat16>(e_T12);
       }
-      if (valid) fm::store_vector<Part::VEC>(g_T13 + row * H + v.j * Part::VEC, o_T13);
+      if (valid) fm::store_visit<Part, true>(g_T13 + row * H, v, o_T13);
     });
   }
 }

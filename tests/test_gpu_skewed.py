@@ -1,0 +1,87 @@
+"""GPU: skewed rows (RowSchedule.skew) against the float64 reference. Rows whose length the
+widest vector does not divide start 1, 2 or 4 elements past a vector boundary, a different
+one row to row; their first and last vectors hold the neighbouring rows' elements, which
+must stay out of the reductions and the stores. Every row storage, one and two stages, each
+dealing, several rows a block, and the tensors' last row (its last vector reaches past the
+tensor's end) are covered, in every dtype.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_gpu_fusions import (  # noqa: F401 (poisoned_outputs: an autouse fixture)
+    poisoned_outputs,
+    run_and_validate,
+)
+
+from fuser import DataType
+from fuser.schedulers import Hints
+
+pytestmark = pytest.mark.gpu
+
+SKEWED = ("softmax_fwd", "log_softmax_fwd", "softmax_bwd")
+DTYPES = (DataType.BFloat16, DataType.Half, DataType.Float)
+# Rows starting on 1-, 2- and 4-element boundaries: 8 x 1 element, 4 x 2, 2 x 4 (bf16).
+HIDDEN = (37, 130, 4099, 24574, 24578, 24580)
+STORAGES = {
+    "registers": {"storage": (("T0", "registers"),)},
+    "smem": {"storage": (("T0", "smem"),), "stages": 1},
+    "smem2": {"storage": (("T0", "smem"),), "stages": 2},
+    "global": {"storage": (("T0", "global"),)},
+}
+
+
+def _kernel(name, dtype, hidden, rows, rng, **hints):
+    fd = run_and_validate(name, dtype, hidden, rows, rng, Hints(**hints))
+    return fd._last_run.kernel.schedule
+
+
+# Each dtype at each size its widest vector does not divide (24580: 4-element skews of bf16
+# and fp16; fp32's 4-element vectors divide it).
+SIZES = [(hidden, dtype) for hidden in HIDDEN for dtype in DTYPES
+         if hidden % (16 // dtype.itemsize)]
+
+
+@pytest.mark.parametrize("rows", [1, 7, 400])
+@pytest.mark.parametrize(("hidden", "dtype"), SIZES, ids=[f"{h}-{d.name}" for h, d in SIZES])
+@pytest.mark.parametrize("name", SKEWED)
+def test_skewed_rows_match_reference(name, hidden, dtype, rows, rng):
+    s = _kernel(name, dtype, hidden, rows, rng, skewed=True)
+    widest = 16 // dtype.itemsize
+    assert s.skew and s.vec == widest and hidden % s.vec, s
+
+
+# softmax_bwd's two 24578 rows in registers spill (128 registers at 512 threads): refused.
+STORED = [(name, hidden, where) for name in ("softmax_fwd", "softmax_bwd")
+          for hidden in (130, 4099, 24578) for where in sorted(STORAGES)
+          if (name, hidden, where) != ("softmax_bwd", 24578, "registers")]
+
+
+@pytest.mark.parametrize(("name", "hidden", "where"), STORED)
+def test_each_storage_of_skewed_rows_matches_reference(name, hidden, where, rng):
+    hints = dict(STORAGES[where])
+    if name == "softmax_bwd":  # both row inputs where T0 goes
+        hints["storage"] = hints["storage"] + (("T1", hints["storage"][0][1]),)
+    s = _kernel(name, DataType.BFloat16, hidden, 333, rng, skewed=True, **hints)
+    assert s.skew, s
+
+
+@pytest.mark.parametrize("dealing", ["strided", "dynamic", "grid"])
+@pytest.mark.parametrize("hidden", [130, 24578])
+def test_skewed_rows_dealt_each_way_match_reference(hidden, dealing, rng):
+    s = _kernel("log_softmax_fwd", DataType.BFloat16, hidden, 5003, rng, skewed=True,
+                dealing=dealing)
+    assert s.skew and str(s.dealing) == dealing, s
+
+
+@pytest.mark.parametrize("rows_per_block", [2, 4])
+def test_skewed_rows_several_to_a_block_match_reference(rows_per_block, rng):
+    s = _kernel("softmax_fwd", DataType.BFloat16, 130, 1001, rng, skewed=True,
+                threads_per_row=16, rows_per_block=rows_per_block)
+    assert s.skew and s.rows_per_block == rows_per_block, s
+
+
+@pytest.mark.parametrize("hidden", [4099, 24578])
+def test_rows_not_skewed_when_hinted_match_reference(hidden, rng):
+    s = _kernel("softmax_fwd", DataType.BFloat16, hidden, 333, rng, skewed=False)
+    assert not s.skew and hidden % s.vec == 0, s
