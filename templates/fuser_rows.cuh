@@ -475,7 +475,7 @@ struct StagingRing {
 // A row buffer streamed through the ring: DEPTH slots of SLOT_VECTORS vectors each.
 template <typename T, typename Part, bool BULK, int SLOT_VECTORS>
 struct RowInRing {
-  static_assert(Part::SKEW == 0, "skewed rows take no column buffers, accumulators or ring");
+  static_assert(Part::SKEW == 0, "a staging ring streams vectors that divide the row");
   using V = Vec<T, Part::VEC>;
   V* slots;
   const T* g;
@@ -505,7 +505,7 @@ struct RowInRing {
 
 template <typename T, typename Part>
 struct ColumnInRegisters {
-  static_assert(Part::SKEW == 0, "skewed rows take no column buffers, accumulators or ring");
+  static_assert(Part::SKEW == 0, "a skewed row's lane holds a different column in every row");
   using V = Vec<T, Part::VEC>;
   V v[Part::BATCH];
 
@@ -519,34 +519,98 @@ struct ColumnInRegisters {
   __device__ __forceinline__ V at(const Visit& x) const { return v[x.b]; }
 };
 
+// A skewed row's visit reads the columns from element v.e on, a multiple of Part::SKEW: in
+// pieces of SKEW elements (each wholly in or out of the row). In shared memory the column is
+// laid out with PAD bytes after every 128, so that a warp's pieces, 16 bytes apart from lane
+// to lane, fall in different banks (unpadded, four lanes shared a bank).
+template <typename T, typename Part>
+struct SkewedColumn {
+  static constexpr int SKEW = Part::SKEW > 0 ? Part::SKEW : 1;
+  static constexpr int PIECE = SKEW * static_cast<int>(sizeof(T));
+  static constexpr int PAD = PIECE > 4 ? PIECE : 4;
+  using V = Vec<T, Part::VEC>;
+  using P = Vec<T, SKEW>;
+
+  // Where byte b of the column lies in its padded buffer.
+  static __device__ __forceinline__ int place(int b) { return b + PAD * (b >> 7); }
+  // Vector x (of the column's vector j) into the padded buffer, piece by piece.
+  static __device__ __forceinline__ void put(unsigned char* s, int j, const V& x) {
+#pragma unroll
+    for (int k = 0; k < Part::VEC; k += SKEW) {
+      const int e = j * Part::VEC + k;
+      if (e < Part::H) {
+        P piece;
+#pragma unroll
+        for (int i = 0; i < SKEW; ++i) piece.v[i] = x.v[k + i];
+        *reinterpret_cast<P*>(s + place(e * static_cast<int>(sizeof(T)))) = piece;
+      }
+    }
+  }
+  // The column's elements v.e, v.e + 1, ... (an edge's outside the row zero) from `get(e)`,
+  // the piece at element e.
+  template <typename X, typename Get>
+  static __device__ __forceinline__ V gather(const X& v, Get&& get) {
+    V x{};
+#pragma unroll
+    for (int k = 0; k < Part::VEC; k += SKEW) {
+      if (in_row<Part>(v, k)) {
+        const P piece = get(v.e + k);
+#pragma unroll
+        for (int i = 0; i < SKEW; ++i) x.v[k + i] = piece.v[i];
+      }
+    }
+    return x;
+  }
+};
+
 // In shared memory, shared by the block's rows (loaded by its first row of threads; a barrier
-// follows the loads of every column buffer).
+// follows the loads of every column buffer); skewed rows' columns padded (SkewedColumn).
 template <typename T, typename Part>
 struct ColumnInSmem {
-  static_assert(Part::SKEW == 0, "skewed rows take no column buffers, accumulators or ring");
   using V = Vec<T, Part::VEC>;
-  V* s;
+  using Skewed = SkewedColumn<T, Part>;
+  unsigned char* s;
 
   __device__ __forceinline__ ColumnInSmem(const Part& part, unsigned char* buffer, const T* g)
-      : s(reinterpret_cast<V*>(buffer)) {
+      : s(buffer) {
     if (part.ty != 0) return;
 #pragma unroll Part::UNROLL
     for (int b = 0; b < Part::BATCH; ++b) {
       const int j = part.vector(b);
-      if (part.owns(j)) s[j - part.first] = load<Part::VEC>(g + j * Part::VEC);
+      if (!part.owns(j)) continue;
+      if constexpr (Part::SKEW > 0) {
+        if (j * Part::VEC < Part::H) Skewed::put(s, j, load_vector<Part>(g, j * Part::VEC, b));
+      } else {
+        reinterpret_cast<V*>(s)[j - part.first] = load<Part::VEC>(g + j * Part::VEC);
+      }
     }
   }
-  __device__ __forceinline__ V at(const Visit& x) const { return s[x.k]; }
+  template <typename X>
+  __device__ __forceinline__ V at(const X& x) const {
+    if constexpr (Part::SKEW > 0) {
+      return Skewed::gather(x, [&](int e) {
+        return *reinterpret_cast<const typename Skewed::P*>(
+            s + Skewed::place(e * static_cast<int>(sizeof(T))));
+      });
+    } else {
+      return reinterpret_cast<const V*>(s)[x.k];
+    }
+  }
 };
 
 template <typename T, typename Part>
 struct ColumnInGlobal {
-  static_assert(Part::SKEW == 0, "skewed rows take no column buffers, accumulators or ring");
+  using Skewed = SkewedColumn<T, Part>;
   const T* g;
 
   __device__ __forceinline__ explicit ColumnInGlobal(const T* g) : g(g) {}
-  __device__ __forceinline__ Vec<T, Part::VEC> at(const Visit& x) const {
-    return load<Part::VEC>(g + x.j * Part::VEC);
+  template <typename X>
+  __device__ __forceinline__ Vec<T, Part::VEC> at(const X& x) const {
+    if constexpr (Part::SKEW > 0) {
+      return Skewed::gather(x, [&](int e) { return load<Skewed::SKEW>(g + e); });
+    } else {
+      return load<Part::VEC>(g + x.j * Part::VEC);
+    }
   }
 };
 
@@ -695,7 +759,7 @@ struct RowReducer {
 // of the block's part).
 template <typename T, typename Op, typename Part>
 struct AccumulatorInRegisters {
-  static_assert(Part::SKEW == 0, "skewed rows take no column buffers, accumulators or ring");
+  static_assert(Part::SKEW == 0, "a skewed row's lane holds a different column in every row");
   T v[Part::BATCH][Part::VEC];
   T* partials;
   T* combine;
@@ -748,7 +812,7 @@ struct AccumulatorInRegisters {
 // of threads folds the block's rows into the partial row.
 template <typename T, typename Op, typename Part>
 struct AccumulatorInSmem {
-  static_assert(Part::SKEW == 0, "skewed rows take no column buffers, accumulators or ring");
+  static_assert(Part::SKEW == 0, "a skewed row's lane holds a different column in every row");
   T* s;
   T* partials;
 
@@ -779,7 +843,7 @@ struct AccumulatorInSmem {
 // (read and written every row; nothing to fold).
 template <typename T, typename Op, typename Part>
 struct AccumulatorInGlobal {
-  static_assert(Part::SKEW == 0, "skewed rows take no column buffers, accumulators or ring");
+  static_assert(Part::SKEW == 0, "a skewed row's lane holds a different column in every row");
   T* row;
 
   __device__ __forceinline__ AccumulatorInGlobal(const Part& part, T* partials)

@@ -138,6 +138,9 @@ CASES = [
     # skewed rows in registers, several rows to a block, 1-element skews
     Golden("softmax_bwd_4099_bf16_h200_skewed_registers", "softmax_bwd", 4099,
            hints=Hints(storage=(("T0", "registers"), ("T1", "registers")))),
+    # hinted skewed rows with columns: the weight and bias re-read in pieces at each skew
+    Golden("layernorm_fwd_24578_bf16_h200_skewed", "layernorm_fwd", 24578,
+           hints=Hints(skewed=True)),
     # a pointwise kernel
     Golden("gelu_bias_4096_bf16_h200", "gelu_bias", 4096),
     # normalization along columns: a slab's rows over a cluster of 16, two levels of column

@@ -19,7 +19,8 @@ from fuser.schedulers import Hints
 
 pytestmark = pytest.mark.gpu
 
-SKEWED = ("softmax_fwd", "log_softmax_fwd", "softmax_bwd")
+SKEWED = ("softmax_fwd", "log_softmax_fwd", "softmax_bwd", "rmsnorm_fwd", "layernorm_fwd",
+          "dropout_rmsnorm_fwd", "dropout_layernorm_fwd")
 DTYPES = (DataType.BFloat16, DataType.Half, DataType.Float)
 # Rows starting on 1-, 2- and 4-element boundaries: 8 x 1 element, 4 x 2, 2 x 4 (bf16).
 HIDDEN = (37, 130, 4099, 24574, 24578, 24580)
@@ -64,6 +65,22 @@ def test_each_storage_of_skewed_rows_matches_reference(name, hidden, where, rng)
         hints["storage"] = hints["storage"] + (("T1", hints["storage"][0][1]),)
     s = _kernel(name, DataType.BFloat16, hidden, 333, rng, skewed=True, **hints)
     assert s.skew, s
+
+
+# fp32 24578 with the row and two padded columns in shared memory needs 295 KB: refused.
+COLUMNS = [(hidden, dtype, where) for hidden in (130, 4099, 24578) for dtype in DTYPES
+           for where in ("smem", "global")
+           if (hidden, dtype, where) != (24578, DataType.Float, "smem")]
+
+
+@pytest.mark.parametrize(("hidden", "dtype", "where"), COLUMNS,
+                         ids=[f"{h}-{d.name}-{w}" for h, d, w in COLUMNS])
+def test_columns_of_skewed_rows_match_reference(hidden, dtype, where, rng):
+    """The weight and bias read in pieces at each row's skew: from a padded shared buffer, or
+    from global memory."""
+    s = _kernel("layernorm_fwd", dtype, hidden, 333, rng, skewed=True,
+                storage=(("T0", "smem"), ("T1", where), ("T2", where)), stages=1)
+    assert s.skew and s.placement("T1").storage == where, s
 
 
 @pytest.mark.parametrize("dealing", ["strided", "dynamic", "grid"])

@@ -13,7 +13,7 @@ from fuser.analysis import Role, analyze
 from fuser.device import DeviceSpec
 from fuser.fusions import ACTIVATIONS, COLUMN_FUSIONS, FUSIONS, ROW_FUSIONS
 from fuser.kernels import build
-from fuser.schedulers import Problem
+from fuser.schedulers import Hints, Problem
 
 H200 = DeviceSpec.get("h200")
 DTYPES = [DataType.Float, DataType.Half, DataType.BFloat16]
@@ -199,6 +199,28 @@ def test_skewed_rows_move_16_byte_vectors(name, hidden, dtype):
     copies = re.findall(r"cp\.async\.c[ag]\.shared\.global\S*\s+\[[^]]*\], \[[^]]*\], (\d+)", ptx)
     if any(p.storage == "smem" for p in s.placements):
         assert "16" in copies, copies
+
+
+@pytest.mark.parametrize("dtype", [DataType.BFloat16, DataType.Float], ids=lambda d: d.name)
+@pytest.mark.parametrize("hidden", [4099, 24578])
+@pytest.mark.parametrize("name", ["rmsnorm_fwd", "layernorm_fwd", "dropout_rmsnorm_fwd",
+                                  "dropout_layernorm_fwd"])
+def test_hinted_skewed_rows_with_columns_compile(name, hidden, dtype):
+    """Fusions with column inputs skew their rows when hinted: the columns are read in pieces
+    of the row's skew from global memory, and the kernel builds without spilling."""
+    from fuser.codegen import template_dir
+    from fuser.compile import ptx_of
+
+    fd = ROW_FUSIONS[name](dtype)
+    built = build(fd.name, analyze(fd.fusion), Problem(hidden, 16384, 16), H200,
+                  Hints(skewed=True))
+    s = built.schedule
+    assert s.skew and all(p.storage == "global" for p in s.placements if p.role is Role.COL), s
+    resource = built.compiled.resource(built.source.row_entry)
+    assert resource.spill_stores == 0, resource
+    ptx = _row_entry_ptx(ptx_of(built.source.source, name, 90, (str(template_dir()),)),
+                         built.source.row_entry)
+    assert 16 in _global_store_bytes(ptx)
 
 
 @pytest.mark.parametrize(("name", "hidden", "dtype"), [

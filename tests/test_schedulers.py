@@ -697,7 +697,7 @@ def test_rows_are_skewed_where_vectors_would_be_narrow(name, dtype, hidden, skew
 
 
 @pytest.mark.parametrize(("name", "hidden", "align", "why"), [
-    ("layernorm_fwd", 24578, 16, "column inputs"),
+    ("layernorm_fwd", 24578, 16, "column inputs: skewed only when hinted"),
     ("rmsnorm_bwd", 24578, 16, "column reductions"),
     ("softmax_fwd", 24578, 4, "4-byte aligned inputs"),
     ("softmax_fwd", 24576, 16, "vectors divide the row"),
@@ -720,6 +720,20 @@ def test_skewed_hints_are_honoured_or_refused():
         schedule(info, problem, H200, Hints(skewed=True, aligned_copy=True))
     with pytest.raises(HintError, match=r"skewed='yes'\): True or False"):
         Hints(skewed="yes")
+    bwd = analyze(ROW_FUSIONS["rmsnorm_bwd"](DataType.BFloat16).fusion)
+    with pytest.raises(HintError, match=r"no column reduction.*picks skewed=False"):
+        schedule(bwd, problem, H200, Hints(skewed=True))
+
+
+def test_skewed_rows_read_their_columns_from_shared_or_global_memory():
+    """A skewed row's lane holds a different column in every row: hinted skewed rows re-read
+    the weight and bias from global memory, or a padded shared buffer, never registers."""
     ln = analyze(ROW_FUSIONS["layernorm_fwd"](DataType.BFloat16).fusion)
-    with pytest.raises(HintError, match=r"no column input.*picks skewed=False"):
-        schedule(ln, problem, H200, Hints(skewed=True))
+    problem = Problem(24578, 16384, 16)
+    s = schedule(ln, problem, H200, Hints(skewed=True))
+    assert s.skew == 2 and [s.placement(t).storage for t in ("T1", "T2")] == ["global"] * 2
+    s = schedule(ln, problem, H200,
+                 Hints(skewed=True, storage=(("T0", "smem"), ("T1", "smem"), ("T2", "smem"))))
+    assert s.skew and s.smem.buffer("s_T1").nbytes == 24578 * 2 + 4 * (24578 * 2 // 128)
+    with pytest.raises(HintError, match=r"not kept in registers"):
+        schedule(ln, problem, H200, Hints(skewed=True, storage=(("T1", "registers"),)))

@@ -320,6 +320,14 @@ def pick_vec(hidden: int, itemsizes: list[int], align_bytes: int, *, input_bytes
     return vec
 
 
+def skewed_column_bytes(hidden: int, itemsize: int, skew: int) -> int:
+    """Bytes of a column buffer that skewed rows read (fuser_rows.cuh SkewedColumn): the
+    column with max(4, skew x itemsize) bytes of padding after every 128."""
+    pad = max(4, skew * itemsize)
+    nbytes = hidden * itemsize
+    return nbytes + pad * ((nbytes - 1) // 128)
+
+
 def skewed_vec(itemsizes: list[int], align_bytes: int, *, input_bytes: int) -> int:
     """pick_vec of a row whose length every vector width divides: the vector of skewed rows."""
     return pick_vec(16, itemsizes, align_bytes, input_bytes=input_bytes)

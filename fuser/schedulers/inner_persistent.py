@@ -39,6 +39,9 @@ def registers_first_order(phase: Phase) -> Iterator[StorageChoice]:
     makes its passes; "staged forward rows" in bench/TUNING.md), then a whole-row ring where
     ring_first says so, then registers, then shared memory for fusions of fewer passes."""
     fusion = phase.fusion
+    if phase.geometry.skew and fusion.cols:
+        yield from skewed_columns_order(phase)
+        return
     in_registers = {t.name: Storage.REGISTERS for t in fusion.buffers}
     staged_first = phase.policy.stages_first(fusion.passes)
     if staged_first:
@@ -53,6 +56,22 @@ def registers_first_order(phase: Phase) -> Iterator[StorageChoice]:
         for stages in stage_order(phase):
             for col_storage in (Storage.REGISTERS, Storage.SMEM):
                 yield staged_choice(phase, stages, col_storage)
+
+
+def skewed_columns_order(phase: Phase) -> Iterator[StorageChoice]:
+    """Skewed rows of fusions with column inputs: the rows staged in shared memory (at each
+    stage count, stage_order), the columns re-read from global memory in pieces at each row's
+    skew (SkewedColumn), then the rows in registers. A skewed row's lane holds a different
+    column in every row, so columns cannot stay in registers, and in shared memory they cost
+    the blocks that hide a row's uneven last round (H200 bf16, fraction of the copy, rows
+    staged in one stage: rmsnorm_fwd 24578 0.88 against 0.68 with the weight in shared memory
+    and 0.64 with the rows in registers, 4099 0.81 / 0.78; layernorm_fwd 24578 0.66 / 0.56,
+    4099 0.58 / 0.54; bench/TUNING.md, "skewed rows")."""
+    fusion = phase.fusion
+    for stages in stage_order(phase):
+        yield staged_choice(phase, stages, Storage.GLOBAL)
+    yield StorageChoice.of(1, {**{t.name: Storage.REGISTERS for t in fusion.full},
+                               **{t.name: Storage.GLOBAL for t in fusion.cols}})
 
 
 def ring_first(phase: Phase, in_registers: StorageChoice) -> bool:

@@ -22,6 +22,7 @@ from fuser.schedulers.base import (
     aligned_row_bytes,
     aligned_row_chunks,
     ceil_div,
+    skewed_column_bytes,
 )
 from fuser.schedulers.row_geometry import blocks_per_sm
 from fuser.schedulers.row_records import Phase, Rejection, RowGeometry, StorageChoice
@@ -55,6 +56,12 @@ def fit(phase: Phase, choice: StorageChoice) -> RowSchedule | Rejection:
         return Rejection(_words(phase, choice) + " skewed",
                          "a staging ring streams vectors that divide hidden; skewed rows "
                          "keep their vectors in registers, smem or global memory")
+    held = [t.name for t in phase.fusion.cols if storage[t.name] is Storage.REGISTERS]
+    if geo.skew and held:
+        return Rejection(_words(phase, choice) + " skewed",
+                         f"a skewed row's lane holds a different column in every row: the "
+                         f"columns {', '.join(held)} are read from {Storage.SMEM} or "
+                         f"{Storage.GLOBAL}, not kept in {Storage.REGISTERS}")
     stages = choice.stages
     if any(storage[t.name] is Storage.SMEM and not phase.can_async(t) for t in phase.fusion.full):
         stages = 1  # cp.async fills the two-stage pipeline; a copied row buffer has one
@@ -121,15 +128,24 @@ def _ring(phase: Phase, geo: RowGeometry, storage: dict[str, Storage], requests:
     return ring, ring_requests, {**storage, **{n: Storage.GLOBAL for n in left}}
 
 
+def _column_request(geo: RowGeometry, t: Tensor) -> tuple[str, int, str]:
+    """A column buffer: the block's part of the column; for skewed rows the whole column,
+    padded (base.skewed_column_bytes)."""
+    if geo.skew:
+        return (f"s_{t.name}", skewed_column_bytes(geo.hidden, t.dtype.itemsize, geo.skew),
+                f"column buffer {t.name} ({t.dtype.label}) x {geo.hidden}, padded for skewed "
+                "rows")
+    return (f"s_{t.name}", geo.part * t.dtype.itemsize,
+            f"column buffer {t.name} ({t.dtype.label}) x {geo.part}")
+
+
 def _other_requests(phase: Phase, geo: RowGeometry, storage: dict[str, Storage],
                     accumulators: Storage) -> Requests:
     """Column buffers, accumulators, the inner-reduction scratch, the combine of several
     rows' accumulators and the cluster exchange, in that order."""
     fusion = phase.fusion
     part, rows, width, red = geo.part, geo.rows_per_block, fusion.width, fusion.reduction_bytes
-    requests = [(f"s_{t.name}", part * t.dtype.itemsize,
-                 f"column buffer {t.name} ({t.dtype.label}) x {part}")
-                for t in fusion.cols if storage[t.name] is Storage.SMEM]
+    requests = [_column_request(geo, t) for t in fusion.cols if storage[t.name] is Storage.SMEM]
     if accumulators is Storage.SMEM:
         requests += [(f"s_acc_{e.outputs[0].name}", rows * part * nbytes,
                       f"column accumulator {e.outputs[0].name} x {rows} row(s) x {part}")

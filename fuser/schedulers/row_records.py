@@ -124,12 +124,12 @@ class RowFusion:
     def skew(self, problem: Problem) -> int:
         """The skew of this fusion's rows where they may be skewed (RowSchedule.skew), else 0:
         the vector that divides hidden is narrower than the one the dtypes allow, the row
-        spans SKEWED_MIN_VECTORS of those, every input is 16-byte aligned, and no column input
-        or column reduction needs the row's element at a vector's lane (whole rows' vectors
-        start at a different element in every row)."""
+        spans SKEWED_MIN_VECTORS of those, every input is 16-byte aligned, and no column
+        reduction accumulates a vector's lane (a skewed row's lane holds a different column
+        in every row; column inputs are read in pieces instead, SkewedColumn)."""
         vec, wide = self.vec(problem), self.skewed_vec(problem)
         if (problem.align_bytes < 16 or wide == vec or problem.hidden < SKEWED_MIN_VECTORS * wide
-                or self.cols or self.info.outer_reductions):
+                or self.info.outer_reductions):
             return 0
         return vec
 

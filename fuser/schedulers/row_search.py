@@ -32,6 +32,7 @@ from fuser.schedulers.row_geometry import (
     packed,
 )
 from fuser.schedulers.row_records import (
+    SKEWED_MIN_VECTORS,
     Phase,
     Reach,
     Rejection,
@@ -118,9 +119,14 @@ class RowSearch:
         the fusion's rows may be skewed (RowFusion.skew) and the hints allow it; only those
         with skewed=True. Skewed rows move 16-byte vectors where the plain ones move 2 or 4
         bytes (H200 bf16, 16384 rows, fraction of the copy: softmax_fwd 24578 0.70 -> 0.89,
-        4099 0.49 -> 0.84, softmax_bwd 4099 0.42 -> 0.92; bench/TUNING.md, "skewed rows")."""
-        if not self.fusion.skew(self.problem) or self.hints.skewed is False or (
-                self.hints.aligned_copy):
+        4099 0.49 -> 0.84, softmax_bwd 4099 0.42 -> 0.92; bench/TUNING.md, "skewed rows").
+        Fusions with column inputs are skewed only with skewed=True until measured: rmsnorm_fwd
+        4099 ran 0.33 -> 0.81 skewed, but dropout_layernorm_fwd 4099 0.53 -> 0.44 with its
+        columns in shared memory, and its layout now (columns re-read from global memory,
+        inner_persistent.skewed_columns_order) is not timed."""
+        hinted = self.hints.skewed
+        if (not self.fusion.skew(self.problem) or hinted is False or self.hints.aligned_copy
+                or (self.fusion.cols and not hinted)):
             return steps
         skewed = [replace(step, skewed=True) for step in steps
                   if step.cluster == 1 and step.reach is not Reach.OFF_CHIP]
@@ -281,8 +287,8 @@ class RowSearch:
             why.append(
                 f"vectors narrower than the dtypes allow (here {vec} element(s), "
                 f"{self.fusion.skewed_vec(self.problem)} allowed), every input 16-byte aligned "
-                f"(these are {self.problem.align_bytes}-byte aligned), and no column input or "
-                "column reduction")
+                f"(these are {self.problem.align_bytes}-byte aligned), a row of at least "
+                f"{SKEWED_MIN_VECTORS} such vectors, and no column reduction")
         if self.hints.aligned_copy:
             why.append("aligned_copy None or False (skewed rows copy whole vectors)")
         if self.hints.cluster not in (None, 1):
