@@ -69,10 +69,10 @@ struct RowPart {
   __device__ __forceinline__ long long row_stride() const {
     return static_cast<long long>(CLUSTER > 1 ? cluster_count() : gridDim.x) * RPB;
   }
-  // Bytes of the block's part of a row of T (skewed: the row's own, not its vectors').
+  // Bytes of the block's part of a row of T.
   template <typename T>
   __device__ __forceinline__ int bytes() const {
-    return (SKEW ? H : (end - first) * VEC) * static_cast<int>(sizeof(T));
+    return (end - first) * VEC * static_cast<int>(sizeof(T));
   }
   // Whether this thread writes the row's per-row values (one thread of the row's cluster).
   __device__ __forceinline__ bool writes_row_values() const { return tx == 0 && rank == 0; }
@@ -287,6 +287,8 @@ enum class Copy { VECTORS, CHUNKS, REGISTERS };
 // slot, ready() points the buffer at the row in its slot.
 template <typename T, typename Part, Copy COPY, int SLOT_BYTES>
 struct RowInSmem {
+  static_assert(Part::SKEW == 0 || COPY != Copy::CHUNKS,
+                "a skewed row's vectors are whole: each thread copies its own");
   using V = Vec<T, Part::VEC>;
   static constexpr int ROUNDS = (SLOT_BYTES / 16 + Part::TPR - 1) / Part::TPR;  // chunks each
   unsigned char* base;
@@ -353,10 +355,7 @@ struct RowInSmem {
   __device__ __forceinline__ void ready(const Part& part, int slot, long long r) {
     const unsigned char* p = base + slot * SLOT_BYTES;
     if constexpr (COPY == Copy::CHUNKS) {
-      // The row's offset in its chunks; skewed, the offset of the vector boundary below it.
-      const int offset = row_offset(
-          g, (r * Part::H + part.first * Part::VEC) * static_cast<long long>(sizeof(T)));
-      p += Part::SKEW ? offset & ~static_cast<int>(sizeof(V) - 1) : offset;
+      p += row_offset(g, (r * Part::H + part.first * Part::VEC) * static_cast<long long>(sizeof(T)));
     }
     row = reinterpret_cast<const V*>(p);
   }

@@ -8,13 +8,18 @@ tensor's end) are covered, in every dtype.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from test_gpu_fusions import (  # noqa: F401 (poisoned_outputs: an autouse fixture)
     poisoned_outputs,
     run_and_validate,
+    to_device,
 )
 
+import fuser.executor as executor
 from fuser import DataType
+from fuser.fusions import FUSIONS, make_inputs
+from fuser.reference import compare, evaluate, input_sensitivity, output_reduction_sizes
 from fuser.schedulers import Hints
 
 pytestmark = pytest.mark.gpu
@@ -102,3 +107,37 @@ def test_skewed_rows_several_to_a_block_match_reference(rows_per_block, rng):
 def test_rows_not_skewed_when_hinted_match_reference(hidden, rng):
     s = _kernel("softmax_fwd", DataType.BFloat16, hidden, 333, rng, skewed=False)
     assert not s.skew and hidden % s.vec == 0, s
+
+
+@pytest.mark.parametrize("hidden", [4099, 24578])
+@pytest.mark.parametrize("name", ["softmax_fwd", "log_softmax_fwd"])
+def test_the_row_max_takes_only_the_rows_elements(name, hidden, rng):
+    """Odd rows 200 above even ones: an edge whose neighbour's elements reached the row's max
+    would subtract about 200 from an even row, and every exp of it would underflow (a sum of
+    0, outputs of 0 or NaN), which the reference comparison catches."""
+    host = make_inputs(name, 64, hidden, DataType.BFloat16, rng)
+    x = host[0].astype(np.float32)
+    x[1::2] += 200.0
+    host[0] = x.astype(host[0].dtype)
+    fd = FUSIONS[name](DataType.BFloat16)
+    outs = executor.execute(fd, to_device(host), hints=Hints(skewed=True))
+    assert fd._last_run.kernel.schedule.skew
+    refs = evaluate(fd.fusion, host)
+    compare([executor.to_host(o) for o in outs], refs, fd.fusion,
+            output_reduction_sizes(fd.fusion, host), input_sensitivity(fd.fusion, host, refs))
+
+
+@pytest.mark.parametrize("rows", [1, 7])
+@pytest.mark.parametrize("name", ["softmax_bwd", "layernorm_fwd"])
+def test_skewed_rows_stay_inside_exact_allocations(name, rows, rng):
+    """Inputs and outputs allocated at their exact sizes (no memory pool rounding them up):
+    under compute-sanitizer's memcheck (make memcheck) a read or write past the tensor's last
+    row, which the rows' last vector reaches, would be reported."""
+    import cupy
+
+    cupy.cuda.set_allocator(None)
+    try:
+        s = _kernel(name, DataType.BFloat16, 24578, rows, rng, skewed=True)
+    finally:
+        cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
+    assert s.skew

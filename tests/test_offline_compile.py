@@ -184,7 +184,8 @@ def test_skewed_rows_move_16_byte_vectors(name, hidden, dtype):
     from fuser.compile import ptx_of
 
     fd = ROW_FUSIONS[name](dtype)
-    built = build(fd.name, analyze(fd.fusion), Problem(hidden, 16384, 16), H200)
+    info = analyze(fd.fusion)
+    built = build(fd.name, info, Problem(hidden, 16384, 16), H200)
     s = built.schedule
     if not s.skew:  # rows too long for one block are split over a cluster, not skewed
         assert hidden == 65537 and s.cluster > 1, s
@@ -192,13 +193,20 @@ def test_skewed_rows_move_16_byte_vectors(name, hidden, dtype):
     assert s.vec * dtype.itemsize == 16 and hidden % s.vec, s
     ptx = _row_entry_ptx(ptx_of(built.source.source, name, 90, (str(template_dir()),)),
                          built.source.row_entry)
-    stores = _global_store_bytes(ptx)
-    assert stores.count(16) >= 1, stores
-    edge = s.skew * dtype.itemsize
-    assert set(stores) <= {16, edge}, stores
+    _assert_skewed_stores(_global_store_bytes(ptx), s, info, dtype)
     copies = re.findall(r"cp\.async\.c[ag]\.shared\.global\S*\s+\[[^]]*\], \[[^]]*\], (\d+)", ptx)
     if any(p.storage == "smem" for p in s.placements):
         assert "16" in copies, copies
+
+
+def _assert_skewed_stores(stores: list[int], s, info, dtype: DataType) -> None:
+    """Each unrolled round of the output pass stores every full output as one 16-byte vector
+    (the round's edge path aside), and the only narrower stores are the edges' pieces, of
+    skew elements each, and the per-row outputs: a pass split into element stores would
+    have no 16-byte store."""
+    assert stores.count(16) >= len(info.outputs(Role.FULL)) * min(s.unroll, s.batch), stores
+    per_row = {o.dtype.itemsize for o in info.outputs(Role.ROW)}
+    assert set(stores) <= {16, s.skew * dtype.itemsize, *per_row}, stores
 
 
 @pytest.mark.parametrize("dtype", [DataType.BFloat16, DataType.Float], ids=lambda d: d.name)
@@ -212,15 +220,15 @@ def test_hinted_skewed_rows_with_columns_compile(name, hidden, dtype):
     from fuser.compile import ptx_of
 
     fd = ROW_FUSIONS[name](dtype)
-    built = build(fd.name, analyze(fd.fusion), Problem(hidden, 16384, 16), H200,
-                  Hints(skewed=True))
+    info = analyze(fd.fusion)
+    built = build(fd.name, info, Problem(hidden, 16384, 16), H200, Hints(skewed=True))
     s = built.schedule
     assert s.skew and all(p.storage == "global" for p in s.placements if p.role is Role.COL), s
     resource = built.compiled.resource(built.source.row_entry)
     assert resource.spill_stores == 0, resource
     ptx = _row_entry_ptx(ptx_of(built.source.source, name, 90, (str(template_dir()),)),
                          built.source.row_entry)
-    assert 16 in _global_store_bytes(ptx)
+    _assert_skewed_stores(_global_store_bytes(ptx), s, info, dtype)
 
 
 @pytest.mark.parametrize(("name", "hidden", "dtype"), [

@@ -737,3 +737,26 @@ def test_skewed_rows_read_their_columns_from_shared_or_global_memory():
     assert s.skew and s.smem.buffer("s_T1").nbytes == 24578 * 2 + 4 * (24578 * 2 // 128)
     with pytest.raises(HintError, match=r"not kept in registers"):
         schedule(ln, problem, H200, Hints(skewed=True, storage=(("T1", "registers"),)))
+
+
+def test_hints_beside_skewed_rows_are_checked_against_the_skewed_geometry():
+    """rows_per_block is held against the threads a skewed row takes (64 at bf16 4099, so 16
+    rows fit a block), and skewed=True reaches rows too long for one block's shared memory by
+    re-reading them (a skewed row is one block's)."""
+    info = analyze(ROW_FUSIONS["softmax_fwd"](DataType.BFloat16).fusion)
+    s = schedule(info, Problem(4099, 16384, 16), H200, Hints(rows_per_block=4))
+    assert (s.skew, s.threads_per_row, s.rows_per_block) == (1, 64, 4), s.reason
+    s = schedule(info, Problem(131074, 16384, 16), H200, Hints(skewed=True))
+    assert s.skew and s.cluster == 1 and s.placement("T0").storage == "global", s.reason
+    with pytest.raises(HintError, match=r"the 8-element vectors that divide hidden 4096 are the "
+                                        r"widest already\); allowed here: None or False"):
+        schedule(info, Problem(4096, 16384, 16), H200, Hints(skewed=True))
+
+
+def test_small_odd_rows_are_not_skewed_by_default():
+    """Below SKEWED_DEFAULT_MIN_VECTORS skewed vectors (bf16: 4089 elements) nothing was timed
+    skewed: the default keeps the vectors that divide the row; skewed=True still skews."""
+    info = analyze(ROW_FUSIONS["softmax_fwd"](DataType.BFloat16).fusion)
+    for hidden in (127, 1026, 4082):
+        assert not schedule(info, Problem(hidden, 16384, 16), H200).skew
+        assert schedule(info, Problem(hidden, 16384, 16), H200, Hints(skewed=True)).skew

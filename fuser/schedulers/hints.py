@@ -36,7 +36,7 @@ class Hints:
     storage           ((tensor, storage), ...): where each named full or column input lives,
                       `registers`, `smem`, `global` (re-read each pass) or `ring` (re-read
                       through the staging ring, full inputs only); inputs not named stay in
-                      registers
+                      registers (a skewed row's columns: global)
     accumulators      where the column (outer) reductions accumulate: registers, smem or
                       global (the block's own partial rows of the workspace)
     finalize_lanes    threads summing one column's partial rows in the finalize kernel

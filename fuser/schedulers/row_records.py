@@ -122,16 +122,31 @@ class RowFusion:
                         input_bytes=self.input_bytes)
 
     def skew(self, problem: Problem) -> int:
-        """The skew of this fusion's rows where they may be skewed (RowSchedule.skew), else 0:
-        the vector that divides hidden is narrower than the one the dtypes allow, the row
-        spans SKEWED_MIN_VECTORS of those, every input is 16-byte aligned, and no column
-        reduction accumulates a vector's lane (a skewed row's lane holds a different column
+        """The skew of this fusion's rows where they may be skewed (RowSchedule.skew), else 0
+        (skew_refusals says why not)."""
+        return 0 if self.skew_refusals(problem) else self.vec(problem)
+
+    def skew_refusals(self, problem: Problem) -> list[str]:
+        """Why this fusion's rows cannot be skewed here, in words (none: they can): the
+        vector that divides hidden must be narrower than the one the dtypes allow, the row
+        span SKEWED_MIN_VECTORS of those, every input be 16-byte aligned, and no column
+        reduction accumulate a vector's lane (a skewed row's lane holds a different column
         in every row; column inputs are read in pieces instead, SkewedColumn)."""
         vec, wide = self.vec(problem), self.skewed_vec(problem)
-        if (problem.align_bytes < 16 or wide == vec or problem.hidden < SKEWED_MIN_VECTORS * wide
-                or self.info.outer_reductions):
-            return 0
-        return vec
+        why = []
+        if wide == vec:
+            why.append(f"vectors narrower than the dtypes allow (the {vec}-element vectors "
+                       f"that divide hidden {problem.hidden} are the widest already)")
+        if problem.align_bytes < 16:
+            why.append(f"every input 16-byte aligned (these are {problem.align_bytes}-byte "
+                       "aligned)")
+        if problem.hidden < SKEWED_MIN_VECTORS * wide:
+            why.append(f"a row of at least {SKEWED_MIN_VECTORS} vectors of {wide} (hidden "
+                       f"{problem.hidden})")
+        if self.info.outer_reductions:
+            why.append("no column reduction (a skewed row's lane holds a different column in "
+                       "every row)")
+        return why
 
     def skewed_vec(self, problem: Problem) -> int:
         """The vector of this fusion's skewed rows (base.skewed_vec)."""

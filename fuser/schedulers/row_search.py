@@ -32,7 +32,6 @@ from fuser.schedulers.row_geometry import (
     packed,
 )
 from fuser.schedulers.row_records import (
-    SKEWED_MIN_VECTORS,
     Phase,
     Reach,
     Rejection,
@@ -47,6 +46,8 @@ SHOWN_REJECTIONS = 6  # the last rejections an error lists
 # vectors than SKEWED_VECTORS_PER_THREAD (skewed_threads).
 SKEWED_MAX_THREADS = 512
 SKEWED_VECTORS_PER_THREAD = 6
+# Rows are skewed by default only from this many skewed vectors (_skews).
+SKEWED_DEFAULT_MIN_VECTORS = 512
 
 
 @dataclass(frozen=True)
@@ -124,13 +125,30 @@ class RowSearch:
         4099 ran 0.33 -> 0.81 skewed, but dropout_layernorm_fwd 4099 0.53 -> 0.44 with its
         columns in shared memory, and its layout now (columns re-read from global memory,
         inner_persistent.skewed_columns_order) is not timed."""
-        hinted = self.hints.skewed
-        if (not self.fusion.skew(self.problem) or hinted is False or self.hints.aligned_copy
-                or (self.fusion.cols and not hinted)):
+        if not self._skews():
             return steps
         skewed = [replace(step, skewed=True) for step in steps
                   if step.cluster == 1 and step.reach is not Reach.OFF_CHIP]
-        return skewed if self.hints.skewed else skewed + steps
+        if not self.hints.skewed:
+            return skewed + steps
+        # hinted: rows too long for a block's shared memory are re-read, by one block
+        return skewed + [replace(step, cluster=1, skewed=True) for step in steps
+                         if step.reach is Reach.OFF_CHIP]
+
+    def _skews(self) -> bool:
+        """Whether the search tries skewed rows: where the fusion's rows may be skewed
+        (RowFusion.skew), the hints allow it (no cluster, no aligned copies), and, unless
+        skewed=True, the fusion has no column inputs and the row spans at least
+        SKEWED_DEFAULT_MIN_VECTORS skewed vectors (4099 bf16, 514, is the smallest row timed
+        skewed; below it the row's edges weigh more and nothing was measured)."""
+        hints, problem = self.hints, self.problem
+        if (not self.fusion.skew(problem) or hints.skewed is False or hints.aligned_copy
+                or hints.cluster not in (None, 1)):
+            return False
+        vec = self.fusion.skewed_vec(problem)
+        return bool(hints.skewed) or (
+            not self.fusion.cols
+            and ceil_div(problem.hidden, vec) >= SKEWED_DEFAULT_MIN_VECTORS)
 
     def _phase(self, step: _Step, chunked: bool) -> Phase:
         """A step's phase. Aligned 16-byte row copies (`chunked`) need the inputs 16-byte
@@ -202,9 +220,10 @@ class RowSearch:
         the threads, which kernels.build reaches only where the full block spills. Rows in
         registers first lost at half the threads. None where threads per row are hinted, or
         a thread would own more than MAX_STAGED_VECTORS_PER_THREAD vectors ("builds that
-        fall back on spills" in bench/TUNING.md)."""
+        fall back on spills" in bench/TUNING.md), and for skewed rows (at most
+        SKEWED_MAX_THREADS threads already)."""
         geo = phase.geometry
-        if (not phase.policy.stages_first(self.fusion.passes)
+        if (not phase.policy.stages_first(self.fusion.passes) or geo.skew
                 or self.hints.threads_per_row is not None
                 or geo.threads_per_row < self.device.max_threads_per_block):
             return None
@@ -281,14 +300,7 @@ class RowSearch:
         """skewed=True where rows cannot be skewed, or with a hint that skewed rows break."""
         if not self.hints.skewed:
             return
-        why = []
-        if not self.fusion.skew(self.problem):
-            vec = self.fusion.vec(self.problem)
-            why.append(
-                f"vectors narrower than the dtypes allow (here {vec} element(s), "
-                f"{self.fusion.skewed_vec(self.problem)} allowed), every input 16-byte aligned "
-                f"(these are {self.problem.align_bytes}-byte aligned), a row of at least "
-                f"{SKEWED_MIN_VECTORS} such vectors, and no column reduction")
+        why = self.fusion.skew_refusals(self.problem)
         if self.hints.aligned_copy:
             why.append("aligned_copy None or False (skewed rows copy whole vectors)")
         if self.hints.cluster not in (None, 1):
@@ -303,7 +315,10 @@ class RowSearch:
         info = self.fusion.info
         vec = self.fusion.vec(self.problem)
         tpr = self.hints.threads_per_row
-        if tpr not in powers_of_two(self.device.max_threads_per_block):
+        if tpr not in powers_of_two(self.device.max_threads_per_block) and self._skews():
+            tpr = self._skewed_phase(_Step(1, Reach.ANY, "", self.policy, skewed=True)
+                                     ).geometry.threads_per_row
+        elif tpr not in powers_of_two(self.device.max_threads_per_block):
             tpr = fusion_split(self.fusion, self.problem, self.policy, self.device, None,
                                self.hints.cluster or 1)[1]
         return HintContext(

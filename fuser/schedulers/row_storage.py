@@ -26,10 +26,12 @@ def choices(phase: Phase) -> Iterator[StorageChoice]:
 
 def _ordered(phase: Phase) -> Iterator[StorageChoice]:
     hints = phase.hints
-    if hints.storage is not None:
+    if hints.storage is not None:  # inputs not named: registers (a skewed row's columns: global)
         forced = dict(hints.storage)
+        columns = Storage.GLOBAL if phase.geometry.skew else Storage.REGISTERS
         yield StorageChoice.of(hints.stages or 1, {
-            t.name: forced.get(t.name, Storage.REGISTERS) for t in phase.fusion.buffers})
+            **{t.name: forced.get(t.name, Storage.REGISTERS) for t in phase.fusion.full},
+            **{t.name: forced.get(t.name, columns) for t in phase.fusion.cols}})
         return
     if phase.reach is not Reach.OFF_CHIP:
         yield from phase.policy.on_chip(phase)
