@@ -4,7 +4,8 @@ A grid of Hints over the ten row normalizations of fuser.fusions (bf16, 64 rows,
 and 4096, and 24576 for rows split over clusters): one factor at a time (threads_per_row,
 rows_per_block, cluster, stages, storage of every row input, accumulators, finalize_lanes,
 aligned_copy, dealing), then a few pairs (threads_per_row x rows_per_block, storage x stages,
-cluster x storage, accumulators x storage, a counter x two stages or a ring). At 64 rows
+cluster x storage, accumulators x storage, a counter x two stages or a ring), and skewed rows
+at 4099 beside each other hint. At 64 rows
 every row group goes to a block of the first wave: tests/test_gpu_dealing.py deals many. Each
 run is EITHER validated against the float64
 reference, with a schedule that does what every hint says, OR refused with a HintError and
@@ -12,7 +13,7 @@ nothing launched.
 Values the kernels once took and got wrong (threads_per_row 7, 33, 48, 96: the warp
 reduction mixed rows) are in the grid.
 
-1136 runs (624 over the first six fusions took about 30 s with `pytest -n 8` on an H200,
+1236 runs (624 over the first six fusions took about 30 s with `pytest -n 8` on an H200,
 most of it NVRTC). `pytest -s` prints how
 many hint sets were honoured and refused; with pytest-xdist, set
 FUSER_HINT_OUTCOMES=file.jsonl and run `python tests/test_gpu_hints.py file.jsonl`.
@@ -45,6 +46,7 @@ BF16 = DataType.BFloat16
 ROWS = 64
 HIDDENS = (1000, 4096)
 CLUSTER_HIDDEN = 24576  # 3072 elements per block over 8: rows big enough to split
+SKEWED_HIDDEN = 4099  # rows start on any element: skewed rows (RowSchedule.skew)
 STORAGES = ("registers", "smem", "global", "ring")
 OUTCOMES: list[dict] = []  # one per run: fusion, hidden, hints, outcome
 
@@ -91,6 +93,17 @@ def pairs(name: str) -> list[dict]:
     return grid
 
 
+def skewed(name: str) -> list[dict]:
+    """At SKEWED_HIDDEN (rows starting on any element): skewed rows and not, and skewed rows
+    beside each other hint, those a skewed row cannot take (aligned copies, a cluster)
+    refused."""
+    return ([{"skewed": b} for b in (True, False)]
+            + [{"skewed": True, **kw} for kw in (
+                {"stages": 2}, {"threads_per_row": 32}, {"rows_per_block": 2},
+                {"storage": storage(name, "global")}, {"storage": storage(name, "smem")},
+                {"dealing": "dynamic"}, {"aligned_copy": True}, {"cluster": 2})])
+
+
 def clustered(name: str) -> list[dict]:
     """Rows split over a cluster at CLUSTER_HIDDEN: each size, and with rows in shared
     memory, streamed through the ring, and two stages."""
@@ -101,7 +114,8 @@ def clustered(name: str) -> list[dict]:
 
 CASES = ([(name, hidden, kw) for name in sorted(ROW_FUSIONS) for hidden in HIDDENS
           for kw in one_factor(name) + pairs(name)]
-         + [(name, CLUSTER_HIDDEN, kw) for name in sorted(ROW_FUSIONS) for kw in clustered(name)])
+         + [(name, CLUSTER_HIDDEN, kw) for name in sorted(ROW_FUSIONS) for kw in clustered(name)]
+         + [(name, SKEWED_HIDDEN, kw) for name in sorted(ROW_FUSIONS) for kw in skewed(name)])
 
 
 def case_id(case) -> str:

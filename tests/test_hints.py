@@ -24,7 +24,7 @@ from fuser import (
     HintError,
     OutOfResourcesError,
 )
-from fuser.analysis import analyze
+from fuser.analysis import Role, analyze
 from fuser.cache import KernelCache
 from fuser.device import PRESETS
 from fuser.fusions import ROW_FUSIONS
@@ -67,17 +67,21 @@ def all_rows(name: str, word: str, col_word: str = "smem") -> tuple[tuple[str, s
 def unhonoured(s: RowSchedule, hints: Hints, finalize: FinalizeSchedule | None = None
                ) -> list[str]:
     """What schedule `s` (and its finalize) does otherwise than `hints` say: [] when it
-    honours every hint. Inputs a storage hint does not name stay in registers."""
+    honours every hint. Inputs a storage hint does not name stay in registers (a skewed
+    row's columns: global)."""
     wrong = []
     for field in ("threads_per_row", "rows_per_block", "cluster", "stages", "accumulators",
                   "aligned_copy", "dealing"):
         want = getattr(hints, field)
         if want is not None and getattr(s, field) != want:
             wrong.append(f"{field} is {getattr(s, field)}, hinted {want}")
+    if hints.skewed is not None and bool(s.skew) != hints.skewed:
+        wrong.append(f"skew is {s.skew}, hinted skewed={hints.skewed}")
     if hints.storage is not None:
         named = dict(hints.storage)
         for p in s.placements:
-            want = named.get(p.tensor, Storage.REGISTERS)
+            unnamed = (Storage.GLOBAL if s.skew and p.role is Role.COL else Storage.REGISTERS)
+            want = named.get(p.tensor, unnamed)
             if p.storage is not want:
                 wrong.append(f"{p.tensor} is in {p.storage}, hinted {want}")
         if (s.ring is not None) != any(w is Storage.RING for w in named.values()):
