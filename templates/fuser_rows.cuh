@@ -61,6 +61,11 @@ struct RowPart {
   static __device__ __forceinline__ bool may_edge(int b) {
     return SKEW && (b == 0 || (b + 1) * TPR * VEC > H);
   }
+  // Whether the vector at element e, visited in round b, is an edge: it holds elements
+  // outside the row.
+  static __device__ __forceinline__ bool is_edge(int b, int e) {
+    return may_edge(b) && (e < 0 || e + VEC > H);
+  }
   __device__ __forceinline__ int vector(int b) const { return first + b * TPR + tx; }
   __device__ __forceinline__ bool owns(int j) const { return EXACT || j < end; }
   __device__ __forceinline__ long long first_row() const {
@@ -191,7 +196,7 @@ __device__ __forceinline__ void for_each_vector(const Part& part, int skew, Body
     if (!part.owns(j)) continue;
     const Visit v{b, j, j - part.first, 0, 0, j * Part::VEC - skew};
     if constexpr (Part::SKEW > 0) {
-      if (Part::may_edge(b) && (v.e < 0 || v.e + Part::VEC > Part::H)) {
+      if (Part::is_edge(b, v.e)) {
         body(EdgeVisit{v});
         continue;
       }
@@ -200,16 +205,17 @@ __device__ __forceinline__ void for_each_vector(const Part& part, int skew, Body
   }
 }
 
-// The row's elements of the vector at element e of `row` (others zero), in pieces of
-// Part::SKEW elements: a skewed row's edge (each piece lies wholly in or out of the row).
-template <typename Part, typename T>
-__device__ __forceinline__ Vec<T, Part::VEC> load_edge(const T* row, int e) {
-  constexpr int P = Part::SKEW;
+// A skewed row's vector from element e on, in pieces of Part::SKEW elements (each lies
+// wholly in or out of the row): piece k from get(e + k), where EDGE only the row's pieces
+// (the others zero).
+template <typename Part, typename T, bool EDGE, typename Get>
+__device__ __forceinline__ Vec<T, Part::VEC> gather_pieces(int e, Get&& get) {
+  constexpr int P = Part::SKEW > 0 ? Part::SKEW : 1;
   Vec<T, Part::VEC> x{};
 #pragma unroll
   for (int k = 0; k < Part::VEC; k += P) {
-    if (static_cast<unsigned>(e + k) < static_cast<unsigned>(Part::H)) {
-      const Vec<T, P> piece = load<P>(row + e + k);
+    if (!EDGE || static_cast<unsigned>(e + k) < static_cast<unsigned>(Part::H)) {
+      const Vec<T, P> piece = get(e + k);
 #pragma unroll
       for (int i = 0; i < P; ++i) x.v[k + i] = piece.v[i];
     }
@@ -217,18 +223,40 @@ __device__ __forceinline__ Vec<T, Part::VEC> load_edge(const T* row, int e) {
   return x;
 }
 
+// The row's pieces of vector x, whose lane 0 is element e: put(e + k, piece k) for each.
+template <typename Part, typename T, typename Put>
+__device__ __forceinline__ void scatter_pieces(const Vec<T, Part::VEC>& x, int e, Put&& put) {
+  constexpr int P = Part::SKEW > 0 ? Part::SKEW : 1;
+#pragma unroll
+  for (int k = 0; k < Part::VEC; k += P) {
+    if (static_cast<unsigned>(e + k) < static_cast<unsigned>(Part::H)) {
+      Vec<T, P> piece;
+#pragma unroll
+      for (int i = 0; i < P; ++i) piece.v[i] = x.v[k + i];
+      put(e + k, piece);
+    }
+  }
+}
+
+// The row's elements of the vector at element e of `row` (others zero): a skewed row's edge.
+template <typename Part, typename T>
+__device__ __forceinline__ Vec<T, Part::VEC> load_edge(const T* row, int e) {
+  return gather_pieces<Part, T, true>(e, [&](int at) { return load<Part::SKEW>(row + at); });
+}
+
 // The vector at element e of `row`, visited in round b: an edge's elements of the row, or the
 // whole vector.
 template <typename Part, typename T>
 __device__ __forceinline__ Vec<T, Part::VEC> load_vector(const T* row, int e, int b) {
   if constexpr (Part::SKEW > 0) {
-    if (Part::may_edge(b) && (e < 0 || e + Part::VEC > Part::H)) return load_edge<Part>(row, e);
+    if (Part::is_edge(b, e)) return load_edge<Part>(row, e);
   }
   return load<Part::VEC>(row + e);
 }
 
 // Vector x of visit v into its place in `row`: whole (PTX: by store_vector), or an edge's
-// elements of the row, in pieces of Part::SKEW.
+// elements of the row, in pieces of Part::SKEW (scatter_pieces written out: through its
+// callable, ptxas took softmax_bwd 4099 from 46 registers to 53).
 template <typename Part, bool PTX, typename T, typename X>
 __device__ __forceinline__ void store_visit(T* row, const X& v, const Vec<T, Part::VEC>& x) {
   if constexpr (X::EDGE) {
@@ -518,47 +546,21 @@ struct ColumnInRegisters {
   __device__ __forceinline__ V at(const Visit& x) const { return v[x.b]; }
 };
 
-// A skewed row's visit reads the columns from element v.e on, a multiple of Part::SKEW: in
-// pieces of SKEW elements (each wholly in or out of the row). In shared memory the column is
-// laid out with PAD bytes after every 128, so that a warp's pieces, 16 bytes apart from lane
-// to lane, fall in different banks (unpadded, four lanes shared a bank).
+// A skewed row's visit reads the columns from element v.e on, a multiple of Part::SKEW, in
+// pieces (gather_pieces). In shared memory the column is laid out with PAD bytes after every
+// 128, so that a warp's pieces, 16 bytes apart from lane to lane, fall in different banks
+// (unpadded, four lanes shared a bank; base.skewed_column_bytes sizes the buffer).
 template <typename T, typename Part>
 struct SkewedColumn {
   static constexpr int SKEW = Part::SKEW > 0 ? Part::SKEW : 1;
   static constexpr int PIECE = SKEW * static_cast<int>(sizeof(T));
   static constexpr int PAD = PIECE > 4 ? PIECE : 4;
-  using V = Vec<T, Part::VEC>;
   using P = Vec<T, SKEW>;
 
-  // Where byte b of the column lies in its padded buffer.
-  static __device__ __forceinline__ int place(int b) { return b + PAD * (b >> 7); }
-  // Vector x (of the column's vector j) into the padded buffer, piece by piece.
-  static __device__ __forceinline__ void put(unsigned char* s, int j, const V& x) {
-#pragma unroll
-    for (int k = 0; k < Part::VEC; k += SKEW) {
-      const int e = j * Part::VEC + k;
-      if (e < Part::H) {
-        P piece;
-#pragma unroll
-        for (int i = 0; i < SKEW; ++i) piece.v[i] = x.v[k + i];
-        *reinterpret_cast<P*>(s + place(e * static_cast<int>(sizeof(T)))) = piece;
-      }
-    }
-  }
-  // The column's elements v.e, v.e + 1, ... (an edge's outside the row zero) from `get(e)`,
-  // the piece at element e.
-  template <typename X, typename Get>
-  static __device__ __forceinline__ V gather(const X& v, Get&& get) {
-    V x{};
-#pragma unroll
-    for (int k = 0; k < Part::VEC; k += SKEW) {
-      if (in_row<Part>(v, k)) {
-        const P piece = get(v.e + k);
-#pragma unroll
-        for (int i = 0; i < SKEW; ++i) x.v[k + i] = piece.v[i];
-      }
-    }
-    return x;
+  // The piece at element e of the column in its padded buffer `s`.
+  static __device__ __forceinline__ P& at(unsigned char* s, int e) {
+    const int b = e * static_cast<int>(sizeof(T));
+    return *reinterpret_cast<P*>(s + b + PAD * (b >> 7));
   }
 };
 
@@ -578,7 +580,10 @@ struct ColumnInSmem {
       const int j = part.vector(b);
       if (!part.owns(j)) continue;
       if constexpr (Part::SKEW > 0) {
-        if (j * Part::VEC < Part::H) Skewed::put(s, j, load_vector<Part>(g, j * Part::VEC, b));
+        scatter_pieces<Part>(load_vector<Part>(g, j * Part::VEC, b), j * Part::VEC,
+                             [&](int at, const typename Skewed::P& piece) {
+                               Skewed::at(s, at) = piece;
+                             });
       } else {
         reinterpret_cast<V*>(s)[j - part.first] = load<Part::VEC>(g + j * Part::VEC);
       }
@@ -587,10 +592,7 @@ struct ColumnInSmem {
   template <typename X>
   __device__ __forceinline__ V at(const X& x) const {
     if constexpr (Part::SKEW > 0) {
-      return Skewed::gather(x, [&](int e) {
-        return *reinterpret_cast<const typename Skewed::P*>(
-            s + Skewed::place(e * static_cast<int>(sizeof(T))));
-      });
+      return gather_pieces<Part, T, X::EDGE>(x.e, [&](int e) { return Skewed::at(s, e); });
     } else {
       return reinterpret_cast<const V*>(s)[x.k];
     }
@@ -599,14 +601,13 @@ struct ColumnInSmem {
 
 template <typename T, typename Part>
 struct ColumnInGlobal {
-  using Skewed = SkewedColumn<T, Part>;
   const T* g;
 
   __device__ __forceinline__ explicit ColumnInGlobal(const T* g) : g(g) {}
   template <typename X>
   __device__ __forceinline__ Vec<T, Part::VEC> at(const X& x) const {
     if constexpr (Part::SKEW > 0) {
-      return Skewed::gather(x, [&](int e) { return load<Skewed::SKEW>(g + e); });
+      return gather_pieces<Part, T, X::EDGE>(x.e, [&](int e) { return load<Part::SKEW>(g + e); });
     } else {
       return load<Part::VEC>(g + x.j * Part::VEC);
     }

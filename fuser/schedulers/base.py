@@ -328,6 +328,12 @@ def skewed_column_bytes(hidden: int, itemsize: int, skew: int) -> int:
     return nbytes + pad * ((nbytes - 1) // 128)
 
 
+def skewed_vectors(hidden: int, vec: int, skew: int) -> int:
+    """Vectors of `vec` elements that cover a skewed row at any of its starts (0 to vec -
+    skew elements past a vector boundary; fuser_rows.cuh RowPart::NV)."""
+    return ceil_div(hidden + vec - skew, vec)
+
+
 def skewed_vec(itemsizes: list[int], align_bytes: int, *, input_bytes: int) -> int:
     """pick_vec of a row whose length every vector width divides: the vector of skewed rows."""
     return pick_vec(16, itemsizes, align_bytes, input_bytes=input_bytes)

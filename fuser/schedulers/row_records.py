@@ -18,7 +18,14 @@ from fuser.analysis import FusionInfo, Role, kept_values
 from fuser.device import DeviceSpec
 from fuser.ir import Tensor, Val
 from fuser.ops import REDUCTIONS
-from fuser.schedulers.base import Problem, Storage, ceil_div, pick_vec, skewed_vec
+from fuser.schedulers.base import (
+    Problem,
+    Storage,
+    ceil_div,
+    pick_vec,
+    skewed_vec,
+    skewed_vectors,
+)
 from fuser.schedulers.hints import Hints
 
 # Rows shorter than this many of the widest vectors are not skewed: a thread would read a
@@ -209,7 +216,7 @@ class RowGeometry:
     def vectors(self) -> int:
         """Vectors of a row; skewed, those that cover it at any of its starts."""
         if self.skew:
-            return ceil_div(self.hidden + self.vec - self.skew, self.vec)
+            return skewed_vectors(self.hidden, self.vec, self.skew)
         return self.hidden // self.vec
 
     @property

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from fuser.analysis import FusionInfo, Role
 from fuser.device import DeviceSpec
 from fuser.errors import HintError, OutOfResourcesError
-from fuser.schedulers.base import Problem, RowSchedule, Storage, ceil_div
+from fuser.schedulers.base import Problem, RowSchedule, Storage, ceil_div, skewed_vectors
 from fuser.schedulers.finalize import default_lanes, needs_finalize
 from fuser.schedulers.hints import HintContext, Hints, check, powers_of_two
 from fuser.schedulers.row_fit import fit
@@ -171,7 +171,7 @@ class RowSearch:
         vectors are already whole."""
         problem = self.problem
         vec, skew = self.fusion.skewed_vec(problem), self.fusion.skew(problem)
-        spanned = replace(problem, hidden=ceil_div(problem.hidden + vec - skew, vec) * vec)
+        spanned = replace(problem, hidden=skewed_vectors(problem.hidden, vec, skew) * vec)
         geo = geometry(self.fusion, spanned, self.device, step.policy, self.hints, step.cluster)
         most = skewed_threads(geo.vectors)
         if self.hints.threads_per_row is None and geo.threads_per_row > most:
@@ -315,12 +315,11 @@ class RowSearch:
         info = self.fusion.info
         vec = self.fusion.vec(self.problem)
         tpr = self.hints.threads_per_row
-        if tpr not in powers_of_two(self.device.max_threads_per_block) and self._skews():
-            tpr = self._skewed_phase(_Step(1, Reach.ANY, "", self.policy, skewed=True)
-                                     ).geometry.threads_per_row
-        elif tpr not in powers_of_two(self.device.max_threads_per_block):
-            tpr = fusion_split(self.fusion, self.problem, self.policy, self.device, None,
-                               self.hints.cluster or 1)[1]
+        if tpr not in powers_of_two(self.device.max_threads_per_block):  # the search's own
+            tpr = (self._skewed_phase(_Step(1, Reach.ANY, "", self.policy, skewed=True))
+                   .geometry.threads_per_row if self._skews()
+                   else fusion_split(self.fusion, self.problem, self.policy, self.device, None,
+                                     self.hints.cluster or 1)[1])
         return HintContext(
             full_inputs=tuple(t.name for t in info.full_inputs),
             col_inputs=tuple(t.name for t in info.col_inputs),
