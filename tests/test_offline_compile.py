@@ -13,7 +13,7 @@ from fuser.analysis import Role, analyze
 from fuser.device import DeviceSpec
 from fuser.fusions import ACTIVATIONS, COLUMN_FUSIONS, FUSIONS, ROW_FUSIONS
 from fuser.kernels import build
-from fuser.schedulers import Hints, Problem
+from fuser.schedulers import Problem, schedule
 
 H200 = DeviceSpec.get("h200")
 DTYPES = [DataType.Float, DataType.Half, DataType.BFloat16]
@@ -213,15 +213,22 @@ def _assert_skewed_stores(stores: list[int], s, info, dtype: DataType) -> None:
 @pytest.mark.parametrize("hidden", [4099, 24578])
 @pytest.mark.parametrize("name", ["rmsnorm_fwd", "layernorm_fwd", "dropout_rmsnorm_fwd",
                                   "dropout_layernorm_fwd"])
-def test_hinted_skewed_rows_with_columns_compile(name, hidden, dtype):
-    """Fusions with column inputs skew their rows when hinted: the columns are read in pieces
-    of the row's skew from global memory, and the kernel builds without spilling."""
+def test_skewed_rows_with_columns_compile(name, hidden, dtype):
+    """Fusions with column inputs skew their rows by default where the vectors that divide
+    the row are 4 bytes or narrower (fp32 24578, 8-byte vectors, only when hinted): the
+    columns are read in pieces of the row's skew from global memory, and the kernel builds
+    without spilling."""
     from fuser.codegen import template_dir
     from fuser.compile import ptx_of
+    from fuser.schedulers import Hints
 
     fd = ROW_FUSIONS[name](dtype)
     info = analyze(fd.fusion)
-    built = build(fd.name, info, Problem(hidden, 16384, 16), H200, Hints(skewed=True))
+    problem = Problem(hidden, 16384, 16)
+    hinted = dtype is DataType.Float and hidden == 24578
+    if hinted:
+        assert not schedule(info, problem, H200).skew
+    built = build(fd.name, info, problem, H200, Hints(skewed=True) if hinted else None)
     s = built.schedule
     assert s.skew and all(p.storage == "global" for p in s.placements if p.role is Role.COL), s
     resource = built.compiled.resource(built.source.row_entry)

@@ -142,14 +142,16 @@ def test_three_pass_forward_rows_are_staged_in_smem_with_their_columns(name, hid
     shared memory wherever one block holds them: never in registers, and never through the
     whole-row ring, which refetches each pass. LayerNorm's weight and bias stay there too,
     except where they would leave the row one stage: at 32768 (bf16) two stages with the
-    columns in registers come first (built: 63 registers, no spills)."""
+    columns in registers come first (built: 63 registers, no spills); and skewed rows
+    (24578) re-read them from global memory."""
     info = analyze(ROW_FUSIONS[name](DataType.BFloat16).fusion)
     s = build(name, info, Problem(hidden, 16384, 16), H200).schedule
     assert s.ring is None and s.cluster == 1, s.reason
+    assert bool(s.skew) == (hidden == 24578), s.reason
     columns_in_registers = (name, hidden) == ("layernorm_fwd", 32768)
     for p in s.placements:
         expected = (Storage.REGISTERS if columns_in_registers and p.role is Role.COL
-                    else Storage.SMEM)
+                    else Storage.GLOBAL if s.skew and p.role is Role.COL else Storage.SMEM)
         assert p.storage == expected, (p.tensor, s.reason)
     assert s.stages == 2 or not columns_in_registers, s.reason
     assert_plan_invariants(s.smem)
@@ -697,7 +699,6 @@ def test_rows_are_skewed_where_vectors_would_be_narrow(name, dtype, hidden, skew
 
 
 @pytest.mark.parametrize(("name", "hidden", "align", "why"), [
-    ("layernorm_fwd", 24578, 16, "column inputs: skewed only when hinted"),
     ("rmsnorm_bwd", 24578, 16, "column reductions"),
     ("softmax_fwd", 24578, 4, "4-byte aligned inputs"),
     ("softmax_fwd", 24576, 16, "vectors divide the row"),
@@ -726,12 +727,14 @@ def test_skewed_hints_are_honoured_or_refused():
 
 
 def test_skewed_rows_read_their_columns_from_shared_or_global_memory():
-    """A skewed row's lane holds a different column in every row: hinted skewed rows re-read
-    the weight and bias from global memory, or a padded shared buffer, never registers."""
+    """A skewed row's lane holds a different column in every row: skewed rows re-read the
+    weight and bias from global memory (the default, staging the row), or a padded shared
+    buffer where hinted, never registers."""
     ln = analyze(ROW_FUSIONS["layernorm_fwd"](DataType.BFloat16).fusion)
     problem = Problem(24578, 16384, 16)
-    s = schedule(ln, problem, H200, Hints(skewed=True))
-    assert s.skew == 2 and [s.placement(t).storage for t in ("T1", "T2")] == ["global"] * 2
+    for s in (schedule(ln, problem, H200), schedule(ln, problem, H200, Hints(skewed=True))):
+        assert s.skew == 2 and [s.placement(t).storage for t in ("T1", "T2")] == ["global"] * 2
+        assert s.placement("T0").storage == "smem", s.reason
     s = schedule(ln, problem, H200,
                  Hints(skewed=True, storage=(("T0", "smem"), ("T1", "smem"), ("T2", "smem"))))
     assert s.skew and s.smem.buffer("s_T1").nbytes == 24578 * 2 + 4 * (24578 * 2 // 128)

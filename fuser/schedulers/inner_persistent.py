@@ -33,7 +33,10 @@ RING_MIN_THREADS = 64
 
 
 def registers_first_order(phase: Phase) -> Iterator[StorageChoice]:
-    """Rows on chip: staged in shared memory first for STAGED_PASSES_FIRST passes, at each
+    """Rows on chip: staged in shared memory first for STAGED_PASSES_FIRST passes and skewed
+    rows (at most 512 threads a row: in registers, ptxas may leave one block of 16 warps per
+    SM; H200 fp16 softmax_bwd 4099 / 24578 ran 0.71 / 0.71 so, bf16's staged rows 0.92 /
+    0.98), at each
     stage count (stage_order) with the columns in shared memory, else in registers (there they
     cost blocks per SM, but a second stage is worth more: it loads the next row while this one
     makes its passes; "staged forward rows" in bench/TUNING.md), then a whole-row ring where
@@ -43,7 +46,7 @@ def registers_first_order(phase: Phase) -> Iterator[StorageChoice]:
         yield from skewed_columns_order(phase)
         return
     in_registers = {t.name: Storage.REGISTERS for t in fusion.buffers}
-    staged_first = phase.policy.stages_first(fusion.passes)
+    staged_first = phase.policy.stages_first(fusion.passes) or bool(phase.geometry.skew)
     if staged_first:
         for stages in stage_order(phase):
             for col_storage in (Storage.SMEM, Storage.REGISTERS):

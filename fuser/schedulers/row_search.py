@@ -48,6 +48,9 @@ SKEWED_MAX_THREADS = 512
 SKEWED_VECTORS_PER_THREAD = 6
 # Rows are skewed by default only from this many skewed vectors (_skews).
 SKEWED_DEFAULT_MIN_VECTORS = 512
+# Fusions with column inputs skew their rows by default only where the vectors that divide
+# the row are at most this many bytes wide (_skews).
+SKEWED_COLUMNS_MAX_NARROW_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -121,10 +124,9 @@ class RowSearch:
         with skewed=True. Skewed rows move 16-byte vectors where the plain ones move 2 or 4
         bytes (H200 bf16, 16384 rows, fraction of the copy: softmax_fwd 24578 0.70 -> 0.89,
         4099 0.49 -> 0.84, softmax_bwd 4099 0.42 -> 0.92; bench/TUNING.md, "skewed rows").
-        Fusions with column inputs are skewed only with skewed=True until measured: rmsnorm_fwd
-        4099 ran 0.33 -> 0.81 skewed, but dropout_layernorm_fwd 4099 0.53 -> 0.44 with its
-        columns in shared memory, and its layout now (columns re-read from global memory,
-        inner_persistent.skewed_columns_order) is not timed."""
+        Fusions with column inputs re-read them from global memory
+        (inner_persistent.skewed_columns_order): rmsnorm_fwd 4099 0.34 -> 0.81,
+        dropout_rmsnorm_fwd 4099 0.45 -> 0.81, dropout_layernorm_fwd 4099 0.52 -> 0.67."""
         if not self._skews():
             return steps
         skewed = [replace(step, skewed=True) for step in steps
@@ -138,17 +140,21 @@ class RowSearch:
     def _skews(self) -> bool:
         """Whether the search tries skewed rows: where the fusion's rows may be skewed
         (RowFusion.skew), the hints allow it (no cluster, no aligned copies), and, unless
-        skewed=True, the fusion has no column inputs and the row spans at least
-        SKEWED_DEFAULT_MIN_VECTORS skewed vectors (4099 bf16, 514, is the smallest row timed
-        skewed; below it the row's edges weigh more and nothing was measured)."""
-        hints, problem = self.hints, self.problem
-        if (not self.fusion.skew(problem) or hints.skewed is False or hints.aligned_copy
+        skewed=True, the row spans at least SKEWED_DEFAULT_MIN_VECTORS skewed vectors (4099
+        bf16, 514, is the smallest row timed skewed; below it the row's edges weigh more and
+        nothing was measured) and, for fusions with column inputs, the vectors that divide the
+        row are at most SKEWED_COLUMNS_MAX_NARROW_BYTES wide: fp32 24578 (8-byte vectors,
+        copied in aligned 16-byte chunks) lost skewed, layernorm_fwd 0.81 -> 0.77,
+        dropout_layernorm_fwd 0.82 -> 0.74, where bf16's 4-byte vectors gained."""
+        hints, problem, fusion = self.hints, self.problem, self.fusion
+        if (not fusion.skew(problem) or hints.skewed is False or hints.aligned_copy
                 or hints.cluster not in (None, 1)):
             return False
-        vec = self.fusion.skewed_vec(problem)
-        return bool(hints.skewed) or (
-            not self.fusion.cols
-            and ceil_div(problem.hidden, vec) >= SKEWED_DEFAULT_MIN_VECTORS)
+        if hints.skewed:
+            return True
+        narrow = fusion.skew(problem) * max((t.dtype.itemsize for t in fusion.full), default=1)
+        return (ceil_div(problem.hidden, fusion.skewed_vec(problem)) >= SKEWED_DEFAULT_MIN_VECTORS
+                and (not fusion.cols or narrow <= SKEWED_COLUMNS_MAX_NARROW_BYTES))
 
     def _phase(self, step: _Step, chunked: bool) -> Phase:
         """A step's phase. Aligned 16-byte row copies (`chunked`) need the inputs 16-byte
