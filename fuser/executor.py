@@ -350,6 +350,9 @@ def _launch(kernel: Kernel, rows: int, device: DeviceSpec) -> tuple[Launch, Laun
     most = (device.max_grid_x // s.cluster if s.dealing is Dealing.GRID
             else kernel.resident_groups)
     clusters = max(1, min(groups, most))
+    if kernel.finalize is not None and clusters < groups:
+        # column sums of skewed rows: each thread's rows must share a skew
+        clusters = max(s.group_period, clusters - clusters % s.group_period)
     grid = clusters * s.cluster
     partial_rows = clusters * s.partial_rows_per_block if kernel.finalize is not None else 0
     launch = Launch(grid, _block(s), s.smem.dynamic_bytes, partial_rows)

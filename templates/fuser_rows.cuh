@@ -753,20 +753,46 @@ struct RowReducer {
 
 // ----- column (outer) reductions: each thread accumulates its vectors over the rows it
 // visits; finish() leaves one partial row per block (or cluster) in the workspace, which the
-// finalize kernel sums -----
+// finalize kernel sums. A skewed row's lane i of vector j holds column j * VEC - skew + i: the
+// same column in every row a thread visits, since the grid strides over a multiple of VEC /
+// SKEW rows (RowSchedule.group_period), and only the row's own elements are summed. -----
+
+// The skew of every row this thread visits (0 unless skewed): its first row's.
+template <typename Part>
+__device__ __forceinline__ int column_skew(const Part& part, int ty) {
+  return Part::skew(part.first_row() + ty);
+}
+
+// f(b, c, i) for lane i of each vector the thread owns whose column is one of the row's,
+// c counted from the part's first column, UNROLL rounds unrolled.
+template <typename Part, int UNROLL, typename F>
+__device__ __forceinline__ void each_column(const Part& part, int skew, F&& f) {
+#pragma unroll UNROLL
+  for (int b = 0; b < Part::BATCH; ++b) {
+    const int j = part.vector(b);
+    if (part.owns(j)) {
+#pragma unroll
+      for (int i = 0; i < Part::VEC; ++i) {
+        const int c = (j - part.first) * Part::VEC + i - skew;
+        if (Part::SKEW == 0 || static_cast<unsigned>(c) < static_cast<unsigned>(Part::H)) f(b, c, i);
+      }
+    }
+  }
+}
 
 // In registers; a block of several rows folds them into its first through `combine` (one row
-// of the block's part).
+// of the block's part, by column).
 template <typename T, typename Op, typename Part>
 struct AccumulatorInRegisters {
-  static_assert(Part::SKEW == 0, "a skewed row's lane holds a different column in every row");
   T v[Part::BATCH][Part::VEC];
   T* partials;
   T* combine;
+  int skew;
 
   __device__ __forceinline__ AccumulatorInRegisters(const Part& part, T* partials,
                                                     unsigned char* combine)
-      : partials(partials), combine(reinterpret_cast<T*>(combine)) {
+      : partials(partials), combine(reinterpret_cast<T*>(combine)),
+        skew(column_skew(part, part.ty)) {
 #pragma unroll Part::UNROLL
     for (int b = 0; b < Part::BATCH; ++b) {
 #pragma unroll
@@ -775,85 +801,76 @@ struct AccumulatorInRegisters {
       }
     }
   }
-  __device__ __forceinline__ void add(const Visit& x, int i, T value) {
-    v[x.b][i] = Op{}(v[x.b][i], value);
+  template <typename X>
+  __device__ __forceinline__ void add(const X& x, int i, T value) {
+    if (in_row<Part>(x, i)) v[x.b][i] = Op{}(v[x.b][i], value);
   }
   __device__ __forceinline__ void finish(const Part& part) {
     for (int y = 1; y < Part::RPB; ++y) {
       __syncthreads();
-      if (part.ty == y) each<Part::BATCH>(part, [&](int b, int k, int i) { combine[k * Part::VEC + i] = v[b][i]; });
+      if (part.ty == y) each_column<Part, Part::BATCH>(part, skew, [&](int b, int c, int i) { combine[c] = v[b][i]; });
       __syncthreads();
       if (part.ty == 0) {
-        each<Part::BATCH>(part, [&](int b, int k, int i) { v[b][i] = Op{}(v[b][i], combine[k * Part::VEC + i]); });
+        each_column<Part, Part::BATCH>(part, skew, [&](int b, int c, int i) { v[b][i] = Op{}(v[b][i], combine[c]); });
       }
     }
     if (part.ty != 0) return;
-    const long long row = static_cast<long long>(part.group) * Part::H;
-    each<Part::BATCH>(part, [&](int b, int k, int i) {
-      partials[row + (part.first + k) * Part::VEC + i] = v[b][i];
-    });
-  }
-  // f(b, k, i) for element i of each vector the thread owns (k: its index in the part),
-  // UNROLL rounds unrolled.
-  template <int UNROLL, typename F>
-  __device__ __forceinline__ static void each(const Part& part, F&& f) {
-#pragma unroll UNROLL
-    for (int b = 0; b < Part::BATCH; ++b) {
-      const int j = part.vector(b);
-      if (part.owns(j)) {
-#pragma unroll
-        for (int i = 0; i < Part::VEC; ++i) f(b, j - part.first, i);
-      }
-    }
+    T* const row = partials + static_cast<long long>(part.group) * Part::H + part.first * Part::VEC;
+    each_column<Part, Part::BATCH>(part, skew, [&](int b, int c, int i) { row[c] = v[b][i]; });
   }
 };
 
-// In shared memory, each thread its own slots (RPB rows of the block's part); the first row
-// of threads folds the block's rows into the partial row.
+// In shared memory, each thread its own slots (RPB rows of the block's part, a lane's slot
+// at its column + its skew); the first row of threads folds the block's rows into the
+// partial row.
 template <typename T, typename Op, typename Part>
 struct AccumulatorInSmem {
-  static_assert(Part::SKEW == 0, "a skewed row's lane holds a different column in every row");
+  static constexpr int SLOTS = Part::PART * Part::VEC;  // a row of threads' slots
   T* s;
   T* partials;
 
   __device__ __forceinline__ AccumulatorInSmem(const Part& part, T* partials,
                                                unsigned char* slots)
       : s(reinterpret_cast<T*>(slots)), partials(partials) {
-    AccumulatorInRegisters<T, Op, Part>::template each<Part::UNROLL>(part, [&](int, int k, int i) {
-      s[(part.ty * Part::PART + k) * Part::VEC + i] = Op::template identity<T>();
+    const int skew = column_skew(part, part.ty);
+    each_column<Part, Part::UNROLL>(part, skew, [&](int, int c, int) {
+      s[part.ty * SLOTS + c + skew] = Op::template identity<T>();
     });
   }
-  __device__ __forceinline__ void add(const Visit& x, int i, T value) {
+  template <typename X>
+  __device__ __forceinline__ void add(const X& x, int i, T value) {
+    if (!in_row<Part>(x, i)) return;
     T& a = s[(threadIdx.y * Part::PART + x.k) * Part::VEC + i];
     a = Op{}(a, value);
   }
   __device__ __forceinline__ void finish(const Part& part) {
     __syncthreads();
     if (part.ty != 0) return;
-    const long long row = static_cast<long long>(part.group) * Part::H;
-    AccumulatorInRegisters<T, Op, Part>::template each<Part::BATCH>(part, [&](int, int k, int i) {
-      T total = s[k * Part::VEC + i];
-      for (int y = 1; y < Part::RPB; ++y) total = Op{}(total, s[(y * Part::PART + k) * Part::VEC + i]);
-      partials[row + (part.first + k) * Part::VEC + i] = total;
+    T* const row = partials + static_cast<long long>(part.group) * Part::H + part.first * Part::VEC;
+    each_column<Part, Part::BATCH>(part, column_skew(part, 0), [&](int, int c, int) {
+      T total = s[c + column_skew(part, 0)];
+      for (int y = 1; y < Part::RPB; ++y) total = Op{}(total, s[y * SLOTS + c + column_skew(part, y)]);
+      row[c] = total;
     });
   }
 };
 
-// In the workspace: each row of threads accumulates straight into a partial row of its own
-// (read and written every row; nothing to fold).
+// In the workspace: each row of threads accumulates straight into a partial row of its own,
+// by column (read and written every row; nothing to fold).
 template <typename T, typename Op, typename Part>
 struct AccumulatorInGlobal {
-  static_assert(Part::SKEW == 0, "a skewed row's lane holds a different column in every row");
   T* row;
 
   __device__ __forceinline__ AccumulatorInGlobal(const Part& part, T* partials)
       : row(partials + (static_cast<long long>(part.group) * Part::RPB + part.ty) * Part::H) {
-    AccumulatorInRegisters<T, Op, Part>::template each<Part::UNROLL>(part, [&](int, int k, int i) {
-      row[(part.first + k) * Part::VEC + i] = Op::template identity<T>();
+    each_column<Part, Part::UNROLL>(part, column_skew(part, part.ty), [&](int, int c, int) {
+      row[part.first * Part::VEC + c] = Op::template identity<T>();
     });
   }
-  __device__ __forceinline__ void add(const Visit& x, int i, T value) {
-    T& a = row[x.j * Part::VEC + i];
+  template <typename X>
+  __device__ __forceinline__ void add(const X& x, int i, T value) {
+    if (!in_row<Part>(x, i)) return;
+    T& a = row[x.e + i];
     a = Op{}(a, value);
   }
   __device__ __forceinline__ void finish(const Part&) {}

@@ -1,8 +1,9 @@
 """GPU: skewed rows (RowSchedule.skew) against the float64 reference. Rows whose length the
 widest vector does not divide start 1, 2 or 4 elements past a vector boundary, a different
 one row to row; their first and last vectors hold the neighbouring rows' elements, which
-must stay out of the reductions and the stores. Every row storage, one and two stages, each
-dealing, several rows a block, and the tensors' last row (its last vector reaches past the
+must stay out of the reductions, the column sums and the stores. Every row storage, one and
+two stages, each dealing, several rows a block, every place of the column sums over grids
+of more rows than blocks, and the tensors' last row (its last vector reaches past the
 tensor's end) are covered, in every dtype.
 """
 
@@ -25,7 +26,8 @@ from fuser.schedulers import Hints
 pytestmark = pytest.mark.gpu
 
 SKEWED = ("softmax_fwd", "log_softmax_fwd", "softmax_bwd", "rmsnorm_fwd", "layernorm_fwd",
-          "dropout_rmsnorm_fwd", "dropout_layernorm_fwd")
+          "dropout_rmsnorm_fwd", "dropout_layernorm_fwd", "rmsnorm_bwd", "dropout_rmsnorm_bwd",
+          "layernorm_bwd")
 DTYPES = (DataType.BFloat16, DataType.Half, DataType.Float)
 # Rows starting on 1-, 2- and 4-element boundaries: 8 x 1 element, 4 x 2, 2 x 4 (bf16).
 HIDDEN = (37, 130, 4099, 24574, 24578, 24580)
@@ -141,3 +143,31 @@ def test_skewed_rows_stay_inside_exact_allocations(name, rows, rng):
     finally:
         cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
     assert s.skew
+
+
+# Column sums of skewed rows, in each storage, one and several rows a block (each row of a
+# block has its own skew), over more row groups than resident blocks (the grid strides over
+# a multiple of the skews' period) and over fewer.
+SUMS = [(name, hidden, accumulators, rpb, rows)
+        for name in ("rmsnorm_bwd", "layernorm_bwd")
+        for hidden, rpb in ((130, 1), (130, 2), (130, 4), (4099, 1), (24578, 1))
+        for accumulators in ("registers", "smem", "global")
+        for rows in (3, 5003)
+        # layernorm_bwd's two sums of 24578 in registers spill at 512 threads: refused
+        if (name, hidden, accumulators) != ("layernorm_bwd", 24578, "registers")]
+
+
+@pytest.mark.parametrize(("name", "hidden", "accumulators", "rpb", "rows"), SUMS,
+                         ids=["-".join(map(str, case)) for case in SUMS])
+def test_column_sums_of_skewed_rows_match_reference(name, hidden, accumulators, rpb, rows,
+                                                    rng):
+    tpr = {130: 16, 4099: 64, 24578: 512}[hidden]
+    fd = run_and_validate(name, DataType.BFloat16, hidden, rows, rng,
+                          Hints(skewed=True, accumulators=accumulators, threads_per_row=tpr,
+                                rows_per_block=rpb))
+    run = fd._last_run
+    s = run.kernel.schedule
+    assert s.skew and s.rows_per_block == rpb and str(s.accumulators) == accumulators, s
+    groups = -(-rows // rpb)
+    assert run.launch.grid == groups or run.launch.grid % s.group_period == 0, run.launch
+

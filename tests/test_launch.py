@@ -227,3 +227,37 @@ def test_a_pointwise_kernel_launches_a_block_per_unrolled_vectors_up_to_the_grid
     assert _launch(kernel, 3, h200)[0].grid == 2  # 1536 vectors
     small = dataclasses.replace(h200, max_grid_x=1000)
     assert _launch(kernel, 16384, small)[0].grid == 1000
+
+
+@pytest.mark.parametrize(("hidden", "rows_per_block", "resident", "grid"), [
+    (24578, 1, 133, 132),  # the skews of 24578 repeat every 4 rows
+    (4099, 1, 133, 128),  # of 4099 every 8
+    (4099, 2, 133, 132),  # 8 rows: 4 groups of 2
+    (24578, 1, 3, 4),  # under one period resident: a second wave, never a thread of two skews
+])
+def test_column_sums_of_skewed_rows_stride_over_whole_periods_of_skews(
+        hidden, rows_per_block, resident, grid):
+    """A lane of a skewed row's column sums holds the same column in every row its thread
+    visits only where the grid's row stride is a multiple of the skews' period (vec // skew
+    rows): the grid is rounded down to a multiple of the period in groups."""
+    import types
+
+    from fuser.analysis import analyze
+    from fuser.device import DeviceSpec
+    from fuser.executor import _launch
+    from fuser.fusions import ROW_FUSIONS
+    from fuser.schedulers import Hints, Problem, schedule
+
+    h200 = DeviceSpec.get("h200")
+    info = analyze(ROW_FUSIONS["rmsnorm_bwd"](DataType.BFloat16).fusion)
+    s = schedule(info, Problem(hidden, 16384, 16), h200,
+                 Hints(skewed=True, threads_per_row=64 if hidden == 4099 else None,
+                       rows_per_block=rows_per_block))
+    assert s.skew and s.rows_per_block == rows_per_block, s
+    finalize = types.SimpleNamespace(hidden=hidden, cols_per_block=128, partial_lanes=4,
+                                     smem=types.SimpleNamespace(dynamic_bytes=0))
+    kernel = types.SimpleNamespace(schedule=s, resident_groups=resident, finalize=finalize)
+    launch, final = _launch(kernel, 16384, h200)
+    assert launch.grid == grid
+    assert grid * rows_per_block * hidden % s.vec == 0
+    assert launch.partial_rows == final.partial_rows == grid * s.partial_rows_per_block

@@ -699,7 +699,6 @@ def test_rows_are_skewed_where_vectors_would_be_narrow(name, dtype, hidden, skew
 
 
 @pytest.mark.parametrize(("name", "hidden", "align", "why"), [
-    ("rmsnorm_bwd", 24578, 16, "column reductions"),
     ("softmax_fwd", 24578, 4, "4-byte aligned inputs"),
     ("softmax_fwd", 24576, 16, "vectors divide the row"),
     ("softmax_fwd", 30, 16, "rows of fewer than 4 vectors"),
@@ -722,8 +721,12 @@ def test_skewed_hints_are_honoured_or_refused():
     with pytest.raises(HintError, match=r"skewed='yes'\): True or False"):
         Hints(skewed="yes")
     bwd = analyze(ROW_FUSIONS["rmsnorm_bwd"](DataType.BFloat16).fusion)
-    with pytest.raises(HintError, match=r"no column reduction.*picks skewed=False"):
-        schedule(bwd, problem, H200, Hints(skewed=True))
+    assert not schedule(bwd, problem, H200).skew  # column sums: skewed only when hinted
+    assert schedule(bwd, problem, H200, Hints(skewed=True)).dealing is Dealing.STRIDED
+    with pytest.raises(HintError, match=r"dealing None or 'strided' \(a thread's rows must "
+                                        r"share a skew for its column sums\)"):
+        schedule(bwd, problem, H200, Hints(skewed=True, dealing="dynamic"))
+    assert not schedule(bwd, problem, H200, Hints(dealing="dynamic")).skew
 
 
 def test_skewed_rows_read_their_columns_from_shared_or_global_memory():

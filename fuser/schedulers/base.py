@@ -213,6 +213,17 @@ class RowSchedule:
         in the workspace itself (each slot then owns a partial row and nothing is folded)."""
         return self.rows_per_block if self.accumulators is Storage.GLOBAL else 1
 
+    @property
+    def group_period(self) -> int:
+        """1, or for skewed rows the row groups after which the rows' skews repeat (vec //
+        skew rows). A grid striding over a multiple of it gives each thread rows of one skew,
+        so a lane of its column sums holds the same column in every row it visits
+        (fuser_rows.cuh, AccumulatorIn*)."""
+        if not self.skew:
+            return 1
+        period = self.vec // self.skew
+        return period // math.gcd(period, self.rows_per_block)
+
     def placement(self, tensor: str) -> Placement:
         return next(p for p in self.placements if p.tensor == tensor)
 

@@ -136,9 +136,10 @@ class RowFusion:
     def skew_refusals(self, problem: Problem) -> list[str]:
         """Why this fusion's rows cannot be skewed here, in words (none: they can): the
         vector that divides hidden must be narrower than the one the dtypes allow, the row
-        span SKEWED_MIN_VECTORS of those, every input be 16-byte aligned, and no column
-        reduction accumulate a vector's lane (a skewed row's lane holds a different column
-        in every row; column inputs are read in pieces instead, SkewedColumn)."""
+        span SKEWED_MIN_VECTORS of those and every input be 16-byte aligned. (A skewed row's
+        lane holds a different column in every row: column inputs are read in pieces,
+        SkewedColumn, and column sums take rows of one skew per thread,
+        RowSchedule.group_period.)"""
         vec, wide = self.vec(problem), self.skewed_vec(problem)
         why = []
         if wide == vec:
@@ -150,9 +151,6 @@ class RowFusion:
         if problem.hidden < SKEWED_MIN_VECTORS * wide:
             why.append(f"a row of at least {SKEWED_MIN_VECTORS} vectors of {wide} (hidden "
                        f"{problem.hidden})")
-        if self.info.outer_reductions:
-            why.append("no column reduction (a skewed row's lane holds a different column in "
-                       "every row)")
         return why
 
     def skewed_vec(self, problem: Problem) -> int:

@@ -20,7 +20,14 @@ from dataclasses import dataclass, replace
 from fuser.analysis import FusionInfo, Role
 from fuser.device import DeviceSpec
 from fuser.errors import HintError, OutOfResourcesError
-from fuser.schedulers.base import Problem, RowSchedule, Storage, ceil_div, skewed_vectors
+from fuser.schedulers.base import (
+    Dealing,
+    Problem,
+    RowSchedule,
+    Storage,
+    ceil_div,
+    skewed_vectors,
+)
 from fuser.schedulers.finalize import default_lanes, needs_finalize
 from fuser.schedulers.hints import HintContext, Hints, check, powers_of_two
 from fuser.schedulers.row_fit import fit
@@ -142,10 +149,13 @@ class RowSearch:
         (RowFusion.skew), the hints allow it (no cluster, no aligned copies), and, unless
         skewed=True, the row spans at least SKEWED_DEFAULT_MIN_VECTORS skewed vectors (4099
         bf16, 514, is the smallest row timed skewed; below it the row's edges weigh more and
-        nothing was measured) and, for fusions with column inputs, the vectors that divide the
+        nothing was measured); for fusions with column inputs, the vectors that divide the
         row are at most SKEWED_COLUMNS_MAX_NARROW_BYTES wide: fp32 24578 (8-byte vectors,
         copied in aligned 16-byte chunks) lost skewed, layernorm_fwd 0.81 -> 0.77,
-        dropout_layernorm_fwd 0.82 -> 0.74, where bf16's 4-byte vectors gained."""
+        dropout_layernorm_fwd 0.82 -> 0.74, where bf16's 4-byte vectors gained. Fusions with
+        column sums only when hinted: their skewed rows, of the forward's geometry, lost at
+        bf16 24578 (rmsnorm_bwd 0.85 -> 0.79) and 4099 (dropout_rmsnorm_bwd 0.77 -> 0.52;
+        bench/TUNING.md, "skewed rows")."""
         hints, problem, fusion = self.hints, self.problem, self.fusion
         if (not fusion.skew(problem) or hints.skewed is False or hints.aligned_copy
                 or hints.cluster not in (None, 1)):
@@ -154,7 +164,8 @@ class RowSearch:
             return True
         narrow = fusion.skew(problem) * max((t.dtype.itemsize for t in fusion.full), default=1)
         return (ceil_div(problem.hidden, fusion.skewed_vec(problem)) >= SKEWED_DEFAULT_MIN_VECTORS
-                and (not fusion.cols or narrow <= SKEWED_COLUMNS_MAX_NARROW_BYTES))
+                and (not fusion.cols or narrow <= SKEWED_COLUMNS_MAX_NARROW_BYTES)
+                and not fusion.info.outer_reductions)
 
     def _phase(self, step: _Step, chunked: bool) -> Phase:
         """A step's phase. Aligned 16-byte row copies (`chunked`) need the inputs 16-byte
@@ -311,6 +322,9 @@ class RowSearch:
             why.append("aligned_copy None or False (skewed rows copy whole vectors)")
         if self.hints.cluster not in (None, 1):
             why.append("cluster None or 1 (a block owns each skewed row)")
+        if self.fusion.info.outer_reductions and self.hints.dealing is Dealing.DYNAMIC:
+            why.append("dealing None or 'strided' (a thread's rows must share a skew for its "
+                       "column sums)")
         if why:
             raise HintError(
                 f"Hints(skewed=True): skewed rows need {'; and '.join(why)}; allowed here: "
