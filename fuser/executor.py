@@ -345,14 +345,15 @@ def _launch(kernel: Kernel, rows: int, device: DeviceSpec) -> tuple[Launch, Laun
         return Launch(s.slabs * s.cluster, _block(s), s.smem.dynamic_bytes, 0), None
     # A cluster of k blocks works on each group of rows: the grid is a multiple of k, and no
     # larger than what is resident at once (a persistent grid has no second wave), unless a
-    # block (cluster) takes each group.
+    # block (cluster) takes each group. The column sums of skewed rows need each thread's
+    # rows to share a skew: a grid that strides strides over whole periods of the skews
+    # (RowSchedule.group_period), a second wave where fewer than one period are resident.
     groups = ceil_div(rows, s.rows_per_block)
     most = (device.max_grid_x // s.cluster if s.dealing is Dealing.GRID
             else kernel.resident_groups)
     clusters = max(1, min(groups, most))
     if kernel.finalize is not None and clusters < groups:
-        # column sums of skewed rows: each thread's rows must share a skew
-        clusters = max(s.group_period, clusters - clusters % s.group_period)
+        clusters = min(groups, max(s.group_period, clusters - clusters % s.group_period))
     grid = clusters * s.cluster
     partial_rows = clusters * s.partial_rows_per_block if kernel.finalize is not None else 0
     launch = Launch(grid, _block(s), s.smem.dynamic_bytes, partial_rows)

@@ -146,11 +146,12 @@ def test_skewed_rows_stay_inside_exact_allocations(name, rows, rng):
 
 
 # Column sums of skewed rows, in each storage, one and several rows a block (each row of a
-# block has its own skew), over more row groups than resident blocks (the grid strides over
-# a multiple of the skews' period) and over fewer.
+# block has its own skew), over fewer row groups than resident blocks (3 rows; 5003 rows of
+# 130) and over more (5003 rows of 4099 and 24578: the grid strides over whole periods of
+# the skews, at 4099 with 2 rows a block over 4 groups of 8 rows).
 SUMS = [(name, hidden, accumulators, rpb, rows)
         for name in ("rmsnorm_bwd", "layernorm_bwd")
-        for hidden, rpb in ((130, 1), (130, 2), (130, 4), (4099, 1), (24578, 1))
+        for hidden, rpb in ((130, 1), (130, 2), (130, 4), (4099, 1), (4099, 2), (24578, 1))
         for accumulators in ("registers", "smem", "global")
         for rows in (3, 5003)
         # layernorm_bwd's two sums of 24578 in registers spill at 512 threads: refused

@@ -261,3 +261,26 @@ def test_column_sums_of_skewed_rows_stride_over_whole_periods_of_skews(
     assert launch.grid == grid
     assert grid * rows_per_block * hidden % s.vec == 0
     assert launch.partial_rows == final.partial_rows == grid * s.partial_rows_per_block
+
+
+def test_a_grid_of_skewed_column_sums_never_exceeds_its_row_groups():
+    """Fewer groups than one period of skews, fewer resident still: a block per group (each
+    visits one row), not a whole period of blocks."""
+    import types
+
+    from fuser.analysis import analyze
+    from fuser.device import DeviceSpec
+    from fuser.executor import _launch
+    from fuser.fusions import ROW_FUSIONS
+    from fuser.schedulers import Hints, Problem, schedule
+
+    h200 = DeviceSpec.get("h200")
+    info = analyze(ROW_FUSIONS["rmsnorm_bwd"](DataType.BFloat16).fusion)
+    s = schedule(info, Problem(4099, 5, 16), h200,
+                 Hints(skewed=True, threads_per_row=64, rows_per_block=1))
+    assert s.group_period == 8, s
+    finalize = types.SimpleNamespace(hidden=4099, cols_per_block=128, partial_lanes=4,
+                                     smem=types.SimpleNamespace(dynamic_bytes=0))
+    kernel = types.SimpleNamespace(schedule=s, resident_groups=3, finalize=finalize)
+    launch, _ = _launch(kernel, 5, h200)
+    assert launch.grid == 5

@@ -766,3 +766,16 @@ def test_small_odd_rows_are_not_skewed_by_default():
     for hidden in (127, 1026, 4082):
         assert not schedule(info, Problem(hidden, 16384, 16), H200).skew
         assert schedule(info, Problem(hidden, 16384, 16), H200, Hints(skewed=True)).skew
+
+
+def test_skewed_column_sums_take_their_own_geometry():
+    """Hinted skewed rows of a backward: a thread's column sums hold 8 fp32 lanes a vector, so
+    at most 3 vectors a thread down to 128 threads (4099: 128 threads, not the 64 of packed
+    rows), and the weight re-read from global memory, which leaves room for two stages of
+    rows at 24578."""
+    info = analyze(ROW_FUSIONS["rmsnorm_bwd"](DataType.BFloat16).fusion)
+    s = schedule(info, Problem(4099, 16384, 16), H200, Hints(skewed=True))
+    assert s.skew and s.threads_per_row == 128, s.reason
+    s = schedule(info, Problem(24578, 16384, 16), H200, Hints(skewed=True))
+    assert s.skew and s.threads_per_row == 512 and s.stages == 2, s.reason
+    assert s.placement("T3").storage is Storage.GLOBAL, s.reason

@@ -49,8 +49,9 @@ class Hints:
                       that divide hidden
     dealing           how row groups reach blocks: `strided` (a persistent grid, fixed
                       strides), `dynamic` (a persistent grid taking groups from a counter;
-                      blocks that own whole rows outside a staging ring; column sums then
-                      differ from run to run in their last bits) or `grid` (a block per group;
+                      blocks that own whole rows outside a staging ring, not skewed ones with
+                      column sums; column sums then differ from run to run in their last
+                      bits) or `grid` (a block per group;
                       fusions without column sums)
     """
 

@@ -32,11 +32,17 @@ def smem_first_order(phase: Phase) -> Iterator[StorageChoice]:
     """Rows on chip: every row buffer in shared memory, then one buffer after another moved
     to registers (full[:moved], least reused first), each with the columns in shared memory,
     then in registers; two stages first unless rows are short and one stage leaves other
-    blocks resident (_stage_order)."""
+    blocks resident (_stage_order). Skewed rows' columns cannot stay in registers (a lane
+    holds a different column in every row): they are re-read from global memory first, as
+    the skewed forward measured faster (inner_persistent.skewed_columns_order), which leaves
+    room for two stages of rows (rmsnorm_bwd bf16 24578: 197 KB), then a padded shared
+    buffer."""
     full, cols = phase.fusion.full, phase.fusion.cols
+    col_storages = ((Storage.GLOBAL, Storage.SMEM) if phase.geometry.skew
+                    else (Storage.SMEM, Storage.REGISTERS))
     for stages in _stage_order(phase):
         for moved in range(len(full) + 1):
-            for col_storage in (Storage.SMEM, Storage.REGISTERS):
+            for col_storage in col_storages:
                 storage = staged(phase, stages)
                 storage.update({t.name: Storage.REGISTERS for t in full[:moved]})
                 storage.update({t.name: col_storage for t in cols})
@@ -72,6 +78,10 @@ POLICY = RowPolicy(
     staged_narrow_vec=1,
     min_block_threads=128,  # small blocks: more fit an SM, so more rows are in flight
     partials_pack=0.5,  # two rows per block where partial rows weigh half a row or more
+    # a thread's column sums hold 8 fp32 lanes per vector: 128 threads for 4099's 514
+    # vectors, against 64 (H200 bf16, skewed=True): rmsnorm_bwd 0.43 -> 0.59,
+    # dropout_rmsnorm_bwd 0.52 -> 0.65, layernorm_bwd 0.50 -> 0.52 ("skewed rows", column sums)
+    skewed_vectors_per_thread=3,
     on_chip=smem_first_order,
     # Rows of 65 to 1024 vectors (bf16 1024 to 8192) of fusions with row reductions: 64
     # threads each, 4 to a block. Against 128-512 threads and one or two rows a block (H200,

@@ -50,9 +50,8 @@ from fuser.schedulers.row_storage import choices
 
 SHOWN_REJECTIONS = 6  # the last rejections an error lists
 # Skewed rows: at most this many threads a row, and fewer while a thread would own fewer
-# vectors than SKEWED_VECTORS_PER_THREAD (skewed_threads).
+# vectors than the policy's skewed_vectors_per_thread (skewed_threads).
 SKEWED_MAX_THREADS = 512
-SKEWED_VECTORS_PER_THREAD = 6
 # Rows are skewed by default only from this many skewed vectors (_skews).
 SKEWED_DEFAULT_MIN_VECTORS = 512
 # Fusions with column inputs skew their rows by default only where the vectors that divide
@@ -136,8 +135,11 @@ class RowSearch:
         dropout_rmsnorm_fwd 4099 0.45 -> 0.81, dropout_layernorm_fwd 4099 0.52 -> 0.67."""
         if not self._skews():
             return steps
+        # packed rows' threads are sized for the vectors that divide the row; skewed rows
+        # take their own (skewed_threads)
         skewed = [replace(step, skewed=True) for step in steps
-                  if step.cluster == 1 and step.reach is not Reach.OFF_CHIP]
+                  if step.cluster == 1 and step.reach is not Reach.OFF_CHIP
+                  and step.policy.packed is None]
         if not self.hints.skewed:
             return skewed + steps
         # hinted: rows too long for a block's shared memory are re-read, by one block
@@ -190,7 +192,7 @@ class RowSearch:
         vec, skew = self.fusion.skewed_vec(problem), self.fusion.skew(problem)
         spanned = replace(problem, hidden=skewed_vectors(problem.hidden, vec, skew) * vec)
         geo = geometry(self.fusion, spanned, self.device, step.policy, self.hints, step.cluster)
-        most = skewed_threads(geo.vectors)
+        most = skewed_threads(geo.vectors, step.policy.skewed_vectors_per_thread)
         if self.hints.threads_per_row is None and geo.threads_per_row > most:
             geo = geometry(self.fusion, spanned, self.device, step.policy,
                            replace(self.hints, threads_per_row=most), step.cluster)
@@ -390,15 +392,15 @@ class RowSearch:
             return f"none ({str(exc).splitlines()[0]})"
 
 
-def skewed_threads(vectors: int) -> int:
+def skewed_threads(vectors: int, per_thread: int) -> int:
     """Threads a skewed row of `vectors` vectors takes at most: SKEWED_MAX_THREADS, fewer
-    (down to a warp) while a thread would own under SKEWED_VECTORS_PER_THREAD of them. Such
+    (down to a warp) while a thread would own under `per_thread` of them. Such
     a row rarely fills its last round (hidden 24578: 3073 vectors), so one thread makes one
     round more than the others, and the row's block waits for it at every reduction; with
     more vectors a thread the extra round weighs less, and with smaller blocks others fill
     the SM meanwhile (bench/TUNING.md, "skewed rows")."""
     threads = SKEWED_MAX_THREADS
-    while threads > 32 and vectors < SKEWED_VECTORS_PER_THREAD * threads:
+    while threads > 32 and vectors < per_thread * threads:
         threads //= 2
     return threads
 
