@@ -75,8 +75,8 @@ class RowPolicy:
     # Blocks of twice min_block_threads where the partial rows of the column reductions weigh
     # at least this share of a row's own bytes (None: never).
     partials_pack: float | None
-    # Skewed rows take fewer threads (from row_search.SKEWED_MAX_THREADS, down to a warp)
-    # while a thread would own fewer of their vectors than this (row_search.skewed_threads).
+    # Skewed rows take fewer threads (from row_skew.SKEWED_MAX_THREADS, down to a warp)
+    # while a thread would own fewer of their vectors than this (row_skew.skewed_threads).
     skewed_vectors_per_thread: int
     on_chip: Callable[[Phase], Iterator[StorageChoice]]  # storage order, rows on chip
     packed: PackedRows | None = None  # rows dealt to blocks of several rows (None: never)

@@ -20,14 +20,7 @@ from dataclasses import dataclass, replace
 from fuser.analysis import FusionInfo, Role
 from fuser.device import DeviceSpec
 from fuser.errors import HintError, OutOfResourcesError
-from fuser.schedulers.base import (
-    Dealing,
-    Problem,
-    RowSchedule,
-    Storage,
-    ceil_div,
-    skewed_vectors,
-)
+from fuser.schedulers.base import Problem, RowSchedule, Storage
 from fuser.schedulers.finalize import default_lanes, needs_finalize
 from fuser.schedulers.hints import HintContext, Hints, check, powers_of_two
 from fuser.schedulers.row_fit import fit
@@ -46,17 +39,10 @@ from fuser.schedulers.row_records import (
     RowPolicy,
     StorageChoice,
 )
+from fuser.schedulers.row_skew import hint_refusals, skewed_geometry, skews
 from fuser.schedulers.row_storage import choices
 
 SHOWN_REJECTIONS = 6  # the last rejections an error lists
-# Skewed rows: at most this many threads a row, and fewer while a thread would own fewer
-# vectors than the policy's skewed_vectors_per_thread (skewed_threads).
-SKEWED_MAX_THREADS = 512
-# Rows are skewed by default only from this many skewed vectors (_skews).
-SKEWED_DEFAULT_MIN_VECTORS = 512
-# Fusions with column inputs skew their rows by default only where the vectors that divide
-# the row are at most this many bytes wide (_skews).
-SKEWED_COLUMNS_MAX_NARROW_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -133,10 +119,10 @@ class RowSearch:
         Fusions with column inputs re-read them from global memory
         (inner_persistent.skewed_columns_order): rmsnorm_fwd 4099 0.34 -> 0.81,
         dropout_rmsnorm_fwd 4099 0.45 -> 0.81, dropout_layernorm_fwd 4099 0.52 -> 0.67."""
-        if not self._skews():
+        if not skews(self.fusion, self.problem, self.hints):
             return steps
         # packed rows' threads are sized for the vectors that divide the row; skewed rows
-        # take their own (skewed_threads)
+        # take their own (row_skew.skewed_threads)
         skewed = [replace(step, skewed=True) for step in steps
                   if step.cluster == 1 and step.reach is not Reach.OFF_CHIP
                   and step.policy.packed is None]
@@ -145,29 +131,6 @@ class RowSearch:
         # hinted: rows too long for a block's shared memory are re-read, by one block
         return skewed + [replace(step, cluster=1, skewed=True) for step in steps
                          if step.reach is Reach.OFF_CHIP]
-
-    def _skews(self) -> bool:
-        """Whether the search tries skewed rows: where the fusion's rows may be skewed
-        (RowFusion.skew), the hints allow it (no cluster, no aligned copies), and, unless
-        skewed=True, the row spans at least SKEWED_DEFAULT_MIN_VECTORS skewed vectors (4099
-        bf16, 514, is the smallest row timed skewed; below it the row's edges weigh more and
-        nothing was measured); for fusions with column inputs, the vectors that divide the
-        row are at most SKEWED_COLUMNS_MAX_NARROW_BYTES wide: fp32 24578 (8-byte vectors,
-        copied in aligned 16-byte chunks) lost skewed, layernorm_fwd 0.81 -> 0.77,
-        dropout_layernorm_fwd 0.82 -> 0.74, where bf16's 4-byte vectors gained. Fusions with
-        column sums only when hinted: their skewed rows, of the forward's geometry, lost at
-        bf16 24578 (rmsnorm_bwd 0.85 -> 0.79) and 4099 (dropout_rmsnorm_bwd 0.77 -> 0.52;
-        bench/TUNING.md, "skewed rows")."""
-        hints, problem, fusion = self.hints, self.problem, self.fusion
-        if (not fusion.skew(problem) or hints.skewed is False or hints.aligned_copy
-                or hints.cluster not in (None, 1)):
-            return False
-        if hints.skewed:
-            return True
-        narrow = fusion.skew(problem) * max((t.dtype.itemsize for t in fusion.full), default=1)
-        return (ceil_div(problem.hidden, fusion.skewed_vec(problem)) >= SKEWED_DEFAULT_MIN_VECTORS
-                and (not fusion.cols or narrow <= SKEWED_COLUMNS_MAX_NARROW_BYTES)
-                and not fusion.info.outer_reductions)
 
     def _phase(self, step: _Step, chunked: bool) -> Phase:
         """A step's phase. Aligned 16-byte row copies (`chunked`) need the inputs 16-byte
@@ -183,22 +146,13 @@ class RowSearch:
                      aligned, step.reach, step.why)
 
     def _skewed_phase(self, step: _Step) -> Phase:
-        """A skewed step's phase: the geometry of a row as long as its vectors reach (the
-        policies then see the vectors a thread owns), at most skewed_threads() threads a row,
-        with the row's own length and skew. Shared row buffers are filled a vector at a time,
-        each thread its own (so no barrier comes between the copies and the reads): the
-        vectors are already whole."""
-        problem = self.problem
-        vec, skew = self.fusion.skewed_vec(problem), self.fusion.skew(problem)
-        spanned = replace(problem, hidden=skewed_vectors(problem.hidden, vec, skew) * vec)
-        geo = geometry(self.fusion, spanned, self.device, step.policy, self.hints, step.cluster)
-        most = skewed_threads(geo.vectors, step.policy.skewed_vectors_per_thread)
-        if self.hints.threads_per_row is None and geo.threads_per_row > most:
-            geo = geometry(self.fusion, spanned, self.device, step.policy,
-                           replace(self.hints, threads_per_row=most), step.cluster)
-        geo = replace(geo, hidden=problem.hidden, skew=skew)
-        return Phase(self.fusion, problem, self.device, step.policy, self.hints, geo, False,
-                     step.reach, step.why)
+        """A skewed step's phase (row_skew.skewed_geometry). Shared row buffers are filled a
+        vector at a time, each thread its own (so no barrier comes between the copies and the
+        reads): the vectors are already whole."""
+        geo = skewed_geometry(self.fusion, self.problem, self.device, step.policy, self.hints,
+                              step.cluster)
+        return Phase(self.fusion, self.problem, self.device, step.policy, self.hints, geo,
+                     False, step.reach, step.why)
 
     def _fits(self, phase: Phase) -> Iterator[RowSchedule]:
         """The phase's choices that fit and honour the hints, in order."""
@@ -240,7 +194,7 @@ class RowSearch:
         registers first lost at half the threads. None where threads per row are hinted, or
         a thread would own more than MAX_STAGED_VECTORS_PER_THREAD vectors ("builds that
         fall back on spills" in bench/TUNING.md), and for skewed rows (at most
-        SKEWED_MAX_THREADS threads already)."""
+        row_skew.SKEWED_MAX_THREADS threads already)."""
         geo = phase.geometry
         if (not phase.policy.stages_first(self.fusion.passes) or geo.skew
                 or self.hints.threads_per_row is not None
@@ -319,14 +273,7 @@ class RowSearch:
         """skewed=True where rows cannot be skewed, or with a hint that skewed rows break."""
         if not self.hints.skewed:
             return
-        why = self.fusion.skew_refusals(self.problem)
-        if self.hints.aligned_copy:
-            why.append("aligned_copy None or False (skewed rows copy whole vectors)")
-        if self.hints.cluster not in (None, 1):
-            why.append("cluster None or 1 (a block owns each skewed row)")
-        if self.fusion.info.outer_reductions and self.hints.dealing is Dealing.DYNAMIC:
-            why.append("dealing None or 'strided' (a thread's rows must share a skew for its "
-                       "column sums)")
+        why = hint_refusals(self.fusion, self.problem, self.hints)
         if why:
             raise HintError(
                 f"Hints(skewed=True): skewed rows need {'; and '.join(why)}; allowed here: "
@@ -339,7 +286,7 @@ class RowSearch:
         tpr = self.hints.threads_per_row
         if tpr not in powers_of_two(self.device.max_threads_per_block):  # the search's own
             tpr = (self._skewed_phase(_Step(1, Reach.ANY, "", self.policy, skewed=True))
-                   .geometry.threads_per_row if self._skews()
+                   .geometry.threads_per_row if skews(self.fusion, self.problem, self.hints)
                    else fusion_split(self.fusion, self.problem, self.policy, self.device, None,
                                      self.hints.cluster or 1)[1])
         return HintContext(
@@ -390,19 +337,6 @@ class RowSearch:
             return next(search.candidates()).reason
         except OutOfResourcesError as exc:
             return f"none ({str(exc).splitlines()[0]})"
-
-
-def skewed_threads(vectors: int, per_thread: int) -> int:
-    """Threads a skewed row of `vectors` vectors takes at most: SKEWED_MAX_THREADS, fewer
-    (down to a warp) while a thread would own under `per_thread` of them. Such
-    a row rarely fills its last round (hidden 24578: 3073 vectors), so one thread makes one
-    round more than the others, and the row's block waits for it at every reduction; with
-    more vectors a thread the extra round weighs less, and with smaller blocks others fill
-    the SM meanwhile (bench/TUNING.md, "skewed rows")."""
-    threads = SKEWED_MAX_THREADS
-    while threads > 32 and vectors < per_thread * threads:
-        threads //= 2
-    return threads
 
 
 def _on_chip_why(cluster: int, after_packed: bool) -> str:

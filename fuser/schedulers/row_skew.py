@@ -1,0 +1,92 @@
+"""Skewed rows (RowSchedule.skew) in the row search: whether it tries them, the geometry
+they take, and why a skewed=True hint is refused.
+
+A row whose length the 16-byte vector does not divide (bf16 24578 = 2 x 12289) is read in the
+tensor's own 16-byte vectors from the boundary at or below its start, its first and last
+vectors masked to its elements (fuser_rows.cuh, RowPart with SKEW), where the plain row is
+cut into the 2- or 4-byte vectors that divide it ("skewed rows" in bench/TUNING.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from fuser.device import DeviceSpec
+from fuser.schedulers.base import Dealing, Problem, ceil_div, skewed_vectors
+from fuser.schedulers.hints import Hints
+from fuser.schedulers.row_geometry import geometry
+from fuser.schedulers.row_records import RowFusion, RowGeometry, RowPolicy
+
+# At most this many threads a row, and fewer while a thread would own fewer vectors than the
+# policy's skewed_vectors_per_thread (skewed_threads).
+SKEWED_MAX_THREADS = 512
+# Rows are skewed by default only from this many skewed vectors (skews).
+SKEWED_DEFAULT_MIN_VECTORS = 512
+# Fusions with column inputs skew their rows by default only where the vectors that divide
+# the row are at most this many bytes wide (skews).
+SKEWED_COLUMNS_MAX_NARROW_BYTES = 4
+
+
+def skews(fusion: RowFusion, problem: Problem, hints: Hints) -> bool:
+    """Whether the search tries skewed rows: where the fusion's rows may be skewed
+    (RowFusion.skew), the hints allow it (no cluster, no aligned copies), and, unless
+    skewed=True, the row spans at least SKEWED_DEFAULT_MIN_VECTORS skewed vectors (4099
+    bf16, 514, is the smallest row timed skewed; below it the row's edges weigh more and
+    nothing was measured); for fusions with column inputs, the vectors that divide the
+    row are at most SKEWED_COLUMNS_MAX_NARROW_BYTES wide: fp32 24578 (8-byte vectors,
+    copied in aligned 16-byte chunks) lost skewed, layernorm_fwd 0.81 -> 0.77,
+    dropout_layernorm_fwd 0.82 -> 0.74, where bf16's 4-byte vectors gained. Fusions with
+    column sums only when hinted: their skewed rows, of the forward's geometry, lost at
+    bf16 24578 (rmsnorm_bwd 0.85 -> 0.79) and 4099 (dropout_rmsnorm_bwd 0.77 -> 0.52;
+    bench/TUNING.md, "skewed rows")."""
+    if (not fusion.skew(problem) or hints.skewed is False or hints.aligned_copy
+            or hints.cluster not in (None, 1)):
+        return False
+    if hints.skewed:
+        return True
+    narrow = fusion.skew(problem) * max((t.dtype.itemsize for t in fusion.full), default=1)
+    return (ceil_div(problem.hidden, fusion.skewed_vec(problem)) >= SKEWED_DEFAULT_MIN_VECTORS
+            and (not fusion.cols or narrow <= SKEWED_COLUMNS_MAX_NARROW_BYTES)
+            and not fusion.info.outer_reductions)
+
+
+def skewed_geometry(fusion: RowFusion, problem: Problem, device: DeviceSpec,
+                    policy: RowPolicy, hints: Hints, cluster: int) -> RowGeometry:
+    """The geometry of a skewed row: that of a row as long as its vectors reach (the policies
+    then see the vectors a thread owns), at most skewed_threads() threads a row, with the
+    row's own length and skew."""
+    vec, skew = fusion.skewed_vec(problem), fusion.skew(problem)
+    spanned = replace(problem, hidden=skewed_vectors(problem.hidden, vec, skew) * vec)
+    geo = geometry(fusion, spanned, device, policy, hints, cluster)
+    most = skewed_threads(geo.vectors, policy.skewed_vectors_per_thread)
+    if hints.threads_per_row is None and geo.threads_per_row > most:
+        geo = geometry(fusion, spanned, device, policy, replace(hints, threads_per_row=most),
+                       cluster)
+    return replace(geo, hidden=problem.hidden, skew=skew)
+
+
+def skewed_threads(vectors: int, per_thread: int) -> int:
+    """Threads a skewed row of `vectors` vectors takes at most: SKEWED_MAX_THREADS, fewer
+    (down to a warp) while a thread would own under `per_thread` of them. Such a row rarely
+    fills its last round (hidden 24578: 3073 vectors), so one thread makes one round more
+    than the others, and the row's block waits for it at every reduction; with more vectors
+    a thread the extra round weighs less, and with smaller blocks others fill the SM
+    meanwhile (bench/TUNING.md, "skewed rows")."""
+    threads = SKEWED_MAX_THREADS
+    while threads > 32 and vectors < per_thread * threads:
+        threads //= 2
+    return threads
+
+
+def hint_refusals(fusion: RowFusion, problem: Problem, hints: Hints) -> list[str]:
+    """What skewed=True needs and does not have here, in words (none: it is honoured): rows
+    that may be skewed (RowFusion.skew_refusals), and no hint that skewed rows break."""
+    why = fusion.skew_refusals(problem)
+    if hints.aligned_copy:
+        why.append("aligned_copy None or False (skewed rows copy whole vectors)")
+    if hints.cluster not in (None, 1):
+        why.append("cluster None or 1 (a block owns each skewed row)")
+    if fusion.info.outer_reductions and hints.dealing is Dealing.DYNAMIC:
+        why.append("dealing None or 'strided' (a thread's rows must share a skew for its "
+                   "column sums)")
+    return why
