@@ -27,7 +27,14 @@ from fuser.emit import (
 from fuser.ir import Expr, Tensor, Val
 from fuser.ops import REDUCTIONS
 from fuser.schedulers import row_dealing
-from fuser.schedulers.base import Dealing, Fill, FinalizeSchedule, RowSchedule, Storage
+from fuser.schedulers.base import (
+    Dealing,
+    Fill,
+    FinalizeSchedule,
+    RowSchedule,
+    Storage,
+    skewed_column_pad,
+)
 from fuser.signature import accumulator_type
 
 COPY = {True: "fm::Copy::CHUNKS", False: "fm::Copy::VECTORS"}
@@ -75,7 +82,8 @@ def _column(t: Tensor, s: RowSchedule) -> Declaration:
     storage = s.placement(t.name).storage
     vector = t.dtype.cuda_type
     if storage is Storage.SMEM:
-        return Declaration(f"fm::ColumnInSmem<{vector}, Part>", t.name,
+        pad = f", {skewed_column_pad(t.dtype.itemsize, s.skew)}" if s.skew else ""
+        return Declaration(f"fm::ColumnInSmem<{vector}, Part{pad}>", t.name,
                            ["part", f"s_{t.name}", f"g_{t.name}"])
     if storage is Storage.GLOBAL:
         return Declaration(f"fm::ColumnInGlobal<{vector}, Part>", t.name, [f"g_{t.name}"])

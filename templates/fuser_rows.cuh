@@ -549,12 +549,12 @@ struct ColumnInRegisters {
 // A skewed row's visit reads the columns from element v.e on, a multiple of Part::SKEW, in
 // pieces (gather_pieces). In shared memory the column is laid out with PAD bytes after every
 // 128, so that a warp's pieces, 16 bytes apart from lane to lane, fall in different banks
-// (unpadded, four lanes shared a bank; base.skewed_column_bytes sizes the buffer).
-template <typename T, typename Part>
+// (unpadded, four lanes shared a bank; base.skewed_column_pad and skewed_column_bytes).
+template <typename T, typename Part, int PAD>
 struct SkewedColumn {
   static constexpr int SKEW = Part::SKEW > 0 ? Part::SKEW : 1;
-  static constexpr int PIECE = SKEW * static_cast<int>(sizeof(T));
-  static constexpr int PAD = PIECE > 4 ? PIECE : 4;
+  static_assert(Part::SKEW == 0 || (PAD > 0 && PAD % (SKEW * sizeof(T)) == 0),
+                "the padding keeps a skewed column's pieces aligned");
   using P = Vec<T, SKEW>;
 
   // The piece at element e of the column in its padded buffer `s`.
@@ -565,11 +565,12 @@ struct SkewedColumn {
 };
 
 // In shared memory, shared by the block's rows (loaded by its first row of threads; a barrier
-// follows the loads of every column buffer); skewed rows' columns padded (SkewedColumn).
-template <typename T, typename Part>
+// follows the loads of every column buffer); skewed rows' columns padded by PAD bytes every
+// 128 (SkewedColumn).
+template <typename T, typename Part, int PAD = 0>
 struct ColumnInSmem {
   using V = Vec<T, Part::VEC>;
-  using Skewed = SkewedColumn<T, Part>;
+  using Skewed = SkewedColumn<T, Part, PAD>;
   unsigned char* s;
 
   __device__ __forceinline__ ColumnInSmem(const Part& part, unsigned char* buffer, const T* g)
@@ -847,8 +848,9 @@ struct AccumulatorInSmem {
     __syncthreads();
     if (part.ty != 0) return;
     T* const row = partials + static_cast<long long>(part.group) * Part::H + part.first * Part::VEC;
-    each_column<Part, Part::BATCH>(part, column_skew(part, 0), [&](int, int c, int) {
-      T total = s[c + column_skew(part, 0)];
+    const int skew = column_skew(part, 0);
+    each_column<Part, Part::BATCH>(part, skew, [&](int, int c, int) {
+      T total = s[c + skew];
       for (int y = 1; y < Part::RPB; ++y) total = Op{}(total, s[y * SLOTS + c + column_skew(part, y)]);
       row[c] = total;
     });

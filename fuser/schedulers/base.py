@@ -331,23 +331,24 @@ def pick_vec(hidden: int, itemsizes: list[int], align_bytes: int, *, input_bytes
     return vec
 
 
+def skewed_column_pad(itemsize: int, skew: int) -> int:
+    """Bytes of padding after every 128 of a column buffer that skewed rows read
+    (fuser_rows.cuh SkewedColumn): a piece (skew x itemsize bytes), at least 4, so that the
+    pieces of lanes 16 bytes apart fall in different banks and stay aligned."""
+    return max(4, skew * itemsize)
+
+
 def skewed_column_bytes(hidden: int, itemsize: int, skew: int) -> int:
-    """Bytes of a column buffer that skewed rows read (fuser_rows.cuh SkewedColumn): the
-    column with max(4, skew x itemsize) bytes of padding after every 128."""
-    pad = max(4, skew * itemsize)
+    """Bytes of a column buffer that skewed rows read: the column with skewed_column_pad bytes
+    after every 128."""
     nbytes = hidden * itemsize
-    return nbytes + pad * ((nbytes - 1) // 128)
+    return nbytes + skewed_column_pad(itemsize, skew) * ((nbytes - 1) // 128)
 
 
 def skewed_vectors(hidden: int, vec: int, skew: int) -> int:
     """Vectors of `vec` elements that cover a skewed row at any of its starts (0 to vec -
     skew elements past a vector boundary; fuser_rows.cuh RowPart::NV)."""
     return ceil_div(hidden + vec - skew, vec)
-
-
-def skewed_vec(itemsizes: list[int], align_bytes: int, *, input_bytes: int) -> int:
-    """pick_vec of a row whose length every vector width divides: the vector of skewed rows."""
-    return pick_vec(16, itemsizes, align_bytes, input_bytes=input_bytes)
 
 
 def problem_rows(info: FusionInfo, rows: int) -> int:

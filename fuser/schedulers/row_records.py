@@ -23,7 +23,6 @@ from fuser.schedulers.base import (
     Storage,
     ceil_div,
     pick_vec,
-    skewed_vec,
     skewed_vectors,
 )
 from fuser.schedulers.hints import Hints
@@ -157,8 +156,10 @@ class RowFusion:
         return why
 
     def skewed_vec(self, problem: Problem) -> int:
-        """The vector of this fusion's skewed rows (base.skewed_vec)."""
-        return skewed_vec(list(self.itemsizes), problem.align_bytes, input_bytes=self.input_bytes)
+        """The vector of this fusion's skewed rows: pick_vec of a row whose length every
+        vector width divides."""
+        return pick_vec(16, list(self.itemsizes), problem.align_bytes,
+                        input_bytes=self.input_bytes)
 
     @property
     def input_bytes(self) -> int:

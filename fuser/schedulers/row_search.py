@@ -285,8 +285,10 @@ class RowSearch:
         vec = self.fusion.vec(self.problem)
         tpr = self.hints.threads_per_row
         if tpr not in powers_of_two(self.device.max_threads_per_block):  # the search's own
-            tpr = (self._skewed_phase(_Step(1, Reach.ANY, "", self.policy, skewed=True))
-                   .geometry.threads_per_row if skews(self.fusion, self.problem, self.hints)
+            tpr = (skewed_geometry(self.fusion, self.problem, self.device,
+                                   replace(self.policy, packed=None), self.hints,
+                                   1).threads_per_row
+                   if skews(self.fusion, self.problem, self.hints)
                    else fusion_split(self.fusion, self.problem, self.policy, self.device, None,
                                      self.hints.cluster or 1)[1])
         return HintContext(

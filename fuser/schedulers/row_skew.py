@@ -39,12 +39,12 @@ def skews(fusion: RowFusion, problem: Problem, hints: Hints) -> bool:
     column sums only when hinted: their skewed rows, of the forward's geometry, lost at
     bf16 24578 (rmsnorm_bwd 0.85 -> 0.79) and 4099 (dropout_rmsnorm_bwd 0.77 -> 0.52;
     bench/TUNING.md, "skewed rows")."""
-    if (not fusion.skew(problem) or hints.skewed is False or hints.aligned_copy
-            or hints.cluster not in (None, 1)):
+    skew = fusion.skew(problem)
+    if not skew or hints.skewed is False or hints.aligned_copy or hints.cluster not in (None, 1):
         return False
     if hints.skewed:
         return True
-    narrow = fusion.skew(problem) * max((t.dtype.itemsize for t in fusion.full), default=1)
+    narrow = skew * max((t.dtype.itemsize for t in fusion.full), default=1)
     return (ceil_div(problem.hidden, fusion.skewed_vec(problem)) >= SKEWED_DEFAULT_MIN_VECTORS
             and (not fusion.cols or narrow <= SKEWED_COLUMNS_MAX_NARROW_BYTES)
             and not fusion.info.outer_reductions)
