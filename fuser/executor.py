@@ -17,7 +17,7 @@ import contextlib
 import ctypes
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
 from typing import TypeVar
@@ -398,19 +398,59 @@ class Plan:
         calls), which fd.last_schedule() and last_cuda_code() read."""
         return Run(self.kernel, self.launch, self.finalize_launch)
 
+    @cached_property
+    def pointer_inputs(self) -> tuple[int, ...]:
+        """The inputs passed as data pointers, by index, in order."""
+        return tuple(sorted(self.kernel.tensor_inputs))
+
+    @cached_property
+    def vector_inputs(self) -> tuple[int, ...]:
+        """The inputs loaded in vectors, whose pointers every call checks against `align`."""
+        return tuple(sorted(self.kernel.vector_inputs))
+
+    @cached_property
+    def launches(self) -> tuple:
+        """(launcher, Launch, (slot in _SLOT_ORDER, index) per parameter) of each kernel, in
+        launch order: what a call walks through, looked up once."""
+        return tuple((self.kernel.launchers[entry], size, arguments)
+                     for (entry, arguments), size in zip(
+                         self.kernel.arguments, (self.launch, self.finalize_launch),
+                         strict=False))
+
+    @cached_property
+    def sizes(self) -> tuple[tuple[int], tuple[int]]:
+        """The ROWS and PARTIAL_ROWS slots of every call's arguments."""
+        final = self.finalize_launch
+        return (self.rows,), (final.partial_rows if final is not None else 0,)
+
 
 MAX_PLANS = 64  # plans kept per fusion definition (distinct shapes seen recently)
 
 
+_TORCH, _CUPY, _OTHER = range(3)
+_KINDS: dict[type, int] = {}  # the kind of each input type seen, classified once
+
+
+def _kind(cls: type) -> int:
+    """Whether an input type is torch's, CuPy's or another (a scalar's), remembered."""
+    module = cls.__module__
+    kind = _KINDS[cls] = (_TORCH if module.startswith("torch") else
+                          _CUPY if module.startswith("cupy") else _OTHER)
+    return kind
+
+
 def _signature(inputs) -> tuple:
-    """Kind, dtype, shape, contiguity and device of every input: the plan cache key."""
+    """Kind, dtype, shape, contiguity and device of every input: the plan cache key. (A CuPy
+    array's device id is read from its memory pointer: x.device builds a Device object.)"""
     key: list[tuple] = []
     for x in inputs:
-        module = type(x).__module__
-        if module.startswith("torch"):
+        kind = _KINDS.get(type(x))
+        if kind is None:
+            kind = _kind(type(x))
+        if kind == _TORCH:
             key.append((x.dtype, x.shape, x.is_contiguous(), x.get_device()))
-        elif module.startswith("cupy"):
-            key.append((x.dtype, x.shape, x.flags.c_contiguous, x.device.id))
+        elif kind == _CUPY:
+            key.append((x.dtype, x.shape, x.flags.c_contiguous, x.data.device_id))
         else:
             key.append((type(x),))
     return tuple(key)
@@ -500,12 +540,16 @@ def execute(fd, inputs: list, *, device=None, hints: Hints | None = None):
     if isinstance(plan, Segmentation):
         return _execute_segments(fd, plan, inputs, device, hints)
     pointers = _pointers(plan, inputs)
-    if any(p % plan.align for i, p in pointers.items() if i in plan.kernel.vector_inputs):
-        # Same shapes, but an input starts at an address the cached kernel cannot load with
-        # its vector width (a view at an offset): plan this call on its own.
-        plan = planned(fd, lambda: _plan(fd, inputs, device, hints))
-        if isinstance(plan, Segmentation):
-            return _execute_segments(fd, plan, inputs, device, hints)
+    align = plan.align
+    for i in plan.vector_inputs:
+        if pointers[i] % align:
+            # Same shapes, but an input starts at an address the cached kernel cannot load
+            # with its vector width (a view at an offset): plan this call on its own.
+            plan = planned(fd, lambda: _plan(fd, inputs, device, hints))
+            if isinstance(plan, Segmentation):
+                return _execute_segments(fd, plan, inputs, device, hints)
+            pointers = _pointers(plan, inputs)
+            break
     outputs = _run(plan, inputs, pointers)
     fd._last_run = plan.run
     return outputs
@@ -657,43 +701,62 @@ def _copy(x):
     return x.clone() if _is_torch(x) else x.copy()
 
 
-def _pointers(plan: Plan, inputs: list) -> dict[int, int]:
-    """Data pointer of every tensor input the kernels read, by input index."""
-    indices = plan.kernel.tensor_inputs
+def _pointers(plan: Plan, inputs: list) -> list:
+    """Per input, its data pointer where the kernels read it as one (else None): the INPUT
+    slot of the call's arguments, which the scalar inputs' values fill in."""
+    pointers: list = [None] * len(inputs)
     if plan.torch_kind:
-        return {i: inputs[i].data_ptr() for i in indices}
-    return {i: inputs[i].data.ptr for i in indices}
+        for i in plan.pointer_inputs:
+            pointers[i] = inputs[i].data_ptr()
+    else:
+        for i in plan.pointer_inputs:
+            pointers[i] = inputs[i].data.ptr
+    return pointers
 
 
 @cache
-def _array_dtype(dtype: DataType, torch_kind: bool):
-    if torch_kind:
-        import torch
+def _torch():
+    import torch
 
-        return getattr(torch, dtype.numpy.name)
-    return dtype.numpy
+    return torch
+
+
+# DataType label -> the array library's dtype (keyed by the label: an Enum member hashes in
+# Python, a str in C)
+_TORCH_DTYPES: dict[str, object] = {}
+_NUMPY_DTYPES: dict[str, np.dtype] = {}
 
 
 def _allocate(shape, dtype: DataType, torch_kind: bool, like):
     if torch_kind:
-        import torch
-
-        return torch.empty(shape, dtype=_array_dtype(dtype, True), device=like.device)
-    return _cupy().empty(shape, dtype=_array_dtype(dtype, False))
+        array_dtype = _TORCH_DTYPES.get(dtype.label)
+        if array_dtype is None:
+            array_dtype = _TORCH_DTYPES[dtype.label] = getattr(_torch(), dtype.numpy.name)
+        return _torch().empty(shape, dtype=array_dtype, device=like.device)
+    array_dtype = _NUMPY_DTYPES.get(dtype.label)
+    if array_dtype is None:
+        array_dtype = _NUMPY_DTYPES[dtype.label] = dtype.numpy
+    return _cupy().empty(shape, dtype=array_dtype)
 
 
 def _stream(torch_kind: bool, device_id: int) -> int:
     """The stream to launch on, as a handle: torch's current stream for torch tensors, else
-    CuPy's. torch's raw-stream getter (what torch.compile's kernels call) skips building a
-    Stream object; the public call is the fallback."""
+    CuPy's."""
     if not torch_kind:
         return _cupy().cuda.get_current_stream(device_id).ptr
-    import torch
+    return _torch_stream()(device_id)
 
+
+@cache
+def _torch_stream() -> Callable[[int], int]:
+    """torch's current stream of a device, as a handle: its raw-stream getter (what
+    torch.compile's kernels call) skips building a Stream object; the public call is the
+    fallback."""
+    torch = _torch()
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if raw is not None:
-        return raw(device_id)
-    return torch.cuda.current_stream(device_id).cuda_stream
+        return raw
+    return lambda device_id: torch.cuda.current_stream(device_id).cuda_stream
 
 
 def _partials(plan: Plan, stream: int, like) -> list:
@@ -719,7 +782,7 @@ def _owner(stream: int):
     return (stream, threading.get_ident()) if stream == PER_THREAD_STREAM else stream
 
 
-def _run(plan: Plan, inputs: list, pointers: dict[int, int]) -> list:
+def _run(plan: Plan, inputs: list, pointers: list) -> list:
     """Allocate the outputs and launch, with the plan's device current: as it mostly is
     already (one driver call says so), else made current for the call (and for CuPy arrays
     through CuPy, which allocates on the runtime's current device). Another context of the
@@ -742,29 +805,25 @@ def _run(plan: Plan, inputs: list, pointers: dict[int, int]) -> list:
         return _enqueue(plan, inputs, pointers)
 
 
-def _enqueue(plan: Plan, inputs: list, pointers: dict[int, int]) -> list:
-    kernel, torch_kind = plan.kernel, plan.torch_kind
-    like = inputs[next(iter(pointers))]
+def _enqueue(plan: Plan, inputs: list, pointers: list) -> list:
+    torch_kind = plan.torch_kind
+    like = inputs[plan.pointer_inputs[0]]
     outs = [_allocate(shape, dtype, torch_kind, like) for shape, dtype in plan.outputs]
     stream = _stream(torch_kind, plan.device_id)
     partials = _partials(plan, stream, like) if plan.partials else []
-    address = (lambda x: x.data_ptr()) if torch_kind else (lambda x: x.data.ptr)
-    launch, final = plan.launch, plan.finalize_launch
-    values: tuple[Mapping[int, object] | Sequence[object], ...] = (  # in _SLOT_ORDER
-        {**pointers, **{i: t(scalar_value(i, v, inputs[i]))
-                        for i, (v, t) in plan.scalar_types.items()}},
-        [address(o) for o in outs],
-        [address(p) for p in partials],
-        (plan.rows,),
-        (final.partial_rows if final is not None else 0,),
-        (ticket_counters(plan.device_id).counter(_owner(stream), stream)
-         if plan.counted else 0,),
-    )
+    for i, (v, t) in plan.scalar_types.items():
+        pointers[i] = t(scalar_value(i, v, inputs[i]))
+    if torch_kind:
+        addresses = [o.data_ptr() for o in outs], [p.data_ptr() for p in partials]
+    else:
+        addresses = [o.data.ptr for o in outs], [p.data.ptr for p in partials]
+    tickets = (ticket_counters(plan.device_id).counter(_owner(stream), stream)
+               if plan.counted else 0)
+    values = (pointers, *addresses, *plan.sizes, (tickets,))  # in _SLOT_ORDER
     with plan.lock:
-        for (entry, arguments), size in zip(kernel.arguments, (launch, final), strict=False):
-            assert size is not None  # a finalize entry comes with its launch
-            kernel.launchers[entry](size.grid, size.block, size.dynamic_smem, stream,
-                                    [values[slot][i] for slot, i in arguments])
+        for launcher, size, arguments in plan.launches:
+            launcher(size.grid, size.block, size.dynamic_smem, stream,
+                     [values[slot][i] for slot, i in arguments])
     return outs
 
 

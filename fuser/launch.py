@@ -2,17 +2,20 @@
 
 A norm backward at hidden 1024 runs for about 40 us on the H200, while a launch through
 CuPy's RawKernel call cost about 10 us of host time and the whole execute() about 50: the GPU
-waited on Python. So each compiled entry gets one `EntryLauncher` that owns ctypes storage
-for every kernel parameter and the array of their addresses (the kernelParams the driver
-reads); a launch writes the call's values into that storage and hands the driver the
-address, with no per-argument objects built per call. The driver copies the parameter
-values when the launch is enqueued, so the storage is free again when cuLaunchKernel
-returns; a lock keeps two threads launching one entry from mixing their values.
+waited on Python. So each compiled entry gets one `EntryLauncher` that owns a buffer holding
+every kernel parameter, laid out as C lays out a struct of them (each at its own alignment),
+and the array of their addresses (the kernelParams the driver reads); a launch packs the
+call's values into that buffer with one struct.pack_into, where a ctypes object per
+parameter took a Python-level store each, and hands the driver the address. The driver copies
+the parameter values when the launch is enqueued, so the buffer is free again when
+cuLaunchKernel returns; a lock keeps two threads launching one entry from mixing their
+values.
 """
 
 from __future__ import annotations
 
 import ctypes
+import struct
 import threading
 
 from fuser.driver import (
@@ -31,6 +34,10 @@ POINTER = ctypes.c_uint64  # device addresses are 64-bit parameters
 # BFloat16 scalar is a float parameter.
 _COMPUTE_CTYPES = {"bool": ctypes.c_bool, "int": ctypes.c_int32, "long long": ctypes.c_int64,
                    "float": ctypes.c_float, "double": ctypes.c_double}
+
+# The struct module's code of each parameter type (the same sizes as the ctypes types)
+_STRUCT_CODES: dict[type, str] = {ctypes.c_uint64: "Q", ctypes.c_int32: "i", ctypes.c_int64: "q",
+                                  ctypes.c_float: "f", ctypes.c_double: "d", ctypes.c_bool: "?"}
 
 
 def ctype_of(dtype: DataType) -> type:
@@ -51,17 +58,21 @@ class EntryLauncher:
         # kernel in the stream is still running, and waits for it in wait_for_prior_grid().
         self._programmatic = programmatic
         self._configs: dict = {}  # (grid, block, shared_mem) -> LaunchConfig
-        self._values = [t() for t in param_types]
-        self._addresses = (ctypes.c_void_p * len(self._values))(
-            *(ctypes.addressof(v) for v in self._values))
+        self.param_count = len(param_types)
+        codes = [_STRUCT_CODES[t] for t in param_types]  # '@': laid out as C lays them out
+        self._layout = struct.Struct("@" + "".join(codes))
+        self._buffer = ctypes.create_string_buffer(max(self._layout.size, 1))
+        base = ctypes.addressof(self._buffer)
+        offsets = [struct.calcsize("@" + "".join(codes[:i + 1])) - struct.calcsize(code)
+                   for i, code in enumerate(codes)]
+        self._addresses = (ctypes.c_void_p * len(codes))(*(base + o for o in offsets))
         self._params = ctypes.addressof(self._addresses)
         self._lock = threading.Lock()
 
     def __call__(self, grid: int, block: tuple[int, int], shared_mem: int, stream: int,
                  args) -> None:
         with self._lock:
-            for slot, value in zip(self._values, args, strict=True):
-                slot.value = value
+            self._layout.pack_into(self._buffer, 0, *args)
             if self._programmatic:
                 config = self._config(grid, block, shared_mem)
                 config.hStream = stream

@@ -124,7 +124,7 @@ def test_a_refused_launch_names_the_numbers_and_the_next_call_works(rng):
     before = _state()
     with pytest.raises(LaunchError, match=r"rmsnorm_bwd_row \(grid 1, block 2048 x 1, 0 B .*"
                                           r"CUDA_ERROR_INVALID_VALUE"):
-        launcher(1, (2048, 1), 0, 0, [0] * len(launcher._values))
+        launcher(1, (2048, 1), 0, 0, [0] * launcher.param_count)
     assert _state() == before
     fd.validate(_inputs(rng))
 

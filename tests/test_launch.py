@@ -122,6 +122,33 @@ def test_a_launch_hands_the_driver_the_parameter_values(monkeypatch):
                               launch.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, 1)
 
 
+def test_parameters_of_mixed_sizes_each_sit_at_their_own_alignment(monkeypatch):
+    """The packed parameter buffer lays out an int, a pointer, a bool, a double, a long long
+    and a float as C would: each address the driver reads is a multiple of its type's size
+    and holds the value passed, call after call."""
+    from fuser import launch
+
+    types = [ctypes.c_int32, POINTER, ctypes.c_bool, ctypes.c_double, ctypes.c_int64,
+             ctypes.c_float]
+    seen: list[list] = []
+
+    class Reader(FakeDriver):
+        def launch(self, function, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+            addresses = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+            assert all(addresses[i] % ctypes.sizeof(t) == 0 for i, t in enumerate(types))
+            seen.append([ctypes.cast(addresses[i], ctypes.POINTER(t)).contents.value
+                         for i, t in enumerate(types)])
+            return 0
+
+    monkeypatch.setattr(launch, "driver", lambda: Reader())
+    entry = launch.EntryLauncher("k", 1, types, registers=32)
+    first = [-7, 0xDEADBEEF0000, True, 0.1, -(2**40), 1.5]
+    second = [2**31 - 1, 2**64 - 16, False, float("inf"), 2**62, -0.25]
+    entry(1, (32, 1), 0, 0, first)
+    entry(1, (32, 1), 0, 0, second)
+    assert seen == [first, second] and entry.param_count == 6
+
+
 def test_a_failed_launch_names_the_status_and_the_fix(monkeypatch):
     from fuser import launch
     from fuser.errors import LaunchError, OutOfResourcesError

@@ -1,0 +1,172 @@
+"""A planned call's launches, on a machine without a GPU: the executor's cached path
+(signature, pointers, outputs, the packed parameters of each kernel) runs against a fake
+driver that records every launch, with CPU torch tensors standing in for CUDA ones. Each
+launch must carry this call's input and output addresses, its scalar values and its sizes,
+in the order the kernel's signature declares them."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+
+import numpy as np
+import pytest
+
+from fuser import DataType, FusionDefinition, executor, launch
+from fuser.device import DeviceSpec
+from fuser.driver import Function
+from fuser.fusions import FUSIONS, make_inputs
+from fuser.signature import Source
+
+torch = pytest.importorskip("torch")
+
+
+class RecordingDriver:
+    """What the executor and the launchers ask of the driver, answered for an H200; each
+    launch is recorded as (function handle, the address of its parameter addresses)."""
+
+    def __init__(self):
+        self.launches: list[tuple[int, int]] = []
+        self.handles: dict[str, int] = {}
+
+    def current_context(self):
+        return 0x1000
+
+    def current_device(self):
+        return 0
+
+    def primary_context(self, device_id):
+        return 0x1000
+
+    @contextlib.contextmanager
+    def on_device(self, device_id):
+        yield
+
+    def load_module(self, image, what):
+        return 1
+
+    def unload_module(self, module):
+        pass
+
+    def function(self, module, name):
+        handle = self.handles.setdefault(name, 100 + len(self.handles))
+        return Function(name, handle, 64, 16, 0, 0)
+
+    def allow_dynamic_smem(self, fn, nbytes):
+        return Function(fn.name, fn.handle, fn.num_regs, fn.static_smem, 0, nbytes)
+
+    def allow_large_clusters(self, fn):
+        pass
+
+    def max_active_blocks(self, fn, threads, dynamic_smem):
+        return 2
+
+    def max_active_clusters(self, fn, config):
+        return 0, 16
+
+    def launch(self, function, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        self.launches.append((function, params))
+        return 0
+
+    def launch_ex(self, config, function, params, extra):
+        self.launches.append((function, params))
+        return 0
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    fake = RecordingDriver()
+    monkeypatch.setattr(executor, "driver", lambda: fake)
+    monkeypatch.setattr(launch, "driver", lambda: fake)
+    monkeypatch.setattr(DeviceSpec, "from_gpu", staticmethod(lambda d: DeviceSpec.get("h200")))
+    monkeypatch.setattr(executor, "_check_tensor",
+                        lambda i, t, x, torch_kind: (tuple(x.shape), x.data_ptr(), 0))
+    monkeypatch.setattr(executor, "_stream", lambda torch_kind, device_id: 0x77)
+    return fake
+
+
+def _parameters(fd, fake: RecordingDriver) -> list[tuple[str, dict]]:
+    """Each recorded launch as (entry, {(source, index): value}), read back from the addresses
+    the driver got, as the types of the kernel's signature."""
+    plan = next(iter(fd._plans.values()))
+    signatures = {s.entry: s for s in plan.kernel.source.signatures}
+    names = {h: n for n, h in fake.handles.items()}
+    decoded = []
+    for function, params in fake.launches:
+        signature = signatures[names[function]]
+        addresses = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+        values = {}
+        for i, p in enumerate(signature.params):
+            ctype = (executor._SIZE_CTYPES.get(p.source)
+                     or (launch.ctype_of(p.dtype) if p.dtype is not None else launch.POINTER))
+            values[(p.source, p.index)] = ctypes.cast(addresses[i],
+                                                      ctypes.POINTER(ctype)).contents.value
+        decoded.append((signature.entry, values))
+    fake.launches.clear()
+    return decoded
+
+
+def _torch_inputs(name: str, rows: int, hidden: int, seed: int) -> list:
+    host = make_inputs(name, rows, hidden, DataType.BFloat16, np.random.default_rng(seed))
+    return [torch.from_numpy(a.astype(np.float32)).bfloat16() if a.dtype.name == "bfloat16"
+            else torch.from_numpy(a) for a in host]
+
+
+def test_each_cached_call_launches_both_kernels_with_its_own_addresses(gpu):
+    """rmsnorm_bwd: a row kernel and a finalize. Two calls on different tensors reuse one plan;
+    each call's launches name that call's inputs, its outputs and one partial-row buffer
+    that the row kernel writes and the finalize reads."""
+    fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
+    for seed in (0, 1):
+        inputs = _torch_inputs("rmsnorm_bwd", 16, 1024, seed)
+        outputs = fd.execute(inputs)
+        assert len(fd._plans) == 1
+        (row_entry, row), (final_entry, final) = _parameters(fd, gpu)
+        assert row_entry.endswith("_row") and final_entry.endswith("_finalize")
+        for launched in (row, final):
+            for (source, index), value in launched.items():
+                if source is Source.INPUT:
+                    assert value == inputs[index].data_ptr()
+                elif source is Source.OUTPUT:
+                    assert value == outputs[index].data_ptr()
+        assert row[(Source.ROWS, 0)] == 16
+        partials = [v for (s, _), v in row.items() if s is Source.PARTIALS]
+        assert partials and partials == [v for (s, _), v in final.items()
+                                         if s is Source.PARTIALS]
+        planned_rows = next(iter(fd._plans.values())).finalize_launch.partial_rows
+        assert final[(Source.PARTIAL_ROWS, 0)] == planned_rows > 0
+
+
+def test_a_scalar_input_reaches_the_kernel_at_each_calls_value(gpu):
+    """A runtime scalar is not part of the plan's key: calls with other values reuse the plan
+    and each launch carries its own call's value, in the parameter's type."""
+    with FusionDefinition("scaled") as fd:
+        x = fd.define_tensor([-1, -1], dtype=DataType.BFloat16)
+        scale = fd.define_scalar(dtype=DataType.Float)
+        fd.add_output(fd.ops.mul(fd.ops.sum(x, dims=[1], keepdim=True), scale))
+    x = torch.ones(8, 256, dtype=torch.bfloat16)
+    for value in (0.5, -3.25, float("inf")):
+        fd.execute([x, value])
+        ((_, launched),) = _parameters(fd, gpu)
+        assert launched[(Source.INPUT, 1)] == value
+        assert launched[(Source.INPUT, 0)] == x.data_ptr()
+    assert len(fd._plans) == 1
+
+
+def test_an_input_off_the_plans_alignment_is_planned_on_its_own(gpu):
+    """Same shapes, but a view two bytes into its storage: the cached plan's vector loads
+    cannot read it, so the call gets a plan (and kernel) of its own alignment, and its
+    launch the view's address."""
+    fd = FUSIONS["rmsnorm_fwd"](DataType.BFloat16)
+    inputs = _torch_inputs("rmsnorm_fwd", 4, 256, 0)
+    fd.execute(inputs)
+    aligned = next(iter(fd._plans.values()))
+    _parameters(fd, gpu)
+    storage = torch.zeros(4 * 256 + 1, dtype=torch.bfloat16)
+    shifted = storage[1:].view(4, 256)
+    shifted.copy_(inputs[0])
+    fd.execute([shifted, *inputs[1:]])
+    ((_, launched),) = _parameters(fd, gpu)
+    assert launched[(Source.INPUT, 0)] == shifted.data_ptr()
+    assert fd._last_run.kernel is not aligned.kernel
+    assert fd._last_run.kernel.schedule.vec < aligned.kernel.schedule.vec
