@@ -6,6 +6,11 @@
 A small problem keeps the GPU idle, so the loop measures what Python, CuPy and torch spend to
 check, allocate and launch. At small hidden sizes the bench's fuser time is this cost, not
 the kernel's (bench json: host_us against time_us).
+
+--parts times the pieces of a cached call on their own, each in bursts of 64 with the device
+synchronized (untimed) between bursts, medians: the plan key, the pointers, one output's
+allocation, the partial rows, each kernel's launcher, and each kernel's bare cuLaunchKernel
+through ctypes with the launcher's parameters (the floor no Python change lowers).
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="array kind of the inputs (and outputs)")
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--top", type=int, default=25, help="cProfile entries printed")
+    p.add_argument("--parts", action="store_true",
+                   help="also time the pieces of a cached call (bursts of 64, medians)")
     args = p.parse_args(argv)
     if min(args.hidden, args.rows, args.calls, args.top) < 1:
         p.error("--hidden, --rows, --calls and --top must be positive")
@@ -82,6 +89,60 @@ def main(argv: list[str] | None = None) -> None:
     profiler.disable()
     cupy.cuda.runtime.deviceSynchronize()
     pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(args.top)
+    if args.parts:
+        for name, us in call_parts(fd, inputs).items():
+            print(f"{name:32s} {us:7.2f} us")
+
+
+def call_parts(fd, inputs: list, burst: int = 64, bursts: int = 60) -> dict[str, float]:
+    """Microseconds of each piece of a cached fd.execute (its plan the first one cached),
+    timed on its own: `bursts` bursts of `burst` calls, the device synchronized between them."""
+    import statistics
+
+    import cupy
+
+    from fuser import executor
+    from fuser.driver import driver
+
+    def timed(piece) -> float:
+        for _ in range(burst):
+            piece()
+        cupy.cuda.runtime.deviceSynchronize()
+        samples = []
+        for _ in range(bursts):
+            start = time.perf_counter()
+            for _ in range(burst):
+                piece()
+            samples.append((time.perf_counter() - start) / burst * 1e6)
+            cupy.cuda.runtime.deviceSynchronize()
+        return statistics.median(samples)
+
+    plan = next(iter(fd._plans.values()))
+    like = inputs[plan.pointer_inputs[0]]
+    stream = executor._stream(plan.torch_kind, plan.device_id)
+    shape, dtype = plan.outputs[0]
+    parts = {
+        "fd.execute": timed(lambda: fd.execute(inputs)),
+        "plan key (_signature)": timed(lambda: executor._signature(inputs)),
+        "pointers": timed(lambda: executor._pointers(plan, inputs)),
+        "one output (_allocate)": timed(
+            lambda: executor._allocate(shape, dtype, plan.torch_kind, like)),
+    }
+    if plan.partials:
+        parts["partial rows (_partials)"] = timed(lambda: executor._partials(plan, stream, like))
+    gpu = driver()
+    held = fd.execute(inputs)  # its outputs stay allocated while the launches rewrite them
+    for launcher, size, _ in plan.launches:
+        args = launcher._layout.unpack_from(launcher._buffer)  # that call's parameters
+        parts[f"launcher {launcher.name}"] = timed(
+            lambda launcher=launcher, size=size, args=args: launcher(
+                size.grid, size.block, size.dynamic_smem, stream, args))
+        parts[f"cuLaunchKernel {launcher.name}"] = timed(
+            lambda launcher=launcher, size=size: gpu.launch(
+                launcher._function, size.grid, 1, 1, size.block[0], size.block[1], 1,
+                size.dynamic_smem, stream, launcher._params, None))
+    del held
+    return parts
 
 
 if __name__ == "__main__":
