@@ -390,10 +390,10 @@ def test_host_profile_arguments():
     from bench.host_profile import parse_args as host_args
 
     a = host_args([])
-    assert (a.fusion, a.hidden, a.rows, a.kind, a.calls, a.top) == (
-        "rmsnorm_bwd", 1024, 16, "torch", 2000, 25)
-    a = host_args(["--kind", "cupy", "--hidden", "2048", "--calls", "10"])
-    assert (a.kind, a.hidden, a.calls) == ("cupy", 2048, 10)
+    assert (a.fusion, a.hidden, a.rows, a.kind, a.calls, a.top, a.parts) == (
+        "rmsnorm_bwd", 1024, 16, "torch", 2000, 25, False)
+    a = host_args(["--kind", "cupy", "--hidden", "2048", "--calls", "10", "--parts"])
+    assert (a.kind, a.hidden, a.calls, a.parts) == ("cupy", 2048, 10, True)
     with pytest.raises(SystemExit):
         host_args(["--calls", "0"])
 
