@@ -101,7 +101,7 @@ def call_parts(fd, inputs: list, burst: int = 64, bursts: int = 60) -> dict[str,
 
     import cupy
 
-    from fuser import executor
+    from fuser import calls
     from fuser.driver import driver
 
     def timed(piece) -> float:
@@ -119,17 +119,17 @@ def call_parts(fd, inputs: list, burst: int = 64, bursts: int = 60) -> dict[str,
 
     plan = next(iter(fd._plans.values()))
     like = inputs[plan.pointer_inputs[0]]
-    stream = executor._stream(plan.torch_kind, plan.device_id)
+    stream = calls._stream(plan.torch_kind, plan.device_id)
     shape, dtype = plan.outputs[0]
     parts = {
         "fd.execute": timed(lambda: fd.execute(inputs)),
-        "plan key (_signature)": timed(lambda: executor._signature(inputs)),
-        "pointers": timed(lambda: executor._pointers(plan, inputs)),
+        "plan key (calls.signature)": timed(lambda: calls.signature(inputs)),
+        "pointers": timed(lambda: calls.input_pointers(plan, inputs)),
         "one output (_allocate)": timed(
-            lambda: executor._allocate(shape, dtype, plan.torch_kind, like)),
+            lambda: calls._allocate(shape, dtype, plan.torch_kind, like)),
     }
     if plan.partials:
-        parts["partial rows (_partials)"] = timed(lambda: executor._partials(plan, stream, like))
+        parts["partial rows (_partials)"] = timed(lambda: calls._partials(plan, stream, like))
     gpu = driver()
     held = fd.execute(inputs)  # its outputs stay allocated while the launches rewrite them
     for launcher, size, _ in plan.launches:

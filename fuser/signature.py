@@ -2,8 +2,8 @@
 
 One record per kernel says, in order, what each parameter is (a fusion input or output, a
 workspace of column partial sums, a scalar input, the row count), its C++ name and type. The
-templates declare the parameters from it and the executor gathers the launch arguments from
-it, so the two cannot disagree on the order.
+templates declare the parameters from it and the loader orders the launch arguments by it
+(Kernel.arguments, which calls.py fills), so the two cannot disagree on the order.
 """
 
 from __future__ import annotations

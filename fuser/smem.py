@@ -7,8 +7,9 @@ magic-zero int, and in kernels that deal rows from a counter the two row groups 
 device limit and forgot their 16 bytes of static memory (NVIDIA/Fuser #5272); here the slot is
 part of every total, and tests compare it with what ptxas and the driver report.
 
-The template declares exactly this layout (each buffer at its planned offset); the executor
-launches with `dynamic_bytes` and checks `static + dynamic <= limit` before every launch.
+The template declares exactly this layout (each buffer at its planned offset); the loader
+checks `static + dynamic <= limit` for each loaded kernel, and every launch asks for
+`dynamic_bytes`.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from fuser import DataType, FusionDefinition, executor, launch
+from fuser import DataType, FusionDefinition, calls, executor, launch, loader
 from fuser.device import DeviceSpec
 from fuser.driver import Function
 from fuser.fusions import FUSIONS, make_inputs
@@ -76,12 +76,12 @@ class RecordingDriver:
 @pytest.fixture
 def gpu(monkeypatch):
     fake = RecordingDriver()
-    monkeypatch.setattr(executor, "driver", lambda: fake)
-    monkeypatch.setattr(launch, "driver", lambda: fake)
+    for module in (executor, loader, calls, launch):
+        monkeypatch.setattr(module, "driver", lambda: fake)
     monkeypatch.setattr(DeviceSpec, "from_gpu", staticmethod(lambda d: DeviceSpec.get("h200")))
     monkeypatch.setattr(executor, "_check_tensor",
                         lambda i, t, x, torch_kind: (tuple(x.shape), x.data_ptr(), 0))
-    monkeypatch.setattr(executor, "_stream", lambda torch_kind, device_id: 0x77)
+    monkeypatch.setattr(calls, "_stream", lambda torch_kind, device_id: 0x77)
     return fake
 
 
@@ -97,7 +97,7 @@ def _parameters(fd, fake: RecordingDriver) -> list[tuple[str, dict]]:
         addresses = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
         values = {}
         for i, p in enumerate(signature.params):
-            ctype = (executor._SIZE_CTYPES.get(p.source)
+            ctype = (loader._SIZE_CTYPES.get(p.source)
                      or (launch.ctype_of(p.dtype) if p.dtype is not None else launch.POINTER))
             values[(p.source, p.index)] = ctypes.cast(addresses[i],
                                                       ctypes.POINTER(ctype)).contents.value

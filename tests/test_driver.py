@@ -228,17 +228,17 @@ def test_a_call_runs_in_the_primary_context_and_refuses_another_of_its_device(mo
     both handles and the way out, not launched into a context mismatch."""
     import types
 
-    from fuser import executor
+    from fuser import calls
     from fuser.errors import LaunchError
 
     plan = types.SimpleNamespace(context=0x1000, device_id=0, torch_kind=True)
-    monkeypatch.setattr(executor, "_enqueue", lambda plan, inputs, pointers: "launched")
-    monkeypatch.setattr(executor, "driver", lambda: FakeGPU(0x1000, 0))
-    assert executor._run(plan, [], {}) == "launched"
-    monkeypatch.setattr(executor, "driver", lambda: FakeGPU(0x7777, 0))
+    monkeypatch.setattr(calls, "_enqueue", lambda plan, inputs, pointers: "launched")
+    monkeypatch.setattr(calls, "driver", lambda: FakeGPU(0x1000, 0))
+    assert calls.run(plan, [], []) == "launched"
+    monkeypatch.setattr(calls, "driver", lambda: FakeGPU(0x7777, 0))
     with pytest.raises(LaunchError, match=r"context \(0x7777\) of device 0 is not its primary "
                                           r"context \(0x1000\).*torch\.cuda\.set_device"):
-        executor._run(plan, [], {})
+        calls.run(plan, [], [])
 
 
 def test_a_module_that_fails_its_checks_is_unloaded(monkeypatch):
@@ -246,7 +246,7 @@ def test_a_module_that_fails_its_checks_is_unloaded(monkeypatch):
     module was loaded: the module is unloaded, not left in the context for every retry."""
     import types
 
-    from fuser import executor
+    from fuser import loader
     from fuser.device import DeviceSpec
     from fuser.driver import Function
     from fuser.errors import OutOfResourcesError
@@ -259,11 +259,9 @@ def test_a_module_that_fails_its_checks_is_unloaded(monkeypatch):
     plan = types.SimpleNamespace(static_slot=STATIC_SLOT, dynamic_bytes=0)
     built = types.SimpleNamespace(compiled=types.SimpleNamespace(cubin=b"\x7fELF"),
                                   plans=lambda: iter([("k_row", plan)]))
-    monkeypatch.setattr(executor, "driver", lambda: gpu)
-    monkeypatch.setattr(executor, "build", lambda *args: built)
-    monkeypatch.setattr(executor, "_info", lambda fd: (None, ""))
-    fd = types.SimpleNamespace(name="f")
+    monkeypatch.setattr(loader, "driver", lambda: gpu)
+    monkeypatch.setattr(loader, "build", lambda *args: built)
     with pytest.raises(OutOfResourcesError, match="more than the 128 B slot"):
-        executor._load(fd, None, DeviceSpec.get("h200"), None, 0)
+        loader._load("f", None, None, DeviceSpec.get("h200"), None, 0)
     assert gpu.unloaded == [0xABC]
 

@@ -9,8 +9,10 @@ import dataclasses
 import numpy as np
 import pytest
 
+import fuser.calls as calls
 import fuser.executor as executor
 import fuser.kernels as kernels
+import fuser.loader as loader
 from fuser import (
     BadInputError,
     CompileError,
@@ -47,7 +49,7 @@ def test_compile_error_changes_nothing_and_the_next_call_works(rng, monkeypatch,
     import fuser.cache
 
     monkeypatch.setattr(fuser.cache, "_default", fuser.cache.KernelCache(str(tmp_path)))
-    monkeypatch.setattr(executor, "_kernels", {})
+    monkeypatch.setattr(loader, "_kernels", {})
     fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
     real = kernels._render
 
@@ -207,18 +209,18 @@ def test_a_workspace_the_device_cannot_hold_is_named_with_its_size(rng, monkeypa
     import cupy
 
     fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
-    real = executor._allocate
+    real = calls._allocate
 
     def short_of_memory(shape, dtype, torch_kind, like):
         if dtype is DataType.Float and len(shape) == 2 and shape[1] == 2048:
             raise cupy.cuda.memory.OutOfMemoryError(shape[0] * shape[1] * 4, 0)
         return real(shape, dtype, torch_kind, like)
 
-    monkeypatch.setattr(executor, "_allocate", short_of_memory)
+    monkeypatch.setattr(calls, "_allocate", short_of_memory)
     with pytest.raises(OutOfResourcesError, match=r"column-sum workspace \(\d+ x 2048 x 4 B = "
                                                   r"\d+ B: one partial row per resident block\)"):
         fd.execute(_inputs(rng))
-    monkeypatch.setattr(executor, "_allocate", real)
+    monkeypatch.setattr(calls, "_allocate", real)
     assert not any(p.workspaces for p in fd.__dict__.get("_plans", {}).values())
     fd.validate(_inputs(rng))
 

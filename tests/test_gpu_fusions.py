@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 from ring_cases import RING_CASES, ring_hints
 
+import fuser.calls as calls
 import fuser.executor as executor
+import fuser.loader as loader
 from fuser import DataType, FusionDefinition, HintError
 from fuser.fusions import FUSIONS, ROW_FUSIONS, make_inputs
 from fuser.reference import (
@@ -62,7 +64,7 @@ def cases(hiddens, rows_list):
 def poisoned_outputs(monkeypatch):
     """Every output the executor allocates starts as NaN (floats) or 0x5A bytes (others), so an
     element the kernel fails to write cannot pass the comparison."""
-    real = executor._allocate
+    real = calls._allocate
 
     def poisoned(shape, dtype, torch_kind, like):
         out = real(shape, dtype, torch_kind, like)
@@ -74,7 +76,7 @@ def poisoned_outputs(monkeypatch):
             out.view(np.uint8).fill(0x5A)
         return out
 
-    monkeypatch.setattr(executor, "_allocate", poisoned)
+    monkeypatch.setattr(calls, "_allocate", poisoned)
 
 
 def to_device(arrays, torch_kind=False):
@@ -383,7 +385,7 @@ def test_bad_inputs_raise_before_any_launch(change, message, rng, monkeypatch):
     fd = ROW_FUSIONS["dropout_rmsnorm_bwd"](DataType.BFloat16)
     inputs = _bwd_inputs(rng)
     change(inputs)
-    monkeypatch.setattr(executor, "_run", lambda *a: pytest.fail("launched"))
+    monkeypatch.setattr(calls, "run", lambda *a: pytest.fail("launched"))
     with pytest.raises(BadInputError, match=message):
         fd.execute(inputs)
 
@@ -392,7 +394,7 @@ def test_second_call_compiles_nothing(rng, monkeypatch):
     fd = ROW_FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
     host = make_inputs("rmsnorm_bwd", 100, 2048, DataType.BFloat16, rng)
     fd.execute(to_device(host))
-    monkeypatch.setattr(executor, "build", lambda *a, **k: pytest.fail("compiled again"))
+    monkeypatch.setattr(loader, "build", lambda *a, **k: pytest.fail("compiled again"))
     host = make_inputs("rmsnorm_bwd", 120, 2048, DataType.BFloat16, rng)  # same row bucket
     fd.validate(to_device(host))
 

@@ -197,8 +197,8 @@ def test_a_block_per_group_launches_every_group_and_the_others_the_resident_bloc
 
     from fuser.analysis import analyze
     from fuser.device import DeviceSpec
-    from fuser.executor import _launch
     from fuser.fusions import ROW_FUSIONS
+    from fuser.loader import launch_sizes
     from fuser.schedulers import Hints, Problem, schedule
 
     h200 = DeviceSpec.get("h200")
@@ -207,7 +207,7 @@ def test_a_block_per_group_launches_every_group_and_the_others_the_resident_bloc
     assert s.dealing.value == (dealing or "strided")
     kernel = types.SimpleNamespace(schedule=s, resident_groups=s.blocks_per_sm * 132,
                                    finalize=None)
-    launch, _ = _launch(kernel, 16384, h200)
+    launch, _ = launch_sizes(kernel, 16384, h200)
     assert launch.grid == grid, s
     assert launch.block == (s.threads_per_row, s.rows_per_block)
 
@@ -220,8 +220,8 @@ def test_a_block_per_group_strides_once_the_grid_is_at_its_limit():
 
     from fuser.analysis import analyze
     from fuser.device import DeviceSpec
-    from fuser.executor import _launch
     from fuser.fusions import ROW_FUSIONS
+    from fuser.loader import launch_sizes
     from fuser.schedulers import Problem, schedule
 
     small = dataclasses.replace(DeviceSpec.get("h200"), max_grid_x=1000)
@@ -229,7 +229,7 @@ def test_a_block_per_group_strides_once_the_grid_is_at_its_limit():
     s = schedule(info, Problem(2048, 1024, 16), small)
     assert s.dealing.value == "grid"
     kernel = types.SimpleNamespace(schedule=s, resident_groups=396, finalize=None)
-    assert _launch(kernel, 16384, small)[0].grid == 1000
+    assert launch_sizes(kernel, 16384, small)[0].grid == 1000
 
 
 def test_a_pointwise_kernel_launches_a_block_per_unrolled_vectors_up_to_the_grid_limit():
@@ -240,8 +240,8 @@ def test_a_pointwise_kernel_launches_a_block_per_unrolled_vectors_up_to_the_grid
 
     from fuser.analysis import analyze
     from fuser.device import DeviceSpec
-    from fuser.executor import _launch
     from fuser.fusions import FUSIONS
+    from fuser.loader import launch_sizes
     from fuser.schedulers import Problem, schedule
 
     h200 = DeviceSpec.get("h200")
@@ -249,11 +249,11 @@ def test_a_pointwise_kernel_launches_a_block_per_unrolled_vectors_up_to_the_grid
                  Problem(4096, 1024, 16), h200)
     kernel = types.SimpleNamespace(schedule=s)
     assert (s.vec, s.threads, s.unroll) == (8, 256, 4)
-    launch, final = _launch(kernel, 16384, h200)
+    launch, final = launch_sizes(kernel, 16384, h200)
     assert (launch.grid, launch.block, final) == (8192, (256, 1), None)
-    assert _launch(kernel, 3, h200)[0].grid == 2  # 1536 vectors
+    assert launch_sizes(kernel, 3, h200)[0].grid == 2  # 1536 vectors
     small = dataclasses.replace(h200, max_grid_x=1000)
-    assert _launch(kernel, 16384, small)[0].grid == 1000
+    assert launch_sizes(kernel, 16384, small)[0].grid == 1000
 
 
 @pytest.mark.parametrize(("hidden", "rows_per_block", "resident", "grid"), [
@@ -271,8 +271,8 @@ def test_column_sums_of_skewed_rows_stride_over_whole_periods_of_skews(
 
     from fuser.analysis import analyze
     from fuser.device import DeviceSpec
-    from fuser.executor import _launch
     from fuser.fusions import ROW_FUSIONS
+    from fuser.loader import launch_sizes
     from fuser.schedulers import Hints, Problem, schedule
 
     h200 = DeviceSpec.get("h200")
@@ -284,7 +284,7 @@ def test_column_sums_of_skewed_rows_stride_over_whole_periods_of_skews(
     finalize = types.SimpleNamespace(hidden=hidden, cols_per_block=128, partial_lanes=4,
                                      smem=types.SimpleNamespace(dynamic_bytes=0))
     kernel = types.SimpleNamespace(schedule=s, resident_groups=resident, finalize=finalize)
-    launch, final = _launch(kernel, 16384, h200)
+    launch, final = launch_sizes(kernel, 16384, h200)
     assert launch.grid == grid
     assert grid * rows_per_block * hidden % s.vec == 0
     assert launch.partial_rows == final.partial_rows == grid * s.partial_rows_per_block
@@ -297,8 +297,8 @@ def test_a_grid_of_skewed_column_sums_never_exceeds_its_row_groups():
 
     from fuser.analysis import analyze
     from fuser.device import DeviceSpec
-    from fuser.executor import _launch
     from fuser.fusions import ROW_FUSIONS
+    from fuser.loader import launch_sizes
     from fuser.schedulers import Hints, Problem, schedule
 
     h200 = DeviceSpec.get("h200")
@@ -309,5 +309,5 @@ def test_a_grid_of_skewed_column_sums_never_exceeds_its_row_groups():
     finalize = types.SimpleNamespace(hidden=4099, cols_per_block=128, partial_lanes=4,
                                      smem=types.SimpleNamespace(dynamic_bytes=0))
     kernel = types.SimpleNamespace(schedule=s, resident_groups=3, finalize=finalize)
-    launch, _ = _launch(kernel, 5, h200)
+    launch, _ = launch_sizes(kernel, 5, h200)
     assert launch.grid == 5

@@ -2,8 +2,8 @@
 
 A schedule holds only what changes the compiled binary (it is the kernel cache key and the
 header comment of the generated source). What changes per call, the grid and the number of
-partial rows, is a Launch, computed by the executor from the row count and the occupancy that
-the driver reports for the compiled kernel.
+partial rows, is a Launch, computed by loader.launch_sizes from the row count and the
+occupancy that the driver reports for the compiled kernel.
 """
 
 from __future__ import annotations

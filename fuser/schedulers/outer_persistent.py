@@ -88,7 +88,7 @@ def candidates(info: FusionInfo, problem: Problem, device: DeviceSpec,
 
 def _clusters(device: DeviceSpec) -> tuple[int, ...]:
     """Blocks a slab may be shared by: clusters from sm_90, up to the 16 Hopper allows a
-    kernel that opts in (the executor sets its non-portable cluster size attribute)."""
+    kernel that opts in (the loader sets its non-portable cluster size attribute)."""
     return (1, *CLUSTER_SIZES, LARGE_CLUSTER) if device.arch >= 90 else (1,)
 
 

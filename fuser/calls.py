@@ -1,0 +1,281 @@
+"""A planned call: what depends only on the inputs' kinds, dtypes, shapes, devices and
+alignment is planned once (Plan, keyed by `signature`), and each call with that signature only
+gathers pointers, allocates its outputs and launches (`run`). This is the path every cached
+fd.execute takes, so it builds as little as it can: the plan holds each kernel's launcher,
+sizes and argument order, a launcher packs its parameters in one call.
+
+CuPy arrays in give CuPy arrays out; torch CUDA tensors in give torch tensors out (allocated by
+torch, launched on torch's current stream).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache, cached_property
+
+import numpy as np
+
+from fuser.checks import scalar_value
+from fuser.driver import driver
+from fuser.dtypes import DataType
+from fuser.errors import LaunchError, OutOfResourcesError
+from fuser.loader import Kernel
+from fuser.schedulers.base import Launch
+from fuser.tickets import counters as ticket_counters
+
+PER_THREAD_STREAM = 2  # cudaStreamPerThread: the same handle in every thread
+
+
+@cache
+def cupy_module():
+    """CuPy, imported where a call first needs it (import fuser does not)."""
+    import cupy
+
+    return cupy
+
+
+@cache
+def torch_module():
+    """torch, imported where a call first needs it."""
+    import torch
+
+    return torch
+
+
+
+@dataclass
+class Run:
+    """What the latest execute() did: the kernel and how it was launched."""
+
+    kernel: Kernel
+    launch: Launch
+    finalize_launch: Launch | None
+
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """What a call needs that depends only on its inputs' kinds, dtypes, shapes, devices and
+    alignment: calls with equal signatures reuse it and only gather pointers and allocate."""
+
+    kernel: Kernel
+    launch: Launch
+    finalize_launch: Launch | None
+    torch_kind: bool
+    device_id: int
+    context: int  # the device's primary context, which the kernels are loaded into
+    align: int  # every data pointer must be a multiple of this (the kernel's vector accesses)
+    rows: int
+    outputs: tuple  # (shape, DataType) per fusion output
+    partials: tuple  # (shape, DataType) per outer reduction's workspace
+    # input index -> (the Scalar, the numpy type of its kernel parameter), checked every call:
+    # a scalar's value is not part of the plan's key
+    scalar_types: dict
+    counted: bool  # the row kernel deals its row groups from a counter (fuser.tickets)
+    workspaces: dict = field(default_factory=dict, compare=False)  # stream -> partial buffers
+    # Held from the row kernel's launch to the finalize's, so that two threads sharing a stream
+    # cannot enqueue row A, row B, finalize A (which would read B's partial rows).
+    lock: threading.Lock = field(default_factory=threading.Lock, compare=False)
+
+    @cached_property
+    def run(self) -> Run:
+        """What fd._last_run holds after a call with this plan (one record for all such
+        calls), which fd.last_schedule() and last_cuda_code() read."""
+        return Run(self.kernel, self.launch, self.finalize_launch)
+
+    @cached_property
+    def pointer_inputs(self) -> tuple[int, ...]:
+        """The inputs passed as data pointers, by index, in order."""
+        return tuple(sorted(self.kernel.tensor_inputs))
+
+    @cached_property
+    def vector_inputs(self) -> tuple[int, ...]:
+        """The inputs loaded in vectors, whose pointers every call checks against `align`."""
+        return tuple(sorted(self.kernel.vector_inputs))
+
+    @cached_property
+    def launches(self) -> tuple:
+        """(launcher, Launch, (slot in loader._SLOT_ORDER, index) per parameter) of each
+        kernel, in launch order: what a call walks through, looked up once."""
+        return tuple((self.kernel.launchers[entry], size, arguments)
+                     for (entry, arguments), size in zip(
+                         self.kernel.arguments, (self.launch, self.finalize_launch),
+                         strict=False))
+
+    @cached_property
+    def sizes(self) -> tuple[tuple[int], tuple[int]]:
+        """The ROWS and PARTIAL_ROWS slots of every call's arguments."""
+        final = self.finalize_launch
+        return (self.rows,), (final.partial_rows if final is not None else 0,)
+
+
+
+_TORCH, _CUPY, _OTHER = range(3)
+_KINDS: dict[type, int] = {}  # the kind of each input type seen, classified once
+
+
+def _kind(cls: type) -> int:
+    """Whether an input type is torch's, CuPy's or another (a scalar's), remembered."""
+    module = cls.__module__
+    kind = _KINDS[cls] = (_TORCH if module.startswith("torch") else
+                          _CUPY if module.startswith("cupy") else _OTHER)
+    return kind
+
+
+def signature(inputs) -> tuple:
+    """Kind, dtype, shape, contiguity and device of every input: the plan cache key. (A CuPy
+    array's device id is read from its memory pointer: x.device builds a Device object.)"""
+    key: list[tuple] = []
+    for x in inputs:
+        kind = _KINDS.get(type(x))
+        if kind is None:
+            kind = _kind(type(x))
+        if kind == _TORCH:
+            key.append((x.dtype, x.shape, x.is_contiguous(), x.get_device()))
+        elif kind == _CUPY:
+            key.append((x.dtype, x.shape, x.flags.c_contiguous, x.data.device_id))
+        else:
+            key.append((type(x),))
+    return tuple(key)
+
+
+
+
+def input_pointers(plan: Plan, inputs: list) -> list:
+    """Per input, its data pointer where the kernels read it as one (else None): the INPUT
+    slot of the call's arguments, which the scalar inputs' values fill in."""
+    pointers: list = [None] * len(inputs)
+    if plan.torch_kind:
+        for i in plan.pointer_inputs:
+            pointers[i] = inputs[i].data_ptr()
+    else:
+        for i in plan.pointer_inputs:
+            pointers[i] = inputs[i].data.ptr
+    return pointers
+
+
+# DataType label -> the array library's dtype (keyed by the label: an Enum member hashes in
+# Python, a str in C)
+_TORCH_DTYPES: dict[str, object] = {}
+_NUMPY_DTYPES: dict[str, np.dtype] = {}
+
+
+def _allocate(shape, dtype: DataType, torch_kind: bool, like):
+    if torch_kind:
+        array_dtype = _TORCH_DTYPES.get(dtype.label)
+        if array_dtype is None:
+            array_dtype = _TORCH_DTYPES[dtype.label] = getattr(torch_module(), dtype.numpy.name)
+        return torch_module().empty(shape, dtype=array_dtype, device=like.device)
+    array_dtype = _NUMPY_DTYPES.get(dtype.label)
+    if array_dtype is None:
+        array_dtype = _NUMPY_DTYPES[dtype.label] = dtype.numpy
+    return cupy_module().empty(shape, dtype=array_dtype)
+
+
+def _stream(torch_kind: bool, device_id: int) -> int:
+    """The stream to launch on, as a handle: torch's current stream for torch tensors, else
+    CuPy's."""
+    if not torch_kind:
+        return cupy_module().cuda.get_current_stream(device_id).ptr
+    return _torch_stream()(device_id)
+
+
+@cache
+def _torch_stream() -> Callable[[int], int]:
+    """torch's current stream of a device, as a handle: its raw-stream getter (what
+    torch.compile's kernels call) skips building a Stream object; the public call is the
+    fallback."""
+    torch = torch_module()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw
+    return lambda device_id: torch.cuda.current_stream(device_id).cuda_stream
+
+
+def _partials(plan: Plan, stream: int, like) -> list:
+    """The column-sum workspace of one call. With torch tensors, a new one from torch's
+    caching allocator every call: torch then orders its reuse on the stream, and a CUDA graph
+    (torch.cuda.graph, or torch.compile's CUDA graph trees, which also warm up in their own
+    pool and refuse allocations there that no output holds) gets its own. With CuPy arrays,
+    the partial rows are written and read only by this call's kernels, in stream order, so
+    one buffer per stream serves every call; the per-thread default stream has one handle for
+    a different stream in every thread, so its buffers are per thread."""
+    if plan.torch_kind:
+        return _workspace(plan, like)
+    owner = _owner(stream)
+    partials = plan.workspaces.get(owner)
+    if partials is None:
+        partials = plan.workspaces[owner] = _workspace(plan, like)
+    return partials
+
+
+def _owner(stream: int):
+    """Who a stream's buffers belong to: the stream, or for the per-thread default stream
+    (one handle for a different stream in every thread) the stream and the thread."""
+    return (stream, threading.get_ident()) if stream == PER_THREAD_STREAM else stream
+
+
+def run(plan: Plan, inputs: list, pointers: list) -> list:
+    """Allocate the outputs and launch, with the plan's device current: as it mostly is
+    already (one driver call says so), else made current for the call (and for CuPy arrays
+    through CuPy, which allocates on the runtime's current device). Another context of the
+    same device is refused: the caller's stream would be that context's."""
+    gpu = driver()
+    current = gpu.current_context()
+    if current == plan.context:
+        return _enqueue(plan, inputs, pointers)
+    if current and gpu.current_device() == plan.device_id:
+        raise LaunchError(
+            f"the current CUDA context ({current:#x}) of device {plan.device_id} is not its "
+            f"primary context ({plan.context:#x}), the one torch and CuPy run in and fuser "
+            "loads its kernels into: the stream a launch would go to belongs to another "
+            "context. Make the primary context current (torch.cuda.set_device, "
+            "cupy.cuda.Device, or cuDevicePrimaryCtxRetain and cuCtxSetCurrent)")
+    with contextlib.ExitStack() as stack:
+        if not plan.torch_kind:
+            stack.enter_context(cupy_module().cuda.Device(plan.device_id))
+        stack.enter_context(gpu.on_device(plan.device_id))
+        return _enqueue(plan, inputs, pointers)
+
+
+def _enqueue(plan: Plan, inputs: list, pointers: list) -> list:
+    torch_kind = plan.torch_kind
+    like = inputs[plan.pointer_inputs[0]]
+    outs = [_allocate(shape, dtype, torch_kind, like) for shape, dtype in plan.outputs]
+    stream = _stream(torch_kind, plan.device_id)
+    partials = _partials(plan, stream, like) if plan.partials else []
+    for i, (v, t) in plan.scalar_types.items():
+        pointers[i] = t(scalar_value(i, v, inputs[i]))
+    if torch_kind:
+        addresses = [o.data_ptr() for o in outs], [p.data_ptr() for p in partials]
+    else:
+        addresses = [o.data.ptr for o in outs], [p.data.ptr for p in partials]
+    tickets = (ticket_counters(plan.device_id).counter(_owner(stream), stream)
+               if plan.counted else 0)
+    values = (pointers, *addresses, *plan.sizes, (tickets,))  # in loader._SLOT_ORDER
+    with plan.lock:
+        for launcher, size, arguments in plan.launches:
+            launcher(size.grid, size.block, size.dynamic_smem, stream,
+                     [values[slot][i] for slot, i in arguments])
+    return outs
+
+
+def _workspace(plan: Plan, like) -> list:
+    """The partial-row buffers of one stream. A device out of memory for them is named with
+    their size (torch's and CuPy's own errors would not say what the memory was for)."""
+    try:
+        return [_allocate(shape, dtype, plan.torch_kind, like) for shape, dtype in plan.partials]
+    except Exception as exc:
+        if "OutOfMemory" not in type(exc).__name__:
+            raise
+        sizes = " + ".join(f"{shape[0]} x {shape[1]} x {dtype.itemsize} B"
+                           for shape, dtype in plan.partials)
+        total = sum(shape[0] * shape[1] * dtype.itemsize for shape, dtype in plan.partials)
+        raise OutOfResourcesError(
+            f"the column-sum workspace ({sizes} = {total} B: one partial row per resident "
+            f"block) does not fit in the free memory of device {plan.device_id} ({exc}); free "
+            "device memory or run on a device with more"
+        ) from None
