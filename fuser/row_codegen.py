@@ -1,9 +1,10 @@
 """The row kernel's template context: a RowSchedule turned into names and numbers.
 
-Each buffer becomes an object of a fuser_rows.cuh class chosen here from its storage (row
-buffers: RowInRegisters, RowInSmem, RowInGlobal, RowInRing; columns: ColumnIn*; column
-reductions: AccumulatorIn*), declared with its type and constructor arguments; the lists of
-which objects copy, wait and point at the row at each step of a row are decided here too.
+Each buffer becomes an object of a row-library class (templates/fuser_row*.cuh) chosen here
+from its storage (row buffers: RowInRegisters, RowInSmem, RowInGlobal, RowInRing; columns:
+ColumnIn*; column reductions: AccumulatorIn*), declared with its type and constructor
+arguments; the lists of which objects copy, wait and point at the row at each step of a row
+are decided here too.
 The passes over a row (one per inner reduction level, then the outputs) get their C++
 statements from the emitter, with the buffers each pass reads.
 """

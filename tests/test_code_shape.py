@@ -36,7 +36,7 @@ def test_no_closure_shares_mutable_state(path):
 
 
 def test_the_row_template_is_a_flat_skeleton():
-    """row_kernel.cu.j2 places values; the variants live in fuser_rows.cuh."""
+    """row_kernel.cu.j2 places values; the variants live in the row library (fuser_row*.cuh)."""
     text = (ROOT / "templates" / "row_kernel.cu.j2").read_text()
     assert len(text.splitlines()) < 250
     assert text.count("{% if") + text.count("{% elif") <= 20

@@ -65,8 +65,11 @@ def _extra_of(requirement: str) -> str | None:
 def test_wheel_ships_the_templates_and_the_license(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert wheel.name.startswith(f"fuser_kernels-{fuser.__version__}-")
-    assert "fuser/templates/row_kernel.cu.j2" in names
-    assert "fuser/templates/fuser_math.cuh" in names
+    templates = ROOT / "templates"
+    shipped = {n.removeprefix("fuser/templates/") for n in names
+               if n.startswith("fuser/templates/")}
+    assert {"row_kernel.cu.j2", "fuser_math.cuh", "fuser_row_columns.cuh"} <= shipped
+    assert {p.name for p in templates.iterdir() if p.suffix in (".j2", ".cuh")} <= shipped
     (license_file,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
     text = zipfile.ZipFile(wheel).read(license_file).decode()
     assert "Apache License" in text and "Version 2.0, January 2004" in text

@@ -103,6 +103,9 @@
 // total 4224 B = dynamic 4096 + static 128; limit 232448 B; headroom 228224 B; alignment 128 B
 
 #include "fuser_rows.cuh"
+#include "fuser_row_ring.cuh"
+#include "fuser_row_reduce.cuh"
+#include "fuser_row_columns.cuh"
 
 // Each block works on 4 row(s) at a time; a persistent grid, each block taking every grid-th row group.
 // Thread x of a row owns vectors x, x + 64, ... (8 of them, 2 element(s) each) of the row.

@@ -105,6 +105,9 @@
 // total 8320 B = dynamic 8192 + static 128; limit 232448 B; headroom 224128 B; alignment 128 B
 
 #include "fuser_rows.cuh"
+#include "fuser_row_ring.cuh"
+#include "fuser_row_reduce.cuh"
+#include "fuser_row_columns.cuh"
 
 // Each block works on 4 row(s) at a time; a persistent grid, each block taking its next row group from a counter.
 // Thread x of a row owns vectors x, x + 64, ... (8 of them, 8 element(s) each) of the row.

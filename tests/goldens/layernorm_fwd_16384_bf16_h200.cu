@@ -85,6 +85,9 @@
 // total 131328 B = dynamic 131200 + static 128; limit 232448 B; headroom 101120 B; alignment 128 B
 
 #include "fuser_rows.cuh"
+#include "fuser_row_ring.cuh"
+#include "fuser_row_reduce.cuh"
+#include "fuser_row_columns.cuh"
 
 // Each block works on 1 row(s) at a time; a persistent grid, each block taking every grid-th row group.
 // Thread x of a row owns vectors x, x + 512, ... (4 of them, 8 element(s) each) of the row.

@@ -68,6 +68,9 @@
 // total 131712 B = dynamic 131584 + static 128; limit 232448 B; headroom 100736 B; alignment 128 B
 
 #include "fuser_rows.cuh"
+#include "fuser_row_ring.cuh"
+#include "fuser_row_reduce.cuh"
+#include "fuser_row_columns.cuh"
 
 // Each block works on 1 row(s) at a time; a persistent grid, each block taking every grid-th row group.
 // Thread x of a row owns vectors x, x + 1024, ... (16 of them, 8 element(s) each) of its block's part of the row (8

@@ -58,6 +58,9 @@
 // total 16512 B = dynamic 16384 + static 128; limit 232448 B; headroom 215936 B; alignment 128 B
 
 #include "fuser_rows.cuh"
+#include "fuser_row_ring.cuh"
+#include "fuser_row_reduce.cuh"
+#include "fuser_row_columns.cuh"
 
 // Each block works on 8 row(s) at a time; a persistent grid, each block taking its next row group from a counter.
 // Thread x of a row owns vectors x, x + 32, ... (4 of them, 8 element(s) each) of the row.
