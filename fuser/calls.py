@@ -45,7 +45,6 @@ def torch_module():
     return torch
 
 
-
 @dataclass
 class Run:
     """What the latest execute() did: the kernel and how it was launched."""
@@ -53,7 +52,6 @@ class Run:
     kernel: Kernel
     launch: Launch
     finalize_launch: Launch | None
-
 
 
 @dataclass(frozen=True, eq=False)
@@ -112,7 +110,6 @@ class Plan:
         return (self.rows,), (final.partial_rows if final is not None else 0,)
 
 
-
 _TORCH, _CUPY, _OTHER = range(3)
 _KINDS: dict[type, int] = {}  # the kind of each input type seen, classified once
 
@@ -140,8 +137,6 @@ def signature(inputs) -> tuple:
         else:
             key.append((type(x),))
     return tuple(key)
-
-
 
 
 def input_pointers(plan: Plan, inputs: list) -> list:

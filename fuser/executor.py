@@ -360,7 +360,6 @@ def _copy(x):
     return x.clone() if _is_torch(x) else x.copy()
 
 
-
 # ----- validate -----
 
 

@@ -68,7 +68,6 @@ class Kernel:
         return report
 
 
-
 _kernels: dict = {}
 _kernels_lock = threading.Lock()
 
