@@ -118,7 +118,7 @@ def call_parts(fd, inputs: list, burst: int = 64, bursts: int = 60) -> dict[str,
         return statistics.median(samples)
 
     plan = next(iter(fd._plans.values()))
-    like = inputs[plan.pointer_inputs[0]]
+    like = inputs[plan.kernel.tensor_inputs[0]]
     stream = calls._stream(plan.torch_kind, plan.device_id)
     shape, dtype = plan.outputs[0]
     parts = {

@@ -85,16 +85,6 @@ class Plan:
         return Run(self.kernel, self.launch, self.finalize_launch)
 
     @cached_property
-    def pointer_inputs(self) -> tuple[int, ...]:
-        """The inputs passed as data pointers, by index, in order."""
-        return tuple(sorted(self.kernel.tensor_inputs))
-
-    @cached_property
-    def vector_inputs(self) -> tuple[int, ...]:
-        """The inputs loaded in vectors, whose pointers every call checks against `align`."""
-        return tuple(sorted(self.kernel.vector_inputs))
-
-    @cached_property
     def launches(self) -> tuple:
         """(launcher, Launch, (slot in loader._SLOT_ORDER, index) per parameter) of each
         kernel, in launch order: what a call walks through, looked up once."""
@@ -144,10 +134,10 @@ def input_pointers(plan: Plan, inputs: list) -> list:
     slot of the call's arguments, which the scalar inputs' values fill in."""
     pointers: list = [None] * len(inputs)
     if plan.torch_kind:
-        for i in plan.pointer_inputs:
+        for i in plan.kernel.tensor_inputs:
             pointers[i] = inputs[i].data_ptr()
     else:
-        for i in plan.pointer_inputs:
+        for i in plan.kernel.tensor_inputs:
             pointers[i] = inputs[i].data.ptr
     return pointers
 
@@ -238,7 +228,7 @@ def run(plan: Plan, inputs: list, pointers: list) -> list:
 
 def _enqueue(plan: Plan, inputs: list, pointers: list) -> list:
     torch_kind = plan.torch_kind
-    like = inputs[plan.pointer_inputs[0]]
+    like = inputs[plan.kernel.tensor_inputs[0]]
     outs = [_allocate(shape, dtype, torch_kind, like) for shape, dtype in plan.outputs]
     stream = _stream(torch_kind, plan.device_id)
     partials = _partials(plan, stream, like) if plan.partials else []

@@ -132,7 +132,7 @@ def _checked_inputs(fusion, inputs: list) -> tuple[bool, list]:
 
 def _plan(fd, inputs: list, device, hints) -> Plan:
     """Check every input against the definition, then schedule, compile and size the call."""
-    info, _ = _info(fd)
+    info, definition = _info(fd)
     fusion = info.fusion
     if len(inputs) != len(fusion.inputs):
         raise BadInputError(
@@ -162,8 +162,8 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
     spec = actual if device is None else DeviceSpec.get(device)
     if device is not None:
         check_device(spec, actual, device_id)
-    kernel = get_kernel(fd.name, info, _info(fd)[1],
-                        Problem(hidden, problem_rows(info, rows), align), spec, device_id, hints)
+    kernel = get_kernel(fd.name, info, definition, Problem(hidden, problem_rows(info, rows), align),
+                        spec, device_id, hints)
     launch, final = launch_sizes(kernel, rows, spec)
     partials = () if final is None else tuple(
         ((max(launch.partial_rows, 1), hidden), workspace_dtype(e.outputs[0].dtype))
@@ -200,7 +200,7 @@ def execute(fd, inputs: list, *, device=None, hints: Hints | None = None):
         return _execute_segments(fd, plan, inputs, device, hints)
     pointers = calls.input_pointers(plan, inputs)
     align = plan.align
-    for i in plan.vector_inputs:
+    for i in plan.kernel.vector_inputs:  # the pointers loaded in vectors
         if pointers[i] % align:
             # Same shapes, but an input starts at an address the cached kernel cannot load
             # with its vector width (a view at an offset): plan this call on its own.

@@ -51,8 +51,8 @@ class Kernel:
     # launch order, from its Signature: the one record of the parameter order, shared with
     # the template
     arguments: tuple
-    tensor_inputs: frozenset  # indices of the fusion inputs passed as data pointers
-    vector_inputs: frozenset  # those of them loaded in vectors (not a value input's element)
+    tensor_inputs: tuple[int, ...]  # indices of the fusion inputs passed as data pointers
+    vector_inputs: tuple[int, ...]  # those of them loaded in vectors (not a value input's element)
 
     def resources(self) -> dict:
         """Per entry: the ptxas report and what the driver says about the loaded kernel."""
@@ -90,11 +90,12 @@ def _load(name: str, info: FusionInfo, problem: Problem, device: DeviceSpec, hin
                  for sig in built.source.signatures}
     arguments = tuple((sig.entry, tuple((_SLOTS[p.source], p.index) for p in sig.params))
                       for sig in built.source.signatures)
-    tensor_inputs = frozenset(p.index for sig in built.source.signatures for p in sig.params
-                              if p.source is Source.INPUT and p.dtype is None)
+    tensor_inputs = sorted({p.index for sig in built.source.signatures for p in sig.params
+                            if p.source is Source.INPUT and p.dtype is None})
     values = {i for i, v in enumerate(built.info.fusion.inputs) if v in built.info.value_inputs}
     return Kernel(built.source, s, built.finalize, built.compiled, functions, launchers, device,
-                  module, occupancy, groups, arguments, tensor_inputs, tensor_inputs - values)
+                  module, occupancy, groups, arguments, tuple(tensor_inputs),
+                  tuple(i for i in tensor_inputs if i not in values))
 
 
 def _checked_functions(name: str, built, module: int, device: DeviceSpec

@@ -40,7 +40,7 @@ def skews(fusion: RowFusion, problem: Problem, hints: Hints) -> bool:
     bf16 24578 (rmsnorm_bwd 0.85 -> 0.79) and 4099 (dropout_rmsnorm_bwd 0.77 -> 0.52;
     bench/TUNING.md, "skewed rows")."""
     skew = fusion.skew(problem)
-    if not skew or hints.skewed is False or hints.aligned_copy or hints.cluster not in (None, 1):
+    if not skew or hints.skewed is False or _broken_by(hints):
         return False
     if hints.skewed:
         return True
@@ -81,12 +81,20 @@ def skewed_threads(vectors: int, per_thread: int) -> int:
 def hint_refusals(fusion: RowFusion, problem: Problem, hints: Hints) -> list[str]:
     """What skewed=True needs and does not have here, in words (none: it is honoured): rows
     that may be skewed (RowFusion.skew_refusals), and no hint that skewed rows break."""
-    why = fusion.skew_refusals(problem)
+    why = fusion.skew_refusals(problem) + _broken_by(hints)
+    if fusion.info.outer_reductions and hints.dealing is Dealing.DYNAMIC:
+        why.append("dealing None or 'strided' (a thread's rows must share a skew for its "
+                   "column sums)")
+    return why
+
+
+def _broken_by(hints: Hints) -> list[str]:
+    """The hints that no skewed row honours, as what they must be instead (none: the hints
+    leave skewed rows possible): the search does not try skewed rows beside them, and
+    skewed=True beside them is refused."""
+    why = []
     if hints.aligned_copy:
         why.append("aligned_copy None or False (skewed rows copy whole vectors)")
     if hints.cluster not in (None, 1):
         why.append("cluster None or 1 (a block owns each skewed row)")
-    if fusion.info.outer_reductions and hints.dealing is Dealing.DYNAMIC:
-        why.append("dealing None or 'strided' (a thread's rows must share a skew for its "
-                   "column sums)")
     return why
