@@ -10,7 +10,8 @@ the kernel's (bench json: host_us against time_us).
 --parts times the pieces of a cached call on their own, each in bursts of 64 with the device
 synchronized (untimed) between bursts, medians: the plan key, the pointers, one output's
 allocation, the partial rows, each kernel's launcher, and each kernel's bare cuLaunchKernel
-through ctypes with the launcher's parameters (the floor no Python change lowers).
+(cuLaunchCooperativeKernel for a row kernel finalizing its own columns) through ctypes with
+the launcher's parameters (the floor no Python change lowers).
 """
 
 from __future__ import annotations
@@ -137,10 +138,16 @@ def call_parts(fd, inputs: list, burst: int = 64, bursts: int = 60) -> dict[str,
         parts[f"launcher {launcher.name}"] = timed(
             lambda launcher=launcher, size=size, args=args: launcher(
                 size.grid, size.block, size.dynamic_smem, stream, args))
-        parts[f"cuLaunchKernel {launcher.name}"] = timed(
-            lambda launcher=launcher, size=size: gpu.launch(
-                launcher._function, size.grid, 1, 1, size.block[0], size.block[1], 1,
-                size.dynamic_smem, stream, launcher._params, None))
+        if launcher.cooperative:
+            parts[f"cuLaunchCooperativeKernel {launcher.name}"] = timed(
+                lambda launcher=launcher, size=size: gpu.launch_cooperative(
+                    launcher._function, size.grid, 1, 1, size.block[0], size.block[1], 1,
+                    size.dynamic_smem, stream, launcher._params))
+        else:
+            parts[f"cuLaunchKernel {launcher.name}"] = timed(
+                lambda launcher=launcher, size=size: gpu.launch(
+                    launcher._function, size.grid, 1, 1, size.block[0], size.block[1], 1,
+                    size.dynamic_smem, stream, launcher._params, None))
     del held
     return parts
 

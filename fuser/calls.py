@@ -72,7 +72,9 @@ class Plan:
     # input index -> (the Scalar, the numpy type of its kernel parameter), checked every call:
     # a scalar's value is not part of the plan's key
     scalar_types: dict
-    counted: bool  # the row kernel deals its row groups from a counter (fuser.tickets)
+    # the row kernel takes a counter of fuser.tickets: it deals its row groups from it, or its
+    # blocks meet at it before they finalize the columns themselves
+    counted: bool
     workspaces: dict = field(default_factory=dict, compare=False)  # stream -> partial buffers
     # Held from the row kernel's launch to the finalize's, so that two threads sharing a stream
     # cannot enqueue row A, row B, finalize A (which would read B's partial rows).
@@ -96,8 +98,7 @@ class Plan:
     @cached_property
     def sizes(self) -> tuple[tuple[int], tuple[int]]:
         """The ROWS and PARTIAL_ROWS slots of every call's arguments."""
-        final = self.finalize_launch
-        return (self.rows,), (final.partial_rows if final is not None else 0,)
+        return (self.rows,), (self.launch.partial_rows,)
 
 
 _TORCH, _CUPY, _OTHER = range(3)

@@ -78,16 +78,16 @@ _BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
 
 def _hint(text: str) -> tuple[str, object]:
     """KEY=VALUE of a Hints field, parsed into the type Hints takes: true/false for
-    aligned_copy, a word for accumulators (a storage) and dealing, for storage a comma list of
-    TENSOR:STORAGE, an int for the others. Only the syntax is checked here: Hints and the
-    scheduler hold the values against the fusion and the device (a HintError names what is
-    allowed and what the heuristic picks)."""
+    aligned_copy, skewed and fused_finalize, a word for accumulators (a storage) and dealing,
+    for storage a comma list of TENSOR:STORAGE, an int for the others. Only the syntax is
+    checked here: Hints and the scheduler hold the values against the fusion and the device
+    (a HintError names what is allowed and what the heuristic picks)."""
     key, sep, value = text.partition("=")
     key, value = key.strip(), value.strip()
     if not sep or key not in _HINT_KINDS:
         raise argparse.ArgumentTypeError(
             f"hint {text!r} is not KEY=VALUE with KEY one of {', '.join(_HINT_KINDS)}")
-    if key in ("aligned_copy", "skewed"):
+    if key in ("aligned_copy", "skewed", "fused_finalize"):
         if value.lower() not in _BOOLEANS:
             raise argparse.ArgumentTypeError(f"{key}={value!r}: use true or false")
         return key, _BOOLEANS[value.lower()]

@@ -30,7 +30,7 @@ from fuser.schedulers.base import (
     PointwiseSchedule,
     RowSchedule,
 )
-from fuser.schedulers.finalize import total_type
+from fuser.schedulers.finalize import lanes_buffers, total_type
 from fuser.signature import (
     KernelSource,
     Signature,
@@ -129,21 +129,30 @@ def _render(template: str, context: dict) -> str:
 
 def render_row(name: str, info: FusionInfo, schedule: RowSchedule,
                finalize: FinalizeSchedule | None) -> KernelSource:
-    row = row_signature(info, f"{name}_row", schedule.dealing is Dealing.DYNAMIC)
+    fused = finalize is not None and finalize.fused
+    row = row_signature(info, f"{name}_row", schedule.dealing is Dealing.DYNAMIC, fused)
     context = row_context(info, schedule, finalize)
     context.update(header=_header(name, info, [schedule] + ([finalize] if finalize else [])),
-                   entry=row.entry, params=row.params)
+                   entry=row.entry, params=row.params,
+                   fused=_totals(info, finalize, context["scalar_env"],
+                                 declared=context["scalar_lines"])
+                   if finalize is not None and fused else None)
     source = _render("row_kernel.cu.j2", context)
     signatures: tuple[Signature, ...] = (row,)
-    if finalize is not None:
+    if finalize is not None and not fused:
         final = finalize_signature(info, f"{name}_finalize")
-        source += _render_finalize(final, info, finalize, context["scalar_env"])
+        source += _render("finalize.cu.j2", {
+            "entry": final.entry, "params": final.params,
+            "t": _totals(info, finalize, context["scalar_env"])})
         signatures = (row, final)
     return KernelSource(name, source, signatures)
 
 
-def _render_finalize(signature: Signature, info: FusionInfo, schedule: FinalizeSchedule,
-                     scalar_env: dict) -> str:
+def _totals(info: FusionInfo, schedule: FinalizeSchedule, scalar_env: dict,
+            declared=()) -> dict:
+    """What templates/column_totals.j2 places: the accumulators with their lanes' buffers,
+    the column epilogue's lines (less the scalar lines `declared` in the kernel already) and
+    the column outputs."""
     env = dict(scalar_env)
     for e in info.outer_reductions:
         env[e.outputs[0]] = f"tot_{e.outputs[0].name}"
@@ -156,20 +165,20 @@ def _render_finalize(signature: Signature, info: FusionInfo, schedule: FinalizeS
                for o in col_outputs]
     scalar_lines, _ = scalar_prologue(info)
     lanes = {b.name: b for b in schedule.smem.buffers}
-    context = {
-        "entry": signature.entry,
-        "params": signature.params,
+    return {
         "f": schedule,
         "accumulators": [{"name": e.outputs[0].name, "functor": REDUCTIONS[e.op].functor,
                           "ctype": accumulator_type(e.outputs[0].dtype),
                           "total": total_type(e.outputs[0].dtype),
-                          "lanes": lanes[f"s_lanes_{e.outputs[0].name}"]}
-                         for e in info.outer_reductions],
-        "scalar_lines": used_lines(scalar_lines, lines + [o["value"] for o in outputs]),
+                          "lanes": lanes[buffer]}
+                         for buffer, e in zip(lanes_buffers(info), info.outer_reductions,
+                                              strict=True)],
+        "scalar_lines": [line for line in used_lines(scalar_lines,
+                                                     lines + [o["value"] for o in outputs])
+                         if line not in declared],
         "lines": lines,
         "outputs": outputs,
     }
-    return _render("finalize.cu.j2", context)
 
 
 # ----- the outer-persistent kernel -----

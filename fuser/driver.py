@@ -88,6 +88,8 @@ _SIGNATURES = {
     "cuMemsetD8_v2": [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t],
     "cuLaunchKernel": [_ptr, _uint, _uint, _uint, _uint, _uint, _uint, _uint, _ptr, _ptr, _ptr],
     "cuLaunchKernelEx": [ctypes.POINTER(LaunchConfig), _ptr, _ptr, _ptr],
+    "cuLaunchCooperativeKernel": [_ptr, _uint, _uint, _uint, _uint, _uint, _uint, _uint, _ptr,
+                                  _ptr],
     "cuGetErrorName": [_int, ctypes.POINTER(ctypes.c_char_p)],
 }
 
@@ -118,9 +120,10 @@ class Driver:
             function = getattr(library, name)
             function.argtypes, function.restype = argtypes, ctypes.c_int
             self._calls[name] = function
-        # the two a launch calls, looked up once
+        # the three a launch calls, looked up once
         self.launch = self._calls["cuLaunchKernel"]
         self.launch_ex = self._calls["cuLaunchKernelEx"]
+        self.launch_cooperative = self._calls["cuLaunchCooperativeKernel"]
         self._contexts: dict[int, int] = {}
         self._lock = threading.Lock()
         self._check(self._calls["cuInit"](0), "cuInit", "initializing the CUDA driver")

@@ -165,13 +165,14 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
     kernel = get_kernel(fd.name, info, definition, Problem(hidden, problem_rows(info, rows), align),
                         spec, device_id, hints)
     launch, final = launch_sizes(kernel, rows, spec)
-    partials = () if final is None else tuple(
+    partials = () if kernel.finalize is None else tuple(
         ((max(launch.partial_rows, 1), hidden), workspace_dtype(e.outputs[0].dtype))
         for e in info.outer_reductions)
     scalar_types = {i: (v, v.dtype.scalar_numpy.type) for i, v in enumerate(fusion.inputs)
                     if isinstance(v, Scalar)}
-    counted = (isinstance(kernel.schedule, RowSchedule)
+    counted = ((isinstance(kernel.schedule, RowSchedule)
                and kernel.schedule.dealing is Dealing.DYNAMIC)
+               or (kernel.finalize is not None and kernel.finalize.fused))
     return Plan(kernel, launch, final, torch_kind, device_id, driver().primary_context(device_id),
                 align, rows, tuple((sizes.shape(o), o.dtype) for o in fusion.outputs), partials,
                 scalar_types, counted)

@@ -39,7 +39,7 @@ from fuser.schedulers.base import (
     PointwiseSchedule,
     RowSchedule,
 )
-from fuser.schedulers.finalize import finalize_schedule, needs_finalize
+from fuser.schedulers.finalize import finalized
 from fuser.schedulers.outer_persistent import rebuilt_blocks
 from fuser.signature import KernelSource
 
@@ -72,7 +72,7 @@ class Built:
     def plans(self):
         """(entry name, smem plan) of each kernel in the module."""
         yield self.source.row_entry, self.schedule.smem
-        if self.finalize is not None:
+        if self.finalize is not None and not self.finalize.fused:
             yield self.source.finalize_entry, self.finalize.smem
 
 
@@ -181,9 +181,8 @@ def _attempts(name: str, info: FusionInfo, problem: Problem, device: DeviceSpec,
     are checked when it is reached."""
     for sched, last in _marking_last(candidates(info, problem, device, hints)):
         final = None
-        if isinstance(sched, RowSchedule) and needs_finalize(info):
-            lanes = hints.finalize_lanes if hints is not None else None
-            final = finalize_schedule(info, problem, device, lanes)
+        if isinstance(sched, RowSchedule):
+            sched, final = finalized(info, sched, problem, device, hints)
         for plan in (sched.smem, final.smem if final else None):
             if plan is not None:
                 plan.check(f"fusion '{name}' at hidden {problem.hidden}")

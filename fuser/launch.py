@@ -49,7 +49,7 @@ class EntryLauncher:
     """Launches one kernel entry with parameters of the given ctypes types, in order."""
 
     def __init__(self, name: str, function_ptr: int, param_types: list[type],
-                 registers: int, programmatic: bool = False):
+                 registers: int, programmatic: bool = False, cooperative: bool = False):
         self.name = name
         self.registers = registers  # per thread, as the driver reports for the loaded kernel
         self._driver = driver()
@@ -57,6 +57,9 @@ class EntryLauncher:
         # Programmatic stream serialization (sm_90): this grid may launch while the previous
         # kernel in the stream is still running, and waits for it in wait_for_prior_grid().
         self._programmatic = programmatic
+        # A cooperative launch: every block resident at once (or the launch fails), which a
+        # grid-wide barrier needs.
+        self.cooperative = cooperative
         self._configs: dict = {}  # (grid, block, shared_mem) -> LaunchConfig
         self.param_count = len(param_types)
         codes = [_STRUCT_CODES[t] for t in param_types]  # '@': laid out as C lays them out
@@ -78,6 +81,10 @@ class EntryLauncher:
                 config.hStream = stream
                 err = self._driver.launch_ex(ctypes.byref(config), self._function, self._params,
                                              None)
+            elif self.cooperative:
+                err = self._driver.launch_cooperative(self._function, grid, 1, 1, block[0],
+                                                      block[1], 1, shared_mem, stream,
+                                                      self._params)
             else:
                 err = self._driver.launch(self._function, grid, 1, 1, block[0], block[1], 1,
                                           shared_mem, stream, self._params, None)

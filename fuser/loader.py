@@ -84,9 +84,11 @@ def _load(name: str, info: FusionInfo, problem: Problem, device: DeviceSpec, hin
             gpu.unload_module(module)  # refused: nothing keeps its kernels
             raise
     s = built.schedule
+    fused = built.finalize is not None and built.finalize.fused
     launchers = {sig.entry: _launcher(sig, functions[sig.entry],
                                       programmatic=sig.entry == built.source.finalize_entry
-                                      and device.arch >= 90)
+                                      and device.arch >= 90,
+                                      cooperative=fused and sig.entry == built.source.row_entry)
                  for sig in built.source.signatures}
     arguments = tuple((sig.entry, tuple((_SLOTS[p.source], p.index) for p in sig.params))
                       for sig in built.source.signatures)
@@ -135,13 +137,17 @@ _SLOT_ORDER = (Source.INPUT, Source.OUTPUT, Source.PARTIALS, Source.ROWS, Source
 _SLOTS = {source: slot for slot, source in enumerate(_SLOT_ORDER)}
 
 
-def _launcher(signature: Signature, fn: Function, programmatic: bool) -> EntryLauncher:
+def _launcher(signature: Signature, fn: Function, programmatic: bool,
+              cooperative: bool) -> EntryLauncher:
     """The launcher of one entry, its parameter types read from the kernel's signature: a
     pointer per tensor, a scalar input's own type, the sizes. The finalize launches
-    programmatically on sm_90 (it overlaps the row kernel's end)."""
+    programmatically on sm_90 (it overlaps the row kernel's end); a row kernel that
+    finalizes its columns itself, cooperatively (its grid barrier needs every block
+    resident)."""
     types = [_SIZE_CTYPES.get(p.source) or (ctype_of(p.dtype) if p.dtype is not None
                                             else POINTER) for p in signature.params]
-    return EntryLauncher(signature.entry, fn.handle, types, fn.num_regs, programmatic)
+    return EntryLauncher(signature.entry, fn.handle, types, fn.num_regs, programmatic,
+                         cooperative)
 
 
 def _block(s: KernelSchedule) -> tuple[int, int]:
@@ -243,7 +249,7 @@ def launch_sizes(kernel: Kernel, rows: int, device: DeviceSpec
     partial_rows = clusters * s.partial_rows_per_block if kernel.finalize is not None else 0
     launch = Launch(grid, _block(s), s.smem.dynamic_bytes, partial_rows)
     final = None
-    if kernel.finalize is not None:
+    if kernel.finalize is not None and not kernel.finalize.fused:
         f = kernel.finalize
         final = Launch(ceil_div(f.hidden, f.cols_per_block), (f.cols_per_block, f.partial_lanes),
                        f.smem.dynamic_bytes, partial_rows)

@@ -36,6 +36,7 @@ from fuser.schedulers.base import (
     Storage,
     skewed_column_pad,
 )
+from fuser.schedulers.finalize import lanes_buffers
 from fuser.signature import accumulator_type
 
 COPY = {True: "fm::Copy::CHUNKS", False: "fm::Copy::VECTORS"}
@@ -126,7 +127,7 @@ def block_objects(info: FusionInfo, s: RowSchedule) -> list[Declaration]:
         objects.append(Declaration(
             f"fm::StagingRing<Part, {str(r.fill is Fill.BULK).lower()}, {r.depth}, {r.units}, "
             f"{r.chunks}, {r.passes}, {bytes_per_vector}>", "ring",
-            [_smem(s, "s_ring_full"), "part"], [f"staging ring: {r}"]))
+            [_smem(s, "s_ring_full"), "part"], textwrap.wrap(f"staging ring: {r}", 96)))
     objects += [row_buffer(t, s) for t in info.full_inputs
                 if s.placement(t.name).storage is not Storage.REGISTERS]
     return objects
@@ -381,9 +382,11 @@ def row_context(info: FusionInfo, s: RowSchedule, finalize: FinalizeSchedule | N
     return {
         "intro": intro(info, s),
         "s": s,
-        "finalized": finalize is not None,  # a finalize kernel follows: let it launch early
+        # a finalize kernel follows: let it launch early
+        "finalized": finalize is not None and not finalize.fused,
+        # the row passes' buffers (a fused finalize's lanes' buffers are declared by it)
         "smem": [{"name": b.name, "offset": b.offset, "purpose": b.purpose}
-                 for b in s.smem.buffers],
+                 for b in s.smem.buffers if b.name not in lanes_buffers(info)],
         "block_objects": block_objects(info, s),
         "column_barrier": any(s.placement(t.name).storage is Storage.SMEM
                               for t in info.col_inputs),

@@ -24,7 +24,9 @@ class Source(enum.Enum):
     PARTIALS = "partials"  # the workspace of outer reduction `index` ([partial rows, hidden])
     ROWS = "rows"  # the number of rows (long long)
     PARTIAL_ROWS = "partial_rows"  # rows of the workspaces that hold partial sums (int)
-    ROW_TICKETS = "row_tickets"  # the counter a row kernel deals row groups from (fuser.tickets)
+    # the counter a row kernel deals row groups from, or that its blocks meet at before they
+    # finalize the columns themselves (fuser.tickets)
+    ROW_TICKETS = "row_tickets"
 
 
 @dataclass(frozen=True)
@@ -83,17 +85,24 @@ def workspace_dtype(dtype: DataType) -> DataType:
 
 ROWS = Param(Source.ROWS, 0, "n_rows", "long long")
 ROW_TICKETS = Param(Source.ROW_TICKETS, 0, "g_row_tickets", "unsigned long long* __restrict__")
+PARTIAL_ROWS = Param(Source.PARTIAL_ROWS, 0, "partial_rows", "int")
+GRID_BARRIER = Param(Source.ROW_TICKETS, 0, "g_grid_barrier", "unsigned long long* __restrict__")
 
 
-def row_signature(info: FusionInfo, entry: str, counted: bool) -> Signature:
+def row_signature(info: FusionInfo, entry: str, counted: bool, fused: bool = False) -> Signature:
     """The row kernel: row, column, per-row and single-value inputs, full and per-row
     outputs, the workspaces, scalar inputs, the row count, and the counter that deals row
-    groups where the schedule deals them from one (`counted`)."""
+    groups where the schedule deals them from one (`counted`). A row kernel that finalizes
+    its columns itself (`fused`) takes the finalize's column outputs, the partial rows to sum
+    and the counter of its grid barrier too."""
+    outputs = (*info.outputs(Role.FULL), *info.outputs(Role.ROW))
+    if fused:
+        outputs += tuple(info.outputs(Role.COL))
     params = (_inputs(info, (*info.full_inputs, *info.col_inputs, *info.row_inputs,
                              *info.value_inputs))
-              + _outputs(info, (*info.outputs(Role.FULL), *info.outputs(Role.ROW)))
-              + _partials(info, False) + _scalars(info) + [ROWS]
-              + ([ROW_TICKETS] if counted else []))
+              + _outputs(info, outputs) + _partials(info, False) + _scalars(info) + [ROWS]
+              + ([ROW_TICKETS] if counted else [])
+              + ([PARTIAL_ROWS, GRID_BARRIER] if fused else []))
     return Signature(entry, tuple(params))
 
 
@@ -102,7 +111,7 @@ def finalize_signature(info: FusionInfo, entry: str) -> Signature:
     inputs, the row count and the partial rows to sum."""
     params = (_partials(info, True) + _inputs(info, (*info.col_inputs, *info.value_inputs))
               + _outputs(info, info.outputs(Role.COL)) + _scalars(info)
-              + [ROWS, Param(Source.PARTIAL_ROWS, 0, "partial_rows", "int")])
+              + [ROWS, PARTIAL_ROWS])
     return Signature(entry, tuple(params))
 
 

@@ -1,5 +1,6 @@
 """The counters that row kernels dealing row groups from a counter (Dealing.DYNAMIC) take
-their groups from.
+their groups from, and that the blocks of a row kernel finalizing its own columns meet at
+(fm::grid_barrier: blocks arrived, blocks gone on).
 
 A kernel zeroes its counter as its last block finishes, so one counter serves every launch on
 one stream (stream order puts each launch after the last one's zeroing; no row kernel of
@@ -52,11 +53,13 @@ class TicketCounters:
             if not self._spare:
                 if capturing:
                     raise LaunchError(
-                        f"a kernel that deals its rows from a counter needs a new buffer of "
+                        f"a kernel that counts on a counter (one that deals its rows from "
+                        "it, or finalizes its columns past a grid barrier) needs a new buffer of "
                         f"{SLICE} counters on device {self._device_id}, and its stream "
                         f"{stream:#x} is capturing a CUDA graph: the buffer is zeroed with a "
                         "device synchronization, which a capture forbids. Call the fusion once "
-                        "before capturing (on any stream), or hint Hints(dealing='strided')")
+                        "before capturing (on any stream), or hint Hints(dealing='strided') "
+                        "or Hints(fused_finalize=False)")
                 self._spare = self._zeroed()
             self._buffer, self._spare, self._next = self._spare, 0, 0
         address = self._buffer + self._next * COUNTER_BYTES

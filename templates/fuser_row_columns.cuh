@@ -219,4 +219,40 @@ struct AccumulatorInGlobal {
   __device__ __forceinline__ void finish(const Part&) {}
 };
 
+// ----- a row kernel that finalizes its columns itself: its blocks meet at a grid-wide
+// barrier once their partial rows are in the workspace, then sum tiles of columns. -----
+
+// Every block of the grid is past the point before this once any block is past it. The launch
+// is cooperative: every block is resident (blocks waiting here would otherwise hold the SMs
+// the others need). counter[0] counts the blocks arrived, counter[1] the blocks gone on; the
+// last to go on zeroes both, so the next launch on the stream finds them zero (fuser.tickets
+// hands out one counter per stream).
+__device__ __forceinline__ void grid_barrier(unsigned long long* counter) {
+  __syncthreads();  // the block's partial rows are written
+  if (threadIdx.x == 0 && threadIdx.y == 0) {
+    const unsigned long long blocks = gridDim.x;
+    __threadfence();  // and visible to the grid before the block counts itself arrived
+    atomicAdd(counter, 1ull);
+    for (;;) {
+      unsigned long long arrived;
+      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(arrived) : "l"(counter) : "memory");
+      if (arrived >= blocks) break;
+      __nanosleep(32);
+    }
+    __threadfence();
+    if (atomicAdd(counter + 1, 1ull) == blocks - 1) {
+      *reinterpret_cast<ulonglong2*>(counter) = make_ulonglong2(0, 0);  // both, 16-byte aligned
+    }
+  }
+  __syncthreads();
+}
+
+// A partial row's value, written by another block of this grid: from L2 (an SM's L1 is not
+// kept coherent with the other SMs' stores).
+template <typename T>
+__device__ __forceinline__ T from_l2(const T* p) { return __ldcg(p); }
+__device__ __forceinline__ bool from_l2(const bool* p) {
+  return __ldcg(reinterpret_cast<const unsigned char*>(p)) != 0;
+}
+
 }  // namespace fm

@@ -12,10 +12,11 @@ import ctypes
 import numpy as np
 import pytest
 
-from fuser import DataType, FusionDefinition, calls, executor, launch, loader
+from fuser import DataType, FusionDefinition, calls, executor, launch, loader, tickets
 from fuser.device import DeviceSpec
 from fuser.driver import Function
 from fuser.fusions import FUSIONS, make_inputs
+from fuser.schedulers import Hints
 from fuser.signature import Source
 
 torch = pytest.importorskip("torch")
@@ -23,11 +24,14 @@ torch = pytest.importorskip("torch")
 
 class RecordingDriver:
     """What the executor and the launchers ask of the driver, answered for an H200; each
-    launch is recorded as (function handle, the address of its parameter addresses)."""
+    launch is recorded as (function handle, the address of its parameter addresses), each
+    cooperative launch's handle in `cooperative` too, each zeroed buffer in `zeroed`."""
 
     def __init__(self):
         self.launches: list[tuple[int, int]] = []
         self.handles: dict[str, int] = {}
+        self.cooperative: list[int] = []
+        self.zeroed: list[int] = []
 
     def current_context(self):
         return 0x1000
@@ -72,12 +76,25 @@ class RecordingDriver:
         self.launches.append((function, params))
         return 0
 
+    def launch_cooperative(self, function, gx, gy, gz, bx, by, bz, smem, stream, params):
+        self.cooperative.append(function)
+        self.launches.append((function, params))
+        return 0
+
+    def stream_capturing(self, stream):
+        return False
+
+    def zeroed_memory(self, nbytes):
+        self.zeroed.append(0x5000_0000 + 0x10_0000 * len(self.zeroed))
+        return self.zeroed[-1]
+
 
 @pytest.fixture
 def gpu(monkeypatch):
     fake = RecordingDriver()
-    for module in (executor, loader, calls, launch):
+    for module in (executor, loader, calls, launch, tickets):
         monkeypatch.setattr(module, "driver", lambda: fake)
+    monkeypatch.setattr(tickets, "_devices", {})
     monkeypatch.setattr(DeviceSpec, "from_gpu", staticmethod(lambda d: DeviceSpec.get("h200")))
     monkeypatch.setattr(executor, "_check_tensor",
                         lambda i, t, x, torch_kind: (tuple(x.shape), x.data_ptr(), 0))
@@ -119,7 +136,7 @@ def test_each_cached_call_launches_both_kernels_with_its_own_addresses(gpu):
     fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
     for seed in (0, 1):
         inputs = _torch_inputs("rmsnorm_bwd", 16, 1024, seed)
-        outputs = fd.execute(inputs)
+        outputs = executor.execute(fd, inputs, hints=Hints(fused_finalize=False))
         assert len(fd._plans) == 1
         (row_entry, row), (final_entry, final) = _parameters(fd, gpu)
         assert row_entry.endswith("_row") and final_entry.endswith("_finalize")
@@ -135,6 +152,27 @@ def test_each_cached_call_launches_both_kernels_with_its_own_addresses(gpu):
                                          if s is Source.PARTIALS]
         planned_rows = next(iter(fd._plans.values())).finalize_launch.partial_rows
         assert final[(Source.PARTIAL_ROWS, 0)] == planned_rows > 0
+
+
+def test_a_row_kernel_finalizing_its_columns_is_one_cooperative_launch(gpu):
+    """rmsnorm_bwd by default: the row kernel sums its own columns past a grid barrier. One
+    cooperative launch a call, carrying every output (dW too), the partial rows the plan
+    sized and the stream's counter: one counter for every call on that stream."""
+    fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
+    counters = set()
+    for seed in (0, 1):
+        inputs = _torch_inputs("rmsnorm_bwd", 16, 1024, seed)
+        outputs = fd.execute(inputs)
+        plan = next(iter(fd._plans.values()))
+        assert plan.finalize_launch is None and plan.kernel.finalize.fused
+        ((entry, row),) = _parameters(fd, gpu)
+        assert entry.endswith("_row") and gpu.cooperative == [gpu.handles[entry]] * (seed + 1)
+        assert {v for (s, _), v in row.items() if s is Source.OUTPUT} == {
+            o.data_ptr() for o in outputs}
+        assert row[(Source.PARTIAL_ROWS, 0)] == plan.launch.partial_rows > 0
+        counters.add(row[(Source.ROW_TICKETS, 0)])
+    (counter,) = counters
+    assert gpu.zeroed and gpu.zeroed[0] <= counter < gpu.zeroed[0] + tickets.SLICE * 16
 
 
 def test_a_scalar_input_reaches_the_kernel_at_each_calls_value(gpu):

@@ -27,7 +27,7 @@ from fuser.device import DeviceSpec
 from fuser.fusions import FUSIONS
 from fuser.schedulers import Hints, Problem, candidates
 from fuser.schedulers.base import OuterSchedule, PointwiseSchedule, problem_rows
-from fuser.schedulers.finalize import finalize_schedule, needs_finalize
+from fuser.schedulers.finalize import finalized
 
 GOLDENS = Path(__file__).parent / "goldens"
 
@@ -133,6 +133,11 @@ CASES = [
     # column sums from rows dealt by a counter (hinted), the next group loading ahead
     Golden("layernorm_bwd_4096_bf16_h200_counter", "layernorm_bwd", 4096,
            hints=Hints(dealing="dynamic")),
+    # a call of one wave of row groups: the row kernel finalizes its columns itself, past a
+    # grid barrier; and the same hinted where the rows take many waves, two column sums
+    Golden("rmsnorm_bwd_1024_bf16_h200_fused_finalize", "rmsnorm_bwd", 1024, rows=16),
+    Golden("layernorm_bwd_8192_bf16_h200_fused_finalize", "layernorm_bwd", 8192,
+           hints=Hints(fused_finalize=True)),
     # skewed rows: 16-byte vectors from the boundary below each row's start, edges masked,
     # one stage of the row in shared memory
     Golden("softmax_fwd_24578_bf16_h200_skewed", "softmax_fwd", 24578),
@@ -166,8 +171,7 @@ def render(case: Golden) -> str:
     elif isinstance(s, OuterSchedule):
         source = render_outer(case.fusion, info, s).source
     else:
-        final = (finalize_schedule(info, problem, device)
-                 if needs_finalize(info) else None)
+        s, final = finalized(info, s, problem, device, case.hints)
         source = render_row(case.fusion, info, s, final).source
     # The templates' hash is in the header; the golden holds a placeholder so that it shows
     # only what the change to the templates did to the source.

@@ -3,13 +3,12 @@
 A grid of Hints over the ten row normalizations of fuser.fusions (bf16, 64 rows, hidden 1000
 and 4096, and 24576 for rows split over clusters): one factor at a time (threads_per_row,
 rows_per_block, cluster, stages, storage of every row input, accumulators, finalize_lanes,
-aligned_copy, dealing), then a few pairs (threads_per_row x rows_per_block, storage x stages,
-cluster x storage, accumulators x storage, a counter x two stages or a ring), and skewed rows
-at 4099 beside each other hint. At 64 rows
-every row group goes to a block of the first wave: tests/test_gpu_dealing.py deals many. Each
-run is EITHER validated against the float64
-reference, with a schedule that does what every hint says, OR refused with a HintError and
-nothing launched.
+fused_finalize, aligned_copy, dealing), then a few pairs (threads_per_row x rows_per_block,
+storage x stages, cluster x storage, accumulators x storage, a counter x two stages or a ring,
+a fused finalize beside each other hint), and skewed rows at 4099 beside each other hint. At
+64 rows every row group goes to a block of the first wave: tests/test_gpu_dealing.py deals
+many. Each run is EITHER validated against the float64 reference, with a schedule that does
+what every hint says, OR refused with a HintError and nothing launched.
 Values the kernels once took and got wrong (threads_per_row 7, 33, 48, 96: the warp
 reduction mixed rows) are in the grid.
 
@@ -73,6 +72,7 @@ def one_factor(name: str) -> list[dict]:
     grid += [{"storage": storage(name, w)} for w in STORAGES]
     grid += [{"accumulators": w} for w in ("registers", "smem", "global")]
     grid += [{"finalize_lanes": k} for k in (3, 16, 1024)]
+    grid += [{"fused_finalize": b} for b in (True, False)]
     grid += [{"aligned_copy": b} for b in (True, False)]
     grid += [{"dealing": d} for d in ("strided", "dynamic", "grid")]
     return grid
@@ -90,6 +90,10 @@ def pairs(name: str) -> list[dict]:
     if name.endswith("_bwd"):
         grid += [{"accumulators": a, "storage": storage(name, "global")}
                  for a in ("smem", "global")]
+        grid += [{"fused_finalize": True, **kw} for kw in (
+            {"accumulators": "smem"}, {"accumulators": "global"}, {"stages": 2},
+            {"threads_per_row": 16, "rows_per_block": 3}, {"storage": storage(name, "ring")},
+            {"cluster": 2}, {"dealing": "dynamic"}, {"finalize_lanes": 16})]
     return grid
 
 

@@ -30,7 +30,7 @@ from fuser.device import PRESETS
 from fuser.fusions import ROW_FUSIONS
 from fuser.schedulers import Hints, Problem, candidates, schedule
 from fuser.schedulers.base import Dealing, FinalizeSchedule, RowSchedule, Storage
-from fuser.schedulers.finalize import default_lanes, finalize_schedule
+from fuser.schedulers.finalize import default_lanes, finalize_schedule, finalized
 
 H200, A100, SM89 = PRESETS["h200"], PRESETS["a100"], PRESETS["sm89-100kb"]
 BF16 = DataType.BFloat16
@@ -90,6 +90,10 @@ def unhonoured(s: RowSchedule, hints: Hints, finalize: FinalizeSchedule | None =
             finalize is None or finalize.partial_lanes != hints.finalize_lanes):
         wrong.append(f"finalize lanes {finalize and finalize.partial_lanes}, hinted "
                      f"{hints.finalize_lanes}")
+    if hints.fused_finalize is not None and (
+            finalize is None or finalize.fused is not hints.fused_finalize):
+        wrong.append(f"finalize fused {finalize and finalize.fused}, hinted "
+                     f"{hints.fused_finalize}")
     return wrong
 
 
@@ -203,6 +207,7 @@ def test_a_bad_value_is_refused_naming_it_the_allowed_values_and_the_pick(
      "this fusion has no column (outer) reductions to accumulate"),
     ("layernorm_fwd", {"finalize_lanes": 16},
      "this fusion has no finalize kernel (no column outputs)"),
+    ("softmax_fwd", {"fused_finalize": True}, "this fusion has no column outputs to finalize"),
 ])
 def test_a_hint_the_fusion_has_no_use_for_is_refused(name, kw, says, no_compiling):
     """Nothing to pick here: the message says why, and names no heuristic value."""
@@ -242,6 +247,7 @@ def test_a_pointwise_fusion_refuses_every_hint(kw, no_compiling):
     ({"stages": "2"}, "Hints(stages='2'): an int is needed"),
     ({"finalize_lanes": 16.0}, "Hints(finalize_lanes=16.0): an int is needed"),
     ({"aligned_copy": 1}, "Hints(aligned_copy=1): True or False"),
+    ({"fused_finalize": "yes"}, "Hints(fused_finalize='yes'): True or False"),
     ({"aligned_copy": "true"}, "Hints(aligned_copy='true'): True or False"),
     ({"storage": (("T0", "disk"),)},
      "Hints(storage T0=...): 'disk' is not a storage; allowed: registers, smem, global, ring"),
@@ -403,6 +409,10 @@ def valid_grid(name: str, device, hidden: int = 4096) -> list[dict]:
         grid += [{"accumulators": a, "storage": all_rows(name, w)}
                  for a in ("smem", "global") for w in ("smem", "global", "ring")]
         grid += [{"finalize_lanes": k} for k in (1, 3, 16, 32, 600, 1024)]
+        grid += [{"fused_finalize": b} for b in (True, False)]
+        grid += [{"fused_finalize": True, **kw} for kw in (
+            {"accumulators": "global"}, {"accumulators": "smem"}, {"stages": 2},
+            {"threads_per_row": 64, "rows_per_block": 4}, {"storage": all_rows(name, "ring")})]
     return grid
 
 
@@ -428,8 +438,12 @@ def test_every_valid_hint_is_honoured_or_refused_by_the_search(name, hidden, dev
                     and "Tried:\n  " in text and "Change or drop the hints" in text):
                 wrong.append(f"{hints.words()}: refused by a value check: {text}")
             continue
-        final = (finalize_schedule(info, problem, device, hints.finalize_lanes)
-                 if info.outer_reductions else None)
+        try:
+            s, final = finalized(info, s, problem, device, hints)
+        except HintError as exc:
+            if not str(exc).startswith("Hints(fused_finalize=True): this row kernel cannot "):
+                wrong.append(f"{hints.words()}: refused by the finalize: {exc}")
+            continue
         wrong += [f"{hints.words()}: {w}" for w in unhonoured(s, hints, final)]
         honoured += 1
     assert not wrong, "\n".join(wrong)

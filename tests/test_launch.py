@@ -282,7 +282,7 @@ def test_column_sums_of_skewed_rows_stride_over_whole_periods_of_skews(
                        rows_per_block=rows_per_block))
     assert s.skew and s.rows_per_block == rows_per_block, s
     finalize = types.SimpleNamespace(hidden=hidden, cols_per_block=128, partial_lanes=4,
-                                     smem=types.SimpleNamespace(dynamic_bytes=0))
+                                     fused=False, smem=types.SimpleNamespace(dynamic_bytes=0))
     kernel = types.SimpleNamespace(schedule=s, resident_groups=resident, finalize=finalize)
     launch, final = launch_sizes(kernel, 16384, h200)
     assert launch.grid == grid
@@ -307,7 +307,7 @@ def test_a_grid_of_skewed_column_sums_never_exceeds_its_row_groups():
                  Hints(skewed=True, threads_per_row=64, rows_per_block=1))
     assert s.group_period == 8, s
     finalize = types.SimpleNamespace(hidden=4099, cols_per_block=128, partial_lanes=4,
-                                     smem=types.SimpleNamespace(dynamic_bytes=0))
+                                     fused=False, smem=types.SimpleNamespace(dynamic_bytes=0))
     kernel = types.SimpleNamespace(schedule=s, resident_groups=3, finalize=finalize)
     launch, _ = launch_sizes(kernel, 5, h200)
     assert launch.grid == 5

@@ -286,13 +286,16 @@ class OuterSchedule:
 @dataclass(frozen=True)
 class FinalizeSchedule:
     """Sums the [partial_rows, hidden] fp32 partials of the outer reductions per column, then
-    runs the column epilogue (casts, ops on dW/dB) and writes the column outputs."""
+    runs the column epilogue (casts, ops on dW/dB) and writes the column outputs: in a kernel
+    of its own, or (fused) in the row kernel itself, past a grid-wide barrier, each block
+    taking tiles of columns in turn."""
 
     hidden: int
-    cols_per_block: int  # blockDim.x: one column per thread
-    partial_lanes: int  # blockDim.y: threads sharing a column's partial rows
+    cols_per_block: int  # a tile's columns: one per thread of a row of lanes
+    partial_lanes: int  # threads sharing a column's partial rows
     unroll: int  # partial rows a lane loads before adding them (in order) to its sum
-    smem: SmemPlan  # the cross-lane combine buffer
+    smem: SmemPlan  # the cross-lane combine buffer (fused: the row kernel's plan, which has it)
+    fused: bool = False  # run by the row kernel after a grid barrier (a cooperative launch)
 
     def __str__(self) -> str:
         return "FinalizeSchedule\n  " + "\n  ".join(_field_lines(self, skip=("smem",)))
@@ -351,13 +354,16 @@ def skewed_vectors(hidden: int, vec: int, skew: int) -> int:
     return ceil_div(hidden + vec - skew, vec)
 
 
+ROWS_SEEN = 1024  # the most rows a row kernel's schedule is built for (problem_rows)
+
+
 def problem_rows(info: FusionInfo, rows: int) -> int:
     """The rows a schedule is built for. A row kernel's choices look at few rows: at most
     1024, rounded up to a power of two. An outer-persistent kernel keeps its rows on chip, so
     it is built for the call's rows rounded up to a multiple of an eighth of the power of two
     at or above them (the shared memory it plans is at most 25% over what they need)."""
     if info.kind is not Kind.OUTER_NORM:
-        return min(next_pow2(rows), 1024)
+        return min(next_pow2(rows), ROWS_SEEN)
     step = max(1, next_pow2(rows) // 8)
     return max(1, ceil_div(rows, step) * step)
 

@@ -1,18 +1,35 @@
-"""The finalize kernel's schedule: sums the row kernel's [partial rows, hidden] fp32 partials
-per column (no atomics: the same sum on every run), then runs the column epilogue.
+"""The finalize's schedule: sums the row kernel's [partial rows, hidden] fp32 partials per
+column (no atomics: the same sum on every run), then runs the column epilogue.
 
 Its time is the latency of each thread's chain of loads from L2, so it wants many blocks and
 few partial rows per thread: FINALIZE_THREADS per block, split into as many columns as still
 leave every SM two blocks (at least 8 columns, so a warp reads whole 32-byte sectors), the
 rest lanes that stride a column's partial rows (bench/TUNING.md, "finalize").
+
+Fused, the row kernel finalizes its own columns: once every block has left its partial row
+(a grid-wide barrier; the launch is cooperative, so every block is resident), each block sums
+tiles of columns in turn with its own threads. That saves the finalize's launch, 7 us of the
+host's time per call (bench/host_profile.py --parts), but not device time: the finalize
+kernel launches programmatically and overlaps the row kernel's end, and it runs more threads
+than the resident row blocks have. On 16384 rows the fused form ran 1-3% slower at hidden
+1024 to 32768 (bench/TUNING.md, "fused finalize"), so it is the default only where the
+host's time is most of a call: where the call's row groups take one wave of resident blocks
+(one_wave). It needs every block resident and counting on one counter: no cluster, fixed
+strides (a counter's dealing has its own counter), rows not skewed (their grid may outnumber
+the resident blocks), and room in shared memory for the lanes' sums without a block per SM
+fewer (fusing_refusals).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from fuser.analysis import FusionInfo, Role
 from fuser.device import DeviceSpec
 from fuser.dtypes import DataType
-from fuser.schedulers.base import FinalizeSchedule, Problem
+from fuser.errors import HintError
+from fuser.schedulers.base import ROWS_SEEN, Dealing, FinalizeSchedule, Problem, RowSchedule
+from fuser.schedulers.hints import Hints
 from fuser.smem import SmemPlan
 
 FINALIZE_THREADS = 512
@@ -62,11 +79,91 @@ def finalize_schedule(info: FusionInfo, problem: Problem, device: DeviceSpec,
         lanes = FINALIZE_THREADS // cols
     else:
         cols = max(1, min(FINALIZE_COLUMNS[0], FINALIZE_THREADS // lanes))
-    plan = SmemPlan.build(
-        [(f"s_lanes_{e.outputs[0].name}", lanes * cols * 8,
-          f"the lanes' sums of {e.outputs[0].name}: {lanes} lanes x {cols} columns "
-          f"({total_type(e.outputs[0].dtype)})")
-         for e in info.outer_reductions],
-        device.smem_per_block_optin,
-    )
+    plan = SmemPlan.build(_lanes_requests(info, lanes, cols), device.smem_per_block_optin)
     return FinalizeSchedule(problem.hidden, cols, lanes, FINALIZE_UNROLL, plan)
+
+
+def lanes_buffers(info: FusionInfo) -> list[str]:
+    """The shared buffers the lanes' sums of each outer reduction meet in, in order."""
+    return [f"s_lanes_{e.outputs[0].name}" for e in info.outer_reductions]
+
+
+def _lanes_requests(info: FusionInfo, lanes: int, cols: int) -> list[tuple[str, int, str]]:
+    return [(name, lanes * cols * 8,
+             f"the lanes' sums of {e.outputs[0].name}: {lanes} lanes x {cols} columns "
+             f"({total_type(e.outputs[0].dtype)})")
+            for name, e in zip(lanes_buffers(info), info.outer_reductions, strict=True)]
+
+
+def fused_columns(hidden: int, s: RowSchedule, device: DeviceSpec) -> int:
+    """A fused finalize's tile, of the widths that divide the block's threads: the widest
+    that still gives every resident block a tile, else the narrowest; the whole block where
+    it has fewer threads than the narrowest (FINALIZE_COLUMNS[-1] where none divides: the
+    block cannot fuse)."""
+    if s.threads < FINALIZE_COLUMNS[-1]:
+        return s.threads
+    widths = [c for c in FINALIZE_COLUMNS if s.threads % c == 0] or [FINALIZE_COLUMNS[-1]]
+    blocks = s.blocks_per_sm * device.sm_count
+    return next((c for c in widths if -(-hidden // c) >= blocks), widths[-1])
+
+
+def _fused(info: FusionInfo, s: RowSchedule, device: DeviceSpec) -> FinalizeSchedule:
+    """The fused finalize of row schedule s, its plan the row kernel's and the lanes' sums."""
+    cols = fused_columns(s.hidden, s, device)
+    lanes = s.threads // cols
+    plan = SmemPlan.build([(b.name, b.nbytes, b.purpose) for b in s.smem.buffers]
+                          + _lanes_requests(info, lanes, cols), s.smem.limit)
+    return FinalizeSchedule(s.hidden, cols, lanes, FINALIZE_UNROLL, plan, fused=True)
+
+
+def fusing_refusals(s: RowSchedule, fused: FinalizeSchedule, device: DeviceSpec) -> list[str]:
+    """Why row schedule s cannot finalize its own columns with `fused` (none: it can)."""
+    reasons = []
+    if s.cluster > 1:
+        reasons.append(f"its rows are split over clusters of {s.cluster} blocks")
+    if s.dealing is not Dealing.STRIDED:
+        reasons.append(f"its row groups are dealt {s.dealing.value}, not by fixed strides")
+    if s.skew:
+        reasons.append("its rows are skewed (the grid strides over periods of skews, which "
+                       "may outnumber the resident blocks)")
+    if s.threads % fused.cols_per_block:
+        reasons.append(f"its {s.threads} threads a block are not a multiple of "
+                       f"{fused.cols_per_block} columns")
+    total = fused.smem.total
+    fit = device.smem_per_sm // (total + device.reserved_smem_per_block)
+    if total > device.smem_per_block_optin or fit < s.blocks_per_sm:
+        reasons.append(f"with the lanes' sums its shared memory ({s.smem.total} -> {total} B "
+                       f"a block) leaves room for {fit} of its {s.blocks_per_sm} blocks per SM")
+    return reasons
+
+
+def finalized(info: FusionInfo, s: RowSchedule, problem: Problem, device: DeviceSpec,
+              hints: Hints | None) -> tuple[RowSchedule, FinalizeSchedule | None]:
+    """The row schedule and its finalize: none without column outputs; fused where hinted
+    (Hints(fused_finalize=True), refused where fusing_refusals() finds a reason) or, without
+    a hint either way or a finalize_lanes hint (which shapes a finalize kernel of its own),
+    where the rows take one wave and nothing refuses; a kernel of its own otherwise. Fused,
+    the row schedule's shared-memory plan is the finalize's, with the lanes' sums after the
+    row kernel's buffers."""
+    if not needs_finalize(info):
+        return s, None
+    hints = hints or Hints()
+    fused = _fused(info, s, device)
+    refusals = fusing_refusals(s, fused, device)
+    if hints.fused_finalize and refusals:
+        raise HintError(f"Hints(fused_finalize=True): this row kernel cannot finalize its own "
+                        f"columns: {'; '.join(refusals)}; allowed here: fused_finalize=False")
+    wanted = hints.fused_finalize
+    if wanted is None:
+        wanted = hints.finalize_lanes is None and one_wave(s, problem, device)
+    if refusals or not wanted:
+        return s, finalize_schedule(info, problem, device, hints.finalize_lanes)
+    return replace(s, smem=fused.smem), fused
+
+
+def one_wave(s: RowSchedule, problem: Problem, device: DeviceSpec) -> bool:
+    """Whether the call's row groups take at most one wave of the resident blocks: a call
+    short enough that its host's time counts (the default for fusing). A schedule sees at
+    most ROWS_SEEN rows, which stand for any more too: those calls are not one wave."""
+    groups = -(-problem.rows // s.rows_per_block)
+    return problem.rows < ROWS_SEEN and groups <= s.blocks_per_sm * device.sm_count

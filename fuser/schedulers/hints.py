@@ -39,7 +39,12 @@ class Hints:
                       registers (a skewed row's columns: global)
     accumulators      where the column (outer) reductions accumulate: registers, smem or
                       global (the block's own partial rows of the workspace)
-    finalize_lanes    threads summing one column's partial rows in the finalize kernel
+    finalize_lanes    threads summing one column's partial rows in a finalize kernel of its
+                      own (given alone, it asks for that kernel)
+    fused_finalize    True: the row kernel sums its own columns after a grid-wide barrier
+                      (refused where it cannot: a cluster, a counter's dealing, skewed rows,
+                      or shared memory it would cost a block per SM); False: a finalize
+                      kernel of its own
     aligned_copy      True: fill shared row buffers with 16-byte copies from below each row's
                       start (where vectors are narrower than 16 bytes and the inputs 16-byte
                       aligned); False: copies of one vector each
@@ -62,6 +67,7 @@ class Hints:
     storage: tuple[tuple[str, Storage], ...] | None = None
     accumulators: Storage | None = None
     finalize_lanes: int | None = None
+    fused_finalize: bool | None = None
     aligned_copy: bool | None = None
     skewed: bool | None = None
     dealing: Dealing | None = None
@@ -71,7 +77,7 @@ class Hints:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise HintError(f"Hints({name}={value!r}): an int is needed")
-        for name in ("aligned_copy", "skewed"):
+        for name in ("aligned_copy", "skewed", "fused_finalize"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise HintError(f"Hints({name}={value!r}): True or False")
@@ -92,9 +98,20 @@ class Hints:
         """'threads_per_row=64, storage=T0:smem,T1:ring': the set hints, as written."""
         return ", ".join(f"{k}={_value_words(v)}" for k, v in self.given().items())
 
-    def without_finalize(self) -> Hints:
-        """These hints less the finalize's, which the row scheduler does not use."""
-        return replace(self, finalize_lanes=None)
+    def for_rows(self) -> Hints:
+        """These hints as the row scheduler takes them: less the finalize's, and where a fused
+        finalize is asked for, what it needs of the rows unless hinted otherwise (no
+        cluster, fixed strides, rows not skewed)."""
+        rows = replace(self, finalize_lanes=None, fused_finalize=None)
+        if self.fused_finalize:
+            rows = replace(rows, cluster=_given(self.cluster, 1),
+                           dealing=_given(self.dealing, Dealing.STRIDED),
+                           skewed=_given(self.skewed, False))
+        return rows
+
+
+def _given(value, otherwise):
+    return otherwise if value is None else value
 
 
 def _value_words(value: object) -> str:
@@ -211,6 +228,12 @@ def _problems(hints: Hints, ctx: HintContext):
             yield "finalize_lanes", "this fusion has no finalize kernel (no column outputs)"
         elif not 1 <= lanes <= device.max_threads_per_block:
             yield "finalize_lanes", f"allowed: 1 to {device.max_threads_per_block}"
+        elif hints.fused_finalize:
+            yield "finalize_lanes", ("a fused finalize takes the row kernel's threads as its "
+                                     "lanes; finalize_lanes shapes a finalize kernel of its "
+                                     "own (fused_finalize=False or unset)")
+    if hints.fused_finalize is not None and not ctx.has_finalize:
+        yield "fused_finalize", "this fusion has no column outputs to finalize"
 
 
 def _storage_problems(hints: Hints, ctx: HintContext):

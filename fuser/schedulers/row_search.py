@@ -21,7 +21,7 @@ from fuser.analysis import FusionInfo, Role
 from fuser.device import DeviceSpec
 from fuser.errors import HintError, OutOfResourcesError
 from fuser.schedulers.base import Problem, RowSchedule, Storage
-from fuser.schedulers.finalize import default_lanes, needs_finalize
+from fuser.schedulers.finalize import default_lanes, finalized, needs_finalize
 from fuser.schedulers.hints import HintContext, Hints, check, powers_of_two
 from fuser.schedulers.row_fit import fit
 from fuser.schedulers.row_geometry import (
@@ -67,7 +67,7 @@ class RowSearch:
         self.problem = problem
         self.device = device
         self.policy = policy
-        self.hints = (hints or Hints()).without_finalize()
+        self.hints = (hints or Hints()).for_rows()
         self.given = hints or Hints()
         self.rejections: list[Rejection] = []
 
@@ -308,6 +308,8 @@ class RowSearch:
             return default_lanes(self.problem.hidden, self.device) if needs_finalize(info) else None
         if name == "accumulators" and not info.outer_reductions:
             return None
+        if name == "fused_finalize" and not needs_finalize(info):
+            return None
         search = RowSearch(self.fusion.info, self.problem, self.device, self.policy)
         try:
             s = next(search.candidates())
@@ -315,6 +317,9 @@ class RowSearch:
             return "nothing (no schedule fits)"
         if name == "storage":
             return tuple((p.tensor, p.storage) for p in s.placements)
+        if name == "fused_finalize":
+            final = finalized(info, s, self.problem, self.device, None)[1]
+            return final is not None and final.fused
         return getattr(s, name)
 
     def _exhausted(self) -> Exception:

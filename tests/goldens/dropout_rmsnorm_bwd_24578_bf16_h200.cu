@@ -95,6 +95,7 @@
 //   cols_per_block     32
 //   partial_lanes      16
 //   unroll             16
+//   fused              False
 //
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
@@ -270,7 +271,7 @@ dropout_rmsnorm_bwd_finalize(
   double* const s_lanes_T33 = reinterpret_cast<double*>(smem);
   double total_T33 = fm::Sum::identity<double>();
   if (col < H) {
-#pragma unroll 16
+    #pragma unroll 16
     for (int p = lane; p < partial_rows; p += LANES) {
       const long long at = static_cast<long long>(p) * H + col;
       total_T33 = fm::Sum{}(total_T33, static_cast<double>(g_part_T33[at]));
@@ -278,11 +279,12 @@ dropout_rmsnorm_bwd_finalize(
   }
   s_lanes_T33[lane * COLS + threadIdx.x] = total_T33;
   __syncthreads();
-  if (lane != 0 || col >= H) return;
-  for (int l = 1; l < LANES; ++l) {
-    const double lane_total = s_lanes_T33[l * COLS + threadIdx.x];
-    total_T33 = fm::Sum{}(total_T33, lane_total);
+  if (lane == 0 && col < H) {
+    for (int l = 1; l < LANES; ++l) {
+      const double lane_total = s_lanes_T33[l * COLS + threadIdx.x];
+      total_T33 = fm::Sum{}(total_T33, lane_total);
+    }
+    const float tot_T33 = static_cast<float>(total_T33);
+    g_T38[col] = fm::to_storage<__nv_bfloat16>(tot_T33);
   }
-  const float tot_T33 = static_cast<float>(total_T33);
-  g_T38[col] = fm::to_storage<__nv_bfloat16>(tot_T33);
 }

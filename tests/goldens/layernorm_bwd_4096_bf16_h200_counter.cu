@@ -96,6 +96,7 @@
 //   cols_per_block     8
 //   partial_lanes      64
 //   unroll             16
+//   fused              False
 //
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
@@ -269,7 +270,7 @@ layernorm_bwd_finalize(
   double total_T38 = fm::Sum::identity<double>();
   double total_T40 = fm::Sum::identity<double>();
   if (col < H) {
-#pragma unroll 16
+    #pragma unroll 16
     for (int p = lane; p < partial_rows; p += LANES) {
       const long long at = static_cast<long long>(p) * H + col;
       total_T38 = fm::Sum{}(total_T38, static_cast<double>(g_part_T38[at]));
@@ -279,17 +280,18 @@ layernorm_bwd_finalize(
   s_lanes_T38[lane * COLS + threadIdx.x] = total_T38;
   s_lanes_T40[lane * COLS + threadIdx.x] = total_T40;
   __syncthreads();
-  if (lane != 0 || col >= H) return;
-  for (int l = 1; l < LANES; ++l) {
-    const double lane_total = s_lanes_T38[l * COLS + threadIdx.x];
-    total_T38 = fm::Sum{}(total_T38, lane_total);
+  if (lane == 0 && col < H) {
+    for (int l = 1; l < LANES; ++l) {
+      const double lane_total = s_lanes_T38[l * COLS + threadIdx.x];
+      total_T38 = fm::Sum{}(total_T38, lane_total);
+    }
+    const float tot_T38 = static_cast<float>(total_T38);
+    for (int l = 1; l < LANES; ++l) {
+      const double lane_total = s_lanes_T40[l * COLS + threadIdx.x];
+      total_T40 = fm::Sum{}(total_T40, lane_total);
+    }
+    const float tot_T40 = static_cast<float>(total_T40);
+    g_T39[col] = fm::to_storage<__nv_bfloat16>(tot_T38);
+    g_T41[col] = fm::to_storage<__nv_bfloat16>(tot_T40);
   }
-  const float tot_T38 = static_cast<float>(total_T38);
-  for (int l = 1; l < LANES; ++l) {
-    const double lane_total = s_lanes_T40[l * COLS + threadIdx.x];
-    total_T40 = fm::Sum{}(total_T40, lane_total);
-  }
-  const float tot_T40 = static_cast<float>(total_T40);
-  g_T39[col] = fm::to_storage<__nv_bfloat16>(tot_T38);
-  g_T41[col] = fm::to_storage<__nv_bfloat16>(tot_T40);
 }

@@ -82,6 +82,7 @@
 //   cols_per_block     32
 //   partial_lanes      16
 //   unroll             16
+//   fused              False
 //
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
@@ -130,7 +131,8 @@ rmsnorm_bwd_row(
   fm::AccumulatorInGlobal<float, fm::Sum, Part> acc_T25(part, g_part_T25);
   // the row reductions: warps, then the row's warps, then the cluster's blocks
   fm::RowReducer<float, Part, 1> reduce(s_reduce, nullptr);
-  // staging ring: T0, T2 by cp.async: 4 slots, 16 chunk(s) of 8192 elements (tail 8192) per pass, 2 pass(es) per row
+  // staging ring: T0, T2 by cp.async: 4 slots, 16 chunk(s) of 8192 elements (tail 8192) per pass, 2
+  // pass(es) per row
   fm::StagingRing<Part, false, 4, 1, 16, 2, 32> ring(nullptr, part);
   fm::RowInRing<__nv_bfloat16, Part, false, 1024> T0(s_ring_T0, g_T0);
   fm::RowInRing<__nv_bfloat16, Part, false, 1024> T2(s_ring_T2, g_T2);
@@ -218,7 +220,7 @@ rmsnorm_bwd_finalize(
   double* const s_lanes_T25 = reinterpret_cast<double*>(smem);
   double total_T25 = fm::Sum::identity<double>();
   if (col < H) {
-#pragma unroll 16
+    #pragma unroll 16
     for (int p = lane; p < partial_rows; p += LANES) {
       const long long at = static_cast<long long>(p) * H + col;
       total_T25 = fm::Sum{}(total_T25, static_cast<double>(g_part_T25[at]));
@@ -226,11 +228,12 @@ rmsnorm_bwd_finalize(
   }
   s_lanes_T25[lane * COLS + threadIdx.x] = total_T25;
   __syncthreads();
-  if (lane != 0 || col >= H) return;
-  for (int l = 1; l < LANES; ++l) {
-    const double lane_total = s_lanes_T25[l * COLS + threadIdx.x];
-    total_T25 = fm::Sum{}(total_T25, lane_total);
+  if (lane == 0 && col < H) {
+    for (int l = 1; l < LANES; ++l) {
+      const double lane_total = s_lanes_T25[l * COLS + threadIdx.x];
+      total_T25 = fm::Sum{}(total_T25, lane_total);
+    }
+    const float tot_T25 = static_cast<float>(total_T25);
+    g_T27[col] = fm::to_storage<__nv_bfloat16>(tot_T25);
   }
-  const float tot_T25 = static_cast<float>(total_T25);
-  g_T27[col] = fm::to_storage<__nv_bfloat16>(tot_T25);
 }

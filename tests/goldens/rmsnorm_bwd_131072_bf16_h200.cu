@@ -81,6 +81,7 @@
 //   cols_per_block     32
 //   partial_lanes      16
 //   unroll             16
+//   fused              False
 //
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
@@ -227,7 +228,7 @@ rmsnorm_bwd_finalize(
   double* const s_lanes_T25 = reinterpret_cast<double*>(smem);
   double total_T25 = fm::Sum::identity<double>();
   if (col < H) {
-#pragma unroll 16
+    #pragma unroll 16
     for (int p = lane; p < partial_rows; p += LANES) {
       const long long at = static_cast<long long>(p) * H + col;
       total_T25 = fm::Sum{}(total_T25, static_cast<double>(g_part_T25[at]));
@@ -235,11 +236,12 @@ rmsnorm_bwd_finalize(
   }
   s_lanes_T25[lane * COLS + threadIdx.x] = total_T25;
   __syncthreads();
-  if (lane != 0 || col >= H) return;
-  for (int l = 1; l < LANES; ++l) {
-    const double lane_total = s_lanes_T25[l * COLS + threadIdx.x];
-    total_T25 = fm::Sum{}(total_T25, lane_total);
+  if (lane == 0 && col < H) {
+    for (int l = 1; l < LANES; ++l) {
+      const double lane_total = s_lanes_T25[l * COLS + threadIdx.x];
+      total_T25 = fm::Sum{}(total_T25, lane_total);
+    }
+    const float tot_T25 = static_cast<float>(total_T25);
+    g_T27[col] = fm::to_storage<__nv_bfloat16>(tot_T25);
   }
-  const float tot_T25 = static_cast<float>(total_T25);
-  g_T27[col] = fm::to_storage<__nv_bfloat16>(tot_T25);
 }

@@ -87,6 +87,7 @@
 //   cols_per_block     8
 //   partial_lanes      64
 //   unroll             16
+//   fused              False
 //
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
@@ -144,7 +145,8 @@ rmsnorm_bwd_row(
   fm::AccumulatorInSmem<float, fm::Sum, Part> acc_T25(part, g_part_T25, s_acc_T25);
   // the row reductions: warps, then the row's warps, then the cluster's blocks
   fm::RowReducer<float, Part, 1> reduce(s_reduce, s_cluster);
-  // staging ring: T0, T2 by cp.async.bulk: 4 slots, 1 chunk(s) of 512 elements (tail 512) per pass, 2 pass(es) per row
+  // staging ring: T0, T2 by cp.async.bulk: 4 slots, 1 chunk(s) of 512 elements (tail 512) per pass,
+  // 2 pass(es) per row
   fm::StagingRing<Part, true, 4, 1, 1, 2, 32> ring(s_ring_full, part);
   fm::RowInRing<__nv_bfloat16, Part, true, 64> T0(s_ring_T0, g_T0);
   fm::RowInRing<__nv_bfloat16, Part, true, 64> T2(s_ring_T2, g_T2);
@@ -234,7 +236,7 @@ rmsnorm_bwd_finalize(
   double* const s_lanes_T25 = reinterpret_cast<double*>(smem);
   double total_T25 = fm::Sum::identity<double>();
   if (col < H) {
-#pragma unroll 16
+    #pragma unroll 16
     for (int p = lane; p < partial_rows; p += LANES) {
       const long long at = static_cast<long long>(p) * H + col;
       total_T25 = fm::Sum{}(total_T25, static_cast<double>(g_part_T25[at]));
@@ -242,11 +244,12 @@ rmsnorm_bwd_finalize(
   }
   s_lanes_T25[lane * COLS + threadIdx.x] = total_T25;
   __syncthreads();
-  if (lane != 0 || col >= H) return;
-  for (int l = 1; l < LANES; ++l) {
-    const double lane_total = s_lanes_T25[l * COLS + threadIdx.x];
-    total_T25 = fm::Sum{}(total_T25, lane_total);
+  if (lane == 0 && col < H) {
+    for (int l = 1; l < LANES; ++l) {
+      const double lane_total = s_lanes_T25[l * COLS + threadIdx.x];
+      total_T25 = fm::Sum{}(total_T25, lane_total);
+    }
+    const float tot_T25 = static_cast<float>(total_T25);
+    g_T27[col] = fm::to_storage<__nv_bfloat16>(tot_T25);
   }
-  const float tot_T25 = static_cast<float>(total_T25);
-  g_T27[col] = fm::to_storage<__nv_bfloat16>(tot_T25);
 }

@@ -107,7 +107,8 @@ rmsnorm_fwd_row(
   fm::ColumnInGlobal<__nv_bfloat16, Part> T1(g_T1);
   // the row reductions: warps, then the row's warps, then the cluster's blocks
   fm::RowReducer<float, Part, 1> reduce(s_reduce, s_cluster);
-  // staging ring: T0 by cp.async.bulk: 4 slots, 8 chunk(s) of 16384 elements (tail 16384) per pass, 2 pass(es) per row
+  // staging ring: T0 by cp.async.bulk: 4 slots, 8 chunk(s) of 16384 elements (tail 16384) per pass,
+  // 2 pass(es) per row
   fm::StagingRing<Part, true, 4, 2, 8, 2, 16> ring(s_ring_full, part);
   fm::RowInRing<__nv_bfloat16, Part, true, 2048> T0(s_ring_T0, g_T0);
 

@@ -104,7 +104,8 @@ rmsnorm_fwd_row(
   fm::ColumnInSmem<__nv_bfloat16, Part> T1(part, s_T1, g_T1);
   // the row reductions: warps, then the row's warps, then the cluster's blocks
   fm::RowReducer<float, Part, 1> reduce(s_reduce, nullptr);
-  // staging ring: T0 by cp.async.bulk: 4 slots, 1 chunk(s) of 16384 elements (tail 16384) per pass, 2 pass(es) per row
+  // staging ring: T0 by cp.async.bulk: 4 slots, 1 chunk(s) of 16384 elements (tail 16384) per pass,
+  // 2 pass(es) per row
   fm::StagingRing<Part, true, 4, 4, 1, 2, 16> ring(s_ring_full, part);
   fm::RowInRing<__nv_bfloat16, Part, true, 2048> T0(s_ring_T0, g_T0);
   __syncthreads();  // the column buffers are shared by the block's rows

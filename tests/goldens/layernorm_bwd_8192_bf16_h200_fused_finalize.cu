@@ -1,0 +1,297 @@
+// fuser kernel module for fusion 'layernorm_bwd' (templates <templates>)
+//
+// The fusion, lowered to primitives (Python that rebuilds it):
+// def define_fusion(fd: FusionDefinition) -> None:
+//     T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
+//     T1 = fd.define_tensor(shape=[-1, 1], contiguity=[True, None], dtype=DataType.Float)
+//     T2 = fd.define_tensor(shape=[-1, 1], contiguity=[True, None], dtype=DataType.Float)
+//     T3 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
+//     T4 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.BFloat16)
+//     T5 = fd.ops.cast(T3, dtype=DataType.Float)
+//     T6 = fd.ops.cast(T0, dtype=DataType.Float)
+//     S7 = fd.ops.size(T0, dim=0)
+//     S8 = fd.ops.size(T0, dim=1)
+//     T9 = fd.ops.broadcast_in_dim(T1, shape=[S7, S8], broadcast_dims=[0, 1])
+//     T10 = fd.ops.sub(T6, T9)
+//     S11 = fd.ops.size(T0, dim=0)
+//     S12 = fd.ops.size(T0, dim=1)
+//     T13 = fd.ops.broadcast_in_dim(T2, shape=[S11, S12], broadcast_dims=[0, 1])
+//     T14 = fd.ops.mul(T10, T13)
+//     T15 = fd.ops.cast(T4, dtype=DataType.Float)
+//     T16 = fd.ops.mul(T5, T15)
+//     S17 = fd.ops.size(T0, dim=1)
+//     T18 = fd.ops.mul(T16, T14)
+//     T19 = fd.ops.sum(T18, dims=[1], keepdim=True, dtype=DataType.Float)
+//     T20 = fd.ops.div(T19, S17)
+//     T21 = fd.ops.sum(T16, dims=[1], keepdim=True, dtype=DataType.Float)
+//     T22 = fd.ops.div(T21, S17)
+//     S23 = fd.ops.size(T0, dim=0)
+//     S24 = fd.ops.size(T0, dim=1)
+//     T25 = fd.ops.broadcast_in_dim(T20, shape=[S23, S24], broadcast_dims=[0, 1])
+//     T26 = fd.ops.mul(T14, T25)
+//     T27 = fd.ops.sub(T16, T26)
+//     S28 = fd.ops.size(T0, dim=0)
+//     S29 = fd.ops.size(T0, dim=1)
+//     T30 = fd.ops.broadcast_in_dim(T22, shape=[S28, S29], broadcast_dims=[0, 1])
+//     T31 = fd.ops.sub(T27, T30)
+//     S32 = fd.ops.size(T0, dim=0)
+//     S33 = fd.ops.size(T0, dim=1)
+//     T34 = fd.ops.broadcast_in_dim(T2, shape=[S32, S33], broadcast_dims=[0, 1])
+//     T35 = fd.ops.mul(T31, T34)
+//     T36 = fd.ops.cast(T35, dtype=DataType.BFloat16)
+//     T37 = fd.ops.mul(T5, T14)
+//     T38 = fd.ops.sum(T37, dims=[0], keepdim=False, dtype=DataType.Float)
+//     T39 = fd.ops.cast(T38, dtype=DataType.BFloat16)
+//     T40 = fd.ops.sum(T5, dims=[0], keepdim=False, dtype=DataType.Float)
+//     T41 = fd.ops.cast(T40, dtype=DataType.BFloat16)
+//     fd.add_output(T36)
+//     fd.add_output(T39)
+//     fd.add_output(T41)
+//
+// kind:              inner + outer reduction
+// full inputs:       T0:BFloat16, T3:BFloat16
+// row inputs:        T1:Float, T2:Float
+// column inputs:     T4:BFloat16
+// scalar inputs:     -
+// persistent:        T0:BFloat16, T3:BFloat16
+// inner level 0:     sum(T18)->T19, sum(T16)->T21
+// outer reductions:  sum(T37)->T38, sum(T5)->T40
+// outputs:           T36:full, T39:col, T41:col
+//
+// RowSchedule
+//   scheduler          inner_outer_persistent
+//   reason             smem-first policy: T4 in smem, T0, T3 re-read each pass through a staging ring (cp.async.bulk, 4
+//       slots x 2 chunk(s)), column accumulators in smem, ~48 regs/thread, ~1 block(s)/SM (as hinted)
+//   hidden             8192
+//   vec                8
+//   skew               0
+//   threads_per_row    64
+//   rows_per_block     1
+//   cluster            1
+//   batch              16
+//   unroll             8
+//   full_unroll        False
+//   kept               ()
+//   stages             1
+//   aligned_copy       False
+//   placements         T0:BFloat16->ring, T3:BFloat16->ring, T4:BFloat16->smem
+//   accumulators       smem
+//   ring               T0, T3 by cp.async.bulk: 4 slots, 2 chunk(s) of 4096 elements (tail 4096) per pass, 2 pass(es)
+//       per row
+//   reduction_bytes    4
+//   regs_estimate      48
+//   blocks_per_sm      1
+//   dealing            strided
+//
+// shared memory plan:
+// buffer       bytes  offset  aligned  purpose
+// s_ring_T0    32768       0    32768  staging ring T0: 4 slots x 4096 elements, 2 chunk(s) per pass, tail 4096
+// s_ring_T3    32768   32768    32768  staging ring T3: 4 slots x 4096 elements, 2 chunk(s) per pass, tail 4096
+// s_ring_full     32   65536      128  4 mbarriers (8 B each), one per ring slot: the slot's bulk copies have landed
+// s_T4         16384   65664    16384  column buffer T4 (BFloat16) x 8192
+// s_acc_T38    32768   82048    32768  column accumulator T38 x 1 row(s) x 8192
+// s_acc_T40    32768  114816    32768  column accumulator T40 x 1 row(s) x 8192
+// s_reduce        32  147584      128  inner-reduction scratch: 2 parities x 2 x 1 row(s) x 2 warps x 4 B
+// s_lanes_T38    512  147712      512  the lanes' sums of T38: 2 lanes x 32 columns (double)
+// s_lanes_T40    512  148224      512  the lanes' sums of T40: 2 lanes x 32 columns (double)
+// static slot    128  static      128  static __shared__ (magic zero)
+// total 148864 B = dynamic 148736 + static 128; limit 232448 B; headroom 83584 B; alignment 128 B
+//
+// FinalizeSchedule
+//   hidden             8192
+//   cols_per_block     32
+//   partial_lanes      2
+//   unroll             16
+//   fused              True
+//
+// shared memory plan:
+// buffer       bytes  offset  aligned  purpose
+// s_ring_T0    32768       0    32768  staging ring T0: 4 slots x 4096 elements, 2 chunk(s) per pass, tail 4096
+// s_ring_T3    32768   32768    32768  staging ring T3: 4 slots x 4096 elements, 2 chunk(s) per pass, tail 4096
+// s_ring_full     32   65536      128  4 mbarriers (8 B each), one per ring slot: the slot's bulk copies have landed
+// s_T4         16384   65664    16384  column buffer T4 (BFloat16) x 8192
+// s_acc_T38    32768   82048    32768  column accumulator T38 x 1 row(s) x 8192
+// s_acc_T40    32768  114816    32768  column accumulator T40 x 1 row(s) x 8192
+// s_reduce        32  147584      128  inner-reduction scratch: 2 parities x 2 x 1 row(s) x 2 warps x 4 B
+// s_lanes_T38    512  147712      512  the lanes' sums of T38: 2 lanes x 32 columns (double)
+// s_lanes_T40    512  148224      512  the lanes' sums of T40: 2 lanes x 32 columns (double)
+// static slot    128  static      128  static __shared__ (magic zero)
+// total 148864 B = dynamic 148736 + static 128; limit 232448 B; headroom 83584 B; alignment 128 B
+
+#include "fuser_rows.cuh"
+#include "fuser_row_ring.cuh"
+#include "fuser_row_reduce.cuh"
+#include "fuser_row_columns.cuh"
+
+// Each block works on 1 row(s) at a time; a persistent grid, each block taking every grid-th row group.
+// Thread x of a row owns vectors x, x + 64, ... (16 of them, 8 element(s) each) of the row.
+// Inputs: T4 in smem; T0, T3 in ring.
+extern "C" __global__ void __launch_bounds__(64, 1)
+layernorm_bwd_row(
+    const __nv_bfloat16* __restrict__ g_T0,
+    const __nv_bfloat16* __restrict__ g_T3,
+    const __nv_bfloat16* __restrict__ g_T4,
+    const float* __restrict__ g_T1,
+    const float* __restrict__ g_T2,
+    __nv_bfloat16* __restrict__ g_T36,
+    __nv_bfloat16* __restrict__ g_T39,
+    __nv_bfloat16* __restrict__ g_T41,
+    float* __restrict__ g_part_T38,
+    float* __restrict__ g_part_T40,
+    long long n_rows,
+    int partial_rows,
+    unsigned long long* __restrict__ g_grid_barrier)
+{
+  constexpr int H = 8192;  // elements per row
+  constexpr int RPB = 1;  // rows per block
+  // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER, SKEW: the thread's rows and vectors, and their passes
+  using Part = fm::RowPart<H, 8, 64, RPB, 16, 8, 1, 0>;
+  const Part part;
+  const int zero = fm::magic_zero();
+
+  // Shared memory, as planned (each buffer 128-byte aligned; the static slot is separate).
+  extern __shared__ __align__(128) unsigned char smem[];
+  // staging ring T0: 4 slots x 4096 elements, 2 chunk(s) per pass, tail 4096
+  unsigned char* const s_ring_T0 = smem;
+  // staging ring T3: 4 slots x 4096 elements, 2 chunk(s) per pass, tail 4096
+  unsigned char* const s_ring_T3 = smem + 32768;
+  // 4 mbarriers (8 B each), one per ring slot: the slot's bulk copies have landed
+  unsigned char* const s_ring_full = smem + 65536;
+  // column buffer T4 (BFloat16) x 8192
+  unsigned char* const s_T4 = smem + 65664;
+  // column accumulator T38 x 1 row(s) x 8192
+  unsigned char* const s_acc_T38 = smem + 82048;
+  // column accumulator T40 x 1 row(s) x 8192
+  unsigned char* const s_acc_T40 = smem + 114816;
+  // inner-reduction scratch: 2 parities x 2 x 1 row(s) x 2 warps x 4 B
+  unsigned char* const s_reduce = smem + 147584;
+  const long long S17 = static_cast<long long>(H);
+
+  fm::ColumnInSmem<__nv_bfloat16, Part> T4(part, s_T4, g_T4);
+  // column reduction sum(T37) -> T38, in smem
+  fm::AccumulatorInSmem<float, fm::Sum, Part> acc_T38(part, g_part_T38, s_acc_T38);
+  // column reduction sum(T5) -> T40, in smem
+  fm::AccumulatorInSmem<float, fm::Sum, Part> acc_T40(part, g_part_T40, s_acc_T40);
+  // the row reductions: warps, then the row's warps, then the cluster's blocks
+  fm::RowReducer<float, Part, 2> reduce(s_reduce, nullptr);
+  // staging ring: T0, T3 by cp.async.bulk: 4 slots, 2 chunk(s) of 4096 elements (tail 4096) per
+  // pass, 2 pass(es) per row
+  fm::StagingRing<Part, true, 4, 8, 2, 2, 32> ring(s_ring_full, part);
+  fm::RowInRing<__nv_bfloat16, Part, true, 512> T0(s_ring_T0, g_T0);
+  fm::RowInRing<__nv_bfloat16, Part, true, 512> T3(s_ring_T3, g_T3);
+  __syncthreads();  // the column buffers are shared by the block's rows
+
+  const long long row_stride = part.row_stride();
+  long long row0 = part.first_row();
+  auto ring_fill = [&](const fm::RingChunk& chunk) {  // chunk's copies into its slot
+    T0.fill(part, chunk, ring);
+    T3.fill(part, chunk, ring);
+  };
+  ring.start(part, n_rows, ring_fill);
+  for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
+    const long long row = row0 + part.ty + zero;
+    const bool valid = row < n_rows;
+    const int skew = Part::skew(row);  // 0: rows start on vector boundaries
+    const float row_T1 = fm::row_value<float>(g_T1, row, valid);
+    const float row_T2 = fm::row_value<float>(g_T2, row, valid);
+
+    // Inner reduction level 0: sum(T18) -> T19, sum(T16) -> T21.
+    float row_T19 = fm::Sum::identity<float>();
+    float row_T21 = fm::Sum::identity<float>();
+    ring.pass<1>(part, skew, n_rows, ring_fill, [&](const auto& v) {
+      const auto x_T0 = T0.at(v);
+      const auto x_T3 = T3.at(v);
+      const auto c_T4 = T4.at(v);
+#pragma unroll
+      for (int i = 0; i < Part::VEC; ++i) {
+        const float e_T5 = fm::to_compute(x_T3.v[i]);
+        const float e_T6 = fm::to_compute(x_T0.v[i]);
+        const float e_T10 = (e_T6 - row_T1);
+        const float e_T14 = (e_T10 * row_T2);
+        const float e_T15 = fm::to_compute(c_T4.v[i]);
+        const float e_T16 = (e_T5 * e_T15);
+        const float e_T18 = (e_T16 * e_T14);
+        if (fm::in_row<Part>(v, i)) row_T19 = fm::Sum{}(row_T19, e_T18);
+        if (fm::in_row<Part>(v, i)) row_T21 = fm::Sum{}(row_T21, e_T16);
+      }
+    });
+    reduce(part, fm::reduced(row_T19, fm::Sum{}), fm::reduced(row_T21, fm::Sum{}));
+    const float row_T20 = (row_T19 / static_cast<float>(S17));
+    const float row_T22 = (row_T21 / static_cast<float>(S17));
+
+    // Outputs of the row and the column accumulators.
+    ring.pass<1>(part, skew, n_rows, ring_fill, [&](const auto& v) {
+      const auto x_T0 = T0.at(v);
+      const auto x_T3 = T3.at(v);
+      const auto c_T4 = T4.at(v);
+      fm::Vec<__nv_bfloat16, Part::VEC> o_T36;
+#pragma unroll
+      for (int i = 0; i < Part::VEC; ++i) {
+        const float e_T5 = fm::to_compute(x_T3.v[i]);
+        const float e_T6 = fm::to_compute(x_T0.v[i]);
+        const float e_T10 = (e_T6 - row_T1);
+        const float e_T14 = (e_T10 * row_T2);
+        const float e_T15 = fm::to_compute(c_T4.v[i]);
+        const float e_T16 = (e_T5 * e_T15);
+        const float e_T26 = (e_T14 * row_T20);
+        const float e_T27 = (e_T16 - e_T26);
+        const float e_T31 = (e_T27 - row_T22);
+        const float e_T35 = (e_T31 * row_T2);
+        const float e_T37 = (e_T5 * e_T14);
+        o_T36.v[i] = fm::to_storage<__nv_bfloat16>(e_T35);
+        if (valid) acc_T38.add(v, i, e_T37);
+        if (valid) acc_T40.add(v, i, e_T5);
+      }
+      if (valid) fm::store_visit<Part, true>(g_T36 + row * H, v, o_T36);
+    });
+  }
+  acc_T38.finish(part);  // this block's partial row of T38
+  acc_T40.finish(part);  // this block's partial row of T40
+
+  // The column finalize, in this kernel: past the grid's barrier every block's partial rows
+  // are in the workspace; each block then sums tiles of COLS columns in turn, LANES threads
+  // a column.
+  fm::grid_barrier(g_grid_barrier);
+  {
+    constexpr int COLS = 32;
+    constexpr int LANES = 2;  // COLS x LANES: the block's threads
+    const int t = threadIdx.y * blockDim.x + threadIdx.x;
+    const int lane = t / COLS;
+    const int c = t % COLS;  // the thread's column of each tile
+    for (int tile = blockIdx.x; tile * COLS < H; tile += gridDim.x) {
+      const int col = tile * COLS + c;
+      // the lanes' sums of T38: 2 lanes x 32 columns (double)
+      double* const s_lanes_T38 = reinterpret_cast<double*>(smem + 147712);
+      // the lanes' sums of T40: 2 lanes x 32 columns (double)
+      double* const s_lanes_T40 = reinterpret_cast<double*>(smem + 148224);
+      double total_T38 = fm::Sum::identity<double>();
+      double total_T40 = fm::Sum::identity<double>();
+      if (col < H) {
+        #pragma unroll 16
+        for (int p = lane; p < partial_rows; p += LANES) {
+          const long long at = static_cast<long long>(p) * H + col;
+          total_T38 = fm::Sum{}(total_T38, static_cast<double>(fm::from_l2(g_part_T38 + at)));
+          total_T40 = fm::Sum{}(total_T40, static_cast<double>(fm::from_l2(g_part_T40 + at)));
+        }
+      }
+      s_lanes_T38[lane * COLS + c] = total_T38;
+      s_lanes_T40[lane * COLS + c] = total_T40;
+      __syncthreads();
+      if (lane == 0 && col < H) {
+        for (int l = 1; l < LANES; ++l) {
+          const double lane_total = s_lanes_T38[l * COLS + c];
+          total_T38 = fm::Sum{}(total_T38, lane_total);
+        }
+        const float tot_T38 = static_cast<float>(total_T38);
+        for (int l = 1; l < LANES; ++l) {
+          const double lane_total = s_lanes_T40[l * COLS + c];
+          total_T40 = fm::Sum{}(total_T40, lane_total);
+        }
+        const float tot_T40 = static_cast<float>(total_T40);
+        g_T39[col] = fm::to_storage<__nv_bfloat16>(tot_T38);
+        g_T41[col] = fm::to_storage<__nv_bfloat16>(tot_T40);
+      }
+      __syncthreads();  // every lane's sums are read before the next tile's are written
+    }
+  }
+}

@@ -1,0 +1,245 @@
+// fuser kernel module for fusion 'rmsnorm_bwd' (templates <templates>)
+//
+// The fusion, lowered to primitives (Python that rebuilds it):
+// def define_fusion(fd: FusionDefinition) -> None:
+//     T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
+//     T1 = fd.define_tensor(shape=[-1, 1], contiguity=[True, None], dtype=DataType.Float)
+//     T2 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
+//     T3 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.BFloat16)
+//     T4 = fd.ops.cast(T0, dtype=DataType.Float)
+//     S5 = fd.ops.size(T0, dim=0)
+//     S6 = fd.ops.size(T0, dim=1)
+//     T7 = fd.ops.broadcast_in_dim(T1, shape=[S5, S6], broadcast_dims=[0, 1])
+//     T8 = fd.ops.reciprocal(T7)
+//     T9 = fd.ops.cast(T2, dtype=DataType.Float)
+//     T10 = fd.ops.cast(T3, dtype=DataType.Float)
+//     T11 = fd.ops.mul(T9, T10)
+//     T12 = fd.ops.mul(T4, T8)
+//     T13 = fd.ops.mul(T11, T12)
+//     T14 = fd.ops.sum(T13, dims=[1], keepdim=True, dtype=DataType.Float)
+//     S15 = fd.ops.size(T0, dim=1)
+//     T16 = fd.ops.div(T14, S15)
+//     S17 = fd.ops.size(T0, dim=0)
+//     S18 = fd.ops.size(T0, dim=1)
+//     T19 = fd.ops.broadcast_in_dim(T16, shape=[S17, S18], broadcast_dims=[0, 1])
+//     T20 = fd.ops.mul(T12, T19)
+//     T21 = fd.ops.sub(T11, T20)
+//     T22 = fd.ops.mul(T21, T8)
+//     T23 = fd.ops.cast(T2, dtype=DataType.Float)
+//     T24 = fd.ops.mul(T23, T12)
+//     T25 = fd.ops.sum(T24, dims=[0], keepdim=False, dtype=DataType.Float)
+//     T26 = fd.ops.cast(T22, dtype=DataType.BFloat16)
+//     T27 = fd.ops.cast(T25, dtype=DataType.BFloat16)
+//     fd.add_output(T26)
+//     fd.add_output(T27)
+//
+// kind:              inner + outer reduction
+// full inputs:       T0:BFloat16, T2:BFloat16
+// row inputs:        T1:Float
+// column inputs:     T3:BFloat16
+// scalar inputs:     -
+// persistent:        T0:BFloat16, T2:BFloat16
+// inner level 0:     sum(T13)->T14
+// outer reductions:  sum(T24)->T25
+// outputs:           T26:full, T27:col
+//
+// RowSchedule
+//   scheduler          inner_outer_persistent
+//   reason             smem-first policy: T0, T2, T3 in smem, ~64 regs/thread, ~4 block(s)/SM
+//   hidden             1024
+//   vec                8
+//   skew               0
+//   threads_per_row    64
+//   rows_per_block     4
+//   cluster            1
+//   batch              2
+//   unroll             2
+//   full_unroll        True
+//   kept               ()
+//   stages             1
+//   aligned_copy       False
+//   placements         T0:BFloat16->smem(cp.async), T2:BFloat16->smem(cp.async), T3:BFloat16->smem
+//   accumulators       registers
+//   reduction_bytes    4
+//   regs_estimate      64
+//   blocks_per_sm      4
+//   dealing            strided
+//
+// shared memory plan:
+// buffer       bytes  offset  aligned  purpose
+// s_T0          8192       0     8192  row buffer T0 (BFloat16), 1 stage(s) x 4 row(s) x 1024
+// s_T2          8192    8192     8192  row buffer T2 (BFloat16), 1 stage(s) x 4 row(s) x 1024
+// s_T3          2048   16384     2048  column buffer T3 (BFloat16) x 1024
+// s_reduce        64   18432      128  inner-reduction scratch: 2 parities x 1 x 4 row(s) x 2 warps x 4 B
+// s_outer_T25   4096   18560     4096  column accumulator T25: 4 rows combined
+// s_lanes_T25   2048   22656     2048  the lanes' sums of T25: 32 lanes x 8 columns (double)
+// static slot    128  static      128  static __shared__ (magic zero)
+// total 24832 B = dynamic 24704 + static 128; limit 232448 B; headroom 207616 B; alignment 128 B
+//
+// FinalizeSchedule
+//   hidden             1024
+//   cols_per_block     8
+//   partial_lanes      32
+//   unroll             16
+//   fused              True
+//
+// shared memory plan:
+// buffer       bytes  offset  aligned  purpose
+// s_T0          8192       0     8192  row buffer T0 (BFloat16), 1 stage(s) x 4 row(s) x 1024
+// s_T2          8192    8192     8192  row buffer T2 (BFloat16), 1 stage(s) x 4 row(s) x 1024
+// s_T3          2048   16384     2048  column buffer T3 (BFloat16) x 1024
+// s_reduce        64   18432      128  inner-reduction scratch: 2 parities x 1 x 4 row(s) x 2 warps x 4 B
+// s_outer_T25   4096   18560     4096  column accumulator T25: 4 rows combined
+// s_lanes_T25   2048   22656     2048  the lanes' sums of T25: 32 lanes x 8 columns (double)
+// static slot    128  static      128  static __shared__ (magic zero)
+// total 24832 B = dynamic 24704 + static 128; limit 232448 B; headroom 207616 B; alignment 128 B
+
+#include "fuser_rows.cuh"
+#include "fuser_row_ring.cuh"
+#include "fuser_row_reduce.cuh"
+#include "fuser_row_columns.cuh"
+
+// Each block works on 4 row(s) at a time; a persistent grid, each block taking every grid-th row group.
+// Thread x of a row owns vectors x, x + 64, ... (2 of them, 8 element(s) each) of the row.
+// Inputs: T0, T2, T3 in smem.
+extern "C" __global__ void __launch_bounds__(256, 4)
+rmsnorm_bwd_row(
+    const __nv_bfloat16* __restrict__ g_T0,
+    const __nv_bfloat16* __restrict__ g_T2,
+    const __nv_bfloat16* __restrict__ g_T3,
+    const float* __restrict__ g_T1,
+    __nv_bfloat16* __restrict__ g_T26,
+    __nv_bfloat16* __restrict__ g_T27,
+    float* __restrict__ g_part_T25,
+    long long n_rows,
+    int partial_rows,
+    unsigned long long* __restrict__ g_grid_barrier)
+{
+  constexpr int H = 1024;  // elements per row
+  constexpr int RPB = 4;  // rows per block
+  // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER, SKEW: the thread's rows and vectors, and their passes
+  using Part = fm::RowPart<H, 8, 64, RPB, 2, 2, 1, 0>;
+  const Part part;
+  const int zero = fm::magic_zero();
+
+  // Shared memory, as planned (each buffer 128-byte aligned; the static slot is separate).
+  extern __shared__ __align__(128) unsigned char smem[];
+  // row buffer T0 (BFloat16), 1 stage(s) x 4 row(s) x 1024
+  unsigned char* const s_T0 = smem;
+  // row buffer T2 (BFloat16), 1 stage(s) x 4 row(s) x 1024
+  unsigned char* const s_T2 = smem + 8192;
+  // column buffer T3 (BFloat16) x 1024
+  unsigned char* const s_T3 = smem + 16384;
+  // inner-reduction scratch: 2 parities x 1 x 4 row(s) x 2 warps x 4 B
+  unsigned char* const s_reduce = smem + 18432;
+  // column accumulator T25: 4 rows combined
+  unsigned char* const s_outer_T25 = smem + 18560;
+  const long long S15 = static_cast<long long>(H);
+
+  fm::ColumnInSmem<__nv_bfloat16, Part> T3(part, s_T3, g_T3);
+  // column reduction sum(T24) -> T25, in registers
+  fm::AccumulatorInRegisters<float, fm::Sum, Part> acc_T25(part, g_part_T25, s_outer_T25);
+  // the row reductions: warps, then the row's warps, then the cluster's blocks
+  fm::RowReducer<float, Part, 1> reduce(s_reduce, nullptr);
+  fm::RowInSmem<__nv_bfloat16, Part, fm::Copy::VECTORS, 2048> T0(s_T0, g_T0);
+  fm::RowInSmem<__nv_bfloat16, Part, fm::Copy::VECTORS, 2048> T2(s_T2, g_T2);
+  __syncthreads();  // the column buffers are shared by the block's rows
+
+  const long long row_stride = part.row_stride();
+  long long row0 = part.first_row();
+  for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
+    const long long row = row0 + part.ty + zero;
+    const bool valid = row < n_rows;
+    const int skew = Part::skew(row);  // 0: rows start on vector boundaries
+    const int slot = part.ty;
+    T0.copy(part, slot, row, n_rows);
+    T2.copy(part, slot, row, n_rows);
+    fm::cp_async_commit();
+    const float row_T1 = fm::row_value<float>(g_T1, row, valid);
+    fm::cp_async_wait<0>();
+    T0.ready(part, slot, row);
+    T2.ready(part, slot, row);
+    const float row_T8 = fm::reciprocal(row_T1);
+
+    // Inner reduction level 0: sum(T13) -> T14.
+    float row_T14 = fm::Sum::identity<float>();
+    fm::for_each_vector(part, skew, [&](const auto& v) {
+      const auto x_T0 = T0.at(v);
+      const auto x_T2 = T2.at(v);
+      const auto c_T3 = T3.at(v);
+#pragma unroll
+      for (int i = 0; i < Part::VEC; ++i) {
+        const float e_T4 = fm::to_compute(x_T0.v[i]);
+        const float e_T9 = fm::to_compute(x_T2.v[i]);
+        const float e_T10 = fm::to_compute(c_T3.v[i]);
+        const float e_T11 = (e_T9 * e_T10);
+        const float e_T12 = (e_T4 * row_T8);
+        const float e_T13 = (e_T11 * e_T12);
+        if (fm::in_row<Part>(v, i)) row_T14 = fm::Sum{}(row_T14, e_T13);
+      }
+    });
+    reduce(part, fm::reduced(row_T14, fm::Sum{}));
+    const float row_T16 = (row_T14 / static_cast<float>(S15));
+
+    // Outputs of the row and the column accumulators.
+    fm::for_each_vector(part, skew, [&](const auto& v) {
+      const auto x_T0 = T0.at(v);
+      const auto x_T2 = T2.at(v);
+      const auto c_T3 = T3.at(v);
+      fm::Vec<__nv_bfloat16, Part::VEC> o_T26;
+#pragma unroll
+      for (int i = 0; i < Part::VEC; ++i) {
+        const float e_T4 = fm::to_compute(x_T0.v[i]);
+        const float e_T9 = fm::to_compute(x_T2.v[i]);
+        const float e_T10 = fm::to_compute(c_T3.v[i]);
+        const float e_T11 = (e_T9 * e_T10);
+        const float e_T12 = (e_T4 * row_T8);
+        const float e_T20 = (e_T12 * row_T16);
+        const float e_T21 = (e_T11 - e_T20);
+        const float e_T22 = (e_T21 * row_T8);
+        const float e_T23 = fm::to_compute(x_T2.v[i]);
+        const float e_T24 = (e_T23 * e_T12);
+        o_T26.v[i] = fm::to_storage<__nv_bfloat16>(e_T22);
+        if (valid) acc_T25.add(v, i, e_T24);
+      }
+      if (valid) fm::store_visit<Part, true>(g_T26 + row * H, v, o_T26);
+    });
+  }
+  acc_T25.finish(part);  // this block's partial row of T25
+
+  // The column finalize, in this kernel: past the grid's barrier every block's partial rows
+  // are in the workspace; each block then sums tiles of COLS columns in turn, LANES threads
+  // a column.
+  fm::grid_barrier(g_grid_barrier);
+  {
+    constexpr int COLS = 8;
+    constexpr int LANES = 32;  // COLS x LANES: the block's threads
+    const int t = threadIdx.y * blockDim.x + threadIdx.x;
+    const int lane = t / COLS;
+    const int c = t % COLS;  // the thread's column of each tile
+    for (int tile = blockIdx.x; tile * COLS < H; tile += gridDim.x) {
+      const int col = tile * COLS + c;
+      // the lanes' sums of T25: 32 lanes x 8 columns (double)
+      double* const s_lanes_T25 = reinterpret_cast<double*>(smem + 22656);
+      double total_T25 = fm::Sum::identity<double>();
+      if (col < H) {
+        #pragma unroll 16
+        for (int p = lane; p < partial_rows; p += LANES) {
+          const long long at = static_cast<long long>(p) * H + col;
+          total_T25 = fm::Sum{}(total_T25, static_cast<double>(fm::from_l2(g_part_T25 + at)));
+        }
+      }
+      s_lanes_T25[lane * COLS + c] = total_T25;
+      __syncthreads();
+      if (lane == 0 && col < H) {
+        for (int l = 1; l < LANES; ++l) {
+          const double lane_total = s_lanes_T25[l * COLS + c];
+          total_T25 = fm::Sum{}(total_T25, lane_total);
+        }
+        const float tot_T25 = static_cast<float>(total_T25);
+        g_T27[col] = fm::to_storage<__nv_bfloat16>(tot_T25);
+      }
+      __syncthreads();  // every lane's sums are read before the next tile's are written
+    }
+  }
+}
