@@ -20,6 +20,7 @@ import threading
 
 from fuser.driver import (
     CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+    CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE,
     CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES,
     CUDA_SUCCESS,
     LaunchAttribute,
@@ -114,5 +115,11 @@ class EntryLauncher:
                 f"{what}; {threads} threads x {self.registers} registers = "
                 f"{threads * self.registers} registers per block may exceed what the device "
                 "gives a block: lower threads_per_row or rows_per_block (Hints)")
+        if err == CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE:
+            raise OutOfResourcesError(
+                f"{what}; this row kernel finalizes its own columns and needs its {grid} "
+                "blocks resident at once, more than the device holds for it now (an MPS limit "
+                "on its SMs?): hint Hints(fused_finalize=False), which finalizes in a kernel "
+                "of its own")
         raise LaunchError(f"{what}; the host checks passed, so this is a fuser bug: please "
                           "report it with fd.last_cuda_code() and the input shapes")

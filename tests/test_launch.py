@@ -49,6 +49,8 @@ def test_driver_constants_match_cuda_bindings():
             == ours.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
     assert (int(driver.CUresult.CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)
             == ours.CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)
+    assert (int(driver.CUresult.CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE)
+            == ours.CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE)
     assert int(driver.CUresult.CUDA_SUCCESS) == ours.CUDA_SUCCESS
     attribute = driver.CUfunction_attribute
     theirs = [attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
@@ -95,6 +97,11 @@ class FakeDriver:
         self.calls.append((function, (gx, gy, gz), (bx, by, bz), smem, stream, first, second))
         return self.status
 
+    def launch_cooperative(self, function, gx, gy, gz, bx, by, bz, smem, stream, params):
+        self.launch(function, gx, gy, gz, bx, by, bz, smem, stream, params, None)
+        self.calls[-1] = ("cooperative", *self.calls[-1])
+        return self.status
+
     def launch_ex(self, config, function, params, extra):
         c = config._obj
         attribute = c.attrs.contents
@@ -103,7 +110,8 @@ class FakeDriver:
         return self.status
 
     def error_name(self, status: int) -> str:
-        return {701: "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"}.get(status, f"CUresult {status}")
+        return {701: "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
+                720: "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE"}.get(status, f"CUresult {status}")
 
 
 def test_a_launch_hands_the_driver_the_parameter_values(monkeypatch):
@@ -120,6 +128,10 @@ def test_a_launch_hands_the_driver_the_parameter_values(monkeypatch):
     programmatic(8, (32, 4), 128, 5, [1, 0.0])
     assert fake.calls[-1] == (99, 8, (32, 4), 128, 5,
                               launch.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, 1)
+    cooperative = launch.EntryLauncher("r", 7, [POINTER, ctypes.c_float], 32, cooperative=True)
+    cooperative(528, (64, 4), 24704, 9, [0xCAFE0000, 2.5])
+    assert fake.calls[-1] == ("cooperative", 7, (528, 1, 1), (64, 4, 1), 24704, 9, 0xCAFE0000,
+                              2.5)
 
 
 def test_parameters_of_mixed_sizes_each_sit_at_their_own_alignment(monkeypatch):
@@ -161,6 +173,11 @@ def test_a_failed_launch_names_the_status_and_the_fix(monkeypatch):
     entry = launch.EntryLauncher("k", 1, [POINTER, ctypes.c_float], registers=128)
     with pytest.raises(LaunchError, match=r"CUresult 999.*fuser bug"):
         entry(1, (32, 1), 0, 0, [0, 0.0])
+    monkeypatch.setattr(launch, "driver", lambda: FakeDriver(720))
+    entry = launch.EntryLauncher("r", 1, [POINTER, ctypes.c_float], 64, cooperative=True)
+    with pytest.raises(OutOfResourcesError, match=r"COOPERATIVE_LAUNCH_TOO_LARGE.*its 528 "
+                       r"blocks resident at once.*Hints\(fused_finalize=False\)"):
+        entry(528, (256, 1), 0, 0, [0, 0.0])
 
 
 def test_a_missing_driver_library_is_a_toolchain_error(monkeypatch):
