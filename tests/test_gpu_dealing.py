@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 from test_gpu_fusions import (  # noqa: F401 (poisoned_outputs: an autouse fixture)
+    on_streams,
     poisoned_outputs,
     run_and_validate,
-    to_device,
 )
 
 import fuser.executor as executor
@@ -94,17 +94,10 @@ def test_a_counter_is_zero_again_after_each_call(name, rng):
 def test_two_streams_running_one_kernel_count_on_their_own(rng):
     """The same kernel queued on two streams without a sync between: the launches may run at
     once, and with a shared counter they would take each other's groups."""
-    import cupy
-
     fd = FUSIONS["rmsnorm_fwd"](DataType.BFloat16)
     hints = Hints(dealing="dynamic")
     hosts = [make_inputs("rmsnorm_fwd", 20011, 4096, DataType.BFloat16, rng) for _ in range(2)]
-    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
-    inputs = []
-    for host, stream in zip(hosts, streams, strict=True):
-        with stream:
-            inputs.append(to_device(host))
-    cupy.cuda.Device().synchronize()
+    streams, inputs = on_streams(hosts)
     outs: list = [None, None]
     for _ in range(3):
         for k, stream in enumerate(streams):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from test_gpu_fusions import (  # noqa: F401 (poisoned_outputs: an autouse fixture)
+    on_streams,
     poisoned_outputs,
     run_and_validate,
     to_device,
@@ -93,16 +94,9 @@ def test_repeated_calls_give_the_same_bits_and_leave_the_counter_zero(name, rng)
 def test_two_streams_at_once_each_meet_at_their_own_barrier(rng):
     """The same fused kernel queued on two streams with no sync between (the launches may run
     at once): a shared counter would let one grid's blocks pass the other's barrier."""
-    import cupy
-
     fd = FUSIONS["rmsnorm_bwd"](BF16)
     hosts = [make_inputs("rmsnorm_bwd", 16384, 1024, BF16, rng) for _ in range(2)]
-    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
-    inputs = []
-    for host, stream in zip(hosts, streams, strict=True):
-        with stream:
-            inputs.append(to_device(host))
-    cupy.cuda.Device().synchronize()
+    streams, inputs = on_streams(hosts)
     outs: list = [[], []]
     for _ in range(3):
         for k, stream in enumerate(streams):

@@ -98,6 +98,20 @@ def to_device(arrays, torch_kind=False):
     return out
 
 
+def on_streams(hosts) -> tuple[list, list]:
+    """A non-blocking CuPy stream per host input list, and each list copied to the device on
+    its own stream, the device synchronized after: for calls that may run at once."""
+    import cupy
+
+    streams = [cupy.cuda.Stream(non_blocking=True) for _ in hosts]
+    inputs = []
+    for host, stream in zip(hosts, streams, strict=True):
+        with stream:
+            inputs.append(to_device(host))
+    cupy.cuda.Device().synchronize()
+    return streams, inputs
+
+
 NORM_BACKWARD = ("rmsnorm_bwd", "dropout_rmsnorm_bwd", "layernorm_bwd")  # (..., dy, w) inputs
 
 
