@@ -119,6 +119,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-startup", action="store_true",
                    help="skip the start-up costs (bench/startup.py: import, cold and warm "
                         "first calls in fresh processes, recorded as startup)")
+    p.add_argument("--no-host", action="store_true",
+                   help="skip the host time of a cached call at 16 rows of the first hidden "
+                        "size (bench/host_profile.py, torch and CuPy inputs: host in the json)")
     p.add_argument("--breakdown", action="store_true",
                    help="also record each kernel's device time per call (torch.profiler) for "
                         "fuser and torch.compile: kernels_us in the json")
@@ -717,6 +720,9 @@ def run_fusion(fusion: str, args, env: dict, timer_desc: str, timer, dtype) -> d
     if not args.no_startup:
         report["startup"] = startup_record(fusion, args)
         write_report(report, args.out)
+    if not args.no_host:
+        report["host"] = host_record(fusion, args.hidden[0])
+        write_report(report, args.out)
     print(f"[bench] wrote {json_path} and {png_path}", flush=True)
     return report
 
@@ -733,6 +739,38 @@ def startup_record(fusion: str, args) -> dict:
     print(f"[bench] {fusion} start-up: import fuser {record['import_ms']} ms, first call "
           f"{record['cold_first_call_s']} s cold ({record['cold_compiles']} compiles), "
           f"{record['warm_first_call_ms']} ms with the disk cache", flush=True)
+    return record
+
+
+HOST_ROWS, HOST_CALLS = 16, 2000
+# Issue 16's peer figure for the host time of a cached call, beside which ours is printed:
+# nvFuser 0.2.36, RMSNorm backward [16 x 1024] bf16 with torch tensors, H200, 2026-11-30.
+NVFUSER_HOST_US = {("rmsnorm_bwd", 1024): 25.0}
+HOST_TARGET_US = 15.0
+
+
+def host_record(fusion: str, hidden: int) -> dict:
+    """Microseconds per cached fd.execute of `fusion` at HOST_ROWS x `hidden` (the GPU idle:
+    what Python, the array library and the driver spend), with torch tensors and CuPy
+    arrays, beside nvFuser's figure where issue 16 measured one; an error record where it
+    fails."""
+    from bench.host_profile import cached_call, per_call_us
+
+    record: dict = {"rows": HOST_ROWS, "hidden": hidden, "calls": HOST_CALLS,
+                    "target_us": HOST_TARGET_US}
+    try:
+        for kind in ("torch", "cupy"):
+            fd, inputs = cached_call(fusion, hidden, HOST_ROWS, kind)
+            record[f"{kind}_us"] = round(per_call_us(fd, inputs, HOST_CALLS), 1)
+    except Exception as exc:
+        return {**record, **error_record(exc)}
+    peer = NVFUSER_HOST_US.get((fusion, hidden))
+    if peer is not None:
+        record["nvfuser_us"] = peer
+        record["nvfuser_measured"] = "nvFuser 0.2.36, torch tensors, H200, 2026-11-30 (issue 16)"
+    print(f"[bench] {fusion} host time per cached call at {HOST_ROWS} x {hidden}: torch "
+          f"{record['torch_us']} us, CuPy {record['cupy_us']} us (target {HOST_TARGET_US} us"
+          + (f"; nvFuser {peer} us" if peer is not None else "") + ")", flush=True)
     return record
 
 

@@ -180,8 +180,9 @@ def test_parse_args_defaults():
     assert a.hidden == [1024, 2048, 4096, 8192, 16384, 24578, 32768, 65536, 131072]
     assert (a.rows, a.dtype, a.no_compile, a.tune, a.out) == (
         16384, "bf16", False, False, "bench/results")
-    assert a.timer == "auto" and not a.breakdown and not a.no_startup
+    assert a.timer == "auto" and not a.breakdown and not a.no_startup and not a.no_host
     assert parse_args(["--breakdown"]).breakdown and parse_args(["--no-startup"]).no_startup
+    assert parse_args(["--no-host"]).no_host
 
 
 def test_parse_args_values():
@@ -453,6 +454,33 @@ def test_markdown_table_shows_liger_where_measured():
     lines = markdown_table(report).splitlines()
     assert lines[2].endswith("| PyTorch eager | Liger-Kernel |")
     assert lines[4].endswith("| 3000 (0.75) |") and lines[5].endswith("| - |")
+
+
+def test_host_record_puts_both_kinds_beside_the_target_and_the_peer(monkeypatch):
+    """bench/run.py's host time record: per-call microseconds with torch and CuPy inputs (the
+    timing itself faked here), the 15 us target, nvFuser's figure only where issue 16
+    measured one, and an error record, not a crash, where a call fails."""
+    from bench import host_profile, run
+
+    timed = []
+    monkeypatch.setattr(host_profile, "cached_call",
+                        lambda fusion, hidden, rows, kind: (timed.append((kind, rows)), kind))
+    monkeypatch.setattr(host_profile, "per_call_us",
+                        lambda fd, inputs, calls: {"torch": 27.94, "cupy": 24.81}[inputs])
+    record = run.host_record("rmsnorm_bwd", 1024)
+    assert timed == [("torch", 16), ("cupy", 16)]
+    assert record == {"rows": 16, "hidden": 1024, "calls": run.HOST_CALLS, "target_us": 15.0,
+                      "torch_us": 27.9, "cupy_us": 24.8, "nvfuser_us": 25.0,
+                      "nvfuser_measured": "nvFuser 0.2.36, torch tensors, H200, 2026-11-30 "
+                                          "(issue 16)"}
+    assert "nvfuser_us" not in run.host_record("rmsnorm_bwd", 2048)
+
+    def failing(fusion, hidden, rows, kind):
+        raise RuntimeError("no CUDA device")
+
+    monkeypatch.setattr(host_profile, "cached_call", failing)
+    failed = run.host_record("softmax_fwd", 1024)
+    assert failed["error"] == "RuntimeError: no CUDA device" and "torch_us" not in failed
 
 
 # ----- bench/startup.py -------------------------------------------------------------------------
