@@ -248,6 +248,15 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_NAME_LENGTH = 100  # kernels and FUSER_DUMP_DIR files are named after the fusion
 
 
+@functools.cache
+def _executor():
+    """fuser.executor, looked up once: an import statement in fd.execute cost each cached
+    call 1 us."""
+    import fuser.executor
+
+    return fuser.executor
+
+
 def check_name(name) -> str:
     """`name` if it can name a fusion, else DefinitionError: kernels are C++ functions named
     after it (NVRTC takes ASCII identifiers) and FUSER_DUMP_DIR files too (a file name holds
@@ -362,18 +371,13 @@ class FusionDefinition:
 
     def execute(self, inputs, *, device=None):
         """Run the fusion on CuPy arrays or torch CUDA tensors; returns outputs of that kind."""
-        inputs = self._inputs("execute", inputs)
-        from fuser.executor import execute
-
-        return execute(self, inputs, device=device)
+        return _executor().execute(self, self._inputs("execute", inputs), device=device)
 
     def validate(self, inputs, reference_outputs=None, *, device=None):
         """Execute and compare with the float64 reference; raises fuser.ValidationError (an
         AssertionError) on mismatch."""
         inputs = self._inputs("validate", inputs)
-        from fuser.executor import validate
-
-        return validate(self, inputs, reference_outputs, device=device)
+        return _executor().validate(self, inputs, reference_outputs, device=device)
 
     def _inputs(self, call: str, inputs) -> list:
         """`inputs` as a list, after checking that there is something to run."""
