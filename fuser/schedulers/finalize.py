@@ -11,7 +11,8 @@ Fused, the row kernel finalizes its own columns: once every block has left its p
 tiles of columns in turn with its own threads. That saves the finalize's launch, 7 us of the
 host's time per call (bench/host_profile.py --parts), but not device time: the finalize
 kernel launches programmatically and overlaps the row kernel's end, and it runs more threads
-than the resident row blocks have. On 16384 rows the fused form ran 1-3% slower at hidden
+than the resident row blocks have (and the fused tail's partial-row loads compile one after
+another: bench/TUNING.md). On 16384 rows the fused form ran 1-3% slower at hidden
 1024 to 32768 (bench/TUNING.md, "fused finalize"), so it is the default only where the
 host's time is most of a call: where the call's row groups take one wave of resident blocks
 (one_wave). It needs every block resident and counting on one counter: no cluster, fixed
