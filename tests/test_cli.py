@@ -77,8 +77,26 @@ def test_show_takes_hints(capsys):
     assert "T0:BFloat16->smem(cp.async), T2:BFloat16->registers, T3:BFloat16->registers" in out
 
 
+def test_show_takes_a_fused_finalize_hint(capsys):
+    """fused_finalize=true over 16384 rows (a finalize kernel by default): one row kernel with
+    the grid barrier and the lanes' sums in its plan; fused_finalize=false at 16 rows (fused
+    by default): the finalize kernel's own plan and source."""
+    assert main(["show", "rmsnorm_bwd", "--shape", "16384x1024",
+                 "--hint", "fused_finalize=true"]) == 0
+    out = capsys.readouterr().out
+    assert "on H200  with fused_finalize=True" in out
+    assert re.search(r"fused\s+True", out) and "fm::grid_barrier(g_grid_barrier);" in out
+    assert "s_lanes_T25" in out and "rmsnorm_bwd_finalize" not in out
+    assert main(["show", "rmsnorm_bwd", "--shape", "16x1024",
+                 "--hint", "fused_finalize=false"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"fused\s+False", out) and "grid_barrier" not in out
+    assert "=== shared memory plan: rmsnorm_bwd_finalize" in out
+
+
 @pytest.mark.parametrize(("hint", "message"), [
     ("foo=1", "KEY one of threads_per_row, rows_per_block, cluster, stages, storage"),
+    ("fused_finalize=2", "fused_finalize='2': use true or false"),
     ("stages=two", "stages='two': an integer is needed"),
     ("aligned_copy=maybe", "use true or false"),
     ("storage=T0", "use TENSOR:STORAGE pairs"),
@@ -115,6 +133,8 @@ def test_a_hint_the_kernels_cannot_honour_prints_the_hint_error(capsys):
     ("rmsnorm_bwd", "cluster=3", "Hints(cluster=3): allowed on H200 (sm_90)"),
     ("rmsnorm_bwd", "finalize_lanes=0", "Hints(finalize_lanes=0): allowed: 1 to 1024"),
     ("rmsnorm_bwd", "aligned_copy=true", "Hints(aligned_copy=True): aligned copies need"),
+    ("rmsnorm_fwd", "fused_finalize=true", "Hints(fused_finalize=True): this fusion has no "
+                                           "column outputs to finalize"),
 ])
 def test_hint_values_are_checked_by_the_scheduler(fusion, hint, message, capsys):
     assert main(["show", fusion, "--shape", "64x4096", "--hint", hint]) == 1
