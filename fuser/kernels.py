@@ -178,11 +178,17 @@ def _attempts(name: str, info: FusionInfo, problem: Problem, device: DeviceSpec,
     """Every schedule a build may compile, best first: each candidate, then, while ptxas
     spills, that candidate rebuilt for one block per SM fewer, then (at one block per SM)
     with its batch loop unrolled half as far (_rebuilt). A candidate's shared-memory plans
-    are checked when it is reached."""
+    are checked when it is reached. Hinted to fuse the finalize, candidates whose rows cannot
+    take it are passed over (the last one's refusal is raised)."""
     for sched, last in _marking_last(candidates(info, problem, device, hints)):
         final = None
         if isinstance(sched, RowSchedule):
-            sched, final = finalized(info, sched, problem, device, hints)
+            try:
+                sched, final = finalized(info, sched, problem, device, hints)
+            except HintError:  # hinted to fuse, and these rows cannot take it
+                if not last:
+                    continue  # a later candidate (less in shared memory) may
+                raise
         for plan in (sched.smem, final.smem if final else None):
             if plan is not None:
                 plan.check(f"fusion '{name}' at hidden {problem.hidden}")

@@ -75,6 +75,21 @@ def test_the_fused_plan_adds_the_lanes_sums_after_the_rows_and_keeps_the_blocks(
     assert s.smem.fits and per_sm >= s.blocks_per_sm
 
 
+@pytest.mark.parametrize(("name", "hidden"), [("layernorm_bwd", 24578),
+                                            ("dropout_rmsnorm_bwd", 32768)])
+def test_a_build_hinted_to_fuse_passes_over_rows_that_leave_no_room(name, hidden, tmp_path):
+    """The first candidates fill the shared memory (their lanes' sums would not fit); the
+    build passes them over for one that re-reads an input and fuses."""
+    hints = Hints(fused_finalize=True)
+    with pytest.raises(HintError, match="leaves room for 0 of its 1 blocks per SM"):
+        plan(name, 16384, hidden, hints)
+    built = fuser.kernels.build(name, info_of(name), Problem(hidden, 1024, 16), H200, hints,
+                                cache=KernelCache(str(tmp_path)))
+    assert built.finalize.fused and "re-read" in built.schedule.reason, built.schedule
+    assert built.schedule.smem.fits
+    assert not built.compiled.resource(built.source.row_entry).spills
+
+
 def test_the_signature_carries_every_output_the_partial_rows_and_the_counter(tmp_path):
     info = info_of("layernorm_bwd")
     built = fuser.kernels.build("layernorm_bwd", info, Problem(1024, 16, 16), H200,
