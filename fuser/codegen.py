@@ -170,7 +170,11 @@ def _totals(info: FusionInfo, schedule: FinalizeSchedule, scalar_env: dict,
         "accumulators": [{"name": e.outputs[0].name, "functor": REDUCTIONS[e.op].functor,
                           "ctype": accumulator_type(e.outputs[0].dtype),
                           "total": total_type(e.outputs[0].dtype),
-                          "lanes": lanes[buffer]}
+                          "lanes": lanes[buffer],
+                          # a partial row's value: in a fused finalize written by other blocks
+                          # of this grid, so read from L2 (fuser_row_columns.cuh, from_l2)
+                          "partial": (f"fm::from_l2(g_part_{e.outputs[0].name} + at)"
+                                      if schedule.fused else f"g_part_{e.outputs[0].name}[at]")}
                          for buffer, e in zip(lanes_buffers(info), info.outer_reductions,
                                               strict=True)],
         "scalar_lines": [line for line in used_lines(scalar_lines,

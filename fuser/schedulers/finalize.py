@@ -31,6 +31,7 @@ from fuser.dtypes import DataType
 from fuser.errors import HintError
 from fuser.schedulers.base import ROWS_SEEN, Dealing, FinalizeSchedule, Problem, RowSchedule
 from fuser.schedulers.hints import Hints
+from fuser.schedulers.row_geometry import blocks_by_smem
 from fuser.smem import SmemPlan
 
 FINALIZE_THREADS = 512
@@ -131,7 +132,7 @@ def fusing_refusals(s: RowSchedule, fused: FinalizeSchedule, device: DeviceSpec)
         reasons.append(f"its {s.threads} threads a block are not a multiple of "
                        f"{fused.cols_per_block} columns")
     total = fused.smem.total
-    fit = device.smem_per_sm // (total + device.reserved_smem_per_block)
+    fit = blocks_by_smem(device, total)
     if total > device.smem_per_block_optin or fit < s.blocks_per_sm:
         reasons.append(f"with the lanes' sums its shared memory ({s.smem.total} -> {total} B "
                        f"a block) leaves room for {fit} of its {s.blocks_per_sm} blocks per SM")

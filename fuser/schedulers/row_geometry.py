@@ -123,8 +123,14 @@ def blocks_per_sm(device: DeviceSpec, threads: int, regs: int, smem_total: int) 
     """Resident blocks per SM by threads, registers and shared memory (with the reserve)."""
     by_threads = device.max_threads_per_sm // threads
     by_regs = device.regs_per_sm // (regs * threads)
-    by_smem = device.smem_per_sm // (smem_total + device.reserved_smem_per_block)
-    return max(0, min(device.max_blocks_per_sm, by_threads, by_regs, by_smem))
+    return max(0, min(device.max_blocks_per_sm, by_threads, by_regs,
+                      blocks_by_smem(device, smem_total)))
+
+
+def blocks_by_smem(device: DeviceSpec, smem_total: int) -> int:
+    """Blocks of `smem_total` bytes (dynamic + static slot) that fit in an SM's shared memory,
+    each with the driver's reserve."""
+    return device.smem_per_sm // (smem_total + device.reserved_smem_per_block)
 
 
 def short_rows(fusion: RowFusion, part: int, device: DeviceSpec) -> bool:
