@@ -384,7 +384,10 @@ def row_context(info: FusionInfo, s: RowSchedule, finalize: FinalizeSchedule | N
         "s": s,
         # a finalize kernel follows: let it launch early
         "finalized": finalize is not None and not finalize.fused,
-        # the row passes' buffers (a fused finalize's lanes' buffers are declared by it)
+        # the dynamic shared memory, declared wherever the plan holds a buffer (a fused
+        # finalize's lanes' buffers alone included), and the row passes' buffers in it (the
+        # fused finalize declares its lanes' buffers itself)
+        "dynamic_smem": bool(s.smem.buffers),
         "smem": [{"name": b.name, "offset": b.offset, "purpose": b.purpose}
                  for b in s.smem.buffers if b.name not in lanes_buffers(info)],
         "block_objects": block_objects(info, s),

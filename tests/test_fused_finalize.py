@@ -150,3 +150,19 @@ def test_every_fused_kernel_compiles_without_spills(name, dtype, rows, hidden, h
     assert built.finalize.fused or built.schedule.cluster > 1
     for entry, _ in built.plans():
         assert not built.compiled.resource(entry).spills, (entry, built.schedule)
+
+
+def test_rows_that_keep_nothing_in_shared_memory_still_declare_it_for_the_lanes_sums(
+        tmp_path):
+    """The lanes' sums are the plan's only buffers: the kernel declares the dynamic shared
+    memory they live in (it once did only for the row passes' buffers, and failed to
+    compile)."""
+    hints = Hints(storage=(("T0", "registers"), ("T3", "registers"), ("T4", "registers")),
+                  accumulators="registers", rows_per_block=1, fused_finalize=True)
+    built = fuser.kernels.build("layernorm_bwd", info_of("layernorm_bwd"),
+                                Problem(3, 16, 16), H200, hints,
+                                cache=KernelCache(str(tmp_path)))
+    assert built.finalize.fused
+    assert all(b.name.startswith("s_lanes_") for b in built.schedule.smem.buffers)
+    assert "extern __shared__" in built.source.source
+    assert not built.compiled.resource(built.source.row_entry).spills
