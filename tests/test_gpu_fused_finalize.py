@@ -54,6 +54,18 @@ def test_column_sums_match_the_reference(name, rows, hidden, dtype, hints, rng):
         assert fd._last_run.kernel.launchers[fd._last_run.kernel.source.row_entry].cooperative
 
 
+
+@pytest.mark.parametrize(("name", "hidden"), [("layernorm_bwd", 24578),
+                                            ("dropout_rmsnorm_bwd", 32768)])
+def test_a_hinted_fusion_whose_first_rows_leave_no_room_matches_the_reference(name, hidden,
+                                                                             rng):
+    """The candidates whose rows fill the shared memory are passed over (kernels._attempts):
+    the one that fuses re-reads an input."""
+    fd = run_and_validate(name, BF16, hidden, 2048, rng, FUSED)
+    kernel = fd._last_run.kernel
+    assert kernel.finalize.fused and "re-read" in kernel.schedule.reason, kernel.schedule
+
+
 def _counter_words(address: int):
     import cupy
 

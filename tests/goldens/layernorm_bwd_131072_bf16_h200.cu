@@ -268,8 +268,28 @@ layernorm_bwd_finalize(
   double total_T38 = fm::Sum::identity<double>();
   double total_T40 = fm::Sum::identity<double>();
   if (col < H) {
-    #pragma unroll 16
-    for (int p = lane; p < partial_rows; p += LANES) {
+    constexpr int UNROLL = 16;
+    int p = lane;
+    // whole rounds of UNROLL partial rows: loaded first, their loads in flight together, then
+    // added in row order
+    for (; p + (UNROLL - 1) * LANES < partial_rows; p += UNROLL * LANES) {
+      float rows_T38[UNROLL];
+      float rows_T40[UNROLL];
+      #pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        const long long at = (static_cast<long long>(p) + u * LANES) * H + col;
+        rows_T38[u] = g_part_T38[at];
+        rows_T40[u] = g_part_T40[at];
+      }
+      #pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        total_T38 = fm::Sum{}(total_T38,
+                                               static_cast<double>(rows_T38[u]));
+        total_T40 = fm::Sum{}(total_T40,
+                                               static_cast<double>(rows_T40[u]));
+      }
+    }
+    for (; p < partial_rows; p += LANES) {  // the rows left, one at a time, still in order
       const long long at = static_cast<long long>(p) * H + col;
       total_T38 = fm::Sum{}(total_T38, static_cast<double>(g_part_T38[at]));
       total_T40 = fm::Sum{}(total_T40, static_cast<double>(g_part_T40[at]));

@@ -236,8 +236,24 @@ rmsnorm_bwd_finalize(
   double* const s_lanes_T25 = reinterpret_cast<double*>(smem);
   double total_T25 = fm::Sum::identity<double>();
   if (col < H) {
-    #pragma unroll 16
-    for (int p = lane; p < partial_rows; p += LANES) {
+    constexpr int UNROLL = 16;
+    int p = lane;
+    // whole rounds of UNROLL partial rows: loaded first, their loads in flight together, then
+    // added in row order
+    for (; p + (UNROLL - 1) * LANES < partial_rows; p += UNROLL * LANES) {
+      float rows_T25[UNROLL];
+      #pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        const long long at = (static_cast<long long>(p) + u * LANES) * H + col;
+        rows_T25[u] = g_part_T25[at];
+      }
+      #pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        total_T25 = fm::Sum{}(total_T25,
+                                               static_cast<double>(rows_T25[u]));
+      }
+    }
+    for (; p < partial_rows; p += LANES) {  // the rows left, one at a time, still in order
       const long long at = static_cast<long long>(p) * H + col;
       total_T25 = fm::Sum{}(total_T25, static_cast<double>(g_part_T25[at]));
     }
