@@ -483,6 +483,27 @@ def test_host_record_puts_both_kinds_beside_the_target_and_the_peer(monkeypatch)
     assert failed["error"] == "RuntimeError: no CUDA device" and "torch_us" not in failed
 
 
+
+def test_host_time_is_the_median_of_bursts_after_a_warm_up(monkeypatch):
+    """per_call_us: `calls` calls in bursts after one burst to warm up, the device
+    synchronized after each burst, the median burst's microseconds per call (one slow burst,
+    as a shared host gives, does not move it)."""
+    from bench import host_profile
+
+    clock = iter([0.0, 1.0,  # the warm-up burst: not counted
+                  1.0, 1.001, 2.0, 2.002, 3.0, 3.1, 4.0, 4.001])  # 10, 20, 1000, 10 us a call
+    monkeypatch.setattr(host_profile.time, "perf_counter", lambda: next(clock))
+    executed, synced = [], []
+
+    class Fusion:
+        def execute(self, inputs):
+            executed.append(inputs)
+
+    us = host_profile.per_call_us(Fusion(), "x", calls=400, burst=100,
+                                  sync=lambda: synced.append(len(executed)))
+    assert len(executed) == 500 and synced == [100, 200, 300, 400, 500]
+    assert us == pytest.approx(15.0)
+
 # ----- bench/startup.py -------------------------------------------------------------------------
 
 
