@@ -166,3 +166,20 @@ def test_rows_that_keep_nothing_in_shared_memory_still_declare_it_for_the_lanes_
     assert all(b.name.startswith("s_lanes_") for b in built.schedule.smem.buffers)
     assert "extern __shared__" in built.source.source
     assert not built.compiled.resource(built.source.row_entry).spills
+
+
+@pytest.mark.parametrize(("name", "hidden", "unroll"), [
+    ("layernorm_bwd", 1, 1), ("layernorm_bwd", 100, 1), ("layernorm_bwd", 1024, 16),
+    ("rmsnorm_bwd", 1024, 16), ("dropout_rmsnorm_bwd", 4099, 16)])
+def test_a_fused_finalize_loads_rounds_of_rows_where_the_row_kernel_leaves_registers(
+        name, hidden, unroll, tmp_path):
+    """Rounds of 16 partial rows (their loads in flight together) where the row kernel's
+    threads hold 64 registers or more; one row at a time beside small blocks packed many to
+    an SM, whose rounds ptxas spilled (layernorm_bwd at hidden 1: ten rebuilds)."""
+    built = fuser.kernels.build(name, info_of(name), Problem(hidden, 64, 16), H200,
+                                cache=KernelCache(str(tmp_path)))
+    s, final = built.schedule, built.finalize
+    assert final.fused and final.unroll == unroll, final
+    assert (H200.regs_per_sm // (s.blocks_per_sm * s.threads) >= 64) is (unroll > 1)
+    assert "spilled" not in s.reason, s.reason
+    assert ("float rows_" in built.source.source) is (unroll > 1)

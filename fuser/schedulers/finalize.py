@@ -40,6 +40,12 @@ FINALIZE_COLUMNS = (32, 16, 8)  # columns per block, widest first
 # flight at once while the adds stay in row order. 16 covers a lane's share at 8 blocks per SM
 # and 64 lanes (~1056 / 64) in one round trip to L2.
 FINALIZE_UNROLL = 16
+# A fused finalize's round of partial rows takes registers beside the row kernel's: where the
+# row kernel leaves a thread fewer than this many (small blocks, many of them per SM), ptxas
+# spilled the round (layernorm_bwd at hidden 1 to 31: rebuilt for fewer blocks up to ten
+# times), and the rows are added one at a time. Few rows per lane there: a fused finalize is
+# the default for one wave of row groups.
+ROUND_MIN_REGISTERS = 64
 
 
 def total_type(dtype: DataType) -> str:
@@ -115,7 +121,14 @@ def _fused(info: FusionInfo, s: RowSchedule, device: DeviceSpec) -> FinalizeSche
     lanes = s.threads // cols
     plan = SmemPlan.build([(b.name, b.nbytes, b.purpose) for b in s.smem.buffers]
                           + _lanes_requests(info, lanes, cols), s.smem.limit)
-    return FinalizeSchedule(s.hidden, cols, lanes, FINALIZE_UNROLL, plan, fused=True)
+    return FinalizeSchedule(s.hidden, cols, lanes, fused_unroll(s, device), plan, fused=True)
+
+
+def fused_unroll(s: RowSchedule, device: DeviceSpec) -> int:
+    """Partial rows a fused finalize's lane loads before it adds them: FINALIZE_UNROLL where
+    the row kernel's threads hold ROUND_MIN_REGISTERS registers each, else 1."""
+    per_thread = device.regs_per_sm // (s.blocks_per_sm * s.threads)
+    return FINALIZE_UNROLL if per_thread >= ROUND_MIN_REGISTERS else 1
 
 
 def fusing_refusals(s: RowSchedule, fused: FinalizeSchedule, device: DeviceSpec) -> list[str]:

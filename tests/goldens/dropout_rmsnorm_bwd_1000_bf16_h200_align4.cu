@@ -270,8 +270,8 @@ dropout_rmsnorm_bwd_finalize(
   double* const s_lanes_T33 = reinterpret_cast<double*>(smem);
   double total_T33 = fm::Sum::identity<double>();
   if (col < H) {
-    constexpr int UNROLL = 16;
     int p = lane;
+    constexpr int UNROLL = 16;
     // whole rounds of UNROLL partial rows: loaded first, their loads in flight together, then
     // added in row order
     for (; p + (UNROLL - 1) * LANES < partial_rows; p += UNROLL * LANES) {
@@ -287,7 +287,8 @@ dropout_rmsnorm_bwd_finalize(
                                                static_cast<double>(rows_T33[u]));
       }
     }
-    for (; p < partial_rows; p += LANES) {  // the rows left, one at a time, still in order
+    #pragma unroll 1
+    for (; p < partial_rows; p += LANES) {  // the rows left, one at a time, in order
       const long long at = static_cast<long long>(p) * H + col;
       total_T33 = fm::Sum{}(total_T33, static_cast<double>(g_part_T33[at]));
     }

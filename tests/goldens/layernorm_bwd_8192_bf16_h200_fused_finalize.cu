@@ -267,8 +267,8 @@ layernorm_bwd_row(
       double total_T38 = fm::Sum::identity<double>();
       double total_T40 = fm::Sum::identity<double>();
       if (col < H) {
-        constexpr int UNROLL = 16;
         int p = lane;
+        constexpr int UNROLL = 16;
         // whole rounds of UNROLL partial rows: loaded first, their loads in flight together, then
         // added in row order
         for (; p + (UNROLL - 1) * LANES < partial_rows; p += UNROLL * LANES) {
@@ -288,7 +288,8 @@ layernorm_bwd_row(
                                                    static_cast<double>(rows_T40[u]));
           }
         }
-        for (; p < partial_rows; p += LANES) {  // the rows left, one at a time, still in order
+        #pragma unroll 1
+        for (; p < partial_rows; p += LANES) {  // the rows left, one at a time, in order
           const long long at = static_cast<long long>(p) * H + col;
           total_T38 = fm::Sum{}(total_T38, static_cast<double>(fm::from_l2(g_part_T38 + at)));
           total_T40 = fm::Sum{}(total_T40, static_cast<double>(fm::from_l2(g_part_T40 + at)));

@@ -222,8 +222,8 @@ rmsnorm_bwd_finalize(
   double* const s_lanes_T25 = reinterpret_cast<double*>(smem);
   double total_T25 = fm::Sum::identity<double>();
   if (col < H) {
-    constexpr int UNROLL = 16;
     int p = lane;
+    constexpr int UNROLL = 16;
     // whole rounds of UNROLL partial rows: loaded first, their loads in flight together, then
     // added in row order
     for (; p + (UNROLL - 1) * LANES < partial_rows; p += UNROLL * LANES) {
@@ -239,7 +239,8 @@ rmsnorm_bwd_finalize(
                                                static_cast<double>(rows_T25[u]));
       }
     }
-    for (; p < partial_rows; p += LANES) {  // the rows left, one at a time, still in order
+    #pragma unroll 1
+    for (; p < partial_rows; p += LANES) {  // the rows left, one at a time, in order
       const long long at = static_cast<long long>(p) * H + col;
       total_T25 = fm::Sum{}(total_T25, static_cast<double>(g_part_T25[at]));
     }
