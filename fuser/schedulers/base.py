@@ -293,7 +293,8 @@ class FinalizeSchedule:
     hidden: int
     cols_per_block: int  # a tile's columns: one per thread of a row of lanes
     partial_lanes: int  # threads sharing a column's partial rows
-    unroll: int  # partial rows a lane loads before adding them (in order) to its sum
+    # partial rows a lane loads before adding them (in order) to its sum; 1: one at a time
+    unroll: int
     smem: SmemPlan  # the cross-lane combine buffer (fused: the row kernel's plan, which has it)
     fused: bool = False  # run by the row kernel after a grid barrier (a cooperative launch)
 

@@ -42,7 +42,7 @@ FINALIZE_COLUMNS = (32, 16, 8)  # columns per block, widest first
 FINALIZE_UNROLL = 16
 # A fused finalize's round of partial rows takes registers beside the row kernel's: where the
 # row kernel leaves a thread fewer than this many (small blocks, many of them per SM), ptxas
-# spilled the round (layernorm_bwd at hidden 1 to 31: rebuilt for fewer blocks up to ten
+# spilled the round (layernorm_bwd at hidden 1 to 100: rebuilt for fewer blocks up to ten
 # times), and the rows are added one at a time. Few rows per lane there: a fused finalize is
 # the default for one wave of row groups.
 ROUND_MIN_REGISTERS = 64

@@ -284,8 +284,7 @@ dropout_rmsnorm_bwd_finalize(
       }
       #pragma unroll
       for (int u = 0; u < UNROLL; ++u) {
-        total_T33 = fm::Sum{}(total_T33,
-                                               static_cast<double>(rows_T33[u]));
+        total_T33 = fm::Sum{}(total_T33, static_cast<double>(rows_T33[u]));
       }
     }
     #pragma unroll 1

@@ -285,10 +285,8 @@ layernorm_bwd_finalize(
       }
       #pragma unroll
       for (int u = 0; u < UNROLL; ++u) {
-        total_T38 = fm::Sum{}(total_T38,
-                                               static_cast<double>(rows_T38[u]));
-        total_T40 = fm::Sum{}(total_T40,
-                                               static_cast<double>(rows_T40[u]));
+        total_T38 = fm::Sum{}(total_T38, static_cast<double>(rows_T38[u]));
+        total_T40 = fm::Sum{}(total_T40, static_cast<double>(rows_T40[u]));
       }
     }
     #pragma unroll 1

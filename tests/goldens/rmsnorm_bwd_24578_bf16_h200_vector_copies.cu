@@ -236,8 +236,7 @@ rmsnorm_bwd_finalize(
       }
       #pragma unroll
       for (int u = 0; u < UNROLL; ++u) {
-        total_T25 = fm::Sum{}(total_T25,
-                                               static_cast<double>(rows_T25[u]));
+        total_T25 = fm::Sum{}(total_T25, static_cast<double>(rows_T25[u]));
       }
     }
     #pragma unroll 1
