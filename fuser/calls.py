@@ -11,12 +11,11 @@ torch, launched on torch's current stream).
 from __future__ import annotations
 
 import contextlib
+import operator
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache, cached_property
-
-import numpy as np
 
 from fuser.checks import scalar_value
 from fuser.driver import driver
@@ -75,6 +74,7 @@ class Plan:
     # the row kernel takes a counter of fuser.tickets: it deals its row groups from it, or its
     # blocks meet at it before they finalize the columns themselves
     counted: bool
+    inputs: int  # the fusion's inputs: the INPUT slot's length (a scalar's too)
     workspaces: dict = field(default_factory=dict, compare=False)  # stream -> partial buffers
     # Held from the row kernel's launch to the finalize's, so that two threads sharing a stream
     # cannot enqueue row A, row B, finalize A (which would read B's partial rows).
@@ -88,17 +88,31 @@ class Plan:
 
     @cached_property
     def launches(self) -> tuple:
-        """(launcher, Launch, (slot in loader._SLOT_ORDER, index) per parameter) of each
-        kernel, in launch order: what a call walks through, looked up once."""
-        return tuple((self.kernel.launchers[entry], size, arguments)
+        """(launcher, Launch, picker) of each kernel, in launch order: what a call walks
+        through, looked up once. A call lays its values out flat, slot after slot in
+        loader._SLOT_ORDER (the inputs, the outputs, the partial rows, then the rows, the
+        partial row count and the counter); a picker takes a kernel's parameters from them in
+        its signature's order, in one C call."""
+        lengths = (self.inputs, len(self.outputs), len(self.partials), 1, 1, 1)
+        starts = [sum(lengths[:slot]) for slot in range(len(lengths))]
+        return tuple((self.kernel.launchers[entry], size,
+                      _picker([starts[slot] + i for slot, i in arguments]))
                      for (entry, arguments), size in zip(
                          self.kernel.arguments, (self.launch, self.finalize_launch),
                          strict=False))
 
     @cached_property
-    def sizes(self) -> tuple[tuple[int], tuple[int]]:
-        """The ROWS and PARTIAL_ROWS slots of every call's arguments."""
-        return (self.rows,), (self.launch.partial_rows,)
+    def array_outputs(self) -> tuple:
+        """(shape, the array library's dtype) per fusion output, resolved once."""
+        return tuple((shape, _array_dtype(dtype, self.torch_kind)) for shape, dtype in self.outputs)
+
+
+def _picker(positions: list[int]) -> Callable[[list], tuple]:
+    """The values at `positions`, as a tuple (itemgetter returns a lone value bare)."""
+    if len(positions) == 1:
+        (position,) = positions
+        return lambda values: (values[position],)
+    return operator.itemgetter(*positions)
 
 
 _TORCH, _CUPY, _OTHER = range(3)
@@ -143,21 +157,27 @@ def input_pointers(plan: Plan, inputs: list) -> list:
     return pointers
 
 
-# DataType label -> the array library's dtype (keyed by the label: an Enum member hashes in
-# Python, a str in C)
+# DataType label -> torch's dtype (keyed by the label: an Enum member hashes in Python, a str
+# in C)
 _TORCH_DTYPES: dict[str, object] = {}
-_NUMPY_DTYPES: dict[str, np.dtype] = {}
+
+
+def _array_dtype(dtype: DataType, torch_kind: bool):
+    """torch's or numpy's dtype (for CuPy) of `dtype`."""
+    if not torch_kind:
+        return dtype.numpy
+    array_dtype = _TORCH_DTYPES.get(dtype.label)
+    if array_dtype is None:
+        array_dtype = _TORCH_DTYPES[dtype.label] = getattr(torch_module(), dtype.numpy.name)
+    return array_dtype
 
 
 def _allocate(shape, dtype: DataType, torch_kind: bool, like):
+    """An uninitialized array of `shape`: torch's on `like`'s device, else CuPy's on its
+    current device."""
+    array_dtype = _array_dtype(dtype, torch_kind)
     if torch_kind:
-        array_dtype = _TORCH_DTYPES.get(dtype.label)
-        if array_dtype is None:
-            array_dtype = _TORCH_DTYPES[dtype.label] = getattr(torch_module(), dtype.numpy.name)
         return torch_module().empty(shape, dtype=array_dtype, device=like.device)
-    array_dtype = _NUMPY_DTYPES.get(dtype.label)
-    if array_dtype is None:
-        array_dtype = _NUMPY_DTYPES[dtype.label] = dtype.numpy
     return cupy_module().empty(shape, dtype=array_dtype)
 
 
@@ -230,22 +250,27 @@ def run(plan: Plan, inputs: list, pointers: list) -> list:
 def _enqueue(plan: Plan, inputs: list, pointers: list) -> list:
     torch_kind = plan.torch_kind
     like = inputs[plan.kernel.tensor_inputs[0]]
-    outs = [_allocate(shape, dtype, torch_kind, like) for shape, dtype in plan.outputs]
+    if torch_kind:
+        empty, device = torch_module().empty, like.device
+        outs = [empty(shape, dtype=dtype, device=device) for shape, dtype in plan.array_outputs]
+    else:
+        empty = cupy_module().empty
+        outs = [empty(shape, dtype=dtype) for shape, dtype in plan.array_outputs]
     stream = _stream(torch_kind, plan.device_id)
     partials = _partials(plan, stream, like) if plan.partials else []
     for i, (v, t) in plan.scalar_types.items():
         pointers[i] = t(scalar_value(i, v, inputs[i]))
     if torch_kind:
-        addresses = [o.data_ptr() for o in outs], [p.data_ptr() for p in partials]
+        addresses = [o.data_ptr() for o in outs] + [p.data_ptr() for p in partials]
     else:
-        addresses = [o.data.ptr for o in outs], [p.data.ptr for p in partials]
+        addresses = [o.data.ptr for o in outs] + [p.data.ptr for p in partials]
     tickets = (ticket_counters(plan.device_id).counter(_owner(stream), stream)
                if plan.counted else 0)
-    values = (pointers, *addresses, *plan.sizes, (tickets,))  # in loader._SLOT_ORDER
+    # in loader._SLOT_ORDER, flat (Plan.launches)
+    values = pointers + addresses + [plan.rows, plan.launch.partial_rows, tickets]
     with plan.lock:
-        for launcher, size, arguments in plan.launches:
-            launcher(size.grid, size.block, size.dynamic_smem, stream,
-                     [values[slot][i] for slot, i in arguments])
+        for launcher, size, pick in plan.launches:
+            launcher(size.grid, size.block, size.dynamic_smem, stream, pick(values))
     return outs
 
 

@@ -175,7 +175,7 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
                or (kernel.finalize is not None and kernel.finalize.fused))
     return Plan(kernel, launch, final, torch_kind, device_id, driver().primary_context(device_id),
                 align, rows, tuple((sizes.shape(o), o.dtype) for o in fusion.outputs), partials,
-                scalar_types, counted)
+                scalar_types, counted, len(fusion.inputs))
 
 
 def execute(fd, inputs: list, *, device=None, hints: Hints | None = None):

@@ -208,3 +208,11 @@ def test_an_input_off_the_plans_alignment_is_planned_on_its_own(gpu):
     assert launched[(Source.INPUT, 0)] == shifted.data_ptr()
     assert fd._last_run.kernel is not aligned.kernel
     assert fd._last_run.kernel.schedule.vec < aligned.kernel.schedule.vec
+
+
+def test_a_kernels_parameters_are_picked_from_the_calls_flat_values_as_a_tuple():
+    """Plan.launches' pickers: any positions in order, a single one still a tuple (the
+    launcher unpacks it)."""
+    values = [10, 11, 12, 13]
+    assert calls._picker([3, 0, 2])(values) == (13, 10, 12)
+    assert calls._picker([1])(values) == (11,)
