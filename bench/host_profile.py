@@ -9,7 +9,9 @@ the kernel's (bench json: host_us against time_us).
 
 --parts times the pieces of a cached call on their own, each in bursts of 64 with the device
 synchronized (untimed) between bursts, medians: the plan key, the pointers, one output's
-allocation, the partial rows, each kernel's launcher, and each kernel's bare cuLaunchKernel
+allocation, the partial rows, the stream's lookup, the driver's current-context query (and
+its stream-capture query, for a kernel that counts on a counter), each kernel's launcher,
+and each kernel's bare cuLaunchKernel
 (cuLaunchCooperativeKernel for a row kernel finalizing its own columns) through ctypes with
 the launcher's parameters (the floor no Python change lowers).
 """
@@ -160,6 +162,11 @@ def call_parts(fd, inputs: list, burst: int = 64, bursts: int = 60) -> dict[str,
     if plan.partials:
         parts["partial rows (_partials)"] = timed(lambda: calls._partials(plan, stream, like))
     gpu = driver()
+    parts["stream (calls._stream)"] = timed(
+        lambda: calls._stream(plan.torch_kind, plan.device_id))
+    parts["current context (driver)"] = timed(gpu.current_context)
+    if plan.counted:
+        parts["stream capturing (driver)"] = timed(lambda: gpu.stream_capturing(stream))
     held = fd.execute(inputs)  # its outputs stay allocated while the launches rewrite them
     for launcher, size, _ in plan.launches:
         args = launcher._layout.unpack_from(launcher._buffer)  # that call's parameters
