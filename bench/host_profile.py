@@ -151,13 +151,12 @@ def call_parts(fd, inputs: list, burst: int = 64, bursts: int = 60) -> dict[str,
     plan = next(iter(fd._plans.values()))
     like = inputs[plan.kernel.tensor_inputs[0]]
     stream = calls._stream(plan.torch_kind, plan.device_id)
-    shape, dtype = plan.outputs[0]
     parts = {
         "fd.execute": timed(lambda: fd.execute(inputs)),
         "plan key (calls.signature)": timed(lambda: calls.signature(inputs)),
         "pointers": timed(lambda: calls.input_pointers(plan, inputs)),
-        "one output (_allocate)": timed(
-            lambda: calls._allocate(shape, dtype, plan.torch_kind, like)),
+        "one output (_arrays)": timed(
+            lambda: calls._arrays(plan.array_outputs[:1], plan.torch_kind, like)),
     }
     if plan.partials:
         parts["partial rows (_partials)"] = timed(lambda: calls._partials(plan, stream, like))

@@ -106,6 +106,12 @@ class Plan:
         """(shape, the array library's dtype) per fusion output, resolved once."""
         return tuple((shape, _array_dtype(dtype, self.torch_kind)) for shape, dtype in self.outputs)
 
+    @cached_property
+    def array_partials(self) -> tuple:
+        """(shape, the array library's dtype) per partial-row buffer, resolved once."""
+        return tuple((shape, _array_dtype(dtype, self.torch_kind))
+                     for shape, dtype in self.partials)
+
 
 def _picker(positions: list[int]) -> Callable[[list], tuple]:
     """The values at `positions`, as a tuple (itemgetter returns a lone value bare)."""
@@ -157,28 +163,19 @@ def input_pointers(plan: Plan, inputs: list) -> list:
     return pointers
 
 
-# DataType label -> torch's dtype (keyed by the label: an Enum member hashes in Python, a str
-# in C)
-_TORCH_DTYPES: dict[str, object] = {}
-
-
 def _array_dtype(dtype: DataType, torch_kind: bool):
-    """torch's or numpy's dtype (for CuPy) of `dtype`."""
-    if not torch_kind:
-        return dtype.numpy
-    array_dtype = _TORCH_DTYPES.get(dtype.label)
-    if array_dtype is None:
-        array_dtype = _TORCH_DTYPES[dtype.label] = getattr(torch_module(), dtype.numpy.name)
-    return array_dtype
+    """torch's or numpy's dtype (for CuPy) of `dtype`, resolved when a plan is made."""
+    return getattr(torch_module(), dtype.numpy.name) if torch_kind else dtype.numpy
 
 
-def _allocate(shape, dtype: DataType, torch_kind: bool, like):
-    """An uninitialized array of `shape`: torch's on `like`'s device, else CuPy's on its
-    current device."""
-    array_dtype = _array_dtype(dtype, torch_kind)
+def _arrays(specs: tuple, torch_kind: bool, like) -> list:
+    """An uninitialized array per (shape, array dtype) of `specs`: torch's on `like`'s device,
+    else CuPy's on its current device (the allocator and the device looked up once)."""
     if torch_kind:
-        return torch_module().empty(shape, dtype=array_dtype, device=like.device)
-    return cupy_module().empty(shape, dtype=array_dtype)
+        empty, device = torch_module().empty, like.device
+        return [empty(shape, dtype=dtype, device=device) for shape, dtype in specs]
+    empty = cupy_module().empty
+    return [empty(shape, dtype=dtype) for shape, dtype in specs]
 
 
 def _stream(torch_kind: bool, device_id: int) -> int:
@@ -250,12 +247,7 @@ def run(plan: Plan, inputs: list, pointers: list) -> list:
 def _enqueue(plan: Plan, inputs: list, pointers: list) -> list:
     torch_kind = plan.torch_kind
     like = inputs[plan.kernel.tensor_inputs[0]]
-    if torch_kind:
-        empty, device = torch_module().empty, like.device
-        outs = [empty(shape, dtype=dtype, device=device) for shape, dtype in plan.array_outputs]
-    else:
-        empty = cupy_module().empty
-        outs = [empty(shape, dtype=dtype) for shape, dtype in plan.array_outputs]
+    outs = _arrays(plan.array_outputs, torch_kind, like)
     stream = _stream(torch_kind, plan.device_id)
     partials = _partials(plan, stream, like) if plan.partials else []
     for i, (v, t) in plan.scalar_types.items():
@@ -278,7 +270,7 @@ def _workspace(plan: Plan, like) -> list:
     """The partial-row buffers of one stream. A device out of memory for them is named with
     their size (torch's and CuPy's own errors would not say what the memory was for)."""
     try:
-        return [_allocate(shape, dtype, plan.torch_kind, like) for shape, dtype in plan.partials]
+        return _arrays(plan.array_partials, plan.torch_kind, like)
     except Exception as exc:
         if "OutOfMemory" not in type(exc).__name__:
             raise

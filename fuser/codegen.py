@@ -167,6 +167,8 @@ def _totals(info: FusionInfo, schedule: FinalizeSchedule, scalar_env: dict,
     lanes = {b.name: b for b in schedule.smem.buffers}
     return {
         "f": schedule,
+        # partial rows a lane loads in a round before adding them, or None: one at a time
+        "rounds": schedule.unroll if schedule.unroll > 1 else None,
         "accumulators": [{"name": e.outputs[0].name, "functor": REDUCTIONS[e.op].functor,
                           "ctype": accumulator_type(e.outputs[0].dtype),
                           "total": total_type(e.outputs[0].dtype),

@@ -209,18 +209,19 @@ def test_a_workspace_the_device_cannot_hold_is_named_with_its_size(rng, monkeypa
     import cupy
 
     fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
-    real = calls._allocate
+    real = calls._arrays
 
-    def short_of_memory(shape, dtype, torch_kind, like):
-        if dtype is DataType.Float and len(shape) == 2 and shape[1] == 2048:
-            raise cupy.cuda.memory.OutOfMemoryError(shape[0] * shape[1] * 4, 0)
-        return real(shape, dtype, torch_kind, like)
+    def short_of_memory(specs, torch_kind, like):
+        for shape, dtype in specs:
+            if dtype == np.float32 and len(shape) == 2 and shape[1] == 2048:
+                raise cupy.cuda.memory.OutOfMemoryError(shape[0] * shape[1] * 4, 0)
+        return real(specs, torch_kind, like)
 
-    monkeypatch.setattr(calls, "_allocate", short_of_memory)
+    monkeypatch.setattr(calls, "_arrays", short_of_memory)
     with pytest.raises(OutOfResourcesError, match=r"column-sum workspace \(\d+ x 2048 x 4 B = "
                                                   r"\d+ B: one partial row per resident block\)"):
         fd.execute(_inputs(rng))
-    monkeypatch.setattr(calls, "_allocate", real)
+    monkeypatch.setattr(calls, "_arrays", real)
     assert not any(p.workspaces for p in fd.__dict__.get("_plans", {}).values())
     fd.validate(_inputs(rng))
 

@@ -64,19 +64,22 @@ def cases(hiddens, rows_list):
 def poisoned_outputs(monkeypatch):
     """Every output the executor allocates starts as NaN (floats) or 0x5A bytes (others), so an
     element the kernel fails to write cannot pass the comparison."""
-    real = calls._allocate
+    real = calls._arrays
 
-    def poisoned(shape, dtype, torch_kind, like):
-        out = real(shape, dtype, torch_kind, like)
-        if dtype.is_float:
-            out.fill_(float("nan")) if torch_kind else out.fill(np.nan)
-        elif torch_kind:
-            out.view(-1).view(__import__("torch").uint8).fill_(0x5A)
-        else:
-            out.view(np.uint8).fill(0x5A)
-        return out
+    def poisoned(specs, torch_kind, like):
+        outs = real(specs, torch_kind, like)
+        for out in outs:
+            dtype = (DataType.from_torch(out.dtype) if torch_kind
+                     else DataType.from_numpy(out.dtype))
+            if dtype.is_float:
+                out.fill_(float("nan")) if torch_kind else out.fill(np.nan)
+            elif torch_kind:
+                out.view(-1).view(__import__("torch").uint8).fill_(0x5A)
+            else:
+                out.view(np.uint8).fill(0x5A)
+        return outs
 
-    monkeypatch.setattr(calls, "_allocate", poisoned)
+    monkeypatch.setattr(calls, "_arrays", poisoned)
 
 
 def to_device(arrays, torch_kind=False):

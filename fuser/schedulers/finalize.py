@@ -31,7 +31,7 @@ from fuser.dtypes import DataType
 from fuser.errors import HintError
 from fuser.schedulers.base import ROWS_SEEN, Dealing, FinalizeSchedule, Problem, RowSchedule
 from fuser.schedulers.hints import Hints
-from fuser.schedulers.row_geometry import blocks_by_smem
+from fuser.schedulers.row_geometry import blocks_by_smem, register_limit
 from fuser.smem import SmemPlan
 
 FINALIZE_THREADS = 512
@@ -121,14 +121,11 @@ def _fused(info: FusionInfo, s: RowSchedule, device: DeviceSpec) -> FinalizeSche
     lanes = s.threads // cols
     plan = SmemPlan.build([(b.name, b.nbytes, b.purpose) for b in s.smem.buffers]
                           + _lanes_requests(info, lanes, cols), s.smem.limit)
-    return FinalizeSchedule(s.hidden, cols, lanes, fused_unroll(s, device), plan, fused=True)
-
-
-def fused_unroll(s: RowSchedule, device: DeviceSpec) -> int:
-    """Partial rows a fused finalize's lane loads before it adds them: FINALIZE_UNROLL where
-    the row kernel's threads hold ROUND_MIN_REGISTERS registers each, else 1."""
-    per_thread = device.regs_per_sm // (s.blocks_per_sm * s.threads)
-    return FINALIZE_UNROLL if per_thread >= ROUND_MIN_REGISTERS else 1
+    # partial rows loaded before they are added: FINALIZE_UNROLL where the row kernel's
+    # threads may hold ROUND_MIN_REGISTERS registers each, else one at a time
+    room = register_limit(device, s.threads, s.blocks_per_sm) >= ROUND_MIN_REGISTERS
+    return FinalizeSchedule(s.hidden, cols, lanes, FINALIZE_UNROLL if room else 1, plan,
+                            fused=True)
 
 
 def fusing_refusals(s: RowSchedule, fused: FinalizeSchedule, device: DeviceSpec) -> list[str]:

@@ -24,7 +24,7 @@ from fuser.schedulers.base import OuterSchedule, Problem, ceil_div, next_pow2, p
 from fuser.schedulers.finalize import total_type
 from fuser.schedulers.hints import CLUSTER_SIZES, Hints
 from fuser.schedulers.pointwise import vector_itemsizes
-from fuser.schedulers.row_geometry import blocks_per_sm
+from fuser.schedulers.row_geometry import blocks_per_sm, register_limit
 from fuser.smem import SmemPlan
 
 # Bytes of each row a slab spans, widest first: a warp's loads and stores of a row are whole
@@ -174,13 +174,9 @@ def rebuilt_blocks(s: OuterSchedule, device: DeviceSpec) -> int | None:
     8) is at least a quarter above this one's, or None where it is at the per-thread maximum.
     One block fewer at a time would often compile again under the same limit (thread counts
     of 32 to 64 at a few rows run 12 to 25 blocks)."""
-    def limit(blocks: int) -> int:
-        per_thread = device.regs_per_sm // (blocks * s.threads) // 8 * 8
-        return min(device.max_regs_per_thread, per_thread)
-
-    now = limit(s.blocks_per_sm)
-    return next((b for b in range(s.blocks_per_sm - 1, 0, -1) if limit(b) * 4 >= now * 5),
-                None)
+    now = register_limit(device, s.threads, s.blocks_per_sm)
+    return next((b for b in range(s.blocks_per_sm - 1, 0, -1)
+                 if register_limit(device, s.threads, b) * 4 >= now * 5), None)
 
 
 def fold_groups(col_lanes: int, row_lanes: int, warp: int) -> int:

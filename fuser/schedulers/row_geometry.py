@@ -127,6 +127,14 @@ def blocks_per_sm(device: DeviceSpec, threads: int, regs: int, smem_total: int) 
                       blocks_by_smem(device, smem_total)))
 
 
+def register_limit(device: DeviceSpec, threads: int, blocks: int) -> int:
+    """Registers a thread may hold where `blocks` blocks of `threads` threads share an SM (what
+    __launch_bounds__(threads, blocks) leaves ptxas: the register file over blocks x threads,
+    in steps of 8, at most the per-thread maximum)."""
+    per_thread = device.regs_per_sm // (blocks * threads) // 8 * 8
+    return min(device.max_regs_per_thread, per_thread)
+
+
 def blocks_by_smem(device: DeviceSpec, smem_total: int) -> int:
     """Blocks of `smem_total` bytes (dynamic + static slot) that fit in an SM's shared memory,
     each with the driver's reserve."""
