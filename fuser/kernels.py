@@ -41,6 +41,7 @@ from fuser.schedulers.base import (
 )
 from fuser.schedulers.finalize import finalized
 from fuser.schedulers.outer_persistent import rebuilt_blocks
+from fuser.schedulers.row_dealing import rebuilt_dealing
 from fuser.signature import KernelSource
 
 T = TypeVar("T")
@@ -219,7 +220,8 @@ def _marking_last(items: Iterator[T]) -> Iterator[tuple[T, bool]]:
 def _rebuilt(sched: KernelSchedule, last: bool, device: DeviceSpec
              ) -> RowSchedule | OuterSchedule | None:
     """What to compile after `sched` spilled, or None: one block per SM fewer (not below
-    MIN_REBUILT_THREADS resident threads unless `sched` comes from the last candidate), then a
+    MIN_REBUILT_THREADS resident threads, nor below the blocks its dealing needs
+    (row_dealing.rebuilt_dealing), unless `sched` comes from the last candidate), then a
     batch loop unrolled half as far; an outer schedule rebuilt for fewer blocks per SM, as
     many as leave its threads a quarter more registers (outer_persistent.rebuilt_blocks); a
     pointwise schedule has no rebuild."""
@@ -235,7 +237,10 @@ def _rebuilt(sched: KernelSchedule, last: bool, device: DeviceSpec
     if sched.blocks_per_sm > 1 and not last and fewer < MIN_REBUILT_THREADS:
         return None
     if sched.blocks_per_sm > 1:
-        return replace(sched, blocks_per_sm=sched.blocks_per_sm - 1,
+        dealing = rebuilt_dealing(sched.dealing, sched.blocks_per_sm - 1)
+        if dealing is not sched.dealing and not last:
+            return None
+        return replace(sched, blocks_per_sm=sched.blocks_per_sm - 1, dealing=dealing,
                        reason=sched.reason + f"; ptxas spilled at {sched.blocks_per_sm} "
                        f"block(s)/SM, rebuilt for {sched.blocks_per_sm - 1}")
     if not sched.full_unroll and sched.unroll > 1:

@@ -109,3 +109,29 @@ def test_two_streams_running_one_kernel_count_on_their_own(rng):
         refs = evaluate(fd.fusion, host)
         compare([executor.to_host(o) for o in out], refs, fd.fusion,
                 output_reduction_sizes(fd.fusion, host), input_sensitivity(fd.fusion, host, refs))
+
+
+# Defaults whose rows are too long to be short, staged in one stage and dealt a block per row
+# group (row_search.RowSearch._dealt_steps), in each dtype
+DEALT_DEFAULTS = [
+    ("rmsnorm_fwd", DataType.BFloat16, 16384), ("rmsnorm_fwd", DataType.Float, 12288),
+    ("rmsnorm_fwd", DataType.Half, 24576),
+    ("softmax_fwd", DataType.BFloat16, 16384), ("softmax_fwd", DataType.BFloat16, 32768),
+    ("softmax_fwd", DataType.Float, 16384), ("softmax_fwd", DataType.Half, 20480),
+    ("log_softmax_fwd", DataType.BFloat16, 24576), ("log_softmax_fwd", DataType.Float, 8192),
+    ("dropout_rmsnorm_fwd", DataType.BFloat16, 12288),
+    ("dropout_rmsnorm_fwd", DataType.Float, 8192),
+    ("softmax_bwd", DataType.BFloat16, 16384), ("softmax_bwd", DataType.Float, 12288),
+]
+
+
+@pytest.mark.parametrize("rows", [3, 1000])
+@pytest.mark.parametrize(("name", "dtype", "hidden"), DEALT_DEFAULTS,
+                         ids=[f"{n}-{d.name}-{h}" for n, d, h in DEALT_DEFAULTS])
+def test_long_rows_dealt_a_block_each_match_the_reference(name, dtype, hidden, rows, rng):
+    """Fewer blocks than SMs (3 rows), and many more row groups than the resident blocks,
+    which the hardware starts as others end (1000 rows)."""
+    kernel = run_and_validate(name, dtype, hidden, rows, rng)._last_run.kernel
+    s = kernel.schedule
+    assert s.dealing is Dealing.GRID and s.stages == 1, s.reason
+    assert "a block per row group" in s.reason and s.blocks_per_sm >= 2, s.reason

@@ -15,6 +15,7 @@ from fuser.cache import KernelCache
 from fuser.device import DeviceSpec
 from fuser.fusions import ROW_FUSIONS
 from fuser.schedulers import Problem
+from fuser.schedulers.base import Dealing
 
 H200 = DeviceSpec.get("h200")
 
@@ -106,12 +107,12 @@ class _SpillingWhere:
 @pytest.mark.parametrize("only_candidate", [False, True])
 def test_no_rebuild_below_512_resident_threads_while_a_candidate_follows(
         only_candidate, tmp_path, monkeypatch):
-    """dropout_rmsnorm_fwd at 8192 plans registers for 2 blocks of 256 threads per SM; when
-    that spills, one block of 256 would leave 8 warps an SM: the next candidate (rows in
-    shared memory) is compiled instead, unless the first is the only candidate."""
+    """dropout_rmsnorm_fwd at 2048 plans registers for 2 blocks of 256 threads per SM; when
+    that spills, one block of 256 would leave 8 warps an SM: the next candidate is compiled
+    instead, unless the first is the only candidate."""
     fd = ROW_FUSIONS["dropout_rmsnorm_fwd"](DataType.BFloat16)
     info = analyze(fd.fusion)
-    planned = next(kernels.candidates(info, Problem(8192, 16384, 16), H200, None))
+    planned = next(kernels.candidates(info, Problem(2048, 16384, 16), H200, None))
     assert (planned.blocks_per_sm - 1) * planned.threads < kernels.MIN_REBUILT_THREADS
     if only_candidate:
         monkeypatch.setattr(kernels, "candidates", lambda *args: iter([planned]))
@@ -119,13 +120,37 @@ def test_no_rebuild_below_512_resident_threads_while_a_candidate_follows(
                            lambda source: planned.reason in source and
                            f"__launch_bounds__({planned.threads}, {planned.blocks_per_sm})"
                            in source)
-    built = kernels.build(fd.name, info, Problem(8192, 16384, 16), H200, cache=cache)
+    built = kernels.build(fd.name, info, Problem(2048, 16384, 16), H200, cache=cache)
     if only_candidate:
         assert built.schedule.blocks_per_sm == planned.blocks_per_sm - 1
         assert "rebuilt for" in built.schedule.reason
     else:
         assert built.schedule.reason != planned.reason and "rebuilt" not in built.schedule.reason
         assert built.schedule.blocks_per_sm * built.schedule.threads >= 512
+
+@pytest.mark.parametrize("only_candidate", [False, True])
+def test_a_block_per_group_is_not_rebuilt_below_two_blocks_per_sm(only_candidate, tmp_path,
+                                                                  monkeypatch):
+    """rmsnorm_fwd at 16384 plans one stage of 512 threads, two blocks per SM, a block per
+    row group; when that spills, one block per SM would leave the SM idle while the hardware
+    starts the next: the next candidate is compiled instead, and where there is none the
+    rebuild deals the row groups at fixed strides."""
+    fd = ROW_FUSIONS["rmsnorm_fwd"](DataType.BFloat16)
+    info = analyze(fd.fusion)
+    problem = Problem(16384, 16384, 16)
+    planned = next(kernels.candidates(info, problem, H200, None))
+    assert (planned.blocks_per_sm, planned.dealing) == (2, Dealing.GRID)
+    if only_candidate:
+        monkeypatch.setattr(kernels, "candidates", lambda *args: iter([planned]))
+    cache = _SpillingWhere(KernelCache(str(tmp_path / "cache")),
+                           lambda source: f"__launch_bounds__({planned.threads}, 2)" in source)
+    built = kernels.build(fd.name, info, problem, H200, cache=cache)
+    if only_candidate:
+        assert (built.schedule.blocks_per_sm, built.schedule.dealing) == (1, Dealing.STRIDED)
+    else:
+        assert built.schedule.reason != planned.reason and "rebuilt" not in built.schedule.reason
+        assert not (built.schedule.dealing is Dealing.GRID and built.schedule.blocks_per_sm < 2)
+
 
 def test_dump_dir_receives_source_and_report(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSER_DUMP_DIR", str(tmp_path / "dump"))

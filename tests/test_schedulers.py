@@ -245,8 +245,11 @@ def test_a_hinted_storage_that_spills_packed_builds_in_plain_blocks():
 @pytest.mark.parametrize(("hidden", "ring"), [(8192, False), (16384, True)])
 def test_two_pass_forward_takes_the_ring_only_at_one_block_per_sm(hidden, ring):
     """rmsnorm_fwd keeps its rows in registers while they leave several blocks per SM, and
-    streams them through the bulk-filled ring where registers would leave one (16384, bf16)."""
-    _, s = plan_for("rmsnorm_fwd", DataType.BFloat16, hidden)
+    streams them through the bulk-filled ring where registers would leave one (16384, bf16)
+    and no block per row group is dealt (hinted fixed strides here: by default one stage of
+    rows in shared memory is dealt a block per group there)."""
+    info = analyze(ROW_FUSIONS["rmsnorm_fwd"](DataType.BFloat16).fusion)
+    s = schedule(info, Problem(hidden, 16384, 16), H200, Hints(dealing="strided"))
     assert (s.ring is not None) == ring, s.reason
     assert s.placement("T0").storage == (Storage.RING if ring else Storage.REGISTERS)
 
@@ -626,14 +629,56 @@ def test_no_fit_error_lists_each_attempt_once_and_names_aligned_copies():
     ("rmsnorm_fwd", 32768, 16, Dealing.STRIDED),  # rows in registers: nothing to refill
     ("layernorm_fwd", 16384, 16, Dealing.STRIDED),  # two stages
     ("rmsnorm_bwd", 4096, 16, Dealing.STRIDED),  # column sums: the same order every run
-    ("softmax_bwd", 16384, 16, Dealing.STRIDED),  # rows in registers
-    ("rmsnorm_fwd", 16384, 16, Dealing.STRIDED),  # a staging ring fetches rows by stride
+    ("softmax_bwd", 131072, 16, Dealing.STRIDED),  # rows in registers over a cluster
+    ("rmsnorm_fwd", 16384, 16, Dealing.GRID),  # one stage at 512 threads: 2 blocks per SM
     ("rmsnorm_bwd", 131072, 16, Dealing.STRIDED),  # a cluster of blocks shares each row
 ])
 def test_row_groups_are_dealt_by_grid_counter_or_stride(name, hidden, align, dealing):
     info = analyze(ROW_FUSIONS[name](DataType.BFloat16).fusion)
     s = schedule(info, Problem(hidden, 16384, align), H200)
     assert s.dealing is dealing, s
+
+
+@pytest.mark.parametrize(("name", "dtype", "hidden", "threads"), [
+    ("rmsnorm_fwd", DataType.BFloat16, 16384, 512),  # else a staging ring, one block per SM
+    ("softmax_fwd", DataType.BFloat16, 16384, 256),  # 512 threads keep exp: one block per SM
+    ("softmax_fwd", DataType.BFloat16, 32768, 512),  # else two stages of 1024 threads
+    ("softmax_bwd", DataType.Half, 16384, 512),  # else rows in registers, one block per SM
+    ("softmax_fwd", DataType.Float, 16384, 512),
+])
+def test_long_rows_are_dealt_a_block_each_where_several_share_an_sm(name, dtype, hidden,
+                                                                     threads):
+    """Rows too long to be short are staged in one stage, at the policy's threads or half of
+    them, where that lets the hardware deal a row group to each of several blocks per SM."""
+    _, s = plan_for(name, dtype, hidden)
+    assert (s.dealing, s.stages, s.threads_per_row, s.cluster) == (
+        Dealing.GRID, 1, threads, 1), s.reason
+    assert s.blocks_per_sm >= 2 and s.ring is None
+    assert all(p.storage is Storage.SMEM for p in s.placements if p.role is Role.FULL)
+    assert f"one stage at {threads} threads per row, a block per row group" in s.reason
+    assert s.batch <= 8
+
+
+@pytest.mark.parametrize(("name", "hidden"), [
+    ("layernorm_fwd", 16384),  # a weight and a bias outweigh the row: two stages, strides
+    ("dropout_layernorm_fwd", 8192),  # three passes with column inputs
+    ("rmsnorm_fwd", 32768),  # no staged choice leaves two blocks per SM
+    ("rmsnorm_fwd", 65536),
+    ("rmsnorm_fwd", 4096),  # short rows: one stage first already
+    ("softmax_fwd", 24578),  # vectors narrower than 16 bytes: skewed rows
+])
+def test_rows_not_dealt_a_block_each_keep_the_search_they_had(name, hidden):
+    info = analyze(ROW_FUSIONS[name](DataType.BFloat16).fusion)
+    first = schedule(info, Problem(hidden, 16384, 16), H200)
+    assert "a block per row group" not in first.reason, first.reason
+
+
+def test_hinted_searches_take_no_dealt_step():
+    """Hints speak the policy's own vocabulary: a hinted search is the one it was (here
+    rmsnorm_fwd 16384's staging ring, one block per SM at fixed strides)."""
+    info = analyze(ROW_FUSIONS["rmsnorm_fwd"](DataType.BFloat16).fusion)
+    hinted = schedule(info, Problem(16384, 16384, 16), H200, Hints(dealing="strided"))
+    assert hinted.ring is not None and hinted.dealing is Dealing.STRIDED, hinted.reason
 
 
 @pytest.mark.parametrize("name", sorted(ROW_FUSIONS))

@@ -3,10 +3,12 @@
 RMSNorm and LayerNorm forward, softmax: every row is read once, reduced (one or more levels),
 then normalized from the copy kept on chip. Its policy keeps rows in registers first: a
 forward norm holds one or two row buffers, which fit in registers for hidden sizes up to tens
-of thousands, and registers need no extra copy. Two exceptions, where they measured faster
-(bench/TUNING.md): fusions of three passes over each row (softmax, LayerNorm forward) stage
-their rows in shared memory first, and rows whose register plan leaves one block per SM
-stream through a staging ring of whole rows.
+of thousands, and registers need no extra copy. Three exceptions, where they measured faster
+(bench/TUNING.md): rows too long to be short are first staged in one stage of shared memory
+at a geometry that lets the hardware deal a row group to each of several blocks per SM
+(dealt_first; not LayerNorm forward's), fusions of three passes over each row (softmax,
+LayerNorm forward) stage their rows in shared memory first, and rows whose register plan
+leaves one block per SM stream through a staging ring of whole rows.
 """
 
 from __future__ import annotations
@@ -117,6 +119,7 @@ POLICY = RowPolicy(
     # softmax_fwd 0.69 -> 0.84, softmax_bwd 0.59 -> 0.93 ("skewed rows" in bench/TUNING.md)
     skewed_vectors_per_thread=6,
     on_chip=registers_first_order,
+    dealt_first=True,
 )
 
 

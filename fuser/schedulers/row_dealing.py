@@ -54,6 +54,15 @@ def refills(info: FusionInfo, stages: int, aligned_copy: bool, staged: bool,
             and info.row_passes >= 2 and publishes_at_reduction(info, threads_per_row))
 
 
+def rebuilt_dealing(dealing: Dealing, blocks_per_sm: int) -> Dealing:
+    """The dealing of a schedule rebuilt for `blocks_per_sm` (kernels._rebuilt, after ptxas
+    spilled): a block per group needs GRID_MIN_BLOCKS of them on an SM and falls back to fixed
+    strides below that (every kernel can take those); the others stay."""
+    if dealing is Dealing.GRID and blocks_per_sm < GRID_MIN_BLOCKS:
+        return Dealing.STRIDED
+    return dealing
+
+
 def pick(phase: Phase, geo: RowGeometry, dealings: tuple[Dealing, ...], stages: int,
          blocks_per_sm: int, refilled: bool) -> Dealing:
     """Of the kernel's `dealings` (allowed()): the hinted one (row_fit._resources refuses one

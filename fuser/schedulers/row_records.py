@@ -79,6 +79,11 @@ class RowPolicy:
     skewed_vectors_per_thread: int
     on_chip: Callable[[Phase], Iterator[StorageChoice]]  # storage order, rows on chip
     packed: PackedRows | None = None  # rows dealt to blocks of several rows (None: never)
+    # Rows too long to be short (row_geometry.short_rows) try, before every other storage,
+    # one stage of rows in shared memory at the policy's threads per row and at half of them,
+    # taking only the schedules whose row groups the hardware deals to blocks (Dealing.GRID:
+    # several blocks share an SM; row_search.RowSearch._dealt_steps).
+    dealt_first: bool = False
 
     def stages_first(self, passes: int) -> bool:
         """Whether a fusion of this many passes over each row stages its rows in shared

@@ -8,7 +8,9 @@ which keeps the most of the row on chip. Where the policy packs rows several to 
 on-chip steps run with packed rows first, then with plain blocks (_steps). Within each step,
 schedules whose shared row buffers are filled by aligned 16-byte copies come first where the
 vectors are narrower than 16 bytes (see _by_copy_mode), and a choice at one row of 1024 threads
-is followed by itself at 512 where rows are staged first (_halved). The first schedule is the
+is followed by itself at 512 where rows are staged first (_halved). Before all of these,
+where the policy says so, rows too long to be short try one stage in shared memory dealt a
+block per row group, several blocks to an SM (_dealt_steps). The first schedule is the
 heuristic's; kernels.build() moves on to the next only when ptxas spills.
 """
 
@@ -20,16 +22,18 @@ from dataclasses import dataclass, replace
 from fuser.analysis import FusionInfo, Role
 from fuser.device import DeviceSpec
 from fuser.errors import HintError, OutOfResourcesError
-from fuser.schedulers.base import Problem, RowSchedule, Storage
+from fuser.schedulers.base import Dealing, Problem, RowSchedule, Storage, ceil_div
 from fuser.schedulers.finalize import default_lanes, finalized, needs_finalize
 from fuser.schedulers.hints import HintContext, Hints, check, powers_of_two
 from fuser.schedulers.row_fit import fit
 from fuser.schedulers.row_geometry import (
     MAX_STAGED_VECTORS_PER_THREAD,
+    MAX_VECTORS_PER_THREAD,
     cluster_sizes,
     fusion_split,
     geometry,
     packed,
+    short_rows,
 )
 from fuser.schedulers.row_records import (
     Phase,
@@ -40,7 +44,7 @@ from fuser.schedulers.row_records import (
     StorageChoice,
 )
 from fuser.schedulers.row_skew import hint_refusals, skewed_geometry, skews
-from fuser.schedulers.row_storage import choices
+from fuser.schedulers.row_storage import choices, staged_choice
 
 SHOWN_REJECTIONS = 6  # the last rejections an error lists
 
@@ -55,6 +59,9 @@ class _Step:
     why: str
     policy: RowPolicy
     skewed: bool = False  # rows in the widest vectors, skewed (RowSchedule.skew)
+    # A step of RowSearch._dealt_steps: one stage of staged rows at these threads per row,
+    # a block per row group
+    dealt_threads: int | None = None
 
 
 class RowSearch:
@@ -108,7 +115,36 @@ class RowSearch:
                      for policy in policies for k in sizes]
             steps.append(_Step(sizes[-1], Reach.OFF_CHIP,
                                f"{sizes[-1]} block(s) cannot keep the row on chip", plain))
+            steps = self._dealt_steps(plain) + steps
         return self._skewed_first(steps)
+
+    def _dealt_steps(self, plain: RowPolicy) -> list[_Step]:
+        """Unhinted, where the policy says so (RowPolicy.dealt_first), steps that stage a
+        block's rows in shared memory in one stage, at the policy's threads per row and then
+        half of them (while a thread owns at most MAX_VECTORS_PER_THREAD vectors):
+        _dealt_fits keeps only their schedules whose row groups the hardware deals to blocks,
+        several to an SM. Against rows streamed through a staging ring or loaded into a
+        second stage at one block per SM and fixed strides, these ran (H200, bf16, 16384
+        rows, fraction of the copy) rmsnorm_fwd 16384 0.92 -> 0.98 (512 threads, two blocks
+        per SM), softmax_fwd 16384 0.91 -> 0.97 (256 threads, five) and 32768 0.94 -> 0.99
+        (512 threads, two) (bench/TUNING.md, "dealt rows"). Only rows of whole 16-byte
+        vectors, one block a row, too long to be short (short rows try one stage first
+        already), and not rows of three passes with column inputs (LayerNorm forward)."""
+        if not plain.dealt_first or self.hints.given():
+            return []
+        if self.fusion.cols and plain.stages_first(self.fusion.passes):
+            # dropout_layernorm_fwd bf16 8192 / 12288 ran 0.91 / 0.93 -> 0.86 / 0.85 so
+            # (weight and bias reloaded by every block), though 4096 gained 0.90 -> 0.97
+            return []
+        geo = geometry(self.fusion, self.problem, self.device, plain, self.hints, 1)
+        widest = max((t.dtype.itemsize for t in self.fusion.full), default=1)
+        if geo.vec * widest < 16 or short_rows(self.fusion, geo.part, self.device):
+            return []
+        vectors = self.problem.hidden // geo.vec
+        threads = [t for t in (geo.threads_per_row, geo.threads_per_row // 2)
+                   if t >= 32 and ceil_div(vectors, t) <= MAX_VECTORS_PER_THREAD]
+        return [_Step(1, Reach.ON_CHIP, f"one stage at {t} threads per row, a block per row "
+                      "group", plain, dealt_threads=t) for t in threads]
 
     def _skewed_first(self, steps: list[_Step]) -> list[_Step]:
         """The steps of one block per row again with skewed rows, before all the others, where
@@ -138,8 +174,9 @@ class RowSearch:
         (bench/TUNING.md, "aligned row copies")."""
         if step.skewed:
             return self._skewed_phase(step)
-        geo = geometry(self.fusion, self.problem, self.device, step.policy, self.hints,
-                       step.cluster)
+        hints = (self.hints if step.dealt_threads is None
+                 else replace(self.hints, threads_per_row=step.dealt_threads))
+        geo = geometry(self.fusion, self.problem, self.device, step.policy, hints, step.cluster)
         widest = max((t.dtype.itemsize for t in self.fusion.full), default=1)
         aligned = chunked and self.problem.align_bytes >= 16 and geo.vec * widest < 16
         return Phase(self.fusion, self.problem, self.device, step.policy, self.hints, geo,
@@ -173,6 +210,16 @@ class RowSearch:
             half = self._fitted(halved, choice) if halved is not None else None
             if half is not None:
                 yield half
+
+    def _dealt_fits(self, phase: Phase) -> Iterator[RowSchedule]:
+        """A dealt step's schedules (_dealt_steps): one stage of rows in shared memory, the
+        columns there, then in registers, each only where a block per row group is what
+        row_dealing.pick deals (several blocks share an SM and the rows outweigh the
+        columns). Choices that do not fit are not rejections: the steps after try on."""
+        for col_storage in (Storage.SMEM, Storage.REGISTERS):
+            result = fit(phase, staged_choice(phase, 1, col_storage))
+            if isinstance(result, RowSchedule) and result.dealing is Dealing.GRID:
+                yield result
 
     def _fitted(self, phase: Phase, choice: StorageChoice) -> RowSchedule | None:
         """The choice's schedule in this phase where it fits and honours the hints; else
@@ -214,6 +261,9 @@ class RowSearch:
         slightly larger row slots (up to 15 bytes per row) leave more buffers re-read from
         global memory than copies of vec bytes do (the 100 KB part at hidden 24578 would
         re-read two input rows instead of one input row and the weight)."""
+        if step.dealt_threads is not None:
+            yield from self._dealt_fits(self._phase(step, False))
+            return
         if step.skewed or self.hints.aligned_copy is False:
             yield from self._fits(self._phase(step, False))
             return

@@ -33,8 +33,8 @@
 //
 // RowSchedule
 //   scheduler          inner_persistent
-//   reason             registers-first policy: T1 in smem, T0 re-read each pass through a staging ring (cp.async.bulk,
-//       4 slots x 1 chunk(s)), ~48 regs/thread, ~1 block(s)/SM
+//   reason             registers-first policy: T0, T1 in smem, ~48 regs/thread, ~2 block(s)/SM (one stage at 512
+//       threads per row, a block per row group)
 //   hidden             16384
 //   vec                8
 //   skew               0
@@ -47,33 +47,30 @@
 //   kept               ()
 //   stages             1
 //   aligned_copy       False
-//   placements         T0:BFloat16->ring, T1:BFloat16->smem
+//   placements         T0:BFloat16->smem(cp.async), T1:BFloat16->smem
 //   accumulators       registers
-//   ring               T0 by cp.async.bulk: 4 slots, 1 chunk(s) of 16384 elements (tail 16384) per pass, 2 pass(es) per
-//       row
 //   reduction_bytes    4
 //   regs_estimate      48
-//   blocks_per_sm      1
-//   dealing            strided
+//   blocks_per_sm      2
+//   dealing            grid
 //
 // shared memory plan:
-// buffer        bytes  offset  aligned  purpose
-// s_ring_T0    131072       0   131072  staging ring T0: 4 slots x 16384 elements, 1 chunk(s) per pass, tail 16384
-// s_ring_full      32  131072      128  4 mbarriers (8 B each), one per ring slot: the slot's bulk copies have landed
-// s_T1          32768  131200    32768  column buffer T1 (BFloat16) x 16384
-// s_reduce        128  163968      128  inner-reduction scratch: 2 parities x 1 x 1 row(s) x 16 warps x 4 B
-// static slot     128  static      128  static __shared__ (magic zero)
-// total 164224 B = dynamic 164096 + static 128; limit 232448 B; headroom 68224 B; alignment 128 B
+// buffer       bytes  offset  aligned  purpose
+// s_T0         32768       0    32768  row buffer T0 (BFloat16), 1 stage(s) x 1 row(s) x 16384
+// s_T1         32768   32768    32768  column buffer T1 (BFloat16) x 16384
+// s_reduce       128   65536      128  inner-reduction scratch: 2 parities x 1 x 1 row(s) x 16 warps x 4 B
+// static slot    128  static      128  static __shared__ (magic zero)
+// total 65792 B = dynamic 65664 + static 128; limit 232448 B; headroom 166656 B; alignment 128 B
 
 #include "fuser_rows.cuh"
 #include "fuser_row_ring.cuh"
 #include "fuser_row_reduce.cuh"
 #include "fuser_row_columns.cuh"
 
-// Each block works on 1 row(s) at a time; a persistent grid, each block taking every grid-th row group.
+// Each block works on 1 row(s) at a time; a block per row group.
 // Thread x of a row owns vectors x, x + 512, ... (4 of them, 8 element(s) each) of the row.
-// Inputs: T1 in smem; T0 in ring.
-extern "C" __global__ void __launch_bounds__(512, 1)
+// Inputs: T0, T1 in smem.
+extern "C" __global__ void __launch_bounds__(512, 2)
 rmsnorm_fwd_row(
     const __nv_bfloat16* __restrict__ g_T0,
     const __nv_bfloat16* __restrict__ g_T1,
@@ -90,40 +87,36 @@ rmsnorm_fwd_row(
 
   // Shared memory, as planned (each buffer 128-byte aligned; the static slot is separate).
   extern __shared__ __align__(128) unsigned char smem[];
-  // staging ring T0: 4 slots x 16384 elements, 1 chunk(s) per pass, tail 16384
-  unsigned char* const s_ring_T0 = smem;
-  // 4 mbarriers (8 B each), one per ring slot: the slot's bulk copies have landed
-  unsigned char* const s_ring_full = smem + 131072;
+  // row buffer T0 (BFloat16), 1 stage(s) x 1 row(s) x 16384
+  unsigned char* const s_T0 = smem;
   // column buffer T1 (BFloat16) x 16384
-  unsigned char* const s_T1 = smem + 131200;
+  unsigned char* const s_T1 = smem + 32768;
   // inner-reduction scratch: 2 parities x 1 x 1 row(s) x 16 warps x 4 B
-  unsigned char* const s_reduce = smem + 163968;
+  unsigned char* const s_reduce = smem + 65536;
   const long long S5 = static_cast<long long>(H);
   const double S7 = 1e-06;
 
   fm::ColumnInSmem<__nv_bfloat16, Part> T1(part, s_T1, g_T1);
   // the row reductions: warps, then the row's warps, then the cluster's blocks
   fm::RowReducer<float, Part, 1> reduce(s_reduce, nullptr);
-  // staging ring: T0 by cp.async.bulk: 4 slots, 1 chunk(s) of 16384 elements (tail 16384) per pass,
-  // 2 pass(es) per row
-  fm::StagingRing<Part, true, 4, 4, 1, 2, 16> ring(s_ring_full, part);
-  fm::RowInRing<__nv_bfloat16, Part, true, 2048> T0(s_ring_T0, g_T0);
+  fm::RowInSmem<__nv_bfloat16, Part, fm::Copy::VECTORS, 32768> T0(s_T0, g_T0);
   __syncthreads();  // the column buffers are shared by the block's rows
 
   const long long row_stride = part.row_stride();
   long long row0 = part.first_row();
-  auto ring_fill = [&](const fm::RingChunk& chunk) {  // chunk's copies into its slot
-    T0.fill(part, chunk, ring);
-  };
-  ring.start(part, n_rows, ring_fill);
   for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
     const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
     const int skew = Part::skew(row);  // 0: rows start on vector boundaries
+    const int slot = part.ty;
+    T0.copy(part, slot, row, n_rows);
+    fm::cp_async_commit();
+    fm::cp_async_wait<0>();
+    T0.ready(part, slot, row);
 
     // Inner reduction level 0: sum(T3) -> T4.
     float row_T4 = fm::Sum::identity<float>();
-    ring.pass<1>(part, skew, n_rows, ring_fill, [&](const auto& v) {
+    fm::for_each_vector(part, skew, [&](const auto& v) {
       const auto x_T0 = T0.at(v);
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
@@ -138,7 +131,7 @@ rmsnorm_fwd_row(
     const float row_T9 = fm::rsqrt(row_T8);
 
     // Outputs of the row.
-    ring.pass<1>(part, skew, n_rows, ring_fill, [&](const auto& v) {
+    fm::for_each_vector(part, skew, [&](const auto& v) {
       const auto x_T0 = T0.at(v);
       const auto c_T1 = T1.at(v);
       fm::Vec<__nv_bfloat16, Part::VEC> o_T16;
