@@ -674,11 +674,17 @@ def test_rows_not_dealt_a_block_each_keep_the_search_they_had(name, hidden):
 
 
 def test_hinted_searches_take_no_dealt_step():
-    """Hints speak the policy's own vocabulary: a hinted search is the one it was (here
-    rmsnorm_fwd 16384's staging ring, one block per SM at fixed strides)."""
+    """Hints speak the policy's own vocabulary: a hint that fixes the geometry, stages,
+    storage or dealing takes the search it always took (here rmsnorm_fwd 16384's staging
+    ring, one block per SM at fixed strides); hints that cannot change rows of whole 16-byte
+    vectors leave the default as it is."""
     info = analyze(ROW_FUSIONS["rmsnorm_fwd"](DataType.BFloat16).fusion)
-    hinted = schedule(info, Problem(16384, 16384, 16), H200, Hints(dealing="strided"))
+    problem = Problem(16384, 16384, 16)
+    hinted = schedule(info, problem, H200, Hints(dealing="strided"))
     assert hinted.ring is not None and hinted.dealing is Dealing.STRIDED, hinted.reason
+    default = schedule(info, problem, H200)
+    for moot in (Hints(skewed=False), Hints(aligned_copy=False)):
+        assert schedule(info, problem, H200, moot) == default
 
 
 @pytest.mark.parametrize("name", sorted(ROW_FUSIONS))

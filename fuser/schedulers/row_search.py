@@ -47,6 +47,10 @@ from fuser.schedulers.row_skew import hint_refusals, skewed_geometry, skews
 from fuser.schedulers.row_storage import choices, staged_choice
 
 SHOWN_REJECTIONS = 6  # the last rejections an error lists
+# Hints that fix what the dealt steps decide (threads, rows and stages of a block, storage,
+# dealing); the others (skewed, aligned_copy) cannot change rows of whole 16-byte vectors
+_DEALT_STEP_HINTS = ("threads_per_row", "rows_per_block", "cluster", "stages", "storage",
+                     "accumulators", "dealing")
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,8 @@ class RowSearch:
         return self._skewed_first(steps)
 
     def _dealt_steps(self, plain: RowPolicy) -> list[_Step]:
-        """Unhinted, where the policy says so (RowPolicy.dealt_first), steps that stage a
+        """Where the policy says so (RowPolicy.dealt_first) and no hint fixes what they
+        decide (_DEALT_STEP_HINTS; the hinted search is the one it was), steps that stage a
         block's rows in shared memory in one stage, at the policy's threads per row and then
         half of them (while a thread owns at most MAX_VECTORS_PER_THREAD vectors):
         _dealt_fits keeps only their schedules whose row groups the hardware deals to blocks,
@@ -130,7 +135,9 @@ class RowSearch:
         (512 threads, two) (bench/TUNING.md, "dealt rows"). Only rows of whole 16-byte
         vectors, one block a row, too long to be short (short rows try one stage first
         already), and not rows of three passes with column inputs (LayerNorm forward)."""
-        if not plain.dealt_first or self.hints.given():
+        hints = self.hints
+        if not plain.dealt_first or any(
+                getattr(hints, name) is not None for name in _DEALT_STEP_HINTS):
             return []
         if self.fusion.cols and plain.stages_first(self.fusion.passes):
             # dropout_layernorm_fwd bf16 8192 / 12288 ran 0.91 / 0.93 -> 0.86 / 0.85 so
