@@ -196,7 +196,8 @@ def _attempts(name: str, info: FusionInfo, problem: Problem, device: DeviceSpec,
         current: KernelSchedule | None = sched
         while current is not None:
             yield _Attempt(current, final, _render(name, info, current, final))
-            current = _rebuilt(current, last, device)
+            current = _rebuilt(current, last, device,
+                               hints is not None and hints.dealing is not None)
 
 
 def _marking_last(items: Iterator[T]) -> Iterator[tuple[T, bool]]:
@@ -217,14 +218,14 @@ def _marking_last(items: Iterator[T]) -> Iterator[tuple[T, bool]]:
         yield pending.pop(), True
 
 
-def _rebuilt(sched: KernelSchedule, last: bool, device: DeviceSpec
+def _rebuilt(sched: KernelSchedule, last: bool, device: DeviceSpec, dealing_hinted: bool
              ) -> RowSchedule | OuterSchedule | None:
     """What to compile after `sched` spilled, or None: one block per SM fewer (not below
     MIN_REBUILT_THREADS resident threads, nor below the blocks its dealing needs
-    (row_dealing.rebuilt_dealing), unless `sched` comes from the last candidate), then a
-    batch loop unrolled half as far; an outer schedule rebuilt for fewer blocks per SM, as
-    many as leave its threads a quarter more registers (outer_persistent.rebuilt_blocks); a
-    pointwise schedule has no rebuild."""
+    (row_dealing.rebuilt_dealing; a hinted dealing stays as hinted), unless `sched` comes
+    from the last candidate), then a batch loop unrolled half as far; an outer schedule
+    rebuilt for fewer blocks per SM, as many as leave its threads a quarter more registers
+    (outer_persistent.rebuilt_blocks); a pointwise schedule has no rebuild."""
     if isinstance(sched, OuterSchedule):
         fewer = rebuilt_blocks(sched, device)
         if fewer is None:
@@ -237,7 +238,8 @@ def _rebuilt(sched: KernelSchedule, last: bool, device: DeviceSpec
     if sched.blocks_per_sm > 1 and not last and fewer < MIN_REBUILT_THREADS:
         return None
     if sched.blocks_per_sm > 1:
-        dealing = rebuilt_dealing(sched.dealing, sched.blocks_per_sm - 1)
+        dealing = (sched.dealing if dealing_hinted
+                   else rebuilt_dealing(sched.dealing, sched.blocks_per_sm - 1))
         if dealing is not sched.dealing and not last:
             return None
         return replace(sched, blocks_per_sm=sched.blocks_per_sm - 1, dealing=dealing,

@@ -14,7 +14,7 @@ from fuser.analysis import analyze
 from fuser.cache import KernelCache
 from fuser.device import DeviceSpec
 from fuser.fusions import ROW_FUSIONS
-from fuser.schedulers import Problem
+from fuser.schedulers import Hints, Problem
 from fuser.schedulers.base import Dealing
 
 H200 = DeviceSpec.get("h200")
@@ -150,6 +150,20 @@ def test_a_block_per_group_is_not_rebuilt_below_two_blocks_per_sm(only_candidate
     else:
         assert built.schedule.reason != planned.reason and "rebuilt" not in built.schedule.reason
         assert not (built.schedule.dealing is Dealing.GRID and built.schedule.blocks_per_sm < 2)
+
+
+def test_a_hinted_block_per_group_stays_so_when_rebuilt(tmp_path):
+    """Hinted a block per group, rmsnorm_fwd 65536 over a cluster of 2 at 256 threads per row
+    spills at every residency but one block per SM: the hint is kept there too (a hint is
+    honoured or refused, never swapped for another dealing)."""
+    fd = ROW_FUSIONS["rmsnorm_fwd"](DataType.BFloat16)
+    hints = Hints(cluster=2, stages=1, storage=(("T0", "smem"),), dealing="grid",
+                  threads_per_row=256)
+    built = kernels.build(fd.name, analyze(fd.fusion), Problem(65536, 16384, 16), H200,
+                          hints, cache=KernelCache(str(tmp_path)))
+    s = built.schedule
+    assert "rebuilt for" in s.reason and s.blocks_per_sm == 1, s.reason
+    assert s.dealing is Dealing.GRID
 
 
 def test_dump_dir_receives_source_and_report(tmp_path, monkeypatch):
