@@ -172,10 +172,12 @@ def test_staged_rows_of_narrow_vectors_take_at_most_512_threads(name, hidden, th
     vectors are narrower than 16 bytes (the backward's: single elements) take the policy's
     staged_narrow_threads threads per row where a thread then owns at most
     MAX_STAGED_VECTORS_PER_THREAD vectors, so two blocks can share an SM's registers. Rows
-    not skewed: skewed ones (RowSchedule.skew) have 16-byte vectors."""
+    not skewed: skewed ones (RowSchedule.skew) have 16-byte vectors; and at fixed strides:
+    long rows dealt a block each take their own threads (RowSearch._dealt_steps)."""
     for dtype in (DataType.BFloat16, DataType.Float):
         info = analyze(ROW_FUSIONS[name](dtype).fusion)
-        s = schedule(info, Problem(hidden, 16384, 16), H200, Hints(skewed=False))
+        hints = Hints(skewed=False, dealing="strided")
+        s = schedule(info, Problem(hidden, 16384, 16), H200, hints)
         assert isinstance(s, RowSchedule) and s.threads_per_row == threads, s.reason
         assert s.batch <= 32 or threads == 1024
 
