@@ -11,11 +11,11 @@ where those ops fail), so a tree whose default is wrong shows it. Each call is t
 bench.run's timer (triton's do_bench median, L2 flushed before each call), beside a device
 copy of the same bytes. A variant the scheduler refuses is reported
 with its HintError. `--tree DIR` imports fuser from DIR instead of this checkout, so two
-versions run in one job one after the other (before and after a change); `--warm N`
-compiles every kernel first in N processes (NVRTC runs on the CPU), so the timed loop only
-loads them. Prints one line per run and, with --out, writes them as json. The tool behind
-policy decisions that compare schedules (bench/TUNING.md); bench/run.py measures the
-defaults against the peers.
+versions run in one job one after the other (before and after a change; bench/ab.py runs
+this once per tree, the trees alternated); `--warm N` compiles every kernel first in N
+processes (NVRTC runs on the CPU), so the timed loop only loads them. Prints one line per run
+and, with --out, writes them as json. The tool behind policy decisions that compare
+schedules (bench/TUNING.md); bench/run.py measures the defaults against the peers.
 """
 
 from __future__ import annotations

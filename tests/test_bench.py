@@ -600,3 +600,45 @@ def test_outer_skeleton_configurations_compile_and_bad_arguments_are_refused(cap
         with pytest.raises(SystemExit):
             parse_args(bad)
         assert bad[1] in capsys.readouterr().err
+
+
+def test_ab_alternates_the_trees_and_reports_each_cases_median(tmp_path, monkeypatch, capsys):
+    """bench/ab.py: before, after, after, before; per case the median fraction of each tree,
+    a wrong default flagged, every run's records in the json."""
+    from bench import ab
+
+    assert ab.order(3) == ["before", "after", "after", "before", "before", "after"]
+    fractions = {"old": iter([0.90, 0.92]), "new": iter([0.97, 0.99])}
+    calls = []
+
+    def fake_run(cmd, check):
+        tree = Path(cmd[cmd.index("--tree") + 1]).name
+        calls.append(tree)
+        records = [{"fusion": "softmax_fwd", "hidden": 16384, "variant": "default",
+                    "fraction_of_copy": next(fractions[tree]), "correct": tree == "new"},
+                   {"fusion": "softmax_fwd", "hidden": 16384, "variant": "odd",
+                    "refused": "HintError"}]
+        out = Path(cmd[cmd.index("--out") + 1])
+        out.write_text(json.dumps({"tree": tree, "source": tree, "records": records}))
+
+    monkeypatch.setattr(ab.subprocess, "run", fake_run)
+    out = tmp_path / "ab.json"
+    assert ab.main(["--before", str(tmp_path / "old"), "--after", str(tmp_path / "new"),
+                    "--out", str(out), "--", "--case", "softmax_fwd:16384"]) == 0
+    assert calls == ["old", "new", "new", "old"]
+    printed = capsys.readouterr().out
+    assert "softmax_fwd            16384 default     0.91 ->  0.98  WRONG against eager: before" \
+        in printed
+    assert "odd          -   ->   -  " in printed
+    saved = json.loads(out.read_text())
+    assert [r["tree"] for r in saved["runs"]] == ["before", "after", "after", "before"]
+    assert saved["variants_args"] == ["--case", "softmax_fwd:16384"]
+
+
+@pytest.mark.parametrize("argv", [["--before", "x"], ["--before", "x", "--repeat", "0", "--",
+                                                        "--case", "a:1"]])
+def test_ab_refuses_a_run_without_cases_or_repeats(argv):
+    from bench import ab
+
+    with pytest.raises(SystemExit):
+        ab.parse_args(argv)
