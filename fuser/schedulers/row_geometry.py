@@ -68,9 +68,8 @@ def staged_cap(fusion: RowFusion, problem: Problem, policy: RowPolicy) -> int | 
     most policy.staged_narrow_vec elements."""
     if not policy.stages_first(fusion.passes):
         return None
-    widest = max((t.dtype.itemsize for t in fusion.full), default=1)
     vec = fusion.vec(problem)
-    narrow = vec * widest < 16 and vec <= policy.staged_narrow_vec
+    narrow = fusion.narrow(vec) and vec <= policy.staged_narrow_vec
     return policy.staged_narrow_threads if narrow else None
 
 

@@ -103,6 +103,7 @@ class RowFusion:
     reduction_bytes: int  # 8 when any inner reduction accumulates in double, else 4
     passes: int  # passes over each row: one per inner reduction level, one for the outputs
     itemsizes: tuple[int, ...]  # of every tensor a row's vectors must suit
+    widest: int  # the item size of the widest row input (1 without row inputs)
     kept: tuple[Val, ...]  # element values a later pass needs again (analysis.kept_values)
     kept_bytes: tuple[int, ...]  # per kept value: 8 (double) or 4 (float)
 
@@ -122,6 +123,7 @@ class RowFusion:
             passes=info.row_passes,
             itemsizes=tuple(t.dtype.itemsize for t in (
                 *info.full_inputs, *info.col_inputs, *info.outputs(Role.FULL))),
+            widest=max((t.dtype.itemsize for t in full), default=1),
             kept=kept,
             kept_bytes=tuple(_bytes(v) for v in kept),
         )
@@ -129,6 +131,11 @@ class RowFusion:
     @property
     def buffers(self) -> tuple[Tensor, ...]:
         return self.full + self.cols
+
+    def narrow(self, vec: int) -> bool:
+        """Whether vectors of `vec` elements of the widest row input are narrower than 16
+        bytes (the widest load and store)."""
+        return vec * self.widest < 16
 
     def vec(self, problem: Problem) -> int:
         """Elements per vector access of this fusion's rows (base.pick_vec)."""

@@ -47,10 +47,10 @@ from fuser.schedulers.row_skew import hint_refusals, skewed_geometry, skews
 from fuser.schedulers.row_storage import choices, staged_choice
 
 SHOWN_REJECTIONS = 6  # the last rejections an error lists
-# Hints that fix what the dealt steps decide (threads, rows and stages of a block, storage,
-# dealing); the others (skewed, aligned_copy) cannot change rows of whole 16-byte vectors
-_DEALT_STEP_HINTS = ("threads_per_row", "rows_per_block", "cluster", "stages", "storage",
-                     "accumulators", "dealing")
+# Hints that cannot change rows of whole 16-byte vectors, which the dealt steps stage: any
+# other hint fixes something they decide (threads, rows and stages of a block, storage,
+# dealing), and the search is the one it was
+_MOOT_FOR_DEALT_STEPS = ("skewed", "aligned_copy")
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class RowSearch:
 
     def _dealt_steps(self, plain: RowPolicy) -> list[_Step]:
         """Where the policy says so (RowPolicy.dealt_first) and no hint fixes what they
-        decide (_DEALT_STEP_HINTS; the hinted search is the one it was), steps that stage a
+        decide (_MOOT_FOR_DEALT_STEPS; the hinted search is the one it was), steps that stage a
         block's rows in shared memory in one stage, at the policy's threads per row and then
         half of them (while a thread owns at most MAX_VECTORS_PER_THREAD vectors):
         _dealt_fits keeps only their schedules whose row groups the hardware deals to blocks,
@@ -135,17 +135,15 @@ class RowSearch:
         (512 threads, two) (bench/TUNING.md, "dealt rows"). Only rows of whole 16-byte
         vectors, one block a row, too long to be short (short rows try one stage first
         already), and not rows of three passes with column inputs (LayerNorm forward)."""
-        hints = self.hints
-        if not plain.dealt_first or any(
-                getattr(hints, name) is not None for name in _DEALT_STEP_HINTS):
+        hinted = set(self.hints.given()) - set(_MOOT_FOR_DEALT_STEPS)
+        if not plain.dealt_first or hinted:
             return []
         if self.fusion.cols and plain.stages_first(self.fusion.passes):
             # dropout_layernorm_fwd bf16 8192 / 12288 ran 0.91 / 0.93 -> 0.86 / 0.85 so
             # (weight and bias reloaded by every block), though 4096 gained 0.90 -> 0.97
             return []
         geo = geometry(self.fusion, self.problem, self.device, plain, self.hints, 1)
-        widest = max((t.dtype.itemsize for t in self.fusion.full), default=1)
-        if geo.vec * widest < 16 or short_rows(self.fusion, geo.part, self.device):
+        if self.fusion.narrow(geo.vec) or short_rows(self.fusion, geo.part, self.device):
             return []
         vectors = self.problem.hidden // geo.vec
         threads = [t for t in (geo.threads_per_row, geo.threads_per_row // 2)
@@ -184,8 +182,7 @@ class RowSearch:
         hints = (self.hints if step.dealt_threads is None
                  else replace(self.hints, threads_per_row=step.dealt_threads))
         geo = geometry(self.fusion, self.problem, self.device, step.policy, hints, step.cluster)
-        widest = max((t.dtype.itemsize for t in self.fusion.full), default=1)
-        aligned = chunked and self.problem.align_bytes >= 16 and geo.vec * widest < 16
+        aligned = chunked and self.problem.align_bytes >= 16 and self.fusion.narrow(geo.vec)
         return Phase(self.fusion, self.problem, self.device, step.policy, self.hints, geo,
                      aligned, step.reach, step.why)
 
@@ -312,13 +309,12 @@ class RowSearch:
         """aligned_copy=True where no schedule could copy rows in 16-byte chunks."""
         if not self.hints.aligned_copy:
             return
-        vec = self.fusion.vec(self.problem)
-        widest = max((t.dtype.itemsize for t in self.fusion.full), default=1)
+        vec, widest = self.fusion.vec(self.problem), self.fusion.widest
         why = []
         if self.problem.align_bytes < 16:
             why.append(f"every input 16-byte aligned (these are {self.problem.align_bytes}-byte "
                        "aligned)")
-        if vec * widest >= 16:
+        if not self.fusion.narrow(vec):
             why.append(f"row vectors narrower than 16 bytes (these are {vec} x {widest} B)")
         if why:
             raise HintError(

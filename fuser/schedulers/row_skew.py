@@ -44,7 +44,7 @@ def skews(fusion: RowFusion, problem: Problem, hints: Hints) -> bool:
         return False
     if hints.skewed:
         return True
-    narrow = skew * max((t.dtype.itemsize for t in fusion.full), default=1)
+    narrow = skew * fusion.widest
     return (ceil_div(problem.hidden, fusion.skewed_vec(problem)) >= SKEWED_DEFAULT_MIN_VECTORS
             and (not fusion.cols or narrow <= SKEWED_COLUMNS_MAX_NARROW_BYTES)
             and not fusion.info.outer_reductions)
