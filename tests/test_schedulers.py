@@ -339,6 +339,28 @@ def test_short_rows_take_two_stages_where_one_leaves_a_single_block():
     assert (ln.stages, ln.blocks_per_sm) == (2, 1), ln.reason
 
 
+@pytest.mark.parametrize(("name", "dtype", "hidden", "stages"), [
+    ("layernorm_bwd", DataType.BFloat16, 1024, 2), ("layernorm_bwd", DataType.BFloat16, 2048, 2),
+    ("gelu_bwd", DataType.BFloat16, 1024, 2), ("rmsnorm_bwd", DataType.BFloat16, 4099, 2),
+    ("gelu_bwd", DataType.Float, 1024, 1), ("layernorm_bwd", DataType.Float, 1000, 1),
+    ("rmsnorm_bwd", DataType.BFloat16, 2048, 1)])
+def test_short_rows_take_a_second_stage_while_one_fills_under_half_an_sm(name, dtype, hidden,
+                                                                         stages):
+    """Short rows take two stages first where one stage fills less than half an SM's shared
+    memory and two keep its blocks per SM (bf16 layernorm_bwd 1024 / 2048: 0.77 / 0.80 ->
+    0.83 / 0.88); one where one stage already fills more (fp32 gelu_bwd 1024: 121 KB per
+    SM, two stages 0.85 -> 0.79) or where two cost a block (rmsnorm_bwd 2048)."""
+    info = analyze(FUSIONS[name](dtype).fusion)
+    s = schedule(info, Problem(hidden, 16384, 16), H200)
+    one = schedule(info, Problem(hidden, 16384, 16), H200, Hints(stages=1))
+    assert s.stages == stages, s.reason
+    assert s.blocks_per_sm == one.blocks_per_sm, (s.reason, one.reason)
+    two = schedule(info, Problem(hidden, 16384, 16), H200, Hints(stages=2))
+    below = one.smem.total * one.blocks_per_sm < H200.smem_per_sm // 2
+    keeps = two.blocks_per_sm == one.blocks_per_sm
+    assert (below and keeps) == (stages == 2), (one.reason, two.reason)
+
+
 @pytest.mark.parametrize("hidden", [2048, 4096, 8192])
 def test_column_sums_alone_are_not_packed(hidden):
     """Packing rows serves the row reductions' barriers: bias-GELU backward (column sums, no

@@ -50,15 +50,35 @@ def smem_first_order(phase: Phase) -> Iterator[StorageChoice]:
 
 
 def _stage_order(phase: Phase) -> list[int]:
-    """row_storage.stage_order, but two stages first where one stage of short rows would
-    leave one block per SM: one stage relies on the other resident blocks to load while a
-    block computes (layernorm_bwd bf16 4096, packed: 0.74 at one stage, 0.88 at two)."""
+    """row_storage.stage_order, but two stages first for rows where one stage would leave
+    one block per SM, and for short unskewed rows whose one stage fills less than half an
+    SM's shared memory where two stages keep its blocks per SM: one stage relies on the other
+    resident blocks to load while a block computes, and a second stage loads the next rows
+    while this one computes (_TWO_STAGES_BELOW)."""
     order = stage_order(phase)
-    if order == [1, 2]:
-        one = fit(phase, staged_choice(phase, 1, Storage.SMEM))
-        if isinstance(one, RowSchedule) and one.blocks_per_sm <= 1:
-            return [2, 1]
+    if order != [1, 2]:
+        return order
+    one = fit(phase, staged_choice(phase, 1, Storage.SMEM))
+    if not isinstance(one, RowSchedule):
+        return order
+    if one.blocks_per_sm <= 1:
+        return [2, 1]
+    if phase.geometry.skew or (one.smem.total * one.blocks_per_sm
+                               >= phase.device.smem_per_sm * _TWO_STAGES_BELOW):
+        return order
+    two = fit(phase, staged_choice(phase, 2, Storage.SMEM))
+    if isinstance(two, RowSchedule) and two.blocks_per_sm >= one.blocks_per_sm:
+        return [2, 1]
     return order
+
+
+# Short rows take a second stage while one stage fills less than this share of an SM's
+# shared memory. H200, 16384 rows, fraction of the copy, one stage -> two, blocks per SM
+# kept (bench/TUNING.md, "two stages for short rows"): bf16 layernorm_bwd 1024 / 2048 0.77 /
+# 0.80 -> 0.83 / 0.88 (one stage 78 / 104 KB per SM), gelu_bwd 1024 / 4096 0.70 / 0.72 ->
+# 0.77 / 0.78; rmsnorm_bwd 1024 even (89 KB); fp32 gelu_bwd 1024 0.85 -> 0.79 and
+# layernorm_bwd 1000 0.89 -> 0.87, with one stage already 121 / 130 KB per SM.
+_TWO_STAGES_BELOW = 0.5
 
 
 # Shared memory first: cp.async keeps the loads in flight, so rows want more warps and fewer

@@ -45,7 +45,7 @@
 //
 // RowSchedule
 //   scheduler          inner_outer_persistent
-//   reason             smem-first policy: T0, T2, T3 in smem, ~64 regs/thread, ~4 block(s)/SM
+//   reason             smem-first policy: T0, T2, T3 in smem (2 stages), ~64 regs/thread, ~4 block(s)/SM
 //   hidden             1024
 //   vec                8
 //   skew               0
@@ -56,7 +56,7 @@
 //   unroll             2
 //   full_unroll        True
 //   kept               ()
-//   stages             1
+//   stages             2
 //   aligned_copy       False
 //   placements         T0:BFloat16->smem(cp.async), T2:BFloat16->smem(cp.async), T3:BFloat16->smem
 //   accumulators       registers
@@ -67,13 +67,13 @@
 //
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
-// s_T0          8192       0     8192  row buffer T0 (BFloat16), 1 stage(s) x 4 row(s) x 1024
-// s_T2          8192    8192     8192  row buffer T2 (BFloat16), 1 stage(s) x 4 row(s) x 1024
-// s_T3          2048   16384     2048  column buffer T3 (BFloat16) x 1024
-// s_reduce        64   18432      128  inner-reduction scratch: 2 parities x 1 x 4 row(s) x 2 warps x 4 B
-// s_outer_T25   4096   18560     4096  column accumulator T25: 4 rows combined
+// s_T0         16384       0    16384  row buffer T0 (BFloat16), 2 stage(s) x 4 row(s) x 1024
+// s_T2         16384   16384    16384  row buffer T2 (BFloat16), 2 stage(s) x 4 row(s) x 1024
+// s_T3          2048   32768     2048  column buffer T3 (BFloat16) x 1024
+// s_reduce        64   34816      128  inner-reduction scratch: 2 parities x 1 x 4 row(s) x 2 warps x 4 B
+// s_outer_T25   4096   34944     4096  column accumulator T25: 4 rows combined
 // static slot    128  static      128  static __shared__ (magic zero)
-// total 22784 B = dynamic 22656 + static 128; limit 232448 B; headroom 209664 B; alignment 128 B
+// total 39168 B = dynamic 39040 + static 128; limit 232448 B; headroom 193280 B; alignment 128 B
 //
 // FinalizeSchedule
 //   hidden             1024
@@ -116,16 +116,16 @@ rmsnorm_bwd_row(
 
   // Shared memory, as planned (each buffer 128-byte aligned; the static slot is separate).
   extern __shared__ __align__(128) unsigned char smem[];
-  // row buffer T0 (BFloat16), 1 stage(s) x 4 row(s) x 1024
+  // row buffer T0 (BFloat16), 2 stage(s) x 4 row(s) x 1024
   unsigned char* const s_T0 = smem;
-  // row buffer T2 (BFloat16), 1 stage(s) x 4 row(s) x 1024
-  unsigned char* const s_T2 = smem + 8192;
+  // row buffer T2 (BFloat16), 2 stage(s) x 4 row(s) x 1024
+  unsigned char* const s_T2 = smem + 16384;
   // column buffer T3 (BFloat16) x 1024
-  unsigned char* const s_T3 = smem + 16384;
+  unsigned char* const s_T3 = smem + 32768;
   // inner-reduction scratch: 2 parities x 1 x 4 row(s) x 2 warps x 4 B
-  unsigned char* const s_reduce = smem + 18432;
+  unsigned char* const s_reduce = smem + 34816;
   // column accumulator T25: 4 rows combined
-  unsigned char* const s_outer_T25 = smem + 18560;
+  unsigned char* const s_outer_T25 = smem + 34944;
   const long long S15 = static_cast<long long>(H);
 
   fm::ColumnInSmem<__nv_bfloat16, Part> T3(part, s_T3, g_T3);
@@ -139,16 +139,24 @@ rmsnorm_bwd_row(
 
   const long long row_stride = part.row_stride();
   long long row0 = part.first_row();
+  // Two stages: this block's first rows start loading now, each next row while one computes.
+  T0.copy(part, part.ty, row0 + part.ty, n_rows);
+  T2.copy(part, part.ty, row0 + part.ty, n_rows);
+  fm::cp_async_commit();
+  float ahead_T1 = fm::row_value<float>(g_T1, row0 + part.ty, row0 + part.ty < n_rows);
   for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
     const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
     const int skew = Part::skew(row);  // 0: rows start on vector boundaries
-    const int slot = part.ty;
-    T0.copy(part, slot, row, n_rows);
-    T2.copy(part, slot, row, n_rows);
+    const int stage = it & 1;
+    const int slot = stage * RPB + part.ty;  // this row's slot
+    const long long next = row + row_stride;
+    T0.copy(part, (stage ^ 1) * RPB + part.ty, next, n_rows);
+    T2.copy(part, (stage ^ 1) * RPB + part.ty, next, n_rows);
     fm::cp_async_commit();
-    const float row_T1 = fm::row_value<float>(g_T1, row, valid);
-    fm::cp_async_wait<0>();
+    const float row_T1 = ahead_T1;
+    ahead_T1 = fm::row_value<float>(g_T1, next, next < n_rows);
+    fm::cp_async_wait<1>();
     T0.ready(part, slot, row);
     T2.ready(part, slot, row);
     const float row_T8 = fm::reciprocal(row_T1);
