@@ -23,7 +23,8 @@ from fuser.schedulers.base import OuterSchedule
 pytestmark = pytest.mark.gpu
 
 DTYPES = [DataType.Float, DataType.Half, DataType.BFloat16]
-SHAPES = [(1, 1), (7, 3), (1000, 127), (1000, 4099), (7, 24578), (300, 65537), (4096, 4096)]
+SHAPES = [(1, 1), (7, 3), (1000, 127), (1000, 4099), (7, 24578), (300, 65537), (4096, 4096),
+          (16384, 2048)]
 COLUMN_SHAPES = [s if s[0] * s[1] <= FULL_ELEMENTS else (FULL_ELEMENTS // s[1], s[1])
                  for s in SHAPES]
 

@@ -683,6 +683,36 @@ def test_long_rows_are_dealt_a_block_each_where_several_share_an_sm(name, dtype,
     assert s.batch <= 8
 
 
+@pytest.mark.parametrize(("name", "dtype", "hidden", "blocks"), [
+    ("softmax_fwd", DataType.BFloat16, 65536, 2),  # 128 KB a row: one block per SM alone
+    ("log_softmax_fwd", DataType.Half, 65536, 2),
+    ("softmax_fwd", DataType.Float, 32768, 3),
+    ("softmax_bwd", DataType.BFloat16, 49152, 2),  # two row inputs: 192 KB a row
+])
+def test_rows_of_more_than_half_an_sm_are_dealt_over_a_cluster_of_two(name, dtype, hidden,
+                                                                       blocks):
+    """Rows without column inputs whose one stage fills more than half an SM's shared memory
+    are split over a cluster of two, each block half a row in one stage at 512 threads, and
+    dealt a block per row group, several to an SM."""
+    _, s = plan_for(name, dtype, hidden)
+    assert (s.cluster, s.dealing, s.stages, s.threads_per_row, s.blocks_per_sm) == (
+        2, Dealing.GRID, 1, 512, blocks), s.reason
+    assert "one stage at 512 threads per row in a cluster of 2, a block per row group" in (
+        s.reason)
+
+
+@pytest.mark.parametrize(("name", "dtype", "hidden"), [
+    ("softmax_fwd", DataType.BFloat16, 131072),  # half a row is more than half an SM
+    ("softmax_bwd", DataType.Float, 32768),
+    ("rmsnorm_fwd", DataType.BFloat16, 65536),  # a weight: lost over a cluster
+    ("softmax_fwd", DataType.BFloat16, 49152),  # one block holds the row
+])
+def test_rows_dealt_over_a_cluster_only_where_two_blocks_hold_them_in_half_an_sm(name, dtype,
+                                                                                 hidden):
+    _, s = plan_for(name, dtype, hidden)
+    assert "a block per row group" not in s.reason, s.reason
+
+
 @pytest.mark.parametrize(("name", "hidden"), [
     ("layernorm_fwd", 16384),  # a weight and a bias outweigh the row: two stages, strides
     ("dropout_layernorm_fwd", 8192),  # three passes with column inputs

@@ -145,11 +145,33 @@ class RowSearch:
         geo = geometry(self.fusion, self.problem, self.device, plain, self.hints, 1)
         if self.fusion.narrow(geo.vec) or short_rows(self.fusion, geo.part, self.device):
             return []
-        vectors = self.problem.hidden // geo.vec
-        threads = [t for t in (geo.threads_per_row, geo.threads_per_row // 2)
-                   if t >= 32 and ceil_div(vectors, t) <= MAX_VECTORS_PER_THREAD]
-        return [_Step(1, Reach.ON_CHIP, f"one stage at {t} threads per row, a block per row "
-                      "group", plain, dealt_threads=t) for t in threads]
+        steps = []
+        for cluster in self._dealt_clusters(geo.part):
+            part = geometry(self.fusion, self.problem, self.device, plain, self.hints, cluster)
+            vectors = part.part // part.vec
+            steps += [_Step(cluster, Reach.ON_CHIP, f"one stage at {t} threads per row"
+                            f"{f' in a cluster of {cluster}' if cluster > 1 else ''}, a block "
+                            "per row group", plain, dealt_threads=t)
+                      for t in (part.threads_per_row, part.threads_per_row // 2)
+                      if t >= 32 and ceil_div(vectors, t) <= MAX_VECTORS_PER_THREAD]
+        return steps
+
+    def _dealt_clusters(self, part: int) -> list[int]:
+        """Cluster sizes of the dealt steps: one block a row, and a cluster of two where one
+        stage of the row fills more than half an SM's shared memory (one block per SM at
+        most), half a row at most half, and the fusion has no column inputs. Against the row in
+        one block per SM (H200, bf16, 16384 rows, fraction of the copy): softmax_fwd /
+        log_softmax_fwd 65536 0.89 / 0.88 -> 0.95 / 0.96 (512 threads, two blocks per SM),
+        softmax_bwd 32768 / 49152 1.02 / 1.01 -> 1.02. Clusters of four lost at 131072
+        (softmax_fwd 0.88 -> 0.86), and rmsnorm_fwd 65536, with its weight, at two (0.97 ->
+        0.75) (bench/TUNING.md, "dealt rows over clusters")."""
+        half = self.device.smem_per_sm // 2
+        row_bytes = self.fusion.info.row_buffer_bytes
+        pair = 2 in cluster_sizes(self.fusion, self.problem, self.device)
+        if (self.fusion.cols or not pair or part * row_bytes <= half
+                or ceil_div(part, 2) * row_bytes > half):
+            return [1]
+        return [1, 2]
 
     def _skewed_first(self, steps: list[_Step]) -> list[_Step]:
         """The steps of one block per row again with skewed rows, before all the others, where
