@@ -126,6 +126,10 @@ DEALT_DEFAULTS = [
     ("softmax_fwd", DataType.BFloat16, 65536), ("softmax_fwd", DataType.Float, 32768),
     ("log_softmax_fwd", DataType.Half, 65536), ("softmax_bwd", DataType.BFloat16, 49152),
     ("softmax_bwd", DataType.Half, 32768),
+    # a weight re-read from L2 beside the staged row, and up to 16 vectors a thread
+    ("rmsnorm_fwd", DataType.BFloat16, 32768), ("rmsnorm_fwd", DataType.Float, 24576),
+    ("dropout_rmsnorm_fwd", DataType.BFloat16, 20480), ("softmax_fwd", DataType.Half, 49152),
+    ("log_softmax_fwd", DataType.BFloat16, 98304),
 ]
 
 

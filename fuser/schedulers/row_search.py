@@ -28,7 +28,6 @@ from fuser.schedulers.hints import HintContext, Hints, check, powers_of_two
 from fuser.schedulers.row_fit import fit
 from fuser.schedulers.row_geometry import (
     MAX_STAGED_VECTORS_PER_THREAD,
-    MAX_VECTORS_PER_THREAD,
     cluster_sizes,
     fusion_split,
     geometry,
@@ -51,6 +50,12 @@ SHOWN_REJECTIONS = 6  # the last rejections an error lists
 # other hint fixes something they decide (threads, rows and stages of a block, storage,
 # dealing), and the search is the one it was
 _MOOT_FOR_DEALT_STEPS = ("skewed", "aligned_copy")
+# Vectors a thread of a dealt step may own: its row waits in shared memory, so a thread's
+# vectors are not all in registers at once. At 16 (12 at bf16 49152, 512 threads), against
+# one block per SM (H200, 16384 rows, fraction of the copy): softmax_fwd / log_softmax_fwd
+# bf16 49152 0.92 -> 0.98 / 0.97, fp32 24576 0.93 -> 0.98 (bench/TUNING.md, "wider dealt
+# steps")
+_DEALT_VECTORS_PER_THREAD = 16
 
 
 @dataclass(frozen=True)
@@ -126,7 +131,7 @@ class RowSearch:
         """Where the policy says so (RowPolicy.dealt_first) and no hint fixes what they
         decide (_MOOT_FOR_DEALT_STEPS; the hinted search is the one it was), steps that stage a
         block's rows in shared memory in one stage, at the policy's threads per row and then
-        half of them (while a thread owns at most MAX_VECTORS_PER_THREAD vectors):
+        half of them (while a thread owns at most _DEALT_VECTORS_PER_THREAD vectors):
         _dealt_fits keeps only their schedules whose row groups the hardware deals to blocks,
         several to an SM. Against rows streamed through a staging ring or loaded into a
         second stage at one block per SM and fixed strides, these ran (H200, bf16, 16384
@@ -153,7 +158,7 @@ class RowSearch:
                             f"{f' in a cluster of {cluster}' if cluster > 1 else ''}, a block "
                             "per row group", plain, dealt_threads=t)
                       for t in (part.threads_per_row, part.threads_per_row // 2)
-                      if t >= 32 and ceil_div(vectors, t) <= MAX_VECTORS_PER_THREAD]
+                      if t >= 32 and ceil_div(vectors, t) <= _DEALT_VECTORS_PER_THREAD]
         return steps
 
     def _dealt_clusters(self, part: int) -> list[int]:
@@ -239,10 +244,14 @@ class RowSearch:
 
     def _dealt_fits(self, phase: Phase) -> Iterator[RowSchedule]:
         """A dealt step's schedules (_dealt_steps): one stage of rows in shared memory, the
-        columns there, then in registers, each only where a block per row group is what
-        row_dealing.pick deals (several blocks share an SM and the rows outweigh the
-        columns). Choices that do not fit are not rejections: the steps after try on."""
-        for col_storage in (Storage.SMEM, Storage.REGISTERS):
+        columns there, then in registers, then re-read from global memory (L2), each only
+        where a block per row group is what row_dealing.pick deals (several blocks share an
+        SM and the rows outweigh the columns). Re-read columns leave room for a second block:
+        rmsnorm_fwd 512 threads against one block per SM (H200, 16384 rows, fraction of the
+        copy) bf16 32768 / 49152 0.92 / 0.94 -> 0.97, fp32 16384 / 24576 0.92 / 0.93 -> 0.97
+        (bench/TUNING.md, "wider dealt steps"). Choices that do not fit are not rejections:
+        the steps after try on."""
+        for col_storage in (Storage.SMEM, Storage.REGISTERS, Storage.GLOBAL):
             result = fit(phase, staged_choice(phase, 1, col_storage))
             if isinstance(result, RowSchedule) and result.dealing is Dealing.GRID:
                 yield result
