@@ -164,12 +164,12 @@ class RowSearch:
     def _dealt_clusters(self, part: int) -> list[int]:
         """Cluster sizes of the dealt steps: one block a row, and a cluster of two where one
         stage of the row fills more than half an SM's shared memory (one block per SM at
-        most), half a row at most half, and the fusion has no column inputs. Against the row in
-        one block per SM (H200, bf16, 16384 rows, fraction of the copy): softmax_fwd /
-        log_softmax_fwd 65536 0.89 / 0.88 -> 0.95 / 0.96 (512 threads, two blocks per SM),
-        softmax_bwd 32768 / 49152 1.02 / 1.01 -> 1.02. Clusters of four lost at 131072
-        (softmax_fwd 0.88 -> 0.86), and rmsnorm_fwd 65536, with its weight, at two (0.97 ->
-        0.75) (bench/TUNING.md, "dealt rows over clusters")."""
+        most) but half a row fills at most half, for fusions without column inputs. Against
+        the row in one block per SM (H200, bf16, 16384 rows, fraction of the copy):
+        softmax_fwd / log_softmax_fwd 65536 0.89 / 0.88 -> 0.95 / 0.96 (512 threads, two
+        blocks per SM), softmax_bwd 32768 / 49152 1.02 / 1.01 -> 1.02. Clusters of four lost
+        at 131072 (softmax_fwd 0.88 -> 0.86), and rmsnorm_fwd 65536, with its weight, at two
+        (0.97 -> 0.75) (bench/TUNING.md, "dealt rows over clusters")."""
         half = self.device.smem_per_sm // 2
         row_bytes = self.fusion.info.row_buffer_bytes
         pair = 2 in cluster_sizes(self.fusion, self.problem, self.device)
