@@ -238,23 +238,26 @@ def test_skewed_rows_with_columns_compile(name, hidden, dtype):
     _assert_skewed_stores(_global_store_bytes(ptx), s, info, dtype)
 
 
-@pytest.mark.parametrize(("name", "hidden", "dtype"), [
-    ("layernorm_fwd", 8192, DataType.BFloat16),
-    ("rmsnorm_fwd", 65536, DataType.BFloat16),
-    ("softmax_fwd", 65536, DataType.BFloat16),
-    ("softmax_bwd", 32768, DataType.BFloat16),
-    ("dropout_rmsnorm_fwd", 32768, DataType.BFloat16),
+@pytest.mark.parametrize(("name", "hidden", "dtype", "dealing"), [
+    ("layernorm_fwd", 8192, DataType.BFloat16, None),
+    ("rmsnorm_fwd", 65536, DataType.BFloat16, None),
+    ("dropout_rmsnorm_fwd", 32768, DataType.BFloat16, None),
+    # defaults dealt a block per row group over a cluster of two; a counter as hinted
+    ("softmax_fwd", 65536, DataType.BFloat16, "dynamic"),
+    ("softmax_bwd", 32768, DataType.BFloat16, "dynamic"),
 ])
-def test_a_refill_follows_the_read_of_the_place_it_copies_into(name, hidden, dtype):
+def test_a_refill_follows_the_read_of_the_place_it_copies_into(name, hidden, dtype, dealing):
     """A refilled row's last pass copies the next row's vector into a shared place it has just
     read: in the PTX, each such cp.async names as operands the words one earlier ld.shared
     loaded, all of them (the vector's bytes), so the compiler cannot have moved the read after
     the copy, or split it so that part of it comes later."""
     from fuser.codegen import template_dir
     from fuser.compile import ptx_of
+    from fuser.schedulers import Hints
 
     fd = ROW_FUSIONS[name](dtype)
-    built = build(fd.name, analyze(fd.fusion), Problem(hidden, 16384, 16), H200)
+    built = build(fd.name, analyze(fd.fusion), Problem(hidden, 16384, 16), H200,
+                  Hints(dealing=dealing) if dealing else None)
     assert "refill(" in built.source.source, built.schedule
     ptx = _row_entry_ptx(ptx_of(built.source.source, name, 90, (str(template_dir()),)),
                          built.source.row_entry)
