@@ -23,14 +23,16 @@ from fuser.schedulers.base import OuterSchedule
 pytestmark = pytest.mark.gpu
 
 DTYPES = [DataType.Float, DataType.Half, DataType.BFloat16]
-SHAPES = [(1, 1), (7, 3), (1000, 127), (1000, 4099), (7, 24578), (300, 65537), (4096, 4096),
-          (16384, 2048)]
+SHAPES = [(1, 1), (7, 3), (1000, 127), (1000, 4099), (7, 24578), (300, 65537), (4096, 4096)]
+# and a bench-sized short row: bias-GELU backward's two stages of short rows
+# (inner_outer_persistent._stage_order)
+ACTIVATION_SHAPES = [*SHAPES, (16384, 2048)]
 COLUMN_SHAPES = [s if s[0] * s[1] <= FULL_ELEMENTS else (FULL_ELEMENTS // s[1], s[1])
                  for s in SHAPES]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
-@pytest.mark.parametrize(("rows", "hidden"), SHAPES, ids=str)
+@pytest.mark.parametrize(("rows", "hidden"), ACTIVATION_SHAPES, ids=str)
 @pytest.mark.parametrize("name", sorted(ACTIVATIONS))
 def test_activations_match_reference(name, rows, hidden, dtype, rng):
     run_and_validate(name, dtype, hidden, rows, rng)
