@@ -112,7 +112,7 @@ def test_two_streams_running_one_kernel_count_on_their_own(rng):
 
 
 # Defaults whose rows are too long to be short, staged in one stage and dealt a block per row
-# group (row_search.RowSearch._dealt_steps), in each dtype, in one block or over a cluster
+# group (row_dealt.py), in each dtype, in one block or over a cluster
 DEALT_DEFAULTS = [
     ("rmsnorm_fwd", DataType.BFloat16, 16384), ("rmsnorm_fwd", DataType.Float, 12288),
     ("rmsnorm_fwd", DataType.Half, 24576),
@@ -122,7 +122,7 @@ DEALT_DEFAULTS = [
     ("dropout_rmsnorm_fwd", DataType.BFloat16, 12288),
     ("dropout_rmsnorm_fwd", DataType.Float, 8192),
     ("softmax_bwd", DataType.BFloat16, 16384), ("softmax_bwd", DataType.Float, 12288),
-    # rows split over a cluster, a block per row group (RowSearch._dealt_clusters)
+    # rows split over a cluster, a block per row group (row_dealt.dealt_clusters)
     ("softmax_fwd", DataType.BFloat16, 65536), ("softmax_fwd", DataType.Float, 32768),
     ("log_softmax_fwd", DataType.Half, 65536), ("softmax_bwd", DataType.BFloat16, 49152),
     ("softmax_bwd", DataType.Half, 32768),

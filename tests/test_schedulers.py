@@ -173,7 +173,7 @@ def test_staged_rows_of_narrow_vectors_take_at_most_512_threads(name, hidden, th
     staged_narrow_threads threads per row where a thread then owns at most
     MAX_STAGED_VECTORS_PER_THREAD vectors, so two blocks can share an SM's registers. Rows
     not skewed: skewed ones (RowSchedule.skew) have 16-byte vectors; and at fixed strides:
-    long rows dealt a block each take their own threads (RowSearch._dealt_steps)."""
+    long rows dealt a block each take their own threads (row_dealt.dealt_shapes)."""
     for dtype in (DataType.BFloat16, DataType.Float):
         info = analyze(ROW_FUSIONS[name](dtype).fusion)
         hints = Hints(skewed=False, dealing="strided")

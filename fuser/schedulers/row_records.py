@@ -82,7 +82,7 @@ class RowPolicy:
     # Rows too long to be short (row_geometry.short_rows) try, before every other storage,
     # one stage of rows in shared memory at the policy's threads per row and at half of them,
     # taking only the schedules whose row groups the hardware deals to blocks (Dealing.GRID:
-    # several blocks share an SM; row_search.RowSearch._dealt_steps).
+    # several blocks share an SM; row_dealt.py).
     dealt_first: bool = False
 
     def stages_first(self, passes: int) -> bool:

@@ -10,7 +10,7 @@ schedules whose shared row buffers are filled by aligned 16-byte copies come fir
 vectors are narrower than 16 bytes (see _by_copy_mode), and a choice at one row of 1024 threads
 is followed by itself at 512 where rows are staged first (_halved). Before all of these,
 where the policy says so, rows too long to be short try one stage in shared memory dealt a
-block per row group, several blocks to an SM (_dealt_steps). The first schedule is the
+block per row group, several blocks to an SM (row_dealt.py). The first schedule is the
 heuristic's; kernels.build() moves on to the next only when ptxas spills.
 """
 
@@ -22,9 +22,10 @@ from dataclasses import dataclass, replace
 from fuser.analysis import FusionInfo, Role
 from fuser.device import DeviceSpec
 from fuser.errors import HintError, OutOfResourcesError
-from fuser.schedulers.base import Dealing, Problem, RowSchedule, Storage, ceil_div
+from fuser.schedulers.base import Problem, RowSchedule, Storage
 from fuser.schedulers.finalize import default_lanes, finalized, needs_finalize
 from fuser.schedulers.hints import HintContext, Hints, check, powers_of_two
+from fuser.schedulers.row_dealt import dealt_schedules, dealt_shapes, dealt_why
 from fuser.schedulers.row_fit import fit
 from fuser.schedulers.row_geometry import (
     MAX_STAGED_VECTORS_PER_THREAD,
@@ -32,7 +33,6 @@ from fuser.schedulers.row_geometry import (
     fusion_split,
     geometry,
     packed,
-    short_rows,
 )
 from fuser.schedulers.row_records import (
     Phase,
@@ -43,19 +43,9 @@ from fuser.schedulers.row_records import (
     StorageChoice,
 )
 from fuser.schedulers.row_skew import hint_refusals, skewed_geometry, skews
-from fuser.schedulers.row_storage import choices, staged_choice
+from fuser.schedulers.row_storage import choices
 
 SHOWN_REJECTIONS = 6  # the last rejections an error lists
-# Hints that cannot change rows of whole 16-byte vectors, which the dealt steps stage: any
-# other hint fixes something they decide (threads, rows and stages of a block, storage,
-# dealing), and the search is the one it was
-_MOOT_FOR_DEALT_STEPS = ("skewed", "aligned_copy")
-# Vectors a thread of a dealt step may own: its row waits in shared memory, so a thread's
-# vectors are not all in registers at once. At 16 (12 at bf16 49152, 512 threads), against
-# one block per SM (H200, 16384 rows, fraction of the copy): softmax_fwd / log_softmax_fwd
-# bf16 49152 0.92 -> 0.98 / 0.97, fp32 24576 0.93 -> 0.98 (bench/TUNING.md, "wider dealt
-# steps")
-_DEALT_VECTORS_PER_THREAD = 16
 
 
 @dataclass(frozen=True)
@@ -68,8 +58,8 @@ class _Step:
     why: str
     policy: RowPolicy
     skewed: bool = False  # rows in the widest vectors, skewed (RowSchedule.skew)
-    # A step of RowSearch._dealt_steps: one stage of staged rows at these threads per row,
-    # a block per row group
+    # A step of RowSearch._dealt_steps (row_dealt.dealt_shapes): one stage of staged rows
+    # at these threads per row, a block per row group
     dealt_threads: int | None = None
 
 
@@ -128,55 +118,12 @@ class RowSearch:
         return self._skewed_first(steps)
 
     def _dealt_steps(self, plain: RowPolicy) -> list[_Step]:
-        """Where the policy says so (RowPolicy.dealt_first) and no hint fixes what they
-        decide (_MOOT_FOR_DEALT_STEPS; the hinted search is the one it was), steps that stage a
-        block's rows in shared memory in one stage, at the policy's threads per row and then
-        half of them (while a thread owns at most _DEALT_VECTORS_PER_THREAD vectors):
-        _dealt_fits keeps only their schedules whose row groups the hardware deals to blocks,
-        several to an SM. Against rows streamed through a staging ring or loaded into a
-        second stage at one block per SM and fixed strides, these ran (H200, bf16, 16384
-        rows, fraction of the copy) rmsnorm_fwd 16384 0.92 -> 0.98 (512 threads, two blocks
-        per SM), softmax_fwd 16384 0.91 -> 0.97 (256 threads, five) and 32768 0.94 -> 0.99
-        (512 threads, two) (bench/TUNING.md, "dealt rows"). Only rows of whole 16-byte
-        vectors, one block a row, too long to be short (short rows try one stage first
-        already), and not rows of three passes with column inputs (LayerNorm forward)."""
-        hinted = set(self.hints.given()) - set(_MOOT_FOR_DEALT_STEPS)
-        if not plain.dealt_first or hinted:
-            return []
-        if self.fusion.cols and plain.stages_first(self.fusion.passes):
-            # dropout_layernorm_fwd bf16 8192 / 12288 ran 0.91 / 0.93 -> 0.86 / 0.85 so
-            # (weight and bias reloaded by every block), though 4096 gained 0.90 -> 0.97
-            return []
-        geo = geometry(self.fusion, self.problem, self.device, plain, self.hints, 1)
-        if self.fusion.narrow(geo.vec) or short_rows(self.fusion, geo.part, self.device):
-            return []
-        steps = []
-        for cluster in self._dealt_clusters(geo.part):
-            part = geometry(self.fusion, self.problem, self.device, plain, self.hints, cluster)
-            vectors = part.part // part.vec
-            steps += [_Step(cluster, Reach.ON_CHIP, f"one stage at {t} threads per row"
-                            f"{f' in a cluster of {cluster}' if cluster > 1 else ''}, a block "
-                            "per row group", plain, dealt_threads=t)
-                      for t in (part.threads_per_row, part.threads_per_row // 2)
-                      if t >= 32 and ceil_div(vectors, t) <= _DEALT_VECTORS_PER_THREAD]
-        return steps
-
-    def _dealt_clusters(self, part: int) -> list[int]:
-        """Cluster sizes of the dealt steps: one block a row, and a cluster of two where one
-        stage of the row fills more than half an SM's shared memory (one block per SM at
-        most) but half a row fills at most half, for fusions without column inputs. Against
-        the row in one block per SM (H200, bf16, 16384 rows, fraction of the copy):
-        softmax_fwd / log_softmax_fwd 65536 0.89 / 0.88 -> 0.95 / 0.96 (512 threads, two
-        blocks per SM), softmax_bwd 32768 / 49152 1.02 / 1.01 -> 1.02. Clusters of four lost
-        at 131072 (softmax_fwd 0.88 -> 0.86), and rmsnorm_fwd 65536, with its weight, at two
-        (0.97 -> 0.75) (bench/TUNING.md, "dealt rows over clusters")."""
-        half = self.device.smem_per_sm // 2
-        row_bytes = self.fusion.info.row_buffer_bytes
-        pair = 2 in cluster_sizes(self.fusion, self.problem, self.device)
-        if (self.fusion.cols or not pair or part * row_bytes <= half
-                or ceil_div(part, 2) * row_bytes > half):
-            return [1]
-        return [1, 2]
+        """A step per row_dealt.dealt_shapes: one stage of rows in shared memory at its
+        cluster size and threads per row, dealt a block per row group."""
+        return [_Step(cluster, Reach.ON_CHIP, dealt_why(cluster, threads), plain,
+                      dealt_threads=threads)
+                for cluster, threads in dealt_shapes(self.fusion, self.problem, self.device,
+                                                     plain, self.hints)]
 
     def _skewed_first(self, steps: list[_Step]) -> list[_Step]:
         """The steps of one block per row again with skewed rows, before all the others, where
@@ -242,20 +189,6 @@ class RowSearch:
             if half is not None:
                 yield half
 
-    def _dealt_fits(self, phase: Phase) -> Iterator[RowSchedule]:
-        """A dealt step's schedules (_dealt_steps): one stage of rows in shared memory, the
-        columns there, then in registers, then re-read from global memory (L2), each only
-        where a block per row group is what row_dealing.pick deals (several blocks share an
-        SM and the rows outweigh the columns). Re-read columns leave room for a second block:
-        rmsnorm_fwd 512 threads against one block per SM (H200, 16384 rows, fraction of the
-        copy) bf16 32768 / 49152 0.92 / 0.94 -> 0.97, fp32 16384 / 24576 0.92 / 0.93 -> 0.97
-        (bench/TUNING.md, "wider dealt steps"). Choices that do not fit are not rejections:
-        the steps after try on."""
-        for col_storage in (Storage.SMEM, Storage.REGISTERS, Storage.GLOBAL):
-            result = fit(phase, staged_choice(phase, 1, col_storage))
-            if isinstance(result, RowSchedule) and result.dealing is Dealing.GRID:
-                yield result
-
     def _fitted(self, phase: Phase, choice: StorageChoice) -> RowSchedule | None:
         """The choice's schedule in this phase where it fits and honours the hints; else
         None, with the rejection kept for the error."""
@@ -297,7 +230,7 @@ class RowSearch:
         global memory than copies of vec bytes do (the 100 KB part at hidden 24578 would
         re-read two input rows instead of one input row and the weight)."""
         if step.dealt_threads is not None:
-            yield from self._dealt_fits(self._phase(step, False))
+            yield from dealt_schedules(self._phase(step, False))
             return
         if step.skewed or self.hints.aligned_copy is False:
             yield from self._fits(self._phase(step, False))
