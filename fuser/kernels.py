@@ -46,8 +46,10 @@ from fuser.signature import KernelSource
 
 T = TypeVar("T")
 
-# Attempts a build compiles at once, by default, after its first spilled (every ready fusion
-# builds on the H200 preset in at most three compiles: dropout_rmsnorm_bwd from 32768).
+# Attempts a build compiles at once, by default, after its first spilled. On the H200 preset
+# (bf16 and fp32, hidden 1024 to 131072) 38 of 324 defaults take more than one compile, at
+# most five (gelu_bwd 65536 / 131072; four: rmsnorm_bwd 24578, dropout_layernorm_fwd 1024):
+# at three a build, all of them finish in at most three rounds.
 DEFAULT_BUILD_THREADS = 3
 # A spilled schedule is rebuilt for fewer blocks per SM only while this many threads (16 warps)
 # stay resident, unless no other candidate follows: fewer leave a memory-bound row kernel too
