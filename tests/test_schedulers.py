@@ -361,6 +361,16 @@ def test_short_rows_take_a_second_stage_while_one_fills_under_half_an_sm(name, d
     assert (below and keeps) == (stages == 2), (one.reason, two.reason)
 
 
+@pytest.mark.parametrize("hidden", [255, 513])
+def test_skewed_short_rows_keep_one_stage_first(hidden):
+    """Skewed rows (hinted, for column sums) keep row_storage.stage_order's one stage first,
+    though two stages would keep their blocks per SM: each of their blocks waits on one
+    thread's extra vector at every reduction while others fill the SM."""
+    info = analyze(FUSIONS["rmsnorm_bwd"](DataType.BFloat16).fusion)
+    s = schedule(info, Problem(hidden, 16384, 16), H200, Hints(skewed=True))
+    assert s.skew and s.stages == 1, s.reason
+
+
 @pytest.mark.parametrize("hidden", [2048, 4096, 8192])
 def test_column_sums_alone_are_not_packed(hidden):
     """Packing rows serves the row reductions' barriers: bias-GELU backward (column sums, no
