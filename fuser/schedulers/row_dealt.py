@@ -17,7 +17,13 @@ from fuser.device import DeviceSpec
 from fuser.schedulers.base import Dealing, Problem, RowSchedule, Storage, ceil_div
 from fuser.schedulers.hints import Hints
 from fuser.schedulers.row_fit import fit
-from fuser.schedulers.row_geometry import cluster_sizes, geometry, short_rows
+from fuser.schedulers.row_geometry import (
+    cluster_sizes,
+    geometry,
+    over_half_an_sm,
+    short_rows,
+    stage_bytes,
+)
 from fuser.schedulers.row_records import Phase, RowFusion, RowPolicy
 from fuser.schedulers.row_storage import staged_choice
 
@@ -53,7 +59,8 @@ def dealt_shapes(fusion: RowFusion, problem: Problem, device: DeviceSpec, policy
         return []
     shapes = []
     for cluster in dealt_clusters(fusion, problem, device, whole.part):
-        geo = geometry(fusion, problem, device, policy, hints, cluster)
+        geo = whole if cluster == 1 else geometry(fusion, problem, device, policy, hints,
+                                                  cluster)
         shapes += [(cluster, t) for t in (geo.threads_per_row, geo.threads_per_row // 2)
                    if t >= 32 and ceil_div(geo.part // geo.vec, t) <= VECTORS_PER_THREAD]
     return shapes
@@ -69,11 +76,10 @@ def dealt_clusters(fusion: RowFusion, problem: Problem, device: DeviceSpec,
     per SM), softmax_bwd 32768 / 49152 1.02 / 1.01 -> 1.02. Clusters of four lost at 131072
     (softmax_fwd 0.88 -> 0.86), and rmsnorm_fwd 65536, with its weight, at two (0.97 -> 0.75)
     (bench/TUNING.md, "dealt rows over clusters")."""
-    half = device.smem_per_sm // 2
-    row_bytes = fusion.info.row_buffer_bytes
-    pair = 2 in cluster_sizes(fusion, problem, device)
-    if (fusion.cols or not pair or part * row_bytes <= half
-            or ceil_div(part, 2) * row_bytes > half):
+    if fusion.cols or 2 not in cluster_sizes(fusion, problem, device):
+        return [1]
+    if (not over_half_an_sm(stage_bytes(fusion, part), device)
+            or over_half_an_sm(stage_bytes(fusion, ceil_div(part, 2)), device)):
         return [1]
     return [1, 2]
 

@@ -140,7 +140,16 @@ def blocks_by_smem(device: DeviceSpec, smem_total: int) -> int:
     return device.smem_per_sm // (smem_total + device.reserved_smem_per_block)
 
 
+def stage_bytes(fusion: RowFusion, part: int) -> int:
+    """Bytes of one stage of a row part of `part` elements: every row buffer of the fusion."""
+    return part * fusion.info.row_buffer_bytes
+
+
+def over_half_an_sm(nbytes: int, device: DeviceSpec) -> bool:
+    """Whether `nbytes` fill more than half an SM's shared memory: two of them do not fit."""
+    return nbytes > device.smem_per_sm // 2
+
+
 def short_rows(fusion: RowFusion, part: int, device: DeviceSpec) -> bool:
     """Whether one stage of shared memory holds SHORT_ROWS_PER_SM rows of `part` elements."""
-    row_bytes = part * fusion.info.row_buffer_bytes
-    return device.smem_per_sm // max(row_bytes, 1) >= SHORT_ROWS_PER_SM
+    return device.smem_per_sm // max(stage_bytes(fusion, part), 1) >= SHORT_ROWS_PER_SM
