@@ -142,7 +142,7 @@ def copies(info: FusionInfo, s: RowSchedule) -> dict:
         "staged": [p.tensor for p in in_smem if p.storage is Storage.SMEM and p.async_copy],
         "copied": [p.tensor for p in in_smem if p.storage is Storage.SMEM and not p.async_copy],
         "barrier": s.aligned_copy,
-        "pending": 1 if s.stages == 2 else 0,
+        "pending": s.stages - 1,  # the rows ahead, each in a cp.async group of its own
         "guard": "",  # before each row's copies: "if (it == 0) " where later rows are refilled
     }
 
@@ -335,10 +335,12 @@ def dealer(info: FusionInfo, s: RowSchedule) -> dict:
     its own loop strides over them), the dealer's type and comment, the pass before whose
     reduction the next group is published (None: the dealer's own barrier shares it; only
     rows of several warps reduce through a block barrier), and the row loop's expressions:
-    the group's first row, the loop's condition and step, and the row after this one."""
+    the group's first row, the loop's condition and step, and the row whose copies start in
+    this iteration (the next row, or with three stages the one after it)."""
     if s.dealing is not Dealing.DYNAMIC:
+        ahead = "row_stride" if s.stages <= 2 else f"{s.stages - 1} * row_stride"
         return {"counted": False, "publish_pass": None, "row0": "row0", "more": "row0 < n_rows",
-                "step": "row0 += row_stride", "next_row": "row + row_stride"}
+                "step": "row0 += row_stride", "next_row": f"row + {ahead}"}
     shared = row_dealing.publishes_at_reduction(info, s.threads_per_row)
     ahead = "true" if s.stages == 2 else "false"
     return {"type": f"fm::CountedRows<Part, {ahead}, {'false' if shared else 'true'}>",
@@ -348,6 +350,26 @@ def dealer(info: FusionInfo, s: RowSchedule) -> dict:
                           if s.stages == 2 else ""),
             "row0": "rows.row0", "more": "rows.more(n_rows)", "step": "rows.advance(it)",
             "next_row": "rows.ahead() + part.ty + zero"}
+
+
+def pipeline(s: RowSchedule, dealt: dict) -> dict:
+    """Rows in several stages: the rows whose copies start before the loop (each its slot and
+    its row, the stages but one; a per-row input's value is read with them, into ahead<k>),
+    and in the loop the slot this row computes from, the one the copies of the row `stages -
+    1` ahead go to, and the values read ahead, each moved one down as a row ends."""
+    stages = s.stages
+    def times(k: int) -> str:
+        return f"{k} * " if k > 1 else ""
+
+    first = [{"k": k, "slot": f"{times(k)}RPB + part.ty" if k else "part.ty",
+              "row": f"{dealt['row0']}{f' + {times(k)}row_stride' if k else ''} + part.ty"}
+             for k in range(stages - 1)]
+    words = "row starts" if stages == 2 else f"{stages - 1} rows start"
+    return {"comment": f"{stages} stages: this block's first {words} loading now, a row more "
+                       "each time one computes.",
+            "first": first, "slot": f"(it % {stages}) * RPB + part.ty",
+            "ahead_slot": f"((it + {stages - 1}) % {stages}) * RPB + part.ty",
+            "moved": list(range(stages - 2)), "last": stages - 2}
 
 
 def intro(info: FusionInfo, s: RowSchedule) -> list[str]:
@@ -398,7 +420,8 @@ def row_context(info: FusionInfo, s: RowSchedule, finalize: FinalizeSchedule | N
         "global_rows": [t.name for t in info.full_inputs
                         if s.placement(t.name).storage is Storage.GLOBAL],
         "copies": copied,
-        "pipelined": s.stages == 2,  # the next rows load while this one computes
+        "pipelined": s.stages > 1,  # the next rows load while this one computes
+        "pipeline": pipeline(s, dealt),
         "dealer": dealt,
         "ring": ring,
         "row_inputs": [{"name": t.name, "ctype": ctype(t)} for t in info.row_inputs],

@@ -29,13 +29,13 @@ ROWS = {1000: 20011, 4096: 6007}  # several row groups per resident block
 
 
 def variants(name: str, hidden: int) -> list[dict]:
-    """Each dealing, a counter for pipelined rows, one for rows in one stage of shared memory
-    (refilled by each row's last pass) and (where rows are many enough for the blocks of 128
-    threads the GPU holds) one for single-warp rows, whose reductions have no block barrier to
-    publish the next group at."""
+    """Each dealing, a counter for pipelined rows, fixed strides over rows three stages deep,
+    a counter for rows in one stage of shared memory (refilled by each row's last pass) and
+    (where rows are many enough for the blocks of 128 threads the GPU holds) one for
+    single-warp rows, whose reductions have no block barrier to publish the next group at."""
     dealings = ("strided", "dynamic") + (("grid",) if name in FORWARD else ())
     return ([{"dealing": d} for d in dealings]
-            + [{"dealing": "dynamic", "stages": 2}]
+            + [{"dealing": "dynamic", "stages": 2}, {"dealing": "strided", "stages": 3}]
             + ([{"dealing": "dynamic", "threads_per_row": 32, "rows_per_block": 4}]
                if hidden == 1000 else [REFILLED]))
 

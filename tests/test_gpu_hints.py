@@ -68,7 +68,7 @@ def one_factor(name: str) -> list[dict]:
     grid = [{"threads_per_row": k} for k in (7, 33, 48, 96, 32, 64, 256)]
     grid += [{"rows_per_block": k} for k in (1, 2, 3)]
     grid += [{"cluster": k} for k in (1, 2, 4, 8)]
-    grid += [{"stages": k} for k in (1, 2)]
+    grid += [{"stages": k} for k in (1, 2, 3)]
     grid += [{"storage": storage(name, w)} for w in STORAGES]
     grid += [{"accumulators": w} for w in ("registers", "smem", "global")]
     grid += [{"finalize_lanes": k} for k in (3, 16, 1024)]
@@ -82,7 +82,7 @@ def pairs(name: str) -> list[dict]:
     """A handful of pairs: sub-warp and partial-warp blocks, stages of each storage,
     cluster parts of each storage, column accumulators with rows re-read."""
     grid = [{"threads_per_row": t, "rows_per_block": r} for t in (16, 64, 256) for r in (2, 3)]
-    grid += [{"storage": storage(name, w), "stages": s} for w in STORAGES for s in (1, 2)]
+    grid += [{"storage": storage(name, w), "stages": s} for w in STORAGES for s in (1, 2, 3)]
     grid += [{"cluster": k, "storage": storage(name, w)} for k in (2, 8)
              for w in ("smem", "global", "ring")]
     grid += [{"dealing": "dynamic", "storage": storage(name, "smem"), "stages": 2},
@@ -91,7 +91,7 @@ def pairs(name: str) -> list[dict]:
         grid += [{"accumulators": a, "storage": storage(name, "global")}
                  for a in ("smem", "global")]
         grid += [{"fused_finalize": True, **kw} for kw in (
-            {"accumulators": "smem"}, {"accumulators": "global"}, {"stages": 2},
+            {"accumulators": "smem"}, {"accumulators": "global"}, {"stages": 2}, {"stages": 3},
             {"threads_per_row": 16, "rows_per_block": 3}, {"storage": storage(name, "ring")},
             {"cluster": 2}, {"dealing": "dynamic"}, {"finalize_lanes": 16})]
     return grid
@@ -103,17 +103,17 @@ def skewed(name: str) -> list[dict]:
     refused."""
     return ([{"skewed": b} for b in (True, False)]
             + [{"skewed": True, **kw} for kw in (
-                {"stages": 2}, {"threads_per_row": 32}, {"rows_per_block": 2},
+                {"stages": 2}, {"stages": 3}, {"threads_per_row": 32}, {"rows_per_block": 2},
                 {"storage": storage(name, "global")}, {"storage": storage(name, "smem")},
                 {"dealing": "dynamic"}, {"aligned_copy": True}, {"cluster": 2})])
 
 
 def clustered(name: str) -> list[dict]:
     """Rows split over a cluster at CLUSTER_HIDDEN: each size, and with rows in shared
-    memory, streamed through the ring, and two stages."""
+    memory, streamed through the ring, and two or three stages."""
     return ([{"cluster": k} for k in (2, 4, 8)]
             + [{"cluster": 2, "storage": storage(name, w)} for w in ("smem", "ring")]
-            + [{"cluster": 4, "stages": 2}])
+            + [{"cluster": 4, "stages": 2}, {"cluster": 2, "stages": 3}])
 
 
 CASES = ([(name, hidden, kw) for name in sorted(ROW_FUSIONS) for hidden in HIDDENS

@@ -155,7 +155,7 @@ BAD_VALUES = [
     ("layernorm_bwd", 8, H200, 16, {"cluster": 2}, ["with 1 vector(s) per row: 1 ("]),
     ("dropout_rmsnorm_bwd", 6, H200, 2, {"cluster": 8},  # 1-element vectors: 6 of them
      ["with 6 vector(s) per row: 1, 2, 4 ("]),
-    *[("layernorm_fwd", 4096, H200, 16, {"stages": k}, ["allowed: 1, 2"]) for k in (0, 3)],
+    *[("layernorm_fwd", 4096, H200, 16, {"stages": k}, ["allowed: 1, 2, 3"]) for k in (0, 4)],
     ("rmsnorm_bwd", 4096, H200, 16, {"storage": (("T9", "smem"),)},
      ["T9 is not a row or column input of this fusion; allowed names: T0, T2, T3 "
       "(row inputs: T0, T2)"]),
@@ -302,7 +302,12 @@ def test_hints_normalize_to_hashable_storage_members():
      ">= 72 of 64 registers per thread at 1024 threads"),
     ("rmsnorm_fwd", 4096, {"dealing": "dynamic", "storage": all_rows("rmsnorm_fwd", "ring")},
      "dealing=dynamic: allowed here: strided, grid (a counter deals whole rows to blocks "
-     "outside a staging ring)"),
+     "outside a staging ring, in at most two stages)"),
+    ("rmsnorm_bwd", 16384, {"dealing": "dynamic", "stages": 3,
+                            "storage": all_rows("rmsnorm_bwd", "smem", "smem")},
+     "cluster=1 stages=3 {T0: smem, T2: smem, T3: smem} dealing=dynamic: allowed here: "
+     "strided (a counter deals whole rows to blocks outside a staging ring, in at most two "
+     "stages)"),
     ("rmsnorm_bwd", 24576, {"dealing": "dynamic", "cluster": 2},
      "dealing=dynamic: allowed here: strided (a counter deals whole rows to blocks"),
 ])
@@ -385,7 +390,7 @@ def valid_grid(name: str, device, hidden: int = 4096) -> list[dict]:
     grid += [{"rows_per_block": k} for k in (1, 2, 3, 4)
              if k <= most_rows(name, device, hidden)]
     grid += [{"cluster": k} for k in clusters]
-    grid += [{"stages": k} for k in (1, 2)]
+    grid += [{"stages": k} for k in (1, 2, 3)]
     grid += [{"storage": all_rows(name, w, c)} for w in ("registers", "smem", "global", "ring")
              for c in ("smem", "registers", "global")]
     full, _ = row_names(name)
@@ -394,7 +399,7 @@ def valid_grid(name: str, device, hidden: int = 4096) -> list[dict]:
     grid += [{"threads_per_row": t, "rows_per_block": r} for t in (8, 16, 64, 256)
              for r in (2, 3)]
     grid += [{"storage": all_rows(name, w), "stages": s}
-             for w in ("registers", "smem", "global", "ring") for s in (1, 2)]
+             for w in ("registers", "smem", "global", "ring") for s in (1, 2, 3)]
     grid += [{"cluster": k, "storage": all_rows(name, w)} for k in clusters[1:]
              for w in ("smem", "global", "ring")]
     grid += [{"cluster": k, "aligned_copy": True} for k in clusters[1:]]
@@ -402,7 +407,7 @@ def valid_grid(name: str, device, hidden: int = 4096) -> list[dict]:
     dealings = ("strided", "dynamic") if backward else ("strided", "dynamic", "grid")
     grid += [{"dealing": d} for d in dealings]
     grid += [{"dealing": "dynamic", "stages": s, "storage": all_rows(name, "smem")}
-             for s in (1, 2)]
+             for s in (1, 2, 3)]
     grid += [{"dealing": d, "threads_per_row": 16, "rows_per_block": 3} for d in dealings[1:]]
     if backward:
         grid += [{"accumulators": a} for a in ("registers", "smem", "global")]
@@ -411,7 +416,7 @@ def valid_grid(name: str, device, hidden: int = 4096) -> list[dict]:
         grid += [{"finalize_lanes": k} for k in (1, 3, 16, 32, 600, 1024)]
         grid += [{"fused_finalize": b} for b in (True, False)]
         grid += [{"fused_finalize": True, **kw} for kw in (
-            {"accumulators": "global"}, {"accumulators": "smem"}, {"stages": 2},
+            {"accumulators": "global"}, {"accumulators": "smem"}, {"stages": 2}, {"stages": 3},
             {"threads_per_row": 64, "rows_per_block": 4}, {"storage": all_rows(name, "ring")})]
     return grid
 

@@ -188,7 +188,7 @@ class RowSchedule:
     # element values computed once and kept in registers for a later pass over the row
     # (analysis.kept_values: softmax's exp(x - max)), by name; needs full_unroll
     kept: tuple[str, ...]
-    stages: int  # smem row buffers: 2 = the next rows load while these compute
+    stages: int  # smem row buffers: 2 or 3 = the next one or two rows load while these compute
     # smem row buffers filled by 16-byte cp.async from the 16-byte boundary at or below each
     # row's start, whatever vec is: rows of a hidden size like 24578 start on 4-byte
     # boundaries, and element-wide copies move 4 bytes each. Threads read the row at its

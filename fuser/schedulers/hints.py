@@ -19,7 +19,8 @@ from fuser.schedulers.base import COLUMN_SUM_DEALINGS, Dealing, Storage
 
 CLUSTER_SIZES = (2, 4, 8)  # blocks a row may be split over (a thread-block cluster, sm_90)
 PORTABLE_CLUSTER = max(CLUSTER_SIZES)  # more blocks a cluster need a kernel attribute (16)
-STAGES = (1, 2)  # smem row buffers per row slot: 2 loads the next rows while these compute
+# smem row buffers per row slot: 2 loads the next row while this one computes, 3 the next two
+STAGES = (1, 2, 3)
 ACCUMULATOR_STORAGES = (Storage.REGISTERS, Storage.SMEM, Storage.GLOBAL)
 
 
@@ -32,7 +33,8 @@ class Hints:
     rows_per_block    rows a block works on at once (threads_per_row x this <= the limit)
     cluster           blocks of a thread-block cluster sharing each row: 1, or 2, 4, 8 on sm_90
                       (an outer normalization's slab of columns: 16 too)
-    stages            1, or 2: the next rows' shared row buffers load while these compute
+    stages            1, 2 or 3: the next one or two rows' shared row buffers load while
+                      these compute (3 not beside dealing=dynamic)
     storage           ((tensor, storage), ...): where each named full or column input lives,
                       `registers`, `smem`, `global` (re-read each pass) or `ring` (re-read
                       through the staging ring, full inputs only); inputs not named stay in

@@ -24,15 +24,18 @@ from fuser.schedulers.row_records import Phase, RowGeometry
 GRID_MIN_BLOCKS = 2
 
 
-def allowed(phase: Phase, geo: RowGeometry, ring: StagingRing | None) -> tuple[Dealing, ...]:
+def allowed(phase: Phase, geo: RowGeometry, ring: StagingRing | None,
+            stages: int) -> tuple[Dealing, ...]:
     """The dealings this kernel can take. A counter serves blocks that own whole rows outside
     a staging ring (a cluster's blocks would have to agree on each group, and a ring fetches
-    rows ahead by their stride), and not the column sums of skewed rows (a thread's rows must
-    share a skew: RowSchedule.group_period); a block per group would give a fusion with
-    column sums one partial row per group, not per resident block."""
+    rows ahead by their stride), in at most two stages (its dealer knows the group one row
+    ahead, not two), and not the column sums of skewed rows (a thread's rows must share a
+    skew: RowSchedule.group_period); a block per group would give a fusion with column sums
+    one partial row per group, not per resident block."""
     column_sums = bool(phase.fusion.info.outer_reductions)
     kinds = COLUMN_SUM_DEALINGS if column_sums else tuple(Dealing)
-    counter = geo.cluster == 1 and ring is None and not (column_sums and geo.skew)
+    counter = (geo.cluster == 1 and ring is None and stages <= 2
+               and not (column_sums and geo.skew))
     return tuple(d for d in kinds if d is not Dealing.DYNAMIC or counter)
 
 

@@ -227,12 +227,13 @@ def _resources(phase: Phase, geo: RowGeometry, choice: StorageChoice,
             f"{choice.accumulators}",
             f"smem {plan.total} B of {plan.limit}, >= {buffers + MIN_OVERHEAD_REGISTERS} of "
             f"{max_regs} registers per thread at {geo.threads} threads, {residency} block(s)/SM")
-    hinted, dealings = phase.hints.dealing, row_dealing.allowed(phase, geo, ring)
+    hinted, dealings = phase.hints.dealing, row_dealing.allowed(phase, geo, ring, choice.stages)
     if hinted is not None and hinted not in dealings:
         return Rejection(
-            f"cluster={geo.cluster} {_storage_words(storage)} dealing={hinted}",
+            f"cluster={geo.cluster} stages={choice.stages} {_storage_words(storage)} "
+            f"dealing={hinted}",
             f"allowed here: {', '.join(map(str, dealings))} (a counter deals whole rows to "
-            "blocks outside a staging ring)")
+            "blocks outside a staging ring, in at most two stages)")
     return _schedule(phase, geo, choice, storage, ring, plan, kept, regs, residency, dealings)
 
 

@@ -163,26 +163,25 @@ layernorm_bwd_row(
 
   // row groups from a counter, as blocks finish theirs (the next group known a row ahead, for its loads)
   fm::CountedRows<Part, true, false> rows(part, g_row_tickets);
-  // Two stages: this block's first rows start loading now, each next row while one computes.
+  // 2 stages: this block's first row starts loading now, a row more each time one computes.
   T0.copy(part, part.ty, rows.row0 + part.ty, n_rows);
   T3.copy(part, part.ty, rows.row0 + part.ty, n_rows);
   fm::cp_async_commit();
-  float ahead_T1 = fm::row_value<float>(g_T1, rows.row0 + part.ty, rows.row0 + part.ty < n_rows);
-  float ahead_T2 = fm::row_value<float>(g_T2, rows.row0 + part.ty, rows.row0 + part.ty < n_rows);
+  float ahead0_T1 = fm::row_value<float>(g_T1, rows.row0 + part.ty, rows.row0 + part.ty < n_rows);
+  float ahead0_T2 = fm::row_value<float>(g_T2, rows.row0 + part.ty, rows.row0 + part.ty < n_rows);
   for (int it = 0; rows.more(n_rows); rows.advance(it), ++it) {
     const long long row = rows.row0 + part.ty + zero;
     const bool valid = row < n_rows;
     const int skew = Part::skew(row);  // 0: rows start on vector boundaries
-    const int stage = it & 1;
-    const int slot = stage * RPB + part.ty;  // this row's slot
+    const int slot = (it % 2) * RPB + part.ty;  // this row's slot
     const long long next = rows.ahead() + part.ty + zero;
-    T0.copy(part, (stage ^ 1) * RPB + part.ty, next, n_rows);
-    T3.copy(part, (stage ^ 1) * RPB + part.ty, next, n_rows);
+    T0.copy(part, ((it + 1) % 2) * RPB + part.ty, next, n_rows);
+    T3.copy(part, ((it + 1) % 2) * RPB + part.ty, next, n_rows);
     fm::cp_async_commit();
-    const float row_T1 = ahead_T1;
-    ahead_T1 = fm::row_value<float>(g_T1, next, next < n_rows);
-    const float row_T2 = ahead_T2;
-    ahead_T2 = fm::row_value<float>(g_T2, next, next < n_rows);
+    const float row_T1 = ahead0_T1;
+    ahead0_T1 = fm::row_value<float>(g_T1, next, next < n_rows);
+    const float row_T2 = ahead0_T2;
+    ahead0_T2 = fm::row_value<float>(g_T2, next, next < n_rows);
     fm::cp_async_wait<1>();
     T0.ready(part, slot, row);
     T3.ready(part, slot, row);

@@ -132,23 +132,22 @@ rmsnorm_bwd_row(
 
   const long long row_stride = part.row_stride();
   long long row0 = part.first_row();
-  // Two stages: this block's first rows start loading now, each next row while one computes.
+  // 2 stages: this block's first row starts loading now, a row more each time one computes.
   T0.copy(part, part.ty, row0 + part.ty, n_rows);
   T2.copy(part, part.ty, row0 + part.ty, n_rows);
   fm::cp_async_commit();
-  float ahead_T1 = fm::row_value<float>(g_T1, row0 + part.ty, row0 + part.ty < n_rows);
+  float ahead0_T1 = fm::row_value<float>(g_T1, row0 + part.ty, row0 + part.ty < n_rows);
   for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
     const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
     const int skew = Part::skew(row);  // 0: rows start on vector boundaries
-    const int stage = it & 1;
-    const int slot = stage * RPB + part.ty;  // this row's slot
+    const int slot = (it % 2) * RPB + part.ty;  // this row's slot
     const long long next = row + row_stride;
-    T0.copy(part, (stage ^ 1) * RPB + part.ty, next, n_rows);
-    T2.copy(part, (stage ^ 1) * RPB + part.ty, next, n_rows);
+    T0.copy(part, ((it + 1) % 2) * RPB + part.ty, next, n_rows);
+    T2.copy(part, ((it + 1) % 2) * RPB + part.ty, next, n_rows);
     fm::cp_async_commit();
-    const float row_T1 = ahead_T1;
-    ahead_T1 = fm::row_value<float>(g_T1, next, next < n_rows);
+    const float row_T1 = ahead0_T1;
+    ahead0_T1 = fm::row_value<float>(g_T1, next, next < n_rows);
     fm::cp_async_wait<1>();
     T0.ready(part, slot, row);
     T2.ready(part, slot, row);
