@@ -274,6 +274,18 @@ def test_backward_matches_reference(name, hidden, rows, dtype, rng):
     run_and_validate(name, dtype, hidden, rows, rng)
 
 
+@pytest.mark.parametrize("dtype", [DataType.BFloat16, DataType.Half], ids=lambda d: d.name)
+@pytest.mark.parametrize("rows", [1, 7, 1000, 4099])
+@pytest.mark.parametrize(("name", "hidden"), [("rmsnorm_bwd", 10240), ("rmsnorm_bwd", 12288),
+                                              ("rmsnorm_bwd", 16384)])
+def test_three_stage_defaults_match_reference(name, hidden, rows, dtype, rng):
+    """Rows three stages deep (inner_outer_persistent._three_stages): a block's first two
+    rows start loading before its loop, so blocks with no row, one, two and many, and copies
+    of rows past the last, all run here."""
+    fd = run_and_validate(name, dtype, hidden, rows, rng)
+    assert fd.last_schedule().stages == 3, fd.last_schedule().reason
+
+
 @pytest.mark.parametrize("name", ["rmsnorm_fwd", "dropout_rmsnorm_bwd", "layernorm_bwd"])
 def test_torch_tensors_in_torch_tensors_out(name, rng):
     torch = pytest.importorskip("torch")

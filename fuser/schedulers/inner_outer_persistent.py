@@ -41,7 +41,9 @@ def smem_first_order(phase: Phase) -> Iterator[StorageChoice]:
     col_storages = ((Storage.GLOBAL, Storage.SMEM) if phase.geometry.skew
                     else (Storage.SMEM, Storage.REGISTERS))
     for stages in _stage_order(phase):
-        for moved in range(len(full) + 1):
+        # an unhinted third stage only ever keeps every row buffer in shared memory
+        movable = len(full) if stages <= 2 or phase.hints.stages else 0
+        for moved in range(movable + 1):
             for col_storage in col_storages:
                 storage = staged(phase, stages)
                 storage.update({t.name: Storage.REGISTERS for t in full[:moved]})
@@ -54,8 +56,11 @@ def _stage_order(phase: Phase) -> list[int]:
     one block per SM, and for short unskewed rows whose one stage fills less than half an
     SM's shared memory where two stages keep its blocks per SM: one stage relies on the other
     resident blocks to load while a block computes, and a second stage loads the next rows
-    while this one computes (_TWO_STAGES_BELOW)."""
+    while this one computes (_TWO_STAGES_BELOW). Three stages first where _three_stages
+    says so."""
     order = stage_order(phase)
+    if order == [2, 1] and _three_stages(phase):
+        return [3, 2, 1]
     if order != [1, 2]:
         return order
     one = fit(phase, staged_choice(phase, 1, Storage.SMEM))
@@ -70,6 +75,30 @@ def _stage_order(phase: Phase) -> list[int]:
     if isinstance(two, RowSchedule) and two.blocks_per_sm >= one.blocks_per_sm:
         return [2, 1]
     return order
+
+
+def _three_stages(phase: Phase) -> bool:
+    """Whether rows take a third stage first: while a row computes, and while its warps wait
+    at its reduction's barrier, two rows' copies are in flight instead of one. Where two
+    stages leave one block per SM, three fit with every row buffer still in shared memory at
+    that one block, rows are not split over a cluster, their elements are 2 bytes or
+    narrower, and the fusion reduces rows and sums at most one column. H200, 16384 rows,
+    fraction of the copy, two stages -> three, the rest of the schedule the same
+    (bench/TUNING.md, "three stages"): rmsnorm_bwd bf16 12288 / 16384 0.81 / 0.88 -> 0.93 /
+    0.92, fp16 0.83 / 0.90 -> 0.92 / 0.93, 10240 / 14336 even. Not taken where they lost:
+    column sums without a row reduction (gelu_bwd fp16 16384 0.89 -> 0.86, bf16 even;
+    gelu_tanh_bwd 0.93 -> 0.92), two column sums (layernorm_bwd 12288 / 32768 0.90 / 0.92
+    -> 0.88 / 0.90), 4-byte elements (fp32 rmsnorm_bwd and layernorm_bwd 8192 0.96 / 0.95 ->
+    0.95 / 0.93)."""
+    info = phase.fusion.info
+    if (phase.geometry.cluster > 1 or not info.inner_levels or len(info.outer_reductions) > 1
+            or max(t.dtype.itemsize for t in phase.fusion.full) > 2):
+        return False
+    two = fit(phase, staged_choice(phase, 2, Storage.SMEM))
+    three = fit(phase, staged_choice(phase, 3, Storage.SMEM))
+    return (isinstance(two, RowSchedule) and isinstance(three, RowSchedule)
+            and two.blocks_per_sm == three.blocks_per_sm == 1
+            and three.placements == two.placements)
 
 
 # Short rows take a second stage while one stage fills less than this share of an SM's
