@@ -32,11 +32,11 @@ def smem_first_order(phase: Phase) -> Iterator[StorageChoice]:
     """Rows on chip: every row buffer in shared memory, then one buffer after another moved
     to registers (full[:moved], least reused first), each with the columns in shared memory,
     then in registers; two stages first unless rows are short and one stage leaves other
-    blocks resident (_stage_order). Skewed rows' columns cannot stay in registers (a lane
-    holds a different column in every row): they are re-read from global memory first, as
-    the skewed forward measured faster (inner_persistent.skewed_columns_order), which leaves
-    room for two stages of rows (rmsnorm_bwd bf16 24578: 197 KB), then a padded shared
-    buffer."""
+    blocks resident, three before them where they put more rows in flight (_stage_order).
+    Skewed rows' columns cannot stay in registers (a lane holds a different column in every
+    row): they are re-read from global memory first, as the skewed forward measured faster
+    (inner_persistent.skewed_columns_order), which leaves room for two stages of rows
+    (rmsnorm_bwd bf16 24578: 197 KB), then a padded shared buffer."""
     full, cols = phase.fusion.full, phase.fusion.cols
     col_storages = ((Storage.GLOBAL, Storage.SMEM) if phase.geometry.skew
                     else (Storage.SMEM, Storage.REGISTERS))
@@ -52,15 +52,21 @@ def smem_first_order(phase: Phase) -> Iterator[StorageChoice]:
 
 
 def _stage_order(phase: Phase) -> list[int]:
+    """The order of one and two stages (_one_or_two_first), three first where _three_stages
+    says so."""
+    order = _one_or_two_first(phase)
+    if len(order) == 2 and _three_stages(phase, order[0]):
+        return [3, *order]
+    return order
+
+
+def _one_or_two_first(phase: Phase) -> list[int]:
     """row_storage.stage_order, but two stages first for rows where one stage would leave
     one block per SM, and for short unskewed rows whose one stage fills less than half an
     SM's shared memory where two stages keep its blocks per SM: one stage relies on the other
     resident blocks to load while a block computes, and a second stage loads the next rows
-    while this one computes (_TWO_STAGES_BELOW). Three stages first where _three_stages
-    says so."""
+    while this one computes (_TWO_STAGES_BELOW)."""
     order = stage_order(phase)
-    if order == [2, 1] and _three_stages(phase):
-        return [3, 2, 1]
     if order != [1, 2]:
         return order
     one = fit(phase, staged_choice(phase, 1, Storage.SMEM))
@@ -77,28 +83,40 @@ def _stage_order(phase: Phase) -> list[int]:
     return order
 
 
-def _three_stages(phase: Phase) -> bool:
-    """Whether rows take a third stage first: while a row computes, and while its warps wait
-    at its reduction's barrier, two rows' copies are in flight instead of one. Where two
-    stages leave one block per SM, three fit with every row buffer still in shared memory at
-    that one block, rows are not split over a cluster, their elements are 2 bytes or
-    narrower, and the fusion reduces rows and sums at most one column. H200, 16384 rows,
-    fraction of the copy, two stages -> three, the rest of the schedule the same
-    (bench/TUNING.md, "three stages"): rmsnorm_bwd bf16 12288 / 16384 0.81 / 0.88 -> 0.93 /
-    0.92, fp16 0.83 / 0.90 -> 0.92 / 0.93, 10240 / 14336 even. Not taken where they lost:
-    column sums without a row reduction (gelu_bwd fp16 16384 0.89 -> 0.86, bf16 even;
-    gelu_tanh_bwd 0.93 -> 0.92), two column sums (layernorm_bwd 12288 / 32768 0.90 / 0.92
-    -> 0.88 / 0.90), 4-byte elements (fp32 rmsnorm_bwd and layernorm_bwd 8192 0.96 / 0.95 ->
-    0.95 / 0.93)."""
+def _three_stages(phase: Phase, stages: int) -> bool:
+    """Whether rows take a third stage before `stages`, the first of one and two: while a
+    row computes, and while its warps wait at its reduction's barrier, more rows' copies are
+    in flight. Where three stages fit with every row buffer still in shared memory and put
+    more stages in flight per SM (_stages_in_flight) than the first choice, which has one
+    stage or one block per SM; rows not split over a cluster nor skewed (whose one stage
+    first stays: row_storage.stage_order), elements of 2 bytes or narrower, a fusion that
+    reduces rows and sums at most one column. H200, 16384 rows,
+    fraction of the copy (bench/TUNING.md, "three stages"), two stages at one block ->
+    three: rmsnorm_bwd bf16 12288 / 16384 0.81 / 0.88 -> 0.93 / 0.92, fp16 0.83 / 0.90 ->
+    0.92 / 0.93; one stage at two to four blocks -> three at one or two: rmsnorm_bwd bf16
+    2048 / 3072 / 4096 0.85 / 0.90 / 0.86 -> 0.86 / 0.93 / 0.89, dropout_rmsnorm_bwd 1000 /
+    1024 0.85 / 0.88 -> 0.89 / 0.91 (fp16 alike). Not taken where they lost: over two stages
+    at four blocks (rmsnorm_bwd 1000 / 1024 0.79 / 0.84 -> 0.78 / 0.82), column sums
+    without a row reduction (gelu_bwd fp16 16384 0.89 -> 0.86), two column sums
+    (layernorm_bwd 12288 0.90 -> 0.88), 4-byte elements (fp32 rmsnorm_bwd 8192 0.96 ->
+    0.95)."""
     info = phase.fusion.info
-    if (phase.geometry.cluster > 1 or not info.inner_levels or len(info.outer_reductions) > 1
+    if (phase.geometry.cluster > 1 or phase.geometry.skew or not info.inner_levels
+            or len(info.outer_reductions) > 1
             or max(t.dtype.itemsize for t in phase.fusion.full) > 2):
         return False
-    two = fit(phase, staged_choice(phase, 2, Storage.SMEM))
+    first = fit(phase, staged_choice(phase, stages, Storage.SMEM))
     three = fit(phase, staged_choice(phase, 3, Storage.SMEM))
-    return (isinstance(two, RowSchedule) and isinstance(three, RowSchedule)
-            and two.blocks_per_sm == three.blocks_per_sm == 1
-            and three.placements == two.placements)
+    return (isinstance(first, RowSchedule) and isinstance(three, RowSchedule)
+            and (first.stages == 1 or first.blocks_per_sm == 1)
+            and three.placements == first.placements
+            and _stages_in_flight(three) > _stages_in_flight(first))
+
+
+def _stages_in_flight(s: RowSchedule) -> int:
+    """An SM's stages of rows being copied while a block computes one: the block's other
+    stages, and with one stage the other blocks' rows."""
+    return s.blocks_per_sm * (s.stages - 1) if s.stages > 1 else s.blocks_per_sm - 1
 
 
 # Short rows take a second stage while one stage fills less than this share of an SM's
