@@ -275,7 +275,7 @@ def test_backward_matches_reference(name, hidden, rows, dtype, rng):
 
 
 @pytest.mark.parametrize("dtype", [DataType.BFloat16, DataType.Half], ids=lambda d: d.name)
-@pytest.mark.parametrize("rows", [1, 7, 1000, 4099])
+@pytest.mark.parametrize("rows", [7, 1000, 4099])
 @pytest.mark.parametrize(("name", "hidden"), [
     ("rmsnorm_bwd", 2048), ("rmsnorm_bwd", 4096), ("rmsnorm_bwd", 10240),
     ("rmsnorm_bwd", 16384), ("dropout_rmsnorm_bwd", 1024)])
@@ -283,7 +283,8 @@ def test_three_stage_defaults_match_reference(name, hidden, rows, dtype, rng):
     """Rows three stages deep (inner_outer_persistent._three_stages), packed four to a block
     (2048, 4096, 1024) or one (10240, 16384): a block's first two row groups start loading
     before its loop, so blocks with no row, one, two and many, and copies of rows past the
-    last, all run here."""
+    last, all run here. (At one row the heuristic, which sees the row count, picks blocks
+    of one stage.)"""
     fd = run_and_validate(name, dtype, hidden, rows, rng)
     assert fd.last_schedule().stages == 3, fd.last_schedule().reason
 
