@@ -338,7 +338,7 @@ def dealer(info: FusionInfo, s: RowSchedule) -> dict:
     the group's first row, the loop's condition and step, and the row whose copies start in
     this iteration (the next row, or with three stages the one after it)."""
     if s.dealing is not Dealing.DYNAMIC:
-        ahead = "row_stride" if s.stages <= 2 else f"{s.stages - 1} * row_stride"
+        ahead = _times(max(s.stages - 1, 1), "row_stride")
         return {"counted": False, "publish_pass": None, "row0": "row0", "more": "row0 < n_rows",
                 "step": "row0 += row_stride", "next_row": f"row + {ahead}"}
     shared = row_dealing.publishes_at_reduction(info, s.threads_per_row)
@@ -358,11 +358,9 @@ def pipeline(s: RowSchedule, dealt: dict) -> dict:
     and in the loop the slot this row computes from, the one the copies of the row `stages -
     1` ahead go to, and the values read ahead, each moved one down as a row ends."""
     stages = s.stages
-    def times(k: int) -> str:
-        return f"{k} * " if k > 1 else ""
-
-    first = [{"k": k, "slot": f"{times(k)}RPB + part.ty" if k else "part.ty",
-              "row": f"{dealt['row0']}{f' + {times(k)}row_stride' if k else ''} + part.ty"}
+    row0 = dealt["row0"]
+    first = [{"k": k, "slot": f"{_times(k, 'RPB')} + part.ty" if k else "part.ty",
+              "row": f"{row0} + {_times(k, 'row_stride')} + part.ty" if k else f"{row0} + part.ty"}
              for k in range(stages - 1)]
     words = "row starts" if stages == 2 else f"{stages - 1} rows start"
     return {"comment": f"{stages} stages: this block's first {words} loading now, a row more "
@@ -370,6 +368,11 @@ def pipeline(s: RowSchedule, dealt: dict) -> dict:
             "first": first, "slot": f"(it % {stages}) * RPB + part.ty",
             "ahead_slot": f"((it + {stages - 1}) % {stages}) * RPB + part.ty",
             "moved": list(range(stages - 2)), "last": stages - 2}
+
+
+def _times(k: int, name: str) -> str:
+    """`name` k times, as C: `name` for one, `k * name` for more."""
+    return name if k == 1 else f"{k} * {name}"
 
 
 def intro(info: FusionInfo, s: RowSchedule) -> list[str]:
