@@ -9,7 +9,8 @@ rows from a counter, row_dealing.py). Fusions with only outer reductions use the
 with no row reductions.
 
 Its policy stages rows in shared memory first: cp.async fills them, the next rows' copies in
-flight while this row computes, when two stages fit. When the plan is over budget, buffers
+flight while this row computes, when two stages fit (three where they put more rows in
+flight, _three_stages). When the plan is over budget, buffers
 move to registers, least reused first and weight-related last, as nvFuser's InnerOuter
 scheduler does.
 """
