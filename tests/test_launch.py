@@ -203,13 +203,14 @@ def test_a_missing_driver_library_is_a_toolchain_error(monkeypatch):
     ("rmsnorm_fwd", 4096, "grid", 8192),  # a block per group of two rows
     ("rmsnorm_fwd", 4096, "dynamic", 396),  # the resident blocks, 3 per SM
     ("rmsnorm_fwd", 4096, "strided", 396),
-    ("rmsnorm_bwd", 4096, "dynamic", 264),
-    ("rmsnorm_bwd", 4096, None, 264),  # column sums: fixed strides
+    ("rmsnorm_bwd", 4096, "dynamic", 264),  # one stage, two blocks per SM
+    ("rmsnorm_bwd", 4096, None, 132),  # column sums: fixed strides, three stages at one block
 ])
 def test_a_block_per_group_launches_every_group_and_the_others_the_resident_blocks(
         name, hidden, dealing, grid):
-    """16384 rows; the resident blocks are the driver's (here 3 or 2 per SM of the H200's
-    132): a persistent grid has no second wave, a grid of a block per group has many."""
+    """16384 rows; the resident blocks are the driver's (here 3, 2 or 1 per SM of the
+    H200's 132): a persistent grid has no second wave, a grid of a block per group has
+    many."""
     import types
 
     from fuser.analysis import analyze

@@ -101,9 +101,10 @@ def _three_stages(phase: Phase, stages: int) -> bool:
     reduction (gelu_bwd fp16 16384 0.89 -> 0.86), two column sums (layernorm_bwd 12288 0.90
     -> 0.88), 4-byte elements (fp32 rmsnorm_bwd 8192 0.96 -> 0.95)."""
     info = phase.fusion.info
+    full = phase.fusion.full
     if (phase.geometry.cluster > 1 or phase.geometry.skew or not info.inner_levels
-            or len(info.outer_reductions) > 1
-            or max(t.dtype.itemsize for t in phase.fusion.full) > 2):
+            or len(info.outer_reductions) > 1 or not full
+            or any(t.dtype.itemsize > 2 for t in full)):
         return False
     first = fit(phase, staged_choice(phase, stages, Storage.SMEM))
     three = fit(phase, staged_choice(phase, 3, Storage.SMEM))
