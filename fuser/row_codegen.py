@@ -352,12 +352,15 @@ def dealer(info: FusionInfo, s: RowSchedule) -> dict:
             "next_row": "rows.ahead() + part.ty + zero"}
 
 
-def pipeline(s: RowSchedule, dealt: dict) -> dict:
-    """Rows in several stages: the rows whose copies start before the loop (each its slot and
-    its row, the stages but one; a per-row input's value is read with them, into ahead<k>),
-    and in the loop the slot this row computes from, the one the copies of the row `stages -
-    1` ahead go to, and the values read ahead, each moved one down as a row ends."""
+def pipeline(s: RowSchedule, dealt: dict) -> dict | None:
+    """Rows in several stages (None in one): the rows whose copies start before the loop
+    (each its slot and its row, the stages but one; a per-row input's value is read with
+    them, into ahead<k>), and in the loop the slot this row computes from, the one the copies
+    of the row `stages - 1` ahead go to, and the values read ahead, each moved one down
+    (ahead<to> = ahead<next>) as a row ends."""
     stages = s.stages
+    if stages == 1:
+        return None
     row0 = dealt["row0"]
     first = [{"k": k, "slot": f"{_times(k, 'RPB')} + part.ty" if k else "part.ty",
               "row": f"{row0} + {_times(k, 'row_stride')} + part.ty" if k else f"{row0} + part.ty"}
@@ -367,7 +370,8 @@ def pipeline(s: RowSchedule, dealt: dict) -> dict:
                        "each time one computes.",
             "first": first, "slot": f"(it % {stages}) * RPB + part.ty",
             "ahead_slot": f"((it + {stages - 1}) % {stages}) * RPB + part.ty",
-            "moved": list(range(stages - 2)), "last": stages - 2}
+            "moved": [{"to": k, "next": k + 1} for k in range(stages - 2)],
+            "last": stages - 2}
 
 
 def _times(k: int, name: str) -> str:
@@ -423,8 +427,7 @@ def row_context(info: FusionInfo, s: RowSchedule, finalize: FinalizeSchedule | N
         "global_rows": [t.name for t in info.full_inputs
                         if s.placement(t.name).storage is Storage.GLOBAL],
         "copies": copied,
-        "pipelined": s.stages > 1,  # the next rows load while this one computes
-        "pipeline": pipeline(s, dealt),
+        "pipeline": pipeline(s, dealt),  # None: no rows load while this one computes
         "dealer": dealt,
         "ring": ring,
         "row_inputs": [{"name": t.name, "ctype": ctype(t)} for t in info.row_inputs],

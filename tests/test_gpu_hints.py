@@ -12,7 +12,7 @@ what every hint says, OR refused with a HintError and nothing launched.
 Values the kernels once took and got wrong (threads_per_row 7, 33, 48, 96: the warp
 reduction mixed rows) are in the grid.
 
-1236 runs (624 over the first six fusions took about 30 s with `pytest -n 8` on an H200,
+1468 runs (624 over the first six fusions took about 30 s with `pytest -n 8` on an H200,
 most of it NVRTC). `pytest -s` prints how
 many hint sets were honoured and refused; with pytest-xdist, set
 FUSER_HINT_OUTCOMES=file.jsonl and run `python tests/test_gpu_hints.py file.jsonl`.

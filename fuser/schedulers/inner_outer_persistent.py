@@ -17,14 +17,15 @@ scheduler does.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import cache
 
 from fuser.analysis import FusionInfo, Kind
 from fuser.device import DeviceSpec
 from fuser.schedulers.base import Problem, RowSchedule, Storage
 from fuser.schedulers.hints import Hints
 from fuser.schedulers.row_fit import fit
-from fuser.schedulers.row_records import PackedRows, Phase, RowPolicy, StorageChoice
+from fuser.schedulers.row_records import PackedRows, Phase, Rejection, RowPolicy, StorageChoice
 from fuser.schedulers.row_search import RowSearch
 from fuser.schedulers.row_storage import stage_order, staged, staged_choice
 
@@ -55,13 +56,18 @@ def smem_first_order(phase: Phase) -> Iterator[StorageChoice]:
 def _stage_order(phase: Phase) -> list[int]:
     """The order of one and two stages (_one_or_two_first), three first where _three_stages
     says so."""
-    order = _one_or_two_first(phase)
-    if len(order) == 2 and _three_stages(phase, order[0]):
+    staged_fit = cache(lambda stages: fit(phase, staged_choice(phase, stages, Storage.SMEM)))
+    order = _one_or_two_first(phase, staged_fit)
+    if len(order) == 2 and _three_stages(phase, order[0], staged_fit):
         return [3, *order]
     return order
 
 
-def _one_or_two_first(phase: Phase) -> list[int]:
+# stages -> fit() of every row buffer staged in that many stages, the columns in shared memory
+StagedFit = Callable[[int], RowSchedule | Rejection]
+
+
+def _one_or_two_first(phase: Phase, staged_fit: StagedFit) -> list[int]:
     """row_storage.stage_order, but two stages first for rows where one stage would leave
     one block per SM, and for short unskewed rows whose one stage fills less than half an
     SM's shared memory where two stages keep its blocks per SM: one stage relies on the other
@@ -70,7 +76,7 @@ def _one_or_two_first(phase: Phase) -> list[int]:
     order = stage_order(phase)
     if order != [1, 2]:
         return order
-    one = fit(phase, staged_choice(phase, 1, Storage.SMEM))
+    one = staged_fit(1)
     if not isinstance(one, RowSchedule):
         return order
     if one.blocks_per_sm <= 1:
@@ -78,13 +84,13 @@ def _one_or_two_first(phase: Phase) -> list[int]:
     if phase.geometry.skew or (one.smem.total * one.blocks_per_sm
                                >= phase.device.smem_per_sm * _TWO_STAGES_BELOW):
         return order
-    two = fit(phase, staged_choice(phase, 2, Storage.SMEM))
+    two = staged_fit(2)
     if isinstance(two, RowSchedule) and two.blocks_per_sm >= one.blocks_per_sm:
         return [2, 1]
     return order
 
 
-def _three_stages(phase: Phase, stages: int) -> bool:
+def _three_stages(phase: Phase, stages: int, staged_fit: StagedFit) -> bool:
     """Whether rows take a third stage before `stages`, the first of one and two: while a
     row computes, and while its warps wait at its reduction's barrier, more rows' copies are
     in flight. Where three stages fit with every row buffer still in shared memory and put
@@ -106,8 +112,7 @@ def _three_stages(phase: Phase, stages: int) -> bool:
             or len(info.outer_reductions) > 1 or not full
             or any(t.dtype.itemsize > 2 for t in full)):
         return False
-    first = fit(phase, staged_choice(phase, stages, Storage.SMEM))
-    three = fit(phase, staged_choice(phase, 3, Storage.SMEM))
+    first, three = staged_fit(stages), staged_fit(3)
     return (isinstance(first, RowSchedule) and isinstance(three, RowSchedule)
             and (first.stages == 1 or first.blocks_per_sm == 1)
             and three.placements == first.placements
