@@ -10,7 +10,8 @@ with no row reductions.
 
 Its policy stages rows in shared memory first: cp.async fills them, the next rows' copies in
 flight while this row computes, when two stages fit (three where they put more rows in
-flight, _three_stages). When the plan is over budget, buffers
+flight, _three_stages); rows go over a cluster of two before one block where one block would
+hold them back (_split_first). When the plan is over budget, buffers
 move to registers, least reused first and weight-related last, as nvFuser's InnerOuter
 scheduler does.
 """
@@ -95,8 +96,9 @@ def _three_stages(phase: Phase, stages: int, staged_fit: StagedFit) -> bool:
     row computes, and while its warps wait at its reduction's barrier, more rows' copies are
     in flight. Where three stages fit with every row buffer still in shared memory and put
     more stages in flight per SM (_stages_in_flight) than the first choice, which has one
-    stage or one block per SM; rows not split over a cluster nor skewed (whose one stage
-    first stays: row_storage.stage_order), elements of 2 bytes or narrower, a fusion that
+    stage or one block per SM; rows split over at most two blocks of a cluster (where
+    _split_first sends them) and not skewed (whose one stage first stays:
+    row_storage.stage_order), elements of 2 bytes or narrower, a fusion that
     reduces rows and sums at most one column. H200, 16384 rows, fraction of the copy
     (bench/TUNING.md, "three stages"), two stages at one block -> three: rmsnorm_bwd bf16
     12288 / 16384 0.81 / 0.88 -> 0.93 / 0.92, fp16 0.83 / 0.90 -> 0.92 / 0.93; one stage at
@@ -108,7 +110,7 @@ def _three_stages(phase: Phase, stages: int, staged_fit: StagedFit) -> bool:
     -> 0.88), 4-byte elements (fp32 rmsnorm_bwd 8192 0.96 -> 0.95)."""
     info = phase.fusion.info
     full = phase.fusion.full
-    if (phase.geometry.cluster > 1 or phase.geometry.skew or not info.inner_levels
+    if (phase.geometry.cluster > 2 or phase.geometry.skew or not info.inner_levels
             or len(info.outer_reductions) > 1 or not full
             or any(t.dtype.itemsize > 2 for t in full)):
         return False
@@ -123,6 +125,27 @@ def _stages_in_flight(s: RowSchedule) -> int:
     """An SM's stages of rows being copied while a block computes one: the block's other
     stages, and with one stage the other blocks' rows."""
     return s.blocks_per_sm * (s.stages - 1) if s.stages > 1 else s.blocks_per_sm - 1
+
+
+def _split_first(one: RowSchedule, two: RowSchedule) -> bool:
+    """Whether rows go over a cluster of two before one block (RowPolicy.split_first): where
+    one block keeps them on chip only at one stage and one block per SM, or only with a
+    buffer moved to registers, and two blocks keep every buffer in shared memory in two
+    stages or more (three where _three_stages says so); elements of 2 bytes or narrower in
+    16-byte vectors. H200, 16384 rows, fraction of the copy, bf16, before -> after
+    (bench/TUNING.md, "a cluster of two before one block"): rmsnorm_bwd 6144 / 8192 / 24576
+    / 32768 0.91 / 0.92 / 0.91 / 0.92 -> 0.96 / 0.93 / 0.96 / 0.93 (three stages; two
+    stages there ran 0.72-0.87), dropout_rmsnorm_bwd 20480 / 24576 0.93 -> 0.95 (two),
+    layernorm_bwd 6144 / 24576 0.81 / 0.82 -> 0.93 / 0.92 (two), gelu_bwd 32768 0.80 ->
+    0.84, gelu_tanh_bwd 32768 0.88 -> 0.93; fp16 alike. Not where two blocks also move a
+    buffer to registers (dropout_rmsnorm_bwd 8192, three stages with two in registers: 0.95
+    -> 0.84), nor for rows of narrower vectors (rmsnorm_bwd 24578 0.85 -> 0.70) or of 4-byte
+    elements (fp32 rmsnorm_bwd / layernorm_bwd 12288 0.96 / 0.94 -> 0.84 / 0.86)."""
+    widest = max(p.dtype.itemsize for p in one.placements)
+    held_back = ((one.stages == 1 and one.blocks_per_sm == 1)
+                 or any(p.storage is Storage.REGISTERS for p in one.placements))
+    return (held_back and widest <= 2 and one.vec * widest == 16 and two.stages >= 2
+            and all(p.storage is Storage.SMEM for p in two.placements))
 
 
 # Short rows take a second stage while one stage fills less than this share of an SM's
@@ -163,6 +186,7 @@ POLICY = RowPolicy(
     # in bench/TUNING.md)
     packed=PackedRows(threads_per_row=64, rows_per_block=4, vectors_per_thread=16,
                       above_vectors=64),
+    split_first=_split_first,
 )
 
 

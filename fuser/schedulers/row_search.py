@@ -46,6 +46,9 @@ from fuser.schedulers.row_skew import hint_refusals, skewed_geometry, skews
 from fuser.schedulers.row_storage import choices
 
 SHOWN_REJECTIONS = 6  # the last rejections an error lists
+# why a cluster of two came before one block (RowSearch._split_first)
+SPLIT_WHY = ("one block keeps the row on chip only at one stage and one block per SM, or with "
+             "a buffer in registers")
 
 
 @dataclass(frozen=True)
@@ -114,8 +117,26 @@ class RowSearch:
                      for policy in policies for k in sizes]
             steps.append(_Step(sizes[-1], Reach.OFF_CHIP,
                                f"{sizes[-1]} block(s) cannot keep the row on chip", plain))
-            steps = self._dealt_steps(plain) + steps
+            steps = self._dealt_steps(plain) + self._split_first(steps)
         return self._skewed_first(steps)
+
+    def _split_first(self, steps: list[_Step]) -> list[_Step]:
+        """`steps`, with the first policy's cluster of two moved before its one block where
+        the policy says so (RowPolicy.split_first) of their first schedules. The probe's
+        rejections are dropped: the search meets them again in order."""
+        split = self.policy.split_first
+        one = steps[0]
+        two = next((step for step in steps if step.cluster == 2 and step.policy is one.policy
+                    and step.reach is Reach.ON_CHIP), None)
+        if split is None or two is None or one.cluster != 1:
+            return steps
+        kept = len(self.rejections)
+        first_one = next(self._by_copy_mode(one), None)
+        first_two = next(self._by_copy_mode(two), None)
+        del self.rejections[kept:]
+        if first_one is None or first_two is None or not split(first_one, first_two):
+            return steps
+        return [replace(two, why=SPLIT_WHY)] + [step for step in steps if step is not two]
 
     def _dealt_steps(self, plain: RowPolicy) -> list[_Step]:
         """A step per row_dealt.dealt_shapes: one stage of rows in shared memory at its
