@@ -26,7 +26,14 @@ from fuser.device import DeviceSpec
 from fuser.schedulers.base import Problem, RowSchedule, Storage
 from fuser.schedulers.hints import Hints
 from fuser.schedulers.row_fit import fit
-from fuser.schedulers.row_records import PackedRows, Phase, Rejection, RowPolicy, StorageChoice
+from fuser.schedulers.row_records import (
+    PackedRows,
+    Phase,
+    Rejection,
+    RowFusion,
+    RowPolicy,
+    StorageChoice,
+)
 from fuser.schedulers.row_search import RowSearch
 from fuser.schedulers.row_storage import stage_order, staged, staged_choice
 
@@ -96,9 +103,10 @@ def _three_stages(phase: Phase, stages: int, staged_fit: StagedFit) -> bool:
     row computes, and while its warps wait at its reduction's barrier, more rows' copies are
     in flight. Where three stages fit with every row buffer still in shared memory and put
     more stages in flight per SM (_stages_in_flight) than the first choice, which has one
-    stage or one block per SM; rows split over at most two blocks of a cluster (where
-    _split_first sends them) and not skewed (whose one stage first stays:
-    row_storage.stage_order), elements of 2 bytes or narrower, a fusion that
+    stage or one block per SM; rows split over at most two blocks of a cluster (in 16-byte
+    vectors there: rmsnorm_bwd 24578 over two blocks in three stages ran 0.70, one block
+    0.85) and not skewed (whose one stage first stays: row_storage.stage_order), elements
+    of 2 bytes or narrower, a fusion that
     reduces rows and sums at most one column. H200, 16384 rows, fraction of the copy
     (bench/TUNING.md, "three stages"), two stages at one block -> three: rmsnorm_bwd bf16
     12288 / 16384 0.81 / 0.88 -> 0.93 / 0.92, fp16 0.83 / 0.90 -> 0.92 / 0.93; one stage at
@@ -111,6 +119,7 @@ def _three_stages(phase: Phase, stages: int, staged_fit: StagedFit) -> bool:
     info = phase.fusion.info
     full = phase.fusion.full
     if (phase.geometry.cluster > 2 or phase.geometry.skew or not info.inner_levels
+            or (phase.geometry.cluster == 2 and phase.fusion.narrow(phase.geometry.vec))
             or len(info.outer_reductions) > 1 or not full
             or any(t.dtype.itemsize > 2 for t in full)):
         return False
@@ -127,12 +136,12 @@ def _stages_in_flight(s: RowSchedule) -> int:
     return s.blocks_per_sm * (s.stages - 1) if s.stages > 1 else s.blocks_per_sm - 1
 
 
-def _split_first(one: RowSchedule, two: RowSchedule) -> bool:
-    """Whether rows go over a cluster of two before one block (RowPolicy.split_first): where
+def _split_first(fusion: RowFusion, one: RowSchedule, two: RowSchedule) -> str | None:
+    """Why rows go over a cluster of two before one block (RowPolicy.split_first), or None:
     one block keeps them on chip only at one stage and one block per SM, or only with a
     buffer moved to registers, and two blocks keep every buffer in shared memory in two
-    stages or more (three where _three_stages says so); elements of 2 bytes or narrower in
-    16-byte vectors. H200, 16384 rows, fraction of the copy, bf16, before -> after
+    stages or more (three where _three_stages says so); row elements of 2 bytes or narrower
+    in 16-byte vectors. H200, 16384 rows, fraction of the copy, bf16, before -> after
     (bench/TUNING.md, "a cluster of two before one block"): rmsnorm_bwd 6144 / 8192 / 24576
     / 32768 0.91 / 0.92 / 0.91 / 0.92 -> 0.96 / 0.93 / 0.96 / 0.93 (three stages; two
     stages there ran 0.72-0.87), dropout_rmsnorm_bwd 20480 / 24576 0.93 -> 0.95 (two),
@@ -141,11 +150,15 @@ def _split_first(one: RowSchedule, two: RowSchedule) -> bool:
     buffer to registers (dropout_rmsnorm_bwd 8192, three stages with two in registers: 0.95
     -> 0.84), nor for rows of narrower vectors (rmsnorm_bwd 24578 0.85 -> 0.70) or of 4-byte
     elements (fp32 rmsnorm_bwd / layernorm_bwd 12288 0.96 / 0.94 -> 0.84 / 0.86)."""
-    widest = max(p.dtype.itemsize for p in one.placements)
-    held_back = ((one.stages == 1 and one.blocks_per_sm == 1)
-                 or any(p.storage is Storage.REGISTERS for p in one.placements))
-    return (held_back and widest <= 2 and one.vec * widest == 16 and two.stages >= 2
-            and all(p.storage is Storage.SMEM for p in two.placements))
+    if fusion.widest > 2 or fusion.narrow(one.vec) or two.stages < 2 or any(
+            p.storage is not Storage.SMEM for p in two.placements):
+        return None
+    in_registers = [p.tensor for p in one.placements if p.storage is Storage.REGISTERS]
+    if in_registers:
+        return f"one block keeps the row on chip only with {', '.join(in_registers)} in registers"
+    if one.stages == 1 and one.blocks_per_sm == 1:
+        return "one block keeps the row on chip only at one stage and one block per SM"
+    return None
 
 
 # Short rows take a second stage while one stage fills less than this share of an SM's

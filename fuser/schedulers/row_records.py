@@ -85,9 +85,10 @@ class RowPolicy:
     # taking only the schedules whose row groups the hardware deals to blocks (Dealing.GRID:
     # several blocks share an SM; row_dealt.py).
     dealt_first: bool = False
-    # Rows split over a cluster of two before one block where this says so of one block's
-    # first schedule and two blocks' (None: never; RowSearch._split_first)
-    split_first: Callable[[RowSchedule, RowSchedule], bool] | None = None
+    # The first schedule of rows split over a cluster of two before one block's where this
+    # names why, given the fusion, one block's first schedule and two blocks' (None: never;
+    # RowSearch._split_first)
+    split_first: Callable[[RowFusion, RowSchedule, RowSchedule], str | None] | None = None
 
     def stages_first(self, passes: int) -> bool:
         """Whether a fusion of this many passes over each row stages its rows in shared

@@ -16,6 +16,7 @@ heuristic's; kernels.build() moves on to the next only when ptxas spills.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
@@ -25,7 +26,7 @@ from fuser.errors import HintError, OutOfResourcesError
 from fuser.schedulers.base import Problem, RowSchedule, Storage
 from fuser.schedulers.finalize import default_lanes, finalized, needs_finalize
 from fuser.schedulers.hints import HintContext, Hints, check, powers_of_two
-from fuser.schedulers.row_dealt import dealt_schedules, dealt_shapes, dealt_why
+from fuser.schedulers.row_dealt import MOOT_HINTS, dealt_schedules, dealt_shapes, dealt_why
 from fuser.schedulers.row_fit import fit
 from fuser.schedulers.row_geometry import (
     MAX_STAGED_VECTORS_PER_THREAD,
@@ -46,9 +47,6 @@ from fuser.schedulers.row_skew import hint_refusals, skewed_geometry, skews
 from fuser.schedulers.row_storage import choices
 
 SHOWN_REJECTIONS = 6  # the last rejections an error lists
-# why a cluster of two came before one block (RowSearch._split_first)
-SPLIT_WHY = ("one block keeps the row on chip only at one stage and one block per SM, or with "
-             "a buffer in registers")
 
 
 @dataclass(frozen=True)
@@ -64,6 +62,9 @@ class _Step:
     # A step of RowSearch._dealt_steps (row_dealt.dealt_shapes): one stage of staged rows
     # at these threads per row, a block per row group
     dealt_threads: int | None = None
+    # Only the step's first schedule (RowSearch._split_first: a cluster of two's, before one
+    # block's; the step's others keep their place after one block's)
+    first_only: bool = False
 
 
 class RowSearch:
@@ -91,7 +92,8 @@ class RowSearch:
         self._check_skewed()
         seen: set[RowSchedule] = set()
         for step in self._steps():
-            for s in self._by_copy_mode(step):
+            schedules = self._by_copy_mode(step)
+            for s in itertools.islice(schedules, 1) if step.first_only else schedules:
                 decisions = replace(s, reason="")  # plain blocks may repeat a packed step's
                 if decisions not in seen:
                     seen.add(decisions)
@@ -121,22 +123,29 @@ class RowSearch:
         return self._skewed_first(steps)
 
     def _split_first(self, steps: list[_Step]) -> list[_Step]:
-        """`steps`, with the first policy's cluster of two moved before its one block where
-        the policy says so (RowPolicy.split_first) of their first schedules. The probe's
+        """`steps`, with the first schedule of the first policy's cluster of two before its
+        one block where the policy names why (RowPolicy.split_first). The cluster's other
+        schedules keep their place after one block's, so a first schedule that spills falls
+        back on one block. Not under hints that shape the block (row_dealt.MOOT_HINTS are
+        the others): the rule was measured on the heuristic's own schedules. The probe's
         rejections are dropped: the search meets them again in order."""
         split = self.policy.split_first
-        one = steps[0]
+        if split is None or set(self.hints.given()) - set(MOOT_HINTS):
+            return steps
+        one = steps[0]  # one block (cluster_sizes starts at 1), on chip
         two = next((step for step in steps if step.cluster == 2 and step.policy is one.policy
                     and step.reach is Reach.ON_CHIP), None)
-        if split is None or two is None or one.cluster != 1:
+        if two is None:
             return steps
         kept = len(self.rejections)
-        first_one = next(self._by_copy_mode(one), None)
-        first_two = next(self._by_copy_mode(two), None)
+        firsts = [next(self._by_copy_mode(step), None) for step in (one, two)]
         del self.rejections[kept:]
-        if first_one is None or first_two is None or not split(first_one, first_two):
+        if firsts[0] is None or firsts[1] is None:
             return steps
-        return [replace(two, why=SPLIT_WHY)] + [step for step in steps if step is not two]
+        why = split(self.fusion, firsts[0], firsts[1])
+        if why is None:
+            return steps
+        return [replace(two, why=why, first_only=True), *steps]
 
     def _dealt_steps(self, plain: RowPolicy) -> list[_Step]:
         """A step per row_dealt.dealt_shapes: one stage of rows in shared memory at its
