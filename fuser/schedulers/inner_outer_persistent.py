@@ -106,16 +106,16 @@ def _three_stages(phase: Phase, stages: int, staged_fit: StagedFit) -> bool:
     stage or one block per SM; rows split over at most two blocks of a cluster (in 16-byte
     vectors there: rmsnorm_bwd 24578 over two blocks in three stages ran 0.70, one block
     0.85) and not skewed (whose one stage first stays: row_storage.stage_order), elements
-    of 2 bytes or narrower, a fusion that
-    reduces rows and sums at most one column. H200, 16384 rows, fraction of the copy
-    (bench/TUNING.md, "three stages"), two stages at one block -> three: rmsnorm_bwd bf16
-    12288 / 16384 0.81 / 0.88 -> 0.93 / 0.92, fp16 0.83 / 0.90 -> 0.92 / 0.93; one stage at
-    two to four blocks -> three at one or two: rmsnorm_bwd bf16 2048 / 3072 / 4096 0.85 /
-    0.90 / 0.86 -> 0.86 / 0.93 / 0.89, dropout_rmsnorm_bwd 1000 / 1024 0.85 / 0.88 -> 0.89 /
-    0.91 (fp16 alike). Not taken where they lost: over two stages at four blocks
-    (rmsnorm_bwd 1000 / 1024 0.79 / 0.84 -> 0.78 / 0.82), column sums without a row
-    reduction (gelu_bwd fp16 16384 0.89 -> 0.86), two column sums (layernorm_bwd 12288 0.90
-    -> 0.88), 4-byte elements (fp32 rmsnorm_bwd 8192 0.96 -> 0.95)."""
+    of 2 bytes or narrower, a fusion that reduces rows and sums at most one column. H200,
+    16384 rows, fraction of the copy (bench/TUNING.md, "three stages"), two stages at one
+    block -> three: rmsnorm_bwd bf16 12288 / 16384 0.81 / 0.88 -> 0.93 / 0.92, fp16 0.83 /
+    0.90 -> 0.92 / 0.93; one stage at two to four blocks -> three at one or two:
+    rmsnorm_bwd bf16 2048 / 3072 / 4096 0.85 / 0.90 / 0.86 -> 0.86 / 0.93 / 0.89,
+    dropout_rmsnorm_bwd 1000 / 1024 0.85 / 0.88 -> 0.89 / 0.91 (fp16 alike). Not taken
+    where they lost: over two stages at four blocks (rmsnorm_bwd 1000 / 1024 0.79 / 0.84 ->
+    0.78 / 0.82), column sums without a row reduction (gelu_bwd fp16 16384 0.89 -> 0.86),
+    two column sums (layernorm_bwd 12288 0.90 -> 0.88), 4-byte elements (fp32 rmsnorm_bwd
+    8192 0.96 -> 0.95)."""
     info = phase.fusion.info
     full = phase.fusion.full
     if (phase.geometry.cluster > 2 or phase.geometry.skew or not info.inner_levels

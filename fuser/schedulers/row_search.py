@@ -10,8 +10,10 @@ schedules whose shared row buffers are filled by aligned 16-byte copies come fir
 vectors are narrower than 16 bytes (see _by_copy_mode), and a choice at one row of 1024 threads
 is followed by itself at 512 where rows are staged first (_halved). Before all of these,
 where the policy says so, rows too long to be short try one stage in shared memory dealt a
-block per row group, several blocks to an SM (row_dealt.py). The first schedule is the
-heuristic's; kernels.build() moves on to the next only when ptxas spills.
+block per row group, several blocks to an SM (row_dealt.py); and where the policy says why
+(RowPolicy.split_first), the first schedule of a cluster of two goes before one block's
+(_split_first). The first schedule is the heuristic's; kernels.build() moves on to the next
+only when ptxas spills.
 """
 
 from __future__ import annotations
