@@ -116,12 +116,10 @@ def _three_stages(phase: Phase, stages: int, staged_fit: StagedFit) -> bool:
     0.78 / 0.82), column sums without a row reduction (gelu_bwd fp16 16384 0.89 -> 0.86),
     two column sums (layernorm_bwd 12288 0.90 -> 0.88), 4-byte elements (fp32 rmsnorm_bwd
     8192 0.96 -> 0.95)."""
-    info = phase.fusion.info
-    full = phase.fusion.full
-    if (phase.geometry.cluster > 2 or phase.geometry.skew or not info.inner_levels
-            or (phase.geometry.cluster == 2 and phase.fusion.narrow(phase.geometry.vec))
-            or len(info.outer_reductions) > 1 or not full
-            or any(t.dtype.itemsize > 2 for t in full)):
+    fusion, geo = phase.fusion, phase.geometry
+    if (geo.cluster > 2 or geo.skew or not fusion.info.inner_levels
+            or (geo.cluster == 2 and fusion.narrow(geo.vec))
+            or len(fusion.info.outer_reductions) > 1 or not fusion.full or fusion.widest > 2):
         return False
     first, three = staged_fit(stages), staged_fit(3)
     return (isinstance(first, RowSchedule) and isinstance(three, RowSchedule)

@@ -140,11 +140,11 @@ class RowSearch:
         if two is None:
             return steps
         kept = len(self.rejections)
-        firsts = [next(self._by_copy_mode(step), None) for step in (one, two)]
+        one_first, two_first = (next(self._by_copy_mode(step), None) for step in (one, two))
         del self.rejections[kept:]
-        if firsts[0] is None or firsts[1] is None:
+        if one_first is None or two_first is None:
             return steps
-        why = split(self.fusion, firsts[0], firsts[1])
+        why = split(self.fusion, one_first, two_first)
         if why is None:
             return steps
         return [replace(two, why=why, first_only=True), *steps]
