@@ -14,6 +14,13 @@ its stream-capture query, for a kernel that counts on a counter), each kernel's 
 and each kernel's bare cuLaunchKernel
 (cuLaunchCooperativeKernel for a row kernel finalizing its own columns) through ctypes with
 the launcher's parameters (the floor no Python change lowers).
+
+--module rmsnorm|layernorm|softmax times what a model pays instead: fuser.torch's module
+against torch.nn's, a forward (x requiring grad) and a training step (the forward, then
+torch.autograd.grad of x and the parameters), per step, with autograd's device threads (as a
+training loop runs) and without them (torch.autograd.set_multithreading_enabled(False)),
+which separates the hand-over of the backward to autograd's thread from the Python around
+the kernels; then cProfile of fuser's step, threads off (the backward in this thread).
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top", type=int, default=25, help="cProfile entries printed")
     p.add_argument("--parts", action="store_true",
                    help="also time the pieces of a cached call (bursts of 64, medians)")
+    p.add_argument("--module", choices=("rmsnorm", "layernorm", "softmax"),
+                   help="time fuser.torch's module against torch.nn's instead of fd.execute")
     args = p.parse_args(argv)
     if min(args.hidden, args.rows, args.calls, args.top) < 1:
         p.error("--hidden, --rows, --calls and --top must be positive")
@@ -109,6 +118,9 @@ def main(argv: list[str] | None = None) -> None:
     import cupy
 
     args = parse_args(argv)
+    if args.module:
+        module_report(args)
+        return
     fd, inputs = cached_call(args.fusion, args.hidden, args.rows, args.kind)
     per_call = per_call_us(fd, inputs, args.calls)
     print(f"{args.fusion} [{args.rows} x {args.hidden}] bf16, {args.kind} inputs: "
@@ -123,6 +135,50 @@ def main(argv: list[str] | None = None) -> None:
     if args.parts:
         for name, us in call_parts(fd, inputs).items():
             print(f"{name:32s} {us:7.2f} us")
+
+
+def module_report(args: argparse.Namespace) -> None:
+    """Host time per step of fuser.torch's module and torch.nn's (module docstring)."""
+    import torch
+
+    from bench.modules import fuser_module, pass_fn, torch_module
+
+    x = torch.randn(args.rows, args.hidden, device="cuda", dtype=torch.bfloat16,
+                    requires_grad=True)
+    dy = torch.randn_like(x)
+    steps = {}
+    for impl, make in (("torch.nn", torch_module), ("fuser.torch", fuser_module)):
+        m = make(args.module, args.hidden)
+        if isinstance(m, torch.nn.Module):
+            m = m.to(device="cuda", dtype=torch.bfloat16)
+        for pass_ in ("forward", "train"):
+            steps[impl, pass_] = pass_fn(m, pass_, x, dy)
+    sync = torch.cuda.synchronize
+    for threads in (True, False):
+        torch.autograd.set_multithreading_enabled(threads)
+        for (impl, pass_), step in steps.items():
+            for _ in range(50):
+                step()
+            sync()
+            us = per_call_us(_Call(step), [], args.calls, sync=sync)
+            print(f"{args.module} [{args.rows} x {args.hidden}] bf16 {impl:11s} {pass_:7s} "
+                  f"autograd threads {'on ' if threads else 'off'}: {us:7.1f} us per step")
+    profiler = cProfile.Profile()  # threads off: the backward runs in this thread, profiled
+    step = steps["fuser.torch", "train"]
+    profiler.enable()
+    for _ in range(args.calls):
+        step()
+    profiler.disable()
+    sync()
+    torch.autograd.set_multithreading_enabled(True)
+    pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(args.top)
+
+
+class _Call:
+    """A step in the shape per_call_us times: execute(inputs) calls it."""
+
+    def __init__(self, step):
+        self.execute = lambda _inputs: step()
 
 
 def call_parts(fd, inputs: list, burst: int = 64, bursts: int = 60) -> dict[str, float]:

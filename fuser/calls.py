@@ -225,10 +225,21 @@ def run(plan: Plan, inputs: list, pointers: list) -> list:
     """Allocate the outputs and launch, with the plan's device current: as it mostly is
     already (one driver call says so), else made current for the call (and for CuPy arrays
     through CuPy, which allocates on the runtime's current device). Another context of the
-    same device is refused: the caller's stream would be that context's."""
+    same device is refused: the caller's stream would be that context's.
+
+    A thread with no context current whose device is 0 gets device 0's primary context bound
+    and left bound: the CUDA runtime binds that context at the thread's next call that needs
+    one (its device is 0 until cudaSetDevice, which binds a context), so nothing else changes.
+    autograd's device thread for device 0 is such a thread (torch skips cudaSetDevice where
+    the device is 0 already), and every backward of fuser.torch runs there: bound for each
+    call and unbound after it, each call paid two context switches, and the runtime bound it
+    again at the next torch op."""
     gpu = driver()
     current = gpu.current_context()
     if current == plan.context:
+        return _enqueue(plan, inputs, pointers)
+    if not current and plan.device_id == 0:
+        gpu.bind_primary(0)
         return _enqueue(plan, inputs, pointers)
     if current and gpu.current_device() == plan.device_id:
         raise LaunchError(

@@ -189,6 +189,11 @@ class Driver:
                 context = self._contexts[device_id]
         return context
 
+    def bind_primary(self, device_id: int) -> None:
+        """Make the device's primary context current in this thread, and leave it so."""
+        self._check(self._calls["cuCtxSetCurrent"](self.primary_context(device_id)),
+                    "cuCtxSetCurrent", f"making device {device_id} current")
+
     @contextlib.contextmanager
     def on_device(self, device_id: int) -> Iterator[None]:
         """The device's primary context current in this thread for the block (the previous

@@ -175,6 +175,53 @@ def test_a_row_kernel_finalizing_its_columns_is_one_cooperative_launch(gpu):
     assert gpu.zeroed and gpu.zeroed[0] <= counter < gpu.zeroed[0] + tickets.SLICE * 16
 
 
+class ThreadWithoutContext(RecordingDriver):
+    """A thread that has made no CUDA runtime call binding a context (autograd's device
+    thread for device 0): none is current until fuser binds one; each context switch is
+    recorded."""
+
+    def __init__(self):
+        super().__init__()
+        self.context = 0
+        self.switches: list[str] = []
+
+    def current_context(self):
+        return self.context
+
+    def bind_primary(self, device_id):
+        self.switches.append(f"bind {device_id}")
+        self.context = self.primary_context(device_id)
+
+    @contextlib.contextmanager
+    def on_device(self, device_id):
+        self.switches.append(f"enter {device_id}")
+        yield
+        self.switches.append(f"leave {device_id}")
+
+
+def test_a_thread_without_a_context_keeps_device_0s_primary_context_bound(monkeypatch):
+    """The first call on such a thread binds device 0's primary context, as the runtime's next
+    call would, and leaves it bound: later calls take the plain path, with no switch (binding
+    it for each call and unbinding after made every torch op that followed bind it again)."""
+    fake = ThreadWithoutContext()
+    for module in (executor, loader, calls, launch, tickets):
+        monkeypatch.setattr(module, "driver", lambda: fake)
+    monkeypatch.setattr(tickets, "_devices", {})
+    monkeypatch.setattr(DeviceSpec, "from_gpu", staticmethod(lambda d: DeviceSpec.get("h200")))
+    monkeypatch.setattr(executor, "_check_tensor",
+                        lambda i, t, x, torch_kind: (tuple(x.shape), x.data_ptr(), 0))
+    monkeypatch.setattr(calls, "_stream", lambda torch_kind, device_id: 0x77)
+    fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
+    inputs = _torch_inputs("rmsnorm_bwd", 16, 1024, 0)
+    fd.execute(inputs)
+    switches = [s for s in fake.switches if s == "bind 0"]  # planning's loads may enter
+    assert switches == ["bind 0"] and fake.context == fake.primary_context(0)
+    fake.switches.clear()
+    for _ in range(3):
+        fd.execute(inputs)
+    assert fake.switches == [] and fake.context == fake.primary_context(0)
+
+
 def test_a_scalar_input_reaches_the_kernel_at_each_calls_value(gpu):
     """A runtime scalar is not part of the plan's key: calls with other values reuse the plan
     and each launch carries its own call's value, in the parameter's type."""

@@ -11,11 +11,16 @@ x. Outputs come from torch's allocator and run on torch's current stream, with n
 synchronization, so CUDA graphs capture them. apply_rms_norm and apply_layer_norm call them:
 the custom op under torch.compile, its implementation through an autograd.Function in eager
 mode (_eager.py says why).
+
+The implementations are what every eager call runs, so they look up the fusion and the
+outputs' layout once per combination of dtypes (a cache keyed on torch's dtypes, cheaper to
+hash than a NormSpec) and leave an absent output None: the ops, whose schema returns tensors,
+fill those with empty ones (_filled).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from functools import cache
 
 import torch
 from torch import Tensor
@@ -26,7 +31,6 @@ from fuser.torch._eager import dispatcher, eager_backward
 from fuser.torch._fusions import NormSpec, norm_backward, norm_forward
 from fuser.torch._support import (
     TORCH_DTYPES,
-    dtype_of,
     forbid_double_backward,
     fuser_dtype,
     materialize,
@@ -35,11 +39,26 @@ from fuser.torch._support import (
 MATRIX, ROW, COLUMN = "matrix", "row", "column"  # an output's shape: [N, H], [N, 1], [H]
 
 
+@cache
+def _norm_spec(rms: bool, x: torch.dtype, out: torch.dtype, dropout: bool,
+               residual: torch.dtype | None, weight: torch.dtype | None,
+               bias: torch.dtype | None, hf: bool) -> NormSpec:
+    """The NormSpec of a norm over tensors of these torch dtypes (None: absent)."""
+    def of(dtype: torch.dtype | None) -> DataType | None:
+        return None if dtype is None else fuser_dtype(dtype)
+
+    return NormSpec(rms, fuser_dtype(x), fuser_dtype(out), weight=of(weight), bias=of(bias),
+                    residual=of(residual), dropout=dropout, hf=hf)
+
+
+def _dtype(t: Tensor | None) -> torch.dtype | None:
+    return None if t is None else t.dtype
+
+
 def _spec(rms: bool, x: Tensor, out: torch.dtype, mask: Tensor | None, residual: Tensor | None,
           weight: Tensor | None, bias: torch.dtype | None = None, hf: bool = False) -> NormSpec:
-    return NormSpec(rms, fuser_dtype(x.dtype), fuser_dtype(out), weight=dtype_of(weight),
-                    bias=None if bias is None else fuser_dtype(bias),
-                    residual=dtype_of(residual), dropout=mask is not None, hf=hf)
+    return _norm_spec(rms, x.dtype, out, mask is not None, _dtype(residual), _dtype(weight),
+                      bias, hf)
 
 
 def _forward_layout(spec: NormSpec) -> list:
@@ -61,23 +80,43 @@ def _backward_layout(spec: NormSpec, affine_grads: bool) -> list:
     return [(MATRIX, TORCH_DTYPES[spec.x]), residual, column(spec.weight), *bias]
 
 
-def _allocate(layout: list, x: Tensor, fill) -> list[Tensor]:
+def _allocate(layout: list, x: Tensor, fill) -> list[Tensor | None]:
     """Tensors of `layout` for [rows, hidden] input `x`, made by `fill` (x.new_empty, or
-    x.new_zeros for the column sums of no rows); an empty slot is a tensor of no elements."""
+    x.new_zeros for the column sums of no rows); None for an empty slot."""
     rows, hidden = x.shape
     shapes = {MATRIX: (rows, hidden), ROW: (rows, 1), COLUMN: (hidden,)}
-    return [x.new_empty((0,)) if slot is None else fill(shapes[slot[0]], dtype=slot[1])
-            for slot in layout]
+    return [None if slot is None else fill(shapes[slot[0]], dtype=slot[1]) for slot in layout]
 
 
-def _execute(fd, layout: list, x: Tensor, inputs: list) -> Any:
-    """Run `fd` and place its outputs in the op's layout. A batch of no rows launches
-    nothing (fuser refuses empty tensors): its column sums are zeros, as torch's."""
+def _filled(x: Tensor, outputs) -> tuple:
+    """`outputs` with each absent one (None) an empty tensor: what an op returns."""
+    return tuple(x.new_empty((0,)) if t is None else t for t in outputs)
+
+
+def _execute(fd, layout: list, x: Tensor, inputs: list) -> tuple:
+    """Run `fd` and place its outputs in the op's layout, None in its empty slots. A batch of
+    no rows launches nothing (fuser refuses empty tensors): its column sums are zeros, as
+    torch's."""
     if x.shape[0] == 0:
         return tuple(_allocate(layout, x, x.new_zeros))
     outputs = iter(_fusions.run(fd, [t.contiguous() if isinstance(t, Tensor) else t
                                      for t in inputs]))
-    return tuple(x.new_empty((0,)) if slot is None else next(outputs) for slot in layout)
+    return tuple(None if slot is None else next(outputs) for slot in layout)
+
+
+@cache
+def _forward_plan(*dtypes) -> tuple:
+    """(the forward fusion, its outputs' layout) of _norm_spec(*dtypes)."""
+    spec = _norm_spec(*dtypes)
+    return norm_forward(spec), _forward_layout(spec)
+
+
+@cache
+def _backward_plan(affine_grads: bool, *dtypes) -> tuple:
+    """(the backward fusion, its outputs' layout) of _norm_spec(*dtypes), dtypes' `out` being
+    dy's dtype."""
+    spec = _norm_spec(*dtypes, False)
+    return norm_backward(spec, affine_grads), _backward_layout(spec, affine_grads)
 
 
 def _sum_inputs(x: Tensor, mask: Tensor | None, scale: float, residual: Tensor | None) -> list:
@@ -107,19 +146,26 @@ def _rms_norm(x: Tensor, mask: Tensor | None, residual: Tensor | None, weight: T
              hf: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(y, h, rstd) of RMSNorm over the last dimension of h = residual + mask * x * scale;
     h is empty where there is neither a mask nor a residual (h would be x)."""
-    spec = _spec(True, x, out_dtype, mask, residual, weight, hf=hf)
+    fd, layout = _forward_plan(True, x.dtype, out_dtype, mask is not None, _dtype(residual),
+                               _dtype(weight), None, hf)
     inputs = [*_sum_inputs(x, mask, scale, residual), *([weight] if weight is not None else []),
               eps]
-    return _execute(norm_forward(spec), _forward_layout(spec), x, inputs)
+    return _execute(fd, layout, x, inputs)
 
 
-rms_norm = torch.library.custom_op("fuser::rms_norm", _rms_norm, mutates_args=())
+def _rms_norm_op(x: Tensor, mask: Tensor | None, residual: Tensor | None,
+                 weight: Tensor | None, scale: float, eps: float, out_dtype: torch.dtype,
+                 hf: bool) -> tuple[Tensor, Tensor, Tensor]:
+    return _filled(x, _rms_norm(x, mask, residual, weight, scale, eps, out_dtype, hf))
+
+
+rms_norm = torch.library.custom_op("fuser::rms_norm", _rms_norm_op, mutates_args=())
 
 
 @rms_norm.register_fake
 def _(x, mask, residual, weight, scale, eps, out_dtype, hf):
     spec = _spec(True, x, out_dtype, mask, residual, weight, hf=hf)
-    return tuple(_allocate(_forward_layout(spec), x, x.new_empty))
+    return _filled(x, _allocate(_forward_layout(spec), x, x.new_empty))
 
 
 def _rms_norm_backward(dy: Tensor, dh: Tensor | None, x: Tensor, mask: Tensor | None,
@@ -127,21 +173,29 @@ def _rms_norm_backward(dy: Tensor, dh: Tensor | None, x: Tensor, mask: Tensor | 
                       scale: float, affine_grads: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(grad_x, grad_residual, grad_weight), the absent ones empty; dh is the new residual's
     gradient, given where the forward had a mask or a residual."""
-    spec = _spec(True, x, dy.dtype, mask, residual, weight)
+    fd, layout = _backward_plan(affine_grads, True, x.dtype, dy.dtype, mask is not None,
+                                _dtype(residual), _dtype(weight), None)
+    adds = mask is not None or residual is not None
     inputs = [*_sum_inputs(x, mask, scale, residual), rstd, dy,
-              *([weight] if weight is not None else []), *([dh] if spec.adds else [])]
-    fd = norm_backward(spec, affine_grads)
-    return _execute(fd, _backward_layout(spec, affine_grads), x, inputs)
+              *([weight] if weight is not None else []), *([dh] if adds else [])]
+    return _execute(fd, layout, x, inputs)
 
 
-rms_norm_backward = torch.library.custom_op("fuser::rms_norm_backward", _rms_norm_backward,
+def _rms_norm_backward_op(dy: Tensor, dh: Tensor | None, x: Tensor, mask: Tensor | None,
+                          residual: Tensor | None, rstd: Tensor, weight: Tensor | None,
+                          scale: float, affine_grads: bool) -> tuple[Tensor, Tensor, Tensor]:
+    return _filled(x, _rms_norm_backward(dy, dh, x, mask, residual, rstd, weight, scale,
+                                         affine_grads))
+
+
+rms_norm_backward = torch.library.custom_op("fuser::rms_norm_backward", _rms_norm_backward_op,
                                             mutates_args=())
 
 
 @rms_norm_backward.register_fake
 def _(dy, dh, x, mask, residual, rstd, weight, scale, affine_grads):
     spec = _spec(True, x, dy.dtype, mask, residual, weight)
-    return tuple(_allocate(_backward_layout(spec, affine_grads), x, x.new_empty))
+    return _filled(x, _allocate(_backward_layout(spec, affine_grads), x, x.new_empty))
 
 
 def _rms_setup(ctx, inputs, output) -> None:
@@ -176,19 +230,26 @@ def _layer_norm(x: Tensor, mask: Tensor | None, residual: Tensor | None, weight:
                eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(y, h, mean, rstd) of LayerNorm over the last dimension of h, as rms_norm; y in x's
     dtype."""
-    spec = _spec(False, x, x.dtype, mask, residual, weight, None if bias is None else bias.dtype)
+    fd, layout = _forward_plan(False, x.dtype, x.dtype, mask is not None, _dtype(residual),
+                               _dtype(weight), _dtype(bias), False)
     inputs = [*_sum_inputs(x, mask, scale, residual),
               *(t for t in (weight, bias) if t is not None), eps]
-    return _execute(norm_forward(spec), _forward_layout(spec), x, inputs)
+    return _execute(fd, layout, x, inputs)
 
 
-layer_norm = torch.library.custom_op("fuser::layer_norm", _layer_norm, mutates_args=())
+def _layer_norm_op(x: Tensor, mask: Tensor | None, residual: Tensor | None,
+                   weight: Tensor | None, bias: Tensor | None, scale: float,
+                   eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return _filled(x, _layer_norm(x, mask, residual, weight, bias, scale, eps))
+
+
+layer_norm = torch.library.custom_op("fuser::layer_norm", _layer_norm_op, mutates_args=())
 
 
 @layer_norm.register_fake
 def _(x, mask, residual, weight, bias, scale, eps):
     spec = _spec(False, x, x.dtype, mask, residual, weight, None if bias is None else bias.dtype)
-    return tuple(_allocate(_forward_layout(spec), x, x.new_empty))
+    return _filled(x, _allocate(_forward_layout(spec), x, x.new_empty))
 
 
 def _layer_norm_backward(dy: Tensor, dh: Tensor | None, x: Tensor, mask: Tensor | None,
@@ -196,21 +257,31 @@ def _layer_norm_backward(dy: Tensor, dh: Tensor | None, x: Tensor, mask: Tensor 
                         weight: Tensor | None, bias_dtype: torch.dtype | None, scale: float,
                         affine_grads: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(grad_x, grad_residual, grad_weight, grad_bias), as rms_norm_backward."""
-    spec = _spec(False, x, dy.dtype, mask, residual, weight, bias_dtype)
+    fd, layout = _backward_plan(affine_grads, False, x.dtype, dy.dtype, mask is not None,
+                                _dtype(residual), _dtype(weight), bias_dtype)
+    adds = mask is not None or residual is not None
     inputs = [*_sum_inputs(x, mask, scale, residual), mean, rstd, dy,
-              *([weight] if weight is not None else []), *([dh] if spec.adds else [])]
-    fd = norm_backward(spec, affine_grads)
-    return _execute(fd, _backward_layout(spec, affine_grads), x, inputs)
+              *([weight] if weight is not None else []), *([dh] if adds else [])]
+    return _execute(fd, layout, x, inputs)
 
 
-layer_norm_backward = torch.library.custom_op("fuser::layer_norm_backward", _layer_norm_backward,
-                                              mutates_args=())
+def _layer_norm_backward_op(dy: Tensor, dh: Tensor | None, x: Tensor, mask: Tensor | None,
+                            residual: Tensor | None, mean: Tensor, rstd: Tensor,
+                            weight: Tensor | None, bias_dtype: torch.dtype | None,
+                            scale: float,
+                            affine_grads: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return _filled(x, _layer_norm_backward(dy, dh, x, mask, residual, mean, rstd, weight,
+                                           bias_dtype, scale, affine_grads))
+
+
+layer_norm_backward = torch.library.custom_op("fuser::layer_norm_backward",
+                                              _layer_norm_backward_op, mutates_args=())
 
 
 @layer_norm_backward.register_fake
 def _(dy, dh, x, mask, residual, mean, rstd, weight, bias_dtype, scale, affine_grads):
     spec = _spec(False, x, dy.dtype, mask, residual, weight, bias_dtype)
-    return tuple(_allocate(_backward_layout(spec, affine_grads), x, x.new_empty))
+    return _filled(x, _allocate(_backward_layout(spec, affine_grads), x, x.new_empty))
 
 
 def _ln_setup(ctx, inputs, output) -> None:

@@ -15,16 +15,15 @@ FLOAT_DTYPES = tuple(TORCH_DTYPES.values())
 _ALLOWED = "torch.bfloat16, torch.float16, torch.float32, torch.float64"
 
 
+_FUSER_DTYPES = {t: d for d, t in TORCH_DTYPES.items()}
+
+
 def fuser_dtype(dtype: torch.dtype, where: str = "fuser.torch", name: str = "a tensor") -> DataType:
     """The fusions' DataType of a torch dtype fuser.torch computes on."""
-    found = DataType.from_torch(dtype)
-    if found is None or dtype not in FLOAT_DTYPES:
+    found = _FUSER_DTYPES.get(dtype)
+    if found is None:
         raise BadInputError(f"{where}: {name} has dtype {dtype}; fuser.torch takes {_ALLOWED}")
     return found
-
-
-def dtype_of(t: Tensor | None) -> DataType | None:
-    return None if t is None else fuser_dtype(t.dtype)
 
 
 def check_float(where: str, name: str, t: Tensor | None) -> None:

@@ -33,14 +33,23 @@ def _default_eps(x: Tensor, eps: float | None) -> float:
 
 
 def _rows(where: str, x: Tensor, normalized_shape, params: dict) -> tuple[Tensor, list]:
-    """x as [rows, hidden] and each parameter as [hidden], after the checks."""
+    """x as [rows, hidden] and each parameter as [hidden], after the checks. Tensors of those
+    shapes already pass as they are: a reshape that changes nothing is still a view, and
+    autograd's node for it costs host time in the backward."""
     check_float(where, "input", x)
     shape = check_normalized_shape(where, x, normalized_shape)
     for name, t in params.items():
         check_parameter(where, name, t, shape)
+    if len(shape) == 1:
+        return (x if x.dim() == 2 else x.reshape(-1, shape[0])), list(params.values())
     hidden = math.prod(shape)
     flat = [None if t is None else t.reshape(hidden) for t in params.values()]
     return x.reshape(-1, hidden), flat
+
+
+def _shaped(y: Tensor, x: Tensor) -> Tensor:
+    """An output of the rows of x in x's shape (y itself where it has that shape)."""
+    return y if y.shape == x.shape else y.view(x.shape)
 
 
 def rms_norm(x: Tensor, normalized_shape, weight: Tensor | None = None,
@@ -51,7 +60,7 @@ def rms_norm(x: Tensor, normalized_shape, weight: Tensor | None = None,
     rows, (w,) = _rows("fuser.torch.rms_norm", x, normalized_shape, {"weight": weight})
     eps = _default_eps(x, eps)
     y, _, _ = _ops.apply_rms_norm(rows, None, None, w, 1.0, eps, x.dtype, False)
-    return y.view(x.shape)
+    return _shaped(y, x)
 
 
 def hf_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -61,7 +70,7 @@ def hf_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     rows, (w,) = _rows(where, x, weight.shape[-1:], {"weight": weight})
     out = torch.promote_types(weight.dtype, x.dtype)
     y, _, _ = _ops.apply_rms_norm(rows, None, None, w, 1.0, float(eps), out, True)
-    return y.view(x.shape)
+    return _shaped(y, x)
 
 
 def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None,
@@ -71,7 +80,7 @@ def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None,
     rows, (w, b) = _rows("fuser.torch.layer_norm", x, normalized_shape,
                          {"weight": weight, "bias": bias})
     y, _, _, _ = _ops.apply_layer_norm(rows, None, None, w, b, 1.0, float(eps))
-    return y.view(x.shape)
+    return _shaped(y, x)
 
 
 def _dropout(where: str, rows: Tensor, p: float, training: bool) -> tuple[Tensor | None, float]:
@@ -87,14 +96,16 @@ def _dropout(where: str, rows: Tensor, p: float, training: bool) -> tuple[Tensor
     return mask, 1.0 / (1.0 - p)
 
 
-def _residual_rows(where: str, x: Tensor, residual: Tensor | None) -> Tensor | None:
+def _residual_rows(where: str, x: Tensor, rows: Tensor,
+                   residual: Tensor | None) -> Tensor | None:
+    """The residual as x's rows are (`rows`), after checking that it has x's shape."""
     if residual is None:
         return None
     check_float(where, "residual", residual)
     if residual.shape != x.shape:
         raise BadInputError(f"{where}: residual has shape {list(residual.shape)}; it must be "
                             f"the input's shape {list(x.shape)}")
-    return residual.reshape(-1, x.shape[-1])
+    return residual if residual.shape == rows.shape else residual.reshape(rows.shape)
 
 
 def dropout_add_rms_norm(x: Tensor, residual: Tensor | None, normalized_shape,
@@ -106,13 +117,13 @@ def dropout_add_rms_norm(x: Tensor, residual: Tensor | None, normalized_shape,
     and normalized before rounding; it is returned in the residual's dtype (x's without)."""
     where = "fuser.torch.dropout_add_rms_norm"
     rows, (w,) = _rows(where, x, normalized_shape, {"weight": weight})
-    res = _residual_rows(where, x, residual)
+    res = _residual_rows(where, x, rows, residual)
     mask, scale = _dropout(where, rows, p, training)
     if mask is None and res is None:
         return rms_norm(x, normalized_shape, weight, eps), x
     eps = _default_eps(x, eps)
     y, h, _ = _ops.apply_rms_norm(rows, mask, res, w, scale, eps, x.dtype, False)
-    return y.view(x.shape), h.view(x.shape)
+    return _shaped(y, x), _shaped(h, x)
 
 
 def dropout_add_layer_norm(x: Tensor, residual: Tensor | None, normalized_shape,
@@ -122,12 +133,12 @@ def dropout_add_layer_norm(x: Tensor, residual: Tensor | None, normalized_shape,
     """(layer_norm(h), h) where h = residual + dropout(x, p), as dropout_add_rms_norm."""
     where = "fuser.torch.dropout_add_layer_norm"
     rows, (w, b) = _rows(where, x, normalized_shape, {"weight": weight, "bias": bias})
-    res = _residual_rows(where, x, residual)
+    res = _residual_rows(where, x, rows, residual)
     mask, scale = _dropout(where, rows, p, training)
     if mask is None and res is None:
         return layer_norm(x, normalized_shape, weight, bias, eps), x
     y, h, _, _ = _ops.apply_layer_norm(rows, mask, res, w, b, scale, float(eps))
-    return y.view(x.shape), h.view(x.shape)
+    return _shaped(y, x), _shaped(h, x)
 
 
 def softmax(x: Tensor, dim: int | None, dtype: torch.dtype | None = None) -> Tensor:
@@ -143,5 +154,5 @@ def softmax(x: Tensor, dim: int | None, dtype: torch.dtype | None = None) -> Ten
     dim %= ndim
     if dim != ndim - 1:
         return softmax(x.movedim(dim, -1), -1).movedim(-1, dim).contiguous()
-    y = _softmax.apply_softmax(x.reshape(-1, x.shape[-1] if x.dim() else 1))
-    return y.view(x.shape)
+    y = _softmax.apply_softmax(x if x.dim() == 2 else x.reshape(-1, x.shape[-1] if x.dim() else 1))
+    return _shaped(y, x)
