@@ -11,9 +11,8 @@ the kernel's (bench json: host_us against time_us).
 synchronized (untimed) between bursts, medians: the plan key, the pointers, one output's
 allocation, the partial rows, the stream's lookup, the driver's current-context query (and
 its stream-capture query, for a kernel that counts on a counter), each kernel's launcher,
-and each kernel's bare cuLaunchKernel
-(cuLaunchCooperativeKernel for a row kernel finalizing its own columns) through ctypes with
-the launcher's parameters (the floor no Python change lowers).
+and each kernel's bare cuLaunchKernelEx through ctypes with the launcher's configuration and
+parameters (the floor no Python change lowers).
 
 --module rmsnorm|layernorm|softmax times what a model pays instead: fuser.torch's module
 against torch.nn's, a forward (x requiring grad) and a training step (the forward, then
@@ -228,16 +227,10 @@ def call_parts(fd, inputs: list, burst: int = 64, bursts: int = 60) -> dict[str,
         parts[f"launcher {launcher.name}"] = timed(
             lambda launcher=launcher, size=size, args=args: launcher(
                 size.grid, size.block, size.dynamic_smem, stream, args))
-        if launcher.cooperative:
-            parts[f"cuLaunchCooperativeKernel {launcher.name}"] = timed(
-                lambda launcher=launcher, size=size: gpu.launch_cooperative(
-                    launcher._function, size.grid, 1, 1, size.block[0], size.block[1], 1,
-                    size.dynamic_smem, stream, launcher._params))
-        else:
-            parts[f"cuLaunchKernel {launcher.name}"] = timed(
-                lambda launcher=launcher, size=size: gpu.launch(
-                    launcher._function, size.grid, 1, 1, size.block[0], size.block[1], 1,
-                    size.dynamic_smem, stream, launcher._params, None))
+        _, address = launcher._configs[(size.grid, size.block, size.dynamic_smem)]
+        parts[f"cuLaunchKernelEx {launcher.name}"] = timed(
+            lambda launcher=launcher, address=address: gpu.launch_ex(
+                address, launcher._function, launcher._params, None))
     del held
     return parts
 

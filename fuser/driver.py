@@ -29,6 +29,7 @@ from fuser.errors import ToolchainError
 CUDA_SUCCESS = 0
 CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701
 CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE = 720
+CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
 # CUfunction_attribute
@@ -41,10 +42,10 @@ FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
 
 class LaunchAttributeValue(ctypes.Union):
     """CUlaunchAttributeValue: a 64-byte union (8-byte aligned: some members hold pointers);
-    only the programmatic-serialization flag is set here."""
+    only the int flags are set here (cooperative, programmatic serialization: the same int at
+    offset 0)."""
 
-    _fields_ = [("pad", ctypes.c_char * 64), ("programmatic_serialization", ctypes.c_int),
-                ("align", ctypes.c_uint64)]
+    _fields_ = [("pad", ctypes.c_char * 64), ("flag", ctypes.c_int), ("align", ctypes.c_uint64)]
 
 
 class LaunchAttribute(ctypes.Structure):
@@ -87,10 +88,7 @@ _SIGNATURES = {
     "cuStreamIsCapturing": [_ptr, _out_int],
     "cuMemAlloc_v2": [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t],
     "cuMemsetD8_v2": [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t],
-    "cuLaunchKernel": [_ptr, _uint, _uint, _uint, _uint, _uint, _uint, _uint, _ptr, _ptr, _ptr],
     "cuLaunchKernelEx": [ctypes.POINTER(LaunchConfig), _ptr, _ptr, _ptr],
-    "cuLaunchCooperativeKernel": [_ptr, _uint, _uint, _uint, _uint, _uint, _uint, _uint, _ptr,
-                                  _ptr],
     "cuGetErrorName": [_int, ctypes.POINTER(ctypes.c_char_p)],
 }
 
@@ -121,10 +119,8 @@ class Driver:
             function = getattr(library, name)
             function.argtypes, function.restype = argtypes, ctypes.c_int
             self._calls[name] = function
-        # the three a launch calls, looked up once
-        self.launch = self._calls["cuLaunchKernel"]
+        # what every launch calls, looked up once
         self.launch_ex = self._calls["cuLaunchKernelEx"]
-        self.launch_cooperative = self._calls["cuLaunchCooperativeKernel"]
         self._contexts: dict[int, int] = {}
         self._lock = threading.Lock()
         self._check(self._calls["cuInit"](0), "cuInit", "initializing the CUDA driver")

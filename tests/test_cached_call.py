@@ -68,17 +68,12 @@ class RecordingDriver:
     def max_active_clusters(self, fn, config):
         return 0, 16
 
-    def launch(self, function, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
-        self.launches.append((function, params))
-        return 0
-
     def launch_ex(self, config, function, params, extra):
-        self.launches.append((function, params))
-        return 0
-
-    def launch_cooperative(self, function, gx, gy, gz, bx, by, bz, smem, stream, params):
-        self.cooperative.append(function)
-        self.launches.append((function, params))
+        c = config._obj
+        if any(c.attrs[i].id == launch.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+               for i in range(c.numAttrs)):
+            self.cooperative.append(function.value)
+        self.launches.append((function.value, params.value))
         return 0
 
     def stream_capturing(self, stream):

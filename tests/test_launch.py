@@ -47,6 +47,7 @@ def test_driver_constants_match_cuda_bindings():
     ids = driver.CUlaunchAttributeID
     assert (int(ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
             == ours.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+    assert int(ids.CU_LAUNCH_ATTRIBUTE_COOPERATIVE) == ours.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
     assert (int(driver.CUresult.CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)
             == ours.CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)
     assert (int(driver.CUresult.CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE)
@@ -84,29 +85,23 @@ def test_driver_constants_match_cuda_bindings():
 
 
 class FakeDriver:
-    """Records launches; answers each with `status`."""
+    """Records launches (cuLaunchKernelEx, every launch's call): the function, grid, block,
+    shared memory, stream, the attributes set as (id, flag) and the first two parameters' values;
+    answers each with `status`."""
 
     def __init__(self, status: int = 0):
         self.status = status
         self.calls: list[tuple] = []
 
-    def launch(self, function, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
-        values = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
-        first = ctypes.cast(values[0], ctypes.POINTER(POINTER)).contents.value
-        second = ctypes.cast(values[1], ctypes.POINTER(ctypes.c_float)).contents.value
-        self.calls.append((function, (gx, gy, gz), (bx, by, bz), smem, stream, first, second))
-        return self.status
-
-    def launch_cooperative(self, function, gx, gy, gz, bx, by, bz, smem, stream, params):
-        self.launch(function, gx, gy, gz, bx, by, bz, smem, stream, params, None)
-        self.calls[-1] = ("cooperative", *self.calls[-1])
-        return self.status
-
     def launch_ex(self, config, function, params, extra):
         c = config._obj
-        attribute = c.attrs.contents
-        self.calls.append((function, c.gridDimX, (c.blockDimX, c.blockDimY), c.sharedMemBytes,
-                           c.hStream, attribute.id, attribute.value.programmatic_serialization))
+        attributes = tuple((c.attrs[i].id, c.attrs[i].value.flag) for i in range(c.numAttrs))
+        values = ctypes.cast(params.value, ctypes.POINTER(ctypes.c_void_p))
+        first = ctypes.cast(values[0], ctypes.POINTER(POINTER)).contents.value
+        second = ctypes.cast(values[1], ctypes.POINTER(ctypes.c_float)).contents.value
+        self.calls.append((function.value, (c.gridDimX, c.gridDimY, c.gridDimZ),
+                           (c.blockDimX, c.blockDimY, c.blockDimZ), c.sharedMemBytes,
+                           c.hStream, attributes, first, second))
         return self.status
 
     def error_name(self, status: int) -> str:
@@ -115,6 +110,9 @@ class FakeDriver:
 
 
 def test_a_launch_hands_the_driver_the_parameter_values(monkeypatch):
+    """Each launch carries its own shape, stream and values, and the entry's attributes: none,
+    programmatic serialization, or cooperative; a shape's configuration is built once and
+    only its stream changes from call to call."""
     from fuser import launch
 
     fake = FakeDriver()
@@ -122,16 +120,20 @@ def test_a_launch_hands_the_driver_the_parameter_values(monkeypatch):
     entry = launch.EntryLauncher("k", 1234, [POINTER, ctypes.c_float], registers=32)
     entry(132, (256, 2), 4096, 77, [0xDEAD0000, 1.5])
     entry(66, (128, 1), 0, 0, [0xBEEF0000, -2.0])
-    assert fake.calls == [(1234, (132, 1, 1), (256, 2, 1), 4096, 77, 0xDEAD0000, 1.5),
-                          (1234, (66, 1, 1), (128, 1, 1), 0, 0, 0xBEEF0000, -2.0)]
+    entry(132, (256, 2), 4096, 78, [0xDEAD1000, 0.5])
+    assert fake.calls == [(1234, (132, 1, 1), (256, 2, 1), 4096, 77, (), 0xDEAD0000, 1.5),
+                          (1234, (66, 1, 1), (128, 1, 1), 0, None, (), 0xBEEF0000, -2.0),
+                          (1234, (132, 1, 1), (256, 2, 1), 4096, 78, (), 0xDEAD1000, 0.5)]
+    assert len(entry._configs) == 2
     programmatic = launch.EntryLauncher("f", 99, [POINTER, ctypes.c_float], 32, programmatic=True)
     programmatic(8, (32, 4), 128, 5, [1, 0.0])
-    assert fake.calls[-1] == (99, 8, (32, 4), 128, 5,
-                              launch.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, 1)
+    assert fake.calls[-1] == (99, (8, 1, 1), (32, 4, 1), 128, 5,
+                              ((launch.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, 1),),
+                              1, 0.0)
     cooperative = launch.EntryLauncher("r", 7, [POINTER, ctypes.c_float], 32, cooperative=True)
     cooperative(528, (64, 4), 24704, 9, [0xCAFE0000, 2.5])
-    assert fake.calls[-1] == ("cooperative", 7, (528, 1, 1), (64, 4, 1), 24704, 9, 0xCAFE0000,
-                              2.5)
+    assert fake.calls[-1] == (7, (528, 1, 1), (64, 4, 1), 24704, 9,
+                              ((launch.CU_LAUNCH_ATTRIBUTE_COOPERATIVE, 1),), 0xCAFE0000, 2.5)
 
 
 def test_parameters_of_mixed_sizes_each_sit_at_their_own_alignment(monkeypatch):
@@ -145,8 +147,8 @@ def test_parameters_of_mixed_sizes_each_sit_at_their_own_alignment(monkeypatch):
     seen: list[list] = []
 
     class Reader(FakeDriver):
-        def launch(self, function, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
-            addresses = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+        def launch_ex(self, config, function, params, extra):
+            addresses = ctypes.cast(params.value, ctypes.POINTER(ctypes.c_void_p))
             assert all(addresses[i] % ctypes.sizeof(t) == 0 for i, t in enumerate(types))
             seen.append([ctypes.cast(addresses[i], ctypes.POINTER(t)).contents.value
                          for i, t in enumerate(types)])
