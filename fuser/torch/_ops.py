@@ -143,9 +143,9 @@ def _new_residual_grad(dh: Tensor | None, x: Tensor, mask: Tensor | None,
 
 def _rms_norm(x: Tensor, mask: Tensor | None, residual: Tensor | None, weight: Tensor | None,
              scale: float, eps: float, out_dtype: torch.dtype,
-             hf: bool) -> tuple[Tensor, Tensor, Tensor]:
+             hf: bool) -> tuple[Tensor, Tensor | None, Tensor]:
     """(y, h, rstd) of RMSNorm over the last dimension of h = residual + mask * x * scale;
-    h is empty where there is neither a mask nor a residual (h would be x)."""
+    h is None where there is neither a mask nor a residual (h would be x)."""
     fd, layout = _forward_plan(True, x.dtype, out_dtype, mask is not None, _dtype(residual),
                                _dtype(weight), None, hf)
     inputs = [*_sum_inputs(x, mask, scale, residual), *([weight] if weight is not None else []),
@@ -170,8 +170,8 @@ def _(x, mask, residual, weight, scale, eps, out_dtype, hf):
 
 def _rms_norm_backward(dy: Tensor, dh: Tensor | None, x: Tensor, mask: Tensor | None,
                       residual: Tensor | None, rstd: Tensor, weight: Tensor | None,
-                      scale: float, affine_grads: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """(grad_x, grad_residual, grad_weight), the absent ones empty; dh is the new residual's
+                      scale: float, affine_grads: bool) -> tuple:
+    """(grad_x, grad_residual, grad_weight), the absent ones None; dh is the new residual's
     gradient, given where the forward had a mask or a residual."""
     fd, layout = _backward_plan(affine_grads, True, x.dtype, dy.dtype, mask is not None,
                                 _dtype(residual), _dtype(weight), None)
@@ -227,7 +227,7 @@ apply_rms_norm = dispatcher(rms_norm, _rms_norm, _rms_setup, _rms_grads)
 
 def _layer_norm(x: Tensor, mask: Tensor | None, residual: Tensor | None, weight: Tensor | None,
                bias: Tensor | None, scale: float,
-               eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+               eps: float) -> tuple:
     """(y, h, mean, rstd) of LayerNorm over the last dimension of h, as rms_norm; y in x's
     dtype."""
     fd, layout = _forward_plan(False, x.dtype, x.dtype, mask is not None, _dtype(residual),
@@ -255,7 +255,7 @@ def _(x, mask, residual, weight, bias, scale, eps):
 def _layer_norm_backward(dy: Tensor, dh: Tensor | None, x: Tensor, mask: Tensor | None,
                         residual: Tensor | None, mean: Tensor, rstd: Tensor,
                         weight: Tensor | None, bias_dtype: torch.dtype | None, scale: float,
-                        affine_grads: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                        affine_grads: bool) -> tuple:
     """(grad_x, grad_residual, grad_weight, grad_bias), as rms_norm_backward."""
     fd, layout = _backward_plan(affine_grads, False, x.dtype, dy.dtype, mask is not None,
                                 _dtype(residual), _dtype(weight), bias_dtype)
