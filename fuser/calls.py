@@ -227,9 +227,9 @@ def run(plan: Plan, inputs: list, pointers: list) -> list:
     through CuPy, which allocates on the runtime's current device). Another context of the
     same device is refused: the caller's stream would be that context's.
 
-    A thread with no context current whose device is 0 gets device 0's primary context bound
-    and left bound: the CUDA runtime binds that context at the thread's next call that needs
-    one (its device is 0 until cudaSetDevice, which binds a context), so nothing else changes.
+    A thread with no context current whose runtime device is 0 (as the array library reports
+    it) gets device 0's primary context bound and left bound: the CUDA runtime binds that
+    context at the thread's next call that needs one, so nothing else changes.
     autograd's device thread for device 0 is such a thread (torch skips cudaSetDevice where
     the device is 0 already), and every backward of fuser.torch runs there: bound for each
     call and unbound after it, each call paid two context switches, and the runtime bound it
@@ -238,7 +238,7 @@ def run(plan: Plan, inputs: list, pointers: list) -> list:
     current = gpu.current_context()
     if current == plan.context:
         return _enqueue(plan, inputs, pointers)
-    if not current and plan.device_id == 0:
+    if not current and plan.device_id == 0 and _runtime_device(plan.torch_kind) == 0:
         gpu.bind_primary(0)
         return _enqueue(plan, inputs, pointers)
     if current and gpu.current_device() == plan.device_id:
@@ -253,6 +253,13 @@ def run(plan: Plan, inputs: list, pointers: list) -> list:
             stack.enter_context(cupy_module().cuda.Device(plan.device_id))
         stack.enter_context(gpu.on_device(plan.device_id))
         return _enqueue(plan, inputs, pointers)
+
+
+def _runtime_device(torch_kind: bool) -> int:
+    """The CUDA runtime's current device of this thread, as torch or CuPy reads it."""
+    if torch_kind:
+        return torch_module().cuda.current_device()
+    return cupy_module().cuda.runtime.getDevice()
 
 
 def _enqueue(plan: Plan, inputs: list, pointers: list) -> list:

@@ -136,6 +136,22 @@ def test_a_launch_hands_the_driver_the_parameter_values(monkeypatch):
                               ((launch.CU_LAUNCH_ATTRIBUTE_COOPERATIVE, 1),), 0xCAFE0000, 2.5)
 
 
+def test_launch_configurations_stay_bounded_as_grids_change(monkeypatch):
+    """A kernel whose grid follows the row count meets a new shape with every row count: past
+    MAX_CONFIGS the kept configurations are dropped, and each launch still carries its own
+    grid."""
+    from fuser import launch
+
+    fake = FakeDriver()
+    monkeypatch.setattr(launch, "driver", lambda: fake)
+    entry = launch.EntryLauncher("k", 1, [POINTER, ctypes.c_float], registers=32)
+    grids = range(1, 3 * launch.MAX_CONFIGS)
+    for grid in grids:
+        entry(grid, (128, 1), 0, 5, [grid, 0.0])
+        assert len(entry._configs) <= launch.MAX_CONFIGS
+    assert [(c[1][0], c[6]) for c in fake.calls] == [(g, g) for g in grids]
+
+
 def test_parameters_of_mixed_sizes_each_sit_at_their_own_alignment(monkeypatch):
     """The packed parameter buffer lays out an int, a pointer, a bool, a double, a long long
     and a float as C would: each address the driver reads is a multiple of its type's size

@@ -229,14 +229,18 @@ def _reference_block(x, residual, mask, p, norm):
     return norm(h), h
 
 
+@pytest.mark.parametrize("normalized", [(16,), (2, 8)], ids=["last", "last-two"])
 @pytest.mark.parametrize("with_residual", [True, False])
 @pytest.mark.parametrize("kind", ["rms", "layer"])
-def test_dropout_add_norm_matches_torch_with_the_same_mask(oracle, kind, with_residual):
-    p, shape = 0.25, (2, 3, 16)
-    ours = (ft.DropoutAddRMSNorm(16, p=p, dtype=F64) if kind == "rms"
-            else ft.DropoutAddLayerNorm(16, p=p, dtype=F64))
-    theirs = (torch.nn.RMSNorm(16, dtype=F64) if kind == "rms"
-              else torch.nn.LayerNorm(16, dtype=F64))
+def test_dropout_add_norm_matches_torch_with_the_same_mask(oracle, kind, with_residual,
+                                                           normalized):
+    """Also over the last two dimensions, where the rows are [6, 16] of a [2, 3, 2, 8] input
+    and the residual must be flattened as x is (not along x's last dimension alone)."""
+    p, shape = 0.25, (2, 3, *((16,) if normalized == (16,) else (2, 8)))
+    ours = (ft.DropoutAddRMSNorm(normalized, p=p, dtype=F64) if kind == "rms"
+            else ft.DropoutAddLayerNorm(normalized, p=p, dtype=F64))
+    theirs = (torch.nn.RMSNorm(normalized, dtype=F64) if kind == "rms"
+              else torch.nn.LayerNorm(normalized, dtype=F64))
     for t in ours.parameters():
         t.data.uniform_(0.5, 1.5)
     theirs.load_state_dict(ours.state_dict())

@@ -15,7 +15,9 @@ mode (_eager.py says why).
 The implementations are what every eager call runs, so they look up the fusion and the
 outputs' layout once per combination of dtypes (a cache keyed on torch's dtypes, cheaper to
 hash than a NormSpec) and leave an absent output None: the ops, whose schema returns tensors,
-fill those with empty ones (_filled).
+fill those with empty ones (_filled). So apply_rms_norm and apply_layer_norm give None for h
+(and the backward for an absent gradient) in eager mode and an empty tensor through the op;
+their callers read h only where there is a mask or a residual.
 """
 
 from __future__ import annotations
