@@ -84,9 +84,8 @@ class RecordingDriver:
         return self.zeroed[-1]
 
 
-@pytest.fixture
-def gpu(monkeypatch):
-    fake = RecordingDriver()
+def _installed(monkeypatch, fake: RecordingDriver) -> RecordingDriver:
+    """`fake` as every module's driver, an H200's spec, CPU tensors passing the checks."""
     for module in (executor, loader, calls, launch, tickets):
         monkeypatch.setattr(module, "driver", lambda: fake)
     monkeypatch.setattr(tickets, "_devices", {})
@@ -95,6 +94,11 @@ def gpu(monkeypatch):
                         lambda i, t, x, torch_kind: (tuple(x.shape), x.data_ptr(), 0))
     monkeypatch.setattr(calls, "_stream", lambda torch_kind, device_id: 0x77)
     return fake
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    return _installed(monkeypatch, RecordingDriver())
 
 
 def _parameters(fd, fake: RecordingDriver) -> list[tuple[str, dict]]:
@@ -202,14 +206,7 @@ def test_a_thread_without_a_context_keeps_device_0s_primary_context_bound(monkey
     path, with no switch (binding it for each call and unbinding after made every torch op
     that followed bind it again). A thread whose runtime device is another (a library left it
     without a context after cudaSetDevice) gets the context for the call only, each call."""
-    fake = ThreadWithoutContext()
-    for module in (executor, loader, calls, launch, tickets):
-        monkeypatch.setattr(module, "driver", lambda: fake)
-    monkeypatch.setattr(tickets, "_devices", {})
-    monkeypatch.setattr(DeviceSpec, "from_gpu", staticmethod(lambda d: DeviceSpec.get("h200")))
-    monkeypatch.setattr(executor, "_check_tensor",
-                        lambda i, t, x, torch_kind: (tuple(x.shape), x.data_ptr(), 0))
-    monkeypatch.setattr(calls, "_stream", lambda torch_kind, device_id: 0x77)
+    fake = _installed(monkeypatch, ThreadWithoutContext())
     monkeypatch.setattr(calls, "_runtime_device", lambda torch_kind: runtime_device)
     fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
     inputs = _torch_inputs("rmsnorm_bwd", 16, 1024, 0)
