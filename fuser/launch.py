@@ -96,8 +96,9 @@ class EntryLauncher:
             self._raise(err, grid, block, shared_mem)
 
     def _config(self, grid: int, block: tuple[int, int], shared_mem: int) -> tuple:
-        """The launch configuration of one shape, with this entry's attributes, built once
-        (called under the lock; the config keeps its attributes alive)."""
+        """The launch configuration of one shape, with this entry's attributes, kept for the
+        next launch of that shape (MAX_CONFIGS at most; called under the lock; the config
+        keeps its attributes alive)."""
         ids = ([CU_LAUNCH_ATTRIBUTE_COOPERATIVE] * self.cooperative
                + [CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION] * self._programmatic)
         attributes = (LaunchAttribute * max(len(ids), 1))()

@@ -250,7 +250,7 @@ layer_norm = torch.library.custom_op("fuser::layer_norm", _layer_norm_op, mutate
 
 @layer_norm.register_fake
 def _(x, mask, residual, weight, bias, scale, eps):
-    spec = _spec(False, x, x.dtype, mask, residual, weight, None if bias is None else bias.dtype)
+    spec = _spec(False, x, x.dtype, mask, residual, weight, _dtype(bias))
     return _filled(x, _allocate(_forward_layout(spec), x, x.new_empty))
 
 

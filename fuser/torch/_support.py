@@ -11,7 +11,6 @@ from fuser.errors import BadInputError, UnsupportedFusionError
 
 TORCH_DTYPES = {DataType.BFloat16: torch.bfloat16, DataType.Half: torch.float16,
                 DataType.Float: torch.float32, DataType.Double: torch.float64}
-FLOAT_DTYPES = tuple(TORCH_DTYPES.values())
 _ALLOWED = "torch.bfloat16, torch.float16, torch.float32, torch.float64"
 
 

@@ -32,24 +32,21 @@ def _default_eps(x: Tensor, eps: float | None) -> float:
     return _EPS.get(x.dtype, _FLOAT_EPS) if eps is None else float(eps)
 
 
+def _reshaped(t: Tensor, shape) -> Tensor:
+    """t in `shape`: t itself where it has that shape already (a reshape that changes nothing
+    is still a view, and autograd's node for it costs host time in the backward)."""
+    return t if t.shape == shape else t.reshape(shape)
+
+
 def _rows(where: str, x: Tensor, normalized_shape, params: dict) -> tuple[Tensor, list]:
-    """x as [rows, hidden] and each parameter as [hidden], after the checks. Tensors of those
-    shapes already pass as they are: a reshape that changes nothing is still a view, and
-    autograd's node for it costs host time in the backward."""
+    """x as [rows, hidden] and each parameter as [hidden], after the checks."""
     check_float(where, "input", x)
     shape = check_normalized_shape(where, x, normalized_shape)
     for name, t in params.items():
         check_parameter(where, name, t, shape)
-    if len(shape) == 1:
-        return (x if x.dim() == 2 else x.reshape(-1, shape[0])), list(params.values())
     hidden = math.prod(shape)
-    flat = [None if t is None else t.reshape(hidden) for t in params.values()]
-    return x.reshape(-1, hidden), flat
-
-
-def _shaped(y: Tensor, x: Tensor) -> Tensor:
-    """An output of the rows of x in x's shape (y itself where it has that shape)."""
-    return y if y.shape == x.shape else y.view(x.shape)
+    rows = x if x.dim() == 2 and len(shape) == 1 else x.reshape(-1, hidden)
+    return rows, [None if t is None else _reshaped(t, (hidden,)) for t in params.values()]
 
 
 def rms_norm(x: Tensor, normalized_shape, weight: Tensor | None = None,
@@ -60,7 +57,7 @@ def rms_norm(x: Tensor, normalized_shape, weight: Tensor | None = None,
     rows, (w,) = _rows("fuser.torch.rms_norm", x, normalized_shape, {"weight": weight})
     eps = _default_eps(x, eps)
     y, _, _ = _ops.apply_rms_norm(rows, None, None, w, 1.0, eps, x.dtype, False)
-    return _shaped(y, x)
+    return _reshaped(y, x.shape)
 
 
 def hf_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -70,7 +67,7 @@ def hf_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     rows, (w,) = _rows(where, x, weight.shape[-1:], {"weight": weight})
     out = torch.promote_types(weight.dtype, x.dtype)
     y, _, _ = _ops.apply_rms_norm(rows, None, None, w, 1.0, float(eps), out, True)
-    return _shaped(y, x)
+    return _reshaped(y, x.shape)
 
 
 def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None,
@@ -80,7 +77,7 @@ def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None,
     rows, (w, b) = _rows("fuser.torch.layer_norm", x, normalized_shape,
                          {"weight": weight, "bias": bias})
     y, _, _, _ = _ops.apply_layer_norm(rows, None, None, w, b, 1.0, float(eps))
-    return _shaped(y, x)
+    return _reshaped(y, x.shape)
 
 
 def _dropout(where: str, rows: Tensor, p: float, training: bool) -> tuple[Tensor | None, float]:
@@ -105,7 +102,7 @@ def _residual_rows(where: str, x: Tensor, rows: Tensor,
     if residual.shape != x.shape:
         raise BadInputError(f"{where}: residual has shape {list(residual.shape)}; it must be "
                             f"the input's shape {list(x.shape)}")
-    return residual if residual.shape == rows.shape else residual.reshape(rows.shape)
+    return _reshaped(residual, rows.shape)
 
 
 def dropout_add_rms_norm(x: Tensor, residual: Tensor | None, normalized_shape,
@@ -123,7 +120,7 @@ def dropout_add_rms_norm(x: Tensor, residual: Tensor | None, normalized_shape,
         return rms_norm(x, normalized_shape, weight, eps), x
     eps = _default_eps(x, eps)
     y, h, _ = _ops.apply_rms_norm(rows, mask, res, w, scale, eps, x.dtype, False)
-    return _shaped(y, x), _shaped(h, x)
+    return _reshaped(y, x.shape), _reshaped(h, x.shape)
 
 
 def dropout_add_layer_norm(x: Tensor, residual: Tensor | None, normalized_shape,
@@ -138,7 +135,7 @@ def dropout_add_layer_norm(x: Tensor, residual: Tensor | None, normalized_shape,
     if mask is None and res is None:
         return layer_norm(x, normalized_shape, weight, bias, eps), x
     y, h, _, _ = _ops.apply_layer_norm(rows, mask, res, w, b, scale, float(eps))
-    return _shaped(y, x), _shaped(h, x)
+    return _reshaped(y, x.shape), _reshaped(h, x.shape)
 
 
 def softmax(x: Tensor, dim: int | None, dtype: torch.dtype | None = None) -> Tensor:
@@ -155,4 +152,4 @@ def softmax(x: Tensor, dim: int | None, dtype: torch.dtype | None = None) -> Ten
     if dim != ndim - 1:
         return softmax(x.movedim(dim, -1), -1).movedim(-1, dim).contiguous()
     y = _softmax.apply_softmax(x if x.dim() == 2 else x.reshape(-1, x.shape[-1] if x.dim() else 1))
-    return _shaped(y, x)
+    return _reshaped(y, x.shape)
