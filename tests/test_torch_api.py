@@ -219,6 +219,25 @@ def test_a_frozen_weight_gets_no_column_sum(monkeypatch):
     assert [len(fd.fusion.outputs) for fd in ran] == [2, 1]  # (y, rstd), (grad_x)
 
 
+@pytest.mark.parametrize("module", [ft.RMSNorm, ft.LayerNorm])
+def test_autograd_records_a_call_only_where_a_gradient_is_wanted(oracle, module):
+    """The eager path runs its implementation bare where autograd would record nothing, and
+    through its autograd.Function where any argument wants a gradient: the weight alone (an
+    input that does not) counts, and so does x alone (a frozen weight)."""
+    x = torch.randn(4, 8, dtype=F64)
+    norm = module(8, dtype=F64)
+    expected = norm(x.clone().requires_grad_())
+    with torch.no_grad():
+        inference = norm(x.clone().requires_grad_())
+    assert inference.grad_fn is None and torch.equal(inference, expected.detach())
+    assert norm(x).grad_fn is not None  # only the weight wants one
+    norm.requires_grad_(False)
+    assert norm(x).grad_fn is None
+    assert norm(x.clone().requires_grad_()).grad_fn is not None
+    assert ft.softmax(x.clone().requires_grad_(), -1).grad_fn is not None
+    assert ft.softmax(x, -1).grad_fn is None
+
+
 # ----- dropout + residual add + norm -----
 
 

@@ -22,10 +22,11 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 def dispatcher(op, impl: Callable, setup: Callable, grads: Callable) -> Callable:
     """A function of the op's arguments: the custom op `op` where anything but autograd must
     see it (torch.compile, vmap, tracers: _plain), or the first argument is not a plain
-    tensor with data (fake, meta, a tensor subclass), else
-    `impl` (the op's implementation) under an autograd.Function whose context `setup` fills and
-    whose backward is `grads`, the op's own setup_context and autograd formula. `grads` finds
-    `ctx.eager` set, so it may call the backward's implementation directly (eager_backward)."""
+    tensor with data (fake, meta, a tensor subclass); else `impl` (the op's implementation),
+    bare where autograd records nothing (_differentiated), or under an autograd.Function
+    whose context `setup` fills and whose backward is `grads`, the op's own setup_context
+    and autograd formula. `grads` finds `ctx.eager` set, so it may call the backward's
+    implementation directly (eager_backward)."""
 
     def forward(ctx, *args):
         out = impl(*args)
@@ -42,10 +43,22 @@ def dispatcher(op, impl: Callable, setup: Callable, grads: Callable) -> Callable
 
     def call(x, *args: Any):
         if _plain(x):
-            return eager.apply(x, *args)
+            if _differentiated(x, args):
+                return eager.apply(x, *args)
+            return impl(x, *args)
         return op(x, *args)
 
     return call
+
+
+def _differentiated(x, args: tuple) -> bool:
+    """Whether autograd records the call: grad mode on and a tensor argument that requires
+    a gradient. Where it does not (inference, torch.no_grad, frozen weights on a detached
+    input) the implementation runs bare: autograd.Function.apply costs several microseconds
+    of host time a call even where it records nothing."""
+    if not torch.is_grad_enabled():
+        return False
+    return x.requires_grad or any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
 
 def _plain(x) -> bool:
