@@ -278,10 +278,10 @@ def test_backward_matches_reference(name, hidden, rows, dtype, rng):
 @pytest.mark.parametrize("rows", [7, 1000, 4099])
 @pytest.mark.parametrize(("name", "hidden"), [
     ("rmsnorm_bwd", 2048), ("rmsnorm_bwd", 4096), ("rmsnorm_bwd", 10240),
-    ("rmsnorm_bwd", 16384), ("dropout_rmsnorm_bwd", 1024)])
+    ("rmsnorm_bwd", 12288), ("dropout_rmsnorm_bwd", 1024)])
 def test_three_stage_defaults_match_reference(name, hidden, rows, dtype, rng):
     """Rows three stages deep (inner_outer_persistent._three_stages), packed four to a block
-    (2048, 4096, 1024) or one (10240, 16384): a block's first two row groups start loading
+    (2048, 4096, 1024) or one (10240, 12288): a block's first two row groups start loading
     before its loop, so blocks with no row, one, two and many, and copies of rows past the
     last, all run here. (At one row the heuristic, which sees the row count, picks blocks
     of one stage.)"""
@@ -306,6 +306,27 @@ def test_rows_split_before_one_block_match_reference(name, hidden, dtype, stages
     fd = run_and_validate(name, dtype, hidden, rows, rng)
     s = fd.last_schedule()
     assert (s.cluster, s.stages) == (2, stages), s.reason
+
+
+PACKED_FIRST = [("rmsnorm_bwd", 16384, DataType.BFloat16, 2, 1),
+                ("rmsnorm_bwd", 32768, DataType.Half, 4, 1),
+                ("layernorm_bwd", 16384, DataType.Half, 4, 2),
+                ("layernorm_bwd", 20480, DataType.BFloat16, 4, 2),
+                ("layernorm_bwd", 32768, DataType.BFloat16, 8, 2)]
+
+
+@pytest.mark.parametrize("rows", [7, 1000, 4099])
+@pytest.mark.parametrize(("name", "hidden", "dtype", "cluster", "stages"), PACKED_FIRST,
+                         ids=[f"{n}-{h}-{d.name}" for n, h, d, _, _ in PACKED_FIRST])
+def test_packed_rows_over_a_cluster_first_match_reference(name, hidden, dtype, cluster, stages,
+                                                          rows, rng):
+    """Rows packed four to a block of 64 threads a row, each block a part of the rows of a
+    cluster (inner_outer_persistent._packed_first), 8 to 20 vectors a thread in one or two
+    stages; 7 rows leave most clusters without one, 4099 a last block of three rows."""
+    fd = run_and_validate(name, dtype, hidden, rows, rng)
+    s = fd.last_schedule()
+    assert (s.cluster, s.threads_per_row, s.rows_per_block, s.stages) == (
+        cluster, 64, 4, stages), s.reason
 
 
 @pytest.mark.parametrize("name", ["rmsnorm_fwd", "dropout_rmsnorm_bwd", "layernorm_bwd"])

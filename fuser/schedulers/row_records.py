@@ -89,6 +89,9 @@ class RowPolicy:
     # names why, given the fusion, one block's first schedule and two blocks' (None: never;
     # RowSearch._split_first)
     split_first: Callable[[RowFusion, RowSchedule, RowSchedule], str | None] | None = None
+    # The first schedule of packed rows over a cluster before every other where this names
+    # why, given the fusion and that schedule (None: never; RowSearch._packed_first)
+    packed_first: Callable[[RowFusion, RowSchedule], str | None] | None = None
 
     def stages_first(self, passes: int) -> bool:
         """Whether a fusion of this many passes over each row stages its rows in shared

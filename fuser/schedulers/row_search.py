@@ -12,8 +12,9 @@ is followed by itself at 512 where rows are staged first (_halved). Before all o
 where the policy says so, rows too long to be short try one stage in shared memory dealt a
 block per row group, several blocks to an SM (row_dealt.py); and where the policy says why
 (RowPolicy.split_first), the first schedule of a cluster of two goes before one block's
-(_split_first). The first schedule is the heuristic's; kernels.build() moves on to the next
-only when ptxas spills.
+(_split_first), and where it names why (RowPolicy.packed_first), the first schedule of
+packed rows over a cluster goes before all of them (_packed_first). The first schedule is
+the heuristic's; kernels.build() moves on to the next only when ptxas spills.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ class _Step:
     # Only the step's first schedule (RowSearch._split_first: a cluster of two's, before one
     # block's; the step's others keep their place after one block's)
     first_only: bool = False
+    # A step of this schedule alone, found ahead of the search (RowSearch._packed_first)
+    schedule: RowSchedule | None = None
 
 
 class RowSearch:
@@ -94,7 +97,7 @@ class RowSearch:
         self._check_skewed()
         seen: set[RowSchedule] = set()
         for step in self._steps():
-            schedules = self._by_copy_mode(step)
+            schedules = [step.schedule] if step.schedule else self._by_copy_mode(step)
             for s in itertools.islice(schedules, 1) if step.first_only else schedules:
                 decisions = replace(s, reason="")  # plain blocks may repeat a packed step's
                 if decisions not in seen:
@@ -121,7 +124,7 @@ class RowSearch:
                      for policy in policies for k in sizes]
             steps.append(_Step(sizes[-1], Reach.OFF_CHIP,
                                f"{sizes[-1]} block(s) cannot keep the row on chip", plain))
-            steps = self._dealt_steps(plain) + self._split_first(steps)
+            steps = self._dealt_steps(plain) + self._packed_first(self._split_first(steps))
         return self._skewed_first(steps)
 
     def _split_first(self, steps: list[_Step]) -> list[_Step]:
@@ -148,6 +151,30 @@ class RowSearch:
         if why is None:
             return steps
         return [replace(two, why=why, first_only=True), *steps]
+
+    def _packed_first(self, steps: list[_Step]) -> list[_Step]:
+        """`steps`, with a schedule of packed rows over a cluster before all of them: over
+        the smallest cluster, the first of its step's packed schedules that the policy names
+        a reason for (RowPolicy.packed_first). The step keeps its place too, so a schedule
+        that spills falls back on the order without the rule. Not under hints that shape
+        the block, as _split_first. The probes' rejections are dropped: the search meets
+        them again."""
+        rule, rows = self.policy.packed_first, self.policy.packed
+        if rule is None or rows is None or set(self.hints.given()) - set(MOOT_HINTS):
+            return steps
+        for step in steps:
+            if step.policy.packed is None or step.cluster == 1 or step.reach is not Reach.ON_CHIP:
+                continue
+            kept = len(self.rejections)
+            found = next(((s, why) for s in self._by_copy_mode(step)
+                          if s.threads_per_row == rows.threads_per_row
+                          and (why := rule(self.fusion, s)) is not None), None)
+            del self.rejections[kept:]
+            if found is not None:
+                schedule, why = found
+                return [replace(step, why=why, schedule=replace(schedule, reason=(
+                    f"{schedule.reason}; first: {why}"))), *steps]
+        return steps
 
     def _dealt_steps(self, plain: RowPolicy) -> list[_Step]:
         """A step per row_dealt.dealt_shapes: one stage of rows in shared memory at its
