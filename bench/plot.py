@@ -76,14 +76,14 @@ def _save(fig, path) -> Path:
 
 
 def fractions(variants_report: dict) -> dict[str, tuple[list[int], list[float]]]:
-    """fusion -> (hidden sizes, fraction of the copy) of a bench/variants.py json's defaults."""
-    out: dict[str, tuple[list[int], list[float]]] = {}
+    """fusion -> (hidden sizes, fraction of the copy) of a bench/variants.py json's defaults,
+    in order of hidden size (cases may come in any order)."""
+    points: dict[str, list[tuple[int, float]]] = {}
     for r in variants_report["records"]:
         if r["variant"] == "default" and "fraction_of_copy" in r:
-            xs, ys = out.setdefault(r["fusion"], ([], []))
-            xs.append(r["hidden"])
-            ys.append(r["fraction_of_copy"])
-    return out
+            points.setdefault(r["fusion"], []).append((r["hidden"], r["fraction_of_copy"]))
+    return {name: ([h for h, _ in sorted(xy)], [f for _, f in sorted(xy)])
+            for name, xy in points.items()}
 
 
 def plot_comparison(before: dict, after: dict, path) -> Path:

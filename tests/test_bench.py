@@ -342,6 +342,16 @@ def test_plot_report_writes_a_png(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_comparison_points_are_in_order_of_hidden_size():
+    """bench/ab.py's cases come in the order given: the plotted lines must not zigzag."""
+    from bench.plot import fractions
+
+    records = [{"fusion": "f", "hidden": h, "variant": v, "fraction_of_copy": x}
+               for h, v, x in [(16384, "default", 0.9), (8192, "default", 0.8),
+                               (8192, "c2", 0.1), (12288, "default", 0.85)]]
+    assert fractions({"records": records}) == {"f": ([8192, 12288, 16384], [0.8, 0.85, 0.9])}
+
+
 def test_bench_modules_import_without_torch():
     code = ("import sys, bench.run, bench.baselines, bench.plot; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
