@@ -38,7 +38,7 @@ def test_forward_kernels_compile_without_spills(name, hidden, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
-@pytest.mark.parametrize("hidden", [1, 3, 127, 1024, 4096, 24578])
+@pytest.mark.parametrize("hidden", [1, 3, 127, 1024, 4096, 16384, 24578])
 @pytest.mark.parametrize("name", ["rmsnorm_bwd", "dropout_rmsnorm_bwd", "layernorm_bwd"])
 def test_backward_kernels_compile_without_spills(name, hidden, dtype):
     compile_and_check(name, dtype, hidden)
