@@ -12,9 +12,9 @@ Its policy stages rows in shared memory first: cp.async fills them, the next row
 flight while this row computes, when two stages fit (three where they put more rows in
 flight, _three_stages); rows go over a cluster of two before one block where one block would
 hold them back (_split_first), and packed rows over a cluster before both where a thread's
-column sums fill a measured band of registers (_packed_first). When the plan is over budget, buffers
-move to registers, least reused first and weight-related last, as nvFuser's InnerOuter
-scheduler does.
+column sums fill a measured band of registers (_packed_first). When the plan is over
+budget, buffers move to registers, least reused first and weight-related last, as nvFuser's
+InnerOuter scheduler does.
 """
 
 from __future__ import annotations
@@ -165,10 +165,10 @@ def _packed_first(fusion: RowFusion, packed: RowSchedule) -> str | None:
     or None: every buffer stays in shared memory, the column sums in registers, each
     thread's column-sum registers (vectors x elements x sums, in 4-byte words) come to
     PACKED_FIRST_WORDS, and a block of one stage is in a cluster of at most
-    PACKED_FIRST_ONE_STAGE_CLUSTER; row elements of 2 bytes or narrower. A thread then keeps
-    as many loads in flight as the packed rows shorter than a block have, where one block of
-    512 threads keeps 2 vectors a thread. H200, 16384 rows, fraction of the copy, before ->
-    after, bf16 (fp16 alike; bench/TUNING.md, "packed rows over a cluster first"):
+    PACKED_FIRST_ONE_STAGE_CLUSTER; row elements of 2 bytes or narrower. Such a thread keeps
+    8 to 20 vectors of a row in flight, where one block of 512 threads keeps 2 to 4. H200,
+    16384 rows, fraction of the copy, before -> after, bf16 (fp16 alike; bench/TUNING.md,
+    "packed rows over a cluster first"):
     rmsnorm_bwd 16384 / 32768 0.92 / 0.92 -> 0.96 / 0.93 (one stage over 2 / 4 blocks, 128
     words), layernorm_bwd 16384 / 20480 / 32768 0.87 / 0.88 / 0.90 -> 0.95 / 0.95 / 0.94
     (two stages over 4 / 4 / 8 blocks, 128 / 160 / 128 words). Not where they lost or gained
