@@ -220,22 +220,45 @@ def test_a_frozen_weight_gets_no_column_sum(monkeypatch):
 
 
 @pytest.mark.parametrize("module", [ft.RMSNorm, ft.LayerNorm])
-def test_autograd_records_a_call_only_where_a_gradient_is_wanted(oracle, module):
+def test_autograd_records_a_call_only_where_a_gradient_is_wanted(oracle, monkeypatch, module):
     """The eager path runs its implementation bare where autograd would record nothing, and
     through its autograd.Function where any argument wants a gradient: the weight alone (an
     input that does not) counts, and so does x alone (a frozen weight)."""
+    applied = []
+    apply = torch.autograd.Function.apply.__func__
+    monkeypatch.setattr(torch.autograd.Function, "apply", classmethod(
+        lambda cls, *args: applied.append(cls.__name__) or apply(cls, *args)))
     x = torch.randn(4, 8, dtype=F64)
     norm = module(8, dtype=F64)
     expected = norm(x.clone().requires_grad_())
+    assert len(applied) == 1
     with torch.no_grad():
         inference = norm(x.clone().requires_grad_())
     assert inference.grad_fn is None and torch.equal(inference, expected.detach())
     assert norm(x).grad_fn is not None  # only the weight wants one
+    assert len(applied) == 2
     norm.requires_grad_(False)
-    assert norm(x).grad_fn is None
+    assert norm(x).grad_fn is None and len(applied) == 2  # bare
     assert norm(x.clone().requires_grad_()).grad_fn is not None
     assert ft.softmax(x.clone().requires_grad_(), -1).grad_fn is not None
     assert ft.softmax(x, -1).grad_fn is None
+    assert len(applied) == 4
+
+
+@pytest.mark.parametrize("op", [lambda t: ft.rms_norm(t, [8]), lambda t: ft.softmax(t, -1)],
+                         ids=["rms_norm", "softmax"])
+def test_forward_mode_ad_is_refused_not_dropped(oracle, op):
+    """A dual tensor does not require grad, so forward-mode AD must not take the bare path
+    (its tangent would be lost without a word): the autograd.Function refuses it, under
+    torch.no_grad too (which does not turn forward AD off)."""
+    from torch.autograd import forward_ad
+
+    x = torch.randn(4, 8, dtype=F64)
+    for context in (torch.enable_grad, torch.no_grad):
+        with forward_ad.dual_level(), context():
+            dual = forward_ad.make_dual(x, torch.ones_like(x))
+            with pytest.raises(RuntimeError, match="jvp"):
+                op(dual)
 
 
 # ----- dropout + residual add + norm -----

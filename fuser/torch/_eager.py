@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.autograd import forward_ad
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 
@@ -52,10 +53,14 @@ def dispatcher(op, impl: Callable, setup: Callable, grads: Callable) -> Callable
 
 
 def _differentiated(x, args: tuple) -> bool:
-    """Whether autograd records the call: grad mode on and a tensor argument that requires
-    a gradient. Where it does not (inference, torch.no_grad, frozen weights on a detached
-    input) the implementation runs bare: autograd.Function.apply costs several microseconds
-    of host time a call even where it records nothing."""
+    """Whether autograd may record the call: forward-mode AD is on (a dual tensor does not
+    require grad, and the Function refuses it by name where a bare call would drop its
+    tangent), or grad mode is on and a tensor argument requires a gradient. Where neither
+    holds (inference, torch.no_grad, frozen weights on a detached input) the implementation
+    runs bare: autograd.Function.apply costs several microseconds of host time a call even
+    where it records nothing."""
+    if forward_ad._current_level >= 0:
+        return True
     if not torch.is_grad_enabled():
         return False
     return x.requires_grad or any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
