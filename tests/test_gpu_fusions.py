@@ -312,7 +312,9 @@ PACKED_FIRST = [("rmsnorm_bwd", 16384, DataType.BFloat16, 2, 1),
                 ("rmsnorm_bwd", 32768, DataType.Half, 4, 1),
                 ("layernorm_bwd", 16384, DataType.Half, 4, 2),
                 ("layernorm_bwd", 20480, DataType.BFloat16, 4, 2),
-                ("layernorm_bwd", 32768, DataType.BFloat16, 8, 2)]
+                ("layernorm_bwd", 32768, DataType.BFloat16, 8, 2),
+                ("layernorm_bwd", 16392, DataType.BFloat16, 4, 2),  # ragged: 513 vectors a part
+                ("rmsnorm_bwd", 16376, DataType.Half, 2, 1)]  # ragged: 1023 in the last part
 
 
 @pytest.mark.parametrize("rows", [7, 1000, 4099])
@@ -321,8 +323,9 @@ PACKED_FIRST = [("rmsnorm_bwd", 16384, DataType.BFloat16, 2, 1),
 def test_packed_rows_over_a_cluster_first_match_reference(name, hidden, dtype, cluster, stages,
                                                           rows, rng):
     """Rows packed four to a block of 64 threads a row, each block a part of the rows of a
-    cluster (inner_outer_persistent._packed_first), 8 to 20 vectors a thread in one or two
-    stages; 7 rows leave most clusters without one, 4099 a last block of three rows."""
+    cluster (inner_outer_persistent._packed_first_why), 8 to 20 vectors a thread in one or two
+    stages, parts whose last round of vectors is ragged; 7 rows leave most clusters without
+    one, 4099 a last block of three rows."""
     fd = run_and_validate(name, dtype, hidden, rows, rng)
     s = fd.last_schedule()
     assert (s.cluster, s.threads_per_row, s.rows_per_block, s.stages) == (

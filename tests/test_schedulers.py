@@ -981,6 +981,8 @@ def test_skewed_column_sums_take_their_own_geometry():
     ("rmsnorm_bwd", DataType.BFloat16, 20480, 1, False),  # 80 words over 4
     ("layernorm_bwd", DataType.BFloat16, 24576, 2, False),  # 192 words over 4
     ("dropout_rmsnorm_bwd", DataType.BFloat16, 16384, 1, False),  # a buffer out of smem
+    ("layernorm_bwd", DataType.BFloat16, 16392, 4, True),  # a ragged last vector round
+    ("layernorm_bwd", DataType.BFloat16, 15364, 1, False),  # 8-byte vectors
     ("rmsnorm_bwd", DataType.Float, 16384, 1, False)])  # 4-byte elements
 def test_packed_rows_over_a_cluster_go_first_where_their_column_sums_fill_the_band(
         name, dtype, hidden, cluster, first):
@@ -990,11 +992,12 @@ def test_packed_rows_over_a_cluster_go_first_where_their_column_sums_fill_the_ba
     bf16 rmsnorm_bwd 16384 0.92 -> 0.96 of the copy, layernorm_bwd 16384 / 20480 / 32768
     0.87 / 0.88 / 0.90 -> 0.95 / 0.95 / 0.94. Not where they lost: one stage over eight
     (rmsnorm_bwd 65536 0.97 -> 0.92), 80, 96 or 192 registers, a row buffer out of shared
-    memory (dropout_rmsnorm_bwd 16384 0.94 -> 0.72); fp32 was not measured."""
+    memory (dropout_rmsnorm_bwd 16384 0.94 -> 0.72); rows of narrower vectors and fp32 were
+    not measured. The reason says so."""
     info = analyze(FUSIONS[name](dtype).fusion)
     s = schedule(info, Problem(hidden, 16384, 16), H200)
     assert s.cluster == cluster, s.reason
-    assert ("first: packed rows over a cluster" in s.reason) == first, s.reason
+    assert ("packed rows over a cluster of" in s.reason) == first, s.reason
     if first:
         assert (s.threads_per_row, s.rows_per_block) == (64, 4), s.reason
         assert all(p.storage is Storage.SMEM for p in s.placements), s.reason
@@ -1010,5 +1013,18 @@ def test_packed_rows_first_fall_back_on_one_block_and_are_not_hinted():
     first, second = itertools.islice(candidates(info, problem, H200), 2)
     assert (first.cluster, first.threads_per_row) == (2, 64), first.reason
     assert (second.cluster, second.threads_per_row, second.stages) == (1, 512, 3), second.reason
-    hinted = next(iter(candidates(info, problem, H200, Hints(stages=3))))
-    assert (hinted.cluster, hinted.stages) == (1, 3), hinted.reason
+    assert "(packed rows over a cluster of 2 first: 128 registers" in first.reason
+    assert "the plans for fewer blocks" not in first.reason  # one block was not the reason
+    hinted = next(iter(candidates(info, problem, H200, Hints(stages=1))))
+    assert (hinted.cluster, hinted.threads_per_row, hinted.stages) == (1, 512, 1), hinted.reason
+
+
+def test_a_block_size_hint_refused_at_one_block_names_the_clusters_default():
+    """Hints are checked at one block (a block-size hint never brings in a cluster); where
+    the heuristic's rows go over a cluster in packed rows, the refusal says the default's
+    rows per block with its threads per row and cluster, not a bare number outside the
+    range it just gave."""
+    info = analyze(FUSIONS["rmsnorm_bwd"](DataType.BFloat16).fusion)
+    with pytest.raises(HintError, match=r"allowed: 1 to 2 .*the heuristic picks "
+                       r"rows_per_block=4 \(of 64 threads per row, over a cluster of 2\) here"):
+        schedule(info, Problem(16384, 16384, 16), H200, Hints(rows_per_block=4))

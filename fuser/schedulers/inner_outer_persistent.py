@@ -12,7 +12,7 @@ Its policy stages rows in shared memory first: cp.async fills them, the next row
 flight while this row computes, when two stages fit (three where they put more rows in
 flight, _three_stages); rows go over a cluster of two before one block where one block would
 hold them back (_split_first), and packed rows over a cluster before both where a thread's
-column sums fill a measured band of registers (_packed_first). When the plan is over
+column sums fill a measured band of registers (_packed_first_why). When the plan is over
 budget, buffers move to registers, least reused first and weight-related last, as nvFuser's
 InnerOuter scheduler does.
 """
@@ -28,10 +28,12 @@ from fuser.schedulers.base import Problem, RowSchedule, Storage
 from fuser.schedulers.hints import Hints
 from fuser.schedulers.row_fit import fit
 from fuser.schedulers.row_records import (
+    PackedFirst,
     PackedRows,
     Phase,
     Rejection,
     RowFusion,
+    RowGeometry,
     RowPolicy,
     StorageChoice,
 )
@@ -160,36 +162,44 @@ def _split_first(fusion: RowFusion, one: RowSchedule, two: RowSchedule) -> str |
     return None
 
 
-def _packed_first(fusion: RowFusion, packed: RowSchedule) -> str | None:
-    """Why packed rows over a cluster go before one block's rows (RowPolicy.packed_first),
-    or None: every buffer stays in shared memory, the column sums in registers, each
-    thread's column-sum registers (vectors x elements x sums, in 4-byte words) come to
-    PACKED_FIRST_WORDS, and a block of one stage is in a cluster of at most
-    PACKED_FIRST_ONE_STAGE_CLUSTER; row elements of 2 bytes or narrower. Such a thread keeps
-    8 to 20 vectors of a row in flight, where one block of 512 threads keeps 2 to 4. H200,
-    16384 rows, fraction of the copy, before -> after, bf16 (fp16 alike; bench/TUNING.md,
-    "packed rows over a cluster first"):
-    rmsnorm_bwd 16384 / 32768 0.92 / 0.92 -> 0.96 / 0.93 (one stage over 2 / 4 blocks, 128
-    words), layernorm_bwd 16384 / 20480 / 32768 0.87 / 0.88 / 0.90 -> 0.95 / 0.95 / 0.94
-    (two stages over 4 / 4 / 8 blocks, 128 / 160 / 128 words). Not where they lost or gained
-    nothing: one stage over 8 blocks (rmsnorm_bwd 65536 0.97 -> 0.92: a block with no next
-    row in flight waits out each row's meeting of its cluster), fewer words (rmsnorm_bwd
-    20480 over 4 blocks: 80 words, 0.94 -> 0.83; 24576: 96, 0.95 -> 0.93; layernorm_bwd
-    12288: 96, 0.89 -> 0.87), more (layernorm_bwd 24576: 192, 0.92 -> 0.76), or a buffer out
-    of shared memory (dropout_rmsnorm_bwd 16384: 0.94 -> 0.72)."""
-    if (fusion.widest > 2 or packed.accumulators is not Storage.REGISTERS
-            or any(p.storage is not Storage.SMEM for p in packed.placements)
-            or (packed.stages == 1 and packed.cluster > PACKED_FIRST_ONE_STAGE_CLUSTER)):
+def _packed_first_why(fusion: RowFusion, geo: RowGeometry) -> str | None:
+    """Why packed rows over a cluster go before one block's rows (RowPolicy.packed_first), or
+    None: each thread's column-sum registers (vectors x elements x sums, in 4-byte words)
+    come to PACKED_FIRST_WORDS, in 16-byte vectors of 2-byte elements or narrower (the
+    schedule must also keep every buffer in shared memory: _packed_first_keeps). Such a
+    thread keeps 8 to 20 vectors of a row in flight, where one block of 512 threads keeps 2
+    to 4. H200, 16384 rows, fraction of the copy, before -> after, bf16 (fp16 alike;
+    bench/TUNING.md, "packed rows over a cluster first"): rmsnorm_bwd 16384 / 32768 0.92 /
+    0.92 -> 0.96 / 0.93 (one stage over 2 / 4 blocks, 128 words), layernorm_bwd 16384 /
+    20480 / 32768 0.87 / 0.88 / 0.90 -> 0.95 / 0.95 / 0.94 (two stages over 4 / 4 / 8
+    blocks, 128 / 160 / 128 words). Not where they lost or gained nothing: fewer words
+    (rmsnorm_bwd 20480 over 4 blocks: 80 words, 0.94 -> 0.83; 24576: 96, 0.95 -> 0.93;
+    layernorm_bwd 12288: 96, 0.89 -> 0.87), more (layernorm_bwd 24576: 192, 0.92 -> 0.76).
+    Rows in narrower vectors and of 4-byte elements were not measured."""
+    if fusion.widest > 2 or fusion.narrow(geo.vec):
         return None
-    words = packed.batch * packed.vec * sum(fusion.accumulator_bytes) // 4
+    words = geo.batch * geo.vec * sum(fusion.accumulator_bytes) // 4
     if not PACKED_FIRST_WORDS[0] <= words <= PACKED_FIRST_WORDS[1]:
         return None
-    return (f"packed rows over a cluster of {packed.cluster} keep every buffer in shared "
-            f"memory and {words} registers of column sums a thread")
+    return (f"packed rows over a cluster of {geo.cluster} first: {words} registers of column "
+            "sums a thread, every buffer in shared memory")
+
+
+def _packed_first_keeps(s: RowSchedule) -> bool:
+    """Whether a packed schedule over a cluster may go first (_packed_first_why): every
+    buffer in shared memory, the column sums in registers (dropout_rmsnorm_bwd 16384 with a
+    row input out of shared memory: 0.94 -> 0.72), and blocks of one stage in a cluster of
+    at most PACKED_FIRST_ONE_STAGE_CLUSTER (rmsnorm_bwd 65536, one stage over 8 blocks: 0.97
+    -> 0.92; a block with no next row in flight waits out each row's meeting of its
+    cluster)."""
+    return (s.accumulators is Storage.REGISTERS
+            and all(p.storage is Storage.SMEM for p in s.placements)
+            and (s.stages > 1 or s.cluster <= PACKED_FIRST_ONE_STAGE_CLUSTER))
 
 
 # A thread's column-sum registers, fewest and most, where packed rows over a cluster go
-# first, and the largest cluster of blocks of one stage that does (_packed_first).
+# first, and the largest cluster of blocks of one stage that does (_packed_first_why,
+# _packed_first_keeps).
 PACKED_FIRST_WORDS = (128, 160)
 PACKED_FIRST_ONE_STAGE_CLUSTER = 4
 
@@ -233,7 +243,7 @@ POLICY = RowPolicy(
     packed=PackedRows(threads_per_row=64, rows_per_block=4, vectors_per_thread=16,
                       above_vectors=64),
     split_first=_split_first,
-    packed_first=_packed_first,
+    packed_first=PackedFirst(_packed_first_why, _packed_first_keeps),
 )
 
 

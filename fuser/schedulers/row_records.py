@@ -51,6 +51,17 @@ class PackedRows:
 
 
 @dataclass(frozen=True)
+class PackedFirst:
+    """When packed rows over a cluster go before every other step of the search
+    (RowSearch._packed_first): `why` names why a step's packed geometry qualifies (None: it
+    does not), and `keeps` says which of its schedules do; the step's first such schedule
+    goes first. Split so that the search fits no storage for geometries that cannot qualify."""
+
+    why: Callable[[RowFusion, RowGeometry], str | None]
+    keeps: Callable[[RowSchedule], bool]
+
+
+@dataclass(frozen=True)
 class RowPolicy:
     """What distinguishes one persistent scheduler from the other: how rows are dealt to
     threads, how many threads a block of short rows reaches, and the order in which storages
@@ -89,9 +100,9 @@ class RowPolicy:
     # names why, given the fusion, one block's first schedule and two blocks' (None: never;
     # RowSearch._split_first)
     split_first: Callable[[RowFusion, RowSchedule, RowSchedule], str | None] | None = None
-    # The first schedule of packed rows over a cluster before every other where this names
-    # why, given the fusion and that schedule (None: never; RowSearch._packed_first)
-    packed_first: Callable[[RowFusion, RowSchedule], str | None] | None = None
+    # Where packed rows over a cluster go before every other step (None: never;
+    # RowSearch._packed_first)
+    packed_first: PackedFirst | None = None
 
     def stages_first(self, passes: int) -> bool:
         """Whether a fusion of this many passes over each row stages its rows in shared

@@ -154,26 +154,29 @@ class RowSearch:
 
     def _packed_first(self, steps: list[_Step]) -> list[_Step]:
         """`steps`, with a schedule of packed rows over a cluster before all of them: over
-        the smallest cluster, the first of its step's packed schedules that the policy names
-        a reason for (RowPolicy.packed_first). The step keeps its place too, so a schedule
-        that spills falls back on the order without the rule. Not under hints that shape
-        the block, as _split_first. The probes' rejections are dropped: the search meets
-        them again."""
+        the smallest cluster whose packed geometry the policy names a reason for
+        (RowPolicy.packed_first), the first of that step's schedules the policy keeps, its
+        reason the rule's. The step keeps its place too, so a schedule that spills falls
+        back on the order without the rule. Not under hints that shape the block, as
+        _split_first. The probes' rejections are dropped: the search meets them again."""
         rule, rows = self.policy.packed_first, self.policy.packed
         if rule is None or rows is None or set(self.hints.given()) - set(MOOT_HINTS):
             return steps
         for step in steps:
             if step.policy.packed is None or step.cluster == 1 or step.reach is not Reach.ON_CHIP:
                 continue
+            geo = self._phase(step, False).geometry
+            if geo.threads_per_row != rows.threads_per_row:
+                continue  # packed rows do not hold this cluster's part
+            why = rule.why(self.fusion, geo)
+            if why is None:
+                continue
             kept = len(self.rejections)
-            found = next(((s, why) for s in self._by_copy_mode(step)
-                          if s.threads_per_row == rows.threads_per_row
-                          and (why := rule(self.fusion, s)) is not None), None)
+            first = next((s for s in self._by_copy_mode(replace(step, why=why))
+                          if s.threads_per_row == rows.threads_per_row and rule.keeps(s)), None)
             del self.rejections[kept:]
-            if found is not None:
-                schedule, why = found
-                return [replace(step, why=why, schedule=replace(schedule, reason=(
-                    f"{schedule.reason}; first: {why}"))), *steps]
+            if first is not None:
+                return [replace(step, why=why, schedule=first), *steps]
         return steps
 
     def _dealt_steps(self, plain: RowPolicy) -> list[_Step]:
@@ -396,6 +399,9 @@ class RowSearch:
         if name == "fused_finalize":
             final = finalized(info, s, self.problem, self.device, None)[1]
             return final is not None and final.fused
+        if name == "rows_per_block" and s.cluster > 1:  # hints are checked at one block
+            return (f"{s.rows_per_block} (of {s.threads_per_row} threads per row, over a "
+                    f"cluster of {s.cluster})")
         return getattr(s, name)
 
     def _exhausted(self) -> Exception:

@@ -61,8 +61,8 @@
 // RowSchedule
 //   scheduler          inner_outer_persistent
 //   reason             smem-first policy: T0, T3, T4 in smem (2 stages), rows split over a cluster of 2 blocks of 4096
-//       elements, ~176 regs/thread, ~1 block(s)/SM (the plans for fewer blocks do not keep the row on chip); first:
-//       packed rows over a cluster of 2 keep every buffer in shared memory and 128 registers of column sums a thread
+//       elements, ~176 regs/thread, ~1 block(s)/SM (packed rows over a cluster of 2 first: 128 registers of column sums
+//       a thread, every buffer in shared memory)
 //   hidden             8192
 //   vec                8
 //   skew               0
