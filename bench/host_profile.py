@@ -17,10 +17,10 @@ parameters (the floor no Python change lowers).
 --module rmsnorm|layernorm|softmax times what a model pays instead: fuser.torch's module
 against torch.nn's, an inference (the forward under torch.no_grad), a forward (x requiring
 grad) and a training step (the forward, then torch.autograd.grad of x and the parameters),
-per step, with autograd's device threads (as a
-training loop runs) and without them (torch.autograd.set_multithreading_enabled(False)),
-which separates the hand-over of the backward to autograd's thread from the Python around
-the kernels; then cProfile of fuser's step, threads off (the backward in this thread).
+per step, with autograd's device threads (as a training loop runs) and without them
+(torch.autograd.set_multithreading_enabled(False)), which separates the hand-over of the
+backward to autograd's thread from the Python around the kernels; then cProfile of fuser's
+step, threads off (the backward in this thread).
 """
 
 from __future__ import annotations
@@ -151,9 +151,8 @@ def module_report(args: argparse.Namespace) -> None:
         m = make(args.module, args.hidden)
         if isinstance(m, torch.nn.Module):
             m = m.to(device="cuda", dtype=torch.bfloat16)
-        for pass_ in ("forward", "train"):
+        for pass_ in ("forward", "train", "infer"):
             steps[impl, pass_] = pass_fn(m, pass_, x, dy)
-        steps[impl, "infer"] = _inference(m, x)
     sync = torch.cuda.synchronize
     for threads in (True, False):
         torch.autograd.set_multithreading_enabled(threads)
@@ -173,17 +172,6 @@ def module_report(args: argparse.Namespace) -> None:
     sync()
     torch.autograd.set_multithreading_enabled(True)
     pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(args.top)
-
-
-def _inference(m, x):
-    """The forward under torch.no_grad, as a model serving requests runs it."""
-    import torch
-
-    def infer():
-        with torch.no_grad():
-            return m(x)
-
-    return infer
 
 
 class _Call:

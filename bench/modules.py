@@ -130,11 +130,19 @@ def with_parameters(m, params: list, device, dtype):
 
 
 def pass_fn(m, pass_: str, x, dy):
-    """The timed call: the forward, or the forward and the gradients of x and the parameters."""
+    """The timed call: the forward, the forward under torch.no_grad ("infer", as a model
+    serving requests runs it), or the forward and the gradients of x and the parameters."""
     import torch
 
     if pass_ == "forward":
         return lambda: m(x)
+    if pass_ == "infer":
+
+        def infer():
+            with torch.no_grad():
+                return m(x)
+
+        return infer
     wrt = [x, *m.parameters()]
 
     def train():

@@ -42,12 +42,12 @@ POINTER = ctypes.c_uint64  # device addresses are 64-bit parameters
 _COMPUTE_CTYPES = {"bool": ctypes.c_bool, "int": ctypes.c_int32, "long long": ctypes.c_int64,
                    "float": ctypes.c_float, "double": ctypes.c_double}
 
-# The struct module's code of each parameter type (the same sizes as the ctypes types)
 # Launch configurations kept per entry: one per launch shape (a pointwise or dealt-by-grid
 # kernel's grid follows the row count, so a process of many row counts would otherwise keep one
 # for each); past this many they are dropped and rebuilt as needed (about 1.3 KB each).
 MAX_CONFIGS = 64
 
+# The struct module's code of each parameter type (the same sizes as the ctypes types)
 _STRUCT_CODES: dict[type, str] = {ctypes.c_uint64: "Q", ctypes.c_int32: "i", ctypes.c_int64: "q",
                                   ctypes.c_float: "f", ctypes.c_double: "d", ctypes.c_bool: "?"}
 

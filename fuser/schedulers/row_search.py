@@ -20,7 +20,7 @@ the heuristic's; kernels.build() moves on to the next only when ptxas spills.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from fuser.analysis import FusionInfo, Role
@@ -132,8 +132,7 @@ class RowSearch:
         one block where the policy names why (RowPolicy.split_first). The cluster's other
         schedules keep their place after one block's, so a first schedule that spills falls
         back on one block. Not under hints that shape the block (row_dealt.MOOT_HINTS are
-        the others): the rule was measured on the heuristic's own schedules. The probe's
-        rejections are dropped: the search meets them again in order."""
+        the others): the rule was measured on the heuristic's own schedules."""
         split = self.policy.split_first
         if split is None or set(self.hints.given()) - set(MOOT_HINTS):
             return steps
@@ -142,9 +141,7 @@ class RowSearch:
                     and step.reach is Reach.ON_CHIP), None)
         if two is None:
             return steps
-        kept = len(self.rejections)
-        one_first, two_first = (next(self._by_copy_mode(step), None) for step in (one, two))
-        del self.rejections[kept:]
+        one_first, two_first = self._probe(one), self._probe(two)
         if one_first is None or two_first is None:
             return steps
         why = split(self.fusion, one_first, two_first)
@@ -158,7 +155,7 @@ class RowSearch:
         (RowPolicy.packed_first), the first of that step's schedules the policy keeps, its
         reason the rule's. The step keeps its place too, so a schedule that spills falls
         back on the order without the rule. Not under hints that shape the block, as
-        _split_first. The probes' rejections are dropped: the search meets them again."""
+        _split_first."""
         rule, rows = self.policy.packed_first, self.policy.packed
         if rule is None or rows is None or set(self.hints.given()) - set(MOOT_HINTS):
             return steps
@@ -171,13 +168,21 @@ class RowSearch:
             why = rule.why(self.fusion, geo)
             if why is None:
                 continue
-            kept = len(self.rejections)
-            first = next((s for s in self._by_copy_mode(replace(step, why=why))
-                          if s.threads_per_row == rows.threads_per_row and rule.keeps(s)), None)
-            del self.rejections[kept:]
+            first = self._probe(replace(step, why=why), lambda s: (
+                s.threads_per_row == rows.threads_per_row and rule.keeps(s)))
             if first is not None:
                 return [replace(step, why=why, schedule=first), *steps]
         return steps
+
+    def _probe(self, step: _Step,
+               keep: Callable[[RowSchedule], bool] = lambda s: True) -> RowSchedule | None:
+        """The first of the step's schedules that `keep` takes, for a rule that reorders the
+        steps; the rejections met on the way are dropped (the search meets them again, in
+        order, for the error that ends it)."""
+        kept = len(self.rejections)
+        found = next((s for s in self._by_copy_mode(step) if keep(s)), None)
+        del self.rejections[kept:]
+        return found
 
     def _dealt_steps(self, plain: RowPolicy) -> list[_Step]:
         """A step per row_dealt.dealt_shapes: one stage of rows in shared memory at its

@@ -131,11 +131,17 @@ def _sum_inputs(x: Tensor, mask: Tensor | None, scale: float, residual: Tensor |
     return inputs
 
 
+def _adds(mask: Tensor | None, residual: Tensor | None) -> bool:
+    """Whether the op sums h = residual + mask * x * scale (NormSpec.adds): a mask or a
+    residual, without which h is x."""
+    return mask is not None or residual is not None
+
+
 def _new_residual_grad(dh: Tensor | None, x: Tensor, mask: Tensor | None,
                        residual: Tensor | None) -> Tensor | None:
     """The new residual's gradient where the op had one (zeros if nothing used it), else
     None."""
-    if mask is None and residual is None:
+    if not _adds(mask, residual):
         return None
     return materialize(dh, x, x.dtype if residual is None else residual.dtype)
 
@@ -177,9 +183,8 @@ def _rms_norm_backward(dy: Tensor, dh: Tensor | None, x: Tensor, mask: Tensor | 
     gradient, given where the forward had a mask or a residual."""
     fd, layout = _backward_plan(affine_grads, True, x.dtype, dy.dtype, mask is not None,
                                 _dtype(residual), _dtype(weight), None)
-    adds = mask is not None or residual is not None
     inputs = [*_sum_inputs(x, mask, scale, residual), rstd, dy,
-              *([weight] if weight is not None else []), *([dh] if adds else [])]
+              *([weight] if weight is not None else []), *([dh] if _adds(mask, residual) else [])]
     return _execute(fd, layout, x, inputs)
 
 
@@ -261,9 +266,8 @@ def _layer_norm_backward(dy: Tensor, dh: Tensor | None, x: Tensor, mask: Tensor 
     """(grad_x, grad_residual, grad_weight, grad_bias), as rms_norm_backward."""
     fd, layout = _backward_plan(affine_grads, False, x.dtype, dy.dtype, mask is not None,
                                 _dtype(residual), _dtype(weight), bias_dtype)
-    adds = mask is not None or residual is not None
     inputs = [*_sum_inputs(x, mask, scale, residual), mean, rstd, dy,
-              *([weight] if weight is not None else []), *([dh] if adds else [])]
+              *([weight] if weight is not None else []), *([dh] if _adds(mask, residual) else [])]
     return _execute(fd, layout, x, inputs)
 
 
