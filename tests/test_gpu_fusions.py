@@ -313,8 +313,8 @@ PACKED_FIRST = [("rmsnorm_bwd", 16384, DataType.BFloat16, 2, 1),
                 ("layernorm_bwd", 16384, DataType.Half, 4, 2),
                 ("layernorm_bwd", 20480, DataType.BFloat16, 4, 2),
                 ("layernorm_bwd", 32768, DataType.BFloat16, 8, 2),
-                ("layernorm_bwd", 16392, DataType.BFloat16, 4, 2),  # ragged: 513 vectors a part
-                ("rmsnorm_bwd", 16376, DataType.Half, 2, 1)]  # ragged: 1023 in the last part
+                ("layernorm_bwd", 10240, DataType.BFloat16, 2, 2),
+                ("layernorm_bwd", 36864, DataType.Half, 8, 2)]
 
 
 @pytest.mark.parametrize("rows", [7, 1000, 4099])
@@ -324,8 +324,8 @@ def test_packed_rows_over_a_cluster_first_match_reference(name, hidden, dtype, c
                                                           rows, rng):
     """Rows packed four to a block of 64 threads a row, each block a part of the rows of a
     cluster (inner_outer_persistent._packed_first_why), 8 to 20 vectors a thread in one or two
-    stages, parts whose last round of vectors is ragged; 7 rows leave most clusters without
-    one, 4099 a last block of three rows."""
+    stages, over 2 to 8 blocks; 7 rows leave most clusters without one, 4099 a last block of
+    three rows."""
     fd = run_and_validate(name, dtype, hidden, rows, rng)
     s = fd.last_schedule()
     assert (s.cluster, s.threads_per_row, s.rows_per_block, s.stages) == (

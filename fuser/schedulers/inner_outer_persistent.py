@@ -174,9 +174,14 @@ def _packed_first_why(fusion: RowFusion, geo: RowGeometry) -> str | None:
     20480 / 32768 0.87 / 0.88 / 0.90 -> 0.95 / 0.95 / 0.94 (two stages over 4 / 4 / 8
     blocks, 128 / 160 / 128 words). Not where they lost or gained nothing: fewer words
     (rmsnorm_bwd 20480 over 4 blocks: 80 words, 0.94 -> 0.83; 24576: 96, 0.95 -> 0.93;
-    layernorm_bwd 12288: 96, 0.89 -> 0.87), more (layernorm_bwd 24576: 192, 0.92 -> 0.76).
+    layernorm_bwd 12288: 96, 0.89 -> 0.87), more (layernorm_bwd 24576: 192, 0.92 -> 0.76),
+    or a last round of vectors some threads have and others not (layernorm_bwd 16392 /
+    29696 / 40000, rmsnorm_bwd 31744: 0.79 / 0.88 / 0.89 / 0.96 -> 0.63 / 0.76 / 0.71 /
+    0.77, where whole rounds gained: layernorm_bwd 10240 0.84 -> 0.94, 36864 0.92 -> 0.93).
     Rows in narrower vectors and of 4-byte elements were not measured."""
     if fusion.widest > 2 or fusion.narrow(geo.vec):
+        return None
+    if geo.batch * geo.threads_per_row * geo.cluster != geo.vectors:
         return None
     words = geo.batch * geo.vec * sum(fusion.accumulator_bytes) // 4
     if not PACKED_FIRST_WORDS[0] <= words <= PACKED_FIRST_WORDS[1]:
