@@ -291,6 +291,8 @@ def test_three_stage_defaults_match_reference(name, hidden, rows, dtype, rng):
 
 SPLIT_FIRST = [("rmsnorm_bwd", 6144, DataType.BFloat16, 3), ("rmsnorm_bwd", 8192, DataType.Half, 3),
                ("rmsnorm_bwd", 24576, DataType.Half, 3),
+               ("rmsnorm_bwd", 20480, DataType.BFloat16, 3),
+               ("rmsnorm_bwd", 17408, DataType.Half, 3),
                ("dropout_rmsnorm_bwd", 24576, DataType.BFloat16, 2),
                ("layernorm_bwd", 6144, DataType.Half, 2), ("gelu_bwd", 32768, DataType.BFloat16, 2)]
 
@@ -300,7 +302,8 @@ SPLIT_FIRST = [("rmsnorm_bwd", 6144, DataType.BFloat16, 3), ("rmsnorm_bwd", 8192
                          ids=[f"{n}-{h}-{d.name}" for n, h, d, _ in SPLIT_FIRST])
 def test_rows_split_before_one_block_match_reference(name, hidden, dtype, stages, rows, rng):
     """Rows over a cluster of two where one block would keep them on chip only at one stage
-    or with a buffer in registers (inner_outer_persistent._split_first), in three stages
+    or with a buffer in registers, or in two stages where two blocks keep three
+    (inner_outer_persistent._split_first), in three stages
     where the fusion takes them (the first two row groups of each cluster loading before
     its loop) and two where not; 7 rows leave most clusters without one."""
     fd = run_and_validate(name, dtype, hidden, rows, rng)
