@@ -141,16 +141,16 @@ def _split_first(fusion: RowFusion, one: RowSchedule, two: RowSchedule) -> str |
     """Why rows go over a cluster of two before one block (RowPolicy.split_first), or None:
     one block keeps them on chip only at one stage and one block per SM, or only with a
     buffer moved to registers, and two blocks keep every buffer in shared memory in two
-    stages or more (three where _three_stages says so); or one block keeps two stages at one
-    block per SM and two blocks three (rmsnorm_bwd 17408-22528 bf16 / fp16: 19456 / 20480 /
-    21504 / 22528 0.91 / 0.93 / 0.93 / 0.92 -> 0.96 / 0.97 / 0.98 / 0.98, 17408 even, fp16
-    17408 / 20480 / 22528 0.91 / 0.94 / 0.92 -> 0.95 / 0.99 / 0.96); row elements of 2 bytes
-    or narrower in 16-byte vectors. H200, 16384 rows, fraction of the copy, bf16, before -> after
-    (bench/TUNING.md, "a cluster of two before one block"): rmsnorm_bwd 6144 / 8192 / 24576
-    / 32768 0.91 / 0.92 / 0.91 / 0.92 -> 0.96 / 0.93 / 0.96 / 0.93 (three stages; two
-    stages there ran 0.72-0.87), dropout_rmsnorm_bwd 20480 / 24576 0.93 -> 0.95 (two),
-    layernorm_bwd 6144 / 24576 0.81 / 0.82 -> 0.93 / 0.92 (two), gelu_bwd 32768 0.80 ->
-    0.84, gelu_tanh_bwd 32768 0.88 -> 0.93; fp16 alike. Not where two blocks also move a
+    stages or more (three where _three_stages says so), or one block keeps two stages at one
+    block per SM and two blocks three; row elements of 2 bytes or narrower in 16-byte
+    vectors. H200, 16384 rows, fraction of the copy, bf16, before -> after (bench/TUNING.md,
+    "a cluster of two before one block"): rmsnorm_bwd 6144 / 8192 / 24576 / 32768 0.91 /
+    0.92 / 0.91 / 0.92 -> 0.96 / 0.93 / 0.96 / 0.93 (three stages; two stages there ran
+    0.72-0.87), from two stages at one block 19456 / 20480 / 21504 / 22528 0.91 / 0.93 /
+    0.93 / 0.92 -> 0.96 / 0.97 / 0.98 / 0.98 (17408 even; fp16 17408 0.91 -> 0.95),
+    dropout_rmsnorm_bwd 20480 / 24576 0.93 -> 0.95 (two), layernorm_bwd 6144 / 24576 0.81 /
+    0.82 -> 0.93 / 0.92 (two), gelu_bwd 32768 0.80 -> 0.84, gelu_tanh_bwd 32768 0.88 ->
+    0.93; fp16 alike. Not where two blocks also move a
     buffer to registers (dropout_rmsnorm_bwd 8192, three stages with two in registers: 0.95
     -> 0.84), nor for rows of narrower vectors (rmsnorm_bwd 24578 0.85 -> 0.70) or of 4-byte
     elements (fp32 rmsnorm_bwd / layernorm_bwd 12288 0.96 / 0.94 -> 0.84 / 0.86)."""
