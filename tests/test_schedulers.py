@@ -370,7 +370,7 @@ def test_short_rows_take_a_second_stage_while_one_fills_under_half_an_sm(name, d
     ("layernorm_bwd", DataType.BFloat16, 12288, 2),  # two column sums
     ("rmsnorm_bwd", DataType.Float, 8192, 2),  # 4-byte elements
     ("dropout_rmsnorm_bwd", DataType.BFloat16, 12288, 2),  # three would move a row out of smem
-    ("rmsnorm_bwd", DataType.BFloat16, 20480, 2),  # three do not fit in smem at all
+    ("rmsnorm_bwd", DataType.BFloat16, 17408, 3),  # over two blocks (_split_first)
     ("rmsnorm_bwd", DataType.BFloat16, 4096, 3),  # one stage at two blocks -> three at one
     ("dropout_rmsnorm_bwd", DataType.BFloat16, 1024, 3),  # one at four -> three at two
     ("rmsnorm_bwd", DataType.BFloat16, 1024, 2),  # two stages at four blocks stay
@@ -390,6 +390,16 @@ def test_rows_take_a_third_stage_where_it_puts_more_rows_in_flight(name, dtype, 
     assert s.stages == stages, s.reason
     if stages == 3:
         assert all(p.storage is Storage.SMEM for p in s.placements), s.reason
+
+
+def test_rows_keep_two_stages_where_three_do_not_fit_one_block():
+    """rmsnorm_bwd bf16 20480 at one block (hinted: by default two blocks of a cluster take
+    it in three stages, _split_first): three stages do not fit in shared memory at all, so
+    one block keeps two."""
+    info = analyze(FUSIONS["rmsnorm_bwd"](DataType.BFloat16).fusion)
+    s = schedule(info, Problem(20480, 16384, 16), H200, Hints(cluster=1))
+    assert (s.cluster, s.stages) == (1, 2), s.reason
+    assert all(p.storage is Storage.SMEM for p in s.placements), s.reason
 
 
 @pytest.mark.parametrize(("name", "dtype", "hidden", "cluster", "stages"), [
@@ -982,7 +992,7 @@ def test_skewed_column_sums_take_their_own_geometry():
     ("layernorm_bwd", DataType.BFloat16, 20480, 4, True),  # 160 words
     ("layernorm_bwd", DataType.BFloat16, 32768, 8, True),  # two stages over 8
     ("rmsnorm_bwd", DataType.BFloat16, 65536, 2, False),  # one stage over 8 lost
-    ("rmsnorm_bwd", DataType.BFloat16, 20480, 1, False),  # 80 words over 4
+    ("rmsnorm_bwd", DataType.BFloat16, 20480, 2, False),  # 80 words over 4: split first
     ("layernorm_bwd", DataType.BFloat16, 24576, 2, False),  # 192 words over 4
     ("dropout_rmsnorm_bwd", DataType.BFloat16, 16384, 1, False),  # a buffer out of smem
     ("layernorm_bwd", DataType.BFloat16, 10240, 2, True),  # 160 words over 2
