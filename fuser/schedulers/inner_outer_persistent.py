@@ -137,6 +137,13 @@ def _stages_in_flight(s: RowSchedule) -> int:
     return s.blocks_per_sm * (s.stages - 1) if s.stages > 1 else s.blocks_per_sm - 1
 
 
+def _wide_vectors_of_2_bytes(fusion: RowFusion, vec: int) -> bool:
+    """Rows of elements of 2 bytes or narrower in 16-byte vectors: the only rows the rules
+    that reorder the search by clusters (_split_first, _packed_first_why) were measured to
+    gain on."""
+    return fusion.widest <= 2 and not fusion.narrow(vec)
+
+
 def _split_first(fusion: RowFusion, one: RowSchedule, two: RowSchedule) -> str | None:
     """Why rows go over a cluster of two before one block (RowPolicy.split_first), or None:
     one block keeps them on chip only at one stage and one block per SM, or only with a
@@ -154,7 +161,7 @@ def _split_first(fusion: RowFusion, one: RowSchedule, two: RowSchedule) -> str |
     buffer to registers (dropout_rmsnorm_bwd 8192, three stages with two in registers: 0.95
     -> 0.84), nor for rows of narrower vectors (rmsnorm_bwd 24578 0.85 -> 0.70) or of 4-byte
     elements (fp32 rmsnorm_bwd / layernorm_bwd 12288 0.96 / 0.94 -> 0.84 / 0.86)."""
-    if fusion.widest > 2 or fusion.narrow(one.vec) or two.stages < 2 or any(
+    if not _wide_vectors_of_2_bytes(fusion, one.vec) or two.stages < 2 or any(
             p.storage is not Storage.SMEM for p in two.placements):
         return None
     in_registers = [p.tensor for p in one.placements if p.storage is Storage.REGISTERS]
@@ -184,9 +191,7 @@ def _packed_first_why(fusion: RowFusion, geo: RowGeometry) -> str | None:
     29696 / 40000, rmsnorm_bwd 31744: 0.79 / 0.88 / 0.89 / 0.96 -> 0.63 / 0.76 / 0.71 /
     0.77, where whole rounds gained: layernorm_bwd 10240 0.84 -> 0.94, 36864 0.92 -> 0.93).
     Rows in narrower vectors and of 4-byte elements were not measured."""
-    if fusion.widest > 2 or fusion.narrow(geo.vec):
-        return None
-    if geo.batch * geo.threads_per_row * geo.cluster != geo.vectors:
+    if not _wide_vectors_of_2_bytes(fusion, geo.vec) or not geo.whole_rounds:
         return None
     words = geo.batch * geo.vec * sum(fusion.accumulator_bytes) // 4
     if not PACKED_FIRST_WORDS[0] <= words <= PACKED_FIRST_WORDS[1]:

@@ -253,6 +253,12 @@ class RowGeometry:
         return self.hidden // self.vec
 
     @property
+    def whole_rounds(self) -> bool:
+        """Whether every thread of every part has `batch` vectors of the row (fuser_rows.cuh's
+        RowPart::EXACT): no last round that some threads have and others not."""
+        return self.batch * self.threads_per_row * self.cluster == self.vectors
+
+    @property
     def part(self) -> int:
         """Elements of a row one block keeps: a cluster block's share (the last may own less)."""
         return ceil_div(self.vectors, self.cluster) * self.vec
