@@ -311,6 +311,25 @@ def test_rows_split_before_one_block_match_reference(name, hidden, dtype, stages
     assert (s.cluster, s.stages) == (2, stages), s.reason
 
 
+FEWER_ROWS = [("dropout_rmsnorm_bwd", 3072, DataType.BFloat16, 2),
+              ("dropout_rmsnorm_bwd", 6144, DataType.Half, 1),
+              ("dropout_rmsnorm_bwd", 7168, DataType.BFloat16, 1),
+              ("rmsnorm_bwd", 5120, DataType.BFloat16, 2)]
+
+
+@pytest.mark.parametrize("rows", [7, 1000, 4099])
+@pytest.mark.parametrize(("name", "hidden", "dtype", "rows_per_block"), FEWER_ROWS,
+                         ids=[f"{n}-{h}-{d.name}" for n, h, d, _ in FEWER_ROWS])
+def test_fewer_rows_in_three_stages_match_reference(name, hidden, dtype, rows_per_block, rows,
+                                                    rng):
+    """Blocks of two rows or one of 128 threads in three stages before packed rows in two
+    (inner_outer_persistent._fewer_rows_why): 7 rows leave most blocks without one, 4099 a
+    last block of one row where it holds two."""
+    fd = run_and_validate(name, dtype, hidden, rows, rng)
+    s = fd.last_schedule()
+    assert (s.threads_per_row, s.rows_per_block, s.stages) == (128, rows_per_block, 3), s.reason
+
+
 PACKED_FIRST = [("rmsnorm_bwd", 16384, DataType.BFloat16, 2, 1),
                 ("rmsnorm_bwd", 32768, DataType.Half, 4, 1),
                 ("layernorm_bwd", 16384, DataType.Half, 4, 2),

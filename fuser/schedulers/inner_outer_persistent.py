@@ -28,6 +28,7 @@ from fuser.schedulers.base import Problem, RowSchedule, Storage
 from fuser.schedulers.hints import Hints
 from fuser.schedulers.row_fit import fit
 from fuser.schedulers.row_records import (
+    FewerRowsFirst,
     PackedFirst,
     PackedRows,
     Phase,
@@ -200,6 +201,38 @@ def _packed_first_why(fusion: RowFusion, geo: RowGeometry) -> str | None:
             "sums a thread, every buffer in shared memory")
 
 
+def _fewer_rows_why(fusion: RowFusion, first: RowSchedule) -> str | None:
+    """Why blocks of fewer rows in three stages go before the search's first schedule
+    (RowPolicy.fewer_rows_first), or None: packed rows keep one block per SM in two stages,
+    every buffer in shared memory, on one block or a cluster of two, where three stages of
+    them do not fit; for fusions _three_stages takes (a row reduction, at most one column
+    sum, elements of 2 bytes or narrower in 16-byte vectors, rows not skewed). Then two rows
+    of 128 threads a block in three stages, else one, where either keeps every buffer in
+    shared memory: more rows' copies in flight while a block computes and meets at its
+    barrier. H200, 16384 rows, fraction of the copy, the tree before -> the rule, median of
+    two runs each (bench/TUNING.md, "fewer rows in three stages"): dropout_rmsnorm_bwd bf16
+    3072 / 6144 / 7168 0.87 / 0.89 / 0.92 -> 0.97 / 0.98 / 0.95 (two rows, one, one),
+    rmsnorm_bwd 5120 0.83 -> 0.95 (two); fp16 0.92 / 0.93 / 0.95 -> 0.98 / 0.98 / 0.96 and
+    0.85 -> 0.95. Not where the packed rows already have three stages (rmsnorm_bwd 3072 /
+    6144: 0.93 / 0.97 against 0.89 / 0.93-0.94 with fewer rows) or one stage
+    (dropout_rmsnorm_bwd 8192: 0.95 against 0.84), nor with two column sums (layernorm_bwd
+    3072 / 6144 0.92 / 0.94 against 0.83 / 0.90), nor where packed rows moved a buffer to
+    registers (dropout_rmsnorm_bwd 4096: 0.93 against 0.92). Measured on the H200 only; on
+    the A100 preset it moves rmsnorm_bwd 4096 (bf16, fp16), which the H200 keeps packed in
+    three stages."""
+    packed_rows = POLICY.packed
+    if (packed_rows is None or first.skew or not fusion.info.inner_levels
+            or len(fusion.info.outer_reductions) > 1 or not fusion.full
+            or not _wide_vectors_of_2_bytes(fusion, first.vec)):
+        return None
+    if (first.threads_per_row != packed_rows.threads_per_row or first.rows_per_block < 2
+            or first.blocks_per_sm != 1 or first.stages != 2 or first.cluster > 2
+            or any(p.storage is not Storage.SMEM for p in first.placements)):
+        return None
+    return ("packed rows keep one block per SM in two stages: fewer rows a block in three "
+            "stages first")
+
+
 def _packed_first_keeps(s: RowSchedule) -> bool:
     """Whether a packed schedule over a cluster may go first (_packed_first_why): every
     buffer in shared memory, the column sums in registers (dropout_rmsnorm_bwd 16384 with a
@@ -259,6 +292,8 @@ POLICY = RowPolicy(
                       above_vectors=64),
     split_first=_split_first,
     packed_first=PackedFirst(_packed_first_why, _packed_first_keeps),
+    fewer_rows_first=FewerRowsFirst(_fewer_rows_why, threads_per_row=128, rows_per_block=(2, 1),
+                                    stages=3),
 )
 
 

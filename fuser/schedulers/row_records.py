@@ -62,6 +62,20 @@ class PackedFirst:
 
 
 @dataclass(frozen=True)
+class FewerRowsFirst:
+    """When blocks of fewer rows in more stages go before the search's first schedule
+    (RowSearch._fewer_rows_first): `why` names why, given the fusion and that first schedule
+    (None: they do not go first). Tried in order: threads_per_row threads a row at each of
+    rows_per_block, in `stages` stages with every buffer in shared memory, on one block; the
+    first that fits goes first."""
+
+    why: Callable[[RowFusion, RowSchedule], str | None]
+    threads_per_row: int
+    rows_per_block: tuple[int, ...]
+    stages: int
+
+
+@dataclass(frozen=True)
 class RowPolicy:
     """What distinguishes one persistent scheduler from the other: how rows are dealt to
     threads, how many threads a block of short rows reaches, and the order in which storages
@@ -103,6 +117,9 @@ class RowPolicy:
     # Where packed rows over a cluster go before every other step (None: never;
     # RowSearch._packed_first)
     packed_first: PackedFirst | None = None
+    # Where blocks of fewer rows in more stages go before the search's first schedule
+    # (None: never; RowSearch._fewer_rows_first)
+    fewer_rows_first: FewerRowsFirst | None = None
 
     def stages_first(self, passes: int) -> bool:
         """Whether a fusion of this many passes over each row stages its rows in shared

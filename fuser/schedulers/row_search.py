@@ -13,7 +13,9 @@ where the policy says so, rows too long to be short try one stage in shared memo
 block per row group, several blocks to an SM (row_dealt.py); and where the policy says why
 (RowPolicy.split_first), the first schedule of a cluster of two goes before one block's
 (_split_first), and where it names why (RowPolicy.packed_first), the first schedule of
-packed rows over a cluster goes before all of them (_packed_first). The first schedule is
+packed rows over a cluster goes before all of them (_packed_first); where the policy names
+why the schedule first then holds its rows back (RowPolicy.fewer_rows_first), blocks of
+fewer rows in more stages go before everything (_fewer_rows_first). The first schedule is
 the heuristic's; kernels.build() moves on to the next only when ptxas spills.
 """
 
@@ -68,8 +70,12 @@ class _Step:
     # Only the step's first schedule (RowSearch._split_first: a cluster of two's, before one
     # block's; the step's others keep their place after one block's)
     first_only: bool = False
-    # A step of this schedule alone, found ahead of the search (RowSearch._packed_first)
+    # A step of this schedule alone, found ahead of the search (RowSearch._packed_first,
+    # RowSearch._fewer_rows_first)
     schedule: RowSchedule | None = None
+    # The threads per row, rows per block and stages the step's phase takes as hints on top
+    # of the search's: RowSearch._fewer_rows_first's blocks
+    shape: tuple[int, int, int] | None = None
 
 
 class RowSearch:
@@ -124,7 +130,8 @@ class RowSearch:
                      for policy in policies for k in sizes]
             steps.append(_Step(sizes[-1], Reach.OFF_CHIP,
                                f"{sizes[-1]} block(s) cannot keep the row on chip", plain))
-            steps = self._dealt_steps(plain) + self._packed_first(self._split_first(steps))
+            steps = self._dealt_steps(plain) + self._fewer_rows_first(
+                self._packed_first(self._split_first(steps)), plain)
         return self._skewed_first(steps)
 
     def _split_first(self, steps: list[_Step]) -> list[_Step]:
@@ -172,6 +179,31 @@ class RowSearch:
                 s.threads_per_row == rows.threads_per_row and rule.keeps(s)))
             if first is not None:
                 return [replace(step, why=why, schedule=first), *steps]
+        return steps
+
+    def _fewer_rows_first(self, steps: list[_Step], plain: RowPolicy) -> list[_Step]:
+        """`steps`, with a block of fewer rows in more stages before all of them where the
+        policy names why, given the search's first schedule (RowPolicy.fewer_rows_first):
+        the first of its shapes that fits on one block with every buffer in shared memory, in
+        a step of its own. The steps keep their order after it, so a schedule that spills
+        falls back on the order without the rule. Not under hints that shape the block, as
+        _split_first."""
+        rule = self.policy.fewer_rows_first
+        if rule is None or set(self.hints.given()) - set(MOOT_HINTS):
+            return steps
+        first = next(filter(None, (step.schedule or self._probe(step) for step in steps)),
+                     None)
+        why = rule.why(self.fusion, first) if first is not None else None
+        if why is None:
+            return steps
+        for rows in rule.rows_per_block:
+            step = _Step(1, Reach.ON_CHIP, why, plain,
+                         shape=(rule.threads_per_row, rows, rule.stages))
+            found = self._probe(step, lambda s: (
+                s.stages == rule.stages and s.accumulators is Storage.REGISTERS
+                and all(p.storage is Storage.SMEM for p in s.placements)))
+            if found is not None:
+                return [replace(step, schedule=found), *steps]
         return steps
 
     def _probe(self, step: _Step,
@@ -222,10 +254,12 @@ class RowSearch:
             return self._skewed_phase(step)
         hints = (self.hints if step.dealt_threads is None
                  else replace(self.hints, threads_per_row=step.dealt_threads))
-        geo = geometry(self.fusion, self.problem, self.device, step.policy, hints, step.cluster)
+        geo = geometry(self.fusion, self.problem, self.device, step.policy,
+                       _shaped(hints, step.shape), step.cluster)
         aligned = chunked and self.problem.align_bytes >= 16 and self.fusion.narrow(geo.vec)
-        return Phase(self.fusion, self.problem, self.device, step.policy, self.hints, geo,
-                     aligned, step.reach, step.why)
+        # a shaped step's storage orders see its shape as hints (its stages)
+        return Phase(self.fusion, self.problem, self.device, step.policy,
+                     _shaped(self.hints, step.shape), geo, aligned, step.reach, step.why)
 
     def _skewed_phase(self, step: _Step) -> Phase:
         """A skewed step's phase (row_skew.skewed_geometry). Shared row buffers are filled a
@@ -431,6 +465,15 @@ class RowSearch:
             return next(search.candidates()).reason
         except OutOfResourcesError as exc:
             return f"none ({str(exc).splitlines()[0]})"
+
+
+def _shaped(hints: Hints, shape: tuple[int, int, int] | None) -> Hints:
+    """`hints` with a step's shape (threads per row, rows per block, stages), where it has
+    one."""
+    if shape is None:
+        return hints
+    threads, rows, stages = shape
+    return replace(hints, threads_per_row=threads, rows_per_block=rows, stages=stages)
 
 
 def _on_chip_why(cluster: int, after_packed: bool) -> str:
