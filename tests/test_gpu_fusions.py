@@ -278,7 +278,7 @@ def test_backward_matches_reference(name, hidden, rows, dtype, rng):
 @pytest.mark.parametrize("rows", [7, 1000, 4099])
 @pytest.mark.parametrize(("name", "hidden"), [
     ("rmsnorm_bwd", 2048), ("rmsnorm_bwd", 4096), ("rmsnorm_bwd", 10240),
-    ("rmsnorm_bwd", 12288), ("dropout_rmsnorm_bwd", 1024)])
+    ("rmsnorm_bwd", 12288), ("dropout_rmsnorm_bwd", 1024), ("dropout_rmsnorm_bwd", 2048)])
 def test_three_stage_defaults_match_reference(name, hidden, rows, dtype, rng):
     """Rows three stages deep (inner_outer_persistent._three_stages), packed four to a block
     (2048, 4096, 1024) or one (10240, 12288): a block's first two row groups start loading

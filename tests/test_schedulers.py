@@ -333,26 +333,30 @@ def test_short_backward_rows_get_small_blocks(name, hidden, threads_per_row, row
 
 
 def test_short_rows_take_two_stages_where_one_leaves_a_single_block():
-    """Packed rows of 4096 (bf16) are short enough for one stage first: dropout + RMSNorm
-    backward's one stage keeps two blocks per SM; LayerNorm backward's two column
-    accumulators leave one block per SM, so it takes two stages (0.74 -> 0.88 of the copy)."""
-    _, rms = plan_for("dropout_rmsnorm_bwd", DataType.BFloat16, 2048)
+    """Packed short rows may take one stage first: dropout + RMSNorm backward's (fp32 1024)
+    keeps three blocks per SM; LayerNorm backward's (bf16 4096) two column accumulators leave
+    one block per SM, so it takes two stages (0.74 -> 0.88 of the copy). bf16 dropout +
+    RMSNorm backward 2048 ties one stage at three blocks with three stages at one, and takes
+    three (inner_outer_persistent._planned_blocks_hold_as_many)."""
+    _, rms = plan_for("dropout_rmsnorm_bwd", DataType.Float, 1024)
     _, ln = plan_for("layernorm_bwd", DataType.BFloat16, 4096)
+    _, tie = plan_for("dropout_rmsnorm_bwd", DataType.BFloat16, 2048)
     assert (rms.stages, rms.blocks_per_sm) == (1, 3), rms.reason
     assert (ln.stages, ln.blocks_per_sm) == (2, 1), ln.reason
+    assert (tie.stages, tie.blocks_per_sm) == (3, 1), tie.reason
 
 
 @pytest.mark.parametrize(("name", "dtype", "hidden", "stages"), [
     ("layernorm_bwd", DataType.BFloat16, 1024, 2), ("layernorm_bwd", DataType.BFloat16, 2048, 2),
     ("gelu_bwd", DataType.BFloat16, 1024, 2), ("rmsnorm_bwd", DataType.BFloat16, 4099, 2),
     ("gelu_bwd", DataType.Float, 1024, 1), ("layernorm_bwd", DataType.Float, 1000, 1),
-    ("dropout_rmsnorm_bwd", DataType.BFloat16, 2048, 1)])
+    ("dropout_rmsnorm_bwd", DataType.Float, 1024, 1)])
 def test_short_rows_take_a_second_stage_while_one_fills_under_half_an_sm(name, dtype, hidden,
                                                                          stages):
     """Short rows take two stages first where one stage fills less than half an SM's shared
     memory and two keep its blocks per SM (bf16 layernorm_bwd 1024 / 2048: 0.77 / 0.80 ->
     0.83 / 0.88); one where one stage already fills more (fp32 gelu_bwd 1024: 121 KB per
-    SM, two stages 0.85 -> 0.79) or where two cost a block (dropout_rmsnorm_bwd 2048)."""
+    SM, two stages 0.85 -> 0.79) or where two cost a block (fp32 dropout_rmsnorm_bwd 1024)."""
     info = analyze(FUSIONS[name](dtype).fusion)
     s = schedule(info, Problem(hidden, 16384, 16), H200)
     one = schedule(info, Problem(hidden, 16384, 16), H200, Hints(stages=1))
@@ -373,6 +377,7 @@ def test_short_rows_take_a_second_stage_while_one_fills_under_half_an_sm(name, d
     ("rmsnorm_bwd", DataType.BFloat16, 17408, 3),  # over two blocks (_split_first)
     ("rmsnorm_bwd", DataType.BFloat16, 4096, 3),  # one stage at two blocks -> three at one
     ("dropout_rmsnorm_bwd", DataType.BFloat16, 1024, 3),  # one at four -> three at two
+    ("dropout_rmsnorm_bwd", DataType.Half, 2048, 3),  # a tie with one stage at three blocks
     ("rmsnorm_bwd", DataType.BFloat16, 1024, 2),  # two stages at four blocks stay
     ("rmsnorm_bwd", DataType.BFloat16, 4099, 2)])  # as many in flight at two blocks
 def test_rows_take_a_third_stage_where_it_puts_more_rows_in_flight(name, dtype, hidden,

@@ -126,10 +126,27 @@ def _three_stages(phase: Phase, stages: int, staged_fit: StagedFit) -> bool:
             or len(fusion.info.outer_reductions) > 1 or not fusion.full or fusion.widest > 2):
         return False
     first, three = staged_fit(stages), staged_fit(3)
-    return (isinstance(first, RowSchedule) and isinstance(three, RowSchedule)
+    if not (isinstance(first, RowSchedule) and isinstance(three, RowSchedule)
             and (first.stages == 1 or first.blocks_per_sm == 1)
-            and three.placements == first.placements
-            and _stages_in_flight(three) > _stages_in_flight(first))
+            and three.placements == first.placements):
+        return False
+    more = _stages_in_flight(three) - _stages_in_flight(first)
+    return more > 0 or (more == 0 and _planned_blocks_hold_as_many(geo, first, three))
+
+
+def _planned_blocks_hold_as_many(geo: RowGeometry, first: RowSchedule,
+                                 three: RowSchedule) -> bool:
+    """Whether three stages on one block per SM take a tie with one stage of three or more
+    blocks: those blocks hold as many rows in flight only as long as ptxas builds them
+    within the planned registers, and the estimate falls short for fusions of many row
+    inputs (dropout_rmsnorm_bwd bf16 2048: planned for three blocks at 80 registers, built
+    for two at 96). H200, 16384 rows, fraction of the copy, the tree before -> the tie
+    taken, median of two runs each (bench/TUNING.md, "fewer rows in three stages"):
+    dropout_rmsnorm_bwd 2048 bf16 / fp16 0.88 / 0.87 -> 0.91 / 0.92 (1024, unchanged:
+    even); it moves 1536 too (not measured). Rows of one element (three stages at three
+    blocks against one at seven) were not measured, and keep one stage."""
+    return (geo.cluster == 1 and first.stages == 1 and first.blocks_per_sm >= 3
+            and three.blocks_per_sm == 1)
 
 
 def _stages_in_flight(s: RowSchedule) -> int:
