@@ -121,9 +121,8 @@ def _three_stages(phase: Phase, stages: int, staged_fit: StagedFit) -> bool:
     two column sums (layernorm_bwd 12288 0.90 -> 0.88), 4-byte elements (fp32 rmsnorm_bwd
     8192 0.96 -> 0.95)."""
     fusion, geo = phase.fusion, phase.geometry
-    if (geo.cluster > 2 or geo.skew or not fusion.info.inner_levels
-            or (geo.cluster == 2 and fusion.narrow(geo.vec))
-            or len(fusion.info.outer_reductions) > 1 or not fusion.full or fusion.widest > 2):
+    if (geo.cluster > 2 or geo.skew or (geo.cluster == 2 and fusion.narrow(geo.vec))
+            or not _three_stage_fusion(fusion)):
         return False
     first, three = staged_fit(stages), staged_fit(3)
     if not (isinstance(first, RowSchedule) and isinstance(three, RowSchedule)
@@ -132,6 +131,13 @@ def _three_stages(phase: Phase, stages: int, staged_fit: StagedFit) -> bool:
         return False
     more = _stages_in_flight(three) - _stages_in_flight(first)
     return more > 0 or (more == 0 and _planned_blocks_hold_as_many(geo, first, three))
+
+
+def _three_stage_fusion(fusion: RowFusion) -> bool:
+    """Whether the fusion's rows may take a third stage (_three_stages, _fewer_rows_why): a
+    row reduction, at most one column sum, row inputs of 2 bytes or narrower."""
+    return (bool(fusion.info.inner_levels) and len(fusion.info.outer_reductions) <= 1
+            and bool(fusion.full) and fusion.widest <= 2)
 
 
 def _planned_blocks_hold_as_many(geo: RowGeometry, first: RowSchedule,
@@ -238,8 +244,7 @@ def _fewer_rows_why(fusion: RowFusion, first: RowSchedule) -> str | None:
     the A100 preset it moves rmsnorm_bwd 4096 (bf16, fp16), which the H200 keeps packed in
     three stages."""
     packed_rows = POLICY.packed
-    if (packed_rows is None or first.skew or not fusion.info.inner_levels
-            or len(fusion.info.outer_reductions) > 1 or not fusion.full
+    if (packed_rows is None or first.skew or not _three_stage_fusion(fusion)
             or not _wide_vectors_of_2_bytes(fusion, first.vec)):
         return None
     if (first.threads_per_row != packed_rows.threads_per_row or first.rows_per_block < 2
