@@ -224,6 +224,13 @@ class RowSchedule:
         period = self.vec // self.skew
         return period // math.gcd(period, self.rows_per_block)
 
+    @property
+    def buffers_in_smem(self) -> bool:
+        """Whether every row and column buffer lives in shared memory (none in registers,
+        re-read or in a ring): what the search's reordering rules ask of the schedules they
+        move first."""
+        return all(p.storage is Storage.SMEM for p in self.placements)
+
     def placement(self, tensor: str) -> Placement:
         return next(p for p in self.placements if p.tensor == tensor)
 

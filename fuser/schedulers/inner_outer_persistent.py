@@ -185,8 +185,8 @@ def _split_first(fusion: RowFusion, one: RowSchedule, two: RowSchedule) -> str |
     buffer to registers (dropout_rmsnorm_bwd 8192, three stages with two in registers: 0.95
     -> 0.84), nor for rows of narrower vectors (rmsnorm_bwd 24578 0.85 -> 0.70) or of 4-byte
     elements (fp32 rmsnorm_bwd / layernorm_bwd 12288 0.96 / 0.94 -> 0.84 / 0.86)."""
-    if not _wide_vectors_of_2_bytes(fusion, one.vec) or two.stages < 2 or any(
-            p.storage is not Storage.SMEM for p in two.placements):
+    if not _wide_vectors_of_2_bytes(fusion, one.vec) or two.stages < 2 or not (
+            two.buffers_in_smem):
         return None
     in_registers = [p.tensor for p in one.placements if p.storage is Storage.REGISTERS]
     if in_registers:
@@ -245,11 +245,11 @@ def _fewer_rows_why(fusion: RowFusion, first: RowSchedule) -> str | None:
     three stages."""
     packed_rows = POLICY.packed
     if (packed_rows is None or first.skew or not _three_stage_fusion(fusion)
-            or not _wide_vectors_of_2_bytes(fusion, first.vec)):
+            or fusion.narrow(first.vec)):
         return None
     if (first.threads_per_row != packed_rows.threads_per_row or first.rows_per_block < 2
             or first.blocks_per_sm != 1 or first.stages != 2 or first.cluster > 2
-            or any(p.storage is not Storage.SMEM for p in first.placements)):
+            or not first.buffers_in_smem):
         return None
     return ("packed rows keep one block per SM in two stages: fewer rows a block in three "
             "stages first")
@@ -262,8 +262,7 @@ def _packed_first_keeps(s: RowSchedule) -> bool:
     at most PACKED_FIRST_ONE_STAGE_CLUSTER (rmsnorm_bwd 65536, one stage over 8 blocks: 0.97
     -> 0.92; a block with no next row in flight waits out each row's meeting of its
     cluster)."""
-    return (s.accumulators is Storage.REGISTERS
-            and all(p.storage is Storage.SMEM for p in s.placements)
+    return (s.accumulators is Storage.REGISTERS and s.buffers_in_smem
             and (s.stages > 1 or s.cluster <= PACKED_FIRST_ONE_STAGE_CLUSTER))
 
 

@@ -199,9 +199,9 @@ class RowSearch:
         for rows in rule.rows_per_block:
             step = _Step(1, Reach.ON_CHIP, why, plain,
                          shape=(rule.threads_per_row, rows, rule.stages))
+            # every buffer in shared memory: the shape's stages, which hold the rows there
             found = self._probe(step, lambda s: (
-                s.stages == rule.stages and s.accumulators is Storage.REGISTERS
-                and all(p.storage is Storage.SMEM for p in s.placements)))
+                s.accumulators is Storage.REGISTERS and s.buffers_in_smem))
             if found is not None:
                 return [replace(step, schedule=found), *steps]
         return steps
