@@ -240,9 +240,9 @@ def element_env(info: FusionInfo, scalar_env: dict[Val, str]) -> dict[Val, str]:
     (row inputs) and c_<input> (column inputs), converted to the compute type."""
     env = dict(scalar_env)
     for t in info.full_inputs:
-        env[t] = f"fm::to_compute(x_{t.name}.v[i])"
+        env[t] = f"fm::element(x_{t.name}, i)"
     for t in info.col_inputs:
-        env[t] = f"fm::to_compute(c_{t.name}.v[i])"
+        env[t] = f"fm::element(c_{t.name}, i)"
     return env
 
 

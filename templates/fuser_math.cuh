@@ -50,6 +50,50 @@ __device__ __forceinline__ float to_compute(__half x) { return __half2float(x); 
 template <typename T>
 __device__ __forceinline__ T to_compute(T x) { return x; }
 
+// The vector `load()` returns where `keep`, else zeros. Chosen element by element, a vector of
+// 16-bit elements cost a PRMT for each half of each word (ptxas merged the halves of the
+// predicated load into registers it had zeroed half by half), so those are chosen in 32-bit
+// words. Other element types keep the plain choice: through words, a vector of bools was
+// loaded behind a branch and its bytes re-packed one by one.
+template <typename T, int N, typename Load>
+__device__ __forceinline__ Vec<T, N> load_or_zero(bool keep, Load&& load) {
+  if constexpr (sizeof(T) == 2 && N % 2 == 0) {
+    Vec<unsigned, N / 2> words{};
+    if (keep) {
+      const Vec<T, N> x = load();
+      memcpy(&words, &x, sizeof(words));
+    }
+    Vec<T, N> x;
+    memcpy(&x, &words, sizeof(x));
+    return x;
+  } else {
+    return keep ? load() : Vec<T, N>{};
+  }
+}
+
+// Element i of a vector, in the compute type. Two bf16 elements share a 32-bit word and a
+// bf16 is the top half of its float, so the word's high element is the word with its low
+// half cleared (one LOP3) and the low one the word shifted up (one SHF), where converting
+// an element taken out of the word costs a PRMT and a SHF for the high one. i is a constant
+// wherever it is called (an unrolled loop over the vector), so the branch folds away.
+// Vectors of two elements keep the plain conversion: they are the step of fusions of many
+// inputs (base.pick_vec caps the bytes a step reads), whose elements ptxas reads from shared
+// memory one at a time as it adds them; read as words, a 128-input sum kept every input's
+// word live across the step and spilled.
+template <typename T, int N>
+__device__ __forceinline__ auto element(const Vec<T, N>& x, int i) { return to_compute(x.v[i]); }
+
+template <int N>
+__device__ __forceinline__ float element(const Vec<__nv_bfloat16, N>& x, int i) {
+  if constexpr (N % 2 == 0 && N >= 4) {
+    unsigned word;
+    memcpy(&word, &x.v[i & ~1], sizeof(word));
+    return __uint_as_float(i & 1 ? word & 0xffff0000u : word << 16);
+  } else {
+    return __bfloat162float(x.v[i]);
+  }
+}
+
 template <typename S>
 struct Storage {
   template <typename C>

@@ -302,7 +302,7 @@ struct RowInRegisters {
     for (int b = 0; b < Part::BATCH; ++b) {
       const int j = part.vector(b);
       const int e = j * Part::VEC - skew;
-      v[b] = (valid && part.owns(j)) ? load_vector<Part>(r, e, b) : V{};
+      v[b] = load_or_zero<T, Part::VEC>(valid && part.owns(j), [&] { return load_vector<Part>(r, e, b); });
     }
   }
   __device__ __forceinline__ V at(const Visit& x) const { return v[x.b]; }
@@ -407,10 +407,10 @@ struct RowInGlobal {
     valid = v;
   }
   __device__ __forceinline__ V at(const Visit& x) const {
-    return valid ? load<Part::VEC>(row + x.e) : V{};
+    return load_or_zero<T, Part::VEC>(valid, [&] { return load<Part::VEC>(row + x.e); });
   }
   __device__ __forceinline__ V at(const EdgeVisit& x) const {
-    return valid ? load_edge<Part>(row, x.e) : V{};
+    return load_or_zero<T, Part::VEC>(valid, [&] { return load_edge<Part>(row, x.e); });
   }
 };
 

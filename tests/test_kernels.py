@@ -153,13 +153,13 @@ def test_a_block_per_group_is_not_rebuilt_below_two_blocks_per_sm(only_candidate
 
 
 def test_a_hinted_block_per_group_stays_so_when_rebuilt(tmp_path):
-    """Hinted a block per group, rmsnorm_fwd 65536 over a cluster of 2 at 256 threads per row
+    """Hinted a block per group, rmsnorm_fwd 81920 over a cluster of 2 at 256 threads per row
     spills at every residency but one block per SM: the hint is kept there too (a hint is
     honoured or refused, never swapped for another dealing)."""
     fd = ROW_FUSIONS["rmsnorm_fwd"](DataType.BFloat16)
     hints = Hints(cluster=2, stages=1, storage=(("T0", "smem"),), dealing="grid",
                   threads_per_row=256)
-    built = kernels.build(fd.name, analyze(fd.fusion), Problem(65536, 16384, 16), H200,
+    built = kernels.build(fd.name, analyze(fd.fusion), Problem(81920, 16384, 16), H200,
                           hints, cache=KernelCache(str(tmp_path)))
     s = built.schedule
     assert "rebuilt for" in s.reason and s.blocks_per_sm == 1, s.reason

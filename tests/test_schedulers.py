@@ -231,15 +231,18 @@ def test_a_spilling_full_backward_block_builds_at_half_the_threads():
 
 
 def test_a_hinted_storage_that_spills_packed_builds_in_plain_blocks():
-    """Every row buffer forced into registers at 4096: four packed rows of 64 threads spill
-    (8 vectors of three buffers and the dW accumulators a thread), so the build goes on to
-    the policy's plain block, one row of 256 threads, which compiles cleanly."""
-    info = analyze(ROW_FUSIONS["rmsnorm_bwd"](DataType.BFloat16).fusion)
-    hints = Hints(storage=tuple((n, Storage.REGISTERS) for n in ("T0", "T2", "T3")), stages=1)
+    """Every buffer of dropout + RMSNorm backward forced into registers at 4096: four packed
+    rows of 64 threads spill (8 vectors of five buffers and the dW accumulators a thread), so
+    the build goes on to the policy's plain block, one row of 256 threads, which compiles
+    cleanly. (RMSNorm backward's three buffers so fit in 254 registers since bf16 elements
+    are read by word.)"""
+    info = analyze(ROW_FUSIONS["dropout_rmsnorm_bwd"](DataType.BFloat16).fusion)
+    buffers = ("T0", "T1", "T2", "T4", "T5")
+    hints = Hints(storage=tuple((n, Storage.REGISTERS) for n in buffers), stages=1)
     problem = Problem(4096, 333, 16)
     first = next(candidates(info, problem, H200, hints))
     assert (first.threads_per_row, first.rows_per_block) == (64, 4), first.reason
-    built = build("rmsnorm_bwd", info, problem, H200, hints)
+    built = build("dropout_rmsnorm_bwd", info, problem, H200, hints)
     assert (built.schedule.threads_per_row, built.schedule.rows_per_block) == (256, 1)
     assert not built.compiled.resource(built.source.row_entry).spills
 

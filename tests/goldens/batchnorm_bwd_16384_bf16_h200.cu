@@ -149,10 +149,10 @@ batchnorm_bwd_outer(
       const auto x_T3 = slab.at(s_T3, r);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
-        const float e_T5 = fm::to_compute(x_T3.v[i]);
-        const float e_T6 = fm::to_compute(x_T0.v[i]);
-        const float e_T7 = (e_T6 - fm::to_compute(c_T1.v[i]));
-        const float e_T8 = (e_T7 * fm::to_compute(c_T2.v[i]));
+        const float e_T5 = fm::element(x_T3, i);
+        const float e_T6 = fm::element(x_T0, i);
+        const float e_T7 = (e_T6 - fm::element(c_T1, i));
+        const float e_T8 = (e_T7 * fm::element(c_T2, i));
         const float e_T10 = (e_T5 * e_T8);
         acc_T9[i] = fm::Sum{}(acc_T9[i], e_T5);
         acc_T11[i] = fm::Sum{}(acc_T11[i], e_T10);
@@ -183,8 +183,8 @@ batchnorm_bwd_outer(
   for (int i = 0; i < VEC; ++i) {
     const float col_T13 = (r_T9[i] / static_cast<float>(S12));
     const float col_T15 = (r_T11[i] / static_cast<float>(S12));
-    const float col_T18 = fm::to_compute(c_T4.v[i]);
-    const float col_T19 = (col_T18 * fm::to_compute(c_T2.v[i]));
+    const float col_T18 = fm::element(c_T4, i);
+    const float col_T19 = (col_T18 * fm::element(c_T2, i));
     k_T13[i] = col_T13;
     k_T15[i] = col_T15;
     k_T19[i] = col_T19;
@@ -196,10 +196,10 @@ batchnorm_bwd_outer(
       fm::Vec<__nv_bfloat16, VEC> o_T21;
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
-        const float e_T5 = fm::to_compute(x_T3.v[i]);
-        const float e_T6 = fm::to_compute(x_T0.v[i]);
-        const float e_T7 = (e_T6 - fm::to_compute(c_T1.v[i]));
-        const float e_T8 = (e_T7 * fm::to_compute(c_T2.v[i]));
+        const float e_T5 = fm::element(x_T3, i);
+        const float e_T6 = fm::element(x_T0, i);
+        const float e_T7 = (e_T6 - fm::element(c_T1, i));
+        const float e_T8 = (e_T7 * fm::element(c_T2, i));
         const float e_T14 = (e_T5 - k_T13[i]);
         const float e_T16 = (e_T8 * k_T15[i]);
         const float e_T17 = (e_T14 - e_T16);

@@ -143,7 +143,7 @@ batchnorm_fwd_outer(
       const auto x_T0 = slab.at(s_T0, r);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
-        const float e_T3 = fm::to_compute(x_T0.v[i]);
+        const float e_T3 = fm::element(x_T0, i);
         acc_T5[i] = fm::Sum{}(acc_T5[i], e_T3);
       }
     }
@@ -173,7 +173,7 @@ batchnorm_fwd_outer(
       const auto x_T0 = slab.at(s_T0, r);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
-        const float e_T3 = fm::to_compute(x_T0.v[i]);
+        const float e_T3 = fm::element(x_T0, i);
         const float e_T10 = (e_T3 - k_T6[i]);
         const float e_T11 = (e_T10 * e_T10);
         acc_T16[i] = fm::Sum{}(acc_T16[i], e_T11);
@@ -199,8 +199,8 @@ batchnorm_fwd_outer(
     const float col_T17 = (r_T16[i] / static_cast<float>(S15));
     const float col_T19 = (col_T17 + static_cast<float>(S18));
     const float col_T20 = fm::rsqrt(col_T19);
-    const float col_T23 = fm::to_compute(c_T1.v[i]);
-    const float col_T25 = fm::to_compute(c_T2.v[i]);
+    const float col_T23 = fm::element(c_T1, i);
+    const float col_T25 = fm::element(c_T2, i);
     k_T20[i] = col_T20;
     k_T23[i] = col_T23;
     k_T25[i] = col_T25;
@@ -211,7 +211,7 @@ batchnorm_fwd_outer(
       fm::Vec<__nv_bfloat16, VEC> o_T27;
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
-        const float e_T3 = fm::to_compute(x_T0.v[i]);
+        const float e_T3 = fm::element(x_T0, i);
         const float e_T21 = (e_T3 - k_T6[i]);
         const float e_T22 = (e_T21 * k_T20[i]);
         const float e_T24 = (e_T22 * k_T23[i]);

@@ -92,7 +92,7 @@ double_share_row(
       const auto x_T0 = T0.at(v);
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
-        if (fm::in_row<Part>(v, i)) row_T1 = fm::Sum{}(row_T1, fm::to_compute(x_T0.v[i]));
+        if (fm::in_row<Part>(v, i)) row_T1 = fm::Sum{}(row_T1, fm::element(x_T0, i));
       }
     });
     reduce(part, fm::reduced(row_T1, fm::Sum{}));
@@ -104,7 +104,7 @@ double_share_row(
       fm::Vec<double, Part::VEC> o_T5;
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
-        const double e_T5 = (fm::to_compute(x_T0.v[i]) * row_rcp_d_T1);
+        const double e_T5 = (fm::element(x_T0, i) * row_rcp_d_T1);
         o_T5.v[i] = fm::to_storage<double>(e_T5);
       }
       if (valid) fm::store_visit<Part, false>(g_T5 + row * H, v, o_T5);

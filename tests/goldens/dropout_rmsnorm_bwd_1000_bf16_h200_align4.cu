@@ -192,14 +192,14 @@ dropout_rmsnorm_bwd_row(
       const auto c_T5 = T5.at(v);
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
-        const float e_T7 = static_cast<float>(fm::to_compute(x_T2.v[i]));
-        const float e_T8 = fm::to_compute(x_T1.v[i]);
-        const float e_T9 = fm::to_compute(x_T0.v[i]);
+        const float e_T7 = static_cast<float>(fm::element(x_T2, i));
+        const float e_T8 = fm::element(x_T1, i);
+        const float e_T9 = fm::element(x_T0, i);
         const float e_T10 = (e_T7 * e_T9);
         const float e_T11 = (e_T10 * static_cast<float>(S6));
         const float e_T12 = (e_T8 + e_T11);
-        const float e_T17 = fm::to_compute(x_T4.v[i]);
-        const float e_T18 = fm::to_compute(c_T5.v[i]);
+        const float e_T17 = fm::element(x_T4, i);
+        const float e_T18 = fm::element(c_T5, i);
         const float e_T19 = (e_T17 * e_T18);
         const float e_T20 = (e_T12 * row_T16);
         const float e_T21 = (e_T19 * e_T20);
@@ -220,20 +220,20 @@ dropout_rmsnorm_bwd_row(
       fm::Vec<__nv_bfloat16, Part::VEC> o_T37;
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
-        const float e_T7 = static_cast<float>(fm::to_compute(x_T2.v[i]));
-        const float e_T8 = fm::to_compute(x_T1.v[i]);
-        const float e_T9 = fm::to_compute(x_T0.v[i]);
+        const float e_T7 = static_cast<float>(fm::element(x_T2, i));
+        const float e_T8 = fm::element(x_T1, i);
+        const float e_T9 = fm::element(x_T0, i);
         const float e_T10 = (e_T7 * e_T9);
         const float e_T11 = (e_T10 * static_cast<float>(S6));
         const float e_T12 = (e_T8 + e_T11);
-        const float e_T17 = fm::to_compute(x_T4.v[i]);
-        const float e_T18 = fm::to_compute(c_T5.v[i]);
+        const float e_T17 = fm::element(x_T4, i);
+        const float e_T18 = fm::element(c_T5, i);
         const float e_T19 = (e_T17 * e_T18);
         const float e_T20 = (e_T12 * row_T16);
         const float e_T28 = (e_T20 * row_T24);
         const float e_T29 = (e_T19 - e_T28);
         const float e_T30 = (e_T29 * row_T16);
-        const float e_T31 = fm::to_compute(x_T4.v[i]);
+        const float e_T31 = fm::element(x_T4, i);
         const float e_T32 = (e_T31 * e_T20);
         const float e_T34 = (e_T30 * e_T7);
         const float e_T35 = (e_T34 * static_cast<float>(S6));

@@ -77,8 +77,8 @@ gelu_bias_pointwise(
         fm::Vec<__nv_bfloat16, VEC> o_T18;
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
-          const float e_T2 = fm::to_compute(x_T0.v[i]);
-          const float e_T3 = fm::to_compute(c_T1.v[i]);
+          const float e_T2 = fm::element(x_T0, i);
+          const float e_T3 = fm::element(c_T1, i);
           const float e_T4 = (e_T2 + e_T3);
           const float e_T5 = (e_T4 * e_T4);
           const float e_T6 = (e_T5 * e_T4);

@@ -201,11 +201,11 @@ layernorm_bwd_row(
       const auto c_T4 = T4.at(v);
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
-        const float e_T5 = fm::to_compute(x_T3.v[i]);
-        const float e_T6 = fm::to_compute(x_T0.v[i]);
+        const float e_T5 = fm::element(x_T3, i);
+        const float e_T6 = fm::element(x_T0, i);
         const float e_T10 = (e_T6 - row_T1);
         const float e_T14 = (e_T10 * row_T2);
-        const float e_T15 = fm::to_compute(c_T4.v[i]);
+        const float e_T15 = fm::element(c_T4, i);
         const float e_T16 = (e_T5 * e_T15);
         const float e_T18 = (e_T16 * e_T14);
         if (fm::in_row<Part>(v, i)) row_T19 = fm::Sum{}(row_T19, e_T18);
@@ -224,11 +224,11 @@ layernorm_bwd_row(
       fm::Vec<__nv_bfloat16, Part::VEC> o_T36;
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
-        const float e_T5 = fm::to_compute(x_T3.v[i]);
-        const float e_T6 = fm::to_compute(x_T0.v[i]);
+        const float e_T5 = fm::element(x_T3, i);
+        const float e_T6 = fm::element(x_T0, i);
         const float e_T10 = (e_T6 - row_T1);
         const float e_T14 = (e_T10 * row_T2);
-        const float e_T15 = fm::to_compute(c_T4.v[i]);
+        const float e_T15 = fm::element(c_T4, i);
         const float e_T16 = (e_T5 * e_T15);
         const float e_T26 = (e_T14 * row_T20);
         const float e_T27 = (e_T16 - e_T26);

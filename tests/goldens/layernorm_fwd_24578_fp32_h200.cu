@@ -152,7 +152,7 @@ layernorm_fwd_row(
       const auto x_T0 = T0.at(v);
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
-        if (fm::in_row<Part>(v, i)) row_T5 = fm::Sum{}(row_T5, fm::to_compute(x_T0.v[i]));
+        if (fm::in_row<Part>(v, i)) row_T5 = fm::Sum{}(row_T5, fm::element(x_T0, i));
       }
     });
     reduce(part, fm::reduced(row_T5, fm::Sum{}));
@@ -164,7 +164,7 @@ layernorm_fwd_row(
       const auto x_T0 = T0.at(v);
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
-        const float e_T10 = (fm::to_compute(x_T0.v[i]) - row_T6);
+        const float e_T10 = (fm::element(x_T0, i) - row_T6);
         const float e_T11 = (e_T10 * e_T10);
         if (fm::in_row<Part>(v, i)) row_T16 = fm::Sum{}(row_T16, e_T11);
       }
@@ -182,10 +182,10 @@ layernorm_fwd_row(
       fm::Vec<float, Part::VEC> o_T36;
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
-        const float e_T27 = (fm::to_compute(x_T0.v[i]) - row_T6);
+        const float e_T27 = (fm::element(x_T0, i) - row_T6);
         const float e_T31 = (e_T27 * row_T23);
-        const float e_T33 = (e_T31 * fm::to_compute(c_T1.v[i]));
-        const float e_T35 = (e_T33 + fm::to_compute(c_T2.v[i]));
+        const float e_T33 = (e_T31 * fm::element(c_T1, i));
+        const float e_T35 = (e_T33 + fm::element(c_T2, i));
         o_T36.v[i] = fm::to_storage<float>(e_T35);
       }
       if (valid) fm::store_visit<Part, false>(g_T36 + row * H, v, o_T36);

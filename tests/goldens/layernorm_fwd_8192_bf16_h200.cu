@@ -152,7 +152,7 @@ layernorm_fwd_row(
       const auto x_T0 = T0.at(v);
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
-        const float e_T3 = fm::to_compute(x_T0.v[i]);
+        const float e_T3 = fm::element(x_T0, i);
         if (fm::in_row<Part>(v, i)) row_T5 = fm::Sum{}(row_T5, e_T3);
       }
     });
@@ -166,7 +166,7 @@ layernorm_fwd_row(
       const auto x_T0 = T0.at(v);
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
-        const float e_T3 = fm::to_compute(x_T0.v[i]);
+        const float e_T3 = fm::element(x_T0, i);
         const float e_T10 = (e_T3 - row_T6);
         const float e_T11 = (e_T10 * e_T10);
         if (fm::in_row<Part>(v, i)) row_T16 = fm::Sum{}(row_T16, e_T11);
@@ -186,12 +186,12 @@ layernorm_fwd_row(
       fm::Vec<__nv_bfloat16, Part::VEC> o_T36;
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
-        const float e_T3 = fm::to_compute(x_T0.v[i]);
+        const float e_T3 = fm::element(x_T0, i);
         const float e_T27 = (e_T3 - row_T6);
         const float e_T31 = (e_T27 * row_T23);
-        const float e_T32 = fm::to_compute(c_T1.v[i]);
+        const float e_T32 = fm::element(c_T1, i);
         const float e_T33 = (e_T31 * e_T32);
-        const float e_T34 = fm::to_compute(c_T2.v[i]);
+        const float e_T34 = fm::element(c_T2, i);
         const float e_T35 = (e_T33 + e_T34);
         o_T36.v[i] = fm::to_storage<__nv_bfloat16>(e_T35);
       }

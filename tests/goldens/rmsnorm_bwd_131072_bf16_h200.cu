@@ -165,9 +165,9 @@ rmsnorm_bwd_row(
       const auto c_T3 = T3.at(v);
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
-        const float e_T4 = fm::to_compute(x_T0.v[i]);
-        const float e_T9 = fm::to_compute(x_T2.v[i]);
-        const float e_T10 = fm::to_compute(c_T3.v[i]);
+        const float e_T4 = fm::element(x_T0, i);
+        const float e_T9 = fm::element(x_T2, i);
+        const float e_T10 = fm::element(c_T3, i);
         const float e_T11 = (e_T9 * e_T10);
         const float e_T12 = (e_T4 * row_T8);
         const float e_T13 = (e_T11 * e_T12);
@@ -185,15 +185,15 @@ rmsnorm_bwd_row(
       fm::Vec<__nv_bfloat16, Part::VEC> o_T26;
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
-        const float e_T4 = fm::to_compute(x_T0.v[i]);
-        const float e_T9 = fm::to_compute(x_T2.v[i]);
-        const float e_T10 = fm::to_compute(c_T3.v[i]);
+        const float e_T4 = fm::element(x_T0, i);
+        const float e_T9 = fm::element(x_T2, i);
+        const float e_T10 = fm::element(c_T3, i);
         const float e_T11 = (e_T9 * e_T10);
         const float e_T12 = (e_T4 * row_T8);
         const float e_T20 = (e_T12 * row_T16);
         const float e_T21 = (e_T11 - e_T20);
         const float e_T22 = (e_T21 * row_T8);
-        const float e_T23 = fm::to_compute(x_T2.v[i]);
+        const float e_T23 = fm::element(x_T2, i);
         const float e_T24 = (e_T23 * e_T12);
         o_T26.v[i] = fm::to_storage<__nv_bfloat16>(e_T22);
         if (valid) acc_T25.add(v, i, e_T24);

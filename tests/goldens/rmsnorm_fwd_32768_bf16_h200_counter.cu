@@ -108,7 +108,7 @@ rmsnorm_fwd_row(
       const auto x_T0 = T0.at(v);
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
-        const float e_T2 = fm::to_compute(x_T0.v[i]);
+        const float e_T2 = fm::element(x_T0, i);
         const float e_T3 = (e_T2 * e_T2);
         if (fm::in_row<Part>(v, i)) row_T4 = fm::Sum{}(row_T4, e_T3);
       }
@@ -126,9 +126,9 @@ rmsnorm_fwd_row(
       fm::Vec<__nv_bfloat16, Part::VEC> o_T16;
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
-        const float e_T2 = fm::to_compute(x_T0.v[i]);
+        const float e_T2 = fm::element(x_T0, i);
         const float e_T13 = (e_T2 * row_T9);
-        const float e_T14 = fm::to_compute(c_T1.v[i]);
+        const float e_T14 = fm::element(c_T1, i);
         const float e_T15 = (e_T13 * e_T14);
         o_T16.v[i] = fm::to_storage<__nv_bfloat16>(e_T15);
       }

@@ -102,8 +102,8 @@ softmax_bwd_row(
       const auto x_T1 = T1.at(v);
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
-        const float e_T2 = fm::to_compute(x_T0.v[i]);
-        const float e_T3 = fm::to_compute(x_T1.v[i]);
+        const float e_T2 = fm::element(x_T0, i);
+        const float e_T3 = fm::element(x_T1, i);
         const float e_T4 = (e_T3 * e_T2);
         if (fm::in_row<Part>(v, i)) row_T5 = fm::Sum{}(row_T5, e_T4);
       }
@@ -117,8 +117,8 @@ softmax_bwd_row(
       fm::Vec<__nv_bfloat16, Part::VEC> o_T11;
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
-        const float e_T2 = fm::to_compute(x_T0.v[i]);
-        const float e_T3 = fm::to_compute(x_T1.v[i]);
+        const float e_T2 = fm::element(x_T0, i);
+        const float e_T3 = fm::element(x_T1, i);
         const float e_T9 = (e_T3 - row_T5);
         const float e_T10 = (e_T2 * e_T9);
         o_T11.v[i] = fm::to_storage<__nv_bfloat16>(e_T10);

@@ -107,7 +107,7 @@ softmax_fwd_row(
       const auto x_T0 = T0.at(v);
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
-        const float e_T1 = fm::to_compute(x_T0.v[i]);
+        const float e_T1 = fm::element(x_T0, i);
         if (fm::in_row<Part>(v, i)) row_T2 = fm::Max{}(row_T2, e_T1);
       }
     });
@@ -119,7 +119,7 @@ softmax_fwd_row(
       const auto x_T0 = T0.at(v);
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
-        const float e_T1 = fm::to_compute(x_T0.v[i]);
+        const float e_T1 = fm::element(x_T0, i);
         const float e_T6 = (e_T1 - row_T2);
         const float e_T7 = fm::exp(e_T6);
         kept_T7[v.b][i] = e_T7;

@@ -110,7 +110,7 @@ softmax_fwd_row(
       const auto x_T0 = T0.at(v);
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
-        const float e_T1 = fm::to_compute(x_T0.v[i]);
+        const float e_T1 = fm::element(x_T0, i);
         if (fm::in_row<Part>(v, i)) row_T2 = fm::Max{}(row_T2, e_T1);
       }
     });
@@ -122,7 +122,7 @@ softmax_fwd_row(
       const auto x_T0 = T0.at(v);
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
-        const float e_T1 = fm::to_compute(x_T0.v[i]);
+        const float e_T1 = fm::element(x_T0, i);
         const float e_T6 = (e_T1 - row_T2);
         const float e_T7 = fm::exp(e_T6);
         if (fm::in_row<Part>(v, i)) row_T8 = fm::Sum{}(row_T8, e_T7);
@@ -137,7 +137,7 @@ softmax_fwd_row(
       fm::Vec<__nv_bfloat16, Part::VEC> o_T13;
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
-        const float e_T1 = fm::to_compute(x_T0.v[i]);
+        const float e_T1 = fm::element(x_T0, i);
         const float e_T6 = (e_T1 - row_T2);
         const float e_T7 = fm::exp(e_T6);
         const float e_T12 = (e_T7 * row_rcp_T8);
