@@ -302,7 +302,8 @@ struct RowInRegisters {
     for (int b = 0; b < Part::BATCH; ++b) {
       const int j = part.vector(b);
       const int e = j * Part::VEC - skew;
-      v[b] = load_or_zero<T, Part::VEC>(valid && part.owns(j), [&] { return load_vector<Part>(r, e, b); });
+      v[b] = load_or_zero<T, Part::VEC>(valid && part.owns(j),
+                                        [&] { return load_vector<Part>(r, e, b); });
     }
   }
   __device__ __forceinline__ V at(const Visit& x) const { return v[x.b]; }

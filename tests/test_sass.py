@@ -111,13 +111,14 @@ def test_softmax_row_kernel_rounds_each_output_once_in_machine_code():
     assert str(mix) in str(report)
 
 
-@pytest.mark.parametrize("name", ["rmsnorm_bwd", "layernorm_fwd"])
+@pytest.mark.parametrize("name", ["rmsnorm_bwd", "layernorm_fwd", "softmax_bwd"])
 def test_bf16_elements_are_unpacked_by_word_in_machine_code(name):
     """fm::element reads a bf16 pair's high element as its 32-bit word with the low half
     cleared: no PRMT extracts a half first (one was emitted per high element, beside a SHF,
-    through __bfloat162float). Row kernels whose rows wait in shared memory: one with a row
-    reduction and a column sum, one of three passes. (Rows loaded into registers still merge
-    halves where a load is predicated: V{} is zeroed element by element.)"""
+    through __bfloat162float), and fm::load_or_zero zeroes a predicated load of rows kept in
+    registers by word (its halves were merged with a PRMT each). Rows in shared memory with a
+    row reduction and a column sum, rows in shared memory of three passes, rows in
+    registers."""
     assert sass.nvdisasm() is not None, sass.MISSING
     fd = FUSIONS[name](DataType.BFloat16)
     built = build(fd.name, analyze(fd.fusion), Problem(4096, 4096, 16), H200)
