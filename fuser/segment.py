@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fuser import layouts
+from fuser import layouts, reorder
 from fuser.analysis import analyze, copy_expr, define_like, equate_extents, lower
 from fuser.dtypes import DataType
 from fuser.errors import HintError, InternalError, UnsupportedFusionError
@@ -75,11 +75,16 @@ class Segmentation:
     # why one kernel does not run it, where that depends on the sizes (columns too tall for
     # the outer-persistent kernel); the analysis' reason otherwise
     refusal: str = ""
+    # the order of axes the fusion runs in, where it is not its own (reorder.py)
+    order: str = ""
 
     def __str__(self) -> str:
         count = f"{len(self.segments)} segment{'' if len(self.segments) == 1 else 's'}"
         if self.refusal:
             head = f"runs as {count} ({self.refusal})"
+        elif self.order:
+            head = (f"runs as {count} ({self.order}; the inputs are moved into that order "
+                    "and the outputs back, between kernels)")
         elif self.layouts:
             head = (f"runs as {count} (permute and reshape move elements, which no kernel "
                     "does: they run between kernels)")
@@ -205,7 +210,9 @@ def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError) -> Segmen
     with a note where a segment cannot run either."""
     from fuser.frontend import FusionDefinition
 
-    lowered = layouts.on_inputs(_widened(lower(fusion)))
+    widened = _widened(lower(fusion))
+    moved = reorder.reordered(widened)
+    lowered = layouts.on_inputs(moved)
     stage = stages(lowered)
     home = _homes(lowered, stage)
     last = max(home.values(), default=0)
@@ -232,7 +239,8 @@ def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError) -> Segmen
                                  _why(k, inputs, lowered)))
     segments = tuple(_renumbered(reversed(built)))
     _check_each_runs(name, segments, reason)
-    return Segmentation(lowered, segments, tuple(moves))
+    order = reorder.explain_order(widened) if moved is not widened else ""
+    return Segmentation(lowered, segments, tuple(moves), order=order)
 
 
 def _segment_name(name: str, suffix: str) -> str:

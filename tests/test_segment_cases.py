@@ -433,13 +433,17 @@ def test_segment_names_fit_the_name_limit():
     assert names == [LONG[:-3] + "_s0", LONG[:-3] + "_s1"]
 
 
-def three_d_over_dim_0(fd):
+def over_dim_0_and_dim_2(fd):
+    """x minus its sums over the first axis, and its sums over the last: no order of [A, B, C]
+    makes both a reduction over rows or over a hidden axis (fuser/reorder.py)."""
     x = fd.define_tensor([-1, -1, -1])
     fd.add_output(fd.ops.sub(x, fd.ops.sum(x, [0], keepdim=True)))
+    fd.add_output(fd.ops.sum(x, [2]))
 
 
 REFUSED = {  # builder -> what the error says (the segment's reason, or the whole fusion's)
-    three_d_over_dim_0: r"(?s)Cutting fusion .* segment 0 \(T1\).*T1 spans 2 of the fusion's 3",
+    over_dim_0_and_dim_2:
+        r"(?s)Cutting fusion .* segment 0 \(T3, T1\).*T1 spans 2 of the fusion's 3",
 }
 
 

@@ -1,0 +1,296 @@
+"""Axis reordering: a fusion whose axes fit rows and a hidden axis in another order than its
+own, run in that order.
+
+A kernel here runs tensors of all the fusion's axes, of its leading ones (per-row values) or
+of its last one (per-column values), and reduces along the last axis or over the leading
+ones (analysis.axes). BatchNorm over NCHW (statistics over N, H and W, per channel C in the
+middle) and a mean over the sequence of a [batch, seq, hidden] tensor do not fit that order,
+but they fit another: [N, H, W, C] rows of channels, or [seq, batch * hidden] columns.
+`reordered` finds such an order, splitting the axes into row axes R and hidden axes H (merged
+into one axis where there are several), and writes the fusion again on it: each input is
+permuted into the order (a contiguous copy, made between kernels as a user's permute is;
+none where its axes are in that order already) and its hidden axes merged (a view), every op
+works on tensors of the new axes, and each output is moved back into its own order (a view
+where only merged axes split again, a copy where its axes move). The segmentation then runs
+the copy like any fusion with layout ops, and `show` lists each move.
+
+Of the orders that fit, the one with the fewest copies is taken, then the one with the fewest
+reductions over the rows (a value computed from one takes another kernel; from a reduction
+along the hidden axis, the same sweep), then the one whose hidden axes hold the fusion's
+innermost axis; a fusion that fits in its own order is not touched. The choice depends on
+the definition alone, not the sizes, so it is made once per fusion.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import combinations
+
+from fuser.analysis import _reduction, define_like, equate_extents
+from fuser.ir import Expr, Extent, Fusion, Scalar, Tensor, Val, as_tensor
+from fuser.ops import ELEMENTWISE, LAYOUT_OPS, REDUCTIONS
+
+# the ops a fusion to reorder may hold: the lowered ones (var_mean and var expanded)
+_MAPPED = frozenset({"cast", "size", "squeeze", "broadcast_in_dim"}) | set(ELEMENTWISE)
+
+
+@dataclass(frozen=True)
+class Order:
+    """Row axes and hidden axes (each in the fusion's order), the order a rewrite takes."""
+
+    rows: tuple[Extent, ...]
+    hidden: tuple[Extent, ...]
+
+    @property
+    def axes(self) -> tuple[Extent, ...]:
+        return self.rows + self.hidden
+
+    def position(self, axis: Extent) -> int:
+        """The axis' position among the rewritten tensors' axes: the hidden axes share the
+        last one."""
+        return self.rows.index(axis) if axis in self.rows else len(self.rows)
+
+
+def _spans(t: Tensor) -> tuple[Extent, ...]:
+    return tuple(e.find() for e in t.dims if e is not None)
+
+
+def _reduced(e: Expr) -> frozenset[Extent]:
+    src = as_tensor(e.inputs[0])
+    return frozenset(src.dims[d].find() for d in e.attr("dims") if src.dims[d] is not None)
+
+
+def _fits(f: Fusion, order: Order) -> bool:
+    """Whether every tensor spans no axis, the row axes, the hidden axes or all of them, and
+    every reduction reduces all of its operand's axes, or a tensor of every axis over the row
+    axes or over the hidden ones."""
+    rows, hidden, every = set(order.rows), set(order.hidden), set(order.axes)
+    for v in f.vals:
+        if isinstance(v, Tensor) and set(_spans(v)) not in (set(), rows, hidden, every):
+            return False
+    for e in f.exprs:
+        if e.op in REDUCTIONS:
+            span, reduced = set(_spans(as_tensor(e.inputs[0]))), _reduced(e)
+            if reduced != span and not (span == every and reduced in (rows, hidden)):
+                return False
+    return True
+
+
+def _axes(f: Fusion) -> tuple[Extent, ...] | None:
+    """The fusion's axes in its own order (its widest tensor's), or None where a tensor has an
+    axis twice, an axis the widest tensor lacks, or its axes in another order."""
+    tensors = [v for v in f.vals if isinstance(v, Tensor)]
+    if not tensors:
+        return None
+    widest = _spans(max(tensors, key=lambda t: len(_spans(t))))
+    if len(set(widest)) != len(widest):
+        return None
+    for t in tensors:
+        span = _spans(t)
+        if len(set(span)) != len(span) or any(a not in widest for a in span):
+            return None
+        if [widest.index(a) for a in span] != sorted(widest.index(a) for a in span):
+            return None
+    return widest
+
+
+def _copies(f: Fusion, order: Order) -> int:
+    """The inputs and outputs the order moves (each a copy of the tensor)."""
+    rank = {a: i for i, a in enumerate(order.axes)}
+    moved = 0
+    for t in [*f.inputs, *f.outputs]:
+        if isinstance(t, Tensor):
+            span = [rank[a] for a in _spans(t)]
+            moved += span != sorted(span)
+    return moved
+
+
+def _over_rows(f: Fusion, order: Order) -> int:
+    """The reductions the order makes outer (over the rows): what a row kernel computes from
+    an inner reduction's result it writes in the same sweep, but a value computed from an
+    outer one takes another kernel."""
+    rows = set(order.rows)
+    return sum(1 for e in f.exprs if e.op in REDUCTIONS and _reduced(e) == rows
+               and set(_spans(as_tensor(e.inputs[0]))) == set(order.axes))
+
+
+def order_of(f: Fusion) -> Order | None:
+    """The order to rewrite `f` in, or None: where it fits its own order (rows, then the last
+    axis) or no order fits it."""
+    axes = _axes(f)
+    if axes is None or len(axes) < 2:
+        return None
+    if _fits(f, Order(axes[:-1], axes[-1:])):
+        return None
+    fitting = []
+    for count in range(1, len(axes)):
+        for hidden in combinations(axes, count):
+            order = Order(tuple(a for a in axes if a not in hidden), hidden)
+            if _fits(f, order):
+                fitting.append(order)
+    if not fitting:
+        return None
+    return min(fitting, key=lambda o: (_copies(f, o), _over_rows(f, o), axes[-1] not in o.hidden))
+
+
+def reordered(f: Fusion) -> Fusion:
+    """`f` written again in the order order_of finds (see the module docstring), or `f` itself
+    where none is needed or none fits (the analysis' refusal then stands)."""
+    if any(e.op in LAYOUT_OPS or (e.op not in _MAPPED and e.op not in REDUCTIONS)
+           or len(e.outputs) != 1 for e in f.exprs):
+        return f
+    if any(o in f.inputs for o in f.outputs):
+        return f
+    order = order_of(f)
+    if order is None:
+        return f
+    try:
+        return _Rewrite(f, order).out
+    except _NoSize:
+        return f
+
+
+class _NoSize(Exception):
+    """No input gives the size of an axis the rewrite needs a size of."""
+
+
+class _Rewrite:
+    """`f` on the axes of `order`: every tensor of the rewrite has one axis per row axis and
+    one for the hidden axes, size 1 where it does not span it."""
+
+    def __init__(self, f: Fusion, order: Order):
+        self.f, self.order = f, order
+        self.out = Fusion()
+        self.rank = len(order.rows) + 1
+        self.merged = len(order.hidden) > 1
+        self.new: dict[Val, Val] = {}
+        raw = {v: define_like(self.out, v, True) for v in f.inputs}
+        equate_extents(raw, "reorder")
+        # an axis' size, as a tensor input gives it
+        self.input_size: dict[Extent, tuple[Tensor, int]] = {}
+        for v, r in raw.items():
+            if isinstance(v, Tensor):
+                for d, e in enumerate(v.dims):
+                    if e is not None:
+                        self.input_size.setdefault(e.find(), (as_tensor(r), d))
+        self.new.update({v: self._placed(v, as_tensor(r)) if isinstance(v, Tensor) else r
+                         for v, r in raw.items()})
+        self.sizes = self._position_sizes()
+        for v in f.vals:
+            if v.definition is None and v not in f.inputs:
+                self.new[v] = define_like(self.out, v, False)
+            elif v.definition is not None:
+                self.new[v] = self._op(v.definition)
+        for o in f.outputs:
+            self.out.add_output(self._restored(as_tensor(o)))
+
+    def _positions(self, t: Tensor) -> list[int]:
+        """The positions of `t`'s axes in the rewrite, ascending, one per axis it spans (the
+        hidden axes once)."""
+        return sorted({self.order.position(a) for a in _spans(t)})
+
+    def _placed(self, v: Tensor, r: Tensor) -> Tensor:
+        """Input `r` (a copy of `v`) on the rewrite's axes: permuted into the order (none where
+        its axes are in it), its hidden axes merged (a view), then laid out with an axis per
+        position."""
+        order_rank = {a: i for i, a in enumerate(self.order.axes)}
+        axis = [None if e is None else e.find() for e in v.dims]
+        rank_of = {d: order_rank[a] for d, a in enumerate(axis) if a is not None}
+        dims = list(rank_of)
+        by_order = sorted(dims, key=rank_of.__getitem__)
+        source = list(range(v.ndim))  # the axis of v each axis of t is
+        t: Tensor = r
+        if by_order != dims:
+            source = by_order + [d for d, a in enumerate(axis) if a is None]
+            t = self.out.permute(t, source)
+        unit = [i for i, d in enumerate(source) if axis[d] is None]
+        hidden = [i for i, d in enumerate(source) if axis[d] in self.order.hidden]
+        if self.merged and hidden:
+            kept = [self.out.size(t, i) for i in range(t.ndim) if i not in unit + hidden]
+            t = self.out.reshape(t, [*kept, -1])
+        elif unit:
+            t = self.out.squeeze(t, unit)
+        positions = self._positions(v)
+        if positions == list(range(self.rank)):
+            return t
+        shape: list[Scalar | int] = [1] * self.rank
+        for i, p in enumerate(positions):
+            shape[p] = self.out.size(t, i)
+        return self.out.broadcast_in_dim(t, shape, positions)
+
+    def _position_sizes(self) -> list[Scalar]:
+        """A size for each position of the rewrite, from the placed inputs."""
+        sizes: list[Scalar | None] = [None] * self.rank
+        for v in self.f.inputs:
+            t = self.new[v]
+            if isinstance(t, Tensor):
+                for p, e in enumerate(t.dims):
+                    if e is not None and sizes[p] is None:
+                        sizes[p] = self.out.size(t, p)
+        if None in sizes:
+            raise _NoSize
+        return [s for s in sizes if s is not None]
+
+    def _op(self, e: Expr) -> Val:
+        out, args = self.out, [self.new[i] for i in e.inputs]
+        result = e.outputs[0]
+        if e.op == "size":
+            return self._size(as_tensor(e.inputs[0]), e.attr("dim"))
+        if e.op == "squeeze":
+            return args[0]
+        if e.op == "cast":
+            return out.cast(args[0], e.attr("dtype"))
+        if e.op == "broadcast_in_dim":
+            shape: list[Scalar | int] = [1] * self.rank
+            for p in self._positions(as_tensor(result)):
+                shape[p] = self.sizes[p]
+            return out.broadcast_in_dim(args[0], shape, list(range(self.rank)))
+        if e.op in REDUCTIONS:
+            reduced = sorted({self.order.position(a) for a in _reduced(e)})
+            return _reduction(out, e.op, as_tensor(args[0]), reduced, True, result.dtype)
+        return out.elementwise(e.op, args)
+
+    def _size(self, t: Tensor, dim: int) -> Scalar:
+        """size(t, dim) of the fusion: the size of that axis, taken from an input that has it."""
+        extent = t.dims[dim]
+        return self.out.define_scalar(1, None) if extent is None else self._axis_size(extent.find())
+
+    def _restored(self, o: Tensor) -> Tensor:
+        """Output `o`'s rewrite moved back into `o`'s own shape, between kernels: a view
+        without its size-1 axes and with its hidden axes split again, its axes permuted back
+        (a copy, where they moved), and a view with its own size-1 axes. A kernel writes the
+        rewrite itself: a squeeze there would be an op on a reduction's result, which takes
+        a kernel of its own."""
+        t = as_tensor(self.new[o])
+        order_rank = {a: i for i, a in enumerate(self.order.axes)}
+        span = _spans(o)
+        by_order = sorted(span, key=order_rank.__getitem__)
+        own = [1 if e is None else self._axis_size(e.find()) for e in o.dims]
+        if by_order == list(span):
+            same = [e is None for e in t.dims] == [e is None for e in o.dims]
+            return t if same else self.out.reshape(t, own)
+        t = self.out.reshape(t, [self._axis_size(a) for a in by_order])
+        t = self.out.permute(t, [by_order.index(a) for a in span])
+        return t if t.ndim == o.ndim else self.out.reshape(t, own)
+
+    def _axis_size(self, axis: Extent) -> Scalar:
+        """The size of `axis`, from an input that has it (its original shape, before any move:
+        a merged axis has no size of its own members)."""
+        found = self.input_size.get(axis)
+        if found is None:
+            raise _NoSize
+        return self.out.size(*found)
+
+
+def explain_order(f: Fusion) -> str:
+    """Why a fusion runs reordered, for the segmentation's heading ('' where it does not)."""
+    order = order_of(f)
+    if order is None:
+        return ""
+    return (f"its axes fit rows and a hidden axis in another order: rows over "
+            f"{_names(order.rows)}, hidden {_names(order.hidden)}")
+
+
+def _names(axes: tuple[Extent, ...]) -> str:
+    return ", ".join(str(a) for a in axes) or "none"
+

@@ -1,0 +1,291 @@
+"""Fusions whose axes fit rows and a hidden axis in another order than their own (issue 15:
+N-D tensors, "UnsupportedFusionError only for what no chain can run"): BatchNorm over NCHW,
+a mean over the middle axis, InstanceNorm over the last two axes. fuser/reorder.py writes
+each again in an order that fits; the segmentation moves the inputs into it and the outputs
+back between kernels.
+
+CPU: the order taken and the moves it costs (a view where only merged axes change, a copy
+where axes move), the segments chained on the float64 oracle (moves made as the executor
+makes them) equal to the whole fusion, every segment compiled without spills, explain()'s
+report, and a fusion no order fits refused as before. GPU (`gpu` marker): fd.validate()
+against the oracle at odd and large shapes, CuPy and torch arrays."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_layout import _chained
+
+import fuser
+from fuser import DataType, FusionDefinition, UnsupportedFusionError
+from fuser.analysis import analyze, lower
+from fuser.device import DeviceSpec
+from fuser.kernels import build
+from fuser.reference import evaluate
+from fuser.reorder import order_of, reordered
+from fuser.schedulers import Problem
+from fuser.segment import SegmentSchedules, _widened, segment
+
+F, BF16 = DataType.Float, DataType.BFloat16
+H200 = DeviceSpec.get("h200")
+
+
+def _bcast(fd, t, like, dims):
+    return fd.ops.broadcast_in_dim(t, shape=like.shape(), broadcast_dims=dims)
+
+
+def batchnorm_nchw(fd, dtype=BF16):
+    """BatchNorm2d's training forward over NCHW: statistics per channel (the middle axis) over
+    N, H and W, the normalization with a [C] weight and bias; y, the mean and 1 / std."""
+    x = fd.define_tensor([-1, -1, -1, -1], dtype=dtype)
+    w = fd.define_tensor([-1])
+    b = fd.define_tensor([-1])
+    xf = fd.ops.cast(x, F)
+    var, mean = fd.ops.var_mean(xf, [0, 2, 3], correction=0, keepdim=False)
+    invstd = fd.ops.rsqrt(fd.ops.add(var, 1e-5))
+    y = fd.ops.mul(fd.ops.sub(xf, _bcast(fd, mean, x, [1])), _bcast(fd, invstd, x, [1]))
+    y = fd.ops.add(fd.ops.mul(y, _bcast(fd, w, x, [1])), _bcast(fd, b, x, [1]))
+    fd.add_output(fd.ops.cast(y, dtype))
+    fd.add_output(mean)
+    fd.add_output(invstd)
+
+
+def batchnorm_nchw_backward(fd, dtype=BF16):
+    """BatchNorm2d's backward over NCHW from the saved mean and 1 / std: grad_input, and the
+    weight's and bias' gradients (sums over N, H and W per channel)."""
+    x = fd.define_tensor([-1, -1, -1, -1], dtype=dtype)
+    dy = fd.define_tensor([-1, -1, -1, -1], dtype=dtype)
+    mean = fd.define_tensor([-1])
+    invstd = fd.define_tensor([-1])
+    w = fd.define_tensor([-1])
+    xf, dyf = fd.ops.cast(x, F), fd.ops.cast(dy, F)
+    xhat = fd.ops.mul(fd.ops.sub(xf, _bcast(fd, mean, x, [1])), _bcast(fd, invstd, x, [1]))
+    count = fd.ops.mul(fd.ops.mul(x.size(0), x.size(2)), x.size(3))
+    dbias = fd.ops.sum(dyf, [0, 2, 3])
+    dweight = fd.ops.sum(fd.ops.mul(dyf, xhat), [0, 2, 3])
+    centered = fd.ops.sub(fd.ops.sub(dyf, _bcast(fd, fd.ops.div(dbias, count), x, [1])),
+                          fd.ops.mul(xhat, _bcast(fd, fd.ops.div(dweight, count), x, [1])))
+    scale = fd.ops.mul(w, invstd)
+    fd.add_output(fd.ops.cast(fd.ops.mul(centered, _bcast(fd, scale, x, [1])), dtype))
+    fd.add_output(dweight)
+    fd.add_output(dbias)
+
+
+def mean_over_sequence(fd, dtype=BF16):
+    """Mean pooling of [batch, seq, hidden] over the sequence (the middle axis)."""
+    x = fd.define_tensor([-1, -1, -1], dtype=dtype)
+    s = fd.ops.sum(fd.ops.cast(x, F), [1])
+    fd.add_output(fd.ops.cast(fd.ops.div(s, x.size(1)), dtype))
+
+
+def instance_norm(fd, dtype=BF16):
+    """InstanceNorm over NCHW: statistics per (n, c) over H and W, kept as [N, C, 1, 1]."""
+    x = fd.define_tensor([-1, -1, -1, -1], dtype=dtype)
+    xf = fd.ops.cast(x, F)
+    var, mean = fd.ops.var_mean(xf, [2, 3], correction=0, keepdim=True)
+    y = fd.ops.mul(fd.ops.sub(xf, mean), fd.ops.rsqrt(fd.ops.add(var, 1e-5)))
+    fd.add_output(fd.ops.cast(y, dtype))
+    fd.add_output(mean)
+
+
+def sum_over_batch(fd, dtype=BF16):
+    """The sum of [batch, seq, hidden] over its first axis: [seq, hidden] column sums."""
+    x = fd.define_tensor([-1, -1, -1], dtype=dtype)
+    fd.add_output(fd.ops.sum(fd.ops.cast(x, F), [0]))
+
+
+def outer_axes_kept(fd, dtype=BF16):
+    """A max over the first and last axes of [A, B, C], kept as [1, B, 1], subtracted from
+    the input: the kept axis sits between the reduced ones."""
+    x = fd.define_tensor([-1, -1, -1], dtype=dtype)
+    xf = fd.ops.cast(x, F)
+    m = fd.ops.max(xf, [0, 2], keepdim=True)
+    fd.add_output(fd.ops.cast(fd.ops.sub(xf, m), dtype))
+    fd.add_output(m)
+
+
+def channel_scale(fd, dtype=BF16):
+    """x * w over NCHW with a [C] weight: no reduction, a per-channel factor."""
+    x = fd.define_tensor([-1, -1, -1, -1], dtype=dtype)
+    w = fd.define_tensor([-1])
+    fd.add_output(fd.ops.cast(fd.ops.mul(fd.ops.cast(x, F), _bcast(fd, w, x, [1])), dtype))
+
+
+def masked_fill(fd, dtype=BF16):
+    """Scores [batch, heads, q, k] where a [q, k] mask holds, else 0: the mask is a value per
+    column of the last two axes merged."""
+    s = fd.define_tensor([-1, -1, -1, -1], dtype=dtype)
+    m = fd.define_tensor([-1, -1], dtype=DataType.Bool)
+    fd.add_output(fd.ops.where(_bcast(fd, m, s, [2, 3]), s, 0.0))
+
+
+def centered_over_dim_0(fd, dtype=BF16):
+    """[A, B, C] minus its means over the first axis: columns of B * C."""
+    x = fd.define_tensor([-1, -1, -1], dtype=dtype)
+    xf = fd.ops.cast(x, F)
+    mean = fd.ops.div(fd.ops.sum(xf, [0], keepdim=True), x.size(0))
+    fd.add_output(fd.ops.cast(fd.ops.sub(xf, mean), dtype))
+
+
+def positions_added(fd, dtype=BF16):
+    """[batch, seq, hidden] plus a [seq, hidden] table (position embeddings): the table is a
+    value per column of seq * hidden."""
+    x = fd.define_tensor([-1, -1, -1], dtype=dtype)
+    p = fd.define_tensor([-1, -1])
+    fd.add_output(fd.ops.cast(fd.ops.add(fd.ops.cast(x, F), _bcast(fd, p, x, [1, 2])), dtype))
+
+
+# builder -> (permute copies, reshape views, segments, input shapes)
+CASES = {
+    "batchnorm_nchw": (batchnorm_nchw, 2, 4, 1, [(3, 5, 4, 6), (5,), (5,)]),
+    "batchnorm_nchw_backward": (batchnorm_nchw_backward, 3, 5, 1,
+                                [(3, 5, 4, 6), (3, 5, 4, 6), (5,), (5,), (5,)]),
+    "mean_over_sequence": (mean_over_sequence, 1, 1, 1, [(3, 7, 5)]),
+    "instance_norm": (instance_norm, 0, 3, 1, [(3, 5, 4, 6)]),
+    "sum_over_batch": (sum_over_batch, 0, 2, 1, [(3, 7, 5)]),
+    "outer_axes_kept": (outer_axes_kept, 2, 3, 1, [(3, 7, 5)]),
+    "channel_scale": (channel_scale, 2, 2, 1, [(3, 5, 4, 6), (5,)]),
+    "masked_fill": (masked_fill, 0, 3, 1, [(2, 3, 4, 6), (4, 6)]),
+    "centered_over_dim_0": (centered_over_dim_0, 0, 2, 2, [(3, 7, 5)]),
+    "positions_added": (positions_added, 0, 3, 1, [(3, 7, 5), (7, 5)]),
+}
+
+
+def _fd(name: str, dtype=BF16) -> FusionDefinition:
+    with FusionDefinition(name) as fd:
+        CASES[name][0](fd, dtype)
+    return fd
+
+
+def _inputs(fd: FusionDefinition, shapes, seed: int = 7) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    arrays = [rng.standard_normal(s).astype(np.float32).astype(v.dtype.numpy)
+              for v, s in zip(fd.fusion.inputs, shapes, strict=True)]
+    if fd.name == "batchnorm_nchw_backward":
+        arrays[3] = np.abs(arrays[3]) + 0.5  # 1 / std
+    return arrays
+
+
+def _segmentation(fd: FusionDefinition):
+    with pytest.raises(UnsupportedFusionError) as refused:
+        analyze(fd.fusion)
+    return segment(fd.fusion, fd.name, refused.value)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_order_moves_what_it_must(name):
+    fd = _fd(name)
+    segmentation = _segmentation(fd)
+    copies = [e for e in segmentation.layouts if e.op == "permute"]
+    views = [e for e in segmentation.layouts if e.op == "reshape"]
+    assert (len(copies), len(views), len(segmentation.segments)) == CASES[name][1:4], \
+        segmentation
+    assert "another order" in str(segmentation)
+    for s in segmentation.segments:
+        analyze(s.definition.fusion)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_segments_chained_on_the_oracle_equal_the_whole_fusion(name):
+    fd = _fd(name)
+    _segmentation(fd)
+    inputs = _inputs(fd, CASES[name][4])
+    for got, want, o in zip(_chained(fd, inputs), evaluate(fd.fusion, inputs),
+                            fd.fusion.outputs, strict=True):
+        assert got.shape == want.shape, o
+        rtol = 2.0 ** -8 if o.dtype is BF16 else 1e-6
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=1e-5, err_msg=o.name)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_segment_compiles_without_spills(name):
+    for s in _segmentation(_fd(name)).segments:
+        built = build(s.definition.name, analyze(s.definition.fusion), Problem(4096, 1024, 16),
+                      H200)
+        for entry, _plan in built.plans():
+            assert not built.compiled.resource(entry).spills, entry
+
+
+def test_batchnorm_over_nchw_runs_as_rows_of_channels():
+    """Rows of one channel each (C rows of N * H * W): the channel's statistics are a row
+    reduction, and the weight and bias per-row values."""
+    widened = _widened(lower(_fd("batchnorm_nchw").fusion))
+    order = order_of(widened)
+    x = widened.inputs[0]
+    assert order is not None
+    assert order.rows == (x.dims[1].find(),)
+    assert order.hidden == tuple(x.dims[d].find() for d in (0, 2, 3))
+    report = str(fuser.explain(_fd("batchnorm_nchw"), [(32, 64, 28, 28), (64,), (64,)],
+                               device="h200"))
+    assert "64 rows x hidden 25088" in report
+    assert "permute(T0, [1, 0, 2, 3]): a contiguous copy" in report
+
+
+def test_a_fusion_that_fits_its_own_order_is_not_rewritten():
+    with FusionDefinition("rows") as fd:
+        x = fd.define_tensor([-1, -1, -1])
+        fd.add_output(fd.ops.sum(x, [2]))
+    lowered = lower(fd.fusion)
+    assert order_of(lowered) is None and reordered(lowered) is lowered
+
+
+def test_a_partial_broadcast_no_order_fits_is_refused_as_before():
+    """A softmax of scores [batch, heads, q, k] with a mask [q, k]: the mask spans the last
+    two axes, the reduction only the last, so no split into rows and hidden axes fits both."""
+    with FusionDefinition("masked_softmax") as fd:
+        s = fd.define_tensor([-1, -1, -1, -1])
+        m = fd.define_tensor([-1, -1], dtype=DataType.Bool)
+        masked = fd.ops.where(_bcast(fd, m, s, [2, 3]), s, float("-inf"))
+        e = fd.ops.exp(fd.ops.sub(masked, fd.ops.max(masked, [3], keepdim=True)))
+        fd.add_output(fd.ops.div(e, fd.ops.sum(e, [3], keepdim=True)))
+    lowered = lower(fd.fusion)
+    assert order_of(lowered) is None and reordered(lowered) is lowered
+    with pytest.raises(UnsupportedFusionError, match="partial broadcasts are not supported"):
+        fuser.explain(fd, [(2, 3, 8, 8), (8, 8)], device="h200")
+
+
+# ----- GPU -----
+
+GPU_SHAPES = {
+    "batchnorm_nchw": [[(3, 5, 7, 9), (5,), (5,)], [(32, 64, 56, 56), (64,), (64,)]],
+    "batchnorm_nchw_backward": [[(3, 5, 7, 9)] * 2 + [(5,)] * 3,
+                                [(16, 128, 28, 28)] * 2 + [(128,)] * 3],
+    "mean_over_sequence": [[(3, 7, 1000)], [(8, 1024, 4096)]],
+    "instance_norm": [[(3, 5, 7, 9)], [(8, 256, 32, 32)]],
+    "sum_over_batch": [[(3, 7, 4099)], [(8, 1024, 4096)]],
+    "outer_axes_kept": [[(3, 7, 1000)], [(16, 4096, 64)]],
+    "channel_scale": [[(3, 5, 7, 9), (5,)], [(32, 64, 56, 56), (64,)]],
+    "masked_fill": [[(2, 3, 7, 9), (7, 9)], [(4, 16, 1024, 1024), (1024, 1024)]],
+    "centered_over_dim_0": [[(3, 7, 1000)], [(16, 64, 4096)]],
+    "positions_added": [[(3, 7, 1000), (7, 1000)], [(8, 1024, 4096), (1024, 4096)]],
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [F, BF16], ids=lambda d: d.name)
+@pytest.mark.parametrize(("name", "shapes"),
+                         [(n, s) for n, cases in GPU_SHAPES.items() for s in cases], ids=str)
+def test_reordered_fusions_match_the_oracle_on_the_gpu(name, shapes, dtype):
+    import cupy
+
+    fd = _fd(name, dtype)
+    fd.validate([cupy.asarray(a) for a in _inputs(fd, shapes)])
+    schedules = fd.last_schedule()
+    assert isinstance(schedules, SegmentSchedules)
+    assert len(schedules.segments) == CASES[name][3]
+
+
+@pytest.mark.gpu
+def test_batchnorm_over_nchw_matches_torch(has_torch_cuda):
+    if not has_torch_cuda:
+        pytest.skip("needs torch with CUDA")
+    import torch
+
+    x = torch.randn(8, 32, 17, 19, device="cuda").bfloat16()
+    w, b = torch.randn(32, device="cuda"), torch.randn(32, device="cuda")
+    y, mean, invstd = _fd("batchnorm_nchw").execute([x, w, b])
+    want = torch.nn.functional.batch_norm(x.float(), None, None, w, b, training=True, eps=1e-5)
+    torch.testing.assert_close(y.float(), want, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(mean, x.float().mean((0, 2, 3)), atol=1e-5, rtol=1e-5)
+    var = x.float().var((0, 2, 3), unbiased=False)
+    torch.testing.assert_close(invstd, torch.rsqrt(var + 1e-5), atol=1e-4, rtol=1e-4)
