@@ -179,8 +179,9 @@ def copy_expr(out: Fusion, e: Expr, new: dict[Val, Val]) -> None:
         results = [out.squeeze(args[0], list(a["dims"]))]
     elif e.op == "permute":
         results = [out.permute(args[0], list(a["dims"]))]
-    elif e.op == "broadcast_in_dim":
-        results = [out.broadcast_in_dim(args[0], _shape_of(e, new), a["broadcast_dims"])]
+    elif e.op in ("broadcast_in_dim", "expand"):
+        broadcast = out.broadcast_in_dim if e.op == "broadcast_in_dim" else out.expand
+        results = [broadcast(args[0], _shape_of(e, new), a["broadcast_dims"])]
     elif e.op == "reshape":
         results = [out.reshape(args[0], _shape_of(e, new))]
     elif e.op in REDUCTIONS:

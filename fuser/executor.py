@@ -324,15 +324,18 @@ def _execute_segments(fd, segmentation: Segmentation, inputs: list, device, hint
 
 
 def _make_layouts(layouts, values: dict, sizes) -> None:
-    """Each permute or reshape whose operand is in `values` and result is not yet: permute as
-    a copy in the new order, always new memory (the next kernels read contiguous rows),
-    reshape as a view of the shape bind_shapes gave its result."""
+    """Each permute, reshape or expand whose operand is in `values` and result is not yet:
+    permute as a copy in the new order, always new memory (the next kernels read contiguous
+    rows), reshape as a view of the shape bind_shapes gave its result, expand as a contiguous
+    copy of the operand broadcast to its result's shape."""
     for e in layouts:
         out, x = e.outputs[0], values.get(e.inputs[0])
         if out in values or x is None:
             continue
         if e.op == "reshape":
             values[out] = x.reshape(sizes.shape(as_tensor(out)))
+        elif e.op == "expand":
+            values[out] = _expanded(x, e.attr("broadcast_dims"), sizes.shape(as_tensor(out)))
         elif _is_torch(x):
             import torch
 
@@ -340,6 +343,18 @@ def _make_layouts(layouts, values: dict, sizes) -> None:
         else:
             with x.device:
                 values[out] = _cupy().array(x.transpose(e.attr("dims")), order="C", copy=True)
+
+
+def _expanded(x, broadcast_dims, shape):
+    """`x` broadcast to `shape` (axis i of `x` at axis broadcast_dims[i]), as a new contiguous
+    array on `x`'s device."""
+    staged = [1] * len(shape)
+    for i, d in enumerate(broadcast_dims):
+        staged[d] = x.shape[i]
+    if _is_torch(x):
+        return x.reshape(staged).expand(*shape).contiguous()
+    with x.device:
+        return _cupy().ascontiguousarray(_cupy().broadcast_to(x.reshape(staged), shape))
 
 
 def _unshared(lowered, values: dict) -> list:

@@ -425,13 +425,23 @@ class Fusion:
         return out
 
     def broadcast_in_dim(self, t, shape, broadcast_dims) -> Tensor:
-        t = self._require_tensor("broadcast_in_dim", t)
-        shape = _listed("broadcast_in_dim", "shape", shape, "one size per output dimension")
+        return self._broadcast("broadcast_in_dim", t, shape, broadcast_dims)
+
+    def expand(self, t, shape, broadcast_dims) -> Tensor:
+        """broadcast_in_dim made between kernels, as a contiguous copy of `t` broadcast to
+        `shape`: a layout op (LAYOUT_OPS) that fuser.reorder writes where a kernel cannot read
+        `t` broadcast (a [seq, hidden] table over [batch, seq, hidden] rows normalized along
+        hidden). Not an op of fd.ops: users broadcast with broadcast_in_dim."""
+        return self._broadcast("expand", t, shape, broadcast_dims)
+
+    def _broadcast(self, op: str, t, shape, broadcast_dims) -> Tensor:
+        t = self._require_tensor(op, t)
+        shape = _listed(op, "shape", shape, "one size per output dimension")
         broadcast_dims = _listed(
-            "broadcast_in_dim", "broadcast_dims", broadcast_dims,
+            op, "broadcast_dims", broadcast_dims,
             f"one output dimension (an int) per dimension of {t.name}",
         )
-        context = f"broadcast_in_dim({t.name}, shape={shape}, broadcast_dims={broadcast_dims})"
+        context = f"{op}({t.name}, shape={shape}, broadcast_dims={broadcast_dims})"
         if len(broadcast_dims) != t.ndim:
             raise DefinitionError(
                 f"{context}: broadcast_dims needs one entry per dimension of {t.name} "
@@ -467,7 +477,7 @@ class Fusion:
             dims[d] = src
         out = self._tensor(t.dtype, dims)
         self._define(
-            "broadcast_in_dim",
+            op,
             [t, *size_inputs],
             [out],
             shape=tuple(s if isinstance(s, int) else s.name for s in shape),

@@ -16,8 +16,9 @@ from fuser.ops import ELEMENTWISE, LAYOUT_OPS
 
 
 def describe(e: Expr) -> str:
-    what = ("a contiguous copy in the new order" if e.op == "permute"
-            else "a view of the same bytes")
+    what = {"permute": "a contiguous copy in the new order",
+            "expand": "a contiguous copy broadcast to that shape"}.get(
+                e.op, "a view of the same bytes")
     shape = ", ".join(str(s) for s in e.attr("dims" if e.op == "permute" else "shape"))
     return f"{e.outputs[0].name} = {e.op}({e.inputs[0].name}, [{shape}]): {what}"
 

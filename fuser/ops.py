@@ -209,7 +209,7 @@ REDUCTIONS: dict[str, ReductionOp] = {
 # Ops that move elements to other positions: no kernel runs them. Segmentation cuts the fusion
 # at each; the executor makes the result from its operand between kernels (permute: a
 # contiguous copy in the new order; reshape: a view, the same bytes).
-LAYOUT_OPS = ("permute", "reshape")
+LAYOUT_OPS = ("permute", "reshape", "expand")
 
 
 def sum_result_type(dtype: DataType) -> DataType:

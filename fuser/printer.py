@@ -39,9 +39,9 @@ def _expr_line(e) -> str:
         call = f"{e.op}({args[0]}, dims={_list(a['dims'])})"
     elif e.op == "reshape":
         call = f"reshape({args[0]}, new_shape={_list(a['shape'])})"
-    elif e.op == "broadcast_in_dim":
+    elif e.op in ("broadcast_in_dim", "expand"):
         call = (
-            f"broadcast_in_dim({args[0]}, shape={_list(a['shape'])}, "
+            f"{e.op}({args[0]}, shape={_list(a['shape'])}, "
             f"broadcast_dims={_list(a['broadcast_dims'])})"
         )
     elif e.op in REDUCTIONS:

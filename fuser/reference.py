@@ -241,7 +241,7 @@ def _run(e: Expr, args: list, sizes: Sizes, shift: float = 0.0) -> list:
         return [np.transpose(np.asarray(args[0]), e.attr("dims"))]
     if e.op == "reshape":
         return [np.reshape(np.asarray(args[0]), sizes.shape(as_tensor(out)))]
-    if e.op == "broadcast_in_dim":
+    if e.op in ("broadcast_in_dim", "expand"):
         src = np.asarray(args[0])
         result = as_tensor(out)
         staged = [1] * result.ndim

@@ -5,7 +5,7 @@ A kernel here runs tensors of all the fusion's axes, of its leading ones (per-ro
 of its last one (per-column values), and reduces along the last axis or over the leading
 ones (analysis.axes). BatchNorm over NCHW (statistics over N, H and W, per channel C in the
 middle) and a mean over the sequence of a [batch, seq, hidden] tensor do not fit that order,
-but they fit another: [N, H, W, C] rows of channels, or [seq, batch * hidden] columns.
+but they fit another: rows of one channel, [C, N * H * W], or rows [batch, hidden] along seq.
 `reordered` finds such an order, splitting the axes into row axes R and hidden axes H (merged
 into one axis where there are several), and writes the fusion again on it: each input is
 permuted into the order (a contiguous copy, made between kernels as a user's permute is;
@@ -19,6 +19,13 @@ reductions over the rows (a value computed from one takes another kernel; from a
 along the hidden axis, the same sweep), then the one whose hidden axes hold the fusion's
 innermost axis; a fusion that fits in its own order is not touched. The choice depends on
 the definition alone, not the sizes, so it is made once per fusion.
+
+Where no order fits because an input spans some of the row axes (a [q, k] mask over scores
+[batch, heads, q, k] normalized along k; adaLN's [batch, hidden] scale over [batch, seq,
+hidden]), the fewest such inputs are expanded: copied broadcast to all the axes between
+kernels (Fusion.expand), after which they are full inputs. Only inputs whose every narrow
+use is broadcast to all the axes before it meets a reduction or an output are expanded, so
+the copy changes no value.
 """
 
 from __future__ import annotations
@@ -40,6 +47,9 @@ class Order:
 
     rows: tuple[Extent, ...]
     hidden: tuple[Extent, ...]
+    # inputs a kernel cannot read broadcast in this order: each is copied broadcast to the
+    # shape its broadcast_in_dim gives it (an expand) between kernels
+    expanded: tuple[Tensor, ...] = ()
 
     @property
     def axes(self) -> tuple[Extent, ...]:
@@ -55,18 +65,25 @@ def _spans(t: Tensor) -> tuple[Extent, ...]:
     return tuple(e.find() for e in t.dims if e is not None)
 
 
+def _dim_axes(t: Tensor) -> list[Extent | None]:
+    """The axis of each of `t`'s dimensions (None where it has size 1)."""
+    return [None if e is None else e.find() for e in t.dims]
+
+
 def _reduced(e: Expr) -> frozenset[Extent]:
     src = as_tensor(e.inputs[0])
     return frozenset(src.dims[d].find() for d in e.attr("dims") if src.dims[d] is not None)
 
 
 def _fits(f: Fusion, order: Order) -> bool:
-    """Whether every tensor spans no axis, the row axes, the hidden axes or all of them, and
-    every reduction reduces all of its operand's axes, or a tensor of every axis over the row
-    axes or over the hidden ones."""
+    """Whether every tensor (but the expanded inputs) spans no axis, the row axes, the hidden
+    axes or all of them, and every reduction reduces all of its operand's axes, or a tensor of
+    every axis over the row axes or over the hidden ones."""
     rows, hidden, every = set(order.rows), set(order.hidden), set(order.axes)
+    widened = _expanded_values(f, order)
     for v in f.vals:
-        if isinstance(v, Tensor) and set(_spans(v)) not in (set(), rows, hidden, every):
+        if (isinstance(v, Tensor) and v not in widened
+                and set(_spans(v)) not in (set(), rows, hidden, every)):
             return False
     for e in f.exprs:
         if e.op in REDUCTIONS:
@@ -95,9 +112,9 @@ def _axes(f: Fusion) -> tuple[Extent, ...] | None:
 
 
 def _copies(f: Fusion, order: Order) -> int:
-    """The inputs and outputs the order moves (each a copy of the tensor)."""
+    """The inputs and outputs the order moves and the inputs it expands (each a copy)."""
     rank = {a: i for i, a in enumerate(order.axes)}
-    moved = 0
+    moved = len(order.expanded)
     for t in [*f.inputs, *f.outputs]:
         if isinstance(t, Tensor):
             span = [rank[a] for a in _spans(t)]
@@ -114,23 +131,67 @@ def _over_rows(f: Fusion, order: Order) -> int:
                and set(_spans(as_tensor(e.inputs[0]))) == set(order.axes))
 
 
+def _expandable(f: Fusion, axes: tuple[Extent, ...]) -> list[Tensor]:
+    """Tensor inputs of some but not all axes that could be expanded (copied broadcast to all
+    the axes between kernels) and used so: every value made of them alone is broadcast to all
+    the axes (by a broadcast_in_dim, or an elementwise op with a tensor of them all) before a
+    reduction or an output could see it narrow."""
+    return [v for v in f.inputs if isinstance(v, Tensor) and 0 < len(_spans(v)) < len(axes)
+            and _narrow_values(f, v, len(axes)) is not None]
+
+
+def _narrow_values(f: Fusion, v: Val, count: int) -> set[Val] | None:
+    """`v` and the values made of it by elementwise ops, casts and broadcasts that span fewer
+    than `count` axes; None where one of them is reduced, is an output, or is used otherwise
+    (expanding `v` would change what that sees)."""
+    narrow: set[Val] = set()
+    stack = [v]
+    while stack:
+        u = stack.pop()
+        if u in narrow:
+            continue
+        if u in f.outputs:
+            return None
+        narrow.add(u)
+        for e in f.uses(u):
+            if e.op == "size":
+                continue
+            if e.op not in ELEMENTWISE and e.op not in ("cast", "broadcast_in_dim", "squeeze"):
+                return None
+            if len(_spans(as_tensor(e.outputs[0]))) < count:
+                stack.append(e.outputs[0])
+    return narrow
+
+
+def _expanded_values(f: Fusion, order: Order) -> set[Val]:
+    """The values the order's expanded inputs make narrow (all of them wide once expanded)."""
+    count = len(order.axes)
+    return {u for v in order.expanded for u in _narrow_values(f, v, count) or ()}
+
+
 def order_of(f: Fusion) -> Order | None:
     """The order to rewrite `f` in, or None: where it fits its own order (rows, then the last
-    axis) or no order fits it."""
+    axis) or no order fits it, however few inputs it expands."""
     axes = _axes(f)
     if axes is None or len(axes) < 2:
         return None
     if _fits(f, Order(axes[:-1], axes[-1:])):
         return None
-    fitting = []
-    for count in range(1, len(axes)):
-        for hidden in combinations(axes, count):
-            order = Order(tuple(a for a in axes if a not in hidden), hidden)
-            if _fits(f, order):
-                fitting.append(order)
-    if not fitting:
-        return None
-    return min(fitting, key=lambda o: (_copies(f, o), _over_rows(f, o), axes[-1] not in o.hidden))
+    expandable = _expandable(f, axes)
+    for count in range(len(expandable) + 1):
+        fitting = [order for expanded in combinations(expandable, count)
+                   for order in _orders(axes, expanded) if _fits(f, order)]
+        if fitting:
+            return min(fitting, key=lambda o: (_copies(f, o), _over_rows(f, o),
+                                               axes[-1] not in o.hidden))
+    return None
+
+
+def _orders(axes: tuple[Extent, ...], expanded: tuple[Tensor, ...]) -> list[Order]:
+    """Every split of `axes` into row axes and (at least one) hidden axes, in their order."""
+    return [Order(tuple(a for a in axes if a not in hidden), hidden, expanded)
+            for count in range(1, len(axes) + 1) for hidden in combinations(axes, count)
+            if count < len(axes)]
 
 
 def reordered(f: Fusion) -> Fusion:
@@ -160,6 +221,8 @@ class _Rewrite:
 
     def __init__(self, f: Fusion, order: Order):
         self.f, self.order = f, order
+        self.own = _axes(f) or ()  # the fusion's axes in its own order
+        self.widened = _expanded_values(f, order)  # all axes in the rewrite
         self.out = Fusion()
         self.rank = len(order.rows) + 1
         self.merged = len(order.hidden) > 1
@@ -173,8 +236,13 @@ class _Rewrite:
                 for d, e in enumerate(v.dims):
                     if e is not None:
                         self.input_size.setdefault(e.find(), (as_tensor(r), d))
-        self.new.update({v: self._placed(v, as_tensor(r)) if isinstance(v, Tensor) else r
-                         for v, r in raw.items()})
+        for v, r in raw.items():
+            if v in order.expanded:
+                self.new[v] = self._placed(list(self.own), self._expanded(v, r))
+            elif isinstance(v, Tensor):
+                self.new[v] = self._placed(_dim_axes(v), as_tensor(r))
+            else:
+                self.new[v] = r
         self.sizes = self._position_sizes()
         for v in f.vals:
             if v.definition is None and v not in f.inputs:
@@ -189,16 +257,26 @@ class _Rewrite:
         hidden axes once)."""
         return sorted({self.order.position(a) for a in _spans(t)})
 
-    def _placed(self, v: Tensor, r: Tensor) -> Tensor:
-        """Input `r` (a copy of `v`) on the rewrite's axes: permuted into the order (none where
-        its axes are in it), its hidden axes merged (a view), then laid out with an axis per
-        position."""
+    def _expanded(self, v: Tensor, r: Val) -> Tensor:
+        """Input `r` (a copy of `v`) copied broadcast to all the fusion's axes, in its order:
+        its size-1 axes dropped first (a view), so that each axis lands at its place."""
+        t = as_tensor(r)
+        axes = self.own
+        if any(e is None for e in v.dims):
+            t = self.out.reshape(t, [self.out.size(t, d) for d, e in enumerate(v.dims)
+                                     if e is not None])
+        return self.out.expand(t, [self._axis_size(a) for a in axes],
+                               [axes.index(a) for a in _spans(v)])
+
+    def _placed(self, axis: list[Extent | None], r: Tensor) -> Tensor:
+        """Input tensor `r`, whose axes are `axis` (None for size 1), on the rewrite's axes:
+        permuted into the order (none where its axes are in it), its hidden axes merged (a
+        view), then laid out with an axis per position."""
         order_rank = {a: i for i, a in enumerate(self.order.axes)}
-        axis = [None if e is None else e.find() for e in v.dims]
         rank_of = {d: order_rank[a] for d, a in enumerate(axis) if a is not None}
         dims = list(rank_of)
         by_order = sorted(dims, key=rank_of.__getitem__)
-        source = list(range(v.ndim))  # the axis of v each axis of t is
+        source = list(range(len(axis)))  # the axis of r each axis of t is
         t: Tensor = r
         if by_order != dims:
             source = by_order + [d for d, a in enumerate(axis) if a is None]
@@ -210,7 +288,7 @@ class _Rewrite:
             t = self.out.reshape(t, [*kept, -1])
         elif unit:
             t = self.out.squeeze(t, unit)
-        positions = self._positions(v)
+        positions = sorted({self.order.position(a) for a in axis if a is not None})
         if positions == list(range(self.rank)):
             return t
         shape: list[Scalar | int] = [1] * self.rank
@@ -223,7 +301,7 @@ class _Rewrite:
         sizes: list[Scalar | None] = [None] * self.rank
         for v in self.f.inputs:
             t = self.new[v]
-            if isinstance(t, Tensor):
+            if isinstance(t, Tensor) and v not in self.order.expanded:
                 for p, e in enumerate(t.dims):
                     if e is not None and sizes[p] is None:
                         sizes[p] = self.out.size(t, p)
@@ -240,6 +318,8 @@ class _Rewrite:
             return args[0]
         if e.op == "cast":
             return out.cast(args[0], e.attr("dtype"))
+        if e.op == "broadcast_in_dim" and e.inputs[0] in self.widened:
+            return args[0]
         if e.op == "broadcast_in_dim":
             shape: list[Scalar | int] = [1] * self.rank
             for p in self._positions(as_tensor(result)):
@@ -287,8 +367,12 @@ def explain_order(f: Fusion) -> str:
     order = order_of(f)
     if order is None:
         return ""
-    return (f"its axes fit rows and a hidden axis in another order: rows over "
+    text = (f"its axes fit rows and a hidden axis in another order: rows over "
             f"{_names(order.rows)}, hidden {_names(order.hidden)}")
+    if order.expanded:
+        names = ", ".join(t.name for t in order.expanded)
+        text += f", with {names} copied broadcast (a kernel cannot read it broadcast so)"
+    return text
 
 
 def _names(axes: tuple[Extent, ...]) -> str:

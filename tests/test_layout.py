@@ -212,6 +212,12 @@ def _layouts_on_host(layouts, values: dict, sizes) -> None:
             continue
         if e.op == "permute":
             values[out] = np.array(np.transpose(x, e.attr("dims")), order="C", copy=True)
+        elif e.op == "expand":
+            staged = [1] * out.ndim
+            for i, d in enumerate(e.attr("broadcast_dims")):
+                staged[d] = x.shape[i]
+            values[out] = np.ascontiguousarray(np.broadcast_to(x.reshape(staged),
+                                                               sizes.shape(out)))
         else:
             values[out] = x.reshape(sizes.shape(out))
 

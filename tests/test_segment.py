@@ -167,9 +167,8 @@ def test_a_one_kernel_fusion_is_not_segmented():
 def test_what_cutting_does_not_help_keeps_its_reason():
     with FusionDefinition("partial") as fd:
         x = fd.define_tensor([-1, -1, -1])
-        w = fd.define_tensor([-1, -1])  # [B, H] of [B, S, H], summed along H: in no order
-        weighted = fd.ops.mul(x, fd.ops.broadcast_in_dim(w, x.shape(), [0, 2]))
-        fd.add_output(fd.ops.sum(weighted, [2]))
+        peaks = fd.ops.max(x, [1], keepdim=True)  # [B, 1, H], computed: no order, no copy
+        fd.add_output(fd.ops.sum(fd.ops.sub(x, peaks), [2]))
     with pytest.raises(UnsupportedFusionError, match=r"^T1 spans 2 of the fusion's 3 dimensions"):
         segments_of(fd)
 
