@@ -227,7 +227,8 @@ class SegmentedExplanation:
     parts: tuple[Explanation, ...]  # one per segment, in order
 
     def __str__(self) -> str:
-        head = [section(f"{self.name}: {len(self.parts)} segments"),
+        count = len(self.parts)
+        head = [section(f"{self.name}: {count} segment{'' if count == 1 else 's'}"),
                 "fusion definition (repr):", self.definition.rstrip(), "",
                 str(self.segmentation)]
         return "\n".join(head + [str(p) for p in self.parts])

@@ -363,16 +363,22 @@ class _Rewrite:
 
 
 def explain_order(f: Fusion) -> str:
-    """Why a fusion runs reordered, for the segmentation's heading ('' where it does not)."""
+    """Why and how a fusion runs reordered or with inputs expanded, for the segmentation's
+    heading ('' where neither)."""
     order = order_of(f)
     if order is None:
         return ""
-    text = (f"its axes fit rows and a hidden axis in another order: rows over "
-            f"{_names(order.rows)}, hidden {_names(order.hidden)}")
+    parts = []
+    if order.axes != _axes(f):
+        parts.append(f"its axes fit rows and a hidden axis in another order: rows over "
+                     f"{_names(order.rows)}, hidden {_names(order.hidden)}; the inputs are "
+                     "moved into that order and the outputs back, between kernels")
     if order.expanded:
         names = ", ".join(t.name for t in order.expanded)
-        text += f", with {names} copied broadcast (a kernel cannot read it broadcast so)"
-    return text
+        parts.append(f"{names} span{'s' if len(order.expanded) == 1 else ''} some of the row "
+                     "axes, which a kernel does not read broadcast: copied broadcast to the "
+                     "full shape between kernels")
+    return "; ".join(parts)
 
 
 def _names(axes: tuple[Extent, ...]) -> str:

@@ -75,7 +75,8 @@ class Segmentation:
     # why one kernel does not run it, where that depends on the sizes (columns too tall for
     # the outer-persistent kernel); the analysis' reason otherwise
     refusal: str = ""
-    # the order of axes the fusion runs in, where it is not its own (reorder.py)
+    # the order of axes the fusion runs in where it is not its own, and the inputs expanded
+    # (reorder.explain_order)
     order: str = ""
 
     def __str__(self) -> str:
@@ -83,8 +84,7 @@ class Segmentation:
         if self.refusal:
             head = f"runs as {count} ({self.refusal})"
         elif self.order:
-            head = (f"runs as {count} ({self.order}; the inputs are moved into that order "
-                    "and the outputs back, between kernels)")
+            head = f"runs as {count} ({self.order})"
         elif self.layouts:
             head = (f"runs as {count} (permute and reshape move elements, which no kernel "
                     "does: they run between kernels)")

@@ -24,7 +24,7 @@ from fuser.analysis import analyze, lower
 from fuser.device import DeviceSpec
 from fuser.kernels import build
 from fuser.reference import evaluate
-from fuser.reorder import order_of, reordered
+from fuser.reorder import _axes, order_of, reordered
 from fuser.schedulers import Problem
 from fuser.segment import SegmentSchedules, _widened, segment
 
@@ -228,6 +228,13 @@ def _inputs(fd: FusionDefinition, shapes, seed: int = 7) -> list[np.ndarray]:
     return arrays
 
 
+def _own_order(fd: FusionDefinition) -> bool:
+    """Whether the order taken is the fusion's own (only inputs expanded)."""
+    widened = _widened(lower(fd.fusion))
+    order = order_of(widened)
+    return order is not None and order.axes == _axes(widened)
+
+
 def _segmentation(fd: FusionDefinition):
     with pytest.raises(UnsupportedFusionError) as refused:
         analyze(fd.fusion)
@@ -242,7 +249,9 @@ def test_the_order_moves_what_it_must(name):
     views = [e for e in segmentation.layouts if e.op == "reshape"]
     assert (len(copies), len(views), len(segmentation.segments)) == CASES[name][1:4], \
         segmentation
-    assert "another order" in str(segmentation)
+    expanded = any(e.op == "expand" for e in segmentation.layouts)
+    assert ("another order" in str(segmentation)) == (not _own_order(fd))
+    assert ("copied broadcast to the full shape" in str(segmentation)) == expanded
     for s in segmentation.segments:
         analyze(s.definition.fusion)
 
