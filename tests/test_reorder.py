@@ -368,6 +368,18 @@ def test_batchnorm_over_nchw_matches_torch(has_torch_cuda):
     torch.testing.assert_close(invstd, torch.rsqrt(var + 1e-5), atol=1e-4, rtol=1e-4)
 
 
+def test_an_expanded_input_is_a_contiguous_broadcast_copy():
+    """executor._expanded, as the executor makes an expand between kernels (torch's path, on
+    the CPU)."""
+    torch = pytest.importorskip("torch")
+    from fuser.executor import _expanded
+
+    x = torch.arange(6.0).reshape(2, 3)
+    got = _expanded(x, (0, 2), (2, 4, 3))
+    assert got.is_contiguous() and got.data_ptr() != x.data_ptr()
+    assert torch.equal(got, x[:, None, :].expand(2, 4, 3))
+
+
 # ----- random N-D fusions: reductions over any axes, tensors over any of them -----
 
 @st.composite
@@ -379,18 +391,29 @@ def nd_fusions(draw):
     axes = list(range(rank))
     subset = st.lists(st.sampled_from(axes), min_size=1, max_size=rank - 1, unique=True)
     weight = draw(st.none() | subset.map(sorted))
-    combine = draw(st.sampled_from(("add", "mul")))
+    combine = draw(st.sampled_from(("add", "mul", "aligned_add", "aligned_mul")))
     reduced = sorted(draw(st.lists(st.sampled_from(axes), min_size=1, max_size=rank,
                                    unique=True)))
     op = draw(st.sampled_from(("sum", "max", "min")))
     return shape, weight, combine, reduced, op, draw(st.booleans())
 
 
+def _weight_shape(weight, combine, shape) -> tuple[int, ...]:
+    """The second input's shape: its axes' sizes, or (met by numpy's alignment, "aligned_")
+    the trailing axes from its first one on, size 1 where it does not span them."""
+    if not combine.startswith("aligned_"):
+        return tuple(shape[a] for a in weight)
+    return tuple(shape[a] if a in weight else 1 for a in range(weight[0], len(shape)))
+
+
 def _nd_fusion(weight, combine, reduced, op, keepdim, rank) -> FusionDefinition:
     with FusionDefinition("nd") as fd:
         x = fd.define_tensor([-1] * rank)
         v = x
-        if weight is not None:
+        if weight is not None and combine.startswith("aligned_"):
+            w = fd.define_tensor([-1 if a in weight else 1 for a in range(weight[0], rank)])
+            v = getattr(fd.ops, combine.removeprefix("aligned_"))(x, w)
+        elif weight is not None:
             w = fd.define_tensor([-1] * len(weight))
             v = getattr(fd.ops, combine)(x, _bcast(fd, w, x, weight))
         r = getattr(fd.ops, op)(fd.ops.tanh(v), reduced, keepdim=keepdim)
@@ -408,7 +431,7 @@ def test_random_nd_fusions_segment_to_what_the_oracle_gives(case):
     UnsupportedFusionError; one that fits an order of its axes always runs."""
     shape, weight, combine, reduced, op, keepdim = case
     fd = _nd_fusion(weight, combine, reduced, op, keepdim, len(shape))
-    shapes = [shape] + ([tuple(shape[a] for a in weight)] if weight is not None else [])
+    shapes = [shape] + ([_weight_shape(weight, combine, shape)] if weight is not None else [])
     try:
         analyze(fd.fusion)
         return  # one kernel runs it: not this test's business
