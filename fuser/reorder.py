@@ -47,13 +47,23 @@ class Order:
 
     rows: tuple[Extent, ...]
     hidden: tuple[Extent, ...]
-    # inputs a kernel cannot read broadcast in this order: each is copied broadcast to the
-    # shape its broadcast_in_dim gives it (an expand) between kernels
+    # inputs a kernel cannot read broadcast in this order: each is copied broadcast to its
+    # target (an expand) between kernels
     expanded: tuple[Tensor, ...] = ()
 
     @property
     def axes(self) -> tuple[Extent, ...]:
         return self.rows + self.hidden
+
+    def target(self, v: Tensor) -> frozenset[Extent]:
+        """The axes an expanded input is copied broadcast to: the row axes where it spans
+        some of them only (N * C values of a [C] weight over rows [N, C]: a small copy), the
+        hidden axes likewise, else all of them (a copy of the full shape)."""
+        span = set(_spans(v))
+        for axes in (self.rows, self.hidden, self.axes):
+            if span <= set(axes):
+                return frozenset(axes)
+        return frozenset(self.axes)
 
     def position(self, axis: Extent) -> int:
         """The axis' position among the rewritten tensors' axes: the hidden axes share the
@@ -76,14 +86,17 @@ def _reduced(e: Expr) -> frozenset[Extent]:
 
 
 def _fits(f: Fusion, order: Order) -> bool:
-    """Whether every tensor (but the expanded inputs) spans no axis, the row axes, the hidden
-    axes or all of them, and every reduction reduces all of its operand's axes, or a tensor of
-    every axis over the row axes or over the hidden ones."""
+    """Whether every tensor spans no axis, the row axes, the hidden axes or all of them in the
+    rewrite (the values made of expanded inputs with their targets' axes), and every reduction
+    reduces all of its operand's axes, or a tensor of every axis over the row axes or over the
+    hidden ones."""
     rows, hidden, every = set(order.rows), set(order.hidden), set(order.axes)
-    widened = _expanded_values(f, order)
+    widening = _widening(f, order)
+    if widening is None:
+        return False
     for v in f.vals:
-        if (isinstance(v, Tensor) and v not in widened
-                and set(_spans(v)) not in (set(), rows, hidden, every)):
+        if (isinstance(v, Tensor)
+                and set(_spans(v)) | widening.get(v, set()) not in (set(), rows, hidden, every)):
             return False
     for e in f.exprs:
         if e.op in REDUCTIONS:
@@ -91,6 +104,43 @@ def _fits(f: Fusion, order: Order) -> bool:
             if reduced != span and not (span == every and reduced in (rows, hidden)):
                 return False
     return True
+
+
+def _widening(f: Fusion, order: Order) -> dict[Val, frozenset[Extent]] | None:
+    """The axes each value made narrow of an expanded input gains in the rewrite (its
+    target's), or None where an expanded input cannot take its target."""
+    extra: dict[Val, frozenset[Extent]] = {}
+    for v in order.expanded:
+        target = order.target(v)
+        narrow = _narrow_values(f, v, target)
+        if narrow is None:
+            return None
+        for u in narrow:
+            extra[u] = extra.get(u, frozenset()) | target
+    return extra
+
+
+def _narrow_values(f: Fusion, v: Val, target: frozenset[Extent]) -> set[Val] | None:
+    """`v` and the values made of it by elementwise ops, casts, broadcasts and squeezes that
+    do not span all of `target`; None where one of them is reduced, is an output, or is used
+    otherwise (expanding `v` to `target` would change what that sees)."""
+    narrow: set[Val] = set()
+    stack = [v]
+    while stack:
+        u = stack.pop()
+        if u in narrow:
+            continue
+        if u in f.outputs:
+            return None
+        narrow.add(u)
+        for e in f.uses(u):
+            if e.op == "size":
+                continue
+            if e.op not in ELEMENTWISE and e.op not in ("cast", "broadcast_in_dim", "squeeze"):
+                return None
+            if not target <= set(_spans(as_tensor(e.outputs[0]))):
+                stack.append(e.outputs[0])
+    return narrow
 
 
 def _axes(f: Fusion) -> tuple[Extent, ...] | None:
@@ -111,15 +161,23 @@ def _axes(f: Fusion) -> tuple[Extent, ...] | None:
     return widest
 
 
-def _copies(f: Fusion, order: Order) -> int:
-    """The inputs and outputs the order moves and the inputs it expands (each a copy)."""
+def _copies(f: Fusion, order: Order) -> tuple[int, int]:
+    """The copies of the full shape the order makes (inputs and outputs it moves, inputs it
+    expands to all the axes), then the size of the small ones (inputs expanded to the row or
+    the hidden axes alone), counted in axes: sizes are not known here, and a target of fewer
+    axes is most often the smaller ([N, C] rather than [C, H, W])."""
     rank = {a: i for i, a in enumerate(order.axes)}
-    moved = len(order.expanded)
+    full = small = 0
     for t in [*f.inputs, *f.outputs]:
-        if isinstance(t, Tensor):
+        if isinstance(t, Tensor) and t not in order.expanded:
             span = [rank[a] for a in _spans(t)]
-            moved += span != sorted(span)
-    return moved
+            full += span != sorted(span)
+    for v in order.expanded:
+        if order.target(v) == frozenset(order.axes):
+            full += 1
+        else:
+            small += len(order.target(v))
+    return full, small
 
 
 def _over_rows(f: Fusion, order: Order) -> int:
@@ -132,59 +190,29 @@ def _over_rows(f: Fusion, order: Order) -> int:
 
 
 def _expandable(f: Fusion, axes: tuple[Extent, ...]) -> list[Tensor]:
-    """Tensor inputs of some but not all axes that could be expanded (copied broadcast to all
-    the axes between kernels) and used so: every value made of them alone is broadcast to all
-    the axes (by a broadcast_in_dim, or an elementwise op with a tensor of them all) before a
-    reduction or an output could see it narrow."""
-    return [v for v in f.inputs if isinstance(v, Tensor) and 0 < len(_spans(v)) < len(axes)
-            and _narrow_values(f, v, len(axes)) is not None]
-
-
-def _narrow_values(f: Fusion, v: Val, count: int) -> set[Val] | None:
-    """`v` and the values made of it by elementwise ops, casts and broadcasts that span fewer
-    than `count` axes; None where one of them is reduced, is an output, or is used otherwise
-    (expanding `v` would change what that sees)."""
-    narrow: set[Val] = set()
-    stack = [v]
-    while stack:
-        u = stack.pop()
-        if u in narrow:
-            continue
-        if u in f.outputs:
-            return None
-        narrow.add(u)
-        for e in f.uses(u):
-            if e.op == "size":
-                continue
-            if e.op not in ELEMENTWISE and e.op not in ("cast", "broadcast_in_dim", "squeeze"):
-                return None
-            if len(_spans(as_tensor(e.outputs[0]))) < count:
-                stack.append(e.outputs[0])
-    return narrow
-
-
-def _expanded_values(f: Fusion, order: Order) -> set[Val]:
-    """The values the order's expanded inputs make narrow (all of them wide once expanded)."""
-    count = len(order.axes)
-    return {u for v in order.expanded for u in _narrow_values(f, v, count) or ()}
+    """Tensor inputs of some but not all axes: each might be expanded (copied broadcast
+    between kernels) where an order needs it (_widening says where it can)."""
+    return [v for v in f.inputs if isinstance(v, Tensor) and 0 < len(_spans(v)) < len(axes)]
 
 
 def order_of(f: Fusion) -> Order | None:
     """The order to rewrite `f` in, or None: where it fits its own order (rows, then the last
-    axis) or no order fits it, however few inputs it expands."""
+    axis) or no order fits it, whatever inputs it expands. Of those that fit: the fewest
+    copies of the full shape, then the smallest others, then the fewest reductions over the rows,
+    then the innermost axis hidden, then the most hidden axes (the longest rows)."""
     axes = _axes(f)
     if axes is None or len(axes) < 2:
         return None
     if _fits(f, Order(axes[:-1], axes[-1:])):
         return None
     expandable = _expandable(f, axes)
-    for count in range(len(expandable) + 1):
-        fitting = [order for expanded in combinations(expandable, count)
-                   for order in _orders(axes, expanded) if _fits(f, order)]
-        if fitting:
-            return min(fitting, key=lambda o: (_copies(f, o), _over_rows(f, o),
-                                               axes[-1] not in o.hidden))
-    return None
+    fitting = [order for count in range(len(expandable) + 1)
+               for expanded in combinations(expandable, count)
+               for order in _orders(axes, expanded) if _fits(f, order)]
+    if not fitting:
+        return None
+    return min(fitting, key=lambda o: (_copies(f, o), _over_rows(f, o),
+                                       axes[-1] not in o.hidden, -len(o.hidden)))
 
 
 def _orders(axes: tuple[Extent, ...], expanded: tuple[Tensor, ...]) -> list[Order]:
@@ -222,7 +250,7 @@ class _Rewrite:
     def __init__(self, f: Fusion, order: Order):
         self.f, self.order = f, order
         self.own = _axes(f) or ()  # the fusion's axes in its own order
-        self.widened = _expanded_values(f, order)  # all axes in the rewrite
+        self.widening = _widening(f, order) or {}  # axes narrow values gain
         self.out = Fusion()
         self.rank = len(order.rows) + 1
         self.merged = len(order.hidden) > 1
@@ -238,7 +266,8 @@ class _Rewrite:
                         self.input_size.setdefault(e.find(), (as_tensor(r), d))
         for v, r in raw.items():
             if v in order.expanded:
-                self.new[v] = self._placed(list(self.own), self._expanded(v, r))
+                target = [a for a in self.own if a in order.target(v)]
+                self.new[v] = self._placed(list(target), self._expanded(v, r, target))
             elif isinstance(v, Tensor):
                 self.new[v] = self._placed(_dim_axes(v), as_tensor(r))
             else:
@@ -253,15 +282,15 @@ class _Rewrite:
             self.out.add_output(self._restored(as_tensor(o)))
 
     def _positions(self, t: Tensor) -> list[int]:
-        """The positions of `t`'s axes in the rewrite, ascending, one per axis it spans (the
-        hidden axes once)."""
-        return sorted({self.order.position(a) for a in _spans(t)})
+        """The positions of `t`'s axes in the rewrite, ascending, one per axis it spans there
+        (the hidden axes once; a value made of an expanded input, its target's too)."""
+        span = set(_spans(t)) | self.widening.get(t, set())
+        return sorted({self.order.position(a) for a in span})
 
-    def _expanded(self, v: Tensor, r: Val) -> Tensor:
-        """Input `r` (a copy of `v`) copied broadcast to all the fusion's axes, in its order:
-        its size-1 axes dropped first (a view), so that each axis lands at its place."""
+    def _expanded(self, v: Tensor, r: Val, axes: list[Extent]) -> Tensor:
+        """Input `r` (a copy of `v`) copied broadcast to `axes` (its target, in the fusion's
+        order): its size-1 axes dropped first (a view), so that each axis lands at its place."""
         t = as_tensor(r)
-        axes = self.own
         if any(e is None for e in v.dims):
             t = self.out.reshape(t, [self.out.size(t, d) for d, e in enumerate(v.dims)
                                      if e is not None])
@@ -318,8 +347,6 @@ class _Rewrite:
             return args[0]
         if e.op == "cast":
             return out.cast(args[0], e.attr("dtype"))
-        if e.op == "broadcast_in_dim" and e.inputs[0] in self.widened:
-            return args[0]
         if e.op == "broadcast_in_dim":
             shape: list[Scalar | int] = [1] * self.rank
             for p in self._positions(as_tensor(result)):
@@ -373,11 +400,13 @@ def explain_order(f: Fusion) -> str:
         parts.append(f"its axes fit rows and a hidden axis in another order: rows over "
                      f"{_names(order.rows)}, hidden {_names(order.hidden)}; the inputs are "
                      "moved into that order and the outputs back, between kernels")
-    if order.expanded:
-        names = ", ".join(t.name for t in order.expanded)
-        parts.append(f"{names} span{'s' if len(order.expanded) == 1 else ''} some of the row "
-                     "axes, which a kernel does not read broadcast: copied broadcast to the "
-                     "full shape between kernels")
+    for v in order.expanded:
+        target = order.target(v)
+        which = ("row axes" if target == frozenset(order.rows) else
+                 "hidden axes" if target == frozenset(order.hidden) else "axes")
+        onto = "the full shape" if which == "axes" else f"all the {which}"
+        parts.append(f"{v.name} spans part of the {which}, which a kernel does not read "
+                     f"broadcast: copied broadcast to {onto} between kernels")
     return "; ".join(parts)
 
 

@@ -107,7 +107,8 @@ def outer_axes_kept(fd, dtype=BF16):
 
 
 def channel_scale(fd, dtype=BF16):
-    """x * w over NCHW with a [C] weight: no reduction, a per-channel factor."""
+    """x * w over NCHW with a [C] weight: no reduction, a per-channel factor. Rows [N, C]
+    of H * W, the weight copied broadcast to [N, C] (a small copy): no copy of x."""
     x = fd.define_tensor([-1, -1, -1, -1], dtype=dtype)
     w = fd.define_tensor([-1])
     fd.add_output(fd.ops.cast(fd.ops.mul(fd.ops.cast(x, F), _bcast(fd, w, x, [1])), dtype))
@@ -197,7 +198,7 @@ CASES = {
     "instance_norm": (instance_norm, 0, 3, 1, [(3, 5, 4, 6)]),
     "sum_over_batch": (sum_over_batch, 0, 2, 1, [(3, 7, 5)]),
     "outer_axes_kept": (outer_axes_kept, 2, 3, 1, [(3, 7, 5)]),
-    "channel_scale": (channel_scale, 2, 2, 1, [(3, 5, 4, 6), (5,)]),
+    "channel_scale": (channel_scale, 1, 2, 1, [(3, 5, 4, 6), (5,)]),
     "masked_fill": (masked_fill, 0, 3, 1, [(2, 3, 4, 6), (4, 6)]),
     "centered_over_dim_0": (centered_over_dim_0, 0, 2, 2, [(3, 7, 5)]),
     "positions_added": (positions_added, 0, 3, 1, [(3, 7, 5), (7, 5)]),
@@ -249,9 +250,9 @@ def test_the_order_moves_what_it_must(name):
     views = [e for e in segmentation.layouts if e.op == "reshape"]
     assert (len(copies), len(views), len(segmentation.segments)) == CASES[name][1:4], \
         segmentation
-    expanded = any(e.op == "expand" for e in segmentation.layouts)
     assert ("another order" in str(segmentation)) == (not _own_order(fd))
-    assert ("copied broadcast to the full shape" in str(segmentation)) == expanded
+    expands = [e for e in segmentation.layouts if e.op == "expand"]
+    assert str(segmentation).count("copied broadcast to") == len(expands)
     for s in segmentation.segments:
         analyze(s.definition.fusion)
 
@@ -310,7 +311,7 @@ def test_a_computed_partial_value_no_order_fits_is_refused_as_before():
         fd.add_output(fd.ops.sum(fd.ops.sub(x, peaks), [2]))
     lowered = lower(fd.fusion)
     assert order_of(lowered) is None and reordered(lowered) is lowered
-    with pytest.raises(UnsupportedFusionError, match="partial broadcasts are not supported"):
+    with pytest.raises(UnsupportedFusionError, match="neither another order of the axes nor inputs copied"):
         fuser.explain(fd, [(2, 8, 64)], device="h200")
 
 
