@@ -35,7 +35,7 @@ from fuser.ir import Scalar, Tensor, as_tensor
 from fuser.loader import get_kernel, launch_sizes
 from fuser.schedulers import Hints, Problem
 from fuser.schedulers.base import Dealing, RowSchedule, problem_rows
-from fuser.segment import Segmentation, segment
+from fuser.segment import Segment, Segmentation, segment
 from fuser.shapes import bind_shapes
 from fuser.signature import workspace_dtype
 
@@ -44,10 +44,17 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class SegmentedRun:
-    """What the latest execute() of a segmented fusion did: each segment's Run, in order."""
+    """What the latest execute() of a segmented fusion did: each segment's Run (a
+    SegmentedRun of its own for a segment that runs as segments), in order."""
 
     segmentation: Segmentation
-    runs: tuple[Run, ...]
+    runs: tuple[Run | SegmentedRun, ...]
+
+    def leaves(self) -> tuple[tuple[Segment, Run], ...]:
+        """Each kernel chain that ran and the segment it ran for, in order, nested
+        segmentations flattened."""
+        return tuple(pair for s, r in zip(self.segmentation.segments, self.runs, strict=True)
+                     for pair in (r.leaves() if isinstance(r, SegmentedRun) else ((s, r),)))
 
 
 def _info(fd) -> tuple[FusionInfo, str]:
@@ -311,13 +318,13 @@ def _execute_segments(fd, segmentation: Segmentation, inputs: list, device, hint
                                   for c in _checked_inputs(lowered, inputs)[1]])
     values = dict(zip(lowered.inputs, inputs, strict=True))
     _make_layouts(segmentation.layouts, values, sizes)
-    runs: list[Run] = []
+    runs: list[Run | SegmentedRun] = []
     for s in segmentation.segments:
         outs = execute(s.definition, s.arguments(values), device=device)
         values.update(zip(s.outputs, outs, strict=True))
         _make_layouts(segmentation.layouts, values, sizes)
         run = s.definition._last_run
-        assert isinstance(run, Run)
+        assert isinstance(run, Run | SegmentedRun)
         runs.append(run)
     fd._last_run = SegmentedRun(segmentation, tuple(runs))
     return _unshared(lowered, values)

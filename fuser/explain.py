@@ -224,7 +224,8 @@ class SegmentedExplanation:
     name: str
     definition: str  # repr(fd) of the whole fusion
     segmentation: Segmentation
-    parts: tuple[Explanation, ...]  # one per segment, in order
+    # one per segment, in order (a segment that runs as segments of its own: theirs)
+    parts: tuple[Explanation | SegmentedExplanation, ...]
 
     def __str__(self) -> str:
         count = len(self.parts)
@@ -251,7 +252,6 @@ def _explain_segments(fd: FusionDefinition, segmentation: Segmentation, shapes, 
     for s in segmentation.segments:
         part = explain(s.definition, [sizes.shape(v) if isinstance(v, Tensor) else None
                                       for v in s.inputs], device=spec, cache=cache)
-        assert isinstance(part, Explanation)  # a segment runs as one kernel chain
         parts.append(part)
     return SegmentedExplanation(fd.name, repr(fd), segmentation, tuple(parts))
 

@@ -408,23 +408,24 @@ class FusionDefinition:
         segmented = self._segmented()
         if segmented is None:
             return self._last().kernel.schedule
-        return SegmentSchedules(segmented.segmentation.segments,
-                                tuple(r.kernel.schedule for r in segmented.runs))
+        leaves = segmented.leaves()
+        return SegmentSchedules(tuple(s for s, _ in leaves),
+                                tuple(r.kernel.schedule for _, r in leaves))
 
     def last_smem_plan(self):
         """The shared-memory plan of the last row kernel (a tuple, one per segment)."""
         segmented = self._segmented()
         if segmented is None:
             return self._last().kernel.schedule.smem
-        return tuple(r.kernel.schedule.smem for r in segmented.runs)
+        return tuple(r.kernel.schedule.smem for _, r in segmented.leaves())
 
     def last_cuda_code(self) -> str:
         """The CUDA source of the last run (each segment's, in order, under a header)."""
         segmented = self._segmented()
         if segmented is None:
             return self._last().kernel.source.source
-        return "\n".join(f"// ===== {s}\n{r.kernel.source.source}" for s, r in
-                         zip(segmented.segmentation.segments, segmented.runs, strict=True))
+        return "\n".join(f"// ===== {s}\n{r.kernel.source.source}"
+                         for s, r in segmented.leaves())
 
     def last_resources(self):
         """Registers, spills and shared memory of the last kernel, as CuPy reports them (a
@@ -432,4 +433,4 @@ class FusionDefinition:
         segmented = self._segmented()
         if segmented is None:
             return self._last().kernel.resources()
-        return tuple(r.kernel.resources() for r in segmented.runs)
+        return tuple(r.kernel.resources() for _, r in segmented.leaves())

@@ -203,11 +203,15 @@ def _rank(v: Val) -> int:
     return v.ndim if isinstance(v, Tensor) else 0
 
 
-def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError) -> Segmentation:
+def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError,
+            nested: bool = False) -> Segmentation:
     """`fusion` cut into segments that each run as one kernel chain (one segment where a copy
     with only what the outputs need runs: the values one kernel could not run were ones no
-    output needs); raises `reason` (why one kernel cannot run it) when that does not help,
-    with a note where a segment cannot run either."""
+    output needs), or (unless `nested`) as a segmentation of its own: a segment after a
+    layout op, which the reordering of the whole fusion does not reach (GroupNorm's affine
+    over [N, C, H, W] after the normalization of [N, groups, rest]), reordered itself.
+    Raises `reason` (why one kernel cannot run it) when that does not help, with a note where
+    a segment cannot run either."""
     from fuser.frontend import FusionDefinition
 
     widened = _widened(lower(fusion))
@@ -238,7 +242,7 @@ def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError) -> Segmen
             built.append(Segment(k, definition, tuple(inputs), tuple(group),
                                  _why(k, inputs, lowered)))
     segments = tuple(_renumbered(reversed(built)))
-    _check_each_runs(name, segments, reason)
+    _check_each_runs(name, segments, reason, nested)
     order = reorder.explain_order(widened) if moved is not widened else ""
     return Segmentation(lowered, segments, tuple(moves), order=order)
 
@@ -305,21 +309,34 @@ def _axes_touched(f: Fusion, output: Val, home: dict[Val, int], k: int) -> set:
 
 
 def _check_each_runs(name: str, segments: tuple[Segment, ...],
-                     reason: UnsupportedFusionError) -> None:
+                     reason: UnsupportedFusionError, nested: bool) -> None:
     """Raise, at definition time rather than half-way through a run, when a segment is still
     one that no kernel chain runs (a reduction over some of the row axes, rows of unrelated
-    sizes...): the whole fusion's reason, then the segment's; the reason alone where there
-    was nothing to cut (one segment: the fusion without the values no output needs)."""
+    sizes...) nor (unless `nested`) a segmentation of its own, which the executor and
+    explain() run and show as they do any fusion's: the whole fusion's reason, then the
+    segment's; the reason alone where there was nothing to cut (one segment: the fusion
+    without the values no output needs)."""
     for s in segments:
         try:
             analyze(s.definition.fusion)
         except UnsupportedFusionError as exc:
+            if not nested and len(segments) > 1 and _segments_itself(s, exc):
+                continue
             if len(segments) == 1:
                 raise reason from None
             raise UnsupportedFusionError(
                 f"{reason}\nCutting fusion {name!r} at its reductions over the rows does not "
                 f"help: segment {s.index} ({', '.join(v.name for v in s.outputs)}) cannot run "
                 f"as one kernel either: {exc}") from exc
+
+
+def _segments_itself(s: Segment, reason: UnsupportedFusionError) -> bool:
+    """Whether segment `s`, which no one kernel runs, runs as segments of its own."""
+    try:
+        segment(s.definition.fusion, s.definition.name, reason, nested=True)
+    except UnsupportedFusionError:
+        return False
+    return True
 
 
 _NARROW = (DataType.Half, DataType.BFloat16)

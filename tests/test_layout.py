@@ -223,14 +223,18 @@ def _layouts_on_host(layouts, values: dict, sizes) -> None:
 
 
 def _chained(fd: FusionDefinition, inputs: list) -> list[np.ndarray]:
+    """`fd` run as the executor runs its segments, each on the oracle (a segment that runs as
+    segments of its own, chained in turn), the layout ops made between them."""
     segmentation = _segments(fd)
     lowered = segmentation.lowered
     sizes = bind_shapes(lowered, [np.shape(x) for x in inputs])
     values = dict(zip(lowered.inputs, inputs, strict=True))
     _layouts_on_host(segmentation.layouts, values, sizes)
     for s in segmentation.segments:
-        values.update(zip(s.outputs, evaluate(s.definition.fusion, s.arguments(values)),
-                          strict=True))
+        arguments = s.arguments(values)
+        outs = (evaluate(s.definition.fusion, arguments) if _segments(s.definition) is None
+                else _chained(s.definition, arguments))
+        values.update(zip(s.outputs, outs, strict=True))
         _layouts_on_host(segmentation.layouts, values, sizes)
     return _unshared(lowered, values)
 

@@ -22,6 +22,7 @@ import fuser
 from fuser import DataType, FusionDefinition, UnsupportedFusionError
 from fuser.analysis import analyze, lower
 from fuser.device import DeviceSpec
+from fuser.executor import segments_of
 from fuser.kernels import build
 from fuser.reference import evaluate
 from fuser.reorder import _axes, order_of, reordered
@@ -189,6 +190,21 @@ def modulated_rmsnorm_aligned(fd, dtype=BF16):
     fd.add_output(fd.ops.cast(y, dtype))
 
 
+def group_norm_affine(fd, dtype=BF16):
+    """GroupNorm over NCHW with 4 groups and a per-channel weight and bias: the normalization
+    of [N, 4, C / 4 * H * W] rows, a reshape back, then the affine, a segment of its own that
+    is reordered itself (rows [N, C] of H * W, weight and bias copied broadcast to [N, C])."""
+    x = fd.define_tensor([-1, -1, -1, -1], dtype=dtype)
+    w = fd.define_tensor([-1])
+    b = fd.define_tensor([-1])
+    groups = fd.ops.reshape(fd.ops.cast(x, F), [x.size(0), 4, -1])
+    var, mean = fd.ops.var_mean(groups, [2], correction=0, keepdim=True)
+    y = fd.ops.mul(fd.ops.sub(groups, mean), fd.ops.rsqrt(fd.ops.add(var, 1e-5)))
+    y = fd.ops.reshape(y, x.shape())
+    y = fd.ops.add(fd.ops.mul(y, _bcast(fd, w, x, [1])), _bcast(fd, b, x, [1]))
+    fd.add_output(fd.ops.cast(y, dtype))
+
+
 # builder -> (copies: permutes and expands, reshape views, segments, input shapes)
 CASES = {
     "batchnorm_nchw": (batchnorm_nchw, 2, 4, 1, [(3, 5, 4, 6), (5,), (5,)]),
@@ -208,11 +224,26 @@ CASES = {
     "modulated_rmsnorm_aligned": (modulated_rmsnorm_aligned, 3, 2, 1,
                                   [(3, 7, 5), (7, 5), (3, 1, 5), (3, 1, 5)]),
 }
+def centered_by_sequence_peaks(fd, dtype=BF16):
+    """x minus its peaks over seq ([batch, 1, hidden]), summed along hidden: the peaks are a
+    segment of their own (a row max of [batch, hidden] rows along seq, the input moved), and
+    the later segment reads them as an input it copies broadcast."""
+    x = fd.define_tensor([-1, -1, -1], dtype=dtype)
+    xf = fd.ops.cast(x, F)
+    peaks = fd.ops.max(xf, [1], keepdim=True)
+    fd.add_output(fd.ops.sum(fd.ops.sub(xf, peaks), [2]))
+
+
+# builder -> (segments, of which run as segments of their own, kernels in all, input shapes)
+NESTED = {
+    "group_norm_affine": (group_norm_affine, 2, 1, 2, [(3, 8, 4, 6), (8,), (8,)]),
+    "centered_by_sequence_peaks": (centered_by_sequence_peaks, 2, 2, 2, [(3, 7, 5)]),
+}
 
 
 def _fd(name: str, dtype=BF16) -> FusionDefinition:
     with FusionDefinition(name) as fd:
-        CASES[name][0](fd, dtype)
+        (CASES.get(name) or NESTED[name])[0](fd, dtype)
     return fd
 
 
@@ -278,6 +309,24 @@ def test_every_segment_compiles_without_spills(name):
             assert not built.compiled.resource(entry).spills, entry
 
 
+@pytest.mark.parametrize("name", list(NESTED))
+def test_a_segment_after_a_layout_op_is_reordered_itself(name):
+    """The whole fusion holds a layout op, so it is cut first; the segment that no kernel runs
+    runs as segments of its own, which the executor and explain() run and show as any."""
+    fd = _fd(name)
+    segmentation = _segmentation(fd)
+    nested = [s for s in segmentation.segments if segments_of(s.definition) is not None]
+    assert (len(segmentation.segments), len(nested)) == NESTED[name][1:3]
+    inputs = _inputs(fd, NESTED[name][4])
+    for got, want, o in zip(_chained(fd, inputs), evaluate(fd.fusion, inputs),
+                            fd.fusion.outputs, strict=True):
+        np.testing.assert_allclose(got, want, rtol=2.0 ** -8, atol=1e-5, err_msg=o.name)
+    shapes = [tuple(4 * n if n > 1 else n for n in shape) for shape in NESTED[name][4]]
+    report = str(fuser.explain(fd, shapes, device="h200"))
+    for s in nested:
+        assert f"=== {s.definition.name}: 1 segment" in report
+
+
 def test_batchnorm_over_nchw_runs_as_rows_of_channels():
     """Rows of one channel each (C rows of N * H * W): the channel's statistics are a row
     reduction, and the weight and bias per-row values."""
@@ -302,16 +351,16 @@ def test_a_fusion_that_fits_its_own_order_is_not_rewritten():
 
 
 def test_a_computed_partial_value_no_order_fits_is_refused_as_before():
-    """The peaks of [batch, seq, hidden] over seq ([batch, 1, hidden], computed: no copy
-    broadcasts it) subtracted, then sums along hidden: no split into rows and hidden axes
-    fits both the peaks and the sums."""
+    """The peaks of [batch, seq, hidden] over batch and hidden ([1, seq, 1], computed in the
+    sweep that sums along hidden: no copy broadcasts it) subtracted, then sums along hidden:
+    no split into rows and hidden axes fits both the peaks and the sums."""
     with FusionDefinition("peaks") as fd:
         x = fd.define_tensor([-1, -1, -1])
-        peaks = fd.ops.max(x, [1], keepdim=True)
+        peaks = fd.ops.max(x, [0, 2], keepdim=True)
         fd.add_output(fd.ops.sum(fd.ops.sub(x, peaks), [2]))
     lowered = lower(fd.fusion)
     assert order_of(lowered) is None and reordered(lowered) is lowered
-    with pytest.raises(UnsupportedFusionError, match="neither another order of the axes nor inputs copied"):
+    with pytest.raises(UnsupportedFusionError, match="neither another order of the axes"):
         fuser.explain(fd, [(2, 8, 64)], device="h200")
 
 
@@ -333,6 +382,8 @@ GPU_SHAPES = {
     "positions_normalized": [[(3, 7, 1000), (7, 1000)], [(8, 1024, 4096), (1024, 4096)]],
     "modulated_layernorm": [[(3, 7, 1000), (3, 1000), (3, 1000)],
                             [(8, 1024, 4096), (8, 4096), (8, 4096)]],
+    "group_norm_affine": [[(3, 8, 7, 9), (8,), (8,)], [(8, 256, 32, 32), (256,), (256,)]],
+    "centered_by_sequence_peaks": [[(3, 7, 1000)], [(8, 1024, 4096)]],
     "modulated_rmsnorm_aligned": [[(3, 7, 1000), (7, 1000), (3, 1, 1000), (3, 1, 1000)],
                                   [(8, 1024, 4096), (1024, 4096), (8, 1, 4096),
                                    (8, 1, 4096)]],
@@ -350,7 +401,8 @@ def test_reordered_fusions_match_the_oracle_on_the_gpu(name, shapes, dtype):
     fd.validate([cupy.asarray(a) for a in _inputs(fd, shapes)])
     schedules = fd.last_schedule()
     assert isinstance(schedules, SegmentSchedules)
-    assert len(schedules.segments) == CASES[name][3]
+    kernels = CASES[name][3] if name in CASES else NESTED[name][3]
+    assert len(schedules.segments) == kernels == len(fd.last_smem_plan())
 
 
 @pytest.mark.gpu
