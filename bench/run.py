@@ -146,13 +146,13 @@ def segment_bytes(fd, inputs) -> list[int] | None:
     outputs written once), from the shapes of `inputs`; None where one kernel chain runs
     `fd`. Their sum over the copy's bandwidth is the time a chain of these segments cannot
     beat: finish_entry sets fraction_of_segments_bound against it."""
-    from fuser.executor import segments_of
+    from fuser.executor import outer_segments, segments_of
     from fuser.ir import Tensor
     from fuser.reference import bind_shapes
 
     segmentation = segments_of(fd)
     if segmentation is None and _ran_segments(fd):  # columns too tall for one kernel
-        segmentation = segments_of(fd, tall_columns=True)
+        segmentation = outer_segments(fd)
     if segmentation is None:
         return None
     lowered = segmentation.lowered

@@ -294,6 +294,19 @@ def test_a_segmented_fusion_is_measured_against_its_segments_bytes():
     assert e["impls"]["fuser"]["fraction_of_segments_bound"] == pytest.approx(1.0)
 
 
+def test_columns_too_tall_are_measured_against_the_fallback_segments(monkeypatch):
+    """An outer normalization that ran as its fallback segments (columns too tall for one
+    kernel, which only a GPU run tells: _ran_segments) is measured against their bytes."""
+    import bench.run
+    from fuser.executor import outer_segments
+
+    batchnorm = FUSIONS["batchnorm_fwd"](DataType.BFloat16)
+    inputs = make_inputs("batchnorm_fwd", 64, 96, DataType.BFloat16, np.random.default_rng(0))
+    monkeypatch.setattr(bench.run, "_ran_segments", lambda fd: True)
+    got = segment_bytes(batchnorm, inputs)
+    assert got is not None and len(got) == len(outer_segments(batchnorm).segments) > 1
+
+
 def test_markdown_table():
     text = markdown_table(fake_report())
     lines = text.splitlines()
