@@ -665,3 +665,4 @@ def test_ab_refuses_a_run_without_cases_or_repeats(argv):
 
     with pytest.raises(SystemExit):
         ab.parse_args(argv)
+

@@ -1,0 +1,324 @@
+"""N-D fusions as users write them, which fuser runs in another order of their axes, with
+inputs copied broadcast, or as segments of segments (fuser/reorder.py): fuser against PyTorch
+eager (the ATen ops users call) and torch.compile of the same formula, and a device copy of
+the same bytes.
+
+    PYTHONPATH=. python3 bench/nd.py [--case batchnorm_nchw,...] [--dtype bf16]
+        [--no-compile] [--out DIR]
+
+Each case at its shape: median time (bench/run.py's timer), GB/s of the minimal bytes (each
+input read once, each output written once) and its fraction of the copy's; for fuser also the
+moves (permutes and expands between kernels, their bytes) and the fraction of the chain's
+bound (its kernels' inputs and outputs, so the moves' copies included:
+fraction_of_segments_bound); max relative error of fuser and torch.compile against eager.
+Writes OUT/<date>-nd.json (bench/run.py's report format, a case per result) and prints a
+markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import shlex
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from bench.run import (
+    TOLERANCE,
+    csv_list,
+    environment,
+    error_record,
+    finish_entry,
+    make_timer,
+    max_rel_err,
+    minimal_bytes,
+    segment_bytes,
+    sync,
+    write_report,
+)
+from fuser import DataType, FusionDefinition
+
+F = DataType.Float
+EPS = 1e-5
+
+
+def _bcast(fd, t, like, dims):
+    return fd.ops.broadcast_in_dim(t, shape=like.shape(), broadcast_dims=dims)
+
+
+def batchnorm_nchw(fd, dtype):
+    """BatchNorm2d's training forward over NCHW: per-channel statistics over N, H and W."""
+    x = fd.define_tensor([-1, -1, -1, -1], dtype=dtype)
+    w, b = fd.define_tensor([-1]), fd.define_tensor([-1])
+    xf = fd.ops.cast(x, F)
+    var, mean = fd.ops.var_mean(xf, [0, 2, 3], correction=0, keepdim=False)
+    y = fd.ops.mul(fd.ops.sub(xf, _bcast(fd, mean, x, [1])),
+                   _bcast(fd, fd.ops.rsqrt(fd.ops.add(var, EPS)), x, [1]))
+    y = fd.ops.add(fd.ops.mul(y, _bcast(fd, w, x, [1])), _bcast(fd, b, x, [1]))
+    fd.add_output(fd.ops.cast(y, dtype))
+
+
+def group_norm_affine(fd, dtype, groups=32):
+    """GroupNorm over NCHW with its per-channel weight and bias."""
+    x = fd.define_tensor([-1, -1, -1, -1], dtype=dtype)
+    w, b = fd.define_tensor([-1]), fd.define_tensor([-1])
+    rows = fd.ops.reshape(fd.ops.cast(x, F), [x.size(0), groups, -1])
+    var, mean = fd.ops.var_mean(rows, [2], correction=0, keepdim=True)
+    y = fd.ops.mul(fd.ops.sub(rows, mean), fd.ops.rsqrt(fd.ops.add(var, EPS)))
+    y = fd.ops.reshape(y, x.shape())
+    y = fd.ops.add(fd.ops.mul(y, _bcast(fd, w, x, [1])), _bcast(fd, b, x, [1]))
+    fd.add_output(fd.ops.cast(y, dtype))
+
+
+def modulated_layernorm(fd, dtype):
+    """A diffusion transformer's adaLN: LayerNorm of [batch, seq, hidden] without affine,
+    then * (1 + scale) + shift, scale and shift [batch, hidden]."""
+    x = fd.define_tensor([-1, -1, -1], dtype=dtype)
+    scale, shift = fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1])
+    xf = fd.ops.cast(x, F)
+    var, mean = fd.ops.var_mean(xf, [2], correction=0, keepdim=True)
+    y = fd.ops.mul(fd.ops.sub(xf, mean), fd.ops.rsqrt(fd.ops.add(var, EPS)))
+    y = fd.ops.add(fd.ops.mul(y, fd.ops.add(_bcast(fd, scale, x, [0, 2]), 1.0)),
+                   _bcast(fd, shift, x, [0, 2]))
+    fd.add_output(fd.ops.cast(y, dtype))
+
+
+def masked_softmax(fd, dtype):
+    """Softmax of attention scores [batch, heads, q, k] along k where a [q, k] mask holds."""
+    s = fd.define_tensor([-1, -1, -1, -1], dtype=dtype)
+    m = fd.define_tensor([-1, -1], dtype=DataType.Bool)
+    masked = fd.ops.where(_bcast(fd, m, s, [2, 3]), fd.ops.cast(s, F), float("-inf"))
+    e = fd.ops.exp(fd.ops.sub(masked, fd.ops.max(masked, [3], keepdim=True)))
+    fd.add_output(fd.ops.cast(fd.ops.div(e, fd.ops.sum(e, [3], keepdim=True)), dtype))
+
+
+def mean_over_sequence(fd, dtype):
+    """Mean pooling of [batch, seq, hidden] over the sequence."""
+    x = fd.define_tensor([-1, -1, -1], dtype=dtype)
+    s = fd.ops.sum(fd.ops.cast(x, F), [1])
+    fd.add_output(fd.ops.cast(fd.ops.div(s, x.size(1)), dtype))
+
+
+def channel_scale(fd, dtype):
+    """x * w over NCHW with a [C] weight (an inference BatchNorm folded to a scale)."""
+    x = fd.define_tensor([-1, -1, -1, -1], dtype=dtype)
+    w = fd.define_tensor([-1])
+    fd.add_output(fd.ops.cast(fd.ops.mul(fd.ops.cast(x, F), _bcast(fd, w, x, [1])), dtype))
+
+
+# ----- what PyTorch runs for each: eager (ATen's ops), and the formula torch.compile sees ---
+
+def _eager_batchnorm(x, w, b):
+    import torch.nn.functional as nnf
+
+    return (nnf.batch_norm(x.float(), None, None, w, b, training=True, eps=EPS).to(x.dtype),)
+
+
+def _eager_group_norm(x, w, b):
+    import torch.nn.functional as nnf
+
+    return (nnf.group_norm(x.float(), 32, w, b, eps=EPS).to(x.dtype),)
+
+
+def _eager_modulated(x, scale, shift):
+    import torch.nn.functional as nnf
+
+    y = nnf.layer_norm(x.float(), x.shape[-1:], eps=EPS)
+    return ((y * (1 + scale[:, None]) + shift[:, None]).to(x.dtype),)
+
+
+def _eager_masked_softmax(s, m):
+    return (s.float().masked_fill(~m, float("-inf")).softmax(-1).to(s.dtype),)
+
+
+def _eager_mean(x):
+    return (x.float().mean(1).to(x.dtype),)
+
+
+def _eager_channel_scale(x, w):
+    return ((x.float() * w[None, :, None, None]).to(x.dtype),)
+
+
+@dataclass(frozen=True)
+class Case:
+    build: object  # (fd, dtype) -> None
+    shape: tuple[tuple[int, ...], ...]  # per input
+    eager: object  # PyTorch on the same inputs, a tuple of outputs like fuser's
+    mask: bool = False  # the second input is a Bool mask
+
+
+CASES = {
+    "batchnorm_nchw": Case(batchnorm_nchw, ((32, 64, 56, 56), (64,), (64,)), _eager_batchnorm),
+    "group_norm_affine": Case(group_norm_affine, ((8, 256, 32, 32), (256,), (256,)),
+                              _eager_group_norm),
+    "modulated_layernorm": Case(modulated_layernorm, ((8, 1024, 4096), (8, 4096), (8, 4096)),
+                                _eager_modulated),
+    "masked_softmax": Case(masked_softmax, ((4, 16, 1024, 1024), (1024, 1024)),
+                           _eager_masked_softmax, mask=True),
+    "mean_over_sequence": Case(mean_over_sequence, ((8, 1024, 4096),), _eager_mean),
+    "channel_scale": Case(channel_scale, ((32, 64, 56, 56), (64,)), _eager_channel_scale),
+}
+DTYPES = {"bf16": DataType.BFloat16, "fp16": DataType.Half, "fp32": DataType.Float}
+
+
+def definition(name: str, dtype: DataType) -> FusionDefinition:
+    with FusionDefinition(name) as fd:
+        CASES[name].build(fd, dtype)
+    return fd
+
+
+def host_inputs(name: str, dtype: DataType, shape=None, seed: int = 0) -> list[np.ndarray]:
+    """Standard normal data in `dtype`, parameters in float32 (weights near 1), a mask with
+    most entries held and its first column always (no row wholly masked)."""
+    case, rng = CASES[name], np.random.default_rng(seed)
+    shapes = shape or case.shape
+    arrays = [rng.standard_normal(shapes[0]).astype(np.float32).astype(dtype.numpy)]
+    for i, s in enumerate(shapes[1:], 1):
+        if case.mask and i == 1:
+            mask = rng.random(s) < 0.8
+            mask[..., 0] = True
+            arrays.append(mask)
+        else:
+            arrays.append((1 + 0.1 * rng.standard_normal(s)).astype(np.float32))
+    return arrays
+
+
+def _torch(a: np.ndarray, device: str):
+    import torch
+
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).to(device)
+    return torch.from_numpy(a).to(device)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--case", type=csv_list(str), default=list(CASES),
+                   help=f"comma-separated ({', '.join(CASES)})")
+    p.add_argument("--dtype", choices=list(DTYPES), default="bf16")
+    p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    p.add_argument("--timer", choices=("auto", "do_bench", "events"), default="auto")
+    p.add_argument("--out", default="bench/results")
+    args = p.parse_args(argv)
+    unknown = [c for c in args.case if c not in CASES]
+    if unknown:
+        p.error(f"unknown case(s) {', '.join(unknown)}; the cases are {', '.join(CASES)}")
+    return args
+
+
+def moves(fd) -> list[str]:
+    """The layout ops fuser makes between kernels for `fd` (nested segmentations' too)."""
+    from fuser import layouts
+    from fuser.executor import segments_of
+
+    segmentation = segments_of(fd)
+    if segmentation is None:
+        return []
+    found = [layouts.describe(e) for e in segmentation.layouts]
+    for s in segmentation.segments:
+        found += moves(s.definition)
+    return found
+
+
+def bench_case(name: str, args, timer) -> dict:
+    """Every implementation of one case; failures become {"error": ...}."""
+    import torch
+
+    from bench.baselines import device_copy
+
+    dtype = DTYPES[args.dtype]
+    inputs = [_torch(a, "cuda") for a in host_inputs(name, dtype)]
+    case = CASES[name]
+    entry: dict = {"case": name, "shape": "x".join(map(str, case.shape[0])), "impls": {}}
+    impls = entry["impls"]
+
+    def timed(fn) -> dict:
+        return {"time_us": timer(fn) * 1e3}
+
+    ref = case.eager(*inputs)
+    sync()
+    entry["bytes"] = minimal_bytes(inputs, ref)
+    copy_fn, copy_bytes = device_copy(entry["bytes"])
+    impls["copy"] = {"bytes": copy_bytes, **timed(copy_fn)}
+    impls["eager"] = timed(lambda: case.eager(*inputs))
+    fd = definition(name, dtype)
+    try:
+        outs = fd.execute(inputs)
+        sync()
+        m = {"max_rel_err": max_rel_err(outs, ref)}
+        m["correct"] = m["max_rel_err"] <= TOLERANCE
+        m.update(timed(lambda: fd.execute(inputs)))
+        m["moves"] = moves(fd)
+        segments = segment_bytes(fd, inputs)
+        if segments is not None:
+            m["segment_bytes"] = segments
+        impls["fuser"] = m
+    except Exception as exc:
+        impls["fuser"] = error_record(exc)
+    if args.no_compile:
+        impls["compile"] = {"skipped": "--no-compile"}
+    else:
+        try:
+            fn = torch.compile(case.eager, dynamic=False)
+            outs = fn(*inputs)
+            sync()
+            m = {"max_rel_err": max_rel_err(outs, ref)}
+            m["correct"] = m["max_rel_err"] <= TOLERANCE
+            m.update(timed(lambda: fn(*inputs)))
+            impls["compile"] = m
+        except Exception as exc:
+            impls["compile"] = error_record(exc)
+    return finish_entry(entry)
+
+
+def markdown(report: dict) -> str:
+    """case | shape | copy GB/s | fuser (of copy, of its chain's bound) | compile | eager."""
+    def cell(m: dict) -> str:
+        if "error" in m or "skipped" in m or "gbps" not in m:
+            return "error" if "error" in m else "-"
+        text = f"{m['gbps']:.0f} ({m['fraction_of_copy']:.2f})"
+        if m.get("fraction_of_segments_bound") is not None:
+            text += f" [{m['fraction_of_segments_bound']:.2f} of its chain]"
+        return text + (" WRONG" if m.get("correct") is False else "")
+
+    lines = [f"N-D fusions, {report['dtype']}, {report.get('device', '?')}, GB/s (fraction of "
+             "the copy):", "", "| case | shape | copy | fuser | torch.compile | eager |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for e in report["results"]:
+        i = e.get("impls", {})
+        copy = i.get("copy", {})
+        lines.append(f"| {e['case']} | {e.get('shape', '')} | {copy.get('gbps', 0):.0f} | "
+                     f"{cell(i.get('fuser', {}))} | {cell(i.get('compile', {}))} | "
+                     f"{cell(i.get('eager', {}))} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    timer_desc, timer = make_timer(args.timer)
+    env = environment()
+    report = {"fusion": "nd", "dtype": args.dtype, "timer": timer_desc,
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+              "command": "PYTHONPATH=. python3 bench/nd.py " + shlex.join(
+                  sys.argv[1:] if argv is None else argv),
+              **env, "results": []}
+    for name in args.case:
+        try:
+            report["results"].append(bench_case(name, args, timer))
+        except Exception as exc:
+            report["results"].append({"case": name, **error_record(exc)})
+        write_report(report, args.out)
+    print(markdown(report))
+    return 1 if any(_failed(e) for e in report["results"]) else 0
+
+
+def _failed(entry: dict) -> bool:
+    """An entry that errored, or whose fuser result is wrong or missing."""
+    fuser_result = entry.get("impls", {}).get("fuser", {})
+    return "error" in entry or "error" in fuser_result or fuser_result.get("correct") is False
+
+
+if __name__ == "__main__":
+    sys.exit(main())
