@@ -12,21 +12,26 @@ against the oracle at odd and large shapes, CuPy and torch arrays."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_layout import _chained
+from test_layout import (
+    _chained,
+    assert_chained_matches_the_oracle,
+    assert_each_segment_compiles_without_spills,
+)
 
 import fuser
+from bench import nd
 from fuser import DataType, FusionDefinition, UnsupportedFusionError
 from fuser.analysis import analyze, lower
 from fuser.device import DeviceSpec
 from fuser.executor import segments_of
-from fuser.kernels import build
 from fuser.reference import evaluate
 from fuser.reorder import _axes, order_of, reordered
-from fuser.schedulers import Problem
 from fuser.segment import SegmentSchedules, _widened, segment
 
 F, BF16 = DataType.Float, DataType.BFloat16
@@ -74,13 +79,6 @@ def batchnorm_nchw_backward(fd, dtype=BF16):
     fd.add_output(dbias)
 
 
-def mean_over_sequence(fd, dtype=BF16):
-    """Mean pooling of [batch, seq, hidden] over the sequence (the middle axis)."""
-    x = fd.define_tensor([-1, -1, -1], dtype=dtype)
-    s = fd.ops.sum(fd.ops.cast(x, F), [1])
-    fd.add_output(fd.ops.cast(fd.ops.div(s, x.size(1)), dtype))
-
-
 def instance_norm(fd, dtype=BF16):
     """InstanceNorm over NCHW: statistics per (n, c) over H and W, kept as [N, C, 1, 1]."""
     x = fd.define_tensor([-1, -1, -1, -1], dtype=dtype)
@@ -107,14 +105,6 @@ def outer_axes_kept(fd, dtype=BF16):
     fd.add_output(m)
 
 
-def channel_scale(fd, dtype=BF16):
-    """x * w over NCHW with a [C] weight: no reduction, a per-channel factor. Rows [N, C]
-    of H * W, the weight copied broadcast to [N, C] (a small copy): no copy of x."""
-    x = fd.define_tensor([-1, -1, -1, -1], dtype=dtype)
-    w = fd.define_tensor([-1])
-    fd.add_output(fd.ops.cast(fd.ops.mul(fd.ops.cast(x, F), _bcast(fd, w, x, [1])), dtype))
-
-
 def masked_fill(fd, dtype=BF16):
     """Scores [batch, heads, q, k] where a [q, k] mask holds, else 0: the mask is a value per
     column of the last two axes merged."""
@@ -139,17 +129,6 @@ def positions_added(fd, dtype=BF16):
     fd.add_output(fd.ops.cast(fd.ops.add(fd.ops.cast(x, F), _bcast(fd, p, x, [1, 2])), dtype))
 
 
-def masked_softmax(fd, dtype=BF16):
-    """Softmax of scores [batch, heads, q, k] along k where a [q, k] mask holds: the mask is
-    copied broadcast to the scores' shape (a kernel reads per-row values of all the row axes
-    or of none)."""
-    s = fd.define_tensor([-1, -1, -1, -1], dtype=dtype)
-    m = fd.define_tensor([-1, -1], dtype=DataType.Bool)
-    masked = fd.ops.where(_bcast(fd, m, s, [2, 3]), fd.ops.cast(s, F), float("-inf"))
-    e = fd.ops.exp(fd.ops.sub(masked, fd.ops.max(masked, [3], keepdim=True)))
-    fd.add_output(fd.ops.cast(fd.ops.div(e, fd.ops.sum(e, [3], keepdim=True)), dtype))
-
-
 def positions_normalized(fd, dtype=BF16):
     """[batch, seq, hidden] plus a [seq, hidden] table, then LayerNorm along hidden: the
     table is copied broadcast."""
@@ -159,20 +138,6 @@ def positions_normalized(fd, dtype=BF16):
     var, mean = fd.ops.var_mean(h, [2], correction=0, keepdim=True)
     fd.add_output(fd.ops.cast(fd.ops.mul(fd.ops.sub(h, mean),
                                          fd.ops.rsqrt(fd.ops.add(var, 1e-5))), dtype))
-
-
-def modulated_layernorm(fd, dtype=BF16):
-    """A diffusion transformer's adaLN: LayerNorm of [batch, seq, hidden] along hidden, then
-    * (1 + scale) + shift, scale and shift [batch, hidden]: both copied broadcast."""
-    x = fd.define_tensor([-1, -1, -1], dtype=dtype)
-    scale = fd.define_tensor([-1, -1])
-    shift = fd.define_tensor([-1, -1])
-    xf = fd.ops.cast(x, F)
-    var, mean = fd.ops.var_mean(xf, [2], correction=0, keepdim=True)
-    y = fd.ops.mul(fd.ops.sub(xf, mean), fd.ops.rsqrt(fd.ops.add(var, 1e-6)))
-    y = fd.ops.add(fd.ops.mul(y, fd.ops.add(_bcast(fd, scale, x, [0, 2]), 1.0)),
-                   _bcast(fd, shift, x, [0, 2]))
-    fd.add_output(fd.ops.cast(y, dtype))
 
 
 def modulated_rmsnorm_aligned(fd, dtype=BF16):
@@ -190,22 +155,13 @@ def modulated_rmsnorm_aligned(fd, dtype=BF16):
     fd.add_output(fd.ops.cast(y, dtype))
 
 
-def group_norm_affine(fd, dtype=BF16):
-    """GroupNorm over NCHW with 4 groups and a per-channel weight and bias: the normalization
-    of [N, 4, C / 4 * H * W] rows, a reshape back, then the affine, a segment of its own that
-    is reordered itself (rows [N, C] of H * W, weight and bias copied broadcast to [N, C])."""
-    x = fd.define_tensor([-1, -1, -1, -1], dtype=dtype)
-    w = fd.define_tensor([-1])
-    b = fd.define_tensor([-1])
-    groups = fd.ops.reshape(fd.ops.cast(x, F), [x.size(0), 4, -1])
-    var, mean = fd.ops.var_mean(groups, [2], correction=0, keepdim=True)
-    y = fd.ops.mul(fd.ops.sub(groups, mean), fd.ops.rsqrt(fd.ops.add(var, 1e-5)))
-    y = fd.ops.reshape(y, x.shape())
-    y = fd.ops.add(fd.ops.mul(y, _bcast(fd, w, x, [1])), _bcast(fd, b, x, [1]))
-    fd.add_output(fd.ops.cast(y, dtype))
+# GroupNorm over channels of 8 at the small shapes here: 4 groups
+group_norm_affine = functools.partial(nd.group_norm_affine, groups=4)
 
-
-# builder -> (copies: permutes and expands, reshape views, segments, input shapes)
+# builder -> (copies: permutes and expands, reshape views, segments, input shapes); the
+# builders of bench/nd.py are the fusions users write that its bench times
+mean_over_sequence, channel_scale = nd.mean_over_sequence, nd.channel_scale
+masked_softmax, modulated_layernorm = nd.masked_softmax, nd.modulated_layernorm
 CASES = {
     "batchnorm_nchw": (batchnorm_nchw, 2, 4, 1, [(3, 5, 4, 6), (5,), (5,)]),
     "batchnorm_nchw_backward": (batchnorm_nchw_backward, 3, 5, 1,
@@ -292,21 +248,12 @@ def test_the_order_moves_what_it_must(name):
 def test_segments_chained_on_the_oracle_equal_the_whole_fusion(name):
     fd = _fd(name)
     _segmentation(fd)
-    inputs = _inputs(fd, CASES[name][4])
-    for got, want, o in zip(_chained(fd, inputs), evaluate(fd.fusion, inputs),
-                            fd.fusion.outputs, strict=True):
-        assert got.shape == want.shape, o
-        rtol = 2.0 ** -8 if o.dtype is BF16 else 1e-6
-        np.testing.assert_allclose(got, want, rtol=rtol, atol=1e-5, err_msg=o.name)
+    assert_chained_matches_the_oracle(fd, _inputs(fd, CASES[name][4]), atol=1e-5)
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_every_segment_compiles_without_spills(name):
-    for s in _segmentation(_fd(name)).segments:
-        built = build(s.definition.name, analyze(s.definition.fusion), Problem(4096, 1024, 16),
-                      H200)
-        for entry, _plan in built.plans():
-            assert not built.compiled.resource(entry).spills, entry
+    assert_each_segment_compiles_without_spills(_segmentation(_fd(name)).segments)
 
 
 @pytest.mark.parametrize("name", list(NESTED))
@@ -317,10 +264,7 @@ def test_a_segment_after_a_layout_op_is_reordered_itself(name):
     segmentation = _segmentation(fd)
     nested = [s for s in segmentation.segments if segments_of(s.definition) is not None]
     assert (len(segmentation.segments), len(nested)) == NESTED[name][1:3]
-    inputs = _inputs(fd, NESTED[name][4])
-    for got, want, o in zip(_chained(fd, inputs), evaluate(fd.fusion, inputs),
-                            fd.fusion.outputs, strict=True):
-        np.testing.assert_allclose(got, want, rtol=2.0 ** -8, atol=1e-5, err_msg=o.name)
+    assert_chained_matches_the_oracle(fd, _inputs(fd, NESTED[name][4]), atol=1e-5)
     shapes = [tuple(4 * n if n > 1 else n for n in shape) for shape in NESTED[name][4]]
     report = str(fuser.explain(fd, shapes, device="h200"))
     for s in nested:
