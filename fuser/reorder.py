@@ -206,20 +206,27 @@ def order_of(f: Fusion) -> Order | None:
     if _fits(f, Order(axes[:-1], axes[-1:])):
         return None
     expandable = _expandable(f, axes)
-    fitting = [order for count in range(len(expandable) + 1)
-               for expanded in combinations(expandable, count)
-               for order in _orders(axes, expanded) if _fits(f, order)]
+    fitting = [order for order in (_with_expansions(split, expandable) for split in _splits(axes))
+               if _fits(f, order)]
     if not fitting:
         return None
     return min(fitting, key=lambda o: (_copies(f, o), _over_rows(f, o),
                                        axes[-1] not in o.hidden, -len(o.hidden)))
 
 
-def _orders(axes: tuple[Extent, ...], expanded: tuple[Tensor, ...]) -> list[Order]:
-    """Every split of `axes` into row axes and (at least one) hidden axes, in their order."""
-    return [Order(tuple(a for a in axes if a not in hidden), hidden, expanded)
-            for count in range(1, len(axes) + 1) for hidden in combinations(axes, count)
-            if count < len(axes)]
+def _splits(axes: tuple[Extent, ...]) -> list[Order]:
+    """Every split of `axes` into (at least one) row axes and hidden axes, in their order."""
+    return [Order(tuple(a for a in axes if a not in hidden), hidden)
+            for count in range(1, len(axes)) for hidden in combinations(axes, count)]
+
+
+def _with_expansions(split: Order, expandable: list[Tensor]) -> Order:
+    """`split` with the inputs expanded whose own axes it does not fit (no input whose axes
+    fit gains from a copy): linear in the inputs, not a search over their subsets."""
+    allowed: tuple[set[Extent], ...] = (set(), set(split.rows), set(split.hidden),
+                                        set(split.axes))
+    return Order(split.rows, split.hidden,
+                 tuple(v for v in expandable if set(_spans(v)) not in allowed))
 
 
 def reordered(f: Fusion) -> Fusion:
