@@ -402,11 +402,15 @@ def explain_order(f: Fusion) -> str:
     order = order_of(f)
     if order is None:
         return ""
+    own = _axes(f) or ()
     parts = []
-    if order.axes != _axes(f):
+    if order.axes != own:
         parts.append(f"its axes fit rows and a hidden axis in another order: rows over "
                      f"{_names(order.rows)}, hidden {_names(order.hidden)}; the inputs are "
                      "moved into that order and the outputs back, between kernels")
+    elif order.hidden != own[-1:]:
+        parts.append(f"rows over {_names(order.rows)}, hidden {_names(order.hidden)} merged "
+                     "into one axis: views of the inputs and outputs, between kernels")
     for v in order.expanded:
         target = order.target(v)
         which = ("row axes" if target == frozenset(order.rows) else

@@ -223,6 +223,13 @@ def _own_order(fd: FusionDefinition) -> bool:
     return order is not None and order.axes == _axes(widened)
 
 
+def _merged_in_own_order(fd: FusionDefinition) -> bool:
+    """Whether the order taken is the fusion's own with several hidden axes merged."""
+    widened = _widened(lower(fd.fusion))
+    order = order_of(widened)
+    return _own_order(fd) and order is not None and len(order.hidden) > 1
+
+
 def _segmentation(fd: FusionDefinition):
     with pytest.raises(UnsupportedFusionError) as refused:
         analyze(fd.fusion)
@@ -238,6 +245,7 @@ def test_the_order_moves_what_it_must(name):
     assert (len(copies), len(views), len(segmentation.segments)) == CASES[name][1:4], \
         segmentation
     assert ("another order" in str(segmentation)) == (not _own_order(fd))
+    assert "merged into one axis" in str(segmentation) or not _merged_in_own_order(fd)
     expands = [e for e in segmentation.layouts if e.op == "expand"]
     assert str(segmentation).count("copied broadcast to") == len(expands)
     for s in segmentation.segments:
