@@ -260,7 +260,10 @@ def _groups(f: Fusion, outputs: list[Val], home: dict[Val, int], k: int) -> list
     groups that share no axis (a total's row results beside a column value: rows of one size
     and columns of another meet in no tensor), each a segment of its own; a group that one
     kernel still cannot run is split by the innermost axis of its outputs' widest tensors (x
-    beside its transpose, made between kernels: the same axes, rows and columns swapped)."""
+    beside its transpose, made between kernels: the same axes, rows and columns swapped), and
+    one that still cannot into its outputs, each a segment of its own (reductions of one
+    tensor along different axes, [A, B, C] summed over C and over B: each segment reads the
+    tensor, and is reordered where it needs it)."""
     if _runs(f, outputs, home, k):
         return [outputs]
     axes = {o: _axes_touched(f, o, home, k) for o in outputs}
@@ -277,7 +280,11 @@ def _groups(f: Fusion, outputs: list[Val], home: dict[Val, int], k: int) -> list
         by_axis: dict[Any, list[Val]] = {}
         for o in g:
             by_axis.setdefault(_innermost_axis(f, o, home, k), []).append(o)
-        split.extend(by_axis.values())
+        for part in by_axis.values():
+            if len(part) > 1 and not _runs(f, part, home, k):
+                split.extend([o] for o in part)
+            else:
+                split.append(part)
     ordered = [sorted(g, key=outputs.index) for g in split]
     return sorted(ordered, key=lambda g: outputs.index(g[0]))
 

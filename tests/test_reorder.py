@@ -190,10 +190,24 @@ def centered_by_sequence_peaks(fd, dtype=BF16):
     fd.add_output(fd.ops.sum(fd.ops.sub(xf, peaks), [2]))
 
 
+def sums_along_two_axes(fd, dtype=BF16):
+    """[A, B, C] minus its sums along C, over 1 + the square of its sums along B: the two
+    sums in one segment fit no order, so each is a segment of its own (the sums along B
+    reordered, rows [A, C] along B), and the last reads the sums along B as an input it
+    copies broadcast."""
+    x = fd.define_tensor([-1, -1, -1], dtype=dtype)
+    xf = fd.ops.cast(x, F)
+    b = fd.ops.sum(xf, [1], keepdim=True)
+    y = fd.ops.div(fd.ops.sub(xf, fd.ops.sum(xf, [2], keepdim=True)),
+                   fd.ops.add(fd.ops.mul(b, b), 1.0))
+    fd.add_output(fd.ops.cast(y, dtype))
+
+
 # builder -> (segments, of which run as segments of their own, kernels in all, input shapes)
 NESTED = {
     "group_norm_affine": (group_norm_affine, 2, 1, 2, [(3, 8, 4, 6), (8,), (8,)]),
     "centered_by_sequence_peaks": (centered_by_sequence_peaks, 2, 2, 2, [(3, 7, 5)]),
+    "sums_along_two_axes": (sums_along_two_axes, 3, 2, 3, [(3, 7, 5)]),
 }
 
 
@@ -336,6 +350,7 @@ GPU_SHAPES = {
                             [(8, 1024, 4096), (8, 4096), (8, 4096)]],
     "group_norm_affine": [[(3, 8, 7, 9), (8,), (8,)], [(8, 256, 32, 32), (256,), (256,)]],
     "centered_by_sequence_peaks": [[(3, 7, 1000)], [(8, 1024, 4096)]],
+    "sums_along_two_axes": [[(3, 7, 1000)], [(8, 1024, 4096)]],
     "modulated_rmsnorm_aligned": [[(3, 7, 1000), (7, 1000), (3, 1, 1000), (3, 1, 1000)],
                                   [(8, 1024, 4096), (1024, 4096), (8, 1, 4096),
                                    (8, 1, 4096)]],
