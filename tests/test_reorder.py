@@ -467,3 +467,45 @@ def test_random_nd_fusions_segment_to_what_the_oracle_gives(case):
     for got, want in zip(_chained(fd, inputs), evaluate(fd.fusion, inputs), strict=True):
         assert got.shape == want.shape, repr(fd)
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=repr(fd))
+
+
+@st.composite
+def two_reductions(draw):
+    """(shape, the axes of a first reduction, of a second, the first's op, whether the second
+    reduces what the first centred): built by _two_reduction_fusion."""
+    rank = draw(st.sampled_from((3, 4)))
+    shape = tuple(draw(st.permutations([2, 3, 4, 5, 6][:rank])))
+    axes = st.lists(st.sampled_from(range(rank)), min_size=1, max_size=rank, unique=True)
+    return (shape, sorted(draw(axes)), sorted(draw(axes)), draw(st.sampled_from(("sum", "max"))),
+            draw(st.booleans()))
+
+
+def _two_reduction_fusion(rank, first, second, op, chained) -> FusionDefinition:
+    """(x - op(x, first)) / (1 + sum(v, second)^2), v the centred x or x itself."""
+    with FusionDefinition("two") as fd:
+        x = fd.define_tensor([-1] * rank)
+        y = fd.ops.sub(x, getattr(fd.ops, op)(x, first, keepdim=True))
+        b = fd.ops.sum(fd.ops.mul(y, y) if chained else x, second, keepdim=True)
+        fd.add_output(fd.ops.div(y, fd.ops.add(fd.ops.mul(b, b), 1.0)))
+    return fd
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(two_reductions())
+def test_random_fusions_of_two_reductions_segment_to_what_the_oracle_gives(case):
+    """Two reductions along any axes: a fusion that runs (one kernel, or segments reordered,
+    expanded, nested or split per output) equals the oracle when its segments are chained;
+    the rest are refused with an UnsupportedFusionError before anything runs."""
+    shape, first, second, op, chained = case
+    fd = _two_reduction_fusion(len(shape), first, second, op, chained)
+    try:
+        analyze(fd.fusion)
+        return
+    except UnsupportedFusionError as exc:
+        reason = exc
+    try:
+        segment(fd.fusion, fd.name, reason)
+    except UnsupportedFusionError:
+        return
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    assert_chained_matches_the_oracle(fd, [x], atol=1e-5)
