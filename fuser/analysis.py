@@ -617,9 +617,8 @@ def axes(fusion: Fusion) -> tuple[tuple[Extent, ...], Extent | None]:
                 f"{t.name} spans {len(spans[t])} of the fusion's {len(axes)} dimensions in "
                 f"another way than its rows and hidden size ({', '.join(map(str, axes))}): "
                 "fuser runs tensors of all the dimensions, of the leading ones (per-row "
-                "values) or of the last one (per-column values), in that order, and neither "
-                "another order of the axes nor inputs copied broadcast make this fusion so "
-                "(fuser/reorder.py: a value computed over some of the row axes and used with "
-                "the rows, or reductions no one order serves)"
+                "values) or of the last one (per-column values), in that order; the "
+                "segmentation reorders the axes, copies inputs broadcast and cuts the fusion "
+                "where that helps (fuser/reorder.py, fuser/segment.py), which it did not here"
             )
     return row_axes, hidden

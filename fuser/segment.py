@@ -137,8 +137,9 @@ def is_outer(e: Expr) -> bool:
     return t.ndim > 0 and (t.ndim - 1) not in e.attr("dims")
 
 
-def stages(fusion: Fusion) -> dict[Val, int]:
-    """The stage of every value of `fusion` (see the module docstring). A per-row result of
+def stages(fusion: Fusion, after_every: bool = False) -> dict[Val, int]:
+    """The stage of every value of `fusion` (see the module docstring; with `after_every`,
+    every reduction's result is one past its operand's, as an outer one's). A per-row result of
     an inner reduction (keepdim=False, or a keepdim one squeezed) that an elementwise op meets
     with a tensor of higher rank is aligned, as numpy aligns, with the trailing axes:
     `x - sum(x, dims=[1])` subtracts row j's sum from column j, so every row sum must exist
@@ -165,7 +166,8 @@ def stages(fusion: Fusion) -> dict[Val, int]:
         lifted = ((e.op in ELEMENTWISE and any(i in per_row and _rank(i) < rank
                                                for i in e.inputs))
                   or _across_rows(e, per_row) or across or (of_whole and _span(out) > 0))
-        s = max((stage[i] for i in e.inputs), default=0) + (1 if is_outer(e) or lifted else 0)
+        cut = is_outer(e) or lifted or (after_every and e.op in REDUCTIONS)
+        s = max((stage[i] for i in e.inputs), default=0) + (1 if cut else 0)
         for o in e.outputs:
             stage[o] = s
         if (across or of_whole) and _span(out) == 0:
@@ -211,14 +213,30 @@ def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError,
     layout op, which the reordering of the whole fusion does not reach (GroupNorm's affine
     over [N, C, H, W] after the normalization of [N, groups, rest]), reordered itself.
     Raises `reason` (why one kernel cannot run it) when that does not help, with a note where
-    a segment cannot run either."""
+    a segment cannot run either. Where cutting at the reductions over the rows does not help,
+    cutting after every reduction is tried before that: each reduction's result written by
+    the segment that sweeps its operand, so that a later one reducing over other axes reads
+    it as an input (the row sums of [A, B, C], then sums over A of what they centred)."""
+    try:
+        return _segmented(fusion, name, reason, nested, after_every=False)
+    except UnsupportedFusionError as refused:
+        try:
+            return _segmented(fusion, name, reason, nested, after_every=True)
+        except UnsupportedFusionError:
+            raise refused from None
+
+
+def _segmented(fusion: Fusion, name: str, reason: UnsupportedFusionError, nested: bool,
+               after_every: bool) -> Segmentation:
+    """segment(), cutting at the reductions over the rows or (`after_every`) after every
+    reduction."""
     from fuser.frontend import FusionDefinition
 
     widened = _widened(lower(fusion))
     moved = reorder.reordered(widened)
     lowered = layouts.on_inputs(moved)
-    stage = stages(lowered)
-    home = _homes(lowered, stage)
+    stage = stages(lowered, after_every)
+    home = _homes(lowered, stage, after_every)
     last = max(home.values(), default=0)
     demanded: dict[int, list[Val]] = {k: [] for k in range(last + 1)}
     moves = layouts.needed(lowered)
@@ -377,17 +395,19 @@ def _widened(f: Fusion) -> Fusion:
     return out
 
 
-def _homes(f: Fusion, stage: dict[Val, int]) -> dict[Val, int]:
+def _homes(f: Fusion, stage: dict[Val, int], after_every: bool = False) -> dict[Val, int]:
     """The segment that computes each value written to global memory: an outer reduction's
     result (at its operand's stage: finished after that segment's sweep), an inner one's (at
     its own stage: a full reduction's second half is one row of the first half's results,
     after them), and each fusion output and each operand of a layout op a kernel computes (at
     its own stage; a cast of a reduction's result where the reduction is, rather than in one
-    more segment). A layout op's result is made between kernels: it has no home."""
+    more segment). A layout op's result is made between kernels: it has no home. With
+    `after_every`, every reduction's result is finished where its operand is swept."""
     home: dict[Val, int] = {}
     for e in f.exprs:
         if e.op in REDUCTIONS:
-            home[e.outputs[0]] = stage[e.inputs[0] if is_outer(e) else e.outputs[0]]
+            swept = is_outer(e) or after_every
+            home[e.outputs[0]] = stage[e.inputs[0] if swept else e.outputs[0]]
     written = layouts.kernel_operands(f.exprs)
     for v in written + [o for o in f.outputs if not layouts.layout_made(o)]:
         d = v.definition

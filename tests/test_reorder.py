@@ -316,18 +316,22 @@ def test_a_fusion_that_fits_its_own_order_is_not_rewritten():
     assert order_of(lowered) is None and reordered(lowered) is lowered
 
 
-def test_a_computed_partial_value_no_order_fits_is_refused_as_before():
-    """The peaks of [batch, seq, hidden] over batch and hidden ([1, seq, 1], computed in the
-    sweep that sums along hidden: no copy broadcasts it) subtracted, then sums along hidden:
-    no split into rows and hidden axes fits both the peaks and the sums."""
+def test_reductions_no_order_serves_together_run_a_segment_each():
+    """The peaks of [batch, seq, hidden] over batch and hidden ([1, seq, 1]) subtracted, then
+    sums along hidden: no split into rows and hidden axes fits both reductions, and cutting
+    at the reductions over the rows leaves them in one sweep; cut after every reduction, the
+    peaks are a segment (reordered) and the sums another (the peaks copied broadcast)."""
     with FusionDefinition("peaks") as fd:
         x = fd.define_tensor([-1, -1, -1])
         peaks = fd.ops.max(x, [0, 2], keepdim=True)
         fd.add_output(fd.ops.sum(fd.ops.sub(x, peaks), [2]))
     lowered = lower(fd.fusion)
     assert order_of(lowered) is None and reordered(lowered) is lowered
-    with pytest.raises(UnsupportedFusionError, match="neither another order of the axes"):
-        fuser.explain(fd, [(2, 8, 64)], device="h200")
+    segmentation = _segmentation(fd)
+    assert len(segmentation.segments) == 2
+    assert all(segments_of(s.definition) is not None for s in segmentation.segments)
+    x = np.random.default_rng(3).standard_normal((3, 7, 5)).astype(np.float32)
+    assert_chained_matches_the_oracle(fd, [x], atol=1e-5)
 
 
 # ----- GPU -----

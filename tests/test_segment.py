@@ -167,9 +167,9 @@ def test_a_one_kernel_fusion_is_not_segmented():
 def test_what_cutting_does_not_help_keeps_its_reason():
     with FusionDefinition("partial") as fd:
         x = fd.define_tensor([-1, -1, -1])
-        peaks = fd.ops.max(x, [0, 2], keepdim=True)  # [1, S, 1], computed in the same sweep
-        fd.add_output(fd.ops.sum(fd.ops.sub(x, peaks), [2]))  # as the sums: in no order
-    with pytest.raises(UnsupportedFusionError, match=r"^T1 spans 1 of the fusion's 3 dimensions"):
+        w = fd.define_tensor([1, -1])  # a size-1 axis, then summed along it: nothing to reduce
+        fd.add_output(fd.ops.mul(fd.ops.sum(w, [0]), fd.ops.sum(x, [0, 1])))
+    with pytest.raises(UnsupportedFusionError, match=r"^sum\(T1, dims=\[0\]\) reduces only"):
         segments_of(fd)
 
 
