@@ -256,7 +256,6 @@ class _Rewrite:
 
     def __init__(self, f: Fusion, order: Order):
         self.f, self.order = f, order
-        self.own = _axes(f) or ()  # the fusion's axes in its own order
         self.widening = _widening(f, order) or {}  # axes narrow values gain
         self.out = Fusion()
         self.rank = len(order.rows) + 1
@@ -273,7 +272,7 @@ class _Rewrite:
                         self.input_size.setdefault(e.find(), (as_tensor(r), d))
         for v, r in raw.items():
             if v in order.expanded:
-                target = [a for a in self.own if a in order.target(v)]
+                target = [a for a in order.axes if a in order.target(v)]
                 self.new[v] = self._placed(list(target), self._expanded(v, r, target))
             elif isinstance(v, Tensor):
                 self.new[v] = self._placed(_dim_axes(v), as_tensor(r))
@@ -295,14 +294,19 @@ class _Rewrite:
         return sorted({self.order.position(a) for a in span})
 
     def _expanded(self, v: Tensor, r: Val, axes: list[Extent]) -> Tensor:
-        """Input `r` (a copy of `v`) copied broadcast to `axes` (its target, in the fusion's
-        order): its size-1 axes dropped first (a view), so that each axis lands at its place."""
+        """Input `r` (a copy of `v`) copied broadcast to `axes` (its target, in the rewrite's
+        order, so that the copy needs no move after it): its size-1 axes dropped first (a
+        view), and its own axes put in that order where they are not (a copy of the small
+        input, before it is broadcast)."""
         t = as_tensor(r)
         if any(e is None for e in v.dims):
             t = self.out.reshape(t, [self.out.size(t, d) for d, e in enumerate(v.dims)
                                      if e is not None])
-        return self.out.expand(t, [self._axis_size(a) for a in axes],
-                               [axes.index(a) for a in _spans(v)])
+        where = [axes.index(a) for a in _spans(v)]
+        if where != sorted(where):
+            t = self.out.permute(t, sorted(range(len(where)), key=where.__getitem__))
+            where = sorted(where)
+        return self.out.expand(t, [self._axis_size(a) for a in axes], where)
 
     def _placed(self, axis: list[Extent | None], r: Tensor) -> Tensor:
         """Input tensor `r`, whose axes are `axis` (None for size 1), on the rewrite's axes:
