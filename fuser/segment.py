@@ -17,6 +17,12 @@ computes its operand; any other value takes the largest stage of its operands. S
 the reductions whose operand is at stage k (an inner one's result is at stage k too, an outer
 one's at k + 1) and the fusion outputs at stage k.
 
+Before it is cut, a fusion whose axes fit rows and a hidden axis only in another order (or
+with inputs copied broadcast) is written again in that order (fuser/reorder.py). Where the cut
+at the reductions over the rows leaves a segment no kernel runs, the fusion is cut after every
+reduction instead; and a segment no kernel runs may run as segments of its own, one level
+deep (a segment after a layout op, which the reordering of the whole fusion does not reach).
+
 Inside a kernel a Half or BFloat16 value is a float, rounded only where it is stored or cast;
 a value carried from one segment to the next must not be rounded either. So a reduction whose
 result type is Half or BFloat16 is computed as a Float one, the values made from it are Float
