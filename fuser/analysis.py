@@ -208,7 +208,12 @@ def _reduction(f: Fusion, op: str, x: Tensor, dims, keepdim: bool, dtype: DataTy
     """A reduction. One over every axis of a tensor of rank 2 or more (a full reduction) is
     two: along the last axis (each row's), then over the rows' results, which segmentation
     runs as a later kernel (it needs every row's result) over one row; a Half or BFloat16
-    result's partials are Float, as a kernel holds them."""
+    result's partials are Float, as a kernel holds them. One over axes of size 1 only is each
+    element on its own (torch.sum(x, dim) of a [R, 1] x along 1): a cast to the result's
+    type, squeezed unless keepdim."""
+    if all(x.dims[d] is None for d in dims):
+        kept = f.cast(x, dtype)
+        return kept if keepdim else f.squeeze(kept, list(dims))
     if (x.ndim < 2 or sorted(dims) != list(range(x.ndim))
             or any(d is None for d in x.dims)):  # a size-1 axis: one row or one column
         return f.reduction(op, x, dims, keepdim, dtype)
@@ -483,11 +488,6 @@ class _Reductions:
         refused."""
         src = as_tensor(e.inputs[0])
         reduced = {src.dims[d].find() for d in e.attr("dims") if src.dims[d] is not None}
-        if not reduced:
-            raise UnsupportedFusionError(
-                f"{e.op}({src.name}, dims={list(e.attr('dims'))}) reduces only broadcast "
-                "dimensions; drop the reduction"
-            )
         if self.roles[src] is Role.FULL and reduced in ({self.hidden_axis}, self.row_axes):
             return reduced == {self.hidden_axis}
         raise UnsupportedFusionError(

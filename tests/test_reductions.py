@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fuser import DataType, FusionDefinition
-from fuser.analysis import analyze
+from fuser.analysis import Kind, analyze
 from fuser.device import DeviceSpec
 from fuser.kernels import build
 from fuser.ops import REDUCTIONS
@@ -160,3 +160,22 @@ def test_gpu_var_matches_torch(correction, hidden, dtype, has_torch_cuda):
     expected = torch.var(x.double(), dim=1, correction=correction).to(tdtype)
     torch.testing.assert_close(got.double(), expected.double(), rtol=2e-2 if dtype is BF16
                                else 1e-4, atol=1e-6, equal_nan=True)
+
+
+def test_a_reduction_over_size_1_axes_is_each_element_on_its_own():
+    """torch.sum(x, dim) along an axis of size 1 (a keepdim statistic, a [R, 1] column): each
+    element its own result, a cast to the result's type (squeezed unless keepdim), so one
+    kernel runs it; var of one element is 0 (nan with a correction of 1, as torch)."""
+    with FusionDefinition("kept") as fd:
+        x = fd.define_tensor([-1, -1], dtype=DataType.BFloat16)
+        rows = fd.ops.sum(x, [1], keepdim=True)
+        fd.add_output(fd.ops.sum(rows, [1]))
+        fd.add_output(fd.ops.max(rows, [1], keepdim=True))
+        fd.add_output(fd.ops.var(rows, [1], correction=0, keepdim=False))
+    assert analyze(fd.fusion).kind is Kind.INNER
+    x = np.random.default_rng(0).standard_normal((5, 7)).astype(DataType.BFloat16.numpy)
+    total, peak, var = evaluate(fd.fusion, [x])
+    want = x.astype(np.float64).sum(axis=1)
+    np.testing.assert_allclose(total.astype(np.float64), want, rtol=2.0 ** -8)  # in bf16
+    np.testing.assert_allclose(peak.astype(np.float64), want.reshape(5, 1), rtol=2.0 ** -8)
+    assert total.shape == (5,) and peak.shape == (5, 1) and np.all(var == 0)

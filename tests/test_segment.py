@@ -165,11 +165,10 @@ def test_a_one_kernel_fusion_is_not_segmented():
 
 
 def test_what_cutting_does_not_help_keeps_its_reason():
-    with FusionDefinition("partial") as fd:
-        x = fd.define_tensor([-1, -1, -1])
-        w = fd.define_tensor([1, -1])  # a size-1 axis, then summed along it: nothing to reduce
-        fd.add_output(fd.ops.mul(fd.ops.sum(w, [0]), fd.ops.sum(x, [0, 1])))
-    with pytest.raises(UnsupportedFusionError, match=r"^sum\(T1, dims=\[0\]\) reduces only"):
+    with FusionDefinition("outer_sum") as fd:
+        column = fd.define_tensor([-1, 1])  # x[i] + x[j]: an [R, R] outer sum, one extent twice
+        fd.add_output(fd.ops.add(column, fd.ops.squeeze(column, [1])))
+    with pytest.raises(UnsupportedFusionError, match=r"^T\d+ has two dimensions the definition"):
         segments_of(fd)
 
 
