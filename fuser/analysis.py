@@ -212,7 +212,7 @@ def _reduction(f: Fusion, op: str, x: Tensor, dims, keepdim: bool, dtype: DataTy
     element on its own (torch.sum(x, dim) of a [R, 1] x along 1): a cast to the result's
     type, squeezed unless keepdim."""
     if all(x.dims[d] is None for d in dims):
-        kept = f.cast(x, dtype)
+        kept = as_tensor(f.cast(x, dtype))
         return kept if keepdim else f.squeeze(kept, list(dims))
     if (x.ndim < 2 or sorted(dims) != list(range(x.ndim))
             or any(d is None for d in x.dims)):  # a size-1 axis: one row or one column
