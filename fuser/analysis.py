@@ -24,7 +24,17 @@ from dataclasses import dataclass
 
 from fuser.dtypes import DataType
 from fuser.errors import UnsupportedFusionError
-from fuser.ir import Expr, Extent, Fusion, Scalar, Tensor, Val, as_tensor
+from fuser.ir import (
+    Expr,
+    Extent,
+    Fusion,
+    Scalar,
+    Tensor,
+    Val,
+    as_tensor,
+    reduced_axes,
+    spanned_axes,
+)
 from fuser.ops import LAYOUT_OPS, REDUCTIONS
 
 
@@ -300,7 +310,7 @@ def _role(v: Val, row_axes: tuple[Extent, ...], hidden_axis: Extent | None) -> R
     """A value's role from the axes it spans (axes() checked they are all rows, or none)."""
     if not isinstance(v, Tensor):
         return Role.SCALAR
-    spans = {e.find() for e in v.dims if e is not None}
+    spans = set(spanned_axes(v))
     # without row axes the fusion is one row: a tensor along the hidden axis is that row, a
     # tensor of no axis (a full reduction's result) its per-row value
     has_row = not row_axes or set(row_axes) <= spans
@@ -487,7 +497,7 @@ class _Reductions:
         """True for a reduction over the hidden axis, False over the rows; anything else is
         refused."""
         src = as_tensor(e.inputs[0])
-        reduced = {src.dims[d].find() for d in e.attr("dims") if src.dims[d] is not None}
+        reduced = set(reduced_axes(e))
         if self.roles[src] is Role.FULL and reduced in ({self.hidden_axis}, self.row_axes):
             return reduced == {self.hidden_axis}
         raise UnsupportedFusionError(
@@ -590,7 +600,7 @@ def axes(fusion: Fusion) -> tuple[tuple[Extent, ...], Extent | None]:
     values) or none: rows are the row axes flattened, so [batch, seq, hidden] runs as
     [batch * seq, hidden] with the same kernels."""
     tensors = [v for v in fusion.vals if isinstance(v, Tensor)]
-    spans = {t: tuple(e.find() for e in t.dims if e is not None) for t in tensors}
+    spans = {t: spanned_axes(t) for t in tensors}
     widest = max(tensors, key=lambda t: len(spans[t]), default=None)
     if widest is None or not spans[widest]:
         return (), None

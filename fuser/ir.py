@@ -710,6 +710,22 @@ def _listed(op: str, what: str, x, expected: str) -> list:
         ) from None
 
 
+def dim_axes(t: Tensor) -> list[Extent | None]:
+    """The axis (root extent) of each of `t`'s dimensions, None where it has size 1."""
+    return [None if e is None else e.find() for e in t.dims]
+
+
+def spanned_axes(t: Tensor) -> tuple[Extent, ...]:
+    """The axes `t` spans (its dimensions not of size 1), in its order."""
+    return tuple(e.find() for e in t.dims if e is not None)
+
+
+def reduced_axes(e: Expr) -> frozenset[Extent]:
+    """The axes reduction `e` reduces (its dims that are not of size 1)."""
+    src = as_tensor(e.inputs[0])
+    return frozenset(src.dims[d].find() for d in e.attr("dims") if src.dims[d] is not None)
+
+
 def as_tensor(v: Val) -> Tensor:
     """`v`, which the IR guarantees to be a tensor here (the operand of a reduction or of
     broadcast_in_dim, the result of a tensor op); InternalError if it is not."""

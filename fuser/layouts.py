@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from fuser.analysis import copy_expr, define_like
 from fuser.dtypes import DataType
-from fuser.ir import Expr, Fusion, Scalar, Tensor, Val, as_tensor
+from fuser.ir import Expr, Fusion, Scalar, Tensor, Val, as_tensor, dim_axes
 from fuser.ops import ELEMENTWISE, LAYOUT_OPS
 
 
@@ -151,14 +151,10 @@ def _movable(f: Fusion, v: Val, memo: dict[Val, bool]) -> bool:
         memo[v] = _on_host(v)
         return memo[v]
     memo[v] = (e.op in ELEMENTWISE or e.op == "cast") and _used_once(f, v) and all(
-        isinstance(i, Scalar) or (_extents(i) == _extents(v) and _movable(f, i, memo))
+        isinstance(i, Scalar) or (dim_axes(as_tensor(i)) == dim_axes(as_tensor(v))
+                                  and _movable(f, i, memo))
         for i in e.inputs)
     return memo[v]
-
-
-def _extents(v: Val) -> list:
-    """The root extent of each of tensor `v`'s axes (None for a broadcast axis)."""
-    return [d.find() if d is not None else None for d in as_tensor(v).dims]
 
 
 def _moved_down(out: Fusion, layout: Expr, v: Val, new: dict[Val, Val],

@@ -34,7 +34,18 @@ from dataclasses import dataclass
 from itertools import combinations
 
 from fuser.analysis import _reduction, define_like, equate_extents
-from fuser.ir import Expr, Extent, Fusion, Scalar, Tensor, Val, as_tensor
+from fuser.ir import (
+    Expr,
+    Extent,
+    Fusion,
+    Scalar,
+    Tensor,
+    Val,
+    as_tensor,
+    dim_axes,
+    reduced_axes,
+    spanned_axes,
+)
 from fuser.ops import ELEMENTWISE, LAYOUT_OPS, REDUCTIONS
 
 # the ops a fusion to reorder may hold: the lowered ones (var_mean and var expanded)
@@ -59,8 +70,8 @@ class Order:
         """The axes an expanded input is copied broadcast to: the row axes where it spans
         some of them only (N * C values of a [C] weight over rows [N, C]: a small copy), the
         hidden axes likewise, else all of them (a copy of the full shape)."""
-        span = set(_spans(v))
-        for axes in (self.rows, self.hidden, self.axes):
+        span = set(spanned_axes(v))
+        for axes in (self.rows, self.hidden):
             if span <= set(axes):
                 return frozenset(axes)
         return frozenset(self.axes)
@@ -69,20 +80,6 @@ class Order:
         """The axis' position among the rewritten tensors' axes: the hidden axes share the
         last one."""
         return self.rows.index(axis) if axis in self.rows else len(self.rows)
-
-
-def _spans(t: Tensor) -> tuple[Extent, ...]:
-    return tuple(e.find() for e in t.dims if e is not None)
-
-
-def _dim_axes(t: Tensor) -> list[Extent | None]:
-    """The axis of each of `t`'s dimensions (None where it has size 1)."""
-    return [None if e is None else e.find() for e in t.dims]
-
-
-def _reduced(e: Expr) -> frozenset[Extent]:
-    src = as_tensor(e.inputs[0])
-    return frozenset(src.dims[d].find() for d in e.attr("dims") if src.dims[d] is not None)
 
 
 def _fits(f: Fusion, order: Order) -> bool:
@@ -95,12 +92,12 @@ def _fits(f: Fusion, order: Order) -> bool:
     if widening is None:
         return False
     for v in f.vals:
-        if (isinstance(v, Tensor)
-                and set(_spans(v)) | widening.get(v, set()) not in (set(), rows, hidden, every)):
+        if isinstance(v, Tensor) and (set(spanned_axes(v)) | widening.get(v, set())
+                                      not in (set(), rows, hidden, every)):
             return False
     for e in f.exprs:
         if e.op in REDUCTIONS:
-            span, reduced = set(_spans(as_tensor(e.inputs[0]))), _reduced(e)
+            span, reduced = set(spanned_axes(as_tensor(e.inputs[0]))), reduced_axes(e)
             if reduced != span and not (span == every and reduced in (rows, hidden)):
                 return False
     return True
@@ -138,7 +135,7 @@ def _narrow_values(f: Fusion, v: Val, target: frozenset[Extent]) -> set[Val] | N
                 continue
             if e.op not in ELEMENTWISE and e.op not in ("cast", "broadcast_in_dim", "squeeze"):
                 return None
-            if not target <= set(_spans(as_tensor(e.outputs[0]))):
+            if not target <= set(spanned_axes(as_tensor(e.outputs[0]))):
                 stack.append(e.outputs[0])
     return narrow
 
@@ -149,11 +146,11 @@ def _axes(f: Fusion) -> tuple[Extent, ...] | None:
     tensors = [v for v in f.vals if isinstance(v, Tensor)]
     if not tensors:
         return None
-    widest = _spans(max(tensors, key=lambda t: len(_spans(t))))
+    widest = spanned_axes(max(tensors, key=lambda t: len(spanned_axes(t))))
     if len(set(widest)) != len(widest):
         return None
     for t in tensors:
-        span = _spans(t)
+        span = spanned_axes(t)
         if len(set(span)) != len(span) or any(a not in widest for a in span):
             return None
         if [widest.index(a) for a in span] != sorted(widest.index(a) for a in span):
@@ -170,7 +167,7 @@ def _copies(f: Fusion, order: Order) -> tuple[int, int]:
     full = small = 0
     for t in [*f.inputs, *f.outputs]:
         if isinstance(t, Tensor) and t not in order.expanded:
-            span = [rank[a] for a in _spans(t)]
+            span = [rank[a] for a in spanned_axes(t)]
             full += span != sorted(span)
     for v in order.expanded:
         if order.target(v) == frozenset(order.axes):
@@ -185,21 +182,26 @@ def _over_rows(f: Fusion, order: Order) -> int:
     an inner reduction's result it writes in the same sweep, but a value computed from an
     outer one takes another kernel."""
     rows = set(order.rows)
-    return sum(1 for e in f.exprs if e.op in REDUCTIONS and _reduced(e) == rows
-               and set(_spans(as_tensor(e.inputs[0]))) == set(order.axes))
+    return sum(1 for e in f.exprs if e.op in REDUCTIONS and reduced_axes(e) == rows
+               and set(spanned_axes(as_tensor(e.inputs[0]))) == set(order.axes))
 
 
 def _expandable(f: Fusion, axes: tuple[Extent, ...]) -> list[Tensor]:
     """Tensor inputs of some but not all axes: each might be expanded (copied broadcast
     between kernels) where an order needs it (_widening says where it can)."""
-    return [v for v in f.inputs if isinstance(v, Tensor) and 0 < len(_spans(v)) < len(axes)]
+    return [v for v in f.inputs if isinstance(v, Tensor) and 0 < len(spanned_axes(v)) < len(axes)]
 
 
 def order_of(f: Fusion) -> Order | None:
     """The order to rewrite `f` in, or None: where it fits its own order (rows, then the last
-    axis) or no order fits it, whatever inputs it expands. Of those that fit: the fewest
-    copies of the full shape, then the smallest others, then the fewest reductions over the rows,
-    then the innermost axis hidden, then the most hidden axes (the longest rows)."""
+    axis), no order fits it whatever inputs it expands, or it holds what the rewrite does not
+    take (layout ops, ops of several results, an input that is an output). Of the orders that
+    fit: the fewest copies of the full shape, then the smallest others, then the fewest
+    reductions over the rows, then the innermost axis hidden, then the most hidden axes (the
+    longest rows)."""
+    if any(e.op in LAYOUT_OPS or (e.op not in _MAPPED and e.op not in REDUCTIONS)
+           or len(e.outputs) != 1 for e in f.exprs) or any(o in f.inputs for o in f.outputs):
+        return None
     axes = _axes(f)
     if axes is None or len(axes) < 2:
         return None
@@ -226,18 +228,18 @@ def _with_expansions(split: Order, expandable: list[Tensor]) -> Order:
     allowed: tuple[set[Extent], ...] = (set(), set(split.rows), set(split.hidden),
                                         set(split.axes))
     return Order(split.rows, split.hidden,
-                 tuple(v for v in expandable if set(_spans(v)) not in allowed))
+                 tuple(v for v in expandable if set(spanned_axes(v)) not in allowed))
 
 
 def reordered(f: Fusion) -> Fusion:
     """`f` written again in the order order_of finds (see the module docstring), or `f` itself
     where none is needed or none fits (the analysis' refusal then stands)."""
-    if any(e.op in LAYOUT_OPS or (e.op not in _MAPPED and e.op not in REDUCTIONS)
-           or len(e.outputs) != 1 for e in f.exprs):
-        return f
-    if any(o in f.inputs for o in f.outputs):
-        return f
-    order = order_of(f)
+    return rewritten(f, order_of(f))
+
+
+def rewritten(f: Fusion, order: Order | None) -> Fusion:
+    """`f` written again on `order` (order_of's), or `f` itself where there is none or an axis
+    the rewrite needs a size of has none an input gives."""
     if order is None:
         return f
     try:
@@ -275,7 +277,7 @@ class _Rewrite:
                 target = [a for a in order.axes if a in order.target(v)]
                 self.new[v] = self._placed(list(target), self._expanded(v, r, target))
             elif isinstance(v, Tensor):
-                self.new[v] = self._placed(_dim_axes(v), as_tensor(r))
+                self.new[v] = self._placed(dim_axes(v), as_tensor(r))
             else:
                 self.new[v] = r
         self.sizes = self._position_sizes()
@@ -290,7 +292,7 @@ class _Rewrite:
     def _positions(self, t: Tensor) -> list[int]:
         """The positions of `t`'s axes in the rewrite, ascending, one per axis it spans there
         (the hidden axes once; a value made of an expanded input, its target's too)."""
-        span = set(_spans(t)) | self.widening.get(t, set())
+        span = set(spanned_axes(t)) | self.widening.get(t, set())
         return sorted({self.order.position(a) for a in span})
 
     def _expanded(self, v: Tensor, r: Val, axes: list[Extent]) -> Tensor:
@@ -302,7 +304,7 @@ class _Rewrite:
         if any(e is None for e in v.dims):
             t = self.out.reshape(t, [self.out.size(t, d) for d, e in enumerate(v.dims)
                                      if e is not None])
-        where = [axes.index(a) for a in _spans(v)]
+        where = [axes.index(a) for a in spanned_axes(v)]
         if where != sorted(where):
             t = self.out.permute(t, sorted(range(len(where)), key=where.__getitem__))
             where = sorted(where)
@@ -364,7 +366,7 @@ class _Rewrite:
                 shape[p] = self.sizes[p]
             return out.broadcast_in_dim(args[0], shape, list(range(self.rank)))
         if e.op in REDUCTIONS:
-            reduced = sorted({self.order.position(a) for a in _reduced(e)})
+            reduced = sorted({self.order.position(a) for a in reduced_axes(e)})
             return _reduction(out, e.op, as_tensor(args[0]), reduced, True, result.dtype)
         return out.elementwise(e.op, args)
 
@@ -381,7 +383,7 @@ class _Rewrite:
         a kernel of its own."""
         t = as_tensor(self.new[o])
         order_rank = {a: i for i, a in enumerate(self.order.axes)}
-        span = _spans(o)
+        span = spanned_axes(o)
         by_order = sorted(span, key=order_rank.__getitem__)
         own = [1 if e is None else self._axis_size(e.find()) for e in o.dims]
         if by_order == list(span):
@@ -400,12 +402,9 @@ class _Rewrite:
         return self.out.size(*found)
 
 
-def explain_order(f: Fusion) -> str:
-    """Why and how a fusion runs reordered or with inputs expanded, for the segmentation's
-    heading ('' where neither)."""
-    order = order_of(f)
-    if order is None:
-        return ""
+def explain_order(f: Fusion, order: Order) -> str:
+    """Why and how fusion `f` runs reordered on `order` or with inputs expanded, for the
+    segmentation's heading."""
     own = _axes(f) or ()
     parts = []
     if order.axes != own:

@@ -39,7 +39,7 @@ from fuser import layouts, reorder
 from fuser.analysis import analyze, copy_expr, define_like, equate_extents, lower
 from fuser.dtypes import DataType
 from fuser.errors import HintError, InternalError, UnsupportedFusionError
-from fuser.ir import Expr, Fusion, Scalar, Tensor, Val, as_tensor
+from fuser.ir import Expr, Fusion, Scalar, Tensor, Val, as_tensor, spanned_axes
 from fuser.ops import ELEMENTWISE, LAYOUT_OPS, REDUCTIONS
 
 if TYPE_CHECKING:
@@ -223,24 +223,26 @@ def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError,
     cutting after every reduction is tried before that: each reduction's result written by
     the segment that sweeps its operand, so that a later one reducing over other axes reads
     it as an input (the row sums of [A, B, C], then sums over A of what they centred)."""
+    widened = _widened(lower(fusion))
+    order = reorder.order_of(widened)
+    moved = reorder.rewritten(widened, order)
+    lowered = layouts.on_inputs(moved)
+    why = "" if order is None or moved is widened else reorder.explain_order(widened, order)
     try:
-        return _segmented(fusion, name, reason, nested, after_every=False)
+        return _segmented(lowered, why, name, reason, nested, after_every=False)
     except UnsupportedFusionError as refused:
         try:
-            return _segmented(fusion, name, reason, nested, after_every=True)
+            return _segmented(lowered, why, name, reason, nested, after_every=True)
         except UnsupportedFusionError:
             raise refused from None
 
 
-def _segmented(fusion: Fusion, name: str, reason: UnsupportedFusionError, nested: bool,
-               after_every: bool) -> Segmentation:
-    """segment(), cutting at the reductions over the rows or (`after_every`) after every
-    reduction."""
+def _segmented(lowered: Fusion, order: str, name: str, reason: UnsupportedFusionError,
+               nested: bool, after_every: bool) -> Segmentation:
+    """segment() of the lowered (and reordered: `order` says how) fusion, cutting at the
+    reductions over the rows or (`after_every`) after every reduction."""
     from fuser.frontend import FusionDefinition
 
-    widened = _widened(lower(fusion))
-    moved = reorder.reordered(widened)
-    lowered = layouts.on_inputs(moved)
     stage = stages(lowered, after_every)
     home = _homes(lowered, stage, after_every)
     last = max(home.values(), default=0)
@@ -267,7 +269,6 @@ def _segmented(fusion: Fusion, name: str, reason: UnsupportedFusionError, nested
                                  _why(k, inputs, lowered)))
     segments = tuple(_renumbered(reversed(built)))
     _check_each_runs(name, segments, reason, nested)
-    order = reorder.explain_order(widened) if moved is not widened else ""
     return Segmentation(lowered, segments, tuple(moves), order=order)
 
 
@@ -512,7 +513,7 @@ def _one_size_axes(f: Fusion) -> frozenset:
     """The extents `f` made one with another axis of the same tensor (x - sum(x, dims=[1]) on
     a square x): a segment equating them would make its rows its columns, so its own ops
     relate them."""
-    roots = [[e.find() for e in t.dims if e is not None] for t in f.vals if isinstance(t, Tensor)]
+    roots = [list(spanned_axes(t)) for t in f.vals if isinstance(t, Tensor)]
     return frozenset(r for dims in roots for r in dims if dims.count(r) > 1)
 
 

@@ -38,8 +38,7 @@ F, BF16 = DataType.Float, DataType.BFloat16
 H200 = DeviceSpec.get("h200")
 
 
-def _bcast(fd, t, like, dims):
-    return fd.ops.broadcast_in_dim(t, shape=like.shape(), broadcast_dims=dims)
+_bcast = nd.broadcast_like
 
 
 def batchnorm_nchw(fd, dtype=BF16):
@@ -222,9 +221,8 @@ def _inputs(fd: FusionDefinition, shapes, seed: int = 7) -> list[np.ndarray]:
     arrays = [rng.standard_normal(s).astype(np.float32).astype(v.dtype.numpy)
               for v, s in zip(fd.fusion.inputs, shapes, strict=True)]
     for i, v in enumerate(fd.fusion.inputs):
-        if v.dtype is DataType.Bool:  # a mask: most held, the first column always
-            arrays[i] = rng.random(shapes[i]) < 0.8
-            arrays[i][..., 0] = True
+        if v.dtype is DataType.Bool:
+            arrays[i] = nd.mask(rng, shapes[i])
     if fd.name == "batchnorm_nchw_backward":
         arrays[3] = np.abs(arrays[3]) + 0.5  # 1 / std
     return arrays
