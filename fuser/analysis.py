@@ -8,6 +8,11 @@ axis. Each tensor's role follows from which axes it spans:
     COL     [hidden]          a per-column vector (weight, bias, an outer reduction)
     SCALAR  []                constants, scalar inputs, sizes
 
+With several row axes, an input may span a run of them only (adaLN's [batch, hidden] scale
+over rows [batch, seq], a [q, k] mask over scores [batch, heads, q, k], a [C] weight over
+rows [N, C, H]): it is FULL or ROW all the same, and a kernel reads row (r / after) % count
+of it for its row r (RowRun), where the segmentation would otherwise copy it broadcast.
+
 Inner reductions (over hidden) are grouped into levels: a level holds the reductions whose
 inputs depend only on earlier levels, so one block-wide round trip serves the whole level (the
 two sums of LayerNorm backward share one barrier). Outer reductions (over rows) accumulate per
@@ -56,6 +61,16 @@ class Role(enum.Enum):
 
 
 @dataclass(frozen=True)
+class RowRun:
+    """The row axes row_axes[first:stop] an input spans, the others broadcast: its row for
+    the kernel's row r is (r / after) % count, `after` the product of the row axes past the
+    run and `count` the run's (repeated_rows, the launch's values)."""
+
+    first: int
+    stop: int
+
+
+@dataclass(frozen=True)
 class FusionInfo:
     """A lowered fusion plus everything schedulers and codegen ask about it."""
 
@@ -79,6 +94,8 @@ class FusionInfo:
     # k - 1's results): more than one only in an OUTER_NORM fusion
     outer_levels: tuple[tuple[Expr, ...], ...]
     persistent: tuple[Tensor, ...]  # full inputs read in more than one phase of a row
+    # inputs that span a run of the row axes only, each with its run: read repeated
+    repeated: tuple[tuple[Tensor, RowRun], ...] = ()
 
     def outputs(self, role: Role) -> tuple[Tensor, ...]:
         return tuple(o for o in self.fusion.outputs if self.roles[o] is role)
@@ -106,6 +123,10 @@ class FusionInfo:
             f"scalar inputs:     {names(self.scalar_inputs)}",
             f"persistent:        {names(self.persistent)}",
         ]
+        if self.repeated:
+            lines.append("repeated inputs:   " + ", ".join(
+                f"{t.name}:{t.dtype.label} (row axes {r.first}..{r.stop - 1} of "
+                f"{len(self.row_axes)}, read again along the others)" for t, r in self.repeated))
         if self.value_inputs:
             lines.append(f"value inputs:      {names(self.value_inputs)} (no dimension: one "
                          "value, read once)")
@@ -283,6 +304,7 @@ def analyze(fusion: Fusion) -> FusionInfo:
                 "with inner reductions: no one kernel normalizes along rows and columns")
         kind = Kind.OUTER_NORM
     inputs = [t for t in lowered.inputs if isinstance(t, Tensor)]
+    repeated = _repeated(lowered, row_axes, kind)
     full_inputs = tuple(t for t in inputs if roles[t] is Role.FULL)
     inner_exprs = {e for _, e in inner}
     return FusionInfo(
@@ -303,7 +325,39 @@ def analyze(fusion: Fusion) -> FusionInfo:
         outer_levels=reductions.outer_levels(),
         persistent=tuple(t for t in full_inputs
                          if _phases_using(t, lowered, level, inner_exprs) > 1),
+        repeated=repeated,
     )
+
+
+def _repeated(lowered: Fusion, row_axes: tuple[Extent, ...],
+              kind: Kind) -> tuple[tuple[Tensor, RowRun], ...]:
+    """Each input that spans a run of the row axes only, with its run (axes() checked that
+    every tensor of some row axes spans a run). A value of such an input that spans some
+    row axes only is computed for every row of the kernel, as it repeats: an output of it
+    would be written once per repeat, so it is refused (the segmentation copies the input
+    broadcast instead); a reduction over some row axes only is refused by _is_inner. The
+    row kernels and the pointwise kernel read repeated rows; the column kernels of outer
+    reductions do not."""
+    rows = set(row_axes)
+    runs = []
+    for v in lowered.vals:
+        if not isinstance(v, Tensor):
+            continue
+        span = [a for a in spanned_axes(v) if a in rows]
+        if not span or len(span) == len(row_axes):
+            continue
+        if v in lowered.outputs:
+            raise UnsupportedFusionError(
+                f"output {v.name} spans {len(span)} of the {len(row_axes)} row dimensions: a "
+                "kernel over every row would write it once per row of the others")
+        if v in lowered.inputs:
+            first = row_axes.index(span[0])
+            runs.append((v, RowRun(first, first + len(span))))
+    if runs and kind in (Kind.OUTER, Kind.OUTER_NORM):
+        raise UnsupportedFusionError(
+            f"{runs[0][0].name} spans some of the row dimensions only, in an outer reduction "
+            "over the rows: the column kernels read every row of each input")
+    return tuple(runs)
 
 
 def _role(v: Val, row_axes: tuple[Extent, ...], hidden_axis: Extent | None) -> Role:
@@ -312,8 +366,9 @@ def _role(v: Val, row_axes: tuple[Extent, ...], hidden_axis: Extent | None) -> R
         return Role.SCALAR
     spans = set(spanned_axes(v))
     # without row axes the fusion is one row: a tensor along the hidden axis is that row, a
-    # tensor of no axis (a full reduction's result) its per-row value
-    has_row = not row_axes or set(row_axes) <= spans
+    # tensor of no axis (a full reduction's result) its per-row value; a tensor of some row
+    # axes only repeats along the others (RowRun)
+    has_row = not row_axes or bool(set(row_axes) & spans)
     has_hidden = hidden_axis is not None and hidden_axis in spans
     return {
         (True, True): Role.FULL,
@@ -622,13 +677,24 @@ def axes(fusion: Fusion) -> tuple[tuple[Extent, ...], Extent | None]:
         )
     row_axes, hidden = axes[:-1], axes[-1]
     for t in tensors:
-        if spans[t] not in ((), (hidden,), row_axes, axes):
+        if spans[t] not in ((), (hidden,), row_axes, axes) and not _is_run(spans[t], axes):
             raise UnsupportedFusionError(
                 f"{t.name} spans {len(spans[t])} of the fusion's {len(axes)} dimensions in "
                 f"another way than its rows and hidden size ({', '.join(map(str, axes))}): "
                 "fuser runs tensors of all the dimensions, of the leading ones (per-row "
-                "values) or of the last one (per-column values), in that order; the "
+                "values), of a run of the leading ones with or without the last one, or of "
+                "the last one (per-column values), in that order; the "
                 "segmentation reorders the axes, copies inputs broadcast and cuts the fusion "
                 "where that helps (fuser/reorder.py, fuser/segment.py), which it did not here"
             )
     return row_axes, hidden
+
+
+def _is_run(span: tuple[Extent, ...], axes: tuple[Extent, ...]) -> bool:
+    """Whether `span` is consecutive leading (row) axes of `axes`, with or without its last
+    (hidden) axis after them: an input a kernel reads repeated (RowRun)."""
+    run = span[:-1] if span and span[-1] == axes[-1] else span
+    if not run or axes[-1] in run or any(a not in axes for a in run):
+        return False
+    first = axes.index(run[0])
+    return tuple(axes[first:first + len(run)]) == tuple(run)

@@ -182,7 +182,19 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
                or (kernel.finalize is not None and kernel.finalize.fused))
     return Plan(kernel, launch, final, torch_kind, device_id, driver().primary_context(device_id),
                 align, rows, tuple((sizes.shape(o), o.dtype) for o in fusion.outputs), partials,
-                scalar_types, counted, len(fusion.inputs))
+                scalar_types, counted, len(fusion.inputs), repeated_rows(info, sizes))
+
+
+def repeated_rows(info, sizes) -> tuple[int, ...]:
+    """`after` and `count` of each repeated input (analysis.RowRun), flat: the products of
+    the row axes' sizes past its run and in it (at least 1: a kernel divides by them, and
+    with no rows reads none)."""
+    values: list[int] = []
+    for _, run in info.repeated:
+        row_sizes = [sizes.value(a) for a in info.row_axes]
+        values += [max(math.prod(row_sizes[run.stop:]), 1),
+                   max(math.prod(row_sizes[run.first:run.stop]), 1)]
+    return tuple(values)
 
 
 def execute(fd, inputs: list, *, device=None, hints: Hints | None = None):

@@ -128,12 +128,13 @@ def _checked_functions(name: str, built, module: int, device: DeviceSpec
     return functions, occupancy, groups
 
 
-_SIZE_CTYPES = {Source.ROWS: ctypes.c_int64, Source.PARTIAL_ROWS: ctypes.c_int32}
+_SIZE_CTYPES = {Source.ROWS: ctypes.c_int64, Source.PARTIAL_ROWS: ctypes.c_int32,
+                Source.ROW_REPEATS: ctypes.c_int64}
 # A call's launch arguments by source: calls.run builds one tuple in this order, and
 # Kernel.arguments index it by position (an Enum key hashes in Python: 20 such hashes a call
 # were 8% of a small call's host time under cProfile).
 _SLOT_ORDER = (Source.INPUT, Source.OUTPUT, Source.PARTIALS, Source.ROWS, Source.PARTIAL_ROWS,
-               Source.ROW_TICKETS)
+               Source.ROW_TICKETS, Source.ROW_REPEATS)
 _SLOTS = {source: slot for slot, source in enumerate(_SLOT_ORDER)}
 
 

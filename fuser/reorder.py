@@ -20,10 +20,13 @@ along the hidden axis, the same sweep), then the one whose hidden axes hold the 
 innermost axis; a fusion that fits in its own order is not touched. The choice depends on
 the definition alone, not the sizes, so it is made once per fusion.
 
-Where no order fits because an input spans some of the row axes (a [q, k] mask over scores
-[batch, heads, q, k] normalized along k; adaLN's [batch, hidden] scale over [batch, seq,
-hidden]), the fewest such inputs are expanded: copied broadcast to all the axes between
-kernels (Fusion.expand), after which they are full inputs. Only inputs whose every narrow
+A kernel reads an input that spans a run of the row axes repeated (analysis.RowRun: a
+[q, k] mask over scores [batch, heads, q, k] normalized along k, adaLN's [batch, hidden]
+scale over [batch, seq, hidden]), so such fusions never get here. Where no order fits
+because an input spans some of the row axes otherwise (axes that are not a run, or in a
+segment with an outer reduction, whose column kernels read no input repeated), the fewest
+such inputs are expanded: copied broadcast to all the axes between kernels (Fusion.expand),
+after which they are full inputs. Only inputs whose every narrow
 use is broadcast to all the axes before it meets a reduction or an output are expanded, so
 the copy changes no value.
 """
@@ -419,8 +422,10 @@ def explain_order(f: Fusion, order: Order) -> str:
         which = ("row axes" if target == frozenset(order.rows) else
                  "hidden axes" if target == frozenset(order.hidden) else "axes")
         onto = "the full shape" if which == "axes" else f"all the {which}"
-        parts.append(f"{v.name} spans part of the {which}, which a kernel does not read "
-                     f"broadcast: copied broadcast to {onto} between kernels")
+        parts.append(f"{v.name} spans part of the {which}, which no kernel here reads "
+                     "repeated (a kernel does read an input of a run of the row axes, with "
+                     "or without the hidden ones, outside an outer reduction): copied "
+                     f"broadcast to {onto} between kernels")
     return "; ".join(parts)
 
 

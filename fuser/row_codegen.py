@@ -57,27 +57,44 @@ def _smem(schedule: RowSchedule, name: str) -> str:
     return name if name in schedule.smem else "nullptr"
 
 
-def row_buffer(t: Tensor, s: RowSchedule) -> Declaration:
-    """The object of row input `t`, wherever the schedule keeps it."""
+def repeats(info: FusionInfo) -> list[dict]:
+    """The fm::RepeatedRows of each repeated input (analysis.RowRun), from its two
+    parameters (signature.Source.ROW_REPEATS): the row of it each kernel row reads."""
+    return [{"name": rows_of(t, info), "after": f"r_{t.name}_after", "count": f"r_{t.name}_count"}
+            for t, _ in info.repeated]
+
+
+def rows_of(t: Tensor, info: FusionInfo) -> str:
+    """The name of input `t`'s fm::RepeatedRows, or "" where it spans every row axis: a
+    kernel reads its row `{rows_of}.source_row(row)`."""
+    return f"r_{t.name}" if t in dict(info.repeated) else ""
+
+
+def row_buffer(t: Tensor, s: RowSchedule, info: FusionInfo) -> Declaration:
+    """The object of row input `t`, wherever the schedule keeps it (reading the row it
+    repeats, where it is a repeated input)."""
     p = s.placement(t.name)
     vector = t.dtype.cuda_type
+    rows = rows_of(t, info)
+    kind, extra = (", fm::RepeatedRows", [rows]) if rows else ("", [])
     if p.storage is Storage.SMEM:
         slot = s.smem.buffer(f"s_{t.name}").nbytes // (s.stages * s.rows_per_block)
         copy = COPY[s.aligned_copy] if p.async_copy else "fm::Copy::REGISTERS"
-        return Declaration(f"fm::RowInSmem<{vector}, Part, {copy}, {slot}>", t.name,
-                           [f"s_{t.name}", f"g_{t.name}"])
+        return Declaration(f"fm::RowInSmem<{vector}, Part, {copy}, {slot}{kind}>", t.name,
+                           [f"s_{t.name}", f"g_{t.name}", *extra])
     if p.storage is Storage.RING:
         ring = s.ring
         assert ring is not None
         slot_vectors = s.smem.buffer(f"s_ring_{t.name}").nbytes // ring.depth // (
             s.vec * t.dtype.itemsize)
         bulk = str(ring.fill is Fill.BULK).lower()
-        return Declaration(f"fm::RowInRing<{vector}, Part, {bulk}, {slot_vectors}>", t.name,
-                           [f"s_ring_{t.name}", f"g_{t.name}"])
+        return Declaration(f"fm::RowInRing<{vector}, Part, {bulk}, {slot_vectors}{kind}>",
+                           t.name, [f"s_ring_{t.name}", f"g_{t.name}", *extra])
     if p.storage is Storage.GLOBAL:
-        return Declaration(f"fm::RowInGlobal<{vector}, Part>", t.name, [f"g_{t.name}"])
-    return Declaration(f"fm::RowInRegisters<{vector}, Part>", t.name,
-                       ["part", f"g_{t.name}", "row", "valid"])
+        return Declaration(f"fm::RowInGlobal<{vector}, Part{kind}>", t.name,
+                           [f"g_{t.name}", *extra])
+    return Declaration(f"fm::RowInRegisters<{vector}, Part{kind}>", t.name,
+                       ["part", f"g_{t.name}", "row", "valid", *extra])
 
 
 def _column(t: Tensor, s: RowSchedule) -> Declaration:
@@ -128,7 +145,7 @@ def block_objects(info: FusionInfo, s: RowSchedule) -> list[Declaration]:
             f"fm::StagingRing<Part, {str(r.fill is Fill.BULK).lower()}, {r.depth}, {r.units}, "
             f"{r.chunks}, {r.passes}, {bytes_per_vector}>", "ring",
             [_smem(s, "s_ring_full"), "part"], textwrap.wrap(f"staging ring: {r}", 96)))
-    objects += [row_buffer(t, s) for t in info.full_inputs
+    objects += [row_buffer(t, s, info) for t in info.full_inputs
                 if s.placement(t.name).storage is not Storage.REGISTERS]
     return objects
 
@@ -422,7 +439,7 @@ def row_context(info: FusionInfo, s: RowSchedule, finalize: FinalizeSchedule | N
         "block_objects": block_objects(info, s),
         "column_barrier": any(s.placement(t.name).storage is Storage.SMEM
                               for t in info.col_inputs),
-        "row_objects": [row_buffer(t, s) for t in info.full_inputs
+        "row_objects": [row_buffer(t, s, info) for t in info.full_inputs
                         if s.placement(t.name).storage is Storage.REGISTERS],
         "global_rows": [t.name for t in info.full_inputs
                         if s.placement(t.name).storage is Storage.GLOBAL],
@@ -430,7 +447,9 @@ def row_context(info: FusionInfo, s: RowSchedule, finalize: FinalizeSchedule | N
         "pipeline": pipeline(s, dealt),  # None: no rows load while this one computes
         "dealer": dealt,
         "ring": ring,
-        "row_inputs": [{"name": t.name, "ctype": ctype(t)} for t in info.row_inputs],
+        "row_inputs": [{"name": t.name, "ctype": ctype(t), "rows": rows_of(t, info)}
+                       for t in info.row_inputs],
+        "repeats": repeats(info),
         "ptx_store": str(ptx_store(s)).lower(),
         "skew_words": skew_words(s),
         "accumulators": [{"name": f"acc_{e.outputs[0].name}", "output": e.outputs[0].name}

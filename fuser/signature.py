@@ -27,6 +27,9 @@ class Source(enum.Enum):
     # the counter a row kernel deals row groups from, or that its blocks meet at before they
     # finalize the columns themselves (fuser.tickets)
     ROW_TICKETS = "row_tickets"
+    # a repeated input's `after` (index 2k) and `count` (2k + 1), k its place in
+    # FusionInfo.repeated (long long): its row for row r is (r / after) % count
+    ROW_REPEATS = "row_repeats"
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,13 @@ PARTIAL_ROWS = Param(Source.PARTIAL_ROWS, 0, "partial_rows", "int")
 GRID_BARRIER = Param(Source.ROW_TICKETS, 0, "g_grid_barrier", "unsigned long long* __restrict__")
 
 
+def _repeats(info: FusionInfo) -> list[Param]:
+    """Per repeated input (analysis.RowRun), the product of the row axes past its run and
+    the run's: the kernel's fm::RepeatedRows of it."""
+    return [Param(Source.ROW_REPEATS, 2 * k + j, f"r_{t.name}_{what}", "long long")
+            for k, (t, _) in enumerate(info.repeated) for j, what in enumerate(("after", "count"))]
+
+
 def row_signature(info: FusionInfo, entry: str, counted: bool, fused: bool = False) -> Signature:
     """The row kernel: row, column, per-row and single-value inputs, full and per-row
     outputs, the workspaces, scalar inputs, the row count, and the counter that deals row
@@ -101,7 +111,7 @@ def row_signature(info: FusionInfo, entry: str, counted: bool, fused: bool = Fal
     params = (_inputs(info, (*info.full_inputs, *info.col_inputs, *info.row_inputs,
                              *info.value_inputs))
               + _outputs(info, outputs) + _partials(info, False) + _scalars(info) + [ROWS]
-              + ([ROW_TICKETS] if counted else [])
+              + _repeats(info) + ([ROW_TICKETS] if counted else [])
               + ([PARTIAL_ROWS, GRID_BARRIER] if fused else []))
     return Signature(entry, tuple(params))
 
@@ -121,7 +131,7 @@ def pointwise_signature(info: FusionInfo, entry: str) -> Signature:
     outputs = (*info.outputs(Role.FULL), *info.outputs(Role.COL), *info.outputs(Role.ROW))
     params = (_inputs(info, (*info.full_inputs, *info.col_inputs, *info.row_inputs,
                              *info.value_inputs))
-              + _outputs(info, outputs) + _scalars(info) + [ROWS])
+              + _outputs(info, outputs) + _scalars(info) + [ROWS] + _repeats(info))
     return Signature(entry, tuple(params))
 
 

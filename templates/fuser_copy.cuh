@@ -55,6 +55,32 @@ __device__ __forceinline__ void store_pieces(T* p, const Vec<T, N>& x) {
   }
 }
 
+// ----- which row of an input a kernel row reads -----
+
+// Which row of an input the kernel's row r reads (source_row): r itself, or, for an input that
+// spans a run of the row axes only (a [batch, hidden] scale over rows [batch, seq]), the row
+// it repeats: (r / after) % count, `after` the product of the row axes past the run and
+// `count` the run's (analysis.RowRun). last_row(r, n_rows): whether that is the input's last
+// row, past which a copy must not read. The row buffers derive from one (EveryRow is empty:
+// no byte is added to them).
+struct EveryRow {
+  __device__ __forceinline__ long long source_row(long long r) const { return r; }
+  __device__ __forceinline__ bool last_row(long long r, long long n_rows) const {
+    return r + 1 == n_rows;
+  }
+};
+
+struct RepeatedRows {
+  long long after;
+  long long count;
+  __device__ __forceinline__ long long source_row(long long r) const {
+    return (r / after) % count;
+  }
+  __device__ __forceinline__ bool last_row(long long r, long long) const {
+    return source_row(r) + 1 == count;
+  }
+};
+
 // ----- cp.async: global to shared without passing through registers (sm_80+) -----
 
 template <int BYTES>

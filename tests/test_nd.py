@@ -98,12 +98,14 @@ def test_a_3d_kernel_renders_and_compiles(tmp_path):
         assert not built.compiled.resource(built.source.row_entry).spills
 
 
-def test_a_weight_over_some_leading_dimensions_is_refused():
-    with FusionDefinition("partial") as fd:
-        x = fd.define_tensor(shape=[-1, -1, -1], contiguity=[True, True, True], dtype=F32)
-        w = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=F32)  # [S, H]
-        fd.add_output(fd.ops.mul(x, fd.ops.broadcast_in_dim(w, x.shape(), [1, 2])))
-    with pytest.raises(UnsupportedFusionError, match=r"T1 spans 2 of the fusion's 3 dimensions "
+def test_a_weight_over_leading_dimensions_with_a_gap_is_refused():
+    """A [B, T, H] weight over [B, S, T, H] spans leading dimensions that are not a run (S
+    between them): no kernel row maps to one of its rows by a division and a remainder."""
+    with FusionDefinition("gap") as fd:
+        x = fd.define_tensor(shape=[-1, -1, -1, -1], dtype=F32)
+        w = fd.define_tensor(shape=[-1, -1, -1], dtype=F32)  # [B, T, H]
+        fd.add_output(fd.ops.mul(x, fd.ops.broadcast_in_dim(w, x.shape(), [0, 2, 3])))
+    with pytest.raises(UnsupportedFusionError, match=r"T1 spans 3 of the fusion's 4 dimensions "
                                                      r"in another way"):
         analyze(fd.fusion)
 

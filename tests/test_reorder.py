@@ -104,14 +104,6 @@ def outer_axes_kept(fd, dtype=BF16):
     fd.add_output(m)
 
 
-def masked_fill(fd, dtype=BF16):
-    """Scores [batch, heads, q, k] where a [q, k] mask holds, else 0: the mask is a value per
-    column of the last two axes merged."""
-    s = fd.define_tensor([-1, -1, -1, -1], dtype=dtype)
-    m = fd.define_tensor([-1, -1], dtype=DataType.Bool)
-    fd.add_output(fd.ops.where(_bcast(fd, m, s, [2, 3]), s, 0.0))
-
-
 def centered_over_dim_0(fd, dtype=BF16):
     """[A, B, C] minus its means over the first axis: columns of B * C."""
     x = fd.define_tensor([-1, -1, -1], dtype=dtype)
@@ -120,38 +112,22 @@ def centered_over_dim_0(fd, dtype=BF16):
     fd.add_output(fd.ops.cast(fd.ops.sub(xf, mean), dtype))
 
 
-def positions_added(fd, dtype=BF16):
-    """[batch, seq, hidden] plus a [seq, hidden] table (position embeddings): the table is a
-    value per column of seq * hidden."""
-    x = fd.define_tensor([-1, -1, -1], dtype=dtype)
-    p = fd.define_tensor([-1, -1])
-    fd.add_output(fd.ops.cast(fd.ops.add(fd.ops.cast(x, F), _bcast(fd, p, x, [1, 2])), dtype))
+def masked_column_sums(fd, dtype=BF16):
+    """Scores [batch, heads, q, k] where a [q, k] mask holds, summed over all but k: the
+    column kernels of an outer reduction read no input repeated, so the mask is copied
+    broadcast to the full shape."""
+    s = fd.define_tensor([-1, -1, -1, -1], dtype=dtype)
+    m = fd.define_tensor([-1, -1], dtype=DataType.Bool)
+    fd.add_output(fd.ops.sum(fd.ops.where(_bcast(fd, m, s, [2, 3]), fd.ops.cast(s, F), 0.0),
+                             [0, 1, 2]))
 
 
-def positions_normalized(fd, dtype=BF16):
-    """[batch, seq, hidden] plus a [seq, hidden] table, then LayerNorm along hidden: the
-    table is copied broadcast."""
-    x = fd.define_tensor([-1, -1, -1], dtype=dtype)
-    p = fd.define_tensor([-1, -1])
-    h = fd.ops.add(fd.ops.cast(x, F), _bcast(fd, p, x, [1, 2]))
-    var, mean = fd.ops.var_mean(h, [2], correction=0, keepdim=True)
-    fd.add_output(fd.ops.cast(fd.ops.mul(fd.ops.sub(h, mean),
-                                         fd.ops.rsqrt(fd.ops.add(var, 1e-5))), dtype))
-
-
-def modulated_rmsnorm_aligned(fd, dtype=BF16):
-    """adaLN as users write it with numpy's alignment: RMSNorm of [batch, seq, hidden], then
-    * (1 + scale) + shift with scale and shift [batch, 1, hidden] met by mul and add, and a
-    [seq, hidden] table added first, no broadcast_in_dim anywhere."""
-    x = fd.define_tensor([-1, -1, -1], dtype=dtype)
-    table = fd.define_tensor([-1, -1])
-    scale = fd.define_tensor([-1, 1, -1])
-    shift = fd.define_tensor([-1, 1, -1])
-    h = fd.ops.add(fd.ops.cast(x, F), table)
-    ms = fd.ops.div(fd.ops.sum(fd.ops.mul(h, h), [2], keepdim=True), x.size(2))
-    y = fd.ops.mul(h, fd.ops.rsqrt(fd.ops.add(ms, 1e-6)))
-    y = fd.ops.add(fd.ops.mul(y, fd.ops.add(scale, 1.0)), shift)
-    fd.add_output(fd.ops.cast(y, dtype))
+def weight_with_a_gap(fd, dtype=BF16):
+    """[B, S, T, H] times a [B, T, H] weight: its leading axes are not a run of the rows (S
+    lies between them), so it is copied broadcast."""
+    x = fd.define_tensor([-1, -1, -1, -1], dtype=dtype)
+    w = fd.define_tensor([-1, -1, -1])
+    fd.add_output(fd.ops.cast(fd.ops.mul(fd.ops.cast(x, F), _bcast(fd, w, x, [0, 2, 3])), dtype))
 
 
 # GroupNorm over channels of 8 at the small shapes here: 4 groups
@@ -159,8 +135,7 @@ group_norm_affine = functools.partial(nd.group_norm_affine, groups=4)
 
 # builder -> (copies: permutes and expands, reshape views, segments, input shapes); the
 # builders of bench/nd.py are the fusions users write that its bench times
-mean_over_sequence, channel_scale = nd.mean_over_sequence, nd.channel_scale
-masked_softmax, modulated_layernorm = nd.masked_softmax, nd.modulated_layernorm
+mean_over_sequence = nd.mean_over_sequence
 CASES = {
     "batchnorm_nchw": (batchnorm_nchw, 2, 4, 1, [(3, 5, 4, 6), (5,), (5,)]),
     "batchnorm_nchw_backward": (batchnorm_nchw_backward, 3, 5, 1,
@@ -169,16 +144,12 @@ CASES = {
     "instance_norm": (instance_norm, 0, 3, 1, [(3, 5, 4, 6)]),
     "sum_over_batch": (sum_over_batch, 0, 2, 1, [(3, 7, 5)]),
     "outer_axes_kept": (outer_axes_kept, 2, 3, 1, [(3, 7, 5)]),
-    "channel_scale": (channel_scale, 1, 2, 1, [(3, 5, 4, 6), (5,)]),
-    "masked_fill": (masked_fill, 0, 3, 1, [(2, 3, 4, 6), (4, 6)]),
     "centered_over_dim_0": (centered_over_dim_0, 0, 2, 2, [(3, 7, 5)]),
-    "positions_added": (positions_added, 0, 3, 1, [(3, 7, 5), (7, 5)]),
-    "masked_softmax": (masked_softmax, 1, 0, 1, [(2, 3, 4, 6), (4, 6)]),
-    "positions_normalized": (positions_normalized, 1, 0, 1, [(3, 7, 5), (7, 5)]),
-    "modulated_layernorm": (modulated_layernorm, 2, 0, 1, [(3, 7, 5), (3, 5), (3, 5)]),
-    "modulated_rmsnorm_aligned": (modulated_rmsnorm_aligned, 3, 2, 1,
-                                  [(3, 7, 5), (7, 5), (3, 1, 5), (3, 1, 5)]),
+    "masked_column_sums": (masked_column_sums, 1, 1, 1, [(2, 3, 4, 6), (4, 6)]),
+    "weight_with_a_gap": (weight_with_a_gap, 1, 3, 1, [(3, 5, 4, 6), (3, 4, 6)]),
 }
+
+
 def centered_by_sequence_peaks(fd, dtype=BF16):
     """x minus its peaks over seq ([batch, 1, hidden]), summed along hidden: the peaks are a
     segment of their own (a row max of [batch, hidden] rows along seq, the input moved), and
@@ -204,9 +175,9 @@ def sums_along_two_axes(fd, dtype=BF16):
 
 # builder -> (segments, of which run as segments of their own, kernels in all, input shapes)
 NESTED = {
-    "group_norm_affine": (group_norm_affine, 2, 1, 2, [(3, 8, 4, 6), (8,), (8,)]),
-    "centered_by_sequence_peaks": (centered_by_sequence_peaks, 2, 2, 2, [(3, 7, 5)]),
-    "sums_along_two_axes": (sums_along_two_axes, 3, 2, 3, [(3, 7, 5)]),
+    "group_norm_affine": (group_norm_affine, 2, 0, 2, [(3, 8, 4, 6), (8,), (8,)]),
+    "centered_by_sequence_peaks": (centered_by_sequence_peaks, 2, 1, 2, [(3, 7, 5)]),
+    "sums_along_two_axes": (sums_along_two_axes, 3, 1, 3, [(3, 7, 5)]),
 }
 
 
@@ -318,7 +289,8 @@ def test_reductions_no_order_serves_together_run_a_segment_each():
     """The peaks of [batch, seq, hidden] over batch and hidden ([1, seq, 1]) subtracted, then
     sums along hidden: no split into rows and hidden axes fits both reductions, and cutting
     at the reductions over the rows leaves them in one sweep; cut after every reduction, the
-    peaks are a segment (reordered) and the sums another (the peaks copied broadcast)."""
+    peaks are a segment (reordered: segments of its own) and the sums another, one kernel
+    that reads the [seq] peaks repeated over rows [batch, seq]."""
     with FusionDefinition("peaks") as fd:
         x = fd.define_tensor([-1, -1, -1])
         peaks = fd.ops.max(x, [0, 2], keepdim=True)
@@ -327,7 +299,8 @@ def test_reductions_no_order_serves_together_run_a_segment_each():
     assert order_of(lowered) is None and reordered(lowered) is lowered
     segmentation = _segmentation(fd)
     assert len(segmentation.segments) == 2
-    assert all(segments_of(s.definition) is not None for s in segmentation.segments)
+    assert [segments_of(s.definition) is not None for s in segmentation.segments] == [True, False]
+    assert analyze(segmentation.segments[1].definition.fusion).repeated
     x = np.random.default_rng(3).standard_normal((3, 7, 5)).astype(np.float32)
     assert_chained_matches_the_oracle(fd, [x], atol=1e-5)
 
@@ -342,20 +315,12 @@ GPU_SHAPES = {
     "instance_norm": [[(3, 5, 7, 9)], [(8, 256, 32, 32)]],
     "sum_over_batch": [[(3, 7, 4099)], [(8, 1024, 4096)]],
     "outer_axes_kept": [[(3, 7, 1000)], [(16, 4096, 64)]],
-    "channel_scale": [[(3, 5, 7, 9), (5,)], [(32, 64, 56, 56), (64,)]],
-    "masked_fill": [[(2, 3, 7, 9), (7, 9)], [(4, 16, 1024, 1024), (1024, 1024)]],
     "centered_over_dim_0": [[(3, 7, 1000)], [(16, 64, 4096)]],
-    "positions_added": [[(3, 7, 1000), (7, 1000)], [(8, 1024, 4096), (1024, 4096)]],
-    "masked_softmax": [[(2, 3, 7, 9), (7, 9)], [(2, 16, 1024, 1024), (1024, 1024)]],
-    "positions_normalized": [[(3, 7, 1000), (7, 1000)], [(8, 1024, 4096), (1024, 4096)]],
-    "modulated_layernorm": [[(3, 7, 1000), (3, 1000), (3, 1000)],
-                            [(8, 1024, 4096), (8, 4096), (8, 4096)]],
+    "masked_column_sums": [[(2, 3, 7, 9), (7, 9)], [(2, 16, 1024, 1024), (1024, 1024)]],
+    "weight_with_a_gap": [[(3, 5, 7, 9), (3, 7, 9)], [(8, 16, 64, 512), (8, 64, 512)]],
     "group_norm_affine": [[(3, 8, 7, 9), (8,), (8,)], [(8, 256, 32, 32), (256,), (256,)]],
     "centered_by_sequence_peaks": [[(3, 7, 1000)], [(8, 1024, 4096)]],
     "sums_along_two_axes": [[(3, 7, 1000)], [(8, 1024, 4096)]],
-    "modulated_rmsnorm_aligned": [[(3, 7, 1000), (7, 1000), (3, 1, 1000), (3, 1, 1000)],
-                                  [(8, 1024, 4096), (1024, 4096), (8, 1, 4096),
-                                   (8, 1, 4096)]],
 }
 
 

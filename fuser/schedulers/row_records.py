@@ -201,6 +201,9 @@ class RowFusion:
         if problem.hidden < SKEWED_MIN_VECTORS * wide:
             why.append(f"a row of at least {SKEWED_MIN_VECTORS} vectors of {wide} (hidden "
                        f"{problem.hidden})")
+        if self.info.repeated:
+            why.append("no input repeated along some row axes (a repeated row starts at "
+                       f"another skew than its kernel row: {self.info.repeated[0][0].name})")
         return why
 
     def skewed_vec(self, problem: Problem) -> int:
