@@ -65,36 +65,59 @@ def repeats(info: FusionInfo) -> list[dict]:
 
 
 def rows_of(t: Tensor, info: FusionInfo) -> str:
-    """The name of input `t`'s fm::RepeatedRows, or "" where it spans every row axis: a
-    kernel reads its row `{rows_of}.source_row(row)`."""
+    """The name of input `t`'s fm::RepeatedRows, or "" where it spans every row axis."""
     return f"r_{t.name}" if t in dict(info.repeated) else ""
 
 
+@dataclass(frozen=True)
+class RowAccess:
+    """How the kernel hands a row buffer the row it reads for a kernel row: the row itself
+    and n_rows, or for a repeated input the row its fm::RepeatedRows names and its count of
+    rows, the copy guarded by the kernel row (the buffer checks the row it is given against
+    the rows it is given). The row library's code is the same for both."""
+
+    rows: str  # the input's fm::RepeatedRows, or "" (rows_of)
+
+    def row(self, r: str) -> str:
+        return f"{self.rows}.source_row({r})" if self.rows else r
+
+    def bound(self) -> str:
+        return f"{self.rows}.count" if self.rows else "n_rows"
+
+    def guard(self, r: str) -> str:
+        return f"if ({r} < n_rows) " if self.rows else ""
+
+    def chunk(self) -> str:
+        """The ring chunk its fill takes (fm::repeated: the chunk of its own row)."""
+        return f"fm::repeated({self.rows}, chunk)" if self.rows else "chunk"
+
+
+def row_access(info: FusionInfo) -> dict[str, RowAccess]:
+    """The RowAccess of every full input, by name."""
+    return {t.name: RowAccess(rows_of(t, info)) for t in info.full_inputs}
+
+
 def row_buffer(t: Tensor, s: RowSchedule, info: FusionInfo) -> Declaration:
-    """The object of row input `t`, wherever the schedule keeps it (reading the row it
-    repeats, where it is a repeated input)."""
+    """The object of row input `t`, wherever the schedule keeps it."""
     p = s.placement(t.name)
     vector = t.dtype.cuda_type
-    rows = rows_of(t, info)
-    kind, extra = (", fm::RepeatedRows", [rows]) if rows else ("", [])
     if p.storage is Storage.SMEM:
         slot = s.smem.buffer(f"s_{t.name}").nbytes // (s.stages * s.rows_per_block)
         copy = COPY[s.aligned_copy] if p.async_copy else "fm::Copy::REGISTERS"
-        return Declaration(f"fm::RowInSmem<{vector}, Part, {copy}, {slot}{kind}>", t.name,
-                           [f"s_{t.name}", f"g_{t.name}", *extra])
+        return Declaration(f"fm::RowInSmem<{vector}, Part, {copy}, {slot}>", t.name,
+                           [f"s_{t.name}", f"g_{t.name}"])
     if p.storage is Storage.RING:
         ring = s.ring
         assert ring is not None
         slot_vectors = s.smem.buffer(f"s_ring_{t.name}").nbytes // ring.depth // (
             s.vec * t.dtype.itemsize)
         bulk = str(ring.fill is Fill.BULK).lower()
-        return Declaration(f"fm::RowInRing<{vector}, Part, {bulk}, {slot_vectors}{kind}>",
-                           t.name, [f"s_ring_{t.name}", f"g_{t.name}", *extra])
+        return Declaration(f"fm::RowInRing<{vector}, Part, {bulk}, {slot_vectors}>", t.name,
+                           [f"s_ring_{t.name}", f"g_{t.name}"])
     if p.storage is Storage.GLOBAL:
-        return Declaration(f"fm::RowInGlobal<{vector}, Part{kind}>", t.name,
-                           [f"g_{t.name}", *extra])
-    return Declaration(f"fm::RowInRegisters<{vector}, Part{kind}>", t.name,
-                       ["part", f"g_{t.name}", "row", "valid", *extra])
+        return Declaration(f"fm::RowInGlobal<{vector}, Part>", t.name, [f"g_{t.name}"])
+    return Declaration(f"fm::RowInRegisters<{vector}, Part>", t.name,
+                       ["part", f"g_{t.name}", RowAccess(rows_of(t, info)).row("row"), "valid"])
 
 
 def _column(t: Tensor, s: RowSchedule) -> Declaration:
@@ -180,7 +203,8 @@ def refill(info: FusionInfo, s: RowSchedule) -> list[str]:
     return staged
 
 
-def _refilled(body: dict, copied: dict, buffers: list[str]) -> None:
+def _refilled(body: dict, copied: dict, buffers: list[str], access: dict[str, RowAccess]
+              ) -> None:
     """Place the refills of `buffers` (refill()): the first row's copies only, and in the last
     pass the next row's name, each vector's copy after its reads, the copies' commit after."""
     if not buffers:
@@ -190,7 +214,8 @@ def _refilled(body: dict, copied: dict, buffers: list[str]) -> None:
     last["opening_lines"] = [
         "const long long next = rows.dealt(it) + part.ty + zero;  // refilling the row slots"]
     last["vector_lines"] = [
-        f"{b}.refill(v, {f'x_{b}' if b in last['rows'] else '{}'}, slot, next, n_rows);"
+        f"{access[b].guard('next')}{b}.refill(v, {f'x_{b}' if b in last['rows'] else '{}'}, "
+        f"slot, {access[b].row('next')}, {access[b].bound()});"
         for b in buffers]
     last["after_lines"] = ["fm::cp_async_commit();  // the next row's copies", *last["after_lines"]]
 
@@ -420,7 +445,8 @@ def row_context(info: FusionInfo, s: RowSchedule, finalize: FinalizeSchedule | N
     body = passes_context(info, s.kept)
     dealt = dealer(info, s)
     copied = copies(info, s)
-    _refilled(body, copied, refill(info, s))
+    access = row_access(info)
+    _refilled(body, copied, refill(info, s), access)
     ring = None
     if s.ring is not None:
         ring = {"buffers": list(s.ring.tensors),
@@ -447,6 +473,7 @@ def row_context(info: FusionInfo, s: RowSchedule, finalize: FinalizeSchedule | N
         "pipeline": pipeline(s, dealt),  # None: no rows load while this one computes
         "dealer": dealt,
         "ring": ring,
+        "access": access,
         "row_inputs": [{"name": t.name, "ctype": ctype(t), "rows": rows_of(t, info)}
                        for t in info.row_inputs],
         "repeats": repeats(info),

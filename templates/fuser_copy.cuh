@@ -57,27 +57,16 @@ __device__ __forceinline__ void store_pieces(T* p, const Vec<T, N>& x) {
 
 // ----- which row of an input a kernel row reads -----
 
-// Which row of an input the kernel's row r reads (source_row): r itself, or, for an input that
-// spans a run of the row axes only (a [batch, hidden] scale over rows [batch, seq]), the row
-// it repeats: (r / after) % count, `after` the product of the row axes past the run and
-// `count` the run's (analysis.RowRun). last_row(r, n_rows): whether that is the input's last
-// row, past which a copy must not read. The row buffers derive from one (EveryRow is empty:
-// no byte is added to them).
-struct EveryRow {
-  __device__ __forceinline__ long long source_row(long long r) const { return r; }
-  __device__ __forceinline__ bool last_row(long long r, long long n_rows) const {
-    return r + 1 == n_rows;
-  }
-};
-
+// The row of an input that spans a run of the row axes only (a [batch, hidden] scale over
+// rows [batch, seq]) that the kernel's row r reads: (r / after) % count, `after` the product
+// of the row axes past the run and `count` the run's (analysis.RowRun). The kernel passes
+// it, and `count` as the input's rows, where it passes r and n_rows for the other inputs
+// (row_codegen.RowAccess): the row buffers' code is the same for both.
 struct RepeatedRows {
   long long after;
   long long count;
   __device__ __forceinline__ long long source_row(long long r) const {
     return (r / after) % count;
-  }
-  __device__ __forceinline__ bool last_row(long long r, long long) const {
-    return source_row(r) + 1 == count;
   }
 };
 

@@ -94,19 +94,25 @@ struct StagingRing {
   }
 };
 
+// Chunk `ch` of the row a repeated input's buffer reads for it (RepeatedRows).
+__device__ __forceinline__ RingChunk repeated(const RepeatedRows& rows, RingChunk ch) {
+  ch.row = rows.source_row(ch.row);
+  return ch;
+}
+
 // A row buffer streamed through the ring: DEPTH slots of SLOT_VECTORS vectors each.
-template <typename T, typename Part, bool BULK, int SLOT_VECTORS, typename Rows = EveryRow>
-struct RowInRing : Rows {  // Rows: EveryRow or RepeatedRows (fuser_copy.cuh)
+template <typename T, typename Part, bool BULK, int SLOT_VECTORS>
+struct RowInRing {
   static_assert(Part::SKEW == 0, "a staging ring streams vectors that divide the row");
   using V = Vec<T, Part::VEC>;
   V* slots;
   const T* g;
 
-  __device__ __forceinline__ RowInRing(unsigned char* slots, const T* g, Rows rows = Rows{})
-      : Rows(rows), slots(reinterpret_cast<V*>(slots)), g(g) {}
+  __device__ __forceinline__ RowInRing(unsigned char* slots, const T* g)
+      : slots(reinterpret_cast<V*>(slots)), g(g) {}
   template <typename Ring>
   __device__ __forceinline__ void fill(const Part& part, const RingChunk& ch, Ring& ring) {
-    const T* src = g + this->source_row(ch.row) * Part::H + (part.first + ch.c * Ring::CV) * Part::VEC;
+    const T* src = g + ch.row * Part::H + (part.first + ch.c * Ring::CV) * Part::VEC;
     V* dst = slots + ch.slot * SLOT_VECTORS;
     if constexpr (BULK) {
       bulk_copy(dst, src, ch.vectors * static_cast<int>(sizeof(V)), &ring.full[ch.slot]);

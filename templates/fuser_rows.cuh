@@ -288,21 +288,15 @@ __device__ __forceinline__ C row_value(const T* g, long long row, bool valid) {
 
 // ----- row buffers ([rows, hidden] inputs): at(v) is vector v of the current row -----
 
-// Each reads row source_row(r) of its input for the kernel's row r (its base, EveryRow or
-// RepeatedRows: the rows of a repeated input start at skews of their own, so a kernel that
-// has one skews no row).
-
 // Kept in registers: the thread's vectors of the row, all loads issued before any is used.
-template <typename T, typename Part, typename Rows = EveryRow>
+template <typename T, typename Part>
 struct RowInRegisters {
-  static_assert(Part::SKEW == 0 || sizeof(Rows) == sizeof(EveryRow),
-                "a repeated row's skew is not its kernel row's");
   using V = Vec<T, Part::VEC>;
   V v[Part::BATCH];
 
   __device__ __forceinline__ RowInRegisters(const Part& part, const T* g, long long row,
-                                            bool valid, Rows rows = Rows{}) {
-    const T* r = g + rows.source_row(row) * Part::H;
+                                            bool valid) {
+    const T* r = g + row * Part::H;
     const int skew = Part::skew(row);
 #pragma unroll
     for (int b = 0; b < Part::BATCH; ++b) {
@@ -323,31 +317,27 @@ enum class Copy { VECTORS, CHUNKS, REGISTERS };
 
 // Kept in shared memory: row slot `slot` (of STAGES x RPB) of SLOT_BYTES each; copy() fills a
 // slot, ready() points the buffer at the row in its slot.
-template <typename T, typename Part, Copy COPY, int SLOT_BYTES, typename Rows = EveryRow>
-struct RowInSmem : Rows {
+template <typename T, typename Part, Copy COPY, int SLOT_BYTES>
+struct RowInSmem {
   static_assert(Part::SKEW == 0 || COPY != Copy::CHUNKS,
                 "a skewed row's vectors are whole: each thread copies its own");
-  static_assert(Part::SKEW == 0 || sizeof(Rows) == sizeof(EveryRow),
-                "a repeated row's skew is not its kernel row's");
   using V = Vec<T, Part::VEC>;
   static constexpr int ROUNDS = (SLOT_BYTES / 16 + Part::TPR - 1) / Part::TPR;  // chunks each
   unsigned char* base;
   const T* g;
   const V* row = nullptr;
 
-  __device__ __forceinline__ RowInSmem(unsigned char* base, const T* g, Rows rows = Rows{})
-      : Rows(rows), base(base), g(g) {}
+  __device__ __forceinline__ RowInSmem(unsigned char* base, const T* g) : base(base), g(g) {}
 
   // Row r of n_rows (nothing past the last row).
   __device__ __forceinline__ void copy(const Part& part, int slot, long long r, long long n_rows) {
     if (r >= n_rows) return;
     unsigned char* dst = base + slot * SLOT_BYTES;
     if constexpr (COPY == Copy::CHUNKS) {
-      copy_row_chunks<ROUNDS>(dst, g + this->source_row(r) * Part::H + part.first * Part::VEC,
-                              part.template bytes<T>(), part.tx, Part::TPR,
-                              this->last_row(r, n_rows));
+      copy_row_chunks<ROUNDS>(dst, g + r * Part::H + part.first * Part::VEC, part.template bytes<T>(),
+                              part.tx, Part::TPR, r + 1 == n_rows);
     } else {
-      const T* src = g + this->source_row(r) * Part::H;
+      const T* src = g + r * Part::H;
       const int skew = Part::skew(r);
 #pragma unroll
       for (int b = 0; b < Part::BATCH; ++b) {
@@ -391,14 +381,13 @@ struct RowInSmem : Rows {
                   "only a thread's own vectors are refilled, and only where they divide rows");
     if (r < n_rows) {
       cp_async_after(reinterpret_cast<V*>(base + slot * SLOT_BYTES) + x.k,
-                     g + this->source_row(r) * Part::H + x.j * Part::VEC, read);
+                     g + r * Part::H + x.j * Part::VEC, read);
     }
   }
   __device__ __forceinline__ void ready(const Part& part, int slot, long long r) {
     const unsigned char* p = base + slot * SLOT_BYTES;
     if constexpr (COPY == Copy::CHUNKS) {
-      p += row_offset(g, (this->source_row(r) * Part::H + part.first * Part::VEC) *
-                             static_cast<long long>(sizeof(T)));
+      p += row_offset(g, (r * Part::H + part.first * Part::VEC) * static_cast<long long>(sizeof(T)));
     }
     row = reinterpret_cast<const V*>(p);
   }
@@ -406,19 +395,16 @@ struct RowInSmem : Rows {
 };
 
 // Re-read from global memory in every pass (mostly from L2, where the row just was).
-template <typename T, typename Part, typename Rows = EveryRow>
-struct RowInGlobal : Rows {
-  static_assert(Part::SKEW == 0 || sizeof(Rows) == sizeof(EveryRow),
-                "a repeated row's skew is not its kernel row's");
+template <typename T, typename Part>
+struct RowInGlobal {
   using V = Vec<T, Part::VEC>;
   const T* g;
   const T* row = nullptr;
   bool valid = false;
 
-  __device__ __forceinline__ explicit RowInGlobal(const T* g, Rows rows = Rows{})
-      : Rows(rows), g(g) {}
+  __device__ __forceinline__ explicit RowInGlobal(const T* g) : g(g) {}
   __device__ __forceinline__ void ready(long long r, bool v) {
-    row = g + this->source_row(r) * Part::H;
+    row = g + r * Part::H;
     valid = v;
   }
   __device__ __forceinline__ V at(const Visit& x) const {

@@ -153,7 +153,7 @@ def test_skewed_rows_are_refused_beside_a_repeated_input():
                 hints=Hints(skewed=True))
 
 
-STORAGES = [Storage.REGISTERS, Storage.SMEM, Storage.GLOBAL]
+STORAGES = [Storage.REGISTERS, Storage.SMEM, Storage.GLOBAL, Storage.RING]
 
 
 @pytest.mark.parametrize("storage", STORAGES, ids=lambda s: s.value)
