@@ -205,6 +205,10 @@ def test_a_repeated_row_in_each_storage_matches_the_oracle_on_the_gpu(name, stor
     hints = Hints(storage=tuple((t, storage) for t in CASES[name][1]))
     for shapes in (CASES[name][3], CASES[name][4]):
         host = _inputs(fd, shapes)
+        if storage is Storage.RING and shapes[1][-1] * min(a.itemsize for a in host) % 4:
+            with pytest.raises(HintError, match="no staging ring for T1"):
+                executor.execute(fd, [cupy.asarray(a) for a in host], hints=hints)
+            continue
         outs = executor.execute(fd, [cupy.asarray(a) for a in host], hints=hints)
         want = evaluate(fd.fusion, host)
         compare([executor.to_host(o) for o in outs], want, fd.fusion,
