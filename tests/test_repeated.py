@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_layout import assert_chained_matches_the_oracle
+from test_reorder import _nd_fusion, _weight_shape, nd_fusions
 
 from bench import nd
 from fuser import (
@@ -28,6 +31,7 @@ from fuser import (
 )
 from fuser.analysis import analyze
 from fuser.executor import repeated_rows, segments_of
+from fuser.explain import SegmentedExplanation
 from fuser.reference import compare, evaluate, input_sensitivity, output_reduction_sizes
 from fuser.schedulers import Hints
 from fuser.schedulers.base import Storage
@@ -227,3 +231,114 @@ def test_adaln_matches_torch(has_torch_cuda):
     (y,) = _fd("modulated_layernorm").execute([x, scale, shift])
     want = nd.CASES["modulated_layernorm"].eager(x, scale, shift)[0]
     torch.testing.assert_close(y.float(), want.float(), atol=3e-2, rtol=3e-2)
+
+
+# ----- random N-D fusions (test_reorder's generator) that one kernel takes -----
+
+
+def _random(case, widen: int = 1):
+    """The fusion of a drawn case, its input shapes (the last axis `widen` times longer),
+    and its analysis, or None where no one kernel takes it (the segmentation's business)."""
+    shape, weight, combine, reduced, op, keepdim = case
+    shape = (*shape[:-1], shape[-1] * widen)
+    fd = _nd_fusion(weight, combine, reduced, op, keepdim, len(shape))
+    shapes = [shape] + ([_weight_shape(weight, combine, shape)] if weight is not None else [])
+    try:
+        return fd, shapes, analyze(fd.fusion)
+    except UnsupportedFusionError:
+        return fd, shapes, None
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nd_fusions())
+def test_random_nd_fusions_one_kernel_takes_compile_without_spills(case):
+    """Every drawn fusion one kernel takes, repeated inputs and all, builds for the H200
+    without spills, and reads its repeated inputs through fm::RepeatedRows."""
+    fd, shapes, info = _random(case, widen=173)
+    if info is None:
+        return
+    reports = _leaves(explain(fd, shapes, device="h200"))
+    for report in reports:
+        for resource in report.resources.values():
+            assert resource.spill_stores == resource.spill_loads == 0, (resource, repr(fd))
+    if info.repeated:
+        assert all("fm::RepeatedRows" in r.source for r in reports), repr(fd)
+
+
+def _leaves(report) -> list:
+    """The Explanations of a report's kernels (an outer normalization whose columns do not
+    fit runs as segments: theirs)."""
+    if isinstance(report, SegmentedExplanation):
+        return [leaf for part in report.parts for leaf in _leaves(part)]
+    return [report]
+
+
+@pytest.mark.gpu
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nd_fusions())
+def test_random_nd_fusions_one_kernel_takes_match_the_oracle_on_the_gpu(case):
+    import cupy
+
+    fd, shapes, info = _random(case, widen=173)
+    if info is None:
+        return
+    fd.validate([cupy.asarray(a) for a in _inputs(fd, shapes)])
+
+
+@st.composite
+def repeated_fusions(draw):
+    """(dtype, shape, the axes of a second input: a run of the row axes, with or without the
+    last axis, combining op, reduction along the last axis or None): built by _repeated_fusion.
+    Odd and size-1 row axes, rows of 1 to 4099 elements."""
+    rank = draw(st.sampled_from((3, 4)))
+    rows = draw(st.lists(st.integers(1, 7), min_size=rank - 1, max_size=rank - 1))
+    shape = (*rows, draw(st.sampled_from((1, 3, 8, 1000, 4099))))
+    first = draw(st.integers(0, rank - 2))
+    stop = draw(st.integers(first + 1, rank - 1 if first else rank - 2))  # not every row axis
+    dims = [*range(first, stop), *([rank - 1] if draw(st.booleans()) else [])]
+    combine = draw(st.sampled_from(("add", "mul", "where")))
+    reduction = draw(st.sampled_from((None, "sum", "max")))
+    return draw(st.sampled_from((F, F16, BF16))), shape, dims, combine, reduction
+
+
+def _repeated_fusion(dtype, shape, dims, combine, reduction):
+    """x (dtype) combined with a float32 input of `dims` broadcast over it (added, multiplied
+    or, where that input is positive, kept), then normalized along the last axis by the
+    reduction (subtracted) or passed through exp; the input's shape."""
+    rank = len(shape)
+    with FusionDefinition("repeated") as fd:
+        x = fd.define_tensor([-1] * rank, dtype=dtype)
+        w = fd.define_tensor([-1] * len(dims))
+        xf, wb = fd.ops.cast(x, F), _bcast(fd, w, x, dims)
+        if combine == "where":
+            v = fd.ops.where(fd.ops.gt(wb, 0.0), xf, 0.0)
+        else:
+            v = getattr(fd.ops, combine)(xf, wb)
+        if reduction is None:
+            y = fd.ops.exp(v)
+        else:
+            y = fd.ops.sub(v, getattr(fd.ops, reduction)(v, [rank - 1], keepdim=True))
+        fd.add_output(fd.ops.cast(y, dtype))
+    return fd, [shape, tuple(shape[d] for d in dims)]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(repeated_fusions())
+def test_random_repeated_inputs_are_one_kernel_and_compile_without_spills(case):
+    fd, shapes = _repeated_fusion(*case)
+    info = analyze(fd.fusion)
+    assert [t.name for t, _ in info.repeated] == ["T1"], repr(fd)
+    report = explain(fd, shapes, device="h200")
+    assert "fm::RepeatedRows" in report.source
+    for resource in report.resources.values():
+        assert resource.spill_stores == resource.spill_loads == 0, (resource, repr(fd))
+
+
+@pytest.mark.gpu
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(repeated_fusions())
+def test_random_repeated_inputs_match_the_oracle_on_the_gpu(case):
+    import cupy
+
+    fd, shapes = _repeated_fusion(*case)
+    fd.validate([cupy.asarray(a) for a in _inputs(fd, shapes)])
