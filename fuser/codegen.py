@@ -22,7 +22,7 @@ from fuser.compile import template_dir
 from fuser.emit import Emitter, ctype, element_env, scalar_prologue, used_lines
 from fuser.ops import REDUCTIONS
 from fuser.outer_codegen import outer_context
-from fuser.row_codegen import repeats, row_context, rows_of
+from fuser.row_codegen import repeats, row_access, row_context
 from fuser.schedulers.base import (
     Dealing,
     FinalizeSchedule,
@@ -227,11 +227,10 @@ def render_pointwise(name: str, info: FusionInfo, schedule: PointwiseSchedule) -
         "s": schedule,
         "nv": schedule.hidden // schedule.vec,
         "scalar_lines": used_lines(scalar_lines, readers),
-        "full": [{"name": t.name, "ctype": t.dtype.cuda_type, "rows": rows_of(t, info)}
-                 for t in info.full_inputs],
+        "full": [{"name": t.name, "ctype": t.dtype.cuda_type} for t in info.full_inputs],
         "cols": [{"name": t.name, "ctype": t.dtype.cuda_type} for t in info.col_inputs],
-        "row_inputs": [{"name": t.name, "ctype": ctype(t), "rows": rows_of(t, info)}
-                       for t in info.row_inputs],
+        "row_inputs": [{"name": t.name, "ctype": ctype(t)} for t in info.row_inputs],
+        "access": row_access(info),
         "repeats": repeats(info),
         "row_lines": row_lines,
         "element_lines": element_lines,

@@ -93,8 +93,8 @@ class RowAccess:
 
 
 def row_access(info: FusionInfo) -> dict[str, RowAccess]:
-    """The RowAccess of every full input, by name."""
-    return {t.name: RowAccess(rows_of(t, info)) for t in info.full_inputs}
+    """The RowAccess of every full and per-row input, by name."""
+    return {t.name: RowAccess(rows_of(t, info)) for t in (*info.full_inputs, *info.row_inputs)}
 
 
 def row_buffer(t: Tensor, s: RowSchedule, info: FusionInfo) -> Declaration:
@@ -474,8 +474,7 @@ def row_context(info: FusionInfo, s: RowSchedule, finalize: FinalizeSchedule | N
         "dealer": dealt,
         "ring": ring,
         "access": access,
-        "row_inputs": [{"name": t.name, "ctype": ctype(t), "rows": rows_of(t, info)}
-                       for t in info.row_inputs],
+        "row_inputs": [{"name": t.name, "ctype": ctype(t)} for t in info.row_inputs],
         "repeats": repeats(info),
         "ptx_store": str(ptx_store(s)).lower(),
         "skew_words": skew_words(s),
