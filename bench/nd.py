@@ -1,7 +1,7 @@
-"""N-D fusions as users write them, which fuser runs in another order of their axes, with
-inputs copied broadcast, or as segments of segments (fuser/reorder.py): fuser against PyTorch
-eager (the ATen ops users call) and torch.compile of the same formula, and a device copy of
-the same bytes.
+"""N-D fusions as users write them, which fuser runs with inputs read repeated over some row
+axes (one kernel: adaLN, a masked softmax, a per-channel scale), in another order of their
+axes or as segments of segments (fuser/reorder.py): fuser against PyTorch eager (the ATen
+ops users call) and torch.compile of the same formula, and a device copy of the same bytes.
 
     PYTHONPATH=. python3 bench/nd.py [--case batchnorm_nchw,...] [--dtype bf16]
         [--no-compile] [--out DIR]

@@ -216,8 +216,9 @@ def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError,
     """`fusion` cut into segments that each run as one kernel chain (one segment where a copy
     with only what the outputs need runs: the values one kernel could not run were ones no
     output needs), or (unless `nested`) as a segmentation of its own: a segment after a
-    layout op, which the reordering of the whole fusion does not reach (GroupNorm's affine
-    over [N, C, H, W] after the normalization of [N, groups, rest]), reordered itself.
+    layout op or a cut, which the reordering of the whole fusion does not reach (the peaks
+    of [batch, seq, hidden] over seq, which a later segment subtracts: rows [batch, hidden]
+    along seq), reordered itself.
     Raises `reason` (why one kernel cannot run it) when that does not help, with a note where
     a segment cannot run either. Where cutting at the reductions over the rows does not help,
     cutting after every reduction is tried before that: each reduction's result written by
