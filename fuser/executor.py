@@ -36,7 +36,7 @@ from fuser.loader import get_kernel, launch_sizes
 from fuser.schedulers import Hints, Problem
 from fuser.schedulers.base import Dealing, RowSchedule, problem_rows
 from fuser.segment import Segment, Segmentation, segment
-from fuser.shapes import bind_shapes
+from fuser.shapes import Sizes, bind_shapes
 from fuser.signature import workspace_dtype
 
 T = TypeVar("T")
@@ -210,14 +210,14 @@ def execute(fd, inputs: list, *, device=None, hints: Hints | None = None):
         # an outer normalization that runs its segments at these shapes (columns_too_tall).
         segmentation = segments_of(fd)
         if segmentation is not None:
-            return _execute_segments(fd, segmentation, inputs, device, hints)
+            return _execute_segments(fd, segmentation, inputs, device, hints, key)
         plan = planned(fd, lambda: _plan(fd, inputs, device, hints))
         if key is not None:
             if len(plans) >= MAX_PLANS:
                 plans.pop(next(iter(plans)))
             plans[key] = plan
     if isinstance(plan, Segmentation):
-        return _execute_segments(fd, plan, inputs, device, hints)
+        return _execute_segments(fd, plan, inputs, device, hints, key)
     pointers = calls.input_pointers(plan, inputs)
     align = plan.align
     for i in plan.kernel.vector_inputs:  # the pointers loaded in vectors
@@ -316,18 +316,19 @@ def outer_segments(fd) -> Segmentation | None:
     return cached[1]
 
 
-def _execute_segments(fd, segmentation: Segmentation, inputs: list, device, hints) -> list:
+def _execute_segments(fd, segmentation: Segmentation, inputs: list, device, hints,
+                      key=None) -> list:
     """Run the segments in order, each on the fusion's inputs and earlier segments' outputs,
     the layout ops made between them. Every input is checked first (kind, device, dtype, rank
-    and sizes against the whole fusion): a layout op may touch it before any segment does."""
+    and sizes against the whole fusion): a layout op may touch it before any segment does.
+    `key`: the call's plan key (calls.signature), under which the checked sizes are kept."""
     lowered = segmentation.lowered
     if hints is not None:
         raise segmentation.hint_error(fd.name)
     if len(inputs) != len(lowered.inputs):
         raise BadInputError(
             f"fusion '{fd.name}' takes {len(lowered.inputs)} inputs, got {len(inputs)}")
-    sizes = bind_shapes(lowered, [c[0] if c is not None else None
-                                  for c in _checked_inputs(lowered, inputs)[1]])
+    sizes = _segment_sizes(fd, lowered, inputs, key)
     values = dict(zip(lowered.inputs, inputs, strict=True))
     _make_layouts(segmentation.layouts, values, sizes)
     runs: list[Run | SegmentedRun] = []
@@ -340,6 +341,28 @@ def _execute_segments(fd, segmentation: Segmentation, inputs: list, device, hint
         runs.append(run)
     fd._last_run = SegmentedRun(segmentation, tuple(runs))
     return _unshared(lowered, values)
+
+
+def _segment_sizes(fd, lowered, inputs: list, key) -> Sizes:
+    """The sizes of `lowered`'s extents for `inputs`, after the checks of every input: bound
+    once per plan key (each input's kind, dtype, shape, contiguity and device, all that the
+    tensor checks and the binding read; a third of a segmented call's host time was the
+    binding) and kept; a scalar input's value, which the key leaves out, is checked every
+    call."""
+    cache = fd.__dict__.setdefault("_segment_sizes", {})
+    sizes = cache.get((key, lowered)) if key is not None else None
+    if sizes is not None:
+        for i, v in enumerate(lowered.inputs):
+            if isinstance(v, Scalar):
+                scalar_value(i, v, inputs[i])
+        return sizes
+    sizes = bind_shapes(lowered, [c[0] if c is not None else None
+                                  for c in _checked_inputs(lowered, inputs)[1]])
+    if key is not None:
+        if len(cache) >= MAX_PLANS:
+            cache.pop(next(iter(cache)))
+        cache[(key, lowered)] = sizes
+    return sizes
 
 
 def _make_layouts(layouts, values: dict, sizes) -> None:

@@ -15,6 +15,7 @@ import pytest
 from fuser import DataType, FusionDefinition, calls, executor, launch, loader, tickets
 from fuser.device import DeviceSpec
 from fuser.driver import Function
+from fuser.errors import BadInputError
 from fuser.fusions import FUSIONS, make_inputs
 from fuser.schedulers import Hints
 from fuser.signature import Source
@@ -261,3 +262,37 @@ def test_a_kernels_parameters_are_picked_from_the_calls_flat_values_as_a_tuple()
     values = [10, 11, 12, 13]
     assert calls._picker([3, 0, 2])(values) == (13, 10, 12)
     assert calls._picker([1])(values) == (11,)
+
+
+def test_a_segmented_call_binds_its_sizes_once_per_signature_and_checks_scalars_each_call(
+        gpu, monkeypatch):
+    """A fusion that runs as segments (a mean over the middle axis: moved, then row sums)
+    binds its extents once per input signature; a later call of the same signature reuses
+    them, a new shape binds again, and a scalar's value (not in the signature) is checked on
+    every call, the cached ones too."""
+    with FusionDefinition("scaled_mean_over_seq") as fd:
+        x = fd.define_tensor([-1, -1, -1], dtype=DataType.BFloat16)
+        k = fd.define_scalar(dtype=DataType.Int32)
+        total = fd.ops.sum(fd.ops.cast(x, DataType.Float), [1])
+        fd.add_output(fd.ops.cast(fd.ops.mul(total, k), DataType.BFloat16))
+    segmentation = executor.segments_of(fd)
+    assert segmentation is not None
+    bindings = []  # the whole fusion's (each segment's plan binds its own, once per plan)
+    real = executor.bind_shapes
+
+    def counted(fusion, shapes):
+        if fusion is segmentation.lowered:
+            bindings.append(shapes)
+        return real(fusion, shapes)
+
+    monkeypatch.setattr(executor, "bind_shapes", counted)
+    a = torch.zeros(2, 3, 8, dtype=torch.bfloat16)
+    b = torch.zeros(2, 5, 8, dtype=torch.bfloat16)
+    for inputs in ([a, 3], [a, 4], [b, 3], [a, 5]):
+        (out,) = fd.execute(inputs)
+        assert tuple(out.shape) == (inputs[0].shape[0], 8)
+    assert [s[0] for s in bindings] == [(2, 3, 8), (2, 5, 8)]
+    with pytest.raises(BadInputError, match=r"got 1099511627776, outside Int32's range"):
+        fd.execute([a, 2 ** 40])
+    with pytest.raises(BadInputError, match=r"got str '3'"):
+        fd.execute([a, "3"])

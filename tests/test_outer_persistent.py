@@ -213,7 +213,7 @@ def test_a_call_the_outer_kernel_cannot_run_runs_the_segments_and_remembers(monk
 
     monkeypatch.setattr(executor, "_plan", refused)
     monkeypatch.setattr(executor, "_execute_segments",
-                        lambda fd, seg, inputs, device, hints: ("segments", seg))
+                        lambda fd, seg, inputs, device, hints, key=None: ("segments", seg))
     fd = _fd("batch_norm")
     inputs = [np.zeros((8, 4), np.float32), np.zeros(4, np.float32), np.zeros(4, np.float32)]
     ran, segmentation = executor.execute(fd, inputs)
