@@ -101,6 +101,7 @@ class Explanation:
             f"inputs:  {self.inputs()}",
             f"problem: {self.rows} rows x hidden {self.hidden}; the heuristic sees "
             f"rows={self.problem.rows}, {self.problem.align_bytes}-byte aligned inputs",
+            *self.repeated_rows(),
             "fusion definition (repr):",
             self.definition.rstrip(),
             section("classification"),
@@ -118,6 +119,17 @@ class Explanation:
         parts += self._machine_code_lines()
         parts += [section("CUDA source"), self.source.rstrip()]
         return "\n".join(parts)
+
+    def repeated_rows(self) -> list[str]:
+        """A line per input read repeated (FusionInfo.repeated): the row of it kernel row r
+        reads at these shapes, with the values the launch passes."""
+        from fuser.executor import repeated_rows
+        from fuser.shapes import bind_shapes
+
+        values = repeated_rows(self.info, bind_shapes(self.info.fusion, list(self.shapes)))
+        return [f"repeated: {t.name} ({run.stop - run.first} of {len(self.info.row_axes)} row "
+                f"axes) row (r / {values[2 * k]}) % {values[2 * k + 1]} for kernel row r"
+                for k, (t, run) in enumerate(self.info.repeated)]
 
     def instruction_mix(self) -> Mapping[str, InstructionMix]:
         """Each entry's SASS instruction counts by unit (fuser.sass), read from the cubin by

@@ -147,6 +147,8 @@ def test_the_launch_passes_each_run_as_the_rows_after_it_and_its_count():
         params = [p for p in row_signature(info, "k", False).params
                   if p.source is Source.ROW_REPEATS]
         assert [(p.index, p.type) for p in params] == [(i, "long long") for i in range(len(want))]
+    report = str(explain(_fd("modulated_layernorm"), CASES["modulated_layernorm"][4]))
+    assert "repeated: T1 (1 of 2 row axes) row (r / 1024) % 8 for kernel row r" in report
 
 
 def test_skewed_rows_are_refused_beside_a_repeated_input():
