@@ -22,7 +22,7 @@ from fuser.compile import template_dir
 from fuser.emit import Emitter, ctype, element_env, scalar_prologue, used_lines
 from fuser.ops import REDUCTIONS
 from fuser.outer_codegen import outer_context
-from fuser.row_codegen import repeats, row_access, row_context
+from fuser.row_codegen import repeat_lines, row_access, row_context
 from fuser.schedulers.base import (
     Dealing,
     FinalizeSchedule,
@@ -231,7 +231,7 @@ def render_pointwise(name: str, info: FusionInfo, schedule: PointwiseSchedule) -
         "cols": [{"name": t.name, "ctype": t.dtype.cuda_type} for t in info.col_inputs],
         "row_inputs": [{"name": t.name, "ctype": ctype(t)} for t in info.row_inputs],
         "access": row_access(info),
-        "repeats": repeats(info),
+        "repeat_lines": repeat_lines(info),
         "row_lines": row_lines,
         "element_lines": element_lines,
         "full_outputs": described(outs[Role.FULL], stored),

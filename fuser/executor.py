@@ -190,8 +190,8 @@ def repeated_rows(info, sizes) -> tuple[int, ...]:
     the row axes' sizes past its run and in it (at least 1: a kernel divides by them, and
     with no rows reads none)."""
     values: list[int] = []
+    row_sizes = [sizes.value(a) for a in info.row_axes]
     for _, run in info.repeated:
-        row_sizes = [sizes.value(a) for a in info.row_axes]
         values += [max(math.prod(row_sizes[run.stop:]), 1),
                    max(math.prod(row_sizes[run.first:run.stop]), 1)]
     return tuple(values)
@@ -213,9 +213,7 @@ def execute(fd, inputs: list, *, device=None, hints: Hints | None = None):
             return _execute_segments(fd, segmentation, inputs, device, hints, key)
         plan = planned(fd, lambda: _plan(fd, inputs, device, hints))
         if key is not None:
-            if len(plans) >= MAX_PLANS:
-                plans.pop(next(iter(plans)))
-            plans[key] = plan
+            _remember(plans, key, plan)
     if isinstance(plan, Segmentation):
         return _execute_segments(fd, plan, inputs, device, hints, key)
     pointers = calls.input_pointers(plan, inputs)
@@ -359,10 +357,15 @@ def _segment_sizes(fd, lowered, inputs: list, key) -> Sizes:
     sizes = bind_shapes(lowered, [c[0] if c is not None else None
                                   for c in _checked_inputs(lowered, inputs)[1]])
     if key is not None:
-        if len(cache) >= MAX_PLANS:
-            cache.pop(next(iter(cache)))
-        cache[(key, lowered)] = sizes
+        _remember(cache, (key, lowered), sizes)
     return sizes
+
+
+def _remember(cache: dict, key, value) -> None:
+    """`value` under `key`, the oldest entry dropped past MAX_PLANS."""
+    if len(cache) >= MAX_PLANS:
+        cache.pop(next(iter(cache)))
+    cache[key] = value
 
 
 def _make_layouts(layouts, values: dict, sizes) -> None:

@@ -57,10 +57,11 @@ def _smem(schedule: RowSchedule, name: str) -> str:
     return name if name in schedule.smem else "nullptr"
 
 
-def repeats(info: FusionInfo) -> list[dict]:
-    """The fm::RepeatedRows of each repeated input (analysis.RowRun), from its two
-    parameters (signature.Source.ROW_REPEATS): the row of it each kernel row reads."""
-    return [{"name": rows_of(t, info), "after": f"r_{t.name}_after", "count": f"r_{t.name}_count"}
+def repeat_lines(info: FusionInfo) -> list[str]:
+    """The declaration of each repeated input's fm::RepeatedRows (analysis.RowRun), from its
+    two parameters (signature.Source.ROW_REPEATS): the row of it each kernel row reads."""
+    return [f"const fm::RepeatedRows {rows_of(t, info)}{{r_{t.name}_after, r_{t.name}_count}};"
+            f"  // the row of {t.name} each row reads ({t.name} repeats along other row axes)"
             for t, _ in info.repeated]
 
 
@@ -475,7 +476,7 @@ def row_context(info: FusionInfo, s: RowSchedule, finalize: FinalizeSchedule | N
         "ring": ring,
         "access": access,
         "row_inputs": [{"name": t.name, "ctype": ctype(t)} for t in info.row_inputs],
-        "repeats": repeats(info),
+        "repeat_lines": repeat_lines(info),
         "ptx_store": str(ptx_store(s)).lower(),
         "skew_words": skew_words(s),
         "accumulators": [{"name": f"acc_{e.outputs[0].name}", "output": e.outputs[0].name}
