@@ -206,7 +206,7 @@ def call_parts(fd, inputs: list, burst: int = 64, bursts: int = 60) -> dict[str,
 
     plan = next(iter(fd._plans.values()))
     like = inputs[plan.kernel.tensor_inputs[0]]
-    stream = calls._stream(plan.torch_kind, plan.device_id)
+    stream = calls.stream_of(plan.torch_kind, plan.device_id)
     parts = {
         "fd.execute": timed(lambda: fd.execute(inputs)),
         "plan key (calls.signature)": timed(lambda: calls.signature(inputs)),
@@ -218,7 +218,7 @@ def call_parts(fd, inputs: list, burst: int = 64, bursts: int = 60) -> dict[str,
         parts["partial rows (_partials)"] = timed(lambda: calls._partials(plan, stream, like))
     gpu = driver()
     parts["stream (calls._stream)"] = timed(
-        lambda: calls._stream(plan.torch_kind, plan.device_id))
+        lambda: calls.stream_of(plan.torch_kind, plan.device_id))
     parts["current context (driver)"] = timed(gpu.current_context)
     if plan.counted:
         parts["stream capturing (driver)"] = timed(lambda: gpu.stream_capturing(stream))

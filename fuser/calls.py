@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache, cached_property
+from typing import TypeVar
 
 from fuser.checks import scalar_value
 from fuser.driver import driver
@@ -24,6 +25,8 @@ from fuser.errors import LaunchError, OutOfResourcesError
 from fuser.loader import Kernel
 from fuser.schedulers.base import Launch
 from fuser.tickets import counters as ticket_counters
+
+T = TypeVar("T")
 
 PER_THREAD_STREAM = 2  # cudaStreamPerThread: the same handle in every thread
 
@@ -181,7 +184,7 @@ def _arrays(specs: tuple, torch_kind: bool, like) -> list:
     return [empty(shape, dtype=dtype) for shape, dtype in specs]
 
 
-def _stream(torch_kind: bool, device_id: int) -> int:
+def stream_of(torch_kind: bool, device_id: int) -> int:
     """The stream to launch on, as a handle: torch's current stream for torch tensors, else
     CuPy's."""
     if not torch_kind:
@@ -238,24 +241,34 @@ def run(plan: Plan, inputs: list, pointers: list) -> list:
     call and unbound after it, each call paid two context switches, and the runtime bound it
     again at the next torch op."""
     gpu = driver()
+    if gpu.current_context() == plan.context:
+        return _enqueue(plan, inputs, pointers)
+    return in_context(plan.device_id, plan.context, plan.torch_kind,
+                      lambda: _enqueue(plan, inputs, pointers))
+
+
+def in_context(device_id: int, context: int, torch_kind: bool, call: Callable[[], T]) -> T:
+    """call() with device `device_id`'s primary context (`context`) current: run()'s rules,
+    for any launch (the permute kernels' too)."""
+    gpu = driver()
     current = gpu.current_context()
-    if current == plan.context:
-        return _enqueue(plan, inputs, pointers)
-    if not current and plan.device_id == 0 and _runtime_device(plan.torch_kind) == 0:
+    if current == context:
+        return call()
+    if not current and device_id == 0 and _runtime_device(torch_kind) == 0:
         gpu.bind_primary(0)
-        return _enqueue(plan, inputs, pointers)
-    if current and gpu.current_device() == plan.device_id:
+        return call()
+    if current and gpu.current_device() == device_id:
         raise LaunchError(
-            f"the current CUDA context ({current:#x}) of device {plan.device_id} is not its "
-            f"primary context ({plan.context:#x}), the one torch and CuPy run in and fuser "
+            f"the current CUDA context ({current:#x}) of device {device_id} is not its "
+            f"primary context ({context:#x}), the one torch and CuPy run in and fuser "
             "loads its kernels into: the stream a launch would go to belongs to another "
             "context. Make the primary context current (torch.cuda.set_device, "
             "cupy.cuda.Device, or cuDevicePrimaryCtxRetain and cuCtxSetCurrent)")
     with contextlib.ExitStack() as stack:
-        if not plan.torch_kind:
-            stack.enter_context(cupy_module().cuda.Device(plan.device_id))
-        stack.enter_context(gpu.on_device(plan.device_id))
-        return _enqueue(plan, inputs, pointers)
+        if not torch_kind:
+            stack.enter_context(cupy_module().cuda.Device(device_id))
+        stack.enter_context(gpu.on_device(device_id))
+        return call()
 
 
 def _runtime_device(torch_kind: bool) -> int:
@@ -269,7 +282,7 @@ def _enqueue(plan: Plan, inputs: list, pointers: list) -> list:
     torch_kind = plan.torch_kind
     like = inputs[plan.kernel.tensor_inputs[0]]
     outs = _arrays(plan.array_outputs, torch_kind, like)
-    stream = _stream(torch_kind, plan.device_id)
+    stream = stream_of(torch_kind, plan.device_id)
     partials = _partials(plan, stream, like) if plan.partials else []
     for i, (v, t) in plan.scalar_types.items():
         pointers[i] = t(scalar_value(i, v, inputs[i]))

@@ -120,7 +120,8 @@ def _header(name: str, info: FusionInfo, schedules) -> list[str]:
     return _wrapped(lines[:-1])
 
 
-def _render(template: str, context: dict) -> str:
+def render_template(template: str, context: dict) -> str:
+    """`template` (a file of templates/) rendered with `context`."""
     return _environment().get_template(template).render(context)
 
 
@@ -137,11 +138,11 @@ def render_row(name: str, info: FusionInfo, schedule: RowSchedule,
                    fused=_totals(info, finalize, context["scalar_env"],
                                  declared=context["scalar_lines"])
                    if finalize is not None and fused else None)
-    source = _render("row_kernel.cu.j2", context)
+    source = render_template("row_kernel.cu.j2", context)
     signatures: tuple[Signature, ...] = (row,)
     if finalize is not None and not fused:
         final = finalize_signature(info, f"{name}_finalize")
-        source += _render("finalize.cu.j2", {
+        source += render_template("finalize.cu.j2", {
             "entry": final.entry, "params": final.params,
             "t": _totals(info, finalize, context["scalar_env"])})
         signatures = (row, final)
@@ -195,7 +196,7 @@ def render_outer(name: str, info: FusionInfo, schedule: OuterSchedule) -> Kernel
     context = outer_context(info, schedule)
     context.update(header=_header(name, info, [schedule]), entry=signature.entry,
                    params=signature.params)
-    return KernelSource(name, _render("outer_kernel.cu.j2", context), (signature,))
+    return KernelSource(name, render_template("outer_kernel.cu.j2", context), (signature,))
 
 
 # ----- the pointwise kernel -----
@@ -238,4 +239,4 @@ def render_pointwise(name: str, info: FusionInfo, schedule: PointwiseSchedule) -
         "col_outputs": described(outs[Role.COL], stored),
         "row_outputs": described(outs[Role.ROW], row_emitter.env),
     }
-    return KernelSource(name, _render("pointwise.cu.j2", context), (signature,))
+    return KernelSource(name, render_template("pointwise.cu.j2", context), (signature,))

@@ -22,7 +22,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from fuser import calls
+from fuser import calls, permute
 from fuser.analysis import FusionInfo, Kind, analyze, strided_inputs
 from fuser.calls import Plan, Run
 from fuser.calls import cupy_module as _cupy
@@ -381,13 +381,33 @@ def _make_layouts(layouts, values: dict, sizes) -> None:
             values[out] = x.reshape(sizes.shape(as_tensor(out)))
         elif e.op == "expand":
             values[out] = _expanded(x, e.attr("broadcast_dims"), sizes.shape(as_tensor(out)))
-        elif _is_torch(x):
-            import torch
-
-            values[out] = x.permute(e.attr("dims")).clone(memory_format=torch.contiguous_format)
         else:
-            with x.device:
-                values[out] = _cupy().array(x.transpose(e.attr("dims")), order="C", copy=True)
+            values[out] = _permuted(x, tuple(e.attr("dims")))
+
+
+def _permuted(x, dims: tuple[int, ...]):
+    """A contiguous copy of `x` in the order `dims`, new memory on `x`'s device, made by
+    fuser's permute kernel (fuser/permute.py) on the array library's current stream."""
+    torch_kind = _is_torch(x)
+    if torch_kind:
+        x = x if x.is_contiguous() else x.contiguous()
+        out = x.new_empty([x.shape[d] for d in dims])
+        source, destination, device_id = x.data_ptr(), out.data_ptr(), x.get_device()
+        itemsize = x.element_size()
+    else:
+        with x.device:
+            x = _cupy().ascontiguousarray(x)
+            out = _cupy().empty([x.shape[d] for d in dims], dtype=x.dtype)
+        source, destination, device_id = x.data.ptr, out.data.ptr, x.data.device_id
+        itemsize = x.itemsize
+    if out.size == 0 if not torch_kind else out.numel() == 0:
+        return out
+    plan = permute.plan(tuple(int(s) for s in x.shape), dims, itemsize, _alignment([source]))
+    kernel = permute.kernel(plan, device_id)
+    calls.in_context(device_id, driver().primary_context(device_id), torch_kind,
+                     lambda: permute.launch(kernel, source, destination,
+                                            calls.stream_of(torch_kind, device_id)))
+    return out
 
 
 def _expanded(x, broadcast_dims, shape):

@@ -109,7 +109,7 @@ def _checked_functions(name: str, built, module: int, device: DeviceSpec
     functions = {}
     for entry, plan in built.plans():
         fn = gpu.function(module, entry)
-        _check_static_smem(name, fn, plan, device)
+        check_static_smem(name, fn, plan, device)
         functions[entry] = gpu.allow_dynamic_smem(fn, plan.dynamic_bytes)
     s = built.schedule
     row = functions[built.source.row_entry]
@@ -180,9 +180,10 @@ def _max_active_clusters(fn: Function, s: RowSchedule | OuterSchedule) -> int:
     return clusters
 
 
-def _check_static_smem(name: str, fn: Function, plan, device: DeviceSpec) -> None:
+def check_static_smem(name: str, fn: Function, plan, device: DeviceSpec) -> None:
     """The static shared memory the driver reports must fit the plan's reserved slot, and
-    static + dynamic must fit the device: the check nvFuser's schedulers once missed."""
+    static + dynamic must fit the device: the check nvFuser's schedulers once missed. `name`:
+    the fusion the kernel runs (or the permute kernel's entry)."""
     static, entry = fn.static_smem, fn.name
     if static > plan.static_slot:
         raise OutOfResourcesError(

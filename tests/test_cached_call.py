@@ -12,7 +12,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from fuser import DataType, FusionDefinition, calls, executor, launch, loader, tickets
+from fuser import DataType, FusionDefinition, calls, executor, launch, loader, permute, tickets
 from fuser.device import DeviceSpec
 from fuser.driver import Function
 from fuser.errors import BadInputError
@@ -87,13 +87,14 @@ class RecordingDriver:
 
 def _installed(monkeypatch, fake: RecordingDriver) -> RecordingDriver:
     """`fake` as every module's driver, an H200's spec, CPU tensors passing the checks."""
-    for module in (executor, loader, calls, launch, tickets):
+    for module in (executor, loader, calls, launch, tickets, permute):
         monkeypatch.setattr(module, "driver", lambda: fake)
     monkeypatch.setattr(tickets, "_devices", {})
+    monkeypatch.setattr(permute, "_loaded", {})
     monkeypatch.setattr(DeviceSpec, "from_gpu", staticmethod(lambda d: DeviceSpec.get("h200")))
     monkeypatch.setattr(executor, "_check_tensor",
                         lambda i, t, x, torch_kind: (tuple(x.shape), x.data_ptr(), 0))
-    monkeypatch.setattr(calls, "_stream", lambda torch_kind, device_id: 0x77)
+    monkeypatch.setattr(calls, "stream_of", lambda torch_kind, device_id: 0x77)
     return fake
 
 
