@@ -35,9 +35,9 @@ from fuser.launch import POINTER, EntryLauncher
 from fuser.loader import check_static_smem
 from fuser.smem import SmemPlan
 
-# Elements on a side of a tile: 64 x 64 puts 8 KB (bf16) to 32 KB in flight per block. With
-# 32 x 32 tiles (2 KB of bf16 a block, 16 KB per SM) a transposing copy of [8, 1024, 4096]
-# bf16 ran at 1.5 TB/s on the H200: too few bytes in flight to cover the memory latency.
+# Elements on a side of a tile: 64 x 64, a warp's row of 2-byte pairs (128 bytes). Element by
+# element, a transposing copy of [8, 1024, 4096] bf16 ran at 1.5 TB/s on the H200 in tiles of
+# 32 x 32 and of 64 x 64 alike, fp32 at 2.5 TB/s: bound by the accesses, 64 bytes a warp.
 TILE = 64
 TILE_COLUMNS, TILE_ROWS = 32, 8  # a block's threads: a warp along a tile's row, 8 rows apart
 RUN_THREADS = 256
@@ -55,7 +55,7 @@ class PermutePlan:
     shape: tuple[int, ...]
     dims: tuple[int, ...]
     itemsize: int
-    vector: int  # elements per word (runs); 1 for tiles
+    vector: int  # elements per word a thread moves (tiles: 2 for 2-byte elements, else 1)
 
     @property
     def form(self) -> str:
@@ -123,8 +123,9 @@ class PermutePlan:
         if self.form == "runs":
             return (f"runs of {self.run} elements in {self.vector * self.itemsize}-byte words "
                     f"({self.grid} blocks of {RUN_THREADS} threads)")
-        return (f"tiles of {TILE} x {TILE} through shared memory ({self.tiles[2]} tiles, "
-                f"blocks of {TILE_COLUMNS} x {TILE_ROWS} threads)")
+        words = f"{self.vector * self.itemsize}-byte words"
+        return (f"tiles of {TILE} x {TILE} through shared memory in {words} ({self.tiles[2]} "
+                f"tiles, blocks of {TILE_COLUMNS} x {TILE_ROWS} threads)")
 
 
 def merged(shape: tuple[int, ...], dims: tuple[int, ...]
@@ -161,6 +162,8 @@ def plan(shape: tuple[int, ...], dims: tuple[int, ...], itemsize: int, align: in
         while (vector * 2 * itemsize <= 16 and shape[-1] % (vector * 2) == 0
                and align % (vector * 2 * itemsize) == 0):
             vector *= 2
+    elif itemsize == 2 and shape[-1] % 2 == 0 and shape[dims[-1]] % 2 == 0 and align % 4 == 0:
+        vector = 2  # pairs along both tile axes: 4-byte accesses, a warp's row of 128 bytes
     return PermutePlan(shape, dims, itemsize, vector)
 
 
@@ -194,7 +197,8 @@ def render(p: PermutePlan, limit: int) -> str:
         a, b = p.dims[-1], len(p.shape) - 1
         along_a, along_b, tiles = p.tiles
         context.update(
-            word=_WORDS[p.itemsize],
+            word=_WORDS[p.itemsize], pack=p.vector, packed=_WORDS[p.vector * p.itemsize],
+            bits=8 * p.itemsize, words_across=TILE // p.vector,
             staged=_WORDS[p.staged_bytes], tile_offset=smem.offset("s_tile"),
             a_axis=a, b_axis=b, a_extent=p.shape[a], b_extent=p.shape[b],
             tiles_a=along_a, tiles_b=along_b, tiles=tiles, a_stride=strides[a],

@@ -100,6 +100,18 @@ def test_a_runs_word_is_the_widest_the_run_and_the_inputs_address_allow(run, ite
     assert p.vector == vector
 
 
+@pytest.mark.parametrize(("shape", "itemsize", "align", "vector"), [
+    ((1024, 4096), 2, 16, 2), ((1024, 4096), 2, 2, 1), ((1023, 4096), 2, 16, 1),
+    ((1024, 4095), 2, 16, 1), ((1024, 4096), 4, 16, 1), ((1024, 4096), 1, 16, 1),
+])
+def test_tiles_of_2_byte_elements_move_pairs_where_extents_and_address_allow(shape, itemsize,
+                                                                             align, vector):
+    p = permute.plan(shape, (1, 0), itemsize, align)
+    assert p.form == "tiles"
+    assert p.vector == vector
+    assert ("in_words" in permute.render(p, LIMIT)) == (vector > 1)
+
+
 @pytest.mark.parametrize("itemsize", [1, 2, 4, 8])
 @pytest.mark.parametrize(("shape", "dims"), [
     ((8, 1024, 4096), (0, 2, 1)), ((32, 64, 56, 56), (1, 0, 2, 3)),
@@ -166,15 +178,16 @@ def test_large_and_odd_permutes_equal_torchs(shape, dims, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("offset", [1, 2, 3, 4])
 def test_an_input_at_an_odd_address_copies_in_narrower_words(offset):
-    """A view at an element offset: the runs' words shrink to the address' alignment."""
+    """A view at an element offset: the words shrink to the address' alignment."""
     from fuser.executor import _permuted
 
     torch = pytest.importorskip("torch")
     base = _torch_array((6 * 5 * 64 + offset,), "bfloat16", 3)
     x = base[offset:].view(6, 5, 64)
-    got = _permuted(x, (1, 0, 2))
-    assert bool((got == x.permute(1, 0, 2)).all())
-    assert got.dtype == torch.bfloat16
+    for dims in [(1, 0, 2), (2, 1, 0)]:  # runs, then tiles (pairs only at an even offset)
+        got = _permuted(x, dims)
+        assert bool((got == x.permute(dims)).all())
+        assert got.dtype == torch.bfloat16
 
 
 @pytest.mark.gpu
