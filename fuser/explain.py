@@ -229,6 +229,24 @@ def _explain_one(fd: FusionDefinition, shapes, dtypes, spec: DeviceSpec, hints: 
 
 
 @dataclass(frozen=True)
+class PermuteExplanation:
+    """A permute between a segmented fusion's kernels, at the explained shapes: the move, the
+    plan of fuser's permute kernel (fuser/permute.py) that makes it, its CUDA and ptxas
+    report."""
+
+    move: str  # layouts.describe of the permute
+    shape: Shape  # its operand's shape
+    plan: Any  # permute.PermutePlan
+    source: str
+    resources: KernelResources
+
+    def __str__(self) -> str:
+        return "\n".join([f"{self.move}", f"  at [{', '.join(map(str, self.shape))}]: "
+                          f"{self.plan.describe()}", f"  ptxas: {self.resources}", "",
+                          self.source.rstrip()])
+
+
+@dataclass(frozen=True)
 class SegmentedExplanation:
     """explain() of a fusion that runs as a chain of segments (fuser.segment): why it is cut,
     and each segment's Explanation (its fusion, schedule, plans, ptxas report, source)."""
@@ -238,13 +256,15 @@ class SegmentedExplanation:
     segmentation: Segmentation
     # one per segment, in order (a segment that runs as segments of its own: theirs)
     parts: tuple[Explanation | SegmentedExplanation, ...]
+    permutes: tuple[PermuteExplanation, ...] = ()  # the kernels of the moves between them
 
     def __str__(self) -> str:
         count = len(self.parts)
         head = [section(f"{self.name}: {count} segment{'' if count == 1 else 's'}"),
                 "fusion definition (repr):", self.definition.rstrip(), "",
                 str(self.segmentation)]
-        return "\n".join(head + [str(p) for p in self.parts])
+        moves = [f"{section('permute kernel between segments')}\n{p}" for p in self.permutes]
+        return "\n".join(head + [str(p) for p in self.parts] + moves)
 
 
 def _explain_segments(fd: FusionDefinition, segmentation: Segmentation, shapes, dtypes,
@@ -265,7 +285,31 @@ def _explain_segments(fd: FusionDefinition, segmentation: Segmentation, shapes, 
         part = explain(s.definition, [sizes.shape(v) if isinstance(v, Tensor) else None
                                       for v in s.inputs], device=spec, cache=cache)
         parts.append(part)
-    return SegmentedExplanation(fd.name, repr(fd), segmentation, tuple(parts))
+    return SegmentedExplanation(fd.name, repr(fd), segmentation, tuple(parts),
+                                _permutes(segmentation, sizes, spec, cache))
+
+
+def _permutes(segmentation: Segmentation, sizes, spec: DeviceSpec,
+              cache: KernelCache | None) -> tuple[PermuteExplanation, ...]:
+    """The permute kernel of each permute between kernels at `sizes`, compiled offline (its
+    input taken as 16-byte aligned)."""
+    from fuser import layouts, permute
+    from fuser.cache import default_cache
+    from fuser.compile import template_dir
+
+    found = []
+    for e in segmentation.layouts:
+        if e.op != "permute":
+            continue
+        operand = as_tensor(e.inputs[0])
+        shape = sizes.shape(operand)
+        plan = permute.plan(shape, tuple(e.attr("dims")), operand.dtype.itemsize, ALIGN_BYTES)
+        source = permute.render(plan, spec.smem_per_block_optin)
+        compiled = (cache or default_cache()).get_or_compile(
+            source, permute.entry_name(plan), spec.arch, (str(template_dir()),))
+        found.append(PermuteExplanation(layouts.describe(e), shape, plan, source,
+                                        compiled.resource(permute.entry_name(plan))))
+    return tuple(found)
 
 
 def _problem(info: FusionInfo, shapes: list[Shape | None]) -> tuple[int, int, Problem]:

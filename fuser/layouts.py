@@ -16,7 +16,7 @@ from fuser.ops import ELEMENTWISE, LAYOUT_OPS
 
 
 def describe(e: Expr) -> str:
-    what = {"permute": "a contiguous copy in the new order",
+    what = {"permute": "a contiguous copy in the new order (fuser/permute.py's kernel)",
             "expand": "a contiguous copy broadcast to that shape"}.get(
                 e.op, "a view of the same bytes")
     shape = ", ".join(str(s) for s in e.attr("dims" if e.op == "permute" else "shape"))
