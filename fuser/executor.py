@@ -331,7 +331,7 @@ def _execute_segments(fd, segmentation: Segmentation, inputs: list, device, hint
     _make_layouts(segmentation.layouts, values, sizes)
     runs: list[Run | SegmentedRun] = []
     for s in segmentation.segments:
-        outs = execute(s.definition, s.arguments(values), device=device)
+        outs = execute(s.definition, s.arguments(values, sizes), device=device)
         values.update(zip(s.outputs, outs, strict=True))
         _make_layouts(segmentation.layouts, values, sizes)
         run = s.definition._last_run

@@ -217,6 +217,8 @@ class PermuteKernel:
     source: str
     launcher: EntryLauncher
     dynamic_smem: int
+    grid: int  # the plan's, computed once
+    block: tuple[int, int]
 
 
 _loaded: dict[tuple[PermutePlan, int], PermuteKernel] = {}
@@ -249,11 +251,10 @@ def kernel(p: PermutePlan, device_id: int) -> PermuteKernel:
             fn = gpu.allow_dynamic_smem(fn, smem.dynamic_bytes)
         found = _loaded[(p, device_id)] = PermuteKernel(
             p, source, EntryLauncher(entry, fn.handle, [POINTER, POINTER], fn.num_regs),
-            smem.dynamic_bytes)
+            smem.dynamic_bytes, p.grid, p.block)
         return found
 
 
 def launch(k: PermuteKernel, source: int, destination: int, stream: int) -> None:
     """Copy the array at `source` into `destination` in `k`'s order, on `stream`."""
-    p = k.plan
-    k.launcher(p.grid, p.block, k.dynamic_smem, stream, (source, destination))
+    k.launcher(k.grid, k.block, k.dynamic_smem, stream, (source, destination))

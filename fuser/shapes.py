@@ -20,6 +20,9 @@ class Sizes:
 
     def __init__(self):
         self._bound: dict[Extent, tuple[int, str]] = {}  # root extent -> (size, who bound it)
+        # tensor -> its shape, once every extent of it is bound (a bound size never changes;
+        # a segmented call asks for the same reshapes' shapes on every call)
+        self._shapes: dict[Tensor, tuple[int, ...]] = {}
 
     def bind(self, extent: Extent | None, size: int, here: str) -> None:
         if extent is None:
@@ -62,7 +65,10 @@ class Sizes:
         )
 
     def shape(self, t: Tensor) -> tuple[int, ...]:
-        return tuple(self.value(e) for e in t.dims)
+        found = self._shapes.get(t)
+        if found is None:
+            found = self._shapes[t] = tuple(self.value(e) for e in t.dims)
+        return found
 
 
 def check_count(fusion: Fusion, inputs: Sequence) -> None:

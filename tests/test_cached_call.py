@@ -12,11 +12,22 @@ import ctypes
 import numpy as np
 import pytest
 
-from fuser import DataType, FusionDefinition, calls, executor, launch, loader, permute, tickets
+from fuser import (
+    DataType,
+    FusionDefinition,
+    calls,
+    executor,
+    launch,
+    loader,
+    permute,
+    segment,
+    tickets,
+)
 from fuser.device import DeviceSpec
 from fuser.driver import Function
 from fuser.errors import BadInputError
 from fuser.fusions import FUSIONS, make_inputs
+from fuser.ir import Scalar
 from fuser.schedulers import Hints
 from fuser.signature import Source
 
@@ -275,9 +286,12 @@ def test_a_segmented_call_binds_its_sizes_once_per_signature_and_checks_scalars_
         x = fd.define_tensor([-1, -1, -1], dtype=DataType.BFloat16)
         k = fd.define_scalar(dtype=DataType.Int32)
         total = fd.ops.sum(fd.ops.cast(x, DataType.Float), [1])
-        fd.add_output(fd.ops.cast(fd.ops.mul(total, k), DataType.BFloat16))
+        mean = fd.ops.div(total, fd.ops.size(x, 1))
+        fd.add_output(fd.ops.cast(fd.ops.mul(mean, k), DataType.BFloat16))
     segmentation = executor.segments_of(fd)
     assert segmentation is not None
+    assert any(isinstance(v, Scalar) and v.extent is not None  # the sequence length
+               for s in segmentation.segments for v in s.inputs)
     bindings = []  # the whole fusion's (each segment's plan binds its own, once per plan)
     real = executor.bind_shapes
 
@@ -293,6 +307,14 @@ def test_a_segmented_call_binds_its_sizes_once_per_signature_and_checks_scalars_
         (out,) = fd.execute(inputs)
         assert tuple(out.shape) == (inputs[0].shape[0], 8)
     assert [s[0] for s in bindings] == [(2, 3, 8), (2, 5, 8)]
+
+    def searched(*args):
+        raise AssertionError("a segment's size argument searched the values' shapes")
+
+    # the sizes a segment takes as scalars come from the bound sizes, not a search of shapes
+    monkeypatch.setattr(segment, "_dim_of", searched)
+    (out,) = fd.execute([b, 2])
+    assert tuple(out.shape) == (2, 8)
     with pytest.raises(BadInputError, match=r"got 1099511627776, outside Int32's range"):
         fd.execute([a, 2 ** 40])
     with pytest.raises(BadInputError, match=r"got str '3'"):
