@@ -250,11 +250,26 @@ def _contiguous(fd, inputs: list) -> list:
         x = inputs[i]
         if _is_torch(x):
             if not x.is_contiguous():
-                inputs[i] = x.contiguous()
+                inputs[i] = _permuted_view_copy(x) if x.is_cuda else x.contiguous()
         elif _is_cupy(x) and not x.flags.c_contiguous:
             with x.device:  # the copy on the array's own GPU, not the current one
-                inputs[i] = _cupy().ascontiguousarray(x)
+                inputs[i] = _permuted_view_copy(x)
     return inputs
+
+
+def _permuted_view_copy(x):
+    """A contiguous copy of the strided array `x`: by fuser's permute kernel where `x` is a
+    permuted view of contiguous memory (a transposed matrix, [B, H, S, D] viewed as [B, S, H,
+    D]; torch's and CuPy's copies of those ran at 0.15-0.5 of a device copy on the H200,
+    bench/results/2026-12-03-permute.json), else by the array library (a column slice, a
+    view with gaps or flipped axes)."""
+    torch_kind = _is_torch(x)
+    strides = x.stride() if torch_kind else x.strides
+    order = sorted(range(x.ndim), key=lambda d: (x.shape[d] > 1, -strides[d], d))
+    moved = x.permute(order) if torch_kind else x.transpose(order)
+    if moved.is_contiguous() if torch_kind else moved.flags.c_contiguous:
+        return _permuted(moved, tuple(order.index(d) for d in range(x.ndim)))
+    return x.contiguous() if torch_kind else _cupy().ascontiguousarray(x)
 
 
 def segments_of(fd) -> Segmentation | None:

@@ -52,6 +52,33 @@ def test_only_strided_arrays_at_inputs_declared_non_contiguous_are_copied():
     assert executor._contiguous(declared, [strided, w])[0] is strided  # left to the checks
 
 
+def test_a_permuted_view_of_contiguous_memory_is_copied_by_the_permute_kernel(monkeypatch):
+    """A CUDA array that is a permuted view of contiguous memory (a transposed matrix, heads
+    and sequence swapped) is copied by fuser's permute kernel (executor._permuted, stood in
+    for here by torch's copy): the order handed to it brings the memory back to `x`'s axes.
+    A column slice, a view with gaps, is the array library's to copy."""
+    torch = pytest.importorskip("torch")
+    calls = []
+
+    def permuted(moved, dims):
+        assert moved.is_contiguous()
+        calls.append(dims)
+        return moved.permute(dims).contiguous()
+
+    monkeypatch.setattr(executor, "_permuted", permuted)
+    heads = torch.arange(2 * 3 * 4 * 5.0).reshape(2, 3, 4, 5)
+    for x, dims in [(torch.arange(12.0).reshape(4, 3).t(), (1, 0)),
+                    (heads.permute(0, 2, 1, 3), (0, 2, 1, 3)),
+                    (heads.permute(3, 1, 0, 2), (3, 1, 0, 2)),
+                    (heads[:1].permute(0, 2, 1, 3), (0, 2, 1, 3))]:
+        got = executor._permuted_view_copy(x)
+        assert got.is_contiguous() and torch.equal(got, x)
+        assert calls.pop() == dims or x.shape[0] == 1  # an axis of 1 may sit anywhere
+    sliced = torch.arange(24.0).reshape(4, 6)[:, 1:4]
+    got = executor._permuted_view_copy(sliced)
+    assert torch.equal(got, sliced) and got.is_contiguous() and not calls
+
+
 def test_a_strided_numpy_array_is_refused_as_a_host_array_not_copied():
     """numpy arrays have .flags and .device too: the copy is CuPy's only for CuPy arrays, and
     a host array gets the error that says to move it to the device (review found a TypeError
