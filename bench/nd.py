@@ -4,13 +4,17 @@ axes or as segments of segments (fuser/reorder.py): fuser against PyTorch eager 
 ops users call) and torch.compile of the same formula, and a device copy of the same bytes.
 
     PYTHONPATH=. python3 bench/nd.py [--case batchnorm_nchw,...] [--dtype bf16]
-        [--no-compile] [--out DIR]
+        [--no-compile] [--breakdown] [--out DIR]
 
 Each case at its shape: median time (bench/run.py's timer), GB/s of the minimal bytes (each
 input read once, each output written once) and its fraction of the copy's; for fuser also the
 moves (permutes and expands between kernels, their bytes) and the fraction of the chain's
 bound (its kernels' inputs and outputs, so the moves' copies included:
 fraction_of_segments_bound); max relative error of fuser and torch.compile against eager.
+--breakdown also records the device time of each kernel a call runs (torch.profiler,
+bench/breakdown.py) for fuser and torch.compile, and the table gives the fraction of the
+copy their kernels alone reach: where it is far above the call's, the call is host-bound
+(its launches and Python, not its kernels, set the figure).
 Writes OUT/<date>-nd.json (bench/run.py's report format, a case per result) and prints a
 markdown table.
 """
@@ -27,6 +31,7 @@ import numpy as np
 
 from bench.run import (
     TOLERANCE,
+    breakdown,
     csv_list,
     environment,
     error_record,
@@ -199,6 +204,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"comma-separated ({', '.join(CASES)})")
     p.add_argument("--dtype", choices=list(DTYPES), default="bf16")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also record each kernel's device time per call (torch.profiler)")
     p.add_argument("--timer", choices=("auto", "do_bench", "events"), default="auto")
     p.add_argument("--out", default="bench/results")
     args = p.parse_args(argv)
@@ -250,6 +257,8 @@ def bench_case(name: str, args, timer) -> dict:
         m = {"max_rel_err": max_rel_err(outs, ref)}
         m["correct"] = m["max_rel_err"] <= TOLERANCE
         m.update(timed(lambda: fd.execute(inputs)))
+        if args.breakdown:
+            m["kernels_us"] = breakdown(lambda: fd.execute(inputs))
         m["moves"] = moves(fd)
         segments = segment_bytes(fd, inputs)
         if segments is not None:
@@ -267,6 +276,8 @@ def bench_case(name: str, args, timer) -> dict:
             m = {"max_rel_err": max_rel_err(outs, ref)}
             m["correct"] = m["max_rel_err"] <= TOLERANCE
             m.update(timed(lambda: fn(*inputs)))
+            if args.breakdown:
+                m["kernels_us"] = breakdown(lambda: fn(*inputs))
             impls["compile"] = m
         except Exception as exc:
             impls["compile"] = error_record(exc)
@@ -281,10 +292,14 @@ def markdown(report: dict) -> str:
         text = f"{m['gbps']:.0f} ({m['fraction_of_copy']:.2f})"
         if m.get("fraction_of_segments_bound") is not None:
             text += f" [{m['fraction_of_segments_bound']:.2f} of its chain]"
+        kernels = kernels_fraction(m)
+        if kernels is not None:
+            text += f" {{kernels {kernels:.2f}}}"
         return text + (" WRONG" if m.get("correct") is False else "")
 
     lines = [f"N-D fusions, {report['dtype']}, {report.get('device', '?')}, GB/s (fraction of "
-             "the copy):", "", "| case | shape | copy | fuser | torch.compile | eager |",
+             "the copy; {kernels: the fraction its kernels' device time alone reaches}):", "",
+             "| case | shape | copy | fuser | torch.compile | eager |",
              "| --- | --- | --- | --- | --- | --- |"]
     for e in report["results"]:
         i = e.get("impls", {})
@@ -293,6 +308,15 @@ def markdown(report: dict) -> str:
                      f"{cell(i.get('fuser', {}))} | {cell(i.get('compile', {}))} | "
                      f"{cell(i.get('eager', {}))} |")
     return "\n".join(lines)
+
+
+def kernels_fraction(m: dict) -> float | None:
+    """The fraction of the copy an implementation's kernels reach on their device time alone
+    (the sum of its kernels_us per call), or None without a breakdown."""
+    kernels = m.get("kernels_us")
+    if not kernels or "error" in kernels or not m.get("fraction_of_copy"):
+        return None
+    return m["fraction_of_copy"] * m["time_us"] / sum(kernels.values())
 
 
 def main(argv: list[str] | None = None) -> int:

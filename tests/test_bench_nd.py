@@ -44,3 +44,20 @@ def test_nd_parse_args():
     assert nd.parse_args(["--case", "masked_softmax", "--dtype", "fp16"]).dtype == "fp16"
     with pytest.raises(SystemExit):
         nd.parse_args(["--case", "softmax_dim7"])
+
+
+def test_nd_breakdown_gives_the_fraction_its_kernels_alone_reach():
+    """--breakdown: a call of 100 us whose kernels take 20 us at 0.1 of the copy reaches 0.5
+    on its kernels' time alone (a host-bound call); the table says both."""
+    assert nd.parse_args(["--breakdown"]).breakdown and not nd.parse_args([]).breakdown
+    m = {"gbps": 100.0, "fraction_of_copy": 0.1, "time_us": 100.0,
+         "kernels_us": {"k_s0_row": 12.0, "permute_runs_2x3_10_2": 8.0}}
+    assert nd.kernels_fraction(m) == pytest.approx(0.5)
+    assert nd.kernels_fraction({**m, "kernels_us": {"error": "no CUPTI"}}) is None
+    assert nd.kernels_fraction({k: v for k, v in m.items() if k != "kernels_us"}) is None
+    report = {"dtype": "bf16", "device": "H200", "results": [
+        {"case": "batchnorm_nchw", "shape": "2x3", "impls": {
+            "copy": {"gbps": 1000.0}, "fuser": m, "compile": {"skipped": "--no-compile"},
+            "eager": {"gbps": 50.0, "fraction_of_copy": 0.05, "time_us": 200.0}}}]}
+    assert "| batchnorm_nchw | 2x3 | 1000 | 100 (0.10) {kernels 0.50} | - | 50 (0.05) |" in (
+        nd.markdown(report))
