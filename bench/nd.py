@@ -31,8 +31,9 @@ import numpy as np
 
 from bench.run import (
     TOLERANCE,
+    add_case_options,
     breakdown,
-    csv_list,
+    check_cases,
     environment,
     error_record,
     finish_entry,
@@ -200,18 +201,13 @@ def mask(rng: np.random.Generator, shape) -> np.ndarray:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--case", type=csv_list(str), default=list(CASES),
-                   help=f"comma-separated ({', '.join(CASES)})")
+    add_case_options(p, CASES)
     p.add_argument("--dtype", choices=list(DTYPES), default="bf16")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     p.add_argument("--breakdown", action="store_true",
                    help="also record each kernel's device time per call (torch.profiler)")
-    p.add_argument("--timer", choices=("auto", "do_bench", "events"), default="auto")
-    p.add_argument("--out", default="bench/results")
     args = p.parse_args(argv)
-    unknown = [c for c in args.case if c not in CASES]
-    if unknown:
-        p.error(f"unknown case(s) {', '.join(unknown)}; the cases are {', '.join(CASES)}")
+    check_cases(p, args, CASES)
     return args
 
 

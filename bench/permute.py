@@ -16,7 +16,15 @@ import datetime
 import shlex
 import sys
 
-from bench.run import csv_list, environment, error_record, finish_entry, make_timer, write_report
+from bench.run import (
+    add_case_options,
+    check_cases,
+    environment,
+    error_record,
+    finish_entry,
+    make_timer,
+    write_report,
+)
 
 # name: (shape, dims, torch dtype name)
 CASES = {
@@ -32,14 +40,9 @@ CASES = {
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--case", type=csv_list(str), default=list(CASES),
-                   help=f"comma-separated ({', '.join(CASES)})")
-    p.add_argument("--timer", choices=("auto", "do_bench", "events"), default="auto")
-    p.add_argument("--out", default="bench/results")
+    add_case_options(p, CASES)
     args = p.parse_args(argv)
-    unknown = [c for c in args.case if c not in CASES]
-    if unknown:
-        p.error(f"unknown case(s) {', '.join(unknown)}; the cases are {', '.join(CASES)}")
+    check_cases(p, args, CASES)
     return args
 
 

@@ -89,6 +89,22 @@ def csv_list(kind):
     return parse
 
 
+def add_case_options(p: argparse.ArgumentParser, cases) -> None:
+    """--case (comma-separated names of `cases`, all by default), --timer and --out: the
+    options every case bench (nd.py, permute.py) takes."""
+    p.add_argument("--case", type=csv_list(str), default=list(cases),
+                   help=f"comma-separated ({', '.join(cases)})")
+    p.add_argument("--timer", choices=("auto", "do_bench", "events"), default="auto")
+    p.add_argument("--out", default="bench/results")
+
+
+def check_cases(p: argparse.ArgumentParser, args: argparse.Namespace, cases) -> None:
+    """Exit with a usage error naming the unknown --case values and the cases there are."""
+    unknown = [c for c in args.case if c not in cases]
+    if unknown:
+        p.error(f"unknown case(s) {', '.join(unknown)}; the cases are {', '.join(cases)}")
+
+
 def add_common_args(p: argparse.ArgumentParser, hidden: tuple[int, ...]) -> None:
     """The options bench/run.py and bench/modules.py share: sizes, dtype, torch.compile,
     output folder, timer and seed."""
