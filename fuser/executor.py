@@ -415,7 +415,7 @@ def _permuted(x, dims: tuple[int, ...]):
             out = _cupy().empty([x.shape[d] for d in dims], dtype=x.dtype)
         source, destination, device_id = x.data.ptr, out.data.ptr, x.data.device_id
         itemsize = x.itemsize
-    if out.size == 0 if not torch_kind else out.numel() == 0:
+    if (out.numel() if torch_kind else out.size) == 0:
         return out
     plan = permute.plan(tuple(int(s) for s in x.shape), dims, itemsize, _alignment([source]))
     kernel = permute.kernel(plan, device_id)
