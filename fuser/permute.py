@@ -13,11 +13,15 @@ the axes that stay neighbours (and drops those of extent 1), then takes one of t
   input's alignment allow), the run's input offset from its index by constant divisions;
 - tiles: the innermost axis moves, so a block reads a 64 x 64 tile along the input's
   innermost axis, stages it in shared memory (its plan: smem.py) and writes it along the
-  output's innermost, each side in whole sectors.
+  output's innermost, each side in whole sectors (2-byte elements in pairs where both
+  extents are even).
 
-The extents are compile-time constants (a shape compiles once per process and is kept in the
-kernel cache on disk), so every division by an extent is a multiply and a shift. The kernel
-copies bits: one kernel per element size, whatever the dtype.
+On the H200 (bench/permute.py, bench/results/2026-12-03-permute.json) runs copy at 0.89-0.96
+of a plain copy of the same bytes and tiles at 0.52-0.64, where PyTorch's copies of the same
+views ran at 0.15-0.50. The extents are compile-time constants, so every division by an
+extent is a multiply and a shift; each new merged shape compiles once (30-140 ms of NVRTC
+offline) and is kept in the kernel cache on disk. The kernel copies bits: one kernel per
+element size, whatever the dtype.
 """
 
 from __future__ import annotations
