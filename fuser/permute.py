@@ -31,7 +31,6 @@ import threading
 from dataclasses import dataclass
 from functools import cache
 
-from fuser.codegen import render_template, templates_hash
 from fuser.compile import template_dir
 from fuser.device import DeviceSpec
 from fuser.driver import driver
@@ -178,7 +177,10 @@ def entry_name(p: PermutePlan) -> str:
 
 
 def render(p: PermutePlan, limit: int) -> str:
-    """The CUDA source of `p`'s kernel (deterministic: the plan and the templates decide it)."""
+    """The CUDA source of `p`'s kernel (deterministic: the plan and the templates decide it).
+    Jinja and codegen load here, not with `import fuser` (tests/test_packaging.py)."""
+    from fuser.codegen import render_template, templates_hash
+
     smem = p.smem(limit)
     header = [f"fuser permute kernel (templates {templates_hash()})",
               f"input [{', '.join(map(str, p.shape))}] (axes merged), output axes "
