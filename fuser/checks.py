@@ -7,6 +7,7 @@ device fault would poison the CUDA context for every later call).
 from __future__ import annotations
 
 import numbers
+from typing import cast
 
 import numpy as np
 
@@ -32,7 +33,7 @@ def scalar_value(index: int, v: Scalar, x: object) -> object:
         return x
     if kind is int and dtype in INT_RANGES:
         low, high = INT_RANGES[dtype]
-        if low <= x <= high:
+        if low <= cast(int, x) <= high:
             return x
     return _checked_scalar(index, v, x)
 
