@@ -334,26 +334,67 @@ def _execute_segments(fd, segmentation: Segmentation, inputs: list, device, hint
     """Run the segments in order, each on the fusion's inputs and earlier segments' outputs,
     the layout ops made between them. Every input is checked first (kind, device, dtype, rank
     and sizes against the whole fusion): a layout op may touch it before any segment does.
-    `key`: the call's plan key (calls.signature), under which the checked sizes are kept."""
+    `key`: the call's plan key (calls.signature), under which the checked sizes are kept, and
+    the steps the first call took (_Program), which later calls with that key walk."""
     lowered = segmentation.lowered
     if hints is not None:
         raise segmentation.hint_error(fd.name)
     if len(inputs) != len(lowered.inputs):
         raise BadInputError(
             f"fusion '{fd.name}' takes {len(lowered.inputs)} inputs, got {len(inputs)}")
+    programs = fd.__dict__.setdefault("_segment_programs", {})
+    program = programs.get((key, lowered)) if key is not None else None
     sizes = _segment_sizes(fd, lowered, inputs, key)
     values = dict(zip(lowered.inputs, inputs, strict=True))
-    _make_layouts(segmentation.layouts, values, sizes)
+    if program is not None:
+        ran = tuple(r for step in program for r in (step(values),) if r is not None)
+        fd._last_run = SegmentedRun(segmentation, ran)
+        return _unshared(lowered, values)
+    steps = [_layout_step(e, sizes) for e in _make_layouts(segmentation.layouts, values, sizes)]
     runs: list[Run | SegmentedRun] = []
     for s in segmentation.segments:
-        outs = execute(s.definition, s.arguments(values, sizes), device=device)
+        arguments = s.arguments(values, sizes)
+        outs = execute(s.definition, arguments, device=device)
         values.update(zip(s.outputs, outs, strict=True))
-        _make_layouts(segmentation.layouts, values, sizes)
         run = s.definition._last_run
         assert isinstance(run, Run | SegmentedRun)
         runs.append(run)
+        steps.append(_segment_step(s, arguments, values, device))
+        steps += [_layout_step(e, sizes)
+                  for e in _make_layouts(segmentation.layouts, values, sizes)]
     fd._last_run = SegmentedRun(segmentation, tuple(runs))
+    if key is not None and None not in steps:
+        _remember(programs, (key, lowered), tuple(steps))
     return _unshared(lowered, values)
+
+
+def _segment_step(s, arguments: list, values: dict, device) -> Callable[[dict], Run] | None:
+    """Segment `s` as a step of a later call with the same signature: its arguments from the
+    values (or, for the sizes it takes as scalars, the ones this call passed), its kernels
+    launched with the plan this call made for them (calls.run: no signature, no plan lookup,
+    no execute() per segment), through execute() where an input sits at an address the plan's
+    vectors cannot load. None where `s` ran as segments of its own (no one plan)."""
+    plan = s.definition.__dict__.get("_plans", {}).get(
+        (calls.signature(arguments), device, None))
+    if not isinstance(plan, Plan):
+        return None
+    inputs, outputs = s.inputs, s.outputs
+    sizes = {i: a for i, (v, a) in enumerate(zip(inputs, arguments, strict=True))
+             if v not in values}
+    vector_inputs, align = plan.kernel.vector_inputs, plan.align
+
+    def step(values: dict) -> Run:
+        args = [values[v] if i not in sizes else sizes[i] for i, v in enumerate(inputs)]
+        pointers = calls.input_pointers(plan, args)
+        if any(pointers[i] % align for i in vector_inputs):
+            outs = execute(s.definition, args, device=device)
+            run = s.definition._last_run
+        else:
+            outs, run = calls.run(plan, args, pointers), plan.run
+        values.update(zip(outputs, outs, strict=True))
+        return run
+
+    return step
 
 
 def _segment_sizes(fd, lowered, inputs: list, key) -> Sizes:
@@ -383,21 +424,42 @@ def _remember(cache: dict, key, value) -> None:
     cache[key] = value
 
 
-def _make_layouts(layouts, values: dict, sizes) -> None:
-    """Each permute, reshape or expand whose operand is in `values` and result is not yet:
-    permute as a copy in the new order, always new memory (the next kernels read contiguous
-    rows), reshape as a view of the shape bind_shapes gave its result, expand as a contiguous
-    copy of the operand broadcast to its result's shape."""
+def _make_layouts(layouts, values: dict, sizes) -> list:
+    """Each permute, reshape or expand whose operand is in `values` and result is not yet
+    (_layout_step); the ones made, in order."""
+    made = []
     for e in layouts:
-        out, x = e.outputs[0], values.get(e.inputs[0])
-        if out in values or x is None:
-            continue
-        if e.op == "reshape":
-            values[out] = x.reshape(sizes.shape(as_tensor(out)))
-        elif e.op == "expand":
-            values[out] = _expanded(x, e.attr("broadcast_dims"), sizes.shape(as_tensor(out)))
-        else:
-            values[out] = _permuted(x, tuple(e.attr("dims")))
+        if e.outputs[0] not in values and e.inputs[0] in values:
+            _layout_step(e, sizes)(values)
+            made.append(e)
+    return made
+
+
+def _layout_step(e, sizes) -> Callable[[dict], None]:
+    """Layout op `e` as a step: permute as a copy in the new order, always new memory (the
+    next kernels read contiguous rows), reshape as a view of the shape bind_shapes gave its
+    result, expand as a contiguous copy of the operand broadcast to its result's shape."""
+    out, x = e.outputs[0], e.inputs[0]
+    if e.op == "reshape":
+        shape = sizes.shape(as_tensor(out))
+
+        def reshaped(values: dict) -> None:
+            values[out] = values[x].reshape(shape)
+
+        return reshaped
+    if e.op == "expand":
+        dims, shape = e.attr("broadcast_dims"), sizes.shape(as_tensor(out))
+
+        def expanded(values: dict) -> None:
+            values[out] = _expanded(values[x], dims, shape)
+
+        return expanded
+    order = tuple(e.attr("dims"))
+
+    def permuted(values: dict) -> None:
+        values[out] = _permuted(values[x], order)
+
+    return permuted
 
 
 def _permuted(x, dims: tuple[int, ...]):

@@ -319,3 +319,69 @@ def test_a_segmented_call_binds_its_sizes_once_per_signature_and_checks_scalars_
         fd.execute([a, 2 ** 40])
     with pytest.raises(BadInputError, match=r"got str '3'"):
         fd.execute([a, "3"])
+
+
+def test_later_calls_of_a_segmented_fusion_walk_the_steps_its_first_call_took(gpu, monkeypatch):
+    """The first call of a segmented fusion (a mean over the middle axis: a permute, then row
+    sums) records its steps; a later call with the same signature launches the same kernels
+    in the same order with no execute() per segment, and falls back to it for a segment
+    whose input sits where the plan's vectors cannot load (a view at a 2-byte offset)."""
+    with FusionDefinition("mean_over_seq") as fd:
+        x = fd.define_tensor([-1, -1, -1], dtype=DataType.BFloat16)
+        total = fd.ops.sum(fd.ops.cast(x, DataType.Float), [1])
+        fd.add_output(fd.ops.cast(fd.ops.div(total, fd.ops.size(x, 1)), DataType.BFloat16))
+    a = torch.zeros(2, 3, 16, dtype=torch.bfloat16)
+    fd.execute([a])
+    first = [function for function, _ in gpu.launches]
+    record = fd._last_run
+    gpu.launches.clear()
+    inner = []
+    real = executor.execute
+
+    def counted(definition, *args, **kwargs):
+        if definition is not fd:
+            inner.append(definition.name)
+        return real(definition, *args, **kwargs)
+
+    monkeypatch.setattr(executor, "execute", counted)
+    for _ in range(2):
+        (out,) = fd.execute([a])
+        assert tuple(out.shape) == (2, 16)
+        assert [function for function, _ in gpu.launches] == first and inner == []
+        assert fd._last_run == record
+        gpu.launches.clear()
+    shifted = torch.zeros(2 * 3 * 16 + 1, dtype=torch.bfloat16)[1:].view(2, 3, 16)
+    (out,) = fd.execute([shifted])  # the permute kernel reads it in words of 2 bytes
+    assert tuple(out.shape) == (2, 16) and inner == []
+
+
+def test_a_segment_reading_an_input_at_an_odd_address_takes_the_full_path(gpu, monkeypatch):
+    """GroupNorm with its affine: the first segment reads a view of the input itself, so an
+    input 2 bytes past an aligned address (the same signature) cannot take that segment's
+    recorded plan, whose vectors are wider: that segment runs through execute(), which plans
+    narrower loads, and the call's record names the kernel that ran."""
+    from bench import nd
+
+    fd = nd.definition("group_norm_affine", DataType.BFloat16)
+    shapes = [(2, 64, 2, 4), (64,), (64,)]
+    inputs = [torch.zeros(shapes[0], dtype=torch.bfloat16), torch.ones(64), torch.zeros(64)]
+    fd.execute(inputs)
+    aligned = fd._last_run
+    inner = []
+    real = executor.execute
+
+    def counted(definition, *args, **kwargs):
+        if definition is not fd:
+            inner.append(definition)
+        return real(definition, *args, **kwargs)
+
+    monkeypatch.setattr(executor, "execute", counted)
+    fd.execute(inputs)
+    assert inner == []
+    shifted = torch.zeros(2 * 64 * 2 * 4 + 1, dtype=torch.bfloat16)[1:].view(shapes[0])
+    (out,) = fd.execute([shifted, *inputs[1:]])
+    assert tuple(out.shape) == shapes[0]
+    first_segment = executor.segments_of(fd).segments[0].definition
+    assert inner == [first_segment]
+    ran = fd._last_run.runs[0]
+    assert ran.kernel.schedule.vec < aligned.runs[0].kernel.schedule.vec
