@@ -468,15 +468,23 @@ def _permuted(x, dims: tuple[int, ...]):
     torch_kind = _is_torch(x)
     if torch_kind:
         x = x if x.is_contiguous() else x.contiguous()
-        out = x.new_empty([x.shape[d] for d in dims])
-        source, destination, device_id = x.data_ptr(), out.data_ptr(), x.get_device()
-        itemsize = x.element_size()
+        source, device_id, itemsize = x.data_ptr(), x.get_device(), x.element_size()
     else:
         with x.device:
             x = _cupy().ascontiguousarray(x)
+        source, device_id, itemsize = x.data.ptr, x.data.device_id, x.itemsize
+    if source % itemsize:  # the kernel loads whole elements: a device fault, not a copy
+        raise BadInputError(
+            f"an array to permute (shape {tuple(x.shape)}, {itemsize}-byte elements) starts "
+            f"at address {source:#x}, not a multiple of its element size; pass an array whose "
+            "data is aligned (a fresh allocation, or a copy: x.copy() in CuPy)")
+    if torch_kind:
+        out = x.new_empty([x.shape[d] for d in dims])
+        destination = out.data_ptr()
+    else:
+        with x.device:
             out = _cupy().empty([x.shape[d] for d in dims], dtype=x.dtype)
-        source, destination, device_id = x.data.ptr, out.data.ptr, x.data.device_id
-        itemsize = x.itemsize
+        destination = out.data.ptr
     if (out.numel() if torch_kind else out.size) == 0:
         return out
     plan = permute.plan(tuple(int(s) for s in x.shape), dims, itemsize, _alignment([source]))

@@ -129,6 +129,26 @@ def test_every_form_compiles_without_spills_or_static_shared_memory(shape, dims,
     assert p.smem(LIMIT).fits
 
 
+def test_an_array_off_its_element_size_is_refused_on_the_host(monkeypatch):
+    """A CuPy array can start at any byte (memory pointer arithmetic); the permute kernel
+    loads whole elements, so such an array is refused before any launch, with the address."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from fuser import BadInputError
+    from fuser.executor import _permuted
+
+    class Misaligned:  # what _permuted reads of a CuPy array
+        shape, itemsize, device = (4, 6), 2, contextlib.nullcontext()
+        data = SimpleNamespace(ptr=0x1001, device_id=0)
+
+    monkeypatch.setattr("fuser.executor._cupy", lambda: SimpleNamespace(
+        ascontiguousarray=lambda a: a, empty=pytest.fail))
+    with pytest.raises(BadInputError, match="starts at address 0x1001, not a multiple of its "
+                                            "element size"):
+        _permuted(Misaligned(), (1, 0))
+
+
 # ----- on the GPU -----
 
 DTYPES = ["bool", "uint8", "float16", "bfloat16", "float32", "float64", "int64"]
