@@ -132,7 +132,7 @@ class FusionInfo:
                          "value, read once)")
         if strided := strided_inputs(self.fusion):
             lines.append(f"strided inputs:    {names(strided)} (copied to contiguous arrays "
-                         "when passed strided)")
+                         "when passed strided; a permuted view by fuser's permute kernel)")
         for i, level in enumerate(self.inner_levels):
             lines.append(
                 f"inner level {i}:     "
