@@ -335,7 +335,8 @@ def _execute_segments(fd, segmentation: Segmentation, inputs: list, device, hint
     the layout ops made between them. Every input is checked first (kind, device, dtype, rank
     and sizes against the whole fusion): a layout op may touch it before any segment does.
     `key`: the call's plan key (calls.signature), under which the checked sizes are kept, and
-    the steps the first call took (_Program), which later calls with that key walk."""
+    the steps the first call took (_layout_step, _segment_step), which later calls with that
+    key walk."""
     lowered = segmentation.lowered
     if hints is not None:
         raise segmentation.hint_error(fd.name)
@@ -347,10 +348,14 @@ def _execute_segments(fd, segmentation: Segmentation, inputs: list, device, hint
     sizes = _segment_sizes(fd, lowered, inputs, key)
     values = dict(zip(lowered.inputs, inputs, strict=True))
     if program is not None:
-        ran = tuple(r for step in program for r in (step(values),) if r is not None)
-        fd._last_run = SegmentedRun(segmentation, ran)
+        ran = []
+        for step in program:
+            run = step(values)
+            if run is not None:
+                ran.append(run)
+        fd._last_run = SegmentedRun(segmentation, tuple(ran))
         return _unshared(lowered, values)
-    steps = [_layout_step(e, sizes) for e in _make_layouts(segmentation.layouts, values, sizes)]
+    steps: list = _make_layouts(segmentation.layouts, values, sizes)
     runs: list[Run | SegmentedRun] = []
     for s in segmentation.segments:
         arguments = s.arguments(values, sizes)
@@ -360,8 +365,7 @@ def _execute_segments(fd, segmentation: Segmentation, inputs: list, device, hint
         assert isinstance(run, Run | SegmentedRun)
         runs.append(run)
         steps.append(_segment_step(s, arguments, values, device))
-        steps += [_layout_step(e, sizes)
-                  for e in _make_layouts(segmentation.layouts, values, sizes)]
+        steps += _make_layouts(segmentation.layouts, values, sizes)
     fd._last_run = SegmentedRun(segmentation, tuple(runs))
     if key is not None and None not in steps:
         _remember(programs, (key, lowered), tuple(steps))
@@ -379,12 +383,12 @@ def _segment_step(s, arguments: list, values: dict, device) -> Callable[[dict], 
     if not isinstance(plan, Plan):
         return None
     inputs, outputs = s.inputs, s.outputs
-    sizes = {i: a for i, (v, a) in enumerate(zip(inputs, arguments, strict=True))
-             if v not in values}
+    given = {i: a for i, (v, a) in enumerate(zip(inputs, arguments, strict=True))
+             if v not in values}  # the sizes it takes as scalars, fixed by the signature
     vector_inputs, align = plan.kernel.vector_inputs, plan.align
 
     def step(values: dict) -> Run:
-        args = [values[v] if i not in sizes else sizes[i] for i, v in enumerate(inputs)]
+        args = [values[v] if i not in given else given[i] for i, v in enumerate(inputs)]
         pointers = calls.input_pointers(plan, args)
         if any(pointers[i] % align for i in vector_inputs):
             outs = execute(s.definition, args, device=device)
@@ -424,14 +428,15 @@ def _remember(cache: dict, key, value) -> None:
     cache[key] = value
 
 
-def _make_layouts(layouts, values: dict, sizes) -> list:
-    """Each permute, reshape or expand whose operand is in `values` and result is not yet
-    (_layout_step); the ones made, in order."""
+def _make_layouts(layouts, values: dict, sizes) -> list[Callable[[dict], None]]:
+    """Each permute, reshape or expand whose operand is in `values` and result is not yet,
+    made (_layout_step); the steps that made them, in order."""
     made = []
     for e in layouts:
         if e.outputs[0] not in values and e.inputs[0] in values:
-            _layout_step(e, sizes)(values)
-            made.append(e)
+            step = _layout_step(e, sizes)
+            step(values)
+            made.append(step)
     return made
 
 
