@@ -130,6 +130,36 @@ def test_strided_views_match_the_reference(kind, rows, hidden, rng):
                 output_reduction_sizes(fd.fusion, host), input_sensitivity(fd.fusion, host, refs))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["cupy", "torch"])
+@pytest.mark.parametrize("order", [(1, 0, 2), (2, 0, 1), (0, 2, 1)], ids=str)
+def test_permuted_3d_views_match_the_reference(kind, order, rng):
+    """An RMSNorm over the last axis of a [S, B, H]-like permuted view of contiguous memory
+    (runs where the last axis stays, tiles where it moves): copied by the permute kernel
+    before the row kernel, against the float64 reference of the same values."""
+    with FusionDefinition("strided_rms_3d") as fd:
+        x = fd.define_tensor(shape=[-1, -1, -1], contiguity=[False, False, False],
+                             dtype=DataType.BFloat16)
+        xf = fd.ops.cast(x, DataType.Float)
+        ms = fd.ops.div(fd.ops.sum(fd.ops.mul(xf, xf), dims=[2], keepdim=True), x.size(2))
+        rstd = fd.ops.rsqrt(fd.ops.add(ms, fd.define_scalar(1e-6)))
+        fd.add_output(fd.ops.cast(fd.ops.mul(xf, fd.ops.broadcast_in_dim(rstd, x.shape(),
+                                                                         [0, 1, 2])),
+                                  DataType.BFloat16))
+    base = rng.standard_normal((6, 130, 72)).astype(np.float32).astype(DataType.BFloat16.numpy)
+    if kind == "torch":
+        torch = pytest.importorskip("torch")
+        device = torch.from_numpy(base.view(np.int16)).cuda().view(torch.bfloat16)
+        view = device.permute(*order)
+        assert not view.is_contiguous()
+    else:
+        import cupy
+
+        view = cupy.asarray(base).transpose(order)
+        assert not view.flags.c_contiguous
+    fd.validate([view])
+
+
 def test_a_strided_input_of_a_segmented_fusion_is_cut_as_a_contiguous_one():
     """x - sum(x, dims=[0]) runs as segments; declared non-contiguous, its x is copied once
     by the whole fusion's execute, before the segments run."""
