@@ -32,6 +32,7 @@ from fuser.driver import driver
 from fuser.dtypes import DataType
 from fuser.errors import BadInputError, FuserError, OutOfResourcesError, UnsupportedFusionError
 from fuser.ir import Scalar, Tensor, as_tensor
+from fuser.layouts import describe
 from fuser.loader import get_kernel, launch_sizes
 from fuser.schedulers import Hints, Problem
 from fuser.schedulers.base import Dealing, RowSchedule, problem_rows
@@ -43,12 +44,32 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
+class Move:
+    """A permute between a segmented call's kernels: the layout op (layouts.describe) and
+    the permute kernel that made it."""
+
+    what: str
+    kernel: permute.PermuteKernel
+
+
+@dataclass(frozen=True)
 class SegmentedRun:
     """What the latest execute() of a segmented fusion did: each segment's Run (a
-    SegmentedRun of its own for a segment that runs as segments), in order."""
+    SegmentedRun of its own for a segment that runs as segments), in order, and the permute
+    kernels that ran between them."""
 
     segmentation: Segmentation
     runs: tuple[Run | SegmentedRun, ...]
+    moves: tuple[Move, ...] = ()
+
+    def all_moves(self) -> tuple[Move, ...]:
+        """The permute kernels that ran between kernels, this call's then its nested
+        segmentations'."""
+        found = list(self.moves)
+        for r in self.runs:
+            if isinstance(r, SegmentedRun):
+                found += r.all_moves()
+        return tuple(found)
 
     def leaves(self) -> tuple[tuple[Segment, Run], ...]:
         """Each kernel chain that ran and the segment it ran for, in order, nested
@@ -347,16 +368,18 @@ def _execute_segments(fd, segmentation: Segmentation, inputs: list, device, hint
     program = programs.get((key, lowered)) if key is not None else None
     sizes = _segment_sizes(fd, lowered, inputs, key)
     values = dict(zip(lowered.inputs, inputs, strict=True))
-    if program is not None:
-        ran = []
-        for step in program:
-            run = step(values)
-            if run is not None:
-                ran.append(run)
-        fd._last_run = SegmentedRun(segmentation, tuple(ran))
-        return _unshared(lowered, values)
-    steps: list = _make_layouts(segmentation.layouts, values, sizes)
     runs: list[Run | SegmentedRun] = []
+    moves: list[Move] = []
+    if program is not None:
+        for step in program:
+            done = step(values)
+            if isinstance(done, Move):
+                moves.append(done)
+            elif done is not None:
+                runs.append(done)
+        fd._last_run = SegmentedRun(segmentation, tuple(runs), tuple(moves))
+        return _unshared(lowered, values)
+    steps: list = _make_layouts(segmentation.layouts, values, sizes, moves)
     for s in segmentation.segments:
         arguments = s.arguments(values, sizes)
         outs = execute(s.definition, arguments, device=device)
@@ -365,8 +388,8 @@ def _execute_segments(fd, segmentation: Segmentation, inputs: list, device, hint
         assert isinstance(run, Run | SegmentedRun)
         runs.append(run)
         steps.append(_segment_step(s, arguments, values, device))
-        steps += _make_layouts(segmentation.layouts, values, sizes)
-    fd._last_run = SegmentedRun(segmentation, tuple(runs))
+        steps += _make_layouts(segmentation.layouts, values, sizes, moves)
+    fd._last_run = SegmentedRun(segmentation, tuple(runs), tuple(moves))
     if key is not None and None not in steps:
         _remember(programs, (key, lowered), tuple(steps))
     return _unshared(lowered, values)
@@ -428,22 +451,26 @@ def _remember(cache: dict, key, value) -> None:
     cache[key] = value
 
 
-def _make_layouts(layouts, values: dict, sizes) -> list[Callable[[dict], None]]:
+def _make_layouts(layouts, values: dict, sizes, moves: list) -> list[Callable]:
     """Each permute, reshape or expand whose operand is in `values` and result is not yet,
-    made (_layout_step); the steps that made them, in order."""
+    made (_layout_step), each permute's Move appended to `moves`; the steps that made them,
+    in order."""
     made = []
     for e in layouts:
         if e.outputs[0] not in values and e.inputs[0] in values:
             step = _layout_step(e, sizes)
-            step(values)
+            move = step(values)
+            if move is not None:
+                moves.append(move)
             made.append(step)
     return made
 
 
-def _layout_step(e, sizes) -> Callable[[dict], None]:
+def _layout_step(e, sizes) -> Callable[[dict], Move | None]:
     """Layout op `e` as a step: permute as a copy in the new order, always new memory (the
-    next kernels read contiguous rows), reshape as a view of the shape bind_shapes gave its
-    result, expand as a contiguous copy of the operand broadcast to its result's shape."""
+    next kernels read contiguous rows; the step returns its Move), reshape as a view of the
+    shape bind_shapes gave its result, expand as a contiguous copy of the operand broadcast
+    to its result's shape."""
     out, x = e.outputs[0], e.inputs[0]
     if e.op == "reshape":
         shape = sizes.shape(as_tensor(out))
@@ -459,10 +486,17 @@ def _layout_step(e, sizes) -> Callable[[dict], None]:
             values[out] = _expanded(values[x], dims, shape)
 
         return expanded
-    order = tuple(e.attr("dims"))
+    order, what = tuple(e.attr("dims")), describe(e)
+    made: dict[permute.PermuteKernel, Move] = {}  # one record per kernel this step runs
 
-    def permuted(values: dict) -> None:
-        values[out] = _permuted(values[x], order)
+    def permuted(values: dict) -> Move | None:
+        values[out], kernel = _permute_launch(values[x], order)
+        if kernel is None:  # nothing to copy
+            return None
+        move = made.get(kernel)
+        if move is None:
+            move = made[kernel] = Move(what, kernel)
+        return move
 
     return permuted
 
@@ -470,6 +504,12 @@ def _layout_step(e, sizes) -> Callable[[dict], None]:
 def _permuted(x, dims: tuple[int, ...]):
     """A contiguous copy of `x` in the order `dims`, new memory on `x`'s device, made by
     fuser's permute kernel (fuser/permute.py) on the array library's current stream."""
+    return _permute_launch(x, dims)[0]
+
+
+def _permute_launch(x, dims: tuple[int, ...]) -> tuple:
+    """_permuted's copy and the permute kernel that made it (None where it has no
+    elements)."""
     torch_kind = _is_torch(x)
     if torch_kind:
         x = x if x.is_contiguous() else x.contiguous()
@@ -491,13 +531,13 @@ def _permuted(x, dims: tuple[int, ...]):
             out = _cupy().empty([x.shape[d] for d in dims], dtype=x.dtype)
         destination = out.data.ptr
     if (out.numel() if torch_kind else out.size) == 0:
-        return out
+        return out, None
     plan = permute.plan(tuple(int(s) for s in x.shape), dims, itemsize, _alignment([source]))
     kernel = permute.kernel(plan, device_id)
     calls.in_context(device_id, driver().primary_context(device_id), torch_kind,
                      lambda: permute.launch(kernel, source, destination,
                                             calls.stream_of(torch_kind, device_id)))
-    return out
+    return out, kernel
 
 
 def _expanded(x, broadcast_dims, shape):

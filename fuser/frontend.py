@@ -420,12 +420,15 @@ class FusionDefinition:
         return tuple(r.kernel.schedule.smem for _, r in segmented.leaves())
 
     def last_cuda_code(self) -> str:
-        """The CUDA source of the last run (each segment's, in order, under a header)."""
+        """The CUDA source of the last run (each segment's, in order, under a header; then
+        each permute kernel that ran between them)."""
         segmented = self._segmented()
         if segmented is None:
             return self._last().kernel.source.source
-        return "\n".join(f"// ===== {s}\n{r.kernel.source.source}"
-                         for s, r in segmented.leaves())
+        return "\n".join([f"// ===== {s}\n{r.kernel.source.source}"
+                          for s, r in segmented.leaves()]
+                         + [f"// ===== between kernels: {m.what}\n{m.kernel.source}"
+                            for m in segmented.all_moves()])
 
     def last_resources(self):
         """Registers, spills and shared memory of the last kernel, as CuPy reports them (a

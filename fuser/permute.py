@@ -215,9 +215,10 @@ def render(p: PermutePlan, limit: int) -> str:
     return render_template("permute.cu.j2", context)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PermuteKernel:
-    """A loaded permute kernel: its plan, source, launcher and launch sizes."""
+    """A loaded permute kernel: its plan, source, launcher and launch sizes (one per plan and
+    device in a process, so compared by identity)."""
 
     plan: PermutePlan
     source: str

@@ -330,7 +330,7 @@ def test_later_calls_of_a_segmented_fusion_walk_the_steps_its_first_call_took(gp
         x = fd.define_tensor([-1, -1, -1], dtype=DataType.BFloat16)
         total = fd.ops.sum(fd.ops.cast(x, DataType.Float), [1])
         fd.add_output(fd.ops.cast(fd.ops.div(total, fd.ops.size(x, 1)), DataType.BFloat16))
-    a = torch.zeros(2, 3, 16, dtype=torch.bfloat16)
+    a = torch.zeros(2, 4, 16, dtype=torch.bfloat16)
     fd.execute([a])
     first = [function for function, _ in gpu.launches]
     record = fd._last_run
@@ -350,9 +350,28 @@ def test_later_calls_of_a_segmented_fusion_walk_the_steps_its_first_call_took(gp
         assert [function for function, _ in gpu.launches] == first and inner == []
         assert fd._last_run == record
         gpu.launches.clear()
-    shifted = torch.zeros(2 * 3 * 16 + 1, dtype=torch.bfloat16)[1:].view(2, 3, 16)
-    (out,) = fd.execute([shifted])  # the permute kernel reads it in words of 2 bytes
+    shifted = torch.zeros(2 * 4 * 16 + 1, dtype=torch.bfloat16)[1:].view(2, 4, 16)
+    (out,) = fd.execute([shifted])  # the permute kernel reads it in 2-byte words, not pairs
     assert tuple(out.shape) == (2, 16) and inner == []
+    (move,) = fd._last_run.moves
+    assert move.kernel.plan.vector == 1 and record.moves[0].kernel.plan.vector == 2
+
+
+def test_the_last_cuda_code_of_a_segmented_call_shows_its_permute_kernels(gpu):
+    """fd.last_cuda_code() of a call whose segments are moved between: each segment's source,
+    then each permute kernel's under the move it made, on the first call and the later ones
+    (which walk the recorded steps)."""
+    with FusionDefinition("mean_over_seq") as fd:
+        x = fd.define_tensor([-1, -1, -1], dtype=DataType.BFloat16)
+        fd.add_output(fd.ops.cast(fd.ops.sum(fd.ops.cast(x, DataType.Float), [1]),
+                                  DataType.BFloat16))
+    a = torch.zeros(2, 4, 16, dtype=torch.bfloat16)
+    for _ in range(2):
+        fd.execute([a])
+        code = fd.last_cuda_code()
+        assert "// ===== between kernels: T1 = permute(T0, [0, 2, 1])" in code
+        assert "permute_tiles_2x4x16_021_2(const unsigned short* __restrict__ in" in code
+        assert code.index("// ===== segment 0") < code.index("// ===== between kernels")
 
 
 def test_a_segment_reading_an_input_at_an_odd_address_takes_the_full_path(gpu, monkeypatch):
