@@ -7,6 +7,7 @@ device fault would poison the CUDA context for every later call).
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 from typing import cast
 
 import numpy as np
@@ -64,12 +65,19 @@ def _checked_scalar(index: int, v: Scalar, x: object) -> object:
 def check_pointer(index: int, t: Tensor, pointer: int) -> None:
     """A tensor's data must start on a multiple of its element size: the kernels load whole
     elements (vectors of them), and a misaligned load faults on the device."""
-    size = t.dtype.itemsize
-    if pointer % size:
+    check_element_aligned(t.dtype.itemsize, pointer,
+                          lambda: f"input {index} ({t.name}, {t.dtype.label})")
+
+
+def check_element_aligned(itemsize: int, pointer: int, what: Callable[[], str]) -> None:
+    """Data of `itemsize`-byte elements must start on a multiple of `itemsize` (the
+    kernels', the permute kernel's too, loads of whole elements fault otherwise); what()
+    names the array in the error (built only then: the permute checks every call)."""
+    if pointer % itemsize:
         raise BadInputError(
-            f"input {index} ({t.name}, {t.dtype.label}) starts at address {pointer:#x}, not a "
-            f"multiple of its element size {size} B; pass a tensor whose data is aligned (a "
-            "fresh allocation, or a copy: x.clone() in torch, x.copy() in CuPy)")
+            f"{what()} starts at address {pointer:#x}, not a multiple of its element size "
+            f"{itemsize} B; pass a tensor whose data is aligned (a fresh allocation, or a copy: "
+            "x.clone() in torch, x.copy() in CuPy)")
 
 
 def check_device(spec: DeviceSpec, actual: DeviceSpec, device_id: int) -> None:

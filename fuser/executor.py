@@ -26,7 +26,7 @@ from fuser import calls, permute
 from fuser.analysis import FusionInfo, Kind, analyze, strided_inputs
 from fuser.calls import Plan, Run
 from fuser.calls import cupy_module as _cupy
-from fuser.checks import check_device, check_pointer, scalar_value
+from fuser.checks import check_device, check_element_aligned, check_pointer, scalar_value
 from fuser.device import DeviceSpec
 from fuser.driver import driver
 from fuser.dtypes import DataType
@@ -357,16 +357,14 @@ def _execute_segments(fd, segmentation: Segmentation, inputs: list, device, hint
     and sizes against the whole fusion): a layout op may touch it before any segment does.
     `key`: the call's plan key (calls.signature), under which the checked sizes are kept, and
     the steps the first call took (_layout_step, _segment_step), which later calls with that
-    key walk."""
+    key walk (_segment_call)."""
     lowered = segmentation.lowered
     if hints is not None:
         raise segmentation.hint_error(fd.name)
     if len(inputs) != len(lowered.inputs):
         raise BadInputError(
             f"fusion '{fd.name}' takes {len(lowered.inputs)} inputs, got {len(inputs)}")
-    programs = fd.__dict__.setdefault("_segment_programs", {})
-    program = programs.get((key, lowered)) if key is not None else None
-    sizes = _segment_sizes(fd, lowered, inputs, key)
+    sizes, program = _segment_call(fd, lowered, inputs, key)
     values = dict(zip(lowered.inputs, inputs, strict=True))
     runs: list[Run | SegmentedRun] = []
     moves: list[Move] = []
@@ -391,7 +389,7 @@ def _execute_segments(fd, segmentation: Segmentation, inputs: list, device, hint
         steps += _make_layouts(segmentation.layouts, values, sizes, moves)
     fd._last_run = SegmentedRun(segmentation, tuple(runs), tuple(moves))
     if key is not None and None not in steps:
-        _remember(programs, (key, lowered), tuple(steps))
+        _remember(fd._segment_calls, (key, lowered), (sizes, tuple(steps)))
     return _unshared(lowered, values)
 
 
@@ -424,29 +422,30 @@ def _segment_step(s, arguments: list, values: dict, device) -> Callable[[dict], 
     return step
 
 
-def _segment_sizes(fd, lowered, inputs: list, key) -> Sizes:
-    """The sizes of `lowered`'s extents for `inputs`, after the checks of every input: bound
-    once per plan key (each input's kind, dtype, shape, contiguity and device, all that the
-    tensor checks and the binding read; a third of a segmented call's host time was the
-    binding) and kept; a scalar input's value, which the key leaves out, is checked every
-    call."""
-    cache = fd.__dict__.setdefault("_segment_sizes", {})
-    sizes = cache.get((key, lowered)) if key is not None else None
-    if sizes is not None:
+def _segment_call(fd, lowered, inputs: list, key) -> tuple[Sizes, tuple | None]:
+    """The sizes of `lowered`'s extents for `inputs`, after the checks of every input, and
+    the steps an earlier call with this key recorded (None before one has): both kept per
+    plan key (each input's kind, dtype, shape, contiguity and device, all that the tensor
+    checks and the binding read; a third of a segmented call's host time was the binding).
+    A scalar input's value, which the key leaves out, is checked every call."""
+    cache = fd.__dict__.setdefault("_segment_calls", {})
+    found = cache.get((key, lowered)) if key is not None else None
+    if found is not None:
         for i, v in enumerate(lowered.inputs):
             if isinstance(v, Scalar):
                 scalar_value(i, v, inputs[i])
-        return sizes
+        return found
     sizes = bind_shapes(lowered, [c[0] if c is not None else None
                                   for c in _checked_inputs(lowered, inputs)[1]])
     if key is not None:
-        _remember(cache, (key, lowered), sizes)
-    return sizes
+        _remember(cache, (key, lowered), (sizes, None))
+    return sizes, None
 
 
 def _remember(cache: dict, key, value) -> None:
-    """`value` under `key`, the oldest entry dropped past MAX_PLANS."""
-    if len(cache) >= MAX_PLANS:
+    """`value` under `key`, the oldest entry dropped where a new key would pass
+    MAX_PLANS."""
+    if key not in cache and len(cache) >= MAX_PLANS:
         cache.pop(next(iter(cache)))
     cache[key] = value
 
@@ -518,11 +517,8 @@ def _permute_launch(x, dims: tuple[int, ...]) -> tuple:
         with x.device:
             x = _cupy().ascontiguousarray(x)
         source, device_id, itemsize = x.data.ptr, x.data.device_id, x.itemsize
-    if source % itemsize:  # the kernel loads whole elements: a device fault, not a copy
-        raise BadInputError(
-            f"an array to permute (shape {tuple(x.shape)}, {itemsize}-byte elements) starts "
-            f"at address {source:#x}, not a multiple of its element size; pass an array whose "
-            "data is aligned (a fresh allocation, or a copy: x.copy() in CuPy)")
+    check_element_aligned(itemsize, source,
+                          lambda: f"an array to permute (shape {tuple(x.shape)})")
     if torch_kind:
         out = x.new_empty([x.shape[d] for d in dims])
         destination = out.data_ptr()

@@ -294,8 +294,6 @@ def _permutes(segmentation: Segmentation, sizes, spec: DeviceSpec,
     """The permute kernel of each permute between kernels at `sizes`, compiled offline (its
     input taken as 16-byte aligned)."""
     from fuser import layouts, permute
-    from fuser.cache import default_cache
-    from fuser.compile import template_dir
 
     found = []
     for e in segmentation.layouts:
@@ -304,9 +302,7 @@ def _permutes(segmentation: Segmentation, sizes, spec: DeviceSpec,
         operand = as_tensor(e.inputs[0])
         shape = sizes.shape(operand)
         plan = permute.plan(shape, tuple(e.attr("dims")), operand.dtype.itemsize, ALIGN_BYTES)
-        source = permute.render(plan, spec.smem_per_block_optin)
-        compiled = (cache or default_cache()).get_or_compile(
-            source, permute.entry_name(plan), spec.arch, (str(template_dir()),))
+        source, compiled = permute.compiled(plan, spec, cache)
         found.append(PermuteExplanation(layouts.describe(e), shape, plan, source,
                                         compiled.resource(permute.entry_name(plan))))
     return tuple(found)

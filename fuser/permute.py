@@ -30,18 +30,23 @@ import math
 import threading
 from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING
 
-from fuser.compile import template_dir
+from fuser.compile import CompiledModule, template_dir
 from fuser.device import DeviceSpec
 from fuser.driver import driver
 from fuser.launch import POINTER, EntryLauncher
 from fuser.loader import check_static_smem
 from fuser.smem import SmemPlan
 
+if TYPE_CHECKING:
+    from fuser.cache import KernelCache
+
 # Elements on a side of a tile: 64 x 64, a warp's row of 2-byte pairs (128 bytes). Element by
 # element, a transposing copy of [8, 1024, 4096] bf16 ran at 1.5 TB/s on the H200 in tiles of
 # 32 x 32 and of 64 x 64 alike, fp32 at 2.5 TB/s: bound by the accesses, 64 bytes a warp.
 TILE = 64
+TILE_PITCH = TILE + 1  # staged elements a tile row takes (+1 column against bank conflicts)
 TILE_COLUMNS, TILE_ROWS = 32, 8  # a block's threads: a warp along a tile's row, 8 rows apart
 RUN_THREADS = 256
 RUN_UNROLL = 4  # words in flight per thread
@@ -112,13 +117,13 @@ class PermutePlan:
     @property
     def staged_bytes(self) -> int:
         """Bytes of a tile's element in shared memory: 4-byte words at least, so that a
-        column of the tile (TILE + 1 apart) falls in distinct banks."""
+        column of the tile (TILE_PITCH apart) falls in distinct banks."""
         return max(self.itemsize, 4)
 
     def smem(self, limit: int) -> SmemPlan:
         if self.form == "runs":
             return SmemPlan.build([], limit)
-        return SmemPlan.build([("s_tile", TILE * (TILE + 1) * self.staged_bytes,
+        return SmemPlan.build([("s_tile", TILE * TILE_PITCH * self.staged_bytes,
                                 f"a {TILE} x {TILE} tile (+1 column against bank conflicts)")],
                               limit)
 
@@ -190,6 +195,7 @@ def render(p: PermutePlan, limit: int) -> str:
     wide = p.total >= 2**30  # 32-bit indices leave room for a grid-stride step past the end
     context: dict = {"header": header, "p": p, "entry": entry_name(p), "tile": TILE,
                      "tile_rows": TILE_ROWS, "tile_columns": TILE_COLUMNS,
+                     "per_thread": TILE * TILE // (TILE_COLUMNS * TILE_ROWS), "pitch": TILE_PITCH,
                      "index": "long long" if wide else "int", "suffix": "LL" if wide else ""}
     strides, out_strides = p.strides, p.out_strides
     if p.form == "runs":
@@ -204,7 +210,8 @@ def render(p: PermutePlan, limit: int) -> str:
         along_a, along_b, tiles = p.tiles
         context.update(
             word=_WORDS[p.itemsize], pack=p.vector, packed=_WORDS[p.vector * p.itemsize],
-            bits=8 * p.itemsize, words_across=TILE // p.vector,
+            bits=8 * p.itemsize, mask=f"{(1 << 8 * p.itemsize) - 1}u",
+            words_across=TILE // p.vector,
             staged=_WORDS[p.staged_bytes], tile_offset=smem.offset("s_tile"),
             a_axis=a, b_axis=b, a_extent=p.shape[a], b_extent=p.shape[b],
             tiles_a=along_a, tiles_b=along_b, tiles=tiles, a_stride=strides[a],
@@ -213,6 +220,17 @@ def render(p: PermutePlan, limit: int) -> str:
                          "out_stride": out_strides[i]}
                         for i in reversed(range(len(p.shape))) if i not in (a, b)])
     return render_template("permute.cu.j2", context)
+
+
+def compiled(p: PermutePlan, spec: DeviceSpec, cache: KernelCache | None = None
+             ) -> tuple[str, CompiledModule]:
+    """`p`'s source for `spec` and its module, from the kernel cache (`cache`, else the
+    process's) or NVRTC: what a launch loads and what explain() shows."""
+    from fuser.cache import default_cache
+
+    source = render(p, spec.smem_per_block_optin)
+    return source, (cache or default_cache()).get_or_compile(
+        source, entry_name(p), spec.arch, (str(template_dir()),))
 
 
 @dataclass(frozen=True, eq=False)
@@ -238,21 +256,17 @@ def kernel(p: PermutePlan, device_id: int) -> PermuteKernel:
     found = _loaded.get((p, device_id))
     if found is not None:
         return found
-    from fuser.cache import default_cache
-
     with _loaded_lock:
         found = _loaded.get((p, device_id))
         if found is not None:
             return found
         spec = DeviceSpec.from_gpu(device_id)
         smem = p.smem(spec.smem_per_block_optin)
-        source = render(p, spec.smem_per_block_optin)
+        source, module_image = compiled(p, spec)
         entry = entry_name(p)
-        compiled = default_cache().get_or_compile(source, entry, spec.arch,
-                                                  (str(template_dir()),))
         gpu = driver()
         with gpu.on_device(device_id):
-            module = gpu.load_module(compiled.cubin, f"the permute kernel {entry}")
+            module = gpu.load_module(module_image.cubin, f"the permute kernel {entry}")
             fn = gpu.function(module, entry)
             check_static_smem(entry, fn, smem, spec)
             fn = gpu.allow_dynamic_smem(fn, smem.dynamic_bytes)
