@@ -23,8 +23,9 @@ __device__ __forceinline__ Reduced<T, Op> reduced(T& value, Op op) {
 // `scratch` and, after one barrier, every thread combines the row's partials in warp order;
 // across a cluster, thread 0 of each row sends the block's total to every block of the
 // cluster (itself too) with store_to_peer, each block waits on its own mbarrier for all
-// CLUSTER totals and combines them in rank order (the same result, in the same order, in
-// each). No cluster barrier per level: its release would fence every global store in flight.
+// CLUSTER totals (the words of the values this level reduces, up to WIDTH of them) and
+// combines them in rank order (the same result, in the same order, in each). No cluster
+// barrier per level: its release would fence every global store in flight.
 // Scratch, the exchange's slots and its two mbarriers have two parities, alternated call by
 // call: a block sends level r + 2 only after every block has sent it level r + 1, which each
 // does after reading level r, so no slot or phase is written while it is still read. Slots
@@ -44,7 +45,7 @@ template <typename T, typename Part, int WIDTH>
 struct RowReducer {
   static constexpr int WARPS = Part::TPR > 32 ? Part::TPR / 32 : 1;
   using Word = typename WordOf<sizeof(T)>::type;
-  static constexpr int SLOTS = WIDTH * Part::RPB;  // words a block sends per level
+  static constexpr int SLOTS = WIDTH * Part::RPB;  // a rank's words per level: the most sent
   T* scratch;                // 2 parities x WIDTH x RPB x WARPS (rows of more than one warp)
   unsigned long long* bars;  // 2 parities of mbarriers (clusters)
   Word* words;               // 2 parities x CLUSTER ranks x WIDTH x RPB (clusters)
@@ -88,7 +89,10 @@ struct RowReducer {
     if constexpr (Part::CLUSTER > 1) {
       Word* level = words + parity * (Part::CLUSTER * SLOTS);
       if (part.tx == 0 && part.ty == 0) {
-        mbarrier_expect_tx(&bars[parity], Part::CLUSTER * SLOTS * static_cast<int>(sizeof(Word)));
+        // the words this level sends: a level may reduce fewer values than WIDTH, and an
+        // mbarrier that expects a byte more than arrives never completes its phase
+        constexpr int SENT = Part::CLUSTER * static_cast<int>(sizeof...(Values)) * Part::RPB;
+        mbarrier_expect_tx(&bars[parity], SENT * static_cast<int>(sizeof(Word)));
       }
       if (part.tx == 0) {
         int n = 0;

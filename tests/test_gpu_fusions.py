@@ -21,6 +21,7 @@ import fuser.calls as calls
 import fuser.executor as executor
 import fuser.loader as loader
 from fuser import DataType, FusionDefinition, HintError
+from fuser.analysis import analyze
 from fuser.fusions import FUSIONS, ROW_FUSIONS, make_inputs
 from fuser.reference import (
     compare,
@@ -615,6 +616,36 @@ def test_cluster_exchange_of_mixed_widths_matches_reference(rows, hidden, cluste
     host = [rng.standard_normal((rows, hidden))]
     outs = executor.execute(fd, to_device(host), hints=Hints(cluster=cluster))
     assert fd._last_run.kernel.schedule.cluster == cluster
+    refs = evaluate(fd.fusion, host)
+    compare([executor.to_host(o) for o in outs], refs, fd.fusion,
+            output_reduction_sizes(fd.fusion, host), input_sensitivity(fd.fusion, host, refs))
+
+
+def _levels_of_different_widths() -> FusionDefinition:
+    """Level 0 reduces two values (a sum and a max), level 1 one (the centred squares' sum):
+    a cluster's mbarrier must expect one value's words at level 1, not level 0's two (it
+    waited for words never sent: the GPU fuzz's shard 0 hung there)."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)
+        mean = fd.ops.div(fd.ops.sum(x, dims=[1], keepdim=True), fd.ops.size(x, 1))
+        peak = fd.ops.max(x, dims=[1], keepdim=True)
+        centred = fd.ops.sub(x, mean)
+        spread = fd.ops.sum(fd.ops.mul(centred, centred), dims=[1], keepdim=True)
+        fd.add_output(fd.ops.div(fd.ops.sub(x, peak), fd.ops.add(spread, 1.0)))
+        fd.add_output(spread)
+    return fd
+
+
+@pytest.mark.parametrize("cluster", [2, 4])
+@pytest.mark.parametrize(("rows", "hidden"), [(7, 4096), (90, 11536)])
+def test_cluster_levels_of_different_widths_match_reference(rows, hidden, cluster, rng):
+    """Two inner levels reducing two values and then one, over a cluster, several rows per
+    cluster: every level's exchange completes and the outputs match the reference."""
+    fd = _levels_of_different_widths()
+    host = [rng.standard_normal((rows, hidden)).astype(np.float32)]
+    outs = executor.execute(fd, to_device(host), hints=Hints(cluster=cluster))
+    assert fd._last_run.kernel.schedule.cluster == cluster
+    assert [len(level) for level in analyze(fd.fusion).inner_levels] == [2, 1]
     refs = evaluate(fd.fusion, host)
     compare([executor.to_host(o) for o in outs], refs, fd.fusion,
             output_reduction_sizes(fd.fusion, host), input_sensitivity(fd.fusion, host, refs))
