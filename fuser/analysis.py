@@ -37,8 +37,10 @@ from fuser.ir import (
     Tensor,
     Val,
     as_tensor,
+    copy_cast,
     reduced_axes,
     spanned_axes,
+    upstream,
 )
 from fuser.ops import LAYOUT_OPS, REDUCTIONS
 
@@ -156,13 +158,16 @@ class FusionInfo:
 
 
 def lower(fusion: Fusion) -> Fusion:
-    """A copy of `fusion` with composite ops (var_mean, var) expanded into primitives."""
+    """A copy of `fusion` with composite ops (var_mean, var) expanded into primitives and the
+    ops no output depends on left out: a kernel would read, reduce and exchange for them all
+    the same (the oracle skips them too). Their size equalities stay (equate_extents)."""
     out = Fusion()
     new: dict[Val, Val] = {}
+    needed = {id(e) for e in upstream(fusion.outputs)}
     for v in fusion.vals:
         if v.definition is None:
             new[v] = define_like(out, v, v in fusion.inputs)
-        elif v is v.definition.outputs[0]:
+        elif v is v.definition.outputs[0] and id(v.definition) in needed:
             copy_expr(out, v.definition, new)
     for o in fusion.outputs:
         out.outputs.append(as_tensor(new[o]))
@@ -203,7 +208,7 @@ def copy_expr(out: Fusion, e: Expr, new: dict[Val, Val]) -> None:
     args = [new[i] for i in e.inputs]
     a = dict(e.attrs)
     if e.op == "cast":
-        results = [out.cast(args[0], a["dtype"])]
+        results = [copy_cast(out, e, args[0])]
     elif e.op == "size":
         results = [out.size(args[0], a["dim"])]
     elif e.op == "squeeze":
@@ -241,9 +246,10 @@ def _reduction(f: Fusion, op: str, x: Tensor, dims, keepdim: bool, dtype: DataTy
     runs as a later kernel (it needs every row's result) over one row; a Half or BFloat16
     result's partials are Float, as a kernel holds them. One over axes of size 1 only is each
     element on its own (torch.sum(x, dim) of a [R, 1] x along 1): a cast to the result's
-    type, squeezed unless keepdim."""
+    type that does not round (a reduction's Half or BFloat16 result is a float in the
+    kernel), squeezed unless keepdim."""
     if all(x.dims[d] is None for d in dims):
-        kept = as_tensor(f.cast(x, dtype))
+        kept = as_tensor(f.cast(x, dtype, rounds=False))
         return kept if keepdim else f.squeeze(kept, list(dims))
     if (x.ndim < 2 or sorted(dims) != list(range(x.ndim))
             or any(d is None for d in x.dims)):  # a size-1 axis: one row or one column

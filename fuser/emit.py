@@ -14,7 +14,7 @@ import re
 from fuser.analysis import FusionInfo, Role, operands, row_counts
 from fuser.dtypes import DataType
 from fuser.errors import FuserError
-from fuser.ir import Expr, Scalar, Tensor, Val
+from fuser.ir import Expr, Scalar, Tensor, Val, rounding_cast
 from fuser.ops import ELEMENTWISE, REDUCTIONS
 
 REDUCTION_OPS = tuple(REDUCTIONS)  # sum, max, min: values a pass reduces, not computes
@@ -112,7 +112,7 @@ class Emitter:
 
     def _stored_source(self, v: Val) -> Val:
         e = v.definition
-        if v in self.env or e is None or e.op != "cast" or v.dtype not in ROUNDINGS:
+        if v in self.env or e is None or not rounding_cast(e) or v.dtype not in ROUNDINGS:
             return v
         return e.inputs[0]
 
@@ -145,7 +145,7 @@ class Emitter:
         src = e.inputs[0]
         x = self._ref(src)
         target = e.attr("dtype")
-        if target in ROUNDINGS:
+        if target in ROUNDINGS and rounding_cast(e):
             return f"{ROUNDINGS[target]}({convert(x, ctype(src), 'float')})"
         if target is DataType.Bool and src.dtype is not DataType.Bool:
             return f"({x} != 0)"

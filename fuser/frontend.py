@@ -201,8 +201,11 @@ class Ops:
         log1p(exp(x * beta)) / beta. See fuser.ops.ELEMENTWISE['softplus'].doc."""
         return self._fusion.elementwise("softplus", [x, beta, threshold])
 
-    def cast(self, v, dtype: DataType):
-        return self._fusion.cast(v, dtype)
+    def cast(self, v, dtype: DataType, rounds: bool = True):
+        """`v` as `dtype`; to Half or BFloat16 rounded to nearest even, unless rounds=False:
+        then the value stays the float the kernel computes (as an op's result of that type
+        does) and is rounded only where it is stored."""
+        return self._fusion.cast(v, dtype, rounds)
 
     def broadcast_in_dim(self, t, shape, broadcast_dims):
         return self._fusion.broadcast_in_dim(t, shape, broadcast_dims)

@@ -25,6 +25,8 @@ from fuser.dtypes import DataType
 from fuser.errors import DefinitionError, InternalError, UnknownOpError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import networkx as nx
 
 
@@ -327,11 +329,19 @@ class Fusion:
         self._define(op, vals, [out], compute=operand_type)
         return out
 
-    def cast(self, v, dtype: DataType) -> Val:
+    def cast(self, v, dtype: DataType, rounds: bool = True) -> Val:
+        """`v` as `dtype`. To Half or BFloat16 a cast rounds to nearest even; with
+        rounds=False the result stays the float a kernel holds, as every other value of
+        those types does (an op's, a reduction's: only casts and stores round them)."""
         v = self.as_val(v)
         _require_dtype("cast", dtype)
+        if not isinstance(rounds, bool):
+            raise DefinitionError(f"cast: rounds must be True or False, got {rounds!r}")
         out: Val = self._tensor(dtype, v.dims) if isinstance(v, Tensor) else self._scalar(dtype)
-        self._define("cast", [v], [out], dtype=dtype)
+        attrs: dict = {"dtype": dtype}
+        if not rounds and dtype in (DataType.Half, DataType.BFloat16):
+            attrs["rounds"] = False  # only where it changes the value (to Float, say, not)
+        self._define("cast", [v], [out], **attrs)
         return out
 
     def size(self, t: Val, dim: int) -> Scalar:
@@ -724,6 +734,28 @@ def reduced_axes(e: Expr) -> frozenset[Extent]:
     """The axes reduction `e` reduces (its dims that are not of size 1)."""
     src = as_tensor(e.inputs[0])
     return frozenset(src.dims[d].find() for d in e.attr("dims") if src.dims[d] is not None)
+
+
+def rounding_cast(e: Expr) -> bool:
+    """A cast that rounds as casts do (not one made with rounds=False)."""
+    return e.op == "cast" and dict(e.attrs).get("rounds", True)
+
+
+def copy_cast(out: Fusion, e: Expr, operand: Val) -> Val:
+    """Cast `e` again in `out`, on `operand`."""
+    return out.cast(operand, e.attr("dtype"), rounds=rounding_cast(e))
+
+
+def upstream(vals: Sequence[Val]) -> list[Expr]:
+    """The Exprs `vals` depend on, each once."""
+    seen: dict[int, Expr] = {}
+    stack: list[Val] = list(vals)
+    while stack:
+        e = stack.pop().definition
+        if e is not None and id(e) not in seen:
+            seen[id(e)] = e
+            stack.extend(e.inputs)
+    return list(seen.values())
 
 
 def as_tensor(v: Val) -> Tensor:

@@ -11,7 +11,17 @@ from __future__ import annotations
 
 from fuser.analysis import copy_expr, define_like
 from fuser.dtypes import DataType
-from fuser.ir import Expr, Fusion, Scalar, Tensor, Val, as_tensor, dim_axes
+from fuser.ir import (
+    Expr,
+    Fusion,
+    Scalar,
+    Tensor,
+    Val,
+    as_tensor,
+    copy_cast,
+    dim_axes,
+    rounding_cast,
+)
 from fuser.ops import ELEMENTWISE, LAYOUT_OPS
 
 
@@ -101,7 +111,7 @@ def _moved_up_from(f: Fusion, e: Expr, new: dict[Val, Val]) -> Expr | None:
     a kernel computes."""
     if e.op not in ELEMENTWISE and e.op != "cast":
         return None
-    if e.op != "cast" and e.outputs[0].dtype in (DataType.Half, DataType.BFloat16):
+    if not rounding_cast(e) and e.outputs[0].dtype in (DataType.Half, DataType.BFloat16):
         return None  # the kernel would write it rounded, where the value is not (see _widened)
     tensors = [i for i in e.inputs if isinstance(i, Tensor)]
     if len(tensors) != 1 or not _used_once(f, tensors[0]):
@@ -121,7 +131,7 @@ def _remade(out: Fusion, e: Expr, new: dict[Val, Val], layout: Expr) -> Val:
 def _remake(out: Fusion, e: Expr, operands: list[Val]) -> Val:
     """Elementwise op or cast `e` in `out`, on `operands`."""
     if e.op == "cast":
-        return out.cast(operands[0], e.attr("dtype"))
+        return copy_cast(out, e, operands[0])
     return out.elementwise(e.op, operands)
 
 

@@ -32,7 +32,8 @@ def _expr_line(e) -> str:
     args = [i.name for i in e.inputs]
     a = dict(e.attrs)
     if e.op == "cast":
-        call = f"cast({args[0]}, dtype={a['dtype']!r})"
+        unrounded = ", rounds=False" if a.get("rounds", True) is False else ""
+        call = f"cast({args[0]}, dtype={a['dtype']!r}{unrounded})"
     elif e.op == "size":
         call = f"size({args[0]}, dim={a['dim']})"
     elif e.op in ("squeeze", "permute"):

@@ -35,7 +35,7 @@ import numpy as np
 
 from fuser.dtypes import Category, DataType
 from fuser.errors import BadInputError, InternalError, ValidationError
-from fuser.ir import Expr, Fusion, Scalar, Tensor, Val, as_tensor
+from fuser.ir import Expr, Fusion, Scalar, Tensor, Val, as_tensor, rounding_cast, upstream
 from fuser.ops import ELEMENTWISE, REDUCTIONS
 from fuser.shapes import Sizes, bind_shapes, check_count
 
@@ -199,21 +199,9 @@ def _check_inputs(fusion: Fusion, inputs: list) -> tuple[list, Sizes]:
 # ----- evaluation -------------------------------------------------------------------------------
 
 
-def _upstream(vals: Sequence[Val]) -> list[Expr]:
-    """The Exprs `vals` depend on, each once."""
-    seen: dict[int, Expr] = {}
-    stack: list[Val] = list(vals)
-    while stack:
-        e = stack.pop().definition
-        if e is not None and id(e) not in seen:
-            seen[id(e)] = e
-            stack.extend(e.inputs)
-    return list(seen.values())
-
-
 def _needed(fusion: Fusion) -> set[int]:
     """ids of the Exprs the outputs depend on (dead code is not evaluated)."""
-    return {id(e) for e in _upstream(fusion.outputs)}
+    return {id(e) for e in upstream(fusion.outputs)}
 
 
 def _run(e: Expr, args: list, sizes: Sizes, shift: float = 0.0) -> list:
@@ -232,6 +220,8 @@ def _run(e: Expr, args: list, sizes: Sizes, shift: float = 0.0) -> list:
                     for a in args]
         return [_exact(ELEMENTWISE[e.op].reference(*args), out.dtype)]
     if e.op == "cast":
+        if not rounding_cast(e):  # rounds=False: the value a kernel holds, not rounded
+            return [_exact(args[0], out.dtype)]
         return [_cast(args[0], e.inputs[0].dtype, out.dtype, shift)]
     if e.op == "size":
         return [np.int64(sizes.value(as_tensor(e.inputs[0]).dims[e.attr("dim")]))]
@@ -391,7 +381,7 @@ def precision(t: Tensor) -> DataType:
     if t.dtype is not DataType.Double:
         return t.dtype
     computed_in_float = any(o.dtype.is_float and o.dtype is not DataType.Double
-                            for e in _upstream([t]) for o in e.outputs)
+                            for e in upstream([t]) for o in e.outputs)
     return DataType.Float if computed_in_float else DataType.Double
 
 
@@ -460,7 +450,7 @@ def _draw_kinds(out: Tensor, margins: dict[int, float]) -> set[str]:
     """Which of _draws' moves an output's allowance follows: "inputs" for Float / Double
     outputs, "casts" for float outputs downstream of a cast with a margin."""
     kinds = {"inputs"} if out.dtype in _SENSITIVE else set()
-    if out.dtype.is_float and any(id(e) in margins for e in _upstream([out])):
+    if out.dtype.is_float and any(id(e) in margins for e in upstream([out])):
         kinds.add("casts")
     return kinds
 
@@ -474,13 +464,13 @@ def _draws(fusion: Fusion, values: list, sizes: Sizes,
     are several, of each alone (a flip upstream can move a later operand the other way)."""
     rng = np.random.default_rng(0)
     sensitive = [o for o in fusion.outputs if o.dtype in _SENSITIVE]
-    narrowing = [e for e in _upstream(sensitive) if _narrows(e)]
+    narrowing = [e for e in upstream(sensitive) if _narrows(e)]
     for draw in ("alternating", "random") if sensitive else ():
         moved = [_moved(v, x, draw, rng) for v, x in zip(fusion.inputs, values, strict=True)]
         after = {id(e): _compute_eps(e.attr("dtype"))
                  * _signs(_shape(e.outputs[0], sizes), draw, rng) for e in narrowing}
         yield "inputs", _evaluate(fusion, moved, sizes, after=after)
-    roundings = _sum_roundings(fusion, values, sizes, _upstream(sensitive))
+    roundings = _sum_roundings(fusion, values, sizes, upstream(sensitive))
     signs = {k: rng.choice(np.array([-1.0, 1.0]), size=np.shape(r)) for k, r in roundings.items()}
     for flip in (1.0, -1.0) if len(roundings) > 1 else (1.0,) if roundings else ():
         # Independent signs per sum and element, then every other sum's flipped: where an
@@ -535,14 +525,14 @@ def _shape(v: Val, sizes: Sizes) -> tuple[int, ...]:
 def _narrows(e: Expr) -> bool:
     """A cast to Half / BFloat16, or from Double to Float: its result is exact in a coarser
     format than the math after it rounds in."""
-    return e.op == "cast" and (e.attr("dtype") in (DataType.Half, DataType.BFloat16) or (
+    return rounding_cast(e) and (e.attr("dtype") in (DataType.Half, DataType.BFloat16) or (
         e.attr("dtype") is DataType.Float and e.inputs[0].dtype is DataType.Double))
 
 
 def _rounds(e: Expr) -> bool:
     """A cast that rounds a computed float value: to Half / BFloat16, Double to Float, or a
     float to an int type."""
-    if e.op != "cast" or not e.inputs[0].dtype.is_float:
+    if not rounding_cast(e) or not e.inputs[0].dtype.is_float:
         return False
     src, dst = e.inputs[0].dtype, e.attr("dtype")
     return (dst in (DataType.Half, DataType.BFloat16) or dst.category is Category.INT
@@ -557,7 +547,7 @@ def _cast_margins(fusion: Fusion, sizes: Sizes) -> dict[int, float]:
     downstream move by what that one rounding changes. Elsewhere the cast rounds alike in
     both, and a kernel that rounds wrongly (or not at all) is still caught. A cast that only
     makes a Half / BFloat16 output has none: tolerance() allows for its rounding."""
-    exprs = _upstream([o for o in fusion.outputs if o.dtype.is_float])
+    exprs = upstream([o for o in fusion.outputs if o.dtype.is_float])
     read = {id(v) for e in exprs for v in e.inputs}
     margins = {}
     for e in exprs:
@@ -637,7 +627,7 @@ def output_reduction_sizes(fusion: Fusion, inputs: list) -> list[int]:
 def _reduction_size(v: Val, sizes: Sizes) -> int:
     """How many elements the sums (and var_means, vars) upstream of `v` combine."""
     total = 0
-    for e in _upstream([v]):
+    for e in upstream([v]):
         if e.op in ("sum", "var_mean", "var"):
             extents = as_tensor(e.inputs[0]).dims
             total += math.prod(sizes.value(extents[d]) for d in e.attr("dims"))

@@ -45,6 +45,7 @@ from fuser.ir import (
     Tensor,
     Val,
     as_tensor,
+    copy_cast,
     dim_axes,
     reduced_axes,
     spanned_axes,
@@ -362,7 +363,7 @@ class _Rewrite:
         if e.op == "squeeze":
             return args[0]
         if e.op == "cast":
-            return out.cast(args[0], e.attr("dtype"))
+            return copy_cast(out, e, args[0])
         if e.op == "broadcast_in_dim":
             shape: list[Scalar | int] = [1] * self.rank
             for p in self._positions(as_tensor(result)):

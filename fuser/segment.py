@@ -39,7 +39,16 @@ from fuser import layouts, reorder
 from fuser.analysis import analyze, copy_expr, define_like, equate_extents, lower
 from fuser.dtypes import DataType
 from fuser.errors import HintError, InternalError, UnsupportedFusionError
-from fuser.ir import Expr, Fusion, Scalar, Tensor, Val, as_tensor, spanned_axes
+from fuser.ir import (
+    Expr,
+    Fusion,
+    Scalar,
+    Tensor,
+    Val,
+    as_tensor,
+    rounding_cast,
+    spanned_axes,
+)
 from fuser.ops import ELEMENTWISE, LAYOUT_OPS, REDUCTIONS
 
 if TYPE_CHECKING:
@@ -434,7 +443,7 @@ def _readable(v: Val) -> bool:
     """Whether a later segment may read `v` as written: not a Half or BFloat16 value that the
     store rounded (the kernel, and the oracle, use it unrounded); those are recomputed."""
     e = v.definition  # an output (_widened left no Half or BFloat16 reduction)
-    return v.dtype not in _NARROW or (e is not None and e.op == "cast")
+    return v.dtype not in _NARROW or (e is not None and rounding_cast(e))
 
 
 def _extract(f: Fusion, outputs: list[Val], home: dict[Val, int],

@@ -546,8 +546,8 @@ def test_unknown_op_lists_what_exists():
     (lambda ops, x: ops.var_mean(x, [1], unbiased=True),
      r"fd.ops.var_mean\(t, dims, correction=1, keepdim=False\): no keyword 'unbiased'; its "
      r"keywords are t, dims, correction, keepdim"),
-    (lambda ops, x: ops.cast(x), r"fd.ops.cast\(v, dtype\): missing a required argument: "
-                                 r"'dtype'"),
+    (lambda ops, x: ops.cast(x),
+     r"fd.ops.cast\(v, dtype, rounds=True\): missing a required argument: 'dtype'"),
     (lambda ops, x: ops.size(x, 0, 1), r"fd.ops.size\(t, dim\): too many positional"),
     (lambda ops, x: ops.broadcast_in_dim(x, shape=[2, 2], dims=[0, 1]),
      r"no keyword 'dims' \(did you mean broadcast_dims\?\)"),

@@ -7,11 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fuser import DataType, FusionDefinition
-from fuser.analysis import Kind, analyze
+from fuser import DataType, DefinitionError, FusionDefinition, explain
+from fuser.analysis import Kind, analyze, lower
 from fuser.device import DeviceSpec
+from fuser.ir import rounding_cast
 from fuser.kernels import build
 from fuser.ops import REDUCTIONS
+from fuser.printer import python_definition
 from fuser.reference import evaluate
 from fuser.schedulers import Problem
 
@@ -162,6 +164,68 @@ def test_gpu_var_matches_torch(correction, hidden, dtype, has_torch_cuda):
                                else 1e-4, atol=1e-6, equal_nan=True)
 
 
+def _minus_its_own_max(dtype: DataType, cast_first: bool) -> FusionDefinition:
+    """y - max(y) over y's axis of size 1, y = 1.5 x computed in y's type: zero unless the
+    max (or a cast before it, with `cast_first`) rounds y."""
+    with FusionDefinition("minus_max") as fd:
+        x = fd.define_tensor([-1, 1], dtype=dtype)
+        y = fd.ops.mul(x, 1.5)
+        z = fd.ops.cast(y, dtype) if cast_first else y
+        fd.add_output(fd.ops.sub(y, fd.ops.max(z, [1], keepdim=True, dtype=dtype)))
+    return fd
+
+
+@pytest.mark.parametrize("dtype", [DataType.BFloat16, DataType.Half])
+def test_a_reduction_over_size_1_axes_does_not_round_its_result(dtype):
+    """A Half or BFloat16 reduction's result is the float the kernel accumulates, over a row
+    or over one element: the size-1 case lowers to a cast with rounds=False (no round_bf16 /
+    round_half in the kernel), while a user's own cast still rounds. The GPU fuzz found the
+    kernel rounding where the oracle did not (y - max(y) of 0.0337 instead of 0)."""
+    fd = _minus_its_own_max(dtype, cast_first=False)
+    lowered = lower(fd.fusion)
+    casts = [e for e in lowered.exprs if e.op == "cast"]
+    assert len(casts) == 1 and not rounding_cast(casts[0])
+    assert "rounds=False" in python_definition(lowered)
+    assert "fm::round_" not in explain(fd, [(64, 1)], [dtype]).source
+    x = (np.arange(64, dtype=np.float64).reshape(64, 1) / 7 + 1).astype(dtype.numpy)
+    np.testing.assert_array_equal(evaluate(fd.fusion, [x])[0].astype(np.float64), 0)
+    rounded = _minus_its_own_max(dtype, cast_first=True)
+    assert "fm::round_" in explain(rounded, [(64, 1)], [dtype]).source
+    assert np.any(evaluate(rounded.fusion, [x])[0].astype(np.float64) != 0)
+
+
+def test_cast_rounds_takes_a_bool_and_survives_the_printed_definition():
+    """fd.ops.cast(..., rounds=False) is printed as written, so repr(fd) rebuilds the same
+    fusion; any other value than True or False is a DefinitionError naming it."""
+    with FusionDefinition("unrounded") as fd:
+        x = fd.define_tensor([-1, -1], dtype=DataType.Float)
+        fd.add_output(fd.ops.cast(fd.ops.mul(x, 3.0), DataType.BFloat16, rounds=False))
+    assert "rounds=False" in repr(fd)
+    namespace: dict = {}
+    exec(repr(fd), {"FusionDefinition": FusionDefinition, "DataType": DataType}, namespace)
+    assert repr(namespace["fd"]) == repr(fd)
+    with FusionDefinition("bad") as bad:
+        x = bad.define_tensor([-1, -1], dtype=DataType.Float)
+        with pytest.raises(DefinitionError, match=r"rounds must be True or False, got 'no'"):
+            bad.ops.cast(x, DataType.Half, rounds="no")
+        bad.add_output(bad.ops.neg(x))
+
+
+def test_ops_no_output_depends_on_are_left_out_of_the_kernel():
+    """A variance, a max and a row min that no output uses are not lowered: the kernel of
+    the column min alone is an outer reduction with no row reductions (the GPU fuzz's
+    kernel had reduced and exchanged all of them), and the oracle skips them too."""
+    with FusionDefinition("dead") as fd:
+        x = fd.define_tensor([-1, -1], dtype=DataType.Float)
+        fd.ops.var(x, [1], correction=1)
+        fd.ops.max(x, [0])
+        fd.ops.min(x, [1])
+        fd.add_output(fd.ops.min(x, [0]))
+    info = analyze(fd.fusion)
+    assert info.kind is Kind.OUTER and not info.inner_levels
+    assert [e.op for e in info.fusion.exprs] == ["min"]
+
+
 def test_a_reduction_over_size_1_axes_is_each_element_on_its_own():
     """torch.sum(x, dim) along an axis of size 1 (a keepdim statistic, a [R, 1] column): each
     element its own result, a cast to the result's type (squeezed unless keepdim), so one
@@ -179,3 +243,14 @@ def test_a_reduction_over_size_1_axes_is_each_element_on_its_own():
     np.testing.assert_allclose(total.astype(np.float64), want, rtol=2.0 ** -8)  # in bf16
     np.testing.assert_allclose(peak.astype(np.float64), want.reshape(5, 1), rtol=2.0 ** -8)
     assert total.shape == (5,) and peak.shape == (5, 1) and np.all(var == 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [DataType.BFloat16, DataType.Half])
+def test_a_reduction_over_size_1_axes_does_not_round_on_the_gpu(dtype):
+    """y - max(y) over y's axis of size 1 is exactly 0 from the kernel too."""
+    import cupy
+
+    x = (np.arange(1000, dtype=np.float64).reshape(1000, 1) / 7 + 1).astype(dtype.numpy)
+    (got,) = _minus_its_own_max(dtype, cast_first=False).execute([cupy.asarray(x)])
+    np.testing.assert_array_equal(cupy.asnumpy(got).astype(np.float64), 0)
