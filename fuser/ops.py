@@ -10,6 +10,7 @@ reduction ops everywhere else (frontend methods, analysis, codegen, the oracle).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,6 +66,9 @@ class ElementwiseOp:
     cuda: str  # Python format string over the operand expressions {0}, {1}, {2}
     reference: Callable  # numpy function on float64 / int64 / bool arrays
     doc: str
+    # the reference where the op computes in float and the kernel's math differs from the
+    # exact one by design (fm::exp's flush and overflow), else None: `reference`
+    float_reference: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -76,12 +80,27 @@ class ReductionOp:
     doc: str
 
 
-def _silu(x):
-    return x / (1.0 + np.exp(-x))
+# fm::exp in float is ex2.approx.ftz of x log2(e): results below 2^-126 flush to 0, and
+# from 2^128 on it is inf (templates/fuser_math.cuh).
+_FLOAT_EXP_FLUSH = -126 * math.log(2)
+_FLOAT_EXP_OVERFLOW = 128 * math.log(2)
 
 
-def _sigmoid(x):
-    return 1.0 / (1.0 + np.exp(-x))
+def _float_exp(x):
+    """exp as fm::exp computes it in float, otherwise exact: 0 below x = -87.34, inf from
+    x = 88.72 (a comparison with 0 downstream sees the kernel's 0, not 6.7e-39)."""
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        exact = np.exp(x)
+    return np.where(x < _FLOAT_EXP_FLUSH, 0.0, np.where(x >= _FLOAT_EXP_OVERFLOW, np.inf, exact))
+
+
+def _silu(x, exp=np.exp):
+    return x / (1.0 + exp(-x))
+
+
+def _sigmoid(x, exp=np.exp):
+    return 1.0 / (1.0 + exp(-x))
 
 
 def _where(c, a, b):
@@ -97,9 +116,15 @@ def _erf(x):
     return np.asarray(_ERF(np.asarray(x, dtype=np.float64)), dtype=np.float64)
 
 
-def _softplus(x, beta, threshold):
+def _softplus(x, beta, threshold, exp=np.exp):
     y = x * beta
-    return np.where(y > threshold, x, np.log1p(np.exp(y)) / beta)
+    with np.errstate(over="ignore"):
+        return np.where(y > threshold, x, np.log1p(exp(y)) / beta)
+
+
+def _in_float(reference: Callable) -> Callable:
+    """`reference` with fm::exp's float behaviour (_float_exp) for its exp."""
+    return functools.partial(reference, exp=_float_exp)
 
 
 def _clamp(x, lo, hi):
@@ -141,11 +166,15 @@ ELEMENTWISE: dict[str, ElementwiseOp] = {
         ElementwiseOp("reciprocal", 1, FLOATING, "fm::reciprocal({0})", np.reciprocal, "1 / a"),
         ElementwiseOp("sqrt", 1, FLOATING, "fm::sqrt({0})", np.sqrt, "square root"),
         ElementwiseOp("rsqrt", 1, FLOATING, "fm::rsqrt({0})", lambda x: 1.0 / np.sqrt(x), "1/sqrt"),
-        ElementwiseOp("exp", 1, FLOATING, "fm::exp({0})", np.exp, "e ** a"),
+        ElementwiseOp("exp", 1, FLOATING, "fm::exp({0})", np.exp,
+                      "e ** a; in float fuser's fast exp: results below 2^-126 (a < -87.3) "
+                      "are 0, and from a = 88.7 on inf", _float_exp),
         ElementwiseOp("log", 1, FLOATING, "fm::log({0})", np.log, "natural logarithm"),
         ElementwiseOp("tanh", 1, FLOATING, "fm::tanh({0})", np.tanh, "hyperbolic tangent"),
-        ElementwiseOp("sigmoid", 1, FLOATING, "fm::sigmoid({0})", _sigmoid, "1 / (1 + e ** -a)"),
-        ElementwiseOp("silu", 1, FLOATING, "fm::silu({0})", _silu, "a * sigmoid(a)"),
+        ElementwiseOp("sigmoid", 1, FLOATING, "fm::sigmoid({0})", _sigmoid, "1 / (1 + e ** -a)",
+                      _in_float(_sigmoid)),
+        ElementwiseOp("silu", 1, FLOATING, "fm::silu({0})", _silu, "a * sigmoid(a)",
+                      _in_float(_silu)),
         ElementwiseOp("where", 3, ARITH, "({0} ? {1} : {2})", _where, "b where cond else c"),
         ElementwiseOp("erf", 1, FLOATING, "fm::erf({0})", _erf,
                       "the error function (exact GELU: x * 0.5 * (1 + erf(x / sqrt(2))))"),
@@ -160,8 +189,8 @@ ELEMENTWISE: dict[str, ElementwiseOp] = {
             "tensors. Unlike torch, int and bool x are computed as Float (torch refuses them); "
             "in float, exp is fuser's fast one, so results below 2^-126 (x * beta < -87) "
             "are 0, and with a threshold above 88 exp overflows first: x * beta between 88.7 "
-            "and the threshold gives inf, as torch's float softplus does (the float64 oracle "
-            "does not)",
+            "and the threshold gives inf, as torch's float softplus does (the oracle too)",
+            _in_float(_softplus),
         ),
         ElementwiseOp(
             "clamp", 3, NUMERIC, "fm::clamp({0}, {1}, {2})", _clamp,

@@ -14,6 +14,9 @@ kernel rounds by design, the oracle rounds the same way (`_cast`, `_stored`):
   low 32 bits;
 - an output is stored in its dtype: a Half / BFloat16 / Float output is rounded (and overflows)
   as the kernel's store does;
+- an op computed in float whose kernel math departs from the exact one by design (fm::exp:
+  results below 2^-126 are 0, from 2^128 on inf; sigmoid, silu and softplus through it)
+  follows the kernel (ops.ElementwiseOp.float_reference);
 - values a kernel *receives* are stored as the kernel receives them: a tensor input in its
   declared dtype, a scalar (input or constant) in its compute type (a Float scalar of 0.1 is the
   float32 nearest 0.1; a Half scalar is passed as a float32 too).
@@ -218,7 +221,11 @@ def _run(e: Expr, args: list, sizes: Sizes, shift: float = 0.0) -> list:
             # operands as the kernel holds them, in float32 (1e30 * 1e30 is inf there).
             args = [_rounded(a, DataType.Float) if np.asarray(a).dtype.kind == "f" else a
                     for a in args]
-        return [_exact(ELEMENTWISE[e.op].reference(*args), out.dtype)]
+        op = ELEMENTWISE[e.op]
+        reference = op.reference
+        if op.float_reference is not None and compute.compute_type == "float":
+            reference = op.float_reference  # fm::exp's flush and overflow
+        return [_exact(reference(*args), out.dtype)]
     if e.op == "cast":
         if not rounding_cast(e):  # rounds=False: the value a kernel holds, not rounded
             return [_exact(args[0], out.dtype)]

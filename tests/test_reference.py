@@ -944,3 +944,46 @@ def test_unrounded_sums_add_up_over_chunks_of_rows():
     np.testing.assert_array_equal(stored(40 * sum_of_chunk, fd.fusion.outputs[0]), whole)
     assert not np.array_equal(40 * rounded_chunk, whole)
     np.testing.assert_array_equal(rows, rows_rounded)  # not a sum: rounded as usual
+
+
+def _through_exp(dtype: DataType, op: str):
+    """[op(x), op(x) > 0] of a [1, 5] tensor of `dtype`; softplus with beta 3432 and
+    threshold 7, as the GPU fuzz drew it."""
+    with FusionDefinition("exp_edges") as fd:
+        x = fd.define_tensor([-1, -1], dtype=dtype)
+        if op == "softplus":
+            y = fd.ops.softplus(fd.ops.div(x, 3432.0), 3432.0, 7.0)
+        else:
+            y = getattr(fd.ops, op)(x)
+        fd.add_output(fd.ops.cast(y, DataType.Double))
+        fd.add_output(fd.ops.gt(y, 0))
+    return fd
+
+
+EXP_EDGES = np.array([[-90.0, -87.9, -80.0, 0.0, 89.0]])
+
+
+@pytest.mark.parametrize("dtype", [DataType.Float, DataType.Half])
+def test_the_oracle_follows_the_kernels_float_exp_at_its_edges(dtype):
+    """In float, fm::exp flushes results below 2^-126 to 0 and is inf from 2^128 on, and so
+    are sigmoid, silu and softplus built on it: the oracle's values, and comparisons of them
+    with 0, follow (the GPU fuzz: softplus(x, 3432, 7) > 0 at x * 3432 = -87.9 was True in
+    the oracle, False in the kernel). In Double, exp is exact."""
+    x = EXP_EDGES.astype(dtype.numpy)
+    value, positive = evaluate(_through_exp(dtype, "exp").fusion, [x])
+    wide = x.astype(np.float64)
+    np.testing.assert_array_equal(value[0, :2], 0.0)
+    np.testing.assert_allclose(value[0, 2:4], np.exp(wide[0, 2:4]), rtol=1e-15)
+    assert value[0, 4] == np.inf
+    assert positive.tolist() == [[False, False, True, True, True]]
+    sigmoid, _ = evaluate(_through_exp(dtype, "sigmoid").fusion, [-x])
+    assert sigmoid[0, 4] == 0.0 and sigmoid[0, 0] == 1.0
+    softplus, positive = evaluate(_through_exp(dtype, "softplus").fusion, [x])
+    assert positive.tolist() == [[False, False, True, True, True]]
+    assert softplus[0, 0] == 0.0 and softplus[0, 2] > 0
+
+
+def test_the_oracle_keeps_exp_exact_in_double():
+    value, positive = evaluate(_through_exp(DataType.Double, "exp").fusion, [EXP_EDGES])
+    np.testing.assert_allclose(value, np.exp(EXP_EDGES), rtol=1e-15)
+    assert positive.all()
