@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fuser.analysis import axes, lower
+from fuser.analysis import axes
 from fuser.device import PRESETS, DeviceSpec
 from fuser.dtypes import DataType
 from fuser.errors import BadInputError, DefinitionError, FuserError, HintError
@@ -38,6 +38,7 @@ from fuser.explain import Explanation, SegmentedExplanation, explain, section
 from fuser.frontend import FusionDefinition
 from fuser.fusions import FUSIONS, make_inputs
 from fuser.ir import Tensor
+from fuser.lowering import lower
 from fuser.schedulers import Hints
 
 DTYPES = {"bf16": DataType.BFloat16, "fp16": DataType.Half, "fp32": DataType.Float}

@@ -540,7 +540,7 @@ class Fusion:
         return var, mean
 
     def var(self, t, dims, correction: int, keepdim: bool) -> Tensor:
-        """torch.var: var_mean's variance alone (analysis lowers both the same way)."""
+        """torch.var: var_mean's variance alone (lowering.py expands both the same way)."""
         t, dims, correction = self._variance_operands("var", t, dims, correction)
         var = self._tensor(t.dtype, self._reduced_dims(t, dims, keepdim))
         self._define("var", [t], [var], dims=dims, correction=correction, keepdim=bool(keepdim))

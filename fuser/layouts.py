@@ -9,7 +9,6 @@ operand exists (executor._make_layouts).
 
 from __future__ import annotations
 
-from fuser.analysis import copy_expr, define_like
 from fuser.dtypes import DataType
 from fuser.ir import (
     Expr,
@@ -22,6 +21,7 @@ from fuser.ir import (
     dim_axes,
     rounding_cast,
 )
+from fuser.lowering import copy_expr, define_like
 from fuser.ops import ELEMENTWISE, LAYOUT_OPS
 
 

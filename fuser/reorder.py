@@ -36,7 +36,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import combinations
 
-from fuser.analysis import _reduction, define_like, equate_extents
 from fuser.ir import (
     Expr,
     Extent,
@@ -50,6 +49,7 @@ from fuser.ir import (
     reduced_axes,
     spanned_axes,
 )
+from fuser.lowering import define_like, equate_extents, reduction
 from fuser.ops import ELEMENTWISE, LAYOUT_OPS, REDUCTIONS
 
 # the ops a fusion to reorder may hold: the lowered ones (var_mean and var expanded)
@@ -371,7 +371,7 @@ class _Rewrite:
             return out.broadcast_in_dim(args[0], shape, list(range(self.rank)))
         if e.op in REDUCTIONS:
             reduced = sorted({self.order.position(a) for a in reduced_axes(e)})
-            return _reduction(out, e.op, as_tensor(args[0]), reduced, True, result.dtype)
+            return reduction(out, e.op, as_tensor(args[0]), reduced, True, result.dtype)
         return out.elementwise(e.op, args)
 
     def _size(self, t: Tensor, dim: int) -> Scalar:

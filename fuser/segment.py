@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fuser import layouts, reorder
-from fuser.analysis import analyze, copy_expr, define_like, equate_extents, lower
+from fuser.analysis import analyze
 from fuser.dtypes import DataType
 from fuser.errors import HintError, InternalError, UnsupportedFusionError
 from fuser.ir import (
@@ -49,6 +49,7 @@ from fuser.ir import (
     rounding_cast,
     spanned_axes,
 )
+from fuser.lowering import copy_expr, define_like, equate_extents, lower
 from fuser.ops import ELEMENTWISE, LAYOUT_OPS, REDUCTIONS
 
 if TYPE_CHECKING:

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from fuser import DataType, DefinitionError, FusionDefinition, explain
-from fuser.analysis import Kind, analyze, lower
+from fuser.analysis import Kind, analyze
 from fuser.device import DeviceSpec
 from fuser.ir import rounding_cast
 from fuser.kernels import build
+from fuser.lowering import lower
 from fuser.ops import REDUCTIONS
 from fuser.printer import python_definition
 from fuser.reference import evaluate

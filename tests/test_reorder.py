@@ -27,9 +27,10 @@ from test_layout import (
 import fuser
 from bench import nd
 from fuser import DataType, FusionDefinition, UnsupportedFusionError
-from fuser.analysis import analyze, lower
+from fuser.analysis import analyze
 from fuser.device import DeviceSpec
 from fuser.executor import segments_of
+from fuser.lowering import lower
 from fuser.reference import evaluate
 from fuser.reorder import _axes, order_of, reordered
 from fuser.segment import SegmentSchedules, _widened, segment
