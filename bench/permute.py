@@ -3,7 +3,7 @@ against PyTorch's copy of the same permuted view and a device copy of the same b
 
     PYTHONPATH=. python3 bench/permute.py [--case NAME,...] [--out DIR]
 
-Each case: median time of `executor._permuted` (allocation and launch, what a segmented call
+Each case: median time of `moves.permuted` (allocation and launch, what a segmented call
 runs) and of `x.permute(dims).contiguous()`, GB/s of one read and one write of the tensor and
 its fraction of the copy's; both results are checked equal to PyTorch's bit for bit. Writes
 OUT/<date>-permute.json (bench/run.py's report format) and prints a markdown table.
@@ -51,7 +51,7 @@ def bench_case(name: str, timer) -> dict:
 
     from bench.baselines import device_copy
     from fuser import permute
-    from fuser.executor import _permuted
+    from fuser.moves import permuted
 
     shape, dims, dtype = CASES[name]
     x = torch.randn(shape, device="cuda").to(getattr(torch, dtype))
@@ -62,7 +62,7 @@ def bench_case(name: str, timer) -> dict:
     copy_fn, copy_bytes = device_copy(nbytes)
     entry["impls"]["copy"] = {"bytes": copy_bytes, "time_us": timer(copy_fn) * 1e3}
     expected = x.permute(dims).contiguous()
-    for impl, fn in (("fuser", lambda: _permuted(x, dims)),
+    for impl, fn in (("fuser", lambda: permuted(x, dims)),
                      ("torch", lambda: x.permute(dims).contiguous())):
         try:
             m = {"correct": bool(torch.equal(fn(), expected))}

@@ -39,6 +39,11 @@ def cupy_module():
     return cupy
 
 
+def is_torch(x) -> bool:
+    """Whether `x` is a torch tensor (else a CuPy array, by the executor's checks)."""
+    return type(x).__module__.startswith("torch")
+
+
 @cache
 def torch_module():
     """torch, imported where a call first needs it."""

@@ -22,6 +22,15 @@ from fuser.ir import INT_RANGES, Scalar, Tensor
 _PLAIN = frozenset({(DataType.Bool, bool)} | {(d, float) for d in DataType if d.is_float})
 
 
+def alignment(pointers: list[int]) -> int:
+    """Largest power of two up to 16 dividing every pointer (16 bytes is the widest access)."""
+    align = 16
+    for p in pointers:
+        while p % align:
+            align //= 2
+    return align
+
+
 def scalar_value(index: int, v: Scalar, x: object) -> object:
     """`x` as the value of scalar input `v` (its kernel parameter), after checking its kind
     and range: a bool for Bool; an integer (not a float, not a bool) within Int32 / Int64;

@@ -22,18 +22,18 @@ from typing import TypeVar
 
 import numpy as np
 
-from fuser import calls, permute
+from fuser import calls, moves
 from fuser.analysis import FusionInfo, Kind, analyze, strided_inputs
-from fuser.calls import Plan, Run
+from fuser.calls import Plan, Run, is_torch
 from fuser.calls import cupy_module as _cupy
-from fuser.checks import check_device, check_element_aligned, check_pointer, scalar_value
+from fuser.checks import alignment, check_device, check_pointer, scalar_value
 from fuser.device import DeviceSpec
 from fuser.driver import driver
 from fuser.dtypes import DataType
 from fuser.errors import BadInputError, FuserError, OutOfResourcesError, UnsupportedFusionError
 from fuser.ir import Scalar, Tensor, as_tensor
-from fuser.layouts import describe
 from fuser.loader import get_kernel, launch_sizes
+from fuser.moves import Move, make_layouts
 from fuser.schedulers import Hints, Problem
 from fuser.schedulers.base import Dealing, RowSchedule, problem_rows
 from fuser.segment import Segment, Segmentation, segment
@@ -41,15 +41,6 @@ from fuser.shapes import Sizes, bind_shapes
 from fuser.signature import workspace_dtype
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Move:
-    """A permute between a segmented call's kernels: the layout op (layouts.describe) and
-    the permute kernel that made it."""
-
-    what: str
-    kernel: permute.PermuteKernel
 
 
 @dataclass(frozen=True)
@@ -91,10 +82,6 @@ def _info(fd) -> tuple[FusionInfo, str]:
 # ----- inputs -----
 
 
-def _is_torch(x) -> bool:
-    return type(x).__module__.startswith("torch")
-
-
 def _is_cupy(x) -> bool:
     return type(x).__module__.startswith("cupy")
 
@@ -107,7 +94,7 @@ def _check_tensor(i: int, t: Tensor, x, torch_kind: bool):
     """(dtype, shape, pointer, device id) of input `x`, after checking its kind and layout."""
     where = f"input {i} ({t.name})"
     if torch_kind:
-        if not _is_torch(x):
+        if not is_torch(x):
             raise BadInputError(f"{where} is a {_describe(x)}; pass all tensors as torch tensors "
                                 "or all as CuPy arrays")
         if x.device.type != "cuda":
@@ -131,15 +118,6 @@ def _check_tensor(i: int, t: Tensor, x, torch_kind: bool):
     return tuple(int(s) for s in x.shape), ptr, dev
 
 
-def _alignment(pointers: list[int]) -> int:
-    """Largest power of two up to 16 dividing every pointer (16 bytes is the widest access)."""
-    align = 16
-    for p in pointers:
-        while p % align:
-            align //= 2
-    return align
-
-
 MAX_PLANS = 64  # plans kept per fusion definition (distinct shapes seen recently)
 
 
@@ -147,7 +125,7 @@ def _checked_inputs(fusion, inputs: list) -> tuple[bool, list]:
     """Whether the tensors are torch's, and per input _check_tensor's (shape, pointer, device)
     (None for a scalar input, whose value is checked)."""
     tensors = [x for v, x in zip(fusion.inputs, inputs, strict=True) if isinstance(v, Tensor)]
-    torch_kind = bool(tensors) and _is_torch(tensors[0])
+    torch_kind = bool(tensors) and is_torch(tensors[0])
     checked: list[tuple[tuple[int, ...], int, int] | None] = []
     for i, (v, x) in enumerate(zip(fusion.inputs, inputs, strict=True)):
         if isinstance(v, Scalar):
@@ -185,7 +163,7 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
     rows = math.prod(sizes.value(axis) for axis in info.row_axes)
     hidden = sizes.value(info.hidden_axis) if info.hidden_axis is not None else 1
     device_id = devices.pop() if devices else driver().current_device()
-    align = _alignment(pointers)
+    align = alignment(pointers)
     actual = DeviceSpec.from_gpu(device_id)
     spec = actual if device is None else DeviceSpec.get(device)
     if device is not None:
@@ -269,7 +247,7 @@ def _contiguous(fd, inputs: list) -> list:
         if i >= len(inputs):
             continue  # the input count is checked with the rest
         x = inputs[i]
-        if _is_torch(x):
+        if is_torch(x):
             if not x.is_contiguous():
                 inputs[i] = _permuted_view_copy(x) if x.is_cuda else x.contiguous()
         elif _is_cupy(x) and not x.flags.c_contiguous:
@@ -284,12 +262,12 @@ def _permuted_view_copy(x):
     D]; torch's and CuPy's copies of those ran at 0.15-0.5 of a device copy on the H200,
     bench/results/2026-12-03-permute.json), else by the array library (a column slice, a
     view with gaps or flipped axes)."""
-    torch_kind = _is_torch(x)
+    torch_kind = is_torch(x)
     strides = x.stride() if torch_kind else x.strides
     order = sorted(range(x.ndim), key=lambda d: (x.shape[d] > 1, -strides[d], d))
     moved = x.permute(order) if torch_kind else x.transpose(order)
     if moved.is_contiguous() if torch_kind else moved.flags.c_contiguous:
-        return _permuted(moved, tuple(order.index(d) for d in range(x.ndim)))
+        return moves.permuted(moved, tuple(order.index(d) for d in range(x.ndim)))
     return x.contiguous() if torch_kind else _cupy().ascontiguousarray(x)
 
 
@@ -356,7 +334,7 @@ def _execute_segments(fd, segmentation: Segmentation, inputs: list, device, hint
     the layout ops made between them. Every input is checked first (kind, device, dtype, rank
     and sizes against the whole fusion): a layout op may touch it before any segment does.
     `key`: the call's plan key (calls.signature), under which the checked sizes are kept, and
-    the steps the first call took (_layout_step, _segment_step), which later calls with that
+    the steps the first call took (moves.layout_step, _segment_step), which later calls with that
     key walk (_segment_call)."""
     lowered = segmentation.lowered
     if hints is not None:
@@ -377,7 +355,7 @@ def _execute_segments(fd, segmentation: Segmentation, inputs: list, device, hint
                 runs.append(done)
         fd._last_run = SegmentedRun(segmentation, tuple(runs), tuple(moves))
         return _unshared(lowered, values)
-    steps: list = _make_layouts(segmentation.layouts, values, sizes, moves)
+    steps: list = make_layouts(segmentation.layouts, values, sizes, moves)
     for s in segmentation.segments:
         arguments = s.arguments(values, sizes)
         outs = execute(s.definition, arguments, device=device)
@@ -386,7 +364,7 @@ def _execute_segments(fd, segmentation: Segmentation, inputs: list, device, hint
         assert isinstance(run, Run | SegmentedRun)
         runs.append(run)
         steps.append(_segment_step(s, arguments, values, device))
-        steps += _make_layouts(segmentation.layouts, values, sizes, moves)
+        steps += make_layouts(segmentation.layouts, values, sizes, moves)
     fd._last_run = SegmentedRun(segmentation, tuple(runs), tuple(moves))
     if key is not None and None not in steps:
         _remember(fd._segment_calls, (key, lowered), (sizes, tuple(steps)))
@@ -450,104 +428,6 @@ def _remember(cache: dict, key, value) -> None:
     cache[key] = value
 
 
-def _make_layouts(layouts, values: dict, sizes, moves: list) -> list[Callable]:
-    """Each permute, reshape or expand whose operand is in `values` and result is not yet,
-    made (_layout_step), each permute's Move appended to `moves`; the steps that made them,
-    in order."""
-    made = []
-    for e in layouts:
-        if e.outputs[0] not in values and e.inputs[0] in values:
-            step = _layout_step(e, sizes)
-            move = step(values)
-            if move is not None:
-                moves.append(move)
-            made.append(step)
-    return made
-
-
-def _layout_step(e, sizes) -> Callable[[dict], Move | None]:
-    """Layout op `e` as a step: permute as a copy in the new order, always new memory (the
-    next kernels read contiguous rows; the step returns its Move), reshape as a view of the
-    shape bind_shapes gave its result, expand as a contiguous copy of the operand broadcast
-    to its result's shape."""
-    out, x = e.outputs[0], e.inputs[0]
-    if e.op == "reshape":
-        shape = sizes.shape(as_tensor(out))
-
-        def reshaped(values: dict) -> None:
-            values[out] = values[x].reshape(shape)
-
-        return reshaped
-    if e.op == "expand":
-        dims, shape = e.attr("broadcast_dims"), sizes.shape(as_tensor(out))
-
-        def expanded(values: dict) -> None:
-            values[out] = _expanded(values[x], dims, shape)
-
-        return expanded
-    order, what = tuple(e.attr("dims")), describe(e)
-    made: dict[permute.PermuteKernel, Move] = {}  # one record per kernel this step runs
-
-    def permuted(values: dict) -> Move | None:
-        values[out], kernel = _permute_launch(values[x], order)
-        if kernel is None:  # nothing to copy
-            return None
-        move = made.get(kernel)
-        if move is None:
-            move = made[kernel] = Move(what, kernel)
-        return move
-
-    return permuted
-
-
-def _permuted(x, dims: tuple[int, ...]):
-    """A contiguous copy of `x` in the order `dims`, new memory on `x`'s device, made by
-    fuser's permute kernel (fuser/permute.py) on the array library's current stream."""
-    return _permute_launch(x, dims)[0]
-
-
-def _permute_launch(x, dims: tuple[int, ...]) -> tuple:
-    """_permuted's copy and the permute kernel that made it (None where it has no
-    elements)."""
-    torch_kind = _is_torch(x)
-    if torch_kind:
-        x = x if x.is_contiguous() else x.contiguous()
-        source, device_id, itemsize = x.data_ptr(), x.get_device(), x.element_size()
-    else:
-        with x.device:
-            x = _cupy().ascontiguousarray(x)
-        source, device_id, itemsize = x.data.ptr, x.data.device_id, x.itemsize
-    check_element_aligned(itemsize, source,
-                          lambda: f"an array to permute (shape {tuple(x.shape)})")
-    if torch_kind:
-        out = x.new_empty([x.shape[d] for d in dims])
-        destination = out.data_ptr()
-    else:
-        with x.device:
-            out = _cupy().empty([x.shape[d] for d in dims], dtype=x.dtype)
-        destination = out.data.ptr
-    if (out.numel() if torch_kind else out.size) == 0:
-        return out, None
-    plan = permute.plan(tuple(int(s) for s in x.shape), dims, itemsize, _alignment([source]))
-    kernel = permute.kernel(plan, device_id)
-    calls.in_context(device_id, driver().primary_context(device_id), torch_kind,
-                     lambda: permute.launch(kernel, source, destination,
-                                            calls.stream_of(torch_kind, device_id)))
-    return out, kernel
-
-
-def _expanded(x, broadcast_dims, shape):
-    """`x` broadcast to `shape` (axis i of `x` at axis broadcast_dims[i]), as a new contiguous
-    array on `x`'s device."""
-    staged = [1] * len(shape)
-    for i, d in enumerate(broadcast_dims):
-        staged[d] = x.shape[i]
-    if _is_torch(x):
-        return x.reshape(staged).expand(*shape).contiguous()
-    with x.device:
-        return _cupy().ascontiguousarray(_cupy().broadcast_to(x.reshape(staged), shape))
-
-
 def _unshared(lowered, values: dict) -> list:
     """The fusion's outputs, none sharing memory with an input or an earlier output: a
     reshape's result is a view of its operand, so one of an input, of another output, or of a
@@ -564,14 +444,14 @@ def _unshared(lowered, values: dict) -> list:
 
 
 def _copy(x):
-    return x.clone() if _is_torch(x) else x.copy()
+    return x.clone() if is_torch(x) else x.copy()
 
 
 # ----- validate -----
 
 
 def to_host(x) -> np.ndarray:
-    if _is_torch(x):
+    if is_torch(x):
         import torch
 
         if x.dtype == torch.bfloat16:

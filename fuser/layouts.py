@@ -4,7 +4,7 @@ they read, and where they can move so that no kernel writes a value only to have
 No kernel here moves elements to other positions; analysis.analyze refuses a fusion with a
 layout op, and segmentation cuts it there (segment.stages: a layout op's result is one stage
 past a kernel-made operand). The executor makes each result between kernels, as soon as its
-operand exists (executor._make_layouts).
+operand exists (moves.make_layouts).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from fuser import (
     executor,
     launch,
     loader,
+    moves,
     permute,
     segment,
     tickets,
@@ -98,7 +99,7 @@ class RecordingDriver:
 
 def _installed(monkeypatch, fake: RecordingDriver) -> RecordingDriver:
     """`fake` as every module's driver, an H200's spec, CPU tensors passing the checks."""
-    for module in (executor, loader, calls, launch, tickets, permute):
+    for module in (executor, loader, calls, launch, tickets, permute, moves):
         monkeypatch.setattr(module, "driver", lambda: fake)
     monkeypatch.setattr(tickets, "_devices", {})
     monkeypatch.setattr(permute, "_loaded", {})
@@ -344,17 +345,23 @@ def test_later_calls_of_a_segmented_fusion_walk_the_steps_its_first_call_took(gp
         return real(definition, *args, **kwargs)
 
     monkeypatch.setattr(executor, "execute", counted)
+    planned = []
+    real_launch = moves.permuted_launch
+    monkeypatch.setattr(moves, "permuted_launch",
+                        lambda x, dims: planned.append(dims) or real_launch(x, dims))
     for _ in range(2):
         (out,) = fd.execute([a])
         assert tuple(out.shape) == (2, 16)
         assert [function for function, _ in gpu.launches] == first and inner == []
-        assert fd._last_run == record
+        assert fd._last_run == record and planned == []  # the permute's kept kernel
         gpu.launches.clear()
     shifted = torch.zeros(2 * 4 * 16 + 1, dtype=torch.bfloat16)[1:].view(2, 4, 16)
     (out,) = fd.execute([shifted])  # the permute kernel reads it in 2-byte words, not pairs
-    assert tuple(out.shape) == (2, 16) and inner == []
+    assert tuple(out.shape) == (2, 16) and inner == [] and planned == [(0, 2, 1)]
     (move,) = fd._last_run.moves
     assert move.kernel.plan.vector == 1 and record.moves[0].kernel.plan.vector == 2
+    fd.execute([a])  # aligned again: the pairs' kernel, kept
+    assert fd._last_run.moves == record.moves and planned == [(0, 2, 1)]
 
 
 def test_the_last_cuda_code_of_a_segmented_call_shows_its_permute_kernels(gpu):
@@ -404,3 +411,24 @@ def test_a_segment_reading_an_input_at_an_odd_address_takes_the_full_path(gpu, m
     assert inner == [first_segment]
     ran = fd._last_run.runs[0]
     assert ran.kernel.schedule.vec < aligned.runs[0].kernel.schedule.vec
+
+
+def test_an_input_copied_broadcast_is_made_again_by_each_later_call(gpu, monkeypatch):
+    """A [B, T, H] weight over rows [B, S, T] (not a run of them) is expanded between
+    kernels: the first call and each later one (walking the recorded steps) make the
+    contiguous broadcast copy, and launch the row kernel once."""
+    with FusionDefinition("weighted") as fd:
+        x = fd.define_tensor([-1, -1, -1, -1], dtype=DataType.Float)
+        w = fd.define_tensor([-1, -1, -1], dtype=DataType.Float)
+        wide = fd.ops.broadcast_in_dim(w, shape=x.shape(), broadcast_dims=[0, 2, 3])
+        fd.add_output(fd.ops.sum(fd.ops.mul(x, wide), [3]))
+    assert [e.op for e in executor.segments_of(fd).layouts] == ["expand", "reshape"]
+    made = []
+    real = moves.expanded
+    monkeypatch.setattr(moves, "expanded", lambda *a: made.append(real(*a)) or made[-1])
+    a, b = torch.zeros(2, 3, 4, 8), torch.arange(64.0).reshape(2, 4, 8)
+    for calls_made in range(1, 4):
+        fd.execute([a, b])
+        assert len(made) == calls_made and len(gpu.launches) == calls_made
+        assert made[-1].is_contiguous()
+        assert torch.equal(made[-1], b[:, None].expand(2, 3, 4, 8))

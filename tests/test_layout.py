@@ -205,7 +205,7 @@ def _inputs(fd: FusionDefinition, shapes, seed: int = 7) -> list[np.ndarray]:
 
 
 def _layouts_on_host(layouts, values: dict, sizes) -> None:
-    """The executor's between-kernel step (executor._make_layouts), for numpy arrays."""
+    """The executor's between-kernel step (moves.make_layouts), for numpy arrays."""
     for e in layouts:
         out, x = e.outputs[0], values.get(e.inputs[0])
         if out in values or x is None:

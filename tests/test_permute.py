@@ -136,17 +136,17 @@ def test_an_array_off_its_element_size_is_refused_on_the_host(monkeypatch):
     from types import SimpleNamespace
 
     from fuser import BadInputError
-    from fuser.executor import _permuted
+    from fuser.moves import permuted
 
-    class Misaligned:  # what _permuted reads of a CuPy array
+    class Misaligned:  # what permuted reads of a CuPy array
         shape, itemsize, device = (4, 6), 2, contextlib.nullcontext()
         data = SimpleNamespace(ptr=0x1001, device_id=0)
 
-    monkeypatch.setattr("fuser.executor._cupy", lambda: SimpleNamespace(
+    monkeypatch.setattr("fuser.moves.cupy_module", lambda: SimpleNamespace(
         ascontiguousarray=lambda a: a, empty=pytest.fail))
     with pytest.raises(BadInputError, match="starts at address 0x1001, not a multiple of its "
                                             "element size"):
-        _permuted(Misaligned(), (1, 0))
+        permuted(Misaligned(), (1, 0))
 
 
 # ----- on the GPU -----
@@ -169,11 +169,11 @@ def _torch_array(shape, dtype: str, seed: int):
 @settings(max_examples=60, deadline=None)
 @given(permutes(max_rank=4), st.sampled_from(DTYPES), st.integers(0, 2**31))
 def test_random_permutes_equal_torchs_bit_for_bit(case, dtype, seed):
-    from fuser.executor import _permuted
+    from fuser.moves import permuted
 
     shape, dims, _, _ = case
     x = _torch_array(shape, dtype, seed)
-    got = _permuted(x, dims)
+    got = permuted(x, dims)
     assert got.shape == x.permute(dims).shape and got.is_contiguous()
     assert got.dtype == x.dtype
     assert bool((got == x.permute(dims)).all()) or x.numel() == 0
@@ -187,10 +187,10 @@ def test_random_permutes_equal_torchs_bit_for_bit(case, dtype, seed):
     ((5, 0, 3), (2, 1, 0)),
 ])
 def test_large_and_odd_permutes_equal_torchs(shape, dims, dtype):
-    from fuser.executor import _permuted
+    from fuser.moves import permuted
 
     x = _torch_array(shape, dtype, 7)
-    got = _permuted(x, dims)
+    got = permuted(x, dims)
     assert got.shape == x.permute(dims).shape
     assert bool((got == x.permute(dims)).all()) or x.numel() == 0
 
@@ -199,13 +199,13 @@ def test_large_and_odd_permutes_equal_torchs(shape, dims, dtype):
 @pytest.mark.parametrize("offset", [1, 2, 3, 4])
 def test_an_input_at_an_odd_address_copies_in_narrower_words(offset):
     """A view at an element offset: the words shrink to the address' alignment."""
-    from fuser.executor import _permuted
+    from fuser.moves import permuted
 
     torch = pytest.importorskip("torch")
     base = _torch_array((6 * 5 * 64 + offset,), "bfloat16", 3)
     x = base[offset:].view(6, 5, 64)
     for dims in [(1, 0, 2), (2, 1, 0)]:  # runs, then tiles (pairs only at an even offset)
-        got = _permuted(x, dims)
+        got = permuted(x, dims)
         assert bool((got == x.permute(dims)).all())
         assert got.dtype == torch.bfloat16
 
@@ -214,14 +214,14 @@ def test_an_input_at_an_odd_address_copies_in_narrower_words(offset):
 @pytest.mark.parametrize("dtype", ["float16", "float64", "bool"])
 def test_cupy_arrays_permute_on_their_own_device(dtype):
     cupy = pytest.importorskip("cupy")
-    from fuser.executor import _permuted
+    from fuser.moves import permuted
 
     rng = np.random.default_rng(5)
     host = rng.standard_normal((4, 33, 70)) > 0 if dtype == "bool" else \
         rng.standard_normal((4, 33, 70)).astype(dtype)
     x = cupy.asarray(host)
     for dims in [(2, 1, 0), (1, 0, 2), (0, 2, 1)]:
-        got = _permuted(x, dims)
+        got = permuted(x, dims)
         assert isinstance(got, cupy.ndarray) and got.flags.c_contiguous
         np.testing.assert_array_equal(cupy.asnumpy(got), host.transpose(dims))
 

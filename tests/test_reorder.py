@@ -357,13 +357,13 @@ def test_batchnorm_over_nchw_matches_torch(has_torch_cuda):
 
 
 def test_an_expanded_input_is_a_contiguous_broadcast_copy():
-    """executor._expanded, as the executor makes an expand between kernels (torch's path, on
+    """moves.expanded, as the executor makes an expand between kernels (torch's path, on
     the CPU)."""
     torch = pytest.importorskip("torch")
-    from fuser.executor import _expanded
+    from fuser.moves import expanded
 
     x = torch.arange(6.0).reshape(2, 3)
-    got = _expanded(x, (0, 2), (2, 4, 3))
+    got = expanded(x, (0, 2), (2, 4, 3))
     assert got.is_contiguous() and got.data_ptr() != x.data_ptr()
     assert torch.equal(got, x[:, None, :].expand(2, 4, 3))
 

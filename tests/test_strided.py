@@ -54,7 +54,7 @@ def test_only_strided_arrays_at_inputs_declared_non_contiguous_are_copied():
 
 def test_a_permuted_view_of_contiguous_memory_is_copied_by_the_permute_kernel(monkeypatch):
     """A CUDA array that is a permuted view of contiguous memory (a transposed matrix, heads
-    and sequence swapped) is copied by fuser's permute kernel (executor._permuted, stood in
+    and sequence swapped) is copied by fuser's permute kernel (moves.permuted, stood in
     for here by torch's copy): the order handed to it brings the memory back to `x`'s axes.
     A column slice, a view with gaps, is the array library's to copy."""
     torch = pytest.importorskip("torch")
@@ -65,7 +65,7 @@ def test_a_permuted_view_of_contiguous_memory_is_copied_by_the_permute_kernel(mo
         calls.append(dims)
         return moved.permute(dims).contiguous()
 
-    monkeypatch.setattr(executor, "_permuted", permuted)
+    monkeypatch.setattr(executor.moves, "permuted", permuted)
     heads = torch.arange(2 * 3 * 4 * 5.0).reshape(2, 3, 4, 5)
     for x, dims in [(torch.arange(12.0).reshape(4, 3).t(), (1, 0)),
                     (heads.permute(0, 2, 1, 3), (0, 2, 1, 3)),
