@@ -340,7 +340,7 @@ class Fusion:
         out: Val = self._tensor(dtype, v.dims) if isinstance(v, Tensor) else self._scalar(dtype)
         attrs: dict = {"dtype": dtype}
         if not rounds and dtype in (DataType.Half, DataType.BFloat16):
-            attrs["rounds"] = False  # only where it changes the value (to Float, say, not)
+            attrs["rounds"] = False  # to Float or an int type the kernel's value is the cast's
         self._define("cast", [v], [out], **attrs)
         return out
 
