@@ -6,7 +6,10 @@ a / (|b| + 1), exp(min(x, 8)), |x| ** 2, var_mean with correction 0, no [rows] v
 numpy broadcasting; every value stays finite (tests/test_fuzz.py checks that against the
 oracle on the CPU), so a mismatch is a wrong number, not a NaN or inf the kernel and the
 oracle reach by different roads. Shapes: rows 1 to 1000, hidden 1 to 32768 (aligned and
-not), at most 2**20 elements, so the oracle stays fast.
+not), at most 2**20 elements, so the oracle stays fast. One case in five asks for rows split
+over a cluster of 2 or 4 blocks (Hints(cluster=k); a fusion with no row kernel refuses it,
+and another case is drawn): clusters otherwise come only at large hidden sizes, and their
+exchange hung where levels reduce different numbers of values (8a40593).
 
 FUSER_GPU_FUZZ_CASES (default 1008) fusion x shape cases run on the GPU in
 FUSER_GPU_FUZZ_SHARDS (16) shards, seeded from FUSER_GPU_FUZZ_SEED: `make test-gpu
@@ -35,7 +38,7 @@ from fuzz_fusions import (
 from hypothesis import HealthCheck, given, note, reject, seed, settings
 from hypothesis import strategies as st
 
-from fuser import FusionDefinition
+from fuser import FusionDefinition, executor
 from fuser.errors import (
     BadInputError,
     CompileError,
@@ -44,6 +47,8 @@ from fuser.errors import (
     LaunchError,
     ValidationError,
 )
+from fuser.reference import compare, evaluate, input_sensitivity, output_reduction_sizes
+from fuser.schedulers import Hints
 
 pytestmark = pytest.mark.gpu
 
@@ -61,6 +66,7 @@ class GpuCase:
     rows: int
     hidden: int
     data_seed: int
+    cluster: int | None = None  # Hints(cluster=...), None for the default schedule
 
 
 @st.composite
@@ -68,12 +74,28 @@ def gpu_cases(draw) -> GpuCase:
     plan = draw(plans(max_steps=8))
     hidden = draw(st.one_of(st.sampled_from(HIDDEN), st.integers(1, 32768)))
     rows = min(draw(st.sampled_from(ROWS)), max(1, MAX_ELEMENTS // hidden))
-    return GpuCase(plan, rows, hidden, draw(st.integers(0, 2**32 - 1)))
+    cluster = draw(st.sampled_from((None, None, None, 2, 4)))
+    return GpuCase(plan, rows, hidden, draw(st.integers(0, 2**32 - 1)), cluster)
 
 
 def repro(fd: FusionDefinition, case: GpuCase) -> str:
+    run = ("fd.validate(inputs)" if case.cluster is None else
+           f"fuser.executor.execute(fd, inputs, hints=Hints(cluster={case.cluster})) against "
+           "fuser.reference.evaluate(fd.fusion, host inputs)")
     return (f"--- repro ---\n{fd!r}\ninputs: fuzz_fusions.gpu_inputs(fd, rows={case.rows}, "
-            f"hidden={case.hidden}, seed={case.data_seed}) as CuPy arrays; fd.validate(inputs)")
+            f"hidden={case.hidden}, seed={case.data_seed}) as CuPy arrays; {run}")
+
+
+def validate(fd: FusionDefinition, host: list, inputs: list, cluster: int | None) -> None:
+    """fd.validate(inputs), or with Hints(cluster=cluster) the same comparison of the hinted
+    kernel's outputs with the oracle's."""
+    if cluster is None:
+        fd.validate(inputs)
+        return
+    outputs = executor.execute(fd, inputs, hints=Hints(cluster=cluster))
+    refs = evaluate(fd.fusion, host)
+    compare([executor.to_host(o) for o in outputs], refs, fd.fusion,
+            output_reduction_sizes(fd.fusion, host), input_sensitivity(fd.fusion, host, refs))
 
 
 def run_on_gpu(case: GpuCase, counts: Counter[str]) -> None:
@@ -92,7 +114,7 @@ def run_on_gpu(case: GpuCase, counts: Counter[str]) -> None:
     note(repro(fd, case))
     inputs = [cupy.asarray(x) if hasattr(x, "shape") else x for x in host]
     try:
-        fd.validate(inputs)
+        validate(fd, host, inputs, case.cluster)
     except ValidationError:
         counts["MISMATCH"] += 1
         raise
