@@ -73,6 +73,7 @@ class Explanation:
     source: str  # the CUDA source
     resources: Mapping[str, KernelResources]  # entry -> ptxas report
     built: Built  # the compiled module (cubin path, signatures), as fuser.kernels.build gives
+    left_out: tuple[str, ...] = ()  # ops no output depends on (lowering.left_out)
 
     @property
     def entries(self) -> tuple[str, ...]:
@@ -104,6 +105,7 @@ class Explanation:
             *self.repeated_rows(),
             "fusion definition (repr):",
             self.definition.rstrip(),
+            *_left_out_lines(self.left_out),
             section("classification"),
             self.info.describe(),
             section("schedule"),
@@ -150,6 +152,13 @@ class Explanation:
 def section(title: str) -> str:
     """A report's section heading."""
     return f"\n=== {title} " + "=" * max(0, 72 - len(title))
+
+
+def _left_out_lines(left: tuple[str, ...]) -> list[str]:
+    """The report's line on the ops of the definition that no output depends on."""
+    if not left:
+        return []
+    return [f"left out (no output depends on them, so no kernel computes them): {', '.join(left)}"]
 
 
 def explain(
@@ -200,6 +209,7 @@ def _explain_one(fd: FusionDefinition, shapes, dtypes, spec: DeviceSpec, hints: 
     """explain() of a fusion that one kernel chain runs."""
     from fuser.analysis import analyze
     from fuser.kernels import build
+    from fuser.lowering import left_out
 
     info = analyze(fd.fusion)
     bound = _bound_shapes(info.fusion.inputs, _per_input(fd, "shapes", shapes))
@@ -225,6 +235,7 @@ def _explain_one(fd: FusionDefinition, shapes, dtypes, spec: DeviceSpec, hints: 
         source=built.source.source,
         resources=MappingProxyType({e: built.compiled.resource(e) for e in plans}),
         built=built,
+        left_out=left_out(fd.fusion),
     )
 
 
@@ -257,12 +268,13 @@ class SegmentedExplanation:
     # one per segment, in order (a segment that runs as segments of its own: theirs)
     parts: tuple[Explanation | SegmentedExplanation, ...]
     permutes: tuple[PermuteExplanation, ...] = ()  # the kernels of the moves between them
+    left_out: tuple[str, ...] = ()  # ops no output depends on (lowering.left_out)
 
     def __str__(self) -> str:
         count = len(self.parts)
         head = [section(f"{self.name}: {count} segment{'' if count == 1 else 's'}"),
-                "fusion definition (repr):", self.definition.rstrip(), "",
-                str(self.segmentation)]
+                "fusion definition (repr):", self.definition.rstrip(),
+                *_left_out_lines(self.left_out), "", str(self.segmentation)]
         moves = [f"{section('permute kernel between segments')}\n{p}" for p in self.permutes]
         return "\n".join(head + [str(p) for p in self.parts] + moves)
 
@@ -271,6 +283,7 @@ def _explain_segments(fd: FusionDefinition, segmentation: Segmentation, shapes, 
                       spec: DeviceSpec, hints: Hints | None,
                       cache: KernelCache | None) -> SegmentedExplanation:
     """Each segment explained at the shapes its inputs have when `fd` runs on `shapes`."""
+    from fuser.lowering import left_out
     from fuser.shapes import bind_shapes
 
     if hints is not None:
@@ -286,7 +299,7 @@ def _explain_segments(fd: FusionDefinition, segmentation: Segmentation, shapes, 
                                       for v in s.inputs], device=spec, cache=cache)
         parts.append(part)
     return SegmentedExplanation(fd.name, repr(fd), segmentation, tuple(parts),
-                                _permutes(segmentation, sizes, spec, cache))
+                                _permutes(segmentation, sizes, spec, cache), left_out(fd.fusion))
 
 
 def _permutes(segmentation: Segmentation, sizes, spec: DeviceSpec,

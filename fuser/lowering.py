@@ -30,6 +30,15 @@ def lower(fusion: Fusion) -> Fusion:
     return out
 
 
+def left_out(fusion: Fusion) -> tuple[str, ...]:
+    """The ops of `fusion` (as written) that no output depends on, which lower() leaves out,
+    each as "T2 = var(T1)": explain() lists them under the definition."""
+    needed = {id(e) for e in upstream(fusion.outputs)}
+    return tuple(
+        f"{', '.join(o.name for o in e.outputs)} = {e.op}({', '.join(i.name for i in e.inputs)})"
+        for e in fusion.exprs if id(e) not in needed)
+
+
 def equate_extents(new: dict[Val, Val], context: str, keep_apart: frozenset = frozenset()) -> None:
     """Make the sizes of the copies in `new` one where the originals' are: define_like gives a
     copied input fresh extents, and an equality that no copied op restores (segment inputs,

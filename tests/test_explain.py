@@ -209,3 +209,28 @@ def test_a_definition_without_outputs_is_refused():
     fd.define_tensor(shape=[-1, -1], dtype=F32)
     with pytest.raises(DefinitionError, match=re.escape("has no outputs; call fd.add_output")):
         fuser.explain(fd, [(4, 4)])
+
+
+def test_the_report_lists_the_ops_no_output_depends_on():
+    """Ops of the definition that no output uses are left out of the kernels, and the
+    report says so under the definition, in its names; a segmented fusion's report too; a
+    fusion without such ops has no such line."""
+    with FusionDefinition("unused") as fd:
+        x = fd.define_tensor([-1, -1], dtype=DataType.Float)
+        fd.ops.var(x, [1], correction=1)
+        fd.add_output(fd.ops.min(x, [0]))
+    report = str(fuser.explain(fd, [(8, 64)]))
+    assert ("left out (no output depends on them, so no kernel computes them): "
+            "T1 = var(T0)") in report
+    assert report.index("left out") < report.index("=== classification")
+    with FusionDefinition("unused_segmented") as cut:
+        x = cut.define_tensor([-1, -1], dtype=DataType.Float)
+        cut.ops.max(x, [0])
+        total = cut.ops.sum(x, [1], keepdim=True)
+        cut.add_output(cut.ops.sub(x, cut.ops.sum(total, [0], keepdim=True)))
+    explained = fuser.explain(cut, [(8, 64)])
+    assert isinstance(explained, SegmentedExplanation)
+    assert explained.left_out == ("T1 = max(T0)",)
+    assert "left out (no output depends on them" in str(explained)
+    assert "left out" not in str(fuser.explain(FUSIONS["rmsnorm_fwd"](DataType.BFloat16),
+                                               [(8, 64), (64,)]))
