@@ -112,6 +112,18 @@ def default_cache_dir() -> str:
     return os.path.join(base, "fuser")
 
 
+def disk_cache_on() -> bool:
+    """FUSER_CACHE: 1 (the default, also when unset or empty) keeps kernels on disk too, 0
+    in memory only; any other value is refused: FUSER_CACHE=false or =off had left the disk
+    cache on."""
+    text = os.environ.get("FUSER_CACHE", "").strip() or "1"
+    if text not in ("0", "1"):
+        raise BadInputError(
+            f"FUSER_CACHE={text!r}: set 0 to keep compiled kernels in memory only, or 1 (the "
+            "default) to keep them on disk too")
+    return text == "1"
+
+
 def max_cache_bytes() -> int:
     """FUSER_CACHE_MAX_BYTES as bytes (default DEFAULT_MAX_BYTES); a value that is not a
     positive size is refused, since silently ignoring it could fill a disk."""
@@ -233,7 +245,7 @@ class KernelCache:
     def __init__(self, directory: str | None = None, disk: bool | None = None,
                  max_bytes: int | None = None):
         self.directory = os.path.abspath(directory or default_cache_dir())
-        self.disk = os.environ.get("FUSER_CACHE", "1") != "0" if disk is None else disk
+        self.disk = disk_cache_on() if disk is None else disk
         self.max_bytes = max_cache_bytes() if max_bytes is None else max_bytes
         self._memory: dict[str, CompiledModule] = {}
         self._plans: dict[str, bytes] = {}

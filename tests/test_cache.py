@@ -729,6 +729,21 @@ def test_a_bad_max_bytes_is_refused(monkeypatch, text):
         KernelCache()
 
 
+@pytest.mark.parametrize("text, disk", [("0", False), ("1", True), (" 1 ", True), ("", True)])
+def test_the_disk_cache_switch(monkeypatch, text, disk):
+    monkeypatch.setenv("FUSER_CACHE", text)
+    assert KernelCache().disk is disk
+
+
+@pytest.mark.parametrize("text", ["false", "off", "no", "2", "00"])
+def test_a_disk_cache_switch_other_than_0_or_1_is_refused(monkeypatch, text):
+    """FUSER_CACHE=false would have left the disk cache on; it is refused with the values."""
+    monkeypatch.setenv("FUSER_CACHE", text)
+    with pytest.raises(BadInputError, match=rf"FUSER_CACHE='{text}': set 0 to keep compiled "
+                                            r"kernels in memory only, or 1 \(the default\)"):
+        KernelCache()
+
+
 def test_compiled_templates_are_kept_beside_the_kernels_and_a_damaged_one_recompiles(
         tmp_path, monkeypatch):
     """codegen's Jinja bytecode cache (templates/ in the cache folder): a fresh environment
