@@ -393,14 +393,20 @@ def _dump(built: Built) -> None:
     folder = os.environ.get("FUSER_DUMP_DIR")
     if not folder:
         return
-    os.makedirs(folder, exist_ok=True)
     stem = os.path.join(folder, f"{built.source.name}_"
                         f"{hashlib.sha256(built.source.source.encode()).hexdigest()[:12]}")
     report = [str(built.schedule)] + ([str(built.finalize)] if built.finalize else [])
     for entry, plan in built.plans():
         report += [f"shared memory plan of {entry}:", plan.table(),
                    str(built.compiled.resource(entry))]
-    with open(stem + ".cu", "w") as f:
-        f.write(built.source.source)
-    with open(stem + ".txt", "w") as f:
-        f.write("\n\n".join(report) + "\n")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(stem + ".cu", "w") as f:
+            f.write(built.source.source)
+        with open(stem + ".txt", "w") as f:
+            f.write("\n\n".join(report) + "\n")
+    except OSError as exc:
+        raise BadInputError(
+            f"FUSER_DUMP_DIR={folder!r}: the kernel's source and report cannot be written "
+            f"there ({exc.strerror or exc}); point it at a folder you can write, or unset it"
+        ) from exc

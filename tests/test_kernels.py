@@ -177,6 +177,17 @@ def test_dump_dir_receives_source_and_report(tmp_path, monkeypatch):
     assert "RowSchedule" in report and "static slot" in report and "registers" in report
 
 
+def test_a_dump_dir_that_cannot_be_written_is_named(tmp_path, monkeypatch):
+    """FUSER_DUMP_DIR at a file (or anywhere unwritable) is a BadInputError naming it, not
+    an OSError from deep in a build."""
+    blocked = tmp_path / "a_file"
+    blocked.write_text("")
+    monkeypatch.setenv("FUSER_DUMP_DIR", str(blocked / "dump"))
+    with pytest.raises(BadInputError, match=r"FUSER_DUMP_DIR='.*a_file/dump': the kernel's "
+                                            r"source and report cannot be written there"):
+        _build(KernelCache(str(tmp_path / "cache")))
+
+
 def test_last_accessors_return_what_ran():
     """fd.last_cuda_code() is the CUDA text (not the KernelSource record), and the schedule and
     plan are the ones the kernel was built from; before any run they say so."""
