@@ -11,10 +11,15 @@ the axes that stay neighbours (and drops those of extent 1), then takes one of t
 - runs: the input's innermost axis stays the output's innermost, so each output run is a
   run of the input: threads copy words of up to 16 bytes (the widest the run's length and the
   input's alignment allow), the run's input offset from its index by constant divisions;
-- tiles: the innermost axis moves, so a block reads a 64 x 64 tile along the input's
-  innermost axis, stages it in shared memory (its plan: smem.py) and writes it along the
-  output's innermost, each side in whole sectors (2-byte elements in pairs where both
-  extents are even).
+- tiles: the innermost axis moves, so a block reads a tile along the input's innermost
+  axis, stages it in shared memory (its plan: smem.py) and writes it along the output's
+  innermost, each side in whole sectors. Where both extents are multiples of a 16-byte word
+  and the input is 16-byte aligned (1-, 2- and 4-byte elements), a thread reads 16-byte
+  words of 4 / itemsize neighbouring rows, transposes them in registers into 4-byte words of
+  that many elements along the output's innermost axis, and the block writes the tile in
+  16-byte words too (tiles of 8 words a side, the staged tile swizzled so that neither side
+  conflicts on banks); otherwise 64 x 64 tiles move elements, or 2-byte elements in pairs
+  where both extents are even.
 
 On the H200 (bench/permute.py, bench/results/2026-12-03-permute.json) runs copy at 0.89-0.96
 of a plain copy of the same bytes and tiles at 0.52-0.64, where PyTorch's copies of the same
@@ -48,6 +53,11 @@ if TYPE_CHECKING:
 TILE = 64
 TILE_PITCH = TILE + 1  # staged elements a tile row takes (+1 column against bank conflicts)
 TILE_COLUMNS, TILE_ROWS = 32, 8  # a block's threads: a warp along a tile's row, 8 rows apart
+# Tiles of 16-byte words: a tile's row is WIDE_LANES words (128 bytes, one sector run a side),
+# staged as 32 4-byte words; WIDE_THREADS threads each read one 4-byte column of the tile.
+WORD_BYTES = 16
+WIDE_LANES = 8
+WIDE_THREADS = 256
 RUN_THREADS = 256
 RUN_UNROLL = 4  # words in flight per thread
 MAX_GRID = 2**31 - 1
@@ -63,11 +73,26 @@ class PermutePlan:
     shape: tuple[int, ...]
     dims: tuple[int, ...]
     itemsize: int
-    vector: int  # elements per word a thread moves (tiles: 2 for 2-byte elements, else 1)
+    vector: int  # elements per word a thread moves (tiles: a 16-byte word, a pair or one)
 
     @property
     def form(self) -> str:
         return "runs" if self.dims[-1] == len(self.shape) - 1 else "tiles"
+
+    @property
+    def wide(self) -> bool:
+        """Tiles moved in 16-byte words on both sides."""
+        return self.form == "tiles" and self.vector * self.itemsize == WORD_BYTES
+
+    @property
+    def tile(self) -> int:
+        """Elements on a side of a tile."""
+        return WIDE_LANES * self.vector if self.wide else TILE
+
+    @property
+    def pack(self) -> int:
+        """Elements of neighbouring input rows a wide tile's 4-byte staged word holds."""
+        return 4 // self.itemsize
 
     @property
     def total(self) -> int:
@@ -93,18 +118,20 @@ class PermutePlan:
 
     @property
     def threads(self) -> int:
-        return RUN_THREADS if self.form == "runs" else TILE_COLUMNS * TILE_ROWS
+        return self.block[0] * self.block[1]
 
     @property
     def block(self) -> tuple[int, int]:
-        return (RUN_THREADS, 1) if self.form == "runs" else (TILE_COLUMNS, TILE_ROWS)
+        if self.form == "runs":
+            return (RUN_THREADS, 1)
+        return (WIDE_THREADS, 1) if self.wide else (TILE_COLUMNS, TILE_ROWS)
 
     @property
     def tiles(self) -> tuple[int, int, int]:
         """Tiles along the output's innermost axis, along the input's, and in all."""
         a, b = self.shape[self.dims[-1]], self.shape[-1]
         batch = self.total // (a * b)
-        along_a, along_b = -(-a // TILE), -(-b // TILE)
+        along_a, along_b = -(-a // self.tile), -(-b // self.tile)
         return along_a, along_b, batch * along_a * along_b
 
     @property
@@ -123,6 +150,10 @@ class PermutePlan:
     def smem(self, limit: int) -> SmemPlan:
         if self.form == "runs":
             return SmemPlan.build([], limit)
+        if self.wide:
+            return SmemPlan.build([("s_tile", self.tile * WIDE_LANES * WORD_BYTES,
+                                    f"a {self.tile} x {self.tile} tile, transposed and swizzled")],
+                                  limit)
         return SmemPlan.build([("s_tile", TILE * TILE_PITCH * self.staged_bytes,
                                 f"a {TILE} x {TILE} tile (+1 column against bank conflicts)")],
                               limit)
@@ -132,8 +163,10 @@ class PermutePlan:
             return (f"runs of {self.run} elements in {self.vector * self.itemsize}-byte words "
                     f"({self.grid} blocks of {RUN_THREADS} threads)")
         words = f"{self.vector * self.itemsize}-byte words"
-        return (f"tiles of {TILE} x {TILE} through shared memory in {words} ({self.tiles[2]} "
-                f"tiles, blocks of {TILE_COLUMNS} x {TILE_ROWS} threads)")
+        x, y = self.block
+        threads = f"{x} threads" if y == 1 else f"{x} x {y} threads"
+        return (f"tiles of {self.tile} x {self.tile} through shared memory in {words} "
+                f"({self.tiles[2]} tiles, blocks of {threads})")
 
 
 def merged(shape: tuple[int, ...], dims: tuple[int, ...]
@@ -167,18 +200,31 @@ def plan(shape: tuple[int, ...], dims: tuple[int, ...], itemsize: int, align: in
     shape, dims = merged(shape, dims)
     vector = 1
     if dims[-1] == len(shape) - 1:
-        while (vector * 2 * itemsize <= 16 and shape[-1] % (vector * 2) == 0
+        while (vector * 2 * itemsize <= WORD_BYTES and shape[-1] % (vector * 2) == 0
                and align % (vector * 2 * itemsize) == 0):
             vector *= 2
+    elif _wide_tiles(shape, dims, itemsize, align):
+        vector = WORD_BYTES // itemsize
     elif itemsize == 2 and shape[-1] % 2 == 0 and shape[dims[-1]] % 2 == 0 and align % 4 == 0:
         vector = 2  # pairs along both tile axes: 4-byte accesses, a warp's row of 128 bytes
     return PermutePlan(shape, dims, itemsize, vector)
 
 
+def _wide_tiles(shape: tuple[int, ...], dims: tuple[int, ...], itemsize: int, align: int
+                ) -> bool:
+    """Whether a transposing copy moves 16-byte words on both sides: elements of at most 4
+    bytes (staged in 4-byte words), both tile axes' extents whole words (every word of an
+    edge tile is in or out), the input at a word's address (the output is new memory)."""
+    word = WORD_BYTES // itemsize
+    return (itemsize <= 4 and align % WORD_BYTES == 0 and shape[-1] % word == 0
+            and shape[dims[-1]] % word == 0)
+
+
 def entry_name(p: PermutePlan) -> str:
-    """The kernel's name: its form, merged shape, order and element size."""
+    """The kernel's name: its form, merged shape, order and element size (and _w16 for tiles
+    of 16-byte words)."""
     shape, dims = "x".join(map(str, p.shape)), "".join(map(str, p.dims))
-    return f"permute_{p.form}_{shape}_{dims}_{p.itemsize}"
+    return f"permute_{p.form}_{shape}_{dims}_{p.itemsize}" + ("_w16" if p.wide else "")
 
 
 def render(p: PermutePlan, limit: int) -> str:
@@ -209,16 +255,22 @@ def render(p: PermutePlan, limit: int) -> str:
         a, b = p.dims[-1], len(p.shape) - 1
         along_a, along_b, tiles = p.tiles
         context.update(
-            word=_WORDS[p.itemsize], pack=p.vector, packed=_WORDS[p.vector * p.itemsize],
-            bits=8 * p.itemsize, mask=f"{(1 << 8 * p.itemsize) - 1}u",
-            words_across=TILE // p.vector,
-            staged=_WORDS[p.staged_bytes], tile_offset=smem.offset("s_tile"),
-            a_axis=a, b_axis=b, a_extent=p.shape[a], b_extent=p.shape[b],
-            tiles_a=along_a, tiles_b=along_b, tiles=tiles, a_stride=strides[a],
-            b_out_stride=out_strides[b],
+            a_axis=a, b_axis=b, a_extent=p.shape[a], b_extent=p.shape[b], tiles_a=along_a,
+            tiles_b=along_b, tiles=tiles, a_stride=strides[a], b_out_stride=out_strides[b],
+            tile_offset=smem.offset("s_tile"),
             batch_axes=[{"axis": i, "extent": p.shape[i], "stride": strides[i],
                          "out_stride": out_strides[i]}
                         for i in reversed(range(len(p.shape))) if i not in (a, b)])
+    if p.wide:
+        context.update(
+            tile=p.tile, vector=p.vector, pack=p.pack, bits=8 * p.itemsize,
+            mask=f"{(1 << 8 * p.itemsize) - 1}u", lanes=WIDE_LANES,
+            groups=WIDE_THREADS // WIDE_LANES, rounds=p.tile * WIDE_LANES // WIDE_THREADS)
+    elif p.form == "tiles":
+        context.update(
+            word=_WORDS[p.itemsize], pack=p.vector, packed=_WORDS[p.vector * p.itemsize],
+            bits=8 * p.itemsize, mask=f"{(1 << 8 * p.itemsize) - 1}u",
+            words_across=TILE // p.vector, staged=_WORDS[p.staged_bytes])
     return render_template("permute.cu.j2", context)
 
 

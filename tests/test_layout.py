@@ -387,8 +387,8 @@ def test_explain_shows_the_layouts_between_segments():
     assert "T3 = reshape(T0, [-1, S2]): a view of the same bytes" in report
     assert "T5 = permute(T4, [1, 0]): a contiguous copy in the new order" in report
     assert "[4096 x 1024]" in report  # the second segment's rows are the columns
-    assert "at [1024, 4096]: tiles of 64 x 64 through shared memory" in report
-    assert "permute_tiles_1024x4096_10_4(const unsigned* __restrict__ in" in report
+    assert "at [1024, 4096]: tiles of 32 x 32 through shared memory in 16-byte words" in report
+    assert "permute_tiles_1024x4096_10_4_w16(const uint4* __restrict__ in" in report
 
 
 GPU_SHAPES = {  # name -> input shapes, odd and large
