@@ -7,9 +7,9 @@ numpy broadcasting; every value stays finite (tests/test_fuzz.py checks that aga
 oracle on the CPU), so a mismatch is a wrong number, not a NaN or inf the kernel and the
 oracle reach by different roads. Shapes: rows 1 to 1000, hidden 1 to 32768 (aligned and
 not), at most 2**20 elements, so the oracle stays fast. One case in five asks for rows split
-over a cluster of 2 or 4 blocks (Hints(cluster=k); a fusion with no row kernel refuses it,
-and another case is drawn): clusters otherwise come only at large hidden sizes, and their
-exchange hung where levels reduce different numbers of values (8a40593).
+over a cluster of 2 or 4 blocks (Hints(cluster=k); a fusion with no row kernel refuses it
+with a HintError, and another case is drawn): clusters otherwise come only at large hidden
+sizes, and their exchange hung where levels reduce different numbers of values (8a40593).
 
 FUSER_GPU_FUZZ_CASES (default 1008) fusion x shape cases run on the GPU in
 FUSER_GPU_FUZZ_SHARDS (16) shards, seeded from FUSER_GPU_FUZZ_SEED: `make test-gpu
@@ -43,6 +43,7 @@ from fuser.errors import (
     BadInputError,
     CompileError,
     FuserError,
+    HintError,
     InternalError,
     LaunchError,
     ValidationError,
@@ -125,6 +126,11 @@ def run_on_gpu(case: GpuCase, counts: Counter[str]) -> None:
             counts["FAILED (compile)"] += 1
             raise failure from e
         counts[f"known failure (compile): {known.test}"] += 1
+        reject()
+    except HintError:
+        if case.cluster is None:  # no hint was given: nothing to refuse
+            raise
+        counts["HintError (the cluster refused)"] += 1
         reject()
     except (InternalError, BadInputError, LaunchError) as e:
         # a fuser bug by its own account; inputs made to the definition refused; a launch the
