@@ -259,3 +259,57 @@ def test_rounding_twice_to_nearest_even_stores_the_same_bits(target):
         twice = x.astype(target.numpy).astype(np.float32).astype(target.numpy)
     same = (once.view(np.uint16) == twice.view(np.uint16)) | (np.isnan(once) & np.isnan(twice))
     assert same.all()
+
+
+def _nonzero_variance(constant: bool):
+    """logical_and(y, var(y) over rows): y a row of equal values where `constant` (var is 0 in
+    the oracle, a few squared epsilons above it in a float loop), else x itself."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=FLOAT)
+        y = fd.ops.add(fd.ops.mul(x, 0.0), 0.3) if constant else x
+        v = fd.ops.var(y, dims=[1], correction=0, keepdim=True)
+        fd.add_output(fd.ops.logical_and(y, v))
+        fd.add_output(fd.ops.gt(x, 0.0))
+    return fd
+
+
+def _float_kernel_var(rows: int, hidden: int) -> np.ndarray:
+    """What a float32 loop gives var of a row of 0.3s: the mean off by its rounding."""
+    y = np.full(hidden, 0.3, np.float32)
+    total = np.float32(0)
+    for value in y:
+        total = np.float32(total + value)
+    mean = np.float32(total / np.float32(hidden))
+    return np.full((rows, 1), np.float32(np.sum(np.square(y - mean)) / hidden))
+
+
+def test_a_bool_of_a_variance_the_oracle_has_at_zero_may_take_either_value():
+    """The GPU fuzz's case (seed 3038, shard 48): var of equal values is 0 in float64 and
+    above 0 in a float loop, so `var != 0` is True on the GPU; such elements are not compared,
+    and every other Bool element still must match."""
+    rows, hidden = 6, 100
+    assert (_float_kernel_var(rows, hidden) > 0).all()  # the kernel's side, emulated
+    fd = _nonzero_variance(constant=True)
+    x = np.random.default_rng(3).standard_normal((rows, hidden)).astype(np.float32)
+    refs = evaluate(fd.fusion, [x])
+    assert not refs[0].any()
+    sens = input_sensitivity(fd.fusion, [x], refs)
+    assert (sens[0] > 0).all() and not (sens[1] > 0).any()
+    sizes = output_reduction_sizes(fd.fusion, [x])
+    compare([np.ones_like(refs[0]), refs[1]], refs, fd.fusion, sizes, sens)
+    wrong = refs[1].copy()
+    wrong[2, 7] = ~wrong[2, 7]
+    with pytest.raises(ValidationError, match=r"1 of 600 elements differ"):
+        compare([refs[0], wrong], refs, fd.fusion, sizes, sens)
+
+
+def test_a_bool_of_a_variance_far_from_zero_is_compared_exactly():
+    fd = _nonzero_variance(constant=False)
+    x = np.random.default_rng(4).standard_normal((6, 100)).astype(np.float32)
+    refs = evaluate(fd.fusion, [x])
+    sens = input_sensitivity(fd.fusion, [x], refs)
+    assert not (sens[0] > 0).any()
+    wrong = refs[0].copy()
+    wrong[0, 0] = ~wrong[0, 0]
+    with pytest.raises(ValidationError, match=r"output 0 .*1 of 600 elements differ"):
+        compare([wrong, refs[1]], refs, fd.fusion, output_reduction_sizes(fd.fusion, [x]), sens)
