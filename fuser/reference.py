@@ -466,10 +466,10 @@ def input_sensitivity(fusion: Fusion, inputs: list,
 
 def _draw_kinds(out: Tensor, margins: dict[int, float]) -> set[str]:
     """Which of _draws' moves an output's allowance follows: "inputs" for Float / Double
-    outputs and for Bool / int outputs of a step on a float value, "casts" for float outputs
-    downstream of a cast with a margin."""
+    outputs and for Bool / int outputs of a step on a float value, "casts" for those and for
+    Half / BFloat16 outputs downstream of a cast with a margin."""
     kinds = {"inputs"} if _moves_with_inputs(out) else set()
-    if out.dtype.is_float and any(id(e) in margins for e in upstream([out])):
+    if (out.dtype.is_float or kinds) and any(id(e) in margins for e in upstream([out])):
         kinds.add("casts")
     return kinds
 
@@ -582,20 +582,21 @@ def _rounds(e: Expr) -> bool:
 
 
 def _cast_margins(fusion: Fusion, sizes: Sizes) -> dict[int, float]:
-    """id -> relative margin of each rounding cast (_rounds) a float output depends on: the
+    """id -> relative margin of each rounding cast (_rounds) a float output (or a Bool / int
+    output of a step on a float value) depends on: the
     relative tolerance of its operand's compute type for the sums upstream of it. A kernel's
     operand is that far from the oracle's at most, so where the oracle's lies that close to a
     rounding boundary, a correct kernel may round to the other neighbour, and the outputs
     downstream move by what that one rounding changes. Elsewhere the cast rounds alike in
     both, and a kernel that rounds wrongly (or not at all) is still caught. A cast that only
     makes a Half / BFloat16 output has none: tolerance() allows for its rounding."""
-    exprs = upstream([o for o in fusion.outputs if o.dtype.is_float])
+    exprs = upstream([o for o in fusion.outputs if o.dtype.is_float or _moves_with_inputs(o)])
     read = {id(v) for e in exprs for v in e.inputs}
     margins = {}
     for e in exprs:
         out = e.outputs[0]
-        if not _rounds(e) or (out in fusion.outputs and out.dtype not in _SENSITIVE
-                              and id(out) not in read):
+        if not _rounds(e) or (out in fusion.outputs and out.dtype.is_float
+                              and out.dtype not in _SENSITIVE and id(out) not in read):
             continue
         compute = DataType.Double if e.inputs[0].dtype is DataType.Double else DataType.Float
         margins[id(e)] = tolerance(compute, _reduction_size(e.inputs[0], sizes))[0]

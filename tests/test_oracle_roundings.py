@@ -313,3 +313,22 @@ def test_a_bool_of_a_variance_far_from_zero_is_compared_exactly():
     wrong[0, 0] = ~wrong[0, 0]
     with pytest.raises(ValidationError, match=r"output 0 .*1 of 600 elements differ"):
         compare([wrong, refs[1]], refs, fd.fusion, output_reduction_sizes(fd.fusion, [x]), sens)
+
+
+def test_an_int_cast_of_a_value_a_float_rounds_onto_an_integer_may_take_either_side():
+    """The GPU fuzz's case (seed 4049, shard 59): cast(erf(x), Int64) at x = 4 is 0 in the
+    oracle (erf(4) = 1 - 1.5e-8) and 1 on the GPU, whose float erf is 1.0f there. Elements
+    near such a boundary are not compared; one far from it still must match."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1], dtype=HALF)
+        fd.add_output(fd.ops.cast(fd.ops.erf(x), DataType.Int64))
+    xs = np.array([4.0, 0.5, -4.0], np.float16)
+    assert np.float32(1 - 1.5e-8) == 1.0  # the kernel's erf(4) in float
+    (ref,) = evaluate(fd.fusion, [xs])
+    assert ref.tolist() == [0, 0, 0]
+    sens = input_sensitivity(fd.fusion, [xs], [ref])
+    assert (sens[0] > 0).tolist() == [True, False, True]
+    sizes = output_reduction_sizes(fd.fusion, [xs])
+    compare([np.array([1, 0, -1])], [ref], fd.fusion, sizes, sens)
+    with pytest.raises(ValidationError, match="1 of 3 elements differ"):
+        compare([np.array([1, 1, 0])], [ref], fd.fusion, sizes, sens)
