@@ -54,10 +54,13 @@ TILE = 64
 TILE_PITCH = TILE + 1  # staged elements a tile row takes (+1 column against bank conflicts)
 TILE_COLUMNS, TILE_ROWS = 32, 8  # a block's threads: a warp along a tile's row, 8 rows apart
 # Tiles of 16-byte words: a tile's row is WIDE_LANES words (128 bytes, one sector run a side),
-# staged as 32 4-byte words; WIDE_THREADS threads each read one 4-byte column of the tile.
+# staged as STAGED_ROW words of STAGED_BYTES; a thread per word lane and staged column reads
+# the input, so each thread's rows (4 / itemsize of them) and the columns cover the tile.
 WORD_BYTES = 16
 WIDE_LANES = 8
-WIDE_THREADS = 256
+STAGED_BYTES = 4
+STAGED_ROW = WIDE_LANES * WORD_BYTES // STAGED_BYTES
+WIDE_THREADS = WIDE_LANES * STAGED_ROW
 RUN_THREADS = 256
 RUN_UNROLL = 4  # words in flight per thread
 MAX_GRID = 2**31 - 1
@@ -92,7 +95,7 @@ class PermutePlan:
     @property
     def pack(self) -> int:
         """Elements of neighbouring input rows a wide tile's 4-byte staged word holds."""
-        return 4 // self.itemsize
+        return STAGED_BYTES // self.itemsize
 
     @property
     def total(self) -> int:
@@ -151,7 +154,7 @@ class PermutePlan:
         if self.form == "runs":
             return SmemPlan.build([], limit)
         if self.wide:
-            return SmemPlan.build([("s_tile", self.tile * WIDE_LANES * WORD_BYTES,
+            return SmemPlan.build([("s_tile", self.tile * STAGED_ROW * STAGED_BYTES,
                                     f"a {self.tile} x {self.tile} tile, transposed and swizzled")],
                                   limit)
         return SmemPlan.build([("s_tile", TILE * TILE_PITCH * self.staged_bytes,
@@ -216,7 +219,7 @@ def _wide_tiles(shape: tuple[int, ...], dims: tuple[int, ...], itemsize: int, al
     bytes (staged in 4-byte words), both tile axes' extents whole words (every word of an
     edge tile is in or out), the input at a word's address (the output is new memory)."""
     word = WORD_BYTES // itemsize
-    return (itemsize <= 4 and align % WORD_BYTES == 0 and shape[-1] % word == 0
+    return (itemsize <= STAGED_BYTES and align % WORD_BYTES == 0 and shape[-1] % word == 0
             and shape[dims[-1]] % word == 0)
 
 
@@ -257,19 +260,20 @@ def render(p: PermutePlan, limit: int) -> str:
         context.update(
             a_axis=a, b_axis=b, a_extent=p.shape[a], b_extent=p.shape[b], tiles_a=along_a,
             tiles_b=along_b, tiles=tiles, a_stride=strides[a], b_out_stride=out_strides[b],
-            tile_offset=smem.offset("s_tile"),
+            tile_offset=smem.offset("s_tile"), bits=8 * p.itemsize,
+            mask=f"{(1 << 8 * p.itemsize) - 1}u",
             batch_axes=[{"axis": i, "extent": p.shape[i], "stride": strides[i],
                          "out_stride": out_strides[i]}
                         for i in reversed(range(len(p.shape))) if i not in (a, b)])
     if p.wide:
         context.update(
-            tile=p.tile, vector=p.vector, pack=p.pack, bits=8 * p.itemsize,
-            mask=f"{(1 << 8 * p.itemsize) - 1}u", lanes=WIDE_LANES,
-            groups=WIDE_THREADS // WIDE_LANES, rounds=p.tile * WIDE_LANES // WIDE_THREADS)
+            tile=p.tile, vector=p.vector, pack=p.pack, lanes=WIDE_LANES,
+            staged_row=STAGED_ROW, staged_per_word=WORD_BYTES // STAGED_BYTES,
+            rows_per_round=WIDE_THREADS // WIDE_LANES,
+            rounds=p.tile * WIDE_LANES // WIDE_THREADS)
     elif p.form == "tiles":
         context.update(
             word=_WORDS[p.itemsize], pack=p.vector, packed=_WORDS[p.vector * p.itemsize],
-            bits=8 * p.itemsize, mask=f"{(1 << 8 * p.itemsize) - 1}u",
             words_across=TILE // p.vector, staged=_WORDS[p.staged_bytes])
     return render_template("permute.cu.j2", context)
 

@@ -523,18 +523,22 @@ def _sum_roundings(fusion: Fusion, values: list, sizes: Sizes,
     if not sums:
         return {}
     env = _environment(fusion, values, sizes)
-    return {id(e): (_serial_rounding if e.op == "sum" else _variance_rounding)(
-        env[e.inputs[0]], e.attr("dims"), e.attr("keepdim"), e.outputs[0].dtype,
-        *(() if e.op == "sum" else (e.attr("correction"),))) for e in sums}
+    roundings = {}
+    for e in sums:
+        x, dims = np.asarray(env[e.inputs[0]]), e.attr("dims")
+        rounding = _serial_rounding(x, dims, e.attr("keepdim"), e.outputs[0].dtype)
+        if e.op != "sum":
+            n = math.prod(x.shape[d] for d in dims)
+            rounding = _variance_rounding(rounding, n, e.attr("correction"))
+        roundings[id(e)] = rounding
+    return roundings
 
 
-def _variance_rounding(x, dims: tuple[int, ...], keepdim: bool, dtype: DataType,
-                       correction: int) -> np.ndarray:
+def _variance_rounding(mean_sum_rounding: np.ndarray, n: int, correction: int) -> np.ndarray:
     """How far a variance computed in a loop may rise above the exact one: its mean strays by
     the serial rounding of the sum over the n terms, d = rounding / n, and the sum of squared
     deviations from a mean d off is the exact one plus n d^2, divided by n - correction."""
-    n = math.prod(np.shape(x)[d] for d in dims)
-    d = _serial_rounding(x, dims, keepdim, dtype) / max(n, 1)
+    d = mean_sum_rounding / max(n, 1)
     return n * np.square(d) / max(n - correction, 1)
 
 
