@@ -2,8 +2,8 @@
 
 The op table (ops.py) gives each op's CUDA; this module resolves operands, casts and aliases
 (broadcast_in_dim and same-type casts emit nothing), divides by per-row values through their
-reciprocal, and records which values a group of statements read, so that a kernel loads
-only the buffers a pass uses.
+reciprocal, pins the rounding of values a max or min reduces, and records which values a
+group of statements read, so that a kernel loads only the buffers a pass uses.
 """
 
 from __future__ import annotations
@@ -47,6 +47,32 @@ VIEWS = ("broadcast_in_dim", "squeeze")  # ops that name their input's values ag
 ROUNDINGS = {DataType.BFloat16: "fm::round_bf16", DataType.Half: "fm::round_half"}
 
 
+# Arithmetic that the compiler never contracts into an FMA (--fmad=true contracts a * b + c):
+# the CUDA intrinsics for a value whose rounding must not depend on where it is used.
+PINNED = {
+    ("mul", "float"): "__fmul_rn({0}, {1})", ("add", "float"): "__fadd_rn({0}, {1})",
+    ("sub", "float"): "__fsub_rn({0}, {1})", ("mul", "double"): "__dmul_rn({0}, {1})",
+    ("add", "double"): "__dadd_rn({0}, {1})", ("sub", "double"): "__dsub_rn({0}, {1})",
+}
+
+
+def extreme_operands(info: FusionInfo) -> frozenset[Val]:
+    """The values a max or min reduces (through aliases). Each pass recomputes them, and
+    x - max(x) <= 0, x == max(x) for some x, hold only if every pass rounds x alike: left to
+    the compiler, a product x = a * b is rounded where the reduction reads it but contracted
+    into fma(a, b, -max) where the max is subtracted, which is above 0 at the row's maximum
+    half the time. Their mul, add and sub are emitted as PINNED intrinsics."""
+    out = set()
+    for e in info.fusion.exprs:
+        if e.op in ("max", "min"):
+            v = e.inputs[0]
+            while v.definition is not None and (v.definition.op in VIEWS or (
+                    v.definition.op == "cast" and v.definition.inputs[0].dtype is v.dtype)):
+                v = v.definition.inputs[0]
+            out.add(v)
+    return frozenset(out)
+
+
 def through_broadcasts(v: Val) -> Val:
     """The value a chain of broadcast_in_dim (and squeeze) aliases stands for."""
     while v.definition is not None and v.definition.op in VIEWS:
@@ -72,6 +98,7 @@ class Emitter:
         # (per-row value, compute type) -> the C++ name of its reciprocal, computed once per
         # row: an element divided by it is multiplied by the reciprocal instead.
         self.reciprocals = reciprocals if reciprocals is not None else {}
+        self.pinned = extreme_operands(info)
 
     def emit(self, targets) -> list[str]:
         needed: set[Val] = set()
@@ -90,7 +117,7 @@ class Emitter:
         for v in sorted(needed, key=lambda v: v.index):
             e = v.definition
             assert e is not None  # `needed` holds computed values only
-            expr = self._expression(e)
+            expr = self._expression(e, pin=v in self.pinned)
             if e.op in VIEWS or (e.op == "cast" and e.inputs[0].dtype is v.dtype):
                 self.env[v] = expr
                 continue
@@ -124,7 +151,7 @@ class Emitter:
     def _operand(self, v: Val, compute: str) -> str:
         return convert(self._ref(v), ctype(v), compute)
 
-    def _expression(self, e: Expr) -> str:
+    def _expression(self, e: Expr, pin: bool = False) -> str:
         if e.op in VIEWS:
             return self._ref(e.inputs[0])
         if e.op == "cast":
@@ -136,9 +163,13 @@ class Emitter:
             args = [self._ref(e.inputs[0])] + [self._operand(i, compute) for i in e.inputs[1:]]
         elif e.op == "div" and (
                 rcp := self.reciprocals.get((through_broadcasts(e.inputs[1]), compute))):
-            return f"({self._operand(e.inputs[0], compute)} * {rcp})"
+            x = self._operand(e.inputs[0], compute)
+            return (PINNED["mul", compute].format(x, rcp) if pin and ("mul", compute) in PINNED
+                    else f"({x} * {rcp})")
         else:
             args = [self._operand(i, compute) for i in e.inputs]
+        if pin and (e.op, compute) in PINNED:
+            return PINNED[e.op, compute].format(*args)
         return ELEMENTWISE[e.op].cuda.format(*args)
 
     def _cast(self, e: Expr) -> str:
