@@ -13,6 +13,11 @@ over rows [batch, seq], a [q, k] mask over scores [batch, heads, q, k], a [C] we
 rows [N, C, H]): it is FULL or ROW all the same, and a kernel reads row (r / after) % count
 of it for its row r (RowRun), where the segmentation would otherwise copy it broadcast.
 
+Outer reductions may reduce the trailing row axes only (a mean over the sequence of [batch,
+seq, hidden]): the leading row axes they keep are groups (FusionInfo.group_axes), each a
+[rows, hidden] problem of its own, and their results are columns per group ([batch, hidden],
+role COL). The kernels see one group's rows, the launch a grid row of blocks per group.
+
 Inner reductions (over hidden) are grouped into levels: a level holds the reductions whose
 inputs depend only on earlier levels, so one block-wide round trip serves the whole level (the
 two sums of LayerNorm backward share one barrier). Outer reductions (over rows) accumulate per
@@ -96,6 +101,15 @@ class FusionInfo:
     persistent: tuple[Tensor, ...]  # full inputs read in more than one phase of a row
     # inputs that span a run of the row axes only, each with its run: read repeated
     repeated: tuple[tuple[Tensor, RowRun], ...] = ()
+    # leading row axes the outer reductions keep: each of their index tuples is a group, a
+    # [rows, hidden] problem of its own over the other row axes (0: one group, every row)
+    group_axes: int = 0
+
+    @property
+    def counted_axes(self) -> tuple[Extent, ...]:
+        """The row axes a kernel's rows run over (n_rows: their product): those past the
+        groups."""
+        return self.row_axes[self.group_axes:]
 
     def outputs(self, role: Role) -> tuple[Tensor, ...]:
         return tuple(o for o in self.fusion.outputs if self.roles[o] is role)
@@ -123,6 +137,10 @@ class FusionInfo:
             f"scalar inputs:     {names(self.scalar_inputs)}",
             f"persistent:        {names(self.persistent)}",
         ]
+        if self.group_axes:
+            lines.append(f"groups:            row axes 0..{self.group_axes - 1} of "
+                         f"{len(self.row_axes)} (the column reductions' results are per group: "
+                         "a grid row of blocks and a finalize per group)")
         if self.repeated:
             lines.append("repeated inputs:   " + ", ".join(
                 f"{t.name}:{t.dtype.label} (row axes {r.first}..{r.stop - 1} of "
@@ -160,10 +178,11 @@ def analyze(fusion: Fusion) -> FusionInfo:
     lowered = lower(fusion)
     _check_no_layout_ops(lowered)
     row_axes, hidden_axis = axes(lowered)
-    roles = {v: _role(v, row_axes, hidden_axis) for v in lowered.vals}
+    groups = group_axes(lowered, row_axes, hidden_axis)
+    roles = {v: _role(v, row_axes, hidden_axis, groups) for v in lowered.vals}
     _check_inputs_and_outputs(lowered, roles)
-    _check_row_sizes(lowered, row_axes)
-    reductions = _Reductions(lowered, roles, row_axes, hidden_axis)
+    _check_row_sizes(lowered, row_axes, groups)
+    reductions = _Reductions(lowered, roles, row_axes, hidden_axis, groups)
     inner, outer, level = reductions.inner, reductions.outer, reductions.level
     levels: dict[int, list[Expr]] = {}
     for lv, e in inner:
@@ -182,7 +201,9 @@ def analyze(fusion: Fusion) -> FusionInfo:
                 "with inner reductions: no one kernel normalizes along rows and columns")
         kind = Kind.OUTER_NORM
     inputs = [t for t in lowered.inputs if isinstance(t, Tensor)]
-    repeated = _repeated(lowered, row_axes, kind)
+    if groups:
+        _check_groups(lowered, roles, row_axes[:groups], kind)
+    repeated = _repeated(lowered, row_axes, kind, groups)
     full_inputs = tuple(t for t in inputs if roles[t] is Role.FULL)
     inner_exprs = {e for _, e in inner}
     return FusionInfo(
@@ -204,25 +225,76 @@ def analyze(fusion: Fusion) -> FusionInfo:
         persistent=tuple(t for t in full_inputs
                          if _phases_using(t, lowered, level, inner_exprs) > 1),
         repeated=repeated,
+        group_axes=groups,
     )
 
 
-def _repeated(lowered: Fusion, row_axes: tuple[Extent, ...],
-              kind: Kind) -> tuple[tuple[Tensor, RowRun], ...]:
+def group_axes(lowered: Fusion, row_axes: tuple[Extent, ...], hidden: Extent | None) -> int:
+    """How many leading row axes the fusion's outer reductions keep: g where every reduction
+    of a full tensor that is not over the hidden axis reduces row_axes[g:] exactly, g >= 1;
+    0 where they reduce every row axis (or there are none, or they disagree: _is_inner
+    refuses those)."""
+    kept = set()
+    for e in lowered.exprs:
+        if e.op not in REDUCTIONS:
+            continue
+        reduced = reduced_axes(e)
+        if reduced == {hidden} or not reduced or not reduced <= set(row_axes):
+            continue
+        first = min(row_axes.index(a) for a in reduced)
+        if reduced != set(row_axes[first:]):
+            return 0
+        kept.add(first)
+    return kept.pop() if len(kept) == 1 else 0
+
+
+def _check_groups(lowered: Fusion, roles: dict, groups: tuple[Extent, ...], kind: Kind) -> None:
+    """What a fusion of per-group column reductions may hold besides them: no normalization
+    by their results (no kernel keeps a group's columns on chip), no input of some row axes
+    only or of the groups' columns (the kernels read one group's rows and every group's
+    column inputs alike), and no output of the hidden axis only (each group's finalize
+    would write it)."""
+    if kind is Kind.OUTER_NORM:
+        raise UnsupportedFusionError(
+            "a normalization by column reductions over some of the row dimensions (per "
+            "group of the others) is not one kernel; it runs reordered")
+    spans = set(groups)
+    for v in lowered.vals:
+        if not isinstance(v, Tensor):
+            continue
+        rows = {a for a in spanned_axes(v) if a in spans}
+        if roles[v] is Role.ROW and rows == spans and not set(spanned_axes(v)) - spans:
+            raise UnsupportedFusionError(
+                f"{v.name} holds one value per group of the leading dimensions, beside column "
+                "reductions per group: not one kernel; it runs reordered")
+        if v in lowered.inputs and roles[v] is Role.COL and rows:
+            raise UnsupportedFusionError(
+                f"input {v.name} holds columns per group of the leading dimensions, beside "
+                "column reductions per group: not one kernel; it runs reordered")
+        if v in lowered.outputs and roles[v] is Role.COL and rows != spans:
+            raise UnsupportedFusionError(
+                f"output {v.name} spans the hidden dimension only, beside column reductions "
+                "per group of the leading dimensions: every group would write it")
+
+
+def _repeated(lowered: Fusion, row_axes: tuple[Extent, ...], kind: Kind,
+              groups: int = 0) -> tuple[tuple[Tensor, RowRun], ...]:
     """Each input that spans a run of the row axes only, with its run (axes() checked that
     every tensor of some row axes spans a run). A value of such an input that spans some
     row axes only is computed for every row of the kernel, as it repeats: an output of it
     would be written once per repeat, so it is refused (the segmentation copies the input
     broadcast instead); a reduction over some row axes only is refused by _is_inner. The
     row kernels and the pointwise kernel read repeated rows; the column kernels of outer
-    reductions do not."""
+    reductions do not. A column value per group (the `groups` leading row axes and the
+    hidden one) is not repeated: each group's finalize writes its own."""
     rows = set(row_axes)
+    groups_span = list(row_axes[:groups]) if groups else None
     runs = []
     for v in lowered.vals:
         if not isinstance(v, Tensor):
             continue
         span = [a for a in spanned_axes(v) if a in rows]
-        if not span or len(span) == len(row_axes):
+        if not span or len(span) == len(row_axes) or span == groups_span:
             continue
         if v in lowered.outputs:
             raise UnsupportedFusionError(
@@ -231,18 +303,22 @@ def _repeated(lowered: Fusion, row_axes: tuple[Extent, ...],
         if v in lowered.inputs:
             first = row_axes.index(span[0])
             runs.append((v, RowRun(first, first + len(span))))
-    if runs and kind in (Kind.OUTER, Kind.OUTER_NORM):
+    if runs and (kind in (Kind.OUTER, Kind.OUTER_NORM) or groups):
         raise UnsupportedFusionError(
             f"{runs[0][0].name} spans some of the row dimensions only, in an outer reduction "
             "over the rows: the column kernels read every row of each input")
     return tuple(runs)
 
 
-def _role(v: Val, row_axes: tuple[Extent, ...], hidden_axis: Extent | None) -> Role:
-    """A value's role from the axes it spans (axes() checked they are all rows, or none)."""
+def _role(v: Val, row_axes: tuple[Extent, ...], hidden_axis: Extent | None,
+          groups: int = 0) -> Role:
+    """A value's role from the axes it spans (axes() checked they are all rows, or none); of
+    the first `groups` row axes only (and the hidden one), a column per group: COL."""
     if not isinstance(v, Tensor):
         return Role.SCALAR
     spans = set(spanned_axes(v))
+    if groups and spans & set(row_axes) == set(row_axes[:groups]):
+        return Role.COL if hidden_axis in spans else Role.ROW  # _check_groups refuses a ROW
     # without row axes the fusion is one row: a tensor along the hidden axis is that row, a
     # tensor of no axis (a full reduction's result) its per-row value; a tensor of some row
     # axes only repeats along the others (RowRun)
@@ -287,26 +363,33 @@ def _check_inputs_and_outputs(lowered: Fusion, roles: dict) -> None:
             )
 
 
-def _check_row_sizes(lowered: Fusion, row_axes: tuple[Extent, ...]) -> None:
-    """With several row axes, a kernel knows only their product (the rows): the size of one
-    of them may shape a broadcast, or be a factor of a product that multiplies every row axis
-    once (row_counts: a mean over the leading dimensions), not enter other arithmetic."""
+def _check_row_sizes(lowered: Fusion, row_axes: tuple[Extent, ...], groups: int = 0) -> None:
+    """With several row axes, a kernel knows only the product of those past the groups (its
+    rows, n_rows): the size of one of them may shape a broadcast, or be a factor of a product
+    that multiplies each of those once (row_counts: a mean over the leading dimensions), or
+    stand alone where it is the only one (a mean over the sequence, per batch), not enter
+    other arithmetic; a group's size enters none."""
     if len(row_axes) < 2:
         return
-    counts = row_counts(lowered, row_axes)
+    counted = row_axes[groups:]
+    counts = row_counts(lowered, counted) if len(counted) > 1 else {}
     partial = {p for factors in counts.values() for p in factors.partial}
     for v in lowered.vals:
         e = v.definition
+        extent = v.extent.find() if isinstance(v, Scalar) and v.extent is not None else None
         if v in partial:
             what = f"{v.name}, a product of some of the {len(row_axes)} leading dimensions' sizes"
-        elif (e is not None and e.op == "size" and isinstance(v, Scalar)
-                and v.extent is not None and v.extent.find() in row_axes):
+        elif e is not None and e.op == "size" and extent in row_axes:
+            if extent in counted and len(counted) == 1:
+                continue  # the kernel's n_rows
             what = (f"{v.name} = size of {e.inputs[0].name} dimension {e.attr('dim')}, one of "
                     f"the {len(row_axes)} leading dimensions,")
         else:
             continue
+        group = extent in row_axes[:groups]
         used = [u.op for u in lowered.uses(v) if u.op != "broadcast_in_dim"
-                and not (u.op == "mul" and (u.outputs[0] in counts or u.outputs[0] in partial))]
+                and (group or not (u.op == "mul" and (u.outputs[0] in counts
+                                                      or u.outputs[0] in partial)))]
         if used:
             raise UnsupportedFusionError(
                 f"{what} feeds {used[0]}: kernels over N-D rows know only the number of rows "
@@ -374,8 +457,9 @@ class _Reductions:
     level every value waits for, and the values computed from an outer reduction."""
 
     def __init__(self, lowered: Fusion, roles: dict, row_axes: tuple[Extent, ...],
-                 hidden_axis: Extent | None):
+                 hidden_axis: Extent | None, groups: int = 0):
         self.roles, self.row_axes, self.hidden_axis = roles, set(row_axes), hidden_axis
+        self.reduced_rows = set(row_axes[groups:])  # what an outer reduction reduces
         self.level: dict[Val, int] = {}
         self.after_outer: set[Val] = set()
         self.outer_level: dict[Val, int] = {}  # outer reductions a value waits for
@@ -431,7 +515,7 @@ class _Reductions:
         refused."""
         src = as_tensor(e.inputs[0])
         reduced = set(reduced_axes(e))
-        if self.roles[src] is Role.FULL and reduced in ({self.hidden_axis}, self.row_axes):
+        if self.roles[src] is Role.FULL and reduced in ({self.hidden_axis}, self.reduced_rows):
             return reduced == {self.hidden_axis}
         raise UnsupportedFusionError(
             f"{e.op}({src.name}, dims={list(e.attr('dims'))}): only reductions of a "

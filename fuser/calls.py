@@ -85,6 +85,8 @@ class Plan:
     inputs: int  # the fusion's inputs: the INPUT slot's length (a scalar's too)
     # each repeated input's `after` and `count` (signature.Source.ROW_REPEATS), from the shapes
     repeats: tuple = ()
+    # FusionInfo.group_axes' groups (the product of those row axes); `rows` is then a group's
+    groups: int = 1
     workspaces: dict = field(default_factory=dict, compare=False)  # stream -> partial buffers
     # Held from the row kernel's launch to the finalize's, so that two threads sharing a stream
     # cannot enqueue row A, row B, finalize A (which would read B's partial rows).
@@ -101,9 +103,10 @@ class Plan:
         """(launcher, Launch, picker) of each kernel, in launch order: what a call walks
         through, looked up once. A call lays its values out flat, slot after slot in
         loader._SLOT_ORDER (the inputs, the outputs, the partial rows, then the rows, the
-        partial row count, the counter and the repeated inputs' row maps); a picker takes a
-        kernel's parameters from them in its signature's order, in one C call."""
-        lengths = (self.inputs, len(self.outputs), len(self.partials), 1, 1, 1,
+        partial row count, the counter, the groups and the repeated inputs' row maps); a
+        picker takes a kernel's parameters from them in its signature's order, in one C
+        call."""
+        lengths = (self.inputs, len(self.outputs), len(self.partials), 1, 1, 1, 1,
                    len(self.repeats))
         starts = [sum(lengths[:slot]) for slot in range(len(lengths))]
         return tuple((self.kernel.launchers[entry], size,
@@ -298,10 +301,11 @@ def _enqueue(plan: Plan, inputs: list, pointers: list) -> list:
     tickets = (ticket_counters(plan.device_id).counter(_owner(stream), stream)
                if plan.counted else 0)
     # in loader._SLOT_ORDER, flat (Plan.launches)
-    values = pointers + addresses + [plan.rows, plan.launch.partial_rows, tickets, *plan.repeats]
+    values = pointers + addresses + [plan.rows, plan.launch.partial_rows, tickets, plan.groups,
+                                     *plan.repeats]
     with plan.lock:
         for launcher, size, pick in plan.launches:
-            launcher(size.grid, size.block, size.dynamic_smem, stream, pick(values))
+            launcher(size.grid, size.block, size.dynamic_smem, stream, pick(values), size.groups)
     return outs
 
 

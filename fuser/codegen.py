@@ -22,7 +22,7 @@ from fuser.compile import template_dir
 from fuser.emit import Emitter, ctype, element_env, scalar_prologue, used_lines
 from fuser.ops import REDUCTIONS
 from fuser.outer_codegen import outer_context
-from fuser.row_codegen import repeat_lines, row_access, row_context
+from fuser.row_codegen import finalize_group_lines, repeat_lines, row_access, row_context
 from fuser.schedulers.base import (
     Dealing,
     FinalizeSchedule,
@@ -185,6 +185,7 @@ def _totals(info: FusionInfo, schedule: FinalizeSchedule, scalar_env: dict,
                          if line not in declared],
         "lines": lines,
         "outputs": outputs,
+        "group_lines": finalize_group_lines(info),
     }
 
 

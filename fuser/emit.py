@@ -218,7 +218,9 @@ def scalar_prologue(info: FusionInfo) -> tuple[list[str], dict[Val, str]]:
             env[v] = v.name
         elif v.definition.op == "size":
             extent = v.extent.find() if v.extent is not None else None
-            if extent is not None and extent is not info.hidden_axis and len(info.row_axes) > 1:
+            counted = info.counted_axes
+            if (extent is not None and extent is not info.hidden_axis and len(info.row_axes) > 1
+                    and counted != (extent,)):
                 unknown.add(v)
                 continue
             size = ("1LL" if extent is None else "static_cast<long long>(H)"
@@ -226,7 +228,7 @@ def scalar_prologue(info: FusionInfo) -> tuple[list[str], dict[Val, str]]:
             lines.append(f"const long long {v.name} = {size};")
             env[v] = v.name
     if unknown:
-        for v, count in row_counts(info.fusion, info.row_axes).items():
+        for v, count in row_counts(info.fusion, info.counted_axes).items():
             factors = " * ".join(["n_rows"] + [env[s] for s in count.others])
             lines.append(f"const long long {v.name} = {factors};")
             env[v] = v.name

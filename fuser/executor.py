@@ -23,7 +23,7 @@ from typing import TypeVar
 import numpy as np
 
 from fuser import calls, moves
-from fuser.analysis import FusionInfo, Kind, analyze, strided_inputs
+from fuser.analysis import FusionInfo, Kind, Role, analyze, strided_inputs
 from fuser.calls import Plan, Run, is_torch
 from fuser.calls import cupy_module as _cupy
 from fuser.checks import alignment, check_device, check_pointer, scalar_value
@@ -160,19 +160,20 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
     if len(devices) > 1:
         raise BadInputError(f"inputs are on devices {sorted(devices)}; put them on one device")
     sizes = bind_shapes(fusion, shapes)
-    rows = math.prod(sizes.value(axis) for axis in info.row_axes)
+    groups = math.prod(sizes.value(axis) for axis in info.row_axes[:info.group_axes])
+    rows = math.prod(sizes.value(axis) for axis in info.counted_axes)  # a group's, with groups
     hidden = sizes.value(info.hidden_axis) if info.hidden_axis is not None else 1
     device_id = devices.pop() if devices else driver().current_device()
-    align = alignment(pointers)
+    align = alignment(pointers + group_offsets(info, rows * hidden))
     actual = DeviceSpec.from_gpu(device_id)
     spec = actual if device is None else DeviceSpec.get(device)
     if device is not None:
         check_device(spec, actual, device_id)
-    kernel = get_kernel(fd.name, info, definition, Problem(hidden, problem_rows(info, rows), align),
-                        spec, device_id, hints)
-    launch, final = launch_sizes(kernel, rows, spec)
+    problem = Problem(hidden, problem_rows(info, rows * groups), align)
+    kernel = get_kernel(fd.name, info, definition, problem, spec, device_id, hints)
+    launch, final = launch_sizes(kernel, rows, spec, groups)
     partials = () if kernel.finalize is None else tuple(
-        ((max(launch.partial_rows, 1), hidden), workspace_dtype(e.outputs[0].dtype))
+        ((max(launch.partial_rows, 1) * groups, hidden), workspace_dtype(e.outputs[0].dtype))
         for e in info.outer_reductions)
     scalar_types = {i: (v, v.dtype.scalar_numpy.type) for i, v in enumerate(fusion.inputs)
                     if isinstance(v, Scalar)}
@@ -181,7 +182,16 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
                or (kernel.finalize is not None and kernel.finalize.fused))
     return Plan(kernel, launch, final, torch_kind, device_id, driver().primary_context(device_id),
                 align, rows, tuple((sizes.shape(o), o.dtype) for o in fusion.outputs), partials,
-                scalar_types, counted, len(fusion.inputs), repeated_rows(info, sizes))
+                scalar_types, counted, len(fusion.inputs), repeated_rows(info, sizes), groups)
+
+
+def group_offsets(info, elements: int) -> list[int]:
+    """The bytes from one group's part of each tensor of every row to the next's (`elements`
+    a group's): a kernel of a fusion with groups (FusionInfo.group_axes) moves its pointers
+    by them, so its vectors need them aligned as the pointers themselves."""
+    if not info.group_axes:
+        return []
+    return [elements * t.dtype.itemsize for t in (*info.full_inputs, *info.outputs(Role.FULL))]
 
 
 def repeated_rows(info, sizes) -> tuple[int, ...]:

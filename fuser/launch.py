@@ -46,6 +46,8 @@ _COMPUTE_CTYPES = {"bool": ctypes.c_bool, "int": ctypes.c_int32, "long long": ct
 # kernel's grid follows the row count, so a process of many row counts would otherwise keep one
 # for each); past this many they are dropped and rebuilt as needed (about 1.3 KB each).
 MAX_CONFIGS = 64
+# gridDim.y's limit (and gridDim.z's): a launch of more groups than this splits them over z
+MAX_GRID_Y = 65535
 
 # The struct module's code of each parameter type (the same sizes as the ctypes types)
 _STRUCT_CODES: dict[type, str] = {ctypes.c_uint64: "Q", ctypes.c_int32: "i", ctypes.c_int64: "q",
@@ -85,33 +87,38 @@ class EntryLauncher:
         self._lock = threading.Lock()
 
     def __call__(self, grid: int, block: tuple[int, int], shared_mem: int, stream: int,
-                 args) -> None:
+                 args, groups: int = 1) -> None:
+        if not groups:  # no group (a leading dimension of size 0): nothing to compute
+            return
         with self._lock:
             self._layout.pack_into(self._buffer, 0, *args)
-            found = self._configs.get((grid, block, shared_mem))
-            config, address = found or self._config(grid, block, shared_mem)
+            found = self._configs.get((grid, block, shared_mem, groups))
+            config, address = found or self._config(grid, block, shared_mem, groups)
             config.hStream = stream
             err = self._driver.launch_ex(address, self._function, self._params, None)
         if err != CUDA_SUCCESS:
             self._raise(err, grid, block, shared_mem)
 
-    def _config(self, grid: int, block: tuple[int, int], shared_mem: int) -> tuple:
+    def _config(self, grid: int, block: tuple[int, int], shared_mem: int,
+                groups: int = 1) -> tuple:
         """The launch configuration of one shape, with this entry's attributes, kept for the
         next launch of that shape (MAX_CONFIGS at most; called under the lock; the config
-        keeps its attributes alive)."""
+        keeps its attributes alive). `groups` grid rows of `grid` blocks: gridDim.y up to
+        MAX_GRID_Y, the rest in gridDim.z (the kernel skips the rows past its groups)."""
         ids = ([CU_LAUNCH_ATTRIBUTE_COOPERATIVE] * self.cooperative
                + [CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION] * self._programmatic)
         attributes = (LaunchAttribute * max(len(ids), 1))()
         for attribute, id_ in zip(attributes, ids, strict=False):
             attribute.id = id_
             attribute.value.flag = 1
-        config = LaunchConfig(gridDimX=grid, gridDimY=1, gridDimZ=1, blockDimX=block[0],
-                              blockDimY=block[1], blockDimZ=1, sharedMemBytes=shared_mem,
-                              attrs=attributes, numAttrs=len(ids))
+        rows = min(groups, MAX_GRID_Y)
+        config = LaunchConfig(gridDimX=grid, gridDimY=rows, gridDimZ=-(-groups // rows),
+                              blockDimX=block[0], blockDimY=block[1], blockDimZ=1,
+                              sharedMemBytes=shared_mem, attrs=attributes, numAttrs=len(ids))
         config.keep = attributes
         if len(self._configs) >= MAX_CONFIGS:
             self._configs.clear()
-        found = self._configs[(grid, block, shared_mem)] = (config, ctypes.byref(config))
+        found = self._configs[(grid, block, shared_mem, groups)] = (config, ctypes.byref(config))
         return found
 
     def _raise(self, err: int, grid: int, block: tuple[int, int], shared_mem: int) -> None:

@@ -129,12 +129,12 @@ def _checked_functions(name: str, built, module: int, device: DeviceSpec
 
 
 _SIZE_CTYPES = {Source.ROWS: ctypes.c_int64, Source.PARTIAL_ROWS: ctypes.c_int32,
-                Source.ROW_REPEATS: ctypes.c_int64}
+                Source.ROW_REPEATS: ctypes.c_int64, Source.GROUPS: ctypes.c_int64}
 # A call's launch arguments by source: calls.run builds one tuple in this order, and
 # Kernel.arguments index it by position (an Enum key hashes in Python: 20 such hashes a call
 # were 8% of a small call's host time under cProfile).
 _SLOT_ORDER = (Source.INPUT, Source.OUTPUT, Source.PARTIALS, Source.ROWS, Source.PARTIAL_ROWS,
-               Source.ROW_TICKETS, Source.ROW_REPEATS)
+               Source.ROW_TICKETS, Source.GROUPS, Source.ROW_REPEATS)
 _SLOTS = {source: slot for slot, source in enumerate(_SLOT_ORDER)}
 
 
@@ -218,10 +218,11 @@ def get_kernel(name: str, info: FusionInfo, definition: str, problem: Problem,
     return kernel
 
 
-def launch_sizes(kernel: Kernel, rows: int, device: DeviceSpec
+def launch_sizes(kernel: Kernel, rows: int, device: DeviceSpec, n_groups: int = 1
                  ) -> tuple[Launch, Launch | None]:
     """The grid, block and shared memory of the kernel's launch (and its finalize's) for a
-    call of `rows` rows."""
+    call of `rows` rows, in each of `n_groups` groups (FusionInfo.group_axes: a grid row of
+    blocks per group, which share the resident blocks)."""
     s = kernel.schedule
     if isinstance(s, PointwiseSchedule):
         # Every thread takes UNROLL vectors once and the hardware deals the blocks to SMs as
@@ -243,16 +244,16 @@ def launch_sizes(kernel: Kernel, rows: int, device: DeviceSpec
     # (RowSchedule.group_period), a second wave where fewer than one period are resident.
     groups = ceil_div(rows, s.rows_per_block)
     most = (device.max_grid_x // s.cluster if s.dealing is Dealing.GRID
-            else kernel.resident_groups)
+            else max(1, kernel.resident_groups // n_groups))
     clusters = max(1, min(groups, most))
     if kernel.finalize is not None and clusters < groups:
         clusters = min(groups, max(s.group_period, clusters - clusters % s.group_period))
     grid = clusters * s.cluster
     partial_rows = clusters * s.partial_rows_per_block if kernel.finalize is not None else 0
-    launch = Launch(grid, _block(s), s.smem.dynamic_bytes, partial_rows)
+    launch = Launch(grid, _block(s), s.smem.dynamic_bytes, partial_rows, n_groups)
     final = None
     if kernel.finalize is not None and not kernel.finalize.fused:
         f = kernel.finalize
         final = Launch(ceil_div(f.hidden, f.cols_per_block), (f.cols_per_block, f.partial_lanes),
-                       f.smem.dynamic_bytes, partial_rows)
+                       f.smem.dynamic_bytes, partial_rows, n_groups)
     return launch, final

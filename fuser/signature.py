@@ -30,6 +30,9 @@ class Source(enum.Enum):
     # a repeated input's `after` (index 2k) and `count` (2k + 1), k its place in
     # FusionInfo.repeated (long long): its row for row r is (r / after) % count
     ROW_REPEATS = "row_repeats"
+    # the number of groups (FusionInfo.group_axes: the product of the leading row axes the
+    # column reductions keep; long long), in a kernel of such a fusion
+    GROUPS = "groups"
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,7 @@ ROWS = Param(Source.ROWS, 0, "n_rows", "long long")
 ROW_TICKETS = Param(Source.ROW_TICKETS, 0, "g_row_tickets", "unsigned long long* __restrict__")
 PARTIAL_ROWS = Param(Source.PARTIAL_ROWS, 0, "partial_rows", "int")
 GRID_BARRIER = Param(Source.ROW_TICKETS, 0, "g_grid_barrier", "unsigned long long* __restrict__")
+GROUPS = Param(Source.GROUPS, 0, "n_groups", "long long")
 
 
 def _repeats(info: FusionInfo) -> list[Param]:
@@ -101,8 +105,10 @@ def _repeats(info: FusionInfo) -> list[Param]:
 
 def row_signature(info: FusionInfo, entry: str, counted: bool, fused: bool = False) -> Signature:
     """The row kernel: row, column, per-row and single-value inputs, full and per-row
-    outputs, the workspaces, scalar inputs, the row count, and the counter that deals row
-    groups where the schedule deals them from one (`counted`). A row kernel that finalizes
+    outputs, the workspaces, scalar inputs, the row count (a group's, with groups), and the
+    counter that deals row groups where the schedule deals them from one (`counted`). With
+    groups (FusionInfo.group_axes) it takes the partial rows of a group and the number of
+    groups, to find its group's rows and partial rows. A row kernel that finalizes
     its columns itself (`fused`) takes the finalize's column outputs, the partial rows to sum
     and the counter of its grid barrier too."""
     outputs = (*info.outputs(Role.FULL), *info.outputs(Role.ROW))
@@ -112,16 +118,18 @@ def row_signature(info: FusionInfo, entry: str, counted: bool, fused: bool = Fal
                              *info.value_inputs))
               + _outputs(info, outputs) + _partials(info, False) + _scalars(info) + [ROWS]
               + _repeats(info) + ([ROW_TICKETS] if counted else [])
-              + ([PARTIAL_ROWS, GRID_BARRIER] if fused else []))
+              + ([PARTIAL_ROWS, GRID_BARRIER] if fused else [])
+              + ([PARTIAL_ROWS, GROUPS] if info.group_axes else []))
     return Signature(entry, tuple(params))
 
 
 def finalize_signature(info: FusionInfo, entry: str) -> Signature:
     """The finalize: the workspaces, column and single-value inputs, column outputs, scalar
-    inputs, the row count and the partial rows to sum."""
+    inputs, the row count and the partial rows to sum (a group's, and the number of groups,
+    with groups)."""
     params = (_partials(info, True) + _inputs(info, (*info.col_inputs, *info.value_inputs))
               + _outputs(info, info.outputs(Role.COL)) + _scalars(info)
-              + [ROWS, PARTIAL_ROWS])
+              + [ROWS, PARTIAL_ROWS] + ([GROUPS] if info.group_axes else []))
     return Signature(entry, tuple(params))
 
 

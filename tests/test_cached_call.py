@@ -277,18 +277,27 @@ def test_a_kernels_parameters_are_picked_from_the_calls_flat_values_as_a_tuple()
     assert calls._picker([1])(values) == (11,)
 
 
+def _variance_over_seq(fd: FusionDefinition, x):
+    """x's variance over its middle axis, in float: its mean (a column sum per group of the
+    first axis) subtracted from it, which no kernel of groups does, so the axes are moved and
+    the sums are row sums."""
+    xf = fd.ops.cast(x, DataType.Float)
+    mean = fd.ops.div(fd.ops.sum(xf, [1], keepdim=True), fd.ops.size(x, 1))
+    d = fd.ops.sub(xf, mean)
+    return fd.ops.div(fd.ops.sum(fd.ops.mul(d, d), [1]), fd.ops.size(x, 1))
+
+
 def test_a_segmented_call_binds_its_sizes_once_per_signature_and_checks_scalars_each_call(
         gpu, monkeypatch):
-    """A fusion that runs as segments (a mean over the middle axis: moved, then row sums)
-    binds its extents once per input signature; a later call of the same signature reuses
-    them, a new shape binds again, and a scalar's value (not in the signature) is checked on
-    every call, the cached ones too."""
-    with FusionDefinition("scaled_mean_over_seq") as fd:
+    """A fusion that runs as segments (a variance over the middle axis: moved, then row
+    sums) binds its extents once per input signature; a later call of the same signature
+    reuses them, a new shape binds again, and a scalar's value (not in the signature) is
+    checked on every call, the cached ones too."""
+    with FusionDefinition("scaled_var_over_seq") as fd:
         x = fd.define_tensor([-1, -1, -1], dtype=DataType.BFloat16)
         k = fd.define_scalar(dtype=DataType.Int32)
-        total = fd.ops.sum(fd.ops.cast(x, DataType.Float), [1])
-        mean = fd.ops.div(total, fd.ops.size(x, 1))
-        fd.add_output(fd.ops.cast(fd.ops.mul(mean, k), DataType.BFloat16))
+        var = _variance_over_seq(fd, x)
+        fd.add_output(fd.ops.cast(fd.ops.mul(var, k), DataType.BFloat16))
     segmentation = executor.segments_of(fd)
     assert segmentation is not None
     assert any(isinstance(v, Scalar) and v.extent is not None  # the sequence length
@@ -323,14 +332,13 @@ def test_a_segmented_call_binds_its_sizes_once_per_signature_and_checks_scalars_
 
 
 def test_later_calls_of_a_segmented_fusion_walk_the_steps_its_first_call_took(gpu, monkeypatch):
-    """The first call of a segmented fusion (a mean over the middle axis: a permute, then row
-    sums) records its steps; a later call with the same signature launches the same kernels
+    """The first call of a segmented fusion (a variance over the middle axis: a permute, then
+    row sums) records its steps; a later call with the same signature launches the same kernels
     in the same order with no execute() per segment, and falls back to it for a segment
     whose input sits where the plan's vectors cannot load (a view at a 2-byte offset)."""
-    with FusionDefinition("mean_over_seq") as fd:
+    with FusionDefinition("var_over_seq") as fd:
         x = fd.define_tensor([-1, -1, -1], dtype=DataType.BFloat16)
-        total = fd.ops.sum(fd.ops.cast(x, DataType.Float), [1])
-        fd.add_output(fd.ops.cast(fd.ops.div(total, fd.ops.size(x, 1)), DataType.BFloat16))
+        fd.add_output(fd.ops.cast(_variance_over_seq(fd, x), DataType.BFloat16))
     a = torch.zeros(2, 4, 16, dtype=torch.bfloat16)
     fd.execute([a])
     first = [function for function, _ in gpu.launches]
@@ -368,10 +376,9 @@ def test_the_last_cuda_code_of_a_segmented_call_shows_its_permute_kernels(gpu):
     """fd.last_cuda_code() of a call whose segments are moved between: each segment's source,
     then each permute kernel's under the move it made, on the first call and the later ones
     (which walk the recorded steps)."""
-    with FusionDefinition("mean_over_seq") as fd:
+    with FusionDefinition("var_over_seq") as fd:
         x = fd.define_tensor([-1, -1, -1], dtype=DataType.BFloat16)
-        fd.add_output(fd.ops.cast(fd.ops.sum(fd.ops.cast(x, DataType.Float), [1]),
-                                  DataType.BFloat16))
+        fd.add_output(fd.ops.cast(_variance_over_seq(fd, x), DataType.BFloat16))
     a = torch.zeros(2, 4, 16, dtype=torch.bfloat16)
     for _ in range(2):
         fd.execute([a])

@@ -320,7 +320,9 @@ class Launch:
     grid: int
     block: tuple[int, int]
     dynamic_smem: int
-    partial_rows: int  # rows of the outer-reduction workspace (0 without outer reductions)
+    # rows of the outer-reduction workspace (a group's; 0 without outer reductions)
+    partial_rows: int
+    groups: int = 1  # grid rows (gridDim.y x gridDim.z), one per group (FusionInfo.group_axes)
 
 
 # Bytes of inputs one vector step may read: a thread loads every input's vector of an element

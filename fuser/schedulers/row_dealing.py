@@ -30,12 +30,13 @@ def allowed(phase: Phase, geo: RowGeometry, ring: StagingRing | None,
     a staging ring (a cluster's blocks would have to agree on each group, and a ring fetches
     rows ahead by their stride), in at most two stages (its dealer knows the group one row
     ahead, not two), and not the column sums of skewed rows (a thread's rows must share a
-    skew: RowSchedule.group_period); a block per group would give a fusion with column sums
+    skew: RowSchedule.group_period), nor groups of rows (FusionInfo.group_axes: one counter
+    would deal every group's rows); a block per group would give a fusion with column sums
     one partial row per group, not per resident block."""
     column_sums = bool(phase.fusion.info.outer_reductions)
     kinds = COLUMN_SUM_DEALINGS if column_sums else tuple(Dealing)
     counter = (geo.cluster == 1 and ring is None and stages <= 2
-               and not (column_sums and geo.skew))
+               and not (column_sums and geo.skew) and not phase.fusion.info.group_axes)
     return tuple(d for d in kinds if d is not Dealing.DYNAMIC or counter)
 
 

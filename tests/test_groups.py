@@ -1,0 +1,250 @@
+"""Column reductions per group (issue 15): reductions over the trailing row axes of an N-D
+tensor (a mean over the sequence of [batch, seq, hidden]) keep the leading ones as groups,
+each a [rows, hidden] problem of its own, run by the row kernel and its finalize with a grid
+row of blocks per group, where the axes used to be moved first (a transposing copy, 0.34 of
+the copy's speed on an H100). Offline: the analysis, what falls back to segments, the kernels
+on every preset, the launch's sizes; on the GPU (-m gpu): against the float64 oracle and
+torch at odd, large, empty and many-group shapes."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from fuser import DataType, FusionDefinition, UnsupportedFusionError, explain
+from fuser.analysis import Kind, Role, analyze
+from fuser.device import PRESETS, DeviceSpec
+from fuser.executor import segments_of
+from fuser.reference import evaluate
+
+BF16, F16, F = DataType.BFloat16, DataType.Half, DataType.Float
+
+
+def mean_over(dims: list[int], rank: int = 3, dtype: DataType = BF16,
+              keepdim: bool = False, op: str = "sum") -> FusionDefinition:
+    """op(x, dims) of a rank-`rank` x in float, a mean for sum (divided by the reduced
+    sizes' product), cast back to x's dtype."""
+    with FusionDefinition(f"{op}_over_{'_'.join(map(str, dims))}") as fd:
+        x = fd.define_tensor([-1] * rank, dtype=dtype)
+        xf = fd.ops.cast(x, F)
+        y = getattr(fd.ops, op)(xf, dims, keepdim=keepdim)
+        if op == "sum":
+            count = x.size(dims[0])
+            for d in dims[1:]:
+                count = fd.ops.mul(count, x.size(d))
+            y = fd.ops.div(y, count)
+        fd.add_output(fd.ops.cast(y, dtype))
+    return fd
+
+
+def sums_per_row_and_group(dtype: DataType = BF16) -> FusionDefinition:
+    """[A, B, C]: y = x * 2 (every element), sums along C (per row) and along B (per group
+    of A) in one row kernel."""
+    with FusionDefinition("row_and_group_sums") as fd:
+        x = fd.define_tensor([-1, -1, -1], dtype=dtype)
+        xf = fd.ops.cast(x, F)
+        fd.add_output(fd.ops.cast(fd.ops.mul(xf, 2.0), dtype))
+        fd.add_output(fd.ops.sum(xf, [2], keepdim=True))
+        fd.add_output(fd.ops.max(xf, [1]))
+    return fd
+
+
+def test_a_reduction_over_the_sequence_keeps_the_batch_as_groups():
+    info = analyze(mean_over([1]).fusion)
+    assert (info.kind, info.group_axes, len(info.row_axes)) == (Kind.OUTER, 1, 3 - 1)
+    assert info.counted_axes == info.row_axes[1:]
+    (out,) = info.fusion.outputs
+    assert info.roles[out] is Role.COL
+    assert "groups:" in info.describe()
+    four = analyze(mean_over([2], rank=4).fusion)
+    assert (four.group_axes, len(four.counted_axes)) == (2, 1)
+    two_counted = analyze(mean_over([1, 2], rank=4).fusion)
+    assert (two_counted.group_axes, len(two_counted.counted_axes)) == (1, 2)
+    assert analyze(mean_over([0, 1]).fusion).group_axes == 0  # every row axis: one group
+    both = analyze(sums_per_row_and_group().fusion)
+    assert (both.kind, both.group_axes) == (Kind.INNER_OUTER, 1)
+    assert [both.roles[o] for o in both.fusion.outputs] == [Role.FULL, Role.ROW, Role.COL]
+
+
+def test_a_mean_over_the_sequence_runs_in_one_row_kernel_with_a_finalize_per_group():
+    """No move between kernels: the row kernel's pointers move to the block's group (grid
+    row), and the finalize's to the group's partial rows and columns; the mean divides by a
+    group's rows (n_rows), which is the sequence's length."""
+    fd = mean_over([1])
+    assert segments_of(fd) is None
+    report = explain(fd, [(8, 1024, 4096)], device="h200")
+    source = report.source
+    assert "permute" not in str(report)
+    assert "g_T0 += group * n_rows * H;" in source
+    assert source.count("if (group >= n_groups) return;") == 2  # the row kernel, the finalize
+    assert "g_T4 += group * H;" in source or "+= group * H;" in source
+    assert "n_rows" in source.split("_finalize(")[1]
+
+
+@pytest.mark.parametrize("device", sorted(PRESETS))
+@pytest.mark.parametrize("shape", [(8, 1024, 4096), (3, 7, 1000), (5, 3, 24578), (2, 9, 1)],
+                         ids=str)
+def test_group_kernels_compile_without_spills_on_every_preset(shape, device):
+    for fd in (mean_over([1]), sums_per_row_and_group()):
+        report = explain(fd, [shape], device=device)
+        for entry, resources in report.resources.items():
+            assert not resources.spills, (entry, resources)
+
+
+@pytest.mark.parametrize("build", [
+    # normalized by its own sums per group: no kernel keeps a group's columns on chip
+    lambda fd, x: fd.ops.sub(x, fd.ops.sum(x, [1], keepdim=True)),
+    # a sum per group beside a sum over every row axis
+    lambda fd, x: fd.ops.add(fd.ops.sum(x, [1]), fd.ops.sum(fd.ops.sum(x, [0]), [0])),
+], ids=["normalized", "two_kinds_of_column_sums"])
+def test_what_no_group_kernel_runs_runs_as_segments(build):
+    """Refused by the analysis, so the segmentation runs it (as before groups existed), and
+    the chain of segments equals the oracle."""
+    from test_layout import assert_chained_matches_the_oracle
+
+    with FusionDefinition("segmented") as fd:
+        x = fd.define_tensor([-1, -1, -1], dtype=F)
+        fd.add_output(build(fd, x))
+    assert segments_of(fd) is not None
+    host = [np.random.default_rng(2).standard_normal((3, 7, 5)).astype(np.float32)]
+    assert_chained_matches_the_oracle(fd, host, atol=1e-5)
+
+
+def test_an_output_of_the_hidden_axis_only_beside_group_sums_runs_as_segments():
+    """Each group's finalize would write a [hidden] output: refused, and segmented."""
+    with FusionDefinition("col_beside_groups") as fd:
+        x = fd.define_tensor([-1, -1, -1], dtype=F)
+        w = fd.define_tensor([-1], dtype=F)
+        wx = fd.ops.broadcast_in_dim(w, shape=[x.size(0), x.size(1), x.size(2)],
+                                     broadcast_dims=[2])
+        fd.add_output(fd.ops.sum(fd.ops.mul(x, wx), [1]))
+        fd.add_output(fd.ops.mul(w, 2.0))
+    with pytest.raises(UnsupportedFusionError, match="every group would write it"):
+        analyze(fd.fusion)
+    assert segments_of(fd) is not None
+
+
+def test_a_group_size_in_arithmetic_is_refused_and_a_group_rows_size_is_n_rows():
+    with FusionDefinition("batch_size") as fd:
+        x = fd.define_tensor([-1, -1, -1], dtype=F)
+        fd.add_output(fd.ops.div(fd.ops.sum(x, [1]), x.size(0)))
+    with pytest.raises(UnsupportedFusionError, match="leading dimensions"):
+        analyze(fd.fusion)
+    fd = mean_over([1, 2], rank=4, dtype=F)
+    source = explain(fd, [(2, 3, 5, 7)], device="h200").source
+    assert "= n_rows;" in source  # the product of both reduced sizes: a group's rows
+
+
+def test_a_launch_shares_the_resident_blocks_among_the_groups():
+    """8 groups, 528 resident blocks: 66 a group, each group's partial rows its own; the
+    finalize a grid row per group too."""
+    from fuser.loader import launch_sizes
+    from fuser.schedulers import Problem, schedule
+    from fuser.schedulers.finalize import finalize_schedule
+
+    h200 = DeviceSpec.get("h200")
+    info = analyze(mean_over([1]).fusion)
+    s = schedule(info, Problem(4096, 8192, 16), h200)
+    f = finalize_schedule(info, Problem(4096, 8192, 16), h200)
+    kernel = types.SimpleNamespace(schedule=s, resident_groups=528, finalize=f)
+    launch, final = launch_sizes(kernel, 1024, h200, 8)
+    assert (launch.grid, launch.groups, launch.partial_rows) == (66, 8, 66)
+    assert (final.groups, final.partial_rows) == (8, 66)
+    few = launch_sizes(kernel, 1024, h200, 100000)[0]
+    assert (few.grid, few.groups) == (1, 100000)
+
+
+def test_a_launch_of_more_groups_than_grid_rows_splits_them_over_z(monkeypatch):
+    import ctypes
+
+    from test_launch import POINTER, FakeDriver
+
+    from fuser import launch
+
+    fake = FakeDriver()
+    monkeypatch.setattr(launch, "driver", lambda: fake)
+    entry = launch.EntryLauncher("k", 1, [POINTER, ctypes.c_float], registers=32)
+    entry(4, (128, 1), 0, 5, [1, 0.0], 70000)
+    entry(4, (128, 1), 0, 5, [1, 0.0], 3)
+    entry(4, (128, 1), 0, 5, [1, 0.0], 0)  # no group: nothing launched
+    assert [c[1] for c in fake.calls] == [(4, 65535, 2), (4, 3, 1)]
+
+
+def test_the_oracle_of_a_mean_over_the_sequence_is_numpys():
+    x = np.random.default_rng(5).standard_normal((3, 7, 5)).astype(np.float32)
+    (got,) = evaluate(mean_over([1], dtype=F).fusion, [x])
+    np.testing.assert_allclose(got, x.astype(np.float64).mean(1), rtol=1e-6)
+
+
+# ----- GPU ------------------------------------------------------------------------------------
+
+GPU_SHAPES = [(3, 7, 1000), (8, 1024, 4096), (2, 1, 5), (5, 3, 1), (4, 33, 4099),
+              (1, 1000, 24578), (2, 3000, 65537), (70000, 3, 8)]
+
+
+def _array(rng, shape, dtype: DataType):
+    import cupy
+
+    return cupy.asarray(rng.standard_normal(shape).astype(np.float32).astype(dtype.numpy))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [BF16, F16, F], ids=lambda d: d.name)
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+def test_gpu_a_mean_over_the_sequence_matches_the_oracle(shape, dtype, rng):
+    """One kernel and its finalize (no segments), at odd hidden sizes, one row per group,
+    hidden 1, groups past gridDim.y's 65535."""
+    fd = mean_over([1], dtype=dtype)
+    (out,) = fd.validate([_array(rng, shape, dtype)])
+    assert tuple(out.shape) == (shape[0], shape[2])
+    assert not hasattr(fd.last_schedule(), "segments")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+@pytest.mark.parametrize("case", [([1], 3, (6, 77, 1000)), ([2], 4, (3, 4, 50, 264)),
+                                  ([1, 2], 4, (3, 4, 50, 264))], ids=str)
+def test_gpu_reductions_over_trailing_row_axes_match_the_oracle(case, op, rng):
+    dims, rank, shape = case
+    for keepdim in (False, True):
+        fd = mean_over(dims, rank, F, keepdim, op)
+        (out,) = fd.validate([_array(rng, shape, F)])
+        kept = tuple(1 if d in dims else n for d, n in enumerate(shape))
+        assert tuple(out.shape) == (kept if keepdim else tuple(n for d, n in enumerate(shape)
+                                                              if d not in dims))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(3, 7, 1000), (8, 1024, 4096), (2, 5, 24578)], ids=str)
+def test_gpu_row_sums_and_group_sums_in_one_kernel_match_the_oracle(shape, rng):
+    fd = sums_per_row_and_group()
+    _, rows, groups = fd.validate([_array(rng, shape, BF16)])
+    assert (tuple(rows.shape), tuple(groups.shape)) == ((*shape[:2], 1), (shape[0], shape[2]))
+
+
+@pytest.mark.gpu
+def test_gpu_empty_groups_and_empty_rows(rng):
+    """No group: nothing launched, an empty output; groups of no rows: sums of nothing (0)."""
+    import cupy
+
+    fd = mean_over([1], dtype=F, op="max")
+    (out,) = fd.execute([_array(rng, (0, 5, 8), F)])
+    assert tuple(out.shape) == (0, 8)
+    with FusionDefinition("sum_of_nothing") as sums:
+        x = sums.define_tensor([-1, -1, -1], dtype=F)
+        sums.add_output(sums.ops.sum(x, [1]))
+    (out,) = sums.execute([cupy.zeros((4, 0, 8), dtype=np.float32)])
+    assert tuple(out.shape) == (4, 8) and not cupy.asnumpy(out).any()
+
+
+@pytest.mark.gpu
+def test_gpu_a_mean_over_the_sequence_matches_torch(has_torch_cuda):
+    if not has_torch_cuda:
+        pytest.skip("needs torch with CUDA")
+    import torch
+
+    x = torch.randn(8, 1024, 4096, device="cuda").bfloat16()
+    (got,) = mean_over([1]).execute([x])
+    torch.testing.assert_close(got.float(), x.float().mean(1), atol=1e-2, rtol=1e-2)
