@@ -88,8 +88,6 @@ class EntryLauncher:
 
     def __call__(self, grid: int, block: tuple[int, int], shared_mem: int, stream: int,
                  args, groups: int = 1) -> None:
-        if not groups:  # no group (a leading dimension of size 0): nothing to compute
-            return
         with self._lock:
             self._layout.pack_into(self._buffer, 0, *args)
             found = self._configs.get((grid, block, shared_mem, groups))

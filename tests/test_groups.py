@@ -168,7 +168,6 @@ def test_a_launch_of_more_groups_than_grid_rows_splits_them_over_z(monkeypatch):
     entry = launch.EntryLauncher("k", 1, [POINTER, ctypes.c_float], registers=32)
     entry(4, (128, 1), 0, 5, [1, 0.0], 70000)
     entry(4, (128, 1), 0, 5, [1, 0.0], 3)
-    entry(4, (128, 1), 0, 5, [1, 0.0], 0)  # no group: nothing launched
     assert [c[1] for c in fake.calls] == [(4, 65535, 2), (4, 3, 1)]
 
 
@@ -225,18 +224,15 @@ def test_gpu_row_sums_and_group_sums_in_one_kernel_match_the_oracle(shape, rng):
 
 
 @pytest.mark.gpu
-def test_gpu_empty_groups_and_empty_rows(rng):
-    """No group: nothing launched, an empty output; groups of no rows: sums of nothing (0)."""
+@pytest.mark.parametrize("shape", [(0, 5, 8), (4, 0, 8)], ids=str)
+def test_gpu_an_empty_group_or_sequence_is_refused_on_the_host(shape):
+    """fuser refuses empty tensors before any launch, groups of no rows and no groups too."""
     import cupy
 
-    fd = mean_over([1], dtype=F, op="max")
-    (out,) = fd.execute([_array(rng, (0, 5, 8), F)])
-    assert tuple(out.shape) == (0, 8)
-    with FusionDefinition("sum_of_nothing") as sums:
-        x = sums.define_tensor([-1, -1, -1], dtype=F)
-        sums.add_output(sums.ops.sum(x, [1]))
-    (out,) = sums.execute([cupy.zeros((4, 0, 8), dtype=np.float32)])
-    assert tuple(out.shape) == (4, 8) and not cupy.asnumpy(out).any()
+    from fuser import BadInputError
+
+    with pytest.raises(BadInputError, match="has size 0; empty tensors are not supported"):
+        mean_over([1], dtype=F).execute([cupy.zeros(shape, dtype=np.float32)])
 
 
 @pytest.mark.gpu
