@@ -152,6 +152,7 @@ def test_a_launch_shares_the_resident_blocks_among_the_groups():
     launch, final = launch_sizes(kernel, 1024, h200, 8)
     assert (launch.grid, launch.groups, launch.partial_rows) == (66, 8, 66)
     assert (final.groups, final.partial_rows) == (8, 66)
+    assert (f.cols_per_block, f.partial_lanes) == (32, 16)  # a group's few partial rows
     few = launch_sizes(kernel, 1024, h200, 100000)[0]
     assert (few.grid, few.groups) == (1, 100000)
 
