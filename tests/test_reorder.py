@@ -246,9 +246,11 @@ def test_every_segment_compiles_without_spills(name):
 
 
 @pytest.mark.parametrize("name", list(NESTED))
-def test_a_segment_after_a_layout_op_is_reordered_itself(name):
-    """The whole fusion holds a layout op, so it is cut first; the segment that no kernel runs
-    runs as segments of its own, which the executor and explain() run and show as any."""
+def test_a_fusion_cut_first_runs_its_segments_as_any(name):
+    """The whole fusion holds a layout op or a normalization no one kernel runs, so it is cut
+    first; each segment runs as one kernel chain (column sums per group included) or, where
+    none runs it, as segments of its own (the peaks over batch and hidden below), which the
+    executor and explain() run and show as any."""
     fd = _fd(name)
     segmentation = _segmentation(fd)
     nested = [s for s in segmentation.segments if segments_of(s.definition) is not None]
