@@ -66,11 +66,16 @@ def extreme_operands(info: FusionInfo) -> frozenset[Val]:
     for e in info.fusion.exprs:
         if e.op in ("max", "min"):
             v = e.inputs[0]
-            while v.definition is not None and (v.definition.op in VIEWS or (
-                    v.definition.op == "cast" and v.definition.inputs[0].dtype is v.dtype)):
+            while v.definition is not None and is_alias(v.definition, v):
                 v = v.definition.inputs[0]
             out.add(v)
     return frozenset(out)
+
+
+def is_alias(e: Expr, v: Val) -> bool:
+    """Whether `e` computes nothing for its output `v`, only names its input's values again
+    (a view, a cast to the type it has): no statement of its own."""
+    return e.op in VIEWS or (e.op == "cast" and e.inputs[0].dtype is v.dtype)
 
 
 def through_broadcasts(v: Val) -> Val:
@@ -118,7 +123,7 @@ class Emitter:
             e = v.definition
             assert e is not None  # `needed` holds computed values only
             expr = self._expression(e, pin=v in self.pinned)
-            if e.op in VIEWS or (e.op == "cast" and e.inputs[0].dtype is v.dtype):
+            if is_alias(e, v):
                 self.env[v] = expr
                 continue
             name = f"{self.prefix}{v.name}"

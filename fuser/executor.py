@@ -185,7 +185,7 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
                 scalar_types, counted, len(fusion.inputs), repeated_rows(info, sizes), groups)
 
 
-def group_offsets(info, elements: int) -> list[int]:
+def group_offsets(info: FusionInfo, elements: int) -> list[int]:
     """The bytes from one group's part of each tensor of every row to the next's (`elements`
     a group's): a kernel of a fusion with groups (FusionInfo.group_axes) moves its pointers
     by them, so its vectors need them aligned as the pointers themselves."""

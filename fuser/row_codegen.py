@@ -80,18 +80,21 @@ def group_lines(info: FusionInfo) -> list[str]:
     full = (*info.full_inputs, *info.outputs(Role.FULL))
     per_row = (*info.row_inputs, *info.outputs(Role.ROW))
     return [*GROUP, *(f"g_{t.name} += group * n_rows * H;" for t in full),
-            *(f"g_{t.name} += group * n_rows;" for t in per_row),
-            *(f"g_part_{e.outputs[0].name} += group * partial_rows * H;"
-              for e in info.outer_reductions)]
+            *(f"g_{t.name} += group * n_rows;" for t in per_row), *_group_partials(info)]
 
 
 def finalize_group_lines(info: FusionInfo) -> list[str]:
     """group_lines for the finalize: the group's partial rows and column outputs."""
     if not info.group_axes:
         return []
-    return [*GROUP, *(f"g_part_{e.outputs[0].name} += group * partial_rows * H;"
-                      for e in info.outer_reductions),
+    return [*GROUP, *_group_partials(info),
             *(f"g_{o.name} += group * H;" for o in info.outputs(Role.COL))]
+
+
+def _group_partials(info: FusionInfo) -> list[str]:
+    """The moves of the group's partial rows, which both kernels make."""
+    return [f"g_part_{e.outputs[0].name} += group * partial_rows * H;"
+            for e in info.outer_reductions]
 
 
 def rows_of(t: Tensor, info: FusionInfo) -> str:

@@ -131,9 +131,13 @@ def _fused(info: FusionInfo, s: RowSchedule, device: DeviceSpec) -> FinalizeSche
                             fused=True)
 
 
-def fusing_refusals(s: RowSchedule, fused: FinalizeSchedule, device: DeviceSpec) -> list[str]:
+def fusing_refusals(info: FusionInfo, s: RowSchedule, fused: FinalizeSchedule,
+                    device: DeviceSpec) -> list[str]:
     """Why row schedule s cannot finalize its own columns with `fused` (none: it can)."""
     reasons = []
+    if info.group_axes:
+        reasons.append("its column sums are per group of the leading dimensions (a grid "
+                       "row of blocks each, which one grid barrier does not tell apart)")
     if s.cluster > 1:
         reasons.append(f"its rows are split over clusters of {s.cluster} blocks")
     if s.dealing is not Dealing.STRIDED:
@@ -157,18 +161,14 @@ def finalized(info: FusionInfo, s: RowSchedule, problem: Problem, device: Device
     """The row schedule and its finalize: none without column outputs; fused where hinted
     (Hints(fused_finalize=True), refused where fusing_refusals() finds a reason) or, without
     a hint either way or a finalize_lanes hint (which shapes a finalize kernel of its own),
-    where the rows take one wave and nothing refuses (a fusion of column sums per group is
-    never fused); a kernel of its own otherwise. Fused,
+    where the rows take one wave and nothing refuses; a kernel of its own otherwise. Fused,
     the row schedule's shared-memory plan is the finalize's, with the lanes' sums after the
     row kernel's buffers."""
     if not needs_finalize(info):
         return s, None
     hints = hints or Hints()
     fused = _fused(info, s, device)
-    refusals = fusing_refusals(s, fused, device)
-    if info.group_axes:
-        refusals.append("its column sums are per group of the leading dimensions (a grid "
-                        "row of blocks each, which one grid barrier does not tell apart)")
+    refusals = fusing_refusals(info, s, fused, device)
     if hints.fused_finalize and refusals:
         raise HintError(f"Hints(fused_finalize=True): this row kernel cannot finalize its own "
                         f"columns: {'; '.join(refusals)}; allowed here: fused_finalize=False")
