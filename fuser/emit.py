@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 
 from fuser.analysis import FusionInfo, Role, operands, row_counts
 from fuser.dtypes import DataType
@@ -188,20 +189,26 @@ class Emitter:
         return convert(x, ctype(src), target.compute_type)
 
 
-def row_divisors(info: FusionInfo, rows: set[Val]) -> dict[Val, set[str]]:
-    """Per-row values that elements are divided by, with the compute types of those
-    divisions: a division costs the H200 about ten instructions per element (IEEE div.rn with
-    its slow path), a multiply one, so fuser divides by such a value through its reciprocal,
-    computed once per row (x * (1 / s) is within 1.5 ulp of x / s)."""
+def divisors(info: FusionInfo, constant: Callable[[Val], bool]) -> dict[Val, set[str]]:
+    """Values constant along a pass (a row's per-row values, or a column's values in the
+    kernels that normalize along columns) that its elements are divided by, with the compute
+    types of those divisions: a division costs the H200 about ten instructions per element
+    (IEEE div.rn with its slow path), a multiply one, so fuser divides by such a value through
+    its reciprocal, computed once per row or column (x * (1 / s) is within 1.5 ulp of x / s)."""
     out: dict[Val, set[str]] = {}
     for v in info.fusion.vals:
         d = v.definition
-        if d is None or d.op != "div" or v in rows or info.roles[v] is Role.ROW:
+        if d is None or d.op != "div" or constant(v):
             continue
         src = through_broadcasts(d.inputs[1])
-        if src in rows or info.roles.get(src) is Role.ROW:
+        if constant(src):
             out.setdefault(src, set()).add(d.attr("compute").compute_type)
     return out
+
+
+def reciprocal_name(prefix: str, v: Val, compute: str) -> str:
+    """The C++ name of the reciprocal of `v` in `compute`: <prefix>rcp[_d]_<name>."""
+    return f"{prefix}rcp{'_d' if compute == 'double' else ''}_{v.name}"
 
 
 def scalar_prologue(info: FusionInfo) -> tuple[list[str], dict[Val, str]]:

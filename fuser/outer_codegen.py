@@ -11,7 +11,18 @@ from __future__ import annotations
 import textwrap
 
 from fuser.analysis import FusionInfo, Role
-from fuser.emit import Emitter, ctype, element_env, input_tensors, scalar_prologue, used_lines
+from fuser.emit import (
+    Emitter,
+    convert,
+    ctype,
+    divisors,
+    element_env,
+    input_tensors,
+    reciprocal_name,
+    scalar_prologue,
+    through_broadcasts,
+    used_lines,
+)
 from fuser.ir import Expr, Val
 from fuser.row_codegen import reduction
 from fuser.schedulers.base import OuterSchedule
@@ -27,16 +38,21 @@ from fuser.schedulers.outer_persistent import (
 
 class _Columns:
     """The column values known so far (C++ expressions of element i of the thread's
-    columns), and the statements that compute more of them."""
+    columns), the reciprocals of those that elements are divided by, and the statements that
+    compute more of them."""
 
     def __init__(self, info: FusionInfo, env: dict[Val, str]):
         self.info = info
         self.env = env  # scalars and column inputs to start with
+        self.divisors = divisors(info, lambda v: info.roles[v] is Role.COL)
+        # (column value, compute type) -> k_rcp_<value>[i], for the Emitters of the passes
+        self.reciprocals: dict[tuple[Val, str], str] = {}
 
     def hoist(self, targets, elements: dict[Val, str]) -> dict:
-        """Column values the element statements for `targets` read: computed here, once per
-        column, into register arrays k_<value>[VEC]."""
-        wanted = self._frontier(targets, elements)
+        """Column values the element statements for `targets` read, and the reciprocals of
+        those they divide by: computed here, once per column, into register arrays
+        k_<value>[VEC] (k_rcp_<value>[VEC])."""
+        wanted, divided = self._frontier(targets, elements)
         emitter = Emitter(self.info, self.env, "col_")
         lines = emitter.emit(wanted)
         arrays = []
@@ -44,12 +60,20 @@ class _Columns:
             lines.append(f"k_{v.name}[i] = {emitter.env[v]};")
             arrays.append({"name": f"k_{v.name}", "ctype": ctype(v)})
             self.env[v] = f"k_{v.name}[i]"
+        for v, ct in divided:
+            name = reciprocal_name("k_", v, ct)
+            lines.append(f"{name}[i] = {ct}(1) / {convert(self.env[v], ctype(v), ct)};")
+            arrays.append({"name": name, "ctype": ct})
+            self.reciprocals[(v, ct)] = f"{name}[i]"
         return {"lines": lines, "arrays": arrays}
 
-    def _frontier(self, targets, elements: dict[Val, str]) -> list[Val]:
+    def _frontier(self, targets, elements: dict[Val, str]
+                  ) -> tuple[list[Val], list[tuple[Val, str]]]:
         """The column values (not yet known) met walking from `targets` down to what is
-        known, in definition order."""
+        known, in definition order, and the (column value, compute type) of each division by
+        one met on the way whose reciprocal is not computed yet."""
         found: set[Val] = set()
+        divided: set[tuple[Val, str]] = set()
         seen: set[Val] = set()
         stack = list(targets)
         while stack:
@@ -59,9 +83,14 @@ class _Columns:
             seen.add(v)
             if self.info.roles[v] is Role.COL:
                 found.add(v)
-            elif v.definition is not None:
-                stack.extend(v.definition.inputs)
-        return sorted(found, key=lambda v: v.index)
+            elif (d := v.definition) is not None:
+                stack.extend(d.inputs)
+                divisor = through_broadcasts(d.inputs[1]) if d.op == "div" else None
+                if divisor in self.divisors:
+                    divided.add((divisor, d.attr("compute").compute_type))
+        divided -= set(self.reciprocals)
+        return (sorted(found, key=lambda v: v.index),
+                sorted(divided, key=lambda p: (p[0].index, p[1])))
 
     def total(self, e: Expr) -> None:
         out = e.outputs[0]
@@ -106,7 +135,7 @@ def outer_context(info: FusionInfo, s: OuterSchedule) -> dict:
     for k, level in enumerate(info.outer_levels):
         operands = [e.inputs[0] for e in level]
         hoisted = columns.hoist(operands, elements)
-        emitter = Emitter(info, {**columns.env, **elements}, "e_")
+        emitter = Emitter(info, {**columns.env, **elements}, "e_", columns.reciprocals)
         lines = emitter.emit(operands)
         words = ", ".join(f"{e.op}({e.inputs[0].name}) -> {e.outputs[0].name}" for e in level)
         reductions = [_reduction(info, e, emitter.env[e.inputs[0]]) for e in level]
@@ -121,7 +150,7 @@ def outer_context(info: FusionInfo, s: OuterSchedule) -> dict:
             columns.total(e)
     full_outputs = info.outputs(Role.FULL)
     hoisted = columns.hoist(full_outputs, elements)
-    emitter = Emitter(info, {**columns.env, **elements}, "e_")
+    emitter = Emitter(info, {**columns.env, **elements}, "e_", columns.reciprocals)
     lines, stored = emitter.emit_stored(full_outputs)
     col_outputs = info.outputs(Role.COL)
     col_emitter = Emitter(info, columns.env, "col_")

@@ -19,9 +19,10 @@ from fuser.emit import (
     Emitter,
     convert,
     ctype,
+    divisors,
     element_env,
     input_tensors,
-    row_divisors,
+    reciprocal_name,
     scalar_prologue,
     used_lines,
 )
@@ -281,7 +282,8 @@ class Passes:
         for t in info.row_inputs:
             self.row_env[t] = f"row_{t.name}"
         self.elements = element_env(info, scalar_env)
-        self.divisors = row_divisors(info, self.rows)
+        rows = self.rows
+        self.divisors = divisors(info, lambda v: v in rows or info.roles[v] is Role.ROW)
         self.reciprocals: dict[tuple[Val, str], str] = {}
 
     def row_lines(self, level: int) -> list[str]:
@@ -294,7 +296,7 @@ class Passes:
         for v, computes in self.divisors.items():
             for ct in sorted(computes):
                 if v in self.row_env and (v, ct) not in self.reciprocals:
-                    name = f"row_rcp{'_d' if ct == 'double' else ''}_{v.name}"
+                    name = reciprocal_name("row_", v, ct)
                     value = convert(self.row_env[v], ctype(v), ct)
                     lines.append(f"const {ct} {name} = {ct}(1) / {value};")
                     self.reciprocals[(v, ct)] = name

@@ -153,6 +153,9 @@ CASES = [
     Golden("batchnorm_fwd_4096_bf16_h200", "batchnorm_fwd", 4096),
     # the same over a cluster of 8, two inputs kept, one level of two sums
     Golden("batchnorm_bwd_16384_bf16_h200", "batchnorm_bwd", 16384, rows=4096),
+    # softmax over dim 0: a max, then a sum of exponentials; each element divided by its
+    # column's sum through the reciprocal, computed once per column
+    Golden("softmax_dim0_fwd_16384_bf16_h200", "softmax_dim0_fwd", 16384, rows=4096),
     # an inner reduction in double
     Golden("double_share_2048_fp64_h200", "double_share", 2048, dtype=DataType.Double),
 ]

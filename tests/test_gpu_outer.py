@@ -11,6 +11,7 @@ from test_gpu_fusions import (  # noqa: F401 (poisoned_outputs: an autouse fixtu
     poisoned_outputs,
     run_and_validate,
 )
+from test_outer_persistent import column_shares
 from test_segment import _fd, _host_inputs
 
 from fuser import DataType
@@ -37,7 +38,7 @@ def test_every_cluster_size_matches_the_reference(name, rows, hidden, cluster, r
 @pytest.mark.parametrize("dtype", [F, DataType.Half, BF16], ids=lambda d: d.name)
 @pytest.mark.parametrize(("rows", "hidden"), [(3, 5), (16384, 1024), (1024, 16384), (30000, 24)],
                          ids=str)
-@pytest.mark.parametrize("name", ["batchnorm_fwd", "batchnorm_bwd"])
+@pytest.mark.parametrize("name", ["batchnorm_fwd", "batchnorm_bwd", "softmax_dim0_fwd"])
 def test_heuristic_schedules_match_the_reference(name, rows, hidden, dtype, rng):
     fd = run_and_validate(name, dtype, hidden, rows, rng)
     assert isinstance(fd.last_schedule(), OuterSchedule)
@@ -61,6 +62,21 @@ def _device_inputs(name: str, dtype: DataType, shape: tuple[int, ...], seed: int
 def test_user_fusions_along_columns_match_the_oracle(name, shape):
     fd = _fd(name, BF16)
     fd.validate(_device_inputs(name, BF16, shape, 5))
+    assert isinstance(fd.last_schedule(), OuterSchedule)
+
+
+@pytest.mark.parametrize("dtype", [DataType.Double, F, BF16], ids=lambda d: d.name)
+@pytest.mark.parametrize("shape", [(7, 1), (1000, 4099), (4096, 24578)], ids=str)
+def test_elements_divided_by_a_column_value_match_the_oracle(shape, dtype):
+    """Each element's share of its column's sum, x / sum(x, dim 0), and (x - 1) / the
+    column's largest magnitude: the kernel multiplies by each column's reciprocal, computed
+    once per column (in the division's compute type: double for Double inputs)."""
+    import cupy
+
+    fd = column_shares(dtype)
+    rng = np.random.default_rng(9)
+    x = rng.uniform(0.5, 2.0, shape).astype(dtype.numpy)
+    fd.validate([cupy.asarray(x)])
     assert isinstance(fd.last_schedule(), OuterSchedule)
 
 

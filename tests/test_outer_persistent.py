@@ -93,6 +93,35 @@ def test_kernels_compile_without_spills(name, shape, dtype):
         assert resources.static_smem <= report.schedule.smem.static_slot
 
 
+def column_shares(dtype: DataType) -> FusionDefinition:
+    """Elements divided by column values: each element's share of its column's sum, and
+    (x - 1) over the column's largest magnitude (in double for Double inputs)."""
+    with FusionDefinition("column_shares") as fd:
+        x = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=dtype)
+        wide = fd.ops.cast(x, DataType.Double if dtype is DataType.Double else F)
+        total = fd.ops.sum(wide, dims=[0], keepdim=True)
+        peak = fd.ops.max(fd.ops.abs(wide), dims=[0], keepdim=True)
+        fd.add_output(fd.ops.cast(fd.ops.div(wide, total), dtype))
+        fd.add_output(fd.ops.div(fd.ops.sub(wide, 1.0), peak))
+    return fd
+
+
+@pytest.mark.parametrize(("dtype", "compute"), [(DataType.Double, "double"), (F, "float"),
+                                                (BF16, "float")], ids=str)
+def test_elements_are_divided_by_a_column_value_through_its_reciprocal(dtype, compute):
+    """An IEEE division costs about ten instructions an element, a multiply one: each column's
+    reciprocal is computed once, before the pass that divides by it, in the division's type."""
+    report = fuser.explain(column_shares(dtype), [(1000, 4099)])
+    assert isinstance(report.schedule, OuterSchedule)
+    kernel = report.source.split("#include")[1]
+    suffix = "_d" if compute == "double" else ""
+    for total in ("T2", "T4"):
+        assert f"k_rcp{suffix}_{total}[i] = {compute}(1) / r_{total}[i];" in kernel
+        assert f" * k_rcp{suffix}_{total}[i])" in kernel
+    assert not [line for line in kernel.splitlines() if " e_" in line and " / " in line]
+    assert not any(r.spills for r in report.resources.values())
+
+
 @pytest.mark.parametrize("cluster", [1, 2, 4, 8, 16])
 def test_a_cluster_hint_is_honoured(cluster):
     fd = FUSIONS["batchnorm_fwd"](BF16)
