@@ -140,7 +140,7 @@ class FusionInfo:
         if self.group_axes:
             lines.append(f"groups:            row axes 0..{self.group_axes - 1} of "
                          f"{len(self.row_axes)} (the column reductions' results are per group: "
-                         "a grid row of blocks and a finalize per group)")
+                         "each group's rows run in a grid row of blocks of their own)")
         if self.repeated:
             lines.append("repeated inputs:   " + ", ".join(
                 f"{t.name}:{t.dtype.label} (row axes {r.first}..{r.stop - 1} of "
@@ -202,7 +202,7 @@ def analyze(fusion: Fusion) -> FusionInfo:
         kind = Kind.OUTER_NORM
     inputs = [t for t in lowered.inputs if isinstance(t, Tensor)]
     if groups:
-        _check_groups(lowered, roles, row_axes[:groups], kind)
+        _check_groups(lowered, roles, row_axes[:groups])
     repeated = _repeated(lowered, row_axes, kind, groups)
     full_inputs = tuple(t for t in inputs if roles[t] is Role.FULL)
     inner_exprs = {e for _, e in inner}
@@ -248,16 +248,12 @@ def group_axes(lowered: Fusion, row_axes: tuple[Extent, ...], hidden: Extent | N
     return kept.pop() if len(kept) == 1 else 0
 
 
-def _check_groups(lowered: Fusion, roles: dict, groups: tuple[Extent, ...], kind: Kind) -> None:
-    """What a fusion of per-group column reductions may hold besides them: no normalization
-    by their results (no kernel keeps a group's columns on chip), no input of some row axes
-    only or of the groups' columns (the kernels read one group's rows and every group's
-    column inputs alike), and no output of the hidden axis only (each group's finalize
-    would write it)."""
-    if kind is Kind.OUTER_NORM:
-        raise UnsupportedFusionError(
-            "a normalization by column reductions over some of the row dimensions (per "
-            "group of the others) is not one kernel; it runs reordered")
+def _check_groups(lowered: Fusion, roles: dict, groups: tuple[Extent, ...]) -> None:
+    """What a fusion of per-group column reductions may hold besides them (a normalization
+    by them is an outer-persistent kernel per group): no input of some row axes only or of
+    the groups' columns (the kernels read one group's rows and every group's column inputs
+    alike), and no output of the hidden axis only (each group's finalize or slab would write
+    it)."""
     spans = set(groups)
     for v in lowered.vals:
         if not isinstance(v, Tensor):

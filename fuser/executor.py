@@ -169,7 +169,7 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
     spec = actual if device is None else DeviceSpec.get(device)
     if device is not None:
         check_device(spec, actual, device_id)
-    problem = Problem(hidden, problem_rows(info, rows * groups), align)
+    problem = Problem(hidden, problem_rows(info, rows, groups), align)
     kernel = get_kernel(fd.name, info, definition, problem, spec, device_id, hints)
     launch, final = launch_sizes(kernel, rows, spec, groups)
     partials = () if kernel.finalize is None else tuple(

@@ -233,10 +233,11 @@ def launch_sizes(kernel: Kernel, rows: int, device: DeviceSpec, n_groups: int = 
         grid = max(1, min(ceil_div(vectors, s.threads * s.unroll), device.max_grid_x))
         return Launch(grid, _block(s), 0, 0), None
     if isinstance(s, OuterSchedule):
-        # A cluster per slab of columns; each block keeps at most rank_rows of its rows.
+        # A cluster per slab of columns (in each group's grid row); each block keeps at most
+        # rank_rows of its rows.
         if ceil_div(rows, s.cluster) > s.rank_rows:
             raise InternalError(f"{rows} rows for a kernel built for {s.rows} (a fuser bug)")
-        return Launch(s.slabs * s.cluster, _block(s), s.smem.dynamic_bytes, 0), None
+        return Launch(s.slabs * s.cluster, _block(s), s.smem.dynamic_bytes, 0, n_groups), None
     # A cluster of k blocks works on each group of rows: the grid is a multiple of k, and no
     # larger than what is resident at once (a persistent grid has no second wave), unless a
     # block (cluster) takes each group. The column sums of skewed rows need each thread's

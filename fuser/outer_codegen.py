@@ -24,7 +24,7 @@ from fuser.emit import (
     used_lines,
 )
 from fuser.ir import Expr, Val
-from fuser.row_codegen import reduction
+from fuser.row_codegen import GROUP, reduction
 from fuser.schedulers.base import OuterSchedule
 from fuser.schedulers.outer_persistent import (
     LEVEL_BARRIERS,
@@ -125,6 +125,19 @@ def _rows_read(info: FusionInfo, emitter: Emitter) -> list[dict]:
             for t in input_tensors(info, emitter.used)[0]]
 
 
+def group_lines(info: FusionInfo) -> list[str]:
+    """With groups (FusionInfo.group_axes: a normalization by column reductions over the
+    trailing row axes), the kernel's first statements: its group (a grid row of clusters per
+    group) and each pointer moved to the group's part, n_rows x H of a full tensor, H of a
+    column output; column inputs are every group's. The rest of the kernel normalizes one
+    group's rows as a fusion without groups."""
+    if not info.group_axes:
+        return []
+    full = (*info.full_inputs, *info.outputs(Role.FULL))
+    return [*GROUP, *(f"g_{t.name} += group * n_rows * H;" for t in full),
+            *(f"g_{o.name} += group * H;" for o in info.outputs(Role.COL))]
+
+
 def outer_context(info: FusionInfo, s: OuterSchedule) -> dict:
     """Everything outer_kernel.cu.j2 places but the header and the signature."""
     scalar_lines, scalar_env = scalar_prologue(info)
@@ -174,6 +187,7 @@ def outer_context(info: FusionInfo, s: OuterSchedule) -> dict:
         "tiles": [{"name": t.name, "buffer": tile_buffer(t)} for t in info.full_inputs],
         "columns": [{"name": t.name, "ctype": t.dtype.cuda_type} for t in info.col_inputs],
         "scalar_lines": used_lines(scalar_lines, readers),
+        "group_lines": group_lines(info),
         "levels": levels,
         "final": final,
     }

@@ -135,11 +135,13 @@ def finalize_signature(info: FusionInfo, entry: str) -> Signature:
 
 def pointwise_signature(info: FusionInfo, entry: str) -> Signature:
     """The pointwise kernel, and the outer-persistent one (whose fusions have no per-row
-    inputs or outputs): every tensor input, every output, scalar inputs, the row count."""
+    inputs or outputs): every tensor input, every output, scalar inputs, the row count (a
+    group's, and the number of groups, in an outer-persistent kernel per group)."""
     outputs = (*info.outputs(Role.FULL), *info.outputs(Role.COL), *info.outputs(Role.ROW))
     params = (_inputs(info, (*info.full_inputs, *info.col_inputs, *info.row_inputs,
                              *info.value_inputs))
-              + _outputs(info, outputs) + _scalars(info) + [ROWS] + _repeats(info))
+              + _outputs(info, outputs) + _scalars(info) + [ROWS] + _repeats(info)
+              + ([GROUPS] if info.group_axes else []))
     return Signature(entry, tuple(params))
 
 

@@ -278,13 +278,14 @@ def test_a_kernels_parameters_are_picked_from_the_calls_flat_values_as_a_tuple()
 
 
 def _variance_over_seq(fd: FusionDefinition, x):
-    """x's variance over its middle axis, in float: its mean (a column sum per group of the
-    first axis) subtracted from it, which no kernel of groups does, so the axes are moved and
-    the sums are row sums."""
+    """x's variance over its middle axis, in float, scaled by an input of one value per
+    group of the first axis and column ([batch, hidden]): no kernel of groups reads such an
+    input, so the axes are moved and the sums are row sums."""
     xf = fd.ops.cast(x, DataType.Float)
+    scale = fd.define_tensor([-1, -1], dtype=DataType.Float)
     mean = fd.ops.div(fd.ops.sum(xf, [1], keepdim=True), fd.ops.size(x, 1))
     d = fd.ops.sub(xf, mean)
-    return fd.ops.div(fd.ops.sum(fd.ops.mul(d, d), [1]), fd.ops.size(x, 1))
+    return fd.ops.mul(fd.ops.div(fd.ops.sum(fd.ops.mul(d, d), [1]), fd.ops.size(x, 1)), scale)
 
 
 def test_a_segmented_call_binds_its_sizes_once_per_signature_and_checks_scalars_each_call(
@@ -313,7 +314,8 @@ def test_a_segmented_call_binds_its_sizes_once_per_signature_and_checks_scalars_
     monkeypatch.setattr(executor, "bind_shapes", counted)
     a = torch.zeros(2, 3, 8, dtype=torch.bfloat16)
     b = torch.zeros(2, 5, 8, dtype=torch.bfloat16)
-    for inputs in ([a, 3], [a, 4], [b, 3], [a, 5]):
+    scale = torch.ones(2, 8)
+    for inputs in ([a, 3, scale], [a, 4, scale], [b, 3, scale], [a, 5, scale]):
         (out,) = fd.execute(inputs)
         assert tuple(out.shape) == (inputs[0].shape[0], 8)
     assert [s[0] for s in bindings] == [(2, 3, 8), (2, 5, 8)]
@@ -323,12 +325,12 @@ def test_a_segmented_call_binds_its_sizes_once_per_signature_and_checks_scalars_
 
     # the sizes a segment takes as scalars come from the bound sizes, not a search of shapes
     monkeypatch.setattr(segment, "_dim_of", searched)
-    (out,) = fd.execute([b, 2])
+    (out,) = fd.execute([b, 2, scale])
     assert tuple(out.shape) == (2, 8)
     with pytest.raises(BadInputError, match=r"got 1099511627776, outside Int32's range"):
-        fd.execute([a, 2 ** 40])
+        fd.execute([a, 2 ** 40, scale])
     with pytest.raises(BadInputError, match=r"got str '3'"):
-        fd.execute([a, "3"])
+        fd.execute([a, "3", scale])
 
 
 def test_later_calls_of_a_segmented_fusion_walk_the_steps_its_first_call_took(gpu, monkeypatch):
@@ -339,8 +341,8 @@ def test_later_calls_of_a_segmented_fusion_walk_the_steps_its_first_call_took(gp
     with FusionDefinition("var_over_seq") as fd:
         x = fd.define_tensor([-1, -1, -1], dtype=DataType.BFloat16)
         fd.add_output(fd.ops.cast(_variance_over_seq(fd, x), DataType.BFloat16))
-    a = torch.zeros(2, 4, 16, dtype=torch.bfloat16)
-    fd.execute([a])
+    a, scale = torch.zeros(2, 4, 16, dtype=torch.bfloat16), torch.ones(2, 16)
+    fd.execute([a, scale])
     first = [function for function, _ in gpu.launches]
     record = fd._last_run
     gpu.launches.clear()
@@ -358,17 +360,17 @@ def test_later_calls_of_a_segmented_fusion_walk_the_steps_its_first_call_took(gp
     monkeypatch.setattr(moves, "permuted_launch",
                         lambda x, dims: planned.append(dims) or real_launch(x, dims))
     for _ in range(2):
-        (out,) = fd.execute([a])
+        (out,) = fd.execute([a, scale])
         assert tuple(out.shape) == (2, 16)
         assert [function for function, _ in gpu.launches] == first and inner == []
         assert fd._last_run == record and planned == []  # the permute's kept kernel
         gpu.launches.clear()
     shifted = torch.zeros(2 * 4 * 16 + 1, dtype=torch.bfloat16)[1:].view(2, 4, 16)
-    (out,) = fd.execute([shifted])  # the permute kernel reads it in 2-byte words, not pairs
+    (out,) = fd.execute([shifted, scale])  # the permute kernel reads it in 2-byte words, not pairs
     assert tuple(out.shape) == (2, 16) and inner == [] and planned == [(0, 2, 1)]
     (move,) = fd._last_run.moves
     assert move.kernel.plan.vector == 1 and record.moves[0].kernel.plan.vector == 2
-    fd.execute([a])  # aligned again: the pairs' kernel, kept
+    fd.execute([a, scale])  # aligned again: the pairs' kernel, kept
     assert fd._last_run.moves == record.moves and planned == [(0, 2, 1)]
 
 
@@ -379,11 +381,11 @@ def test_the_last_cuda_code_of_a_segmented_call_shows_its_permute_kernels(gpu):
     with FusionDefinition("var_over_seq") as fd:
         x = fd.define_tensor([-1, -1, -1], dtype=DataType.BFloat16)
         fd.add_output(fd.ops.cast(_variance_over_seq(fd, x), DataType.BFloat16))
-    a = torch.zeros(2, 4, 16, dtype=torch.bfloat16)
+    a, scale = torch.zeros(2, 4, 16, dtype=torch.bfloat16), torch.ones(2, 16)
     for _ in range(2):
-        fd.execute([a])
+        fd.execute([a, scale])
         code = fd.last_cuda_code()
-        assert "// ===== between kernels: T1 = permute(T0, [0, 2, 1])" in code
+        assert "// ===== between kernels: T2 = permute(T0, [0, 2, 1])" in code
         assert "permute_tiles_2x4x16_021_2(const unsigned short* __restrict__ in" in code
         assert code.index("// ===== segment 0") < code.index("// ===== between kernels")
 

@@ -2,9 +2,11 @@
 tensor (a mean over the sequence of [batch, seq, hidden]) keep the leading ones as groups,
 each a [rows, hidden] problem of its own, run by the row kernel and its finalize with a grid
 row of blocks per group, where the axes used to be moved first (a transposing copy, 0.34 of
-the copy's speed on an H100). Offline: the analysis, what falls back to segments, the kernels
-on every preset, the launch's sizes; on the GPU (-m gpu): against the float64 oracle and
-torch at odd, large, empty and many-group shapes."""
+the copy's speed on an H100); a normalization by them (x minus its mean over the sequence)
+by the outer-persistent kernel with a grid row of clusters per group, where it was
+reordered (copies around an outer kernel). Offline: the analysis, what falls back to
+segments, the kernels on every preset, the launch's sizes; on the GPU (-m gpu): against the
+float64 oracle and torch at odd, large, empty and many-group shapes."""
 
 from __future__ import annotations
 
@@ -51,6 +53,36 @@ def sums_per_row_and_group(dtype: DataType = BF16) -> FusionDefinition:
     return fd
 
 
+def centered_over(dims: list[int], rank: int = 3, dtype: DataType = BF16,
+                  op: str = "mean") -> FusionDefinition:
+    """x normalized by its column statistics over `dims` (trailing row axes), per group of
+    the leading ones: op "mean" outputs x - mean and the mean (keepdim), "var" (x - mean) *
+    rsqrt(var + 1e-5) * w + b with w, b of the hidden axis and the variance, "softmax"
+    exp(x - max) / sum, all in float, cast back to x's dtype."""
+    with FusionDefinition(f"{op}_centered_over_{'_'.join(map(str, dims))}") as fd:
+        x = fd.define_tensor([-1] * rank, dtype=dtype)
+        xf = fd.ops.cast(x, F)
+        shape = [x.size(d) for d in range(rank)]
+        if op == "softmax":
+            peak = fd.ops.max(xf, dims, keepdim=True)
+            e = fd.ops.exp(fd.ops.sub(xf, peak))
+            fd.add_output(fd.ops.cast(fd.ops.div(e, fd.ops.sum(e, dims, keepdim=True)), dtype))
+            return fd
+        var, mean = fd.ops.var_mean(xf, dims, correction=0, keepdim=True)
+        if op == "mean":
+            fd.add_output(fd.ops.cast(fd.ops.sub(xf, mean), dtype))
+            fd.add_output(mean)
+            return fd
+        w = fd.define_tensor([-1], dtype=dtype)
+        b = fd.define_tensor([-1], dtype=dtype)
+        wide = [fd.ops.broadcast_in_dim(fd.ops.cast(t, F), shape=shape, broadcast_dims=[rank - 1])
+                for t in (w, b)]
+        y = fd.ops.mul(fd.ops.sub(xf, mean), fd.ops.rsqrt(fd.ops.add(var, 1e-5)))
+        fd.add_output(fd.ops.cast(fd.ops.add(fd.ops.mul(y, wide[0]), wide[1]), dtype))
+        fd.add_output(fd.ops.squeeze(var, dims))
+    return fd
+
+
 def test_a_reduction_over_the_sequence_keeps_the_batch_as_groups():
     info = analyze(mean_over([1]).fusion)
     assert (info.kind, info.group_axes, len(info.row_axes)) == (Kind.OUTER, 1, 3 - 1)
@@ -83,22 +115,70 @@ def test_a_mean_over_the_sequence_runs_in_one_row_kernel_with_a_finalize_per_gro
     assert "n_rows" in source.split("_finalize(")[1]
 
 
+def test_a_normalization_by_group_sums_is_one_outer_kernel_per_group():
+    """x minus its mean over the sequence: the outer-persistent kernel keeps a group's rows of
+    a slab on chip (a cluster's rows are the sequence's, not the batch's), its pointers moved
+    to the group of its grid row, each group's mean written to its own row of the output."""
+    from fuser.schedulers.base import OuterSchedule
+
+    fd = centered_over([1])
+    info = analyze(fd.fusion)
+    assert (info.kind, info.group_axes) == (Kind.OUTER_NORM, 1)
+    assert segments_of(fd) is None
+    report = explain(fd, [(8, 1024, 4096)], device="h200")
+    assert isinstance(report.schedule, OuterSchedule) and report.schedule.rows == 1024
+    assert report.problem.rows == 1024  # a group's rows, not the batch's 8192
+    source = report.source
+    assert "long long n_groups)" in source
+    assert "if (group >= n_groups) return;" in source
+    assert "g_T0 += group * n_rows * H;" in source
+    assert source.count("+= group * H;") == 1  # the mean, a row of [8, 1, 4096] per group
+
+
+def test_an_outer_launch_takes_a_grid_row_per_group():
+    from fuser.loader import launch_sizes
+    from fuser.schedulers import Problem, schedule
+
+    h200 = DeviceSpec.get("h200")
+    info = analyze(centered_over([1]).fusion)
+    s = schedule(info, Problem(4096, 1024, 16), h200)
+    kernel = types.SimpleNamespace(schedule=s, finalize=None)
+    launch, final = launch_sizes(kernel, 1024, h200, 8)
+    assert (launch.grid, launch.groups, final) == (s.slabs * s.cluster, 8, None)
+
+
+def test_a_sequence_too_tall_for_a_cluster_runs_as_segments():
+    """2**18 rows of a group: no cluster keeps them on chip, so the segments run (a column sum
+    per group, then the normalization), and their chain equals the oracle."""
+    from test_layout import assert_chained_matches_the_oracle
+
+    from fuser.explain import SegmentedExplanation
+
+    fd = centered_over([1], dtype=F)
+    report = explain(fd, [(2, 2**18, 64)], device="h200")
+    assert isinstance(report, SegmentedExplanation)
+    assert "cannot run it here" in report.segmentation.refusal
+    assert all(not hasattr(p, "parts") for p in report.parts)
+    host = [np.random.default_rng(3).standard_normal((3, 7, 5)).astype(np.float32)]
+    assert_chained_matches_the_oracle(fd, host, atol=1e-5)
+
+
 @pytest.mark.parametrize("device", sorted(PRESETS))
 @pytest.mark.parametrize("shape", [(8, 1024, 4096), (3, 7, 1000), (5, 3, 24578), (2, 9, 1)],
                          ids=str)
 def test_group_kernels_compile_without_spills_on_every_preset(shape, device):
-    for fd in (mean_over([1]), sums_per_row_and_group()):
-        report = explain(fd, [shape], device=device)
+    for fd in (mean_over([1]), sums_per_row_and_group(), centered_over([1]),
+               centered_over([1], op="var"), centered_over([1], op="softmax")):
+        shapes = [shape, shape[-1:], shape[-1:]][:len(fd.fusion.inputs)]
+        report = explain(fd, shapes, device=device)
         for entry, resources in report.resources.items():
             assert not resources.spills, (entry, resources)
 
 
 @pytest.mark.parametrize("build", [
-    # normalized by its own sums per group: no kernel keeps a group's columns on chip
-    lambda fd, x: fd.ops.sub(x, fd.ops.sum(x, [1], keepdim=True)),
     # a sum per group beside a sum over every row axis
     lambda fd, x: fd.ops.add(fd.ops.sum(x, [1]), fd.ops.sum(fd.ops.sum(x, [0]), [0])),
-], ids=["normalized", "two_kinds_of_column_sums"])
+], ids=["two_kinds_of_column_sums"])
 def test_what_no_group_kernel_runs_runs_as_segments(build):
     """Refused by the analysis, so the segmentation runs it (as before groups existed), and
     the chain of segments equals the oracle."""
@@ -245,3 +325,54 @@ def test_gpu_a_mean_over_the_sequence_matches_torch(has_torch_cuda):
     x = torch.randn(8, 1024, 4096, device="cuda").bfloat16()
     (got,) = mean_over([1]).execute([x])
     torch.testing.assert_close(got.float(), x.float().mean(1), atol=1e-2, rtol=1e-2)
+
+
+# 70000 groups of 8 rows, not 3: a float variance of 3 rows is near 0 in some of 560000
+# columns, where (x - mean) * rsqrt(var + 1e-5) magnifies the mean's rounding up to 316 times,
+# past the oracle's float tolerance in any float32 arithmetic (numpy's too, seed 4093634530)
+NORM_SHAPES = [(3, 7, 1000), (8, 1024, 4096), (2, 1, 5), (5, 3, 1), (4, 33, 4099),
+               (1, 1000, 24578), (70000, 8, 8)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [BF16, F16, F], ids=lambda d: d.name)
+@pytest.mark.parametrize("shape", NORM_SHAPES, ids=str)
+@pytest.mark.parametrize("op", ["mean", "var", "softmax"])
+def test_gpu_a_normalization_over_the_sequence_matches_the_oracle(op, shape, dtype, rng):
+    """One outer-persistent kernel per call (a grid row of clusters per group): x minus its
+    mean, a normalization by the variance with a weight and bias, softmax over the sequence;
+    one row per group, hidden 1 and odd, groups past gridDim.y's 65535."""
+    from fuser.schedulers.base import OuterSchedule
+
+    fd = centered_over([1], dtype=dtype, op=op)
+    inputs = [_array(rng, shape, dtype)] + [_array(rng, shape[-1:], dtype)
+                                            for _ in fd.fusion.inputs[1:]]
+    outs = fd.validate(inputs)
+    assert tuple(outs[0].shape) == shape
+    assert isinstance(fd.last_schedule(), OuterSchedule)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [([2], 4, (3, 4, 50, 264)), ([1, 2], 4, (3, 4, 50, 264)),
+                                  ([1, 2], 4, (2, 3, 700, 4099))], ids=str)
+def test_gpu_normalizations_over_trailing_row_axes_match_the_oracle(case, rng):
+    from fuser.schedulers.base import OuterSchedule
+
+    dims, rank, shape = case
+    for op in ("mean", "softmax"):
+        fd = centered_over(dims, rank, F, op)
+        fd.validate([_array(rng, shape, F)])
+        assert isinstance(fd.last_schedule(), OuterSchedule)
+
+
+@pytest.mark.gpu
+def test_gpu_x_minus_its_mean_over_the_sequence_matches_torch(has_torch_cuda):
+    if not has_torch_cuda:
+        pytest.skip("needs torch with CUDA")
+    import torch
+
+    x = torch.randn(8, 1024, 4096, device="cuda").bfloat16()
+    centered, mean = centered_over([1]).execute([x])
+    want = x.float().mean(1, keepdim=True)
+    torch.testing.assert_close(mean, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(centered.float(), (x.float() - want).bfloat16().float())

@@ -367,13 +367,15 @@ def skewed_vectors(hidden: int, vec: int, skew: int) -> int:
 ROWS_SEEN = 1024  # the most rows a row kernel's schedule is built for (problem_rows)
 
 
-def problem_rows(info: FusionInfo, rows: int) -> int:
-    """The rows a schedule is built for. A row kernel's choices look at few rows: at most
-    1024, rounded up to a power of two. An outer-persistent kernel keeps its rows on chip, so
-    it is built for the call's rows rounded up to a multiple of an eighth of the power of two
-    at or above them (the shared memory it plans is at most 25% over what they need)."""
+def problem_rows(info: FusionInfo, rows: int, groups: int = 1) -> int:
+    """The rows a schedule is built for, of a call of `groups` groups of `rows` rows each
+    (FusionInfo.group_axes; one group of every row without them). A row kernel's choices
+    look at few rows: at most 1024 of all the groups', rounded up to a power of two. An
+    outer-persistent kernel keeps a group's rows on chip, so it is built for them rounded up
+    to a multiple of an eighth of the power of two at or above them (the shared memory it
+    plans is at most 25% over what they need)."""
     if info.kind is not Kind.OUTER_NORM:
-        return min(next_pow2(rows), ROWS_SEEN)
+        return min(next_pow2(rows * groups), ROWS_SEEN)
     step = max(1, next_pow2(rows) // 8)
     return max(1, ceil_div(rows, step) * step)
 
