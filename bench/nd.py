@@ -109,6 +109,16 @@ def mean_over_sequence(fd, dtype):
     fd.add_output(fd.ops.cast(fd.ops.div(s, x.size(1)), dtype))
 
 
+def centered_over_sequence(fd, dtype):
+    """[batch, seq, hidden] minus its mean over the sequence (per sample and feature), and
+    that mean: a normalization by column sums per group."""
+    x = fd.define_tensor([-1, -1, -1], dtype=dtype)
+    xf = fd.ops.cast(x, F)
+    mean = fd.ops.div(fd.ops.sum(xf, [1], keepdim=True), x.size(1))
+    fd.add_output(fd.ops.cast(fd.ops.sub(xf, mean), dtype))
+    fd.add_output(fd.ops.cast(fd.ops.squeeze(mean, [1]), dtype))
+
+
 def channel_scale(fd, dtype):
     """x * w over NCHW with a [C] weight (an inference BatchNorm folded to a scale)."""
     x = fd.define_tensor([-1, -1, -1, -1], dtype=dtype)
@@ -145,6 +155,11 @@ def _eager_mean(x):
     return (x.float().mean(1).to(x.dtype),)
 
 
+def _eager_centered(x):
+    mean = x.float().mean(1, keepdim=True)
+    return ((x.float() - mean).to(x.dtype), mean.squeeze(1).to(x.dtype))
+
+
 def _eager_channel_scale(x, w):
     return ((x.float() * w[None, :, None, None]).to(x.dtype),)
 
@@ -166,6 +181,7 @@ CASES = {
     "masked_softmax": Case(masked_softmax, ((4, 16, 1024, 1024), (1024, 1024)),
                            _eager_masked_softmax, mask=True),
     "mean_over_sequence": Case(mean_over_sequence, ((8, 1024, 4096),), _eager_mean),
+    "centered_over_sequence": Case(centered_over_sequence, ((8, 1024, 4096),), _eager_centered),
     "channel_scale": Case(channel_scale, ((32, 64, 56, 56), (64,)), _eager_channel_scale),
 }
 DTYPES = {"bf16": DataType.BFloat16, "fp16": DataType.Half, "fp32": DataType.Float}

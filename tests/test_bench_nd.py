@@ -22,7 +22,7 @@ def test_nd_eager_baselines_match_the_oracle(name):
     small = shape[len(case.shape[0])][:len(case.shape)]
     if name == "masked_softmax":
         small = ((2, 3, 6, 9), (6, 9))
-    if name == "mean_over_sequence":
+    if name in ("mean_over_sequence", "centered_over_sequence"):
         small = ((2, 6, 40),)
     fd = nd.definition(name, DataType.Float)
     host = nd.host_inputs(name, DataType.Float, small)
@@ -36,8 +36,10 @@ def test_nd_eager_baselines_match_the_oracle(name):
 
 
 # the cases whose narrow inputs a kernel reads repeated (analysis.RowRun), or whose column
-# sums are per group of the leading axes (analysis.group_axes): nothing is moved
-ONE_KERNEL = {"modulated_layernorm", "masked_softmax", "channel_scale", "mean_over_sequence"}
+# sums (and a normalization by them) are per group of the leading axes (analysis.group_axes):
+# nothing is moved
+ONE_KERNEL = {"modulated_layernorm", "masked_softmax", "channel_scale", "mean_over_sequence",
+              "centered_over_sequence"}
 
 
 def test_nd_parse_args():
