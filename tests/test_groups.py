@@ -14,14 +14,19 @@ import types
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_layout import assert_chained_matches_the_oracle
 
 from fuser import DataType, FusionDefinition, UnsupportedFusionError, explain
 from fuser.analysis import Kind, Role, analyze
 from fuser.device import PRESETS, DeviceSpec
 from fuser.executor import segments_of
+from fuser.ops import REDUCTIONS
 from fuser.reference import evaluate
 
 BF16, F16, F = DataType.BFloat16, DataType.Half, DataType.Float
+REDUCE_OPS = tuple(REDUCTIONS)
 
 
 def mean_over(dims: list[int], rank: int = 3, dtype: DataType = BF16,
@@ -161,6 +166,67 @@ def test_a_sequence_too_tall_for_a_cluster_runs_as_segments():
     assert all(not hasattr(p, "parts") for p in report.parts)
     host = [np.random.default_rng(3).standard_normal((3, 7, 5)).astype(np.float32)]
     assert_chained_matches_the_oracle(fd, host, atol=1e-5)
+
+
+PRE = {"none": lambda fd, x: x, "exp": lambda fd, x: fd.ops.exp(fd.ops.neg(fd.ops.abs(x))),
+       "square": lambda fd, x: fd.ops.mul(x, x), "tanh": lambda fd, x: fd.ops.tanh(x)}
+POST = {"none": None, "sub": "sub", "div": "div", "mul": "mul"}
+
+
+@st.composite
+def group_fusions(draw):
+    """x of rank 3 or 4, f(x) reduced (sum, max or min) over trailing row axes (or the first
+    of three, which is no group), the result kept or squeezed, and x combined with it (or
+    not): (shape, dims, op, pre, post, keepdim, dtype)."""
+    rank = draw(st.sampled_from((3, 4)))
+    dims = draw(st.sampled_from(((1,), (0,)) if rank == 3 else ((2,), (1, 2))))
+    shape = (3, 37, 1000) if rank == 3 else (2, 3, 17, 264)
+    return (shape, list(dims), draw(st.sampled_from(REDUCE_OPS)), draw(st.sampled_from(list(PRE))),
+            draw(st.sampled_from(list(POST))), draw(st.booleans()),
+            draw(st.sampled_from((BF16, F16, F))))
+
+
+def _group_fusion(shape, dims, op, pre, post, keepdim, dtype) -> FusionDefinition:
+    with FusionDefinition("random_groups") as fd:
+        x = fd.define_tensor([-1] * len(shape), dtype=dtype)
+        xf = fd.ops.cast(x, F)
+        reduced = getattr(fd.ops, op)(PRE[pre](fd, xf), dims, keepdim=True)
+        fd.add_output(reduced if keepdim else fd.ops.squeeze(reduced, dims))
+        if POST[post] is not None:
+            fd.add_output(fd.ops.cast(getattr(fd.ops, POST[post])(xf, reduced), dtype))
+    return fd
+
+
+@settings(max_examples=40, deadline=None, database=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(case=group_fusions())
+def test_random_group_fusions_build_one_kernel_chain_or_segment_like_the_oracle(case):
+    """Each random fusion of reductions over trailing row axes is one kernel chain (a row
+    kernel and its finalize per group, or an outer kernel per group for x combined with the
+    reduction) whose kernels move every full tensor to its group and compile without
+    spills; anything else runs as segments whose chain, on the oracle, is the whole
+    fusion's."""
+    from fuser.explain import SegmentedExplanation
+    from fuser.schedulers.base import OuterSchedule, RowSchedule
+
+    shape, dims, *_ = case
+    fd = _group_fusion(*case)
+    grouped = dims != [0]
+    report = explain(fd, [shape], device="h200")
+    if isinstance(report, SegmentedExplanation):
+        assert not grouped, report.segmentation
+        small = (2, 5, 3) if len(shape) == 3 else (2, 2, 3, 4)
+        dtype = case[-1]
+        host = [np.random.default_rng(4).standard_normal(small).astype(dtype.numpy)]
+        assert_chained_matches_the_oracle(fd, host, atol=1e-4)
+        return
+    assert grouped
+    info = analyze(fd.fusion)
+    expected = OuterSchedule if info.kind is Kind.OUTER_NORM else RowSchedule
+    assert isinstance(report.schedule, expected) and info.group_axes == len(shape) - 1 - len(dims)
+    assert "if (group >= n_groups) return;" in report.source
+    assert "g_T0 += group * n_rows * H;" in report.source
+    assert not any(r.spills for r in report.resources.values())
 
 
 @pytest.mark.parametrize("device", sorted(PRESETS))
