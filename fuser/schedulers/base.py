@@ -272,7 +272,9 @@ class OuterSchedule:
     slab: int  # columns a cluster owns: col_lanes x vec
     col_lanes: int  # threads across a slab (blockDim.x)
     row_lanes: int  # threads down the rows (blockDim.y): thread y takes rows y, y + row_lanes, ...
-    groups: int  # row lanes left once each warp has folded its own: rows of the fold buffers
+    # row lanes left once each warp has folded its own: rows of the fold buffers (ColumnSlab's
+    # GROUPS; not FusionInfo.group_axes' groups, the leading axes a grid row each runs)
+    fold_rows: int
     cluster: int  # blocks sharing a slab's rows (a thread-block cluster from 2, sm_90)
     rank_rows: int  # rows one block keeps, ceil(rows / cluster): calls up to cluster x this fit
     blocks_per_sm: int  # resident blocks its threads, registers and shared memory allow

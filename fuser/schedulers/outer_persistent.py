@@ -181,7 +181,7 @@ def rebuilt_blocks(s: OuterSchedule, device: DeviceSpec) -> int | None:
 
 def fold_groups(col_lanes: int, row_lanes: int, warp: int) -> int:
     """Row lanes left after a warp folds its own (those of one column lane) by shuffles: the
-    rows of the fold buffers (OuterSchedule.groups, which the kernel gets as ColumnSlab's
+    rows of the fold buffers (OuterSchedule.fold_rows, which the kernel gets as ColumnSlab's
     GROUPS and checks against its shuffles)."""
     span = warp // col_lanes if col_lanes < warp else 1
     return max(1, row_lanes // span)

@@ -48,7 +48,7 @@
 //   slab               64
 //   col_lanes          8
 //   row_lanes          32
-//   groups             8
+//   fold_rows          8
 //   cluster            16
 //   rank_rows          256
 //   blocks_per_sm      2

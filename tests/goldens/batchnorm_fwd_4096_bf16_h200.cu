@@ -53,7 +53,7 @@
 //   slab               32
 //   col_lanes          4
 //   row_lanes          64
-//   groups             8
+//   fold_rows          8
 //   cluster            16
 //   rank_rows          1024
 //   blocks_per_sm      3

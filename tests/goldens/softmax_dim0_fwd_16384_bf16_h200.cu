@@ -31,7 +31,7 @@
 //   slab               64
 //   col_lanes          8
 //   row_lanes          32
-//   groups             8
+//   fold_rows          8
 //   cluster            8
 //   rank_rows          512
 //   blocks_per_sm      3
