@@ -16,7 +16,7 @@ from fuser.device import DeviceSpec
 from fuser.driver import Function, LaunchConfig, driver
 from fuser.errors import InternalError, OutOfResourcesError
 from fuser.kernels import build
-from fuser.launch import POINTER, EntryLauncher, ctype_of
+from fuser.launch import MAX_GRID_Y, POINTER, EntryLauncher, ctype_of
 from fuser.schedulers import Problem
 from fuser.schedulers.base import (
     Dealing,
@@ -222,7 +222,12 @@ def launch_sizes(kernel: Kernel, rows: int, device: DeviceSpec, n_groups: int = 
                  ) -> tuple[Launch, Launch | None]:
     """The grid, block and shared memory of the kernel's launch (and its finalize's) for a
     call of `rows` rows, in each of `n_groups` groups (FusionInfo.group_axes: a grid row of
-    blocks per group, which share the resident blocks)."""
+    blocks per group, which share the resident blocks; refused past the grid's rows)."""
+    if n_groups > MAX_GRID_Y * MAX_GRID_Y:
+        raise OutOfResourcesError(
+            f"{n_groups} groups of the leading dimensions: a kernel runs a grid row of blocks "
+            f"per group, at most {MAX_GRID_Y} x {MAX_GRID_Y} = {MAX_GRID_Y * MAX_GRID_Y} "
+            "(gridDim.y x gridDim.z); split the leading dimensions over several calls")
     s = kernel.schedule
     if isinstance(s, PointwiseSchedule):
         # Every thread takes UNROLL vectors once and the hardware deals the blocks to SMs as

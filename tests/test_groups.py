@@ -303,6 +303,20 @@ def test_a_launch_shares_the_resident_blocks_among_the_groups():
     assert (few.grid, few.groups) == (1, 100000)
 
 
+def test_more_groups_than_the_grid_holds_are_refused_before_any_launch():
+    from fuser import OutOfResourcesError
+    from fuser.loader import launch_sizes
+    from fuser.schedulers import Problem, schedule
+
+    h200 = DeviceSpec.get("h200")
+    info = analyze(centered_over([1]).fusion)
+    kernel = types.SimpleNamespace(schedule=schedule(info, Problem(8, 2, 16), h200), finalize=None)
+    assert launch_sizes(kernel, 2, h200, 65535 * 65535)[0].groups == 65535 * 65535
+    with pytest.raises(OutOfResourcesError, match=r"4294836226 groups .* at most 65535 x 65535 "
+                                                  r"= 4294836225 \(gridDim.y x gridDim.z\)"):
+        launch_sizes(kernel, 2, h200, 65535 * 65535 + 1)
+
+
 def test_a_launch_of_more_groups_than_grid_rows_splits_them_over_z(monkeypatch):
     import ctypes
 
