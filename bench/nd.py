@@ -15,7 +15,8 @@ fraction_of_segments_bound); max relative error of fuser and torch.compile again
 bench/breakdown.py) for fuser and torch.compile, and the table gives the fraction of the
 copy their kernels alone reach: where it is far above the call's, the call is host-bound
 (its launches and Python, not its kernels, set the figure).
-Writes OUT/<date>-nd.json (bench/run.py's report format, a case per result) and prints a
+Writes OUT/<date>-nd.json (bench/run.py's report format, a case per result) and its plot,
+OUT/<date>-nd.png (bench/plot.py's plot_cases: each case's fraction of the copy), and prints a
 markdown table.
 """
 
@@ -40,6 +41,7 @@ from bench.run import (
     make_timer,
     max_rel_err,
     minimal_bytes,
+    output_paths,
     segment_bytes,
     sync,
     to_device,
@@ -346,6 +348,12 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:
             report["results"].append({"case": name, **error_record(exc)})
         write_report(report, args.out)
+    try:
+        from bench.plot import plot_cases
+
+        plot_cases(report, output_paths(args.out, report["date"], report["fusion"])[1])
+    except Exception as exc:  # matplotlib missing or failing: the json and table stand
+        print(f"[bench] plot failed: {exc}", flush=True)
     print(markdown(report))
     return 1 if any(_failed(e) for e in report["results"]) else 0
 

@@ -1,5 +1,6 @@
 """GB/s against hidden size for one benchmark report (the dict bench/run.py writes as json),
-or two bench/variants.py runs side by side (before and after a change).
+the fraction of the copy per case of a report of named cases (bench/nd.py's), or two
+bench/variants.py runs side by side (before and after a change).
 
 Usage: python3 bench/plot.py REPORT.json [OUT.png]   (default: the json's name with .png)
        python3 bench/plot.py --compare BEFORE.json AFTER.json OUT.png
@@ -67,6 +68,38 @@ def plot_report(report: dict, path) -> Path:
         plt.close(fig)
 
 
+def plot_cases(report: dict, path) -> Path:
+    """Write one group of bars per case of a report of named cases (bench/nd.py's: each
+    result a `case` and its `shape`), a bar per implementation measured, as the fraction of
+    a device copy of the same bytes (the dashed line at 1)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = [e for e in report["results"] if "impls" in e]
+    impls = [i for i in STYLE if i != "copy"
+             and any(e["impls"].get(i, {}).get("fraction_of_copy") for e in cases)]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(cases) + 2), 5))
+    try:
+        width = 0.8 / max(1, len(impls))
+        for k, impl in enumerate(impls):
+            xs = [c + (k - (len(impls) - 1) / 2) * width for c in range(len(cases))]
+            ys = [e["impls"].get(impl, {}).get("fraction_of_copy") or 0.0 for e in cases]
+            ax.bar(xs, ys, width, label=STYLE[impl][0])
+        ax.axhline(1.0, color="k", linestyle="--", linewidth=1, label=STYLE["copy"][0])
+        ax.set_xticks(range(len(cases)))
+        ax.set_xticklabels([f"{e['case']}\n{e['shape']}" for e in cases], fontsize=8)
+        ax.set_ylabel("fraction of a device copy of the same bytes")
+        ax.set_title(f"N-D fusions  {report['dtype']}\n{report.get('device', '?')}  "
+                     f"({report['date'][:10]})", fontsize=10)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(loc="best", fontsize=9)
+        return _save(fig, path)
+    finally:
+        plt.close(fig)
+
+
 def _save(fig, path) -> Path:
     fig.tight_layout()
     path = Path(path)
@@ -126,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     src = Path(argv[0])
     out = Path(argv[1]) if len(argv) > 1 else src.with_suffix(".png")
-    print(plot_report(json.loads(src.read_text()), out))
+    report = json.loads(src.read_text())
+    cases = any("case" in e for e in report["results"])
+    print((plot_cases if cases else plot_report)(report, out))
     return 0
 
 

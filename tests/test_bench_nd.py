@@ -64,3 +64,25 @@ def test_nd_breakdown_gives_the_fraction_its_kernels_alone_reach():
             "eager": {"gbps": 50.0, "fraction_of_copy": 0.05, "time_us": 200.0}}}]}
     assert "| batchnorm_nchw | 2x3 | 1000 | 100 (0.10) {kernels 0.50} | - | 50 (0.05) |" in (
         nd.markdown(report))
+
+
+def test_nd_plot_draws_each_cases_fraction_of_the_copy(tmp_path):
+    """bench/plot.py draws a report of named cases as bars (plot_cases, which nd.py writes
+    beside its json), and picks that form by itself from the json."""
+    pytest.importorskip("matplotlib")
+    import json
+
+    from bench import plot
+
+    report = {"fusion": "nd", "dtype": "bf16", "device": "H100", "date": "2026-12-06T05:45",
+              "results": [
+                  {"case": "centered_over_sequence", "shape": "8x1024x4096", "impls": {
+                      "copy": {"gbps": 2700.0, "fraction_of_copy": 1.0},
+                      "fuser": {"gbps": 2175.0, "fraction_of_copy": 0.8},
+                      "compile": {"skipped": "--no-compile"}}},
+                  {"case": "channel_scale", "error": "OutOfMemoryError"}]}
+    path = plot.plot_cases(report, tmp_path / "cases.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "r.json").write_text(json.dumps(report))
+    assert plot.main([str(tmp_path / "r.json")]) == 0
+    assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
