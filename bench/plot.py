@@ -8,6 +8,7 @@ Usage: python3 bench/plot.py REPORT.json [OUT.png]   (default: the json's name w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -40,13 +41,8 @@ def title(report: dict) -> str:
 
 def plot_report(report: dict, path) -> Path:
     """Write the GB/s-vs-hidden plot of `report` to `path` (png, Agg backend)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5))
-    try:
+    with _figure(figsize=(8, 5)) as (fig, axes):
+        ax = axes[0][0]
         hidden = [e["hidden"] for e in report["results"]]
         for impl, (label, fmt) in STYLE.items():
             xs, ys = series(report, impl)
@@ -64,24 +60,17 @@ def plot_report(report: dict, path) -> Path:
         ax.grid(True, alpha=0.3)
         ax.legend(loc="best", fontsize=9)
         return _save(fig, path)
-    finally:
-        plt.close(fig)
 
 
 def plot_cases(report: dict, path) -> Path:
     """Write one group of bars per case of a report of named cases (bench/nd.py's: each
     result a `case` and its `shape`), a bar per implementation measured, as the fraction of
     a device copy of the same bytes (the dashed line at 1)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     cases = [e for e in report["results"] if "impls" in e]
     impls = [i for i in STYLE if i != "copy"
              and any(e["impls"].get(i, {}).get("fraction_of_copy") for e in cases)]
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(cases) + 2), 5))
-    try:
+    with _figure(figsize=(max(6.0, 1.6 * len(cases) + 2), 5)) as (fig, axes):
+        ax = axes[0][0]
         width = 0.8 / max(1, len(impls))
         for k, impl in enumerate(impls):
             xs = [c + (k - (len(impls) - 1) / 2) * width for c in range(len(cases))]
@@ -96,6 +85,20 @@ def plot_cases(report: dict, path) -> Path:
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(loc="best", fontsize=9)
         return _save(fig, path)
+
+
+@contextlib.contextmanager
+def _figure(rows: int = 1, columns: int = 1, figsize=(8, 5)):
+    """A matplotlib figure and its axes (rows x columns, always 2-D) on the Agg backend,
+    closed when the block ends."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(rows, columns, figsize=figsize, squeeze=False)
+    try:
+        yield fig, axes
     finally:
         plt.close(fig)
 
@@ -121,15 +124,9 @@ def fractions(variants_report: dict) -> dict[str, tuple[list[int], list[float]]]
 
 def plot_comparison(before: dict, after: dict, path) -> Path:
     """One panel per fusion: the fraction of the copy before and after, against hidden."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     old, new = fractions(before), fractions(after)
     names = list(new)
-    fig, axes = plt.subplots(2, (len(names) + 1) // 2, figsize=(13, 7), squeeze=False)
-    try:
+    with _figure(2, (len(names) + 1) // 2, figsize=(13, 7)) as (fig, axes):
         for ax, name in zip(axes.flat, names, strict=False):
             for (xs, ys), label, fmt in ((old.get(name, ([], [])), "before", "s--"),
                                          (new[name], "after", "o-")):
@@ -144,8 +141,6 @@ def plot_comparison(before: dict, after: dict, path) -> Path:
         fig.suptitle(f"{before.get('tree', 'before')} -> {after.get('tree', 'after')}, "
                      f"{after.get('dtype', '')}", fontsize=10)
         return _save(fig, path)
-    finally:
-        plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,6 +30,7 @@ left out), a new Fusion, so the user's definition (and its repr) stays as writte
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 from fuser.errors import UnsupportedFusionError
@@ -110,6 +111,12 @@ class FusionInfo:
         """The row axes a kernel's rows run over (n_rows: their product): those past the
         groups."""
         return self.row_axes[self.group_axes:]
+
+    def group_rows(self, sizes) -> tuple[int, int]:
+        """(the number of groups, a group's rows) of a call whose extents are `sizes`
+        (shapes.Sizes): one group of every row without groups."""
+        return (math.prod(sizes.value(a) for a in self.row_axes[:self.group_axes]),
+                math.prod(sizes.value(a) for a in self.counted_axes))
 
     def outputs(self, role: Role) -> tuple[Tensor, ...]:
         return tuple(o for o in self.fusion.outputs if self.roles[o] is role)

@@ -206,9 +206,11 @@ def divisors(info: FusionInfo, constant: Callable[[Val], bool]) -> dict[Val, set
     return out
 
 
-def reciprocal_name(prefix: str, v: Val, compute: str) -> str:
-    """The C++ name of the reciprocal of `v` in `compute`: <prefix>rcp[_d]_<name>."""
-    return f"{prefix}rcp{'_d' if compute == 'double' else ''}_{v.name}"
+def reciprocal(prefix: str, v: Val, compute: str, value: str) -> tuple[str, str]:
+    """The C++ name of the reciprocal of `v` in `compute` (<prefix>rcp[_d]_<name>) and the
+    expression that computes it from `value`, v's C++ expression."""
+    return (f"{prefix}rcp{'_d' if compute == 'double' else ''}_{v.name}",
+            f"{compute}(1) / {convert(value, ctype(v), compute)}")
 
 
 def scalar_prologue(info: FusionInfo) -> tuple[list[str], dict[Val, str]]:

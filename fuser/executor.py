@@ -160,8 +160,7 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
     if len(devices) > 1:
         raise BadInputError(f"inputs are on devices {sorted(devices)}; put them on one device")
     sizes = bind_shapes(fusion, shapes)
-    groups = math.prod(sizes.value(axis) for axis in info.row_axes[:info.group_axes])
-    rows = math.prod(sizes.value(axis) for axis in info.counted_axes)  # a group's, with groups
+    groups, rows = info.group_rows(sizes)  # rows: a group's, with groups
     hidden = sizes.value(info.hidden_axis) if info.hidden_axis is not None else 1
     device_id = devices.pop() if devices else driver().current_device()
     align = alignment(pointers + group_offsets(info, rows * hidden))

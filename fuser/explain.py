@@ -332,8 +332,7 @@ def _problem(info: FusionInfo, shapes: list[Shape | None]) -> tuple[int, int, Pr
 
     sizes = bind_shapes(info.fusion, shapes)
     rows = math.prod(sizes.value(axis) for axis in info.row_axes)
-    groups = math.prod(sizes.value(axis) for axis in info.row_axes[:info.group_axes])
-    group_rows = math.prod(sizes.value(axis) for axis in info.counted_axes)
+    groups, group_rows = info.group_rows(sizes)
     hidden = sizes.value(info.hidden_axis) if info.hidden_axis is not None else 1
     return rows, hidden, Problem(hidden, problem_rows(info, group_rows, groups), ALIGN_BYTES)
 

@@ -13,12 +13,11 @@ import textwrap
 from fuser.analysis import FusionInfo, Role
 from fuser.emit import (
     Emitter,
-    convert,
     ctype,
     divisors,
     element_env,
     input_tensors,
-    reciprocal_name,
+    reciprocal,
     scalar_prologue,
     through_broadcasts,
     used_lines,
@@ -61,8 +60,8 @@ class _Columns:
             arrays.append({"name": f"k_{v.name}", "ctype": ctype(v)})
             self.env[v] = f"k_{v.name}[i]"
         for v, ct in divided:
-            name = reciprocal_name("k_", v, ct)
-            lines.append(f"{name}[i] = {ct}(1) / {convert(self.env[v], ctype(v), ct)};")
+            name, value = reciprocal("k_", v, ct, self.env[v])
+            lines.append(f"{name}[i] = {value};")
             arrays.append({"name": name, "ctype": ct})
             self.reciprocals[(v, ct)] = f"{name}[i]"
         return {"lines": lines, "arrays": arrays}

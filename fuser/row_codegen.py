@@ -22,7 +22,7 @@ from fuser.emit import (
     divisors,
     element_env,
     input_tensors,
-    reciprocal_name,
+    reciprocal,
     scalar_prologue,
     used_lines,
 )
@@ -296,9 +296,8 @@ class Passes:
         for v, computes in self.divisors.items():
             for ct in sorted(computes):
                 if v in self.row_env and (v, ct) not in self.reciprocals:
-                    name = reciprocal_name("row_", v, ct)
-                    value = convert(self.row_env[v], ctype(v), ct)
-                    lines.append(f"const {ct} {name} = {ct}(1) / {value};")
+                    name, value = reciprocal("row_", v, ct, self.row_env[v])
+                    lines.append(f"const {ct} {name} = {value};")
                     self.reciprocals[(v, ct)] = name
         return lines
 
