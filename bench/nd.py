@@ -111,6 +111,12 @@ def mean_over_sequence(fd, dtype):
     fd.add_output(fd.ops.cast(fd.ops.div(s, x.size(1)), dtype))
 
 
+def bias_gradient(fd, dtype):
+    """A linear layer's bias gradient: grad_out [tokens, hidden] summed over the tokens."""
+    dy = fd.define_tensor([-1, -1], dtype=dtype)
+    fd.add_output(fd.ops.cast(fd.ops.sum(fd.ops.cast(dy, F), [0]), dtype))
+
+
 def centered_over_sequence(fd, dtype):
     """[batch, seq, hidden] minus its mean over the sequence (per sample and feature), and
     that mean: a normalization by column sums per group."""
@@ -157,6 +163,10 @@ def _eager_mean(x):
     return (x.float().mean(1).to(x.dtype),)
 
 
+def _eager_bias_gradient(dy):
+    return (dy.float().sum(0).to(dy.dtype),)
+
+
 def _eager_centered(x):
     mean = x.float().mean(1, keepdim=True)
     return ((x.float() - mean).to(x.dtype), mean.squeeze(1).to(x.dtype))
@@ -184,6 +194,7 @@ CASES = {
                            _eager_masked_softmax, mask=True),
     "mean_over_sequence": Case(mean_over_sequence, ((8, 1024, 4096),), _eager_mean),
     "centered_over_sequence": Case(centered_over_sequence, ((8, 1024, 4096),), _eager_centered),
+    "bias_gradient": Case(bias_gradient, ((16384, 4096),), _eager_bias_gradient),
     "channel_scale": Case(channel_scale, ((32, 64, 56, 56), (64,)), _eager_channel_scale),
 }
 DTYPES = {"bf16": DataType.BFloat16, "fp16": DataType.Half, "fp32": DataType.Float}

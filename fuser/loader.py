@@ -239,8 +239,8 @@ def launch_sizes(kernel: Kernel, rows: int, device: DeviceSpec, n_groups: int = 
         return Launch(grid, _block(s), 0, 0), None
     if isinstance(s, OuterSchedule):
         # A cluster per slab of columns (in each group's grid row); each block keeps at most
-        # rank_rows of its rows.
-        if ceil_div(rows, s.cluster) > s.rank_rows:
+        # rank_rows of its rows (streamed, any share).
+        if not s.streamed and ceil_div(rows, s.cluster) > s.rank_rows:
             raise InternalError(f"{rows} rows for a kernel built for {s.rows} (a fuser bug)")
         return Launch(s.slabs * s.cluster, _block(s), s.smem.dynamic_bytes, 0, n_groups), None
     # A cluster of k blocks works on each group of rows: the grid is a multiple of k, and no

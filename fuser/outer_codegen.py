@@ -27,6 +27,7 @@ from fuser.row_codegen import GROUP, reduction
 from fuser.schedulers.base import OuterSchedule
 from fuser.schedulers.outer_persistent import (
     LEVEL_BARRIERS,
+    STREAMED_UNROLL,
     fold_buffer_types,
     inbox_buffer,
     lanes_buffer,
@@ -118,10 +119,16 @@ def _cluster_steps(k: int, count: int) -> dict:
                            "this block"] if k == count - 1 else []}
 
 
-def _rows_read(info: FusionInfo, emitter: Emitter) -> list[dict]:
-    """The full inputs the emitted statements read, and their shared buffers."""
-    return [{"name": t.name, "buffer": tile_buffer(t)}
+def _rows_read(info: FusionInfo, emitter: Emitter, streamed: bool) -> list[dict]:
+    """The full inputs the emitted statements read, and how a thread reads its vector of row
+    r: from the rows kept in shared memory, or (streamed) from global memory."""
+    return [{"name": t.name,
+             "read": f"slab.read(g_{t.name}, r)" if streamed else f"slab.at({tile_buffer(t)}, r)"}
             for t in input_tensors(info, emitter.used)[0]]
+
+
+def _stores(outputs, stored: dict[Val, str]) -> list[dict]:
+    return [{"name": o.name, "ctype": o.dtype.cuda_type, "value": stored[o]} for o in outputs]
 
 
 def group_lines(info: FusionInfo) -> list[str]:
@@ -155,24 +162,22 @@ def outer_context(info: FusionInfo, s: OuterSchedule) -> dict:
                        "barrier": f"&{LEVEL_BARRIERS}[{k}]",
                        "inbox_bytes": _inbox_bytes(s, level),
                        **_cluster_steps(k, len(info.outer_levels)),
-                       "hoisted": hoisted, "rows": _rows_read(info, emitter),
+                       "hoisted": hoisted, "rows": _rows_read(info, emitter, s.streamed),
                        "element_lines": lines,
                        "reductions": reductions})
         for e in level:
             columns.total(e)
-    full_outputs = info.outputs(Role.FULL)
+    full_outputs = info.outputs(Role.FULL)  # none where streamed (outer_persistent)
     hoisted = columns.hoist(full_outputs, elements)
     emitter = Emitter(info, {**columns.env, **elements}, "e_", columns.reciprocals)
     lines, stored = emitter.emit_stored(full_outputs)
     col_outputs = info.outputs(Role.COL)
     col_emitter = Emitter(info, columns.env, "col_")
     col_lines, col_stored = col_emitter.emit_stored(col_outputs)
-    final: dict = {"hoisted": hoisted, "rows": _rows_read(info, emitter), "element_lines": lines,
-                   "outputs": [{"name": o.name, "ctype": o.dtype.cuda_type, "value": stored[o]}
-                               for o in full_outputs],
+    final: dict = {"hoisted": hoisted, "rows": _rows_read(info, emitter, s.streamed),
+                   "element_lines": lines, "outputs": _stores(full_outputs, stored),
                    "column_lines": col_lines,
-                   "column_outputs": [{"name": o.name, "ctype": o.dtype.cuda_type,
-                                       "value": col_stored[o]} for o in col_outputs]}
+                   "column_outputs": _stores(col_outputs, col_stored)}
     readers = [line for q in [*levels, final] for line in q["element_lines"]
                + q["hoisted"]["lines"]]
     readers += [r["value"] for q in levels for r in q["reductions"]]
@@ -181,9 +186,11 @@ def outer_context(info: FusionInfo, s: OuterSchedule) -> dict:
     return {
         "intro": _intro(s),
         "s": s,
+        "row_unroll": STREAMED_UNROLL if s.streamed else 1,
         "smem": [{"name": b.name, "offset": b.offset, "purpose": b.purpose,
                   "ctype": types[b.name]} for b in s.smem.buffers],
-        "tiles": [{"name": t.name, "buffer": tile_buffer(t)} for t in info.full_inputs],
+        "tiles": [] if s.streamed else [{"name": t.name, "buffer": tile_buffer(t)}
+                                        for t in info.full_inputs],
         "columns": [{"name": t.name, "ctype": t.dtype.cuda_type} for t in info.col_inputs],
         "scalar_lines": used_lines(scalar_lines, readers),
         "group_lines": group_lines(info),
@@ -201,10 +208,16 @@ def _buffer_types(info: FusionInfo) -> dict[str, str]:
 
 
 def _intro(s: OuterSchedule) -> list[str]:
-    share = (f"a cluster of {s.cluster} blocks shares each slab's rows, block k the k-th "
-             "share" if s.cluster > 1 else "one block keeps each slab's rows")
-    lines = [f"Each slab of {s.slab} columns is kept on chip: {share} (at most {s.rank_rows} "
-             f"rows) in shared memory, copied once.",
+    shared = f"a cluster of {s.cluster} blocks shares each slab's rows, block k the k-th share"
+    if s.streamed:
+        who = shared if s.cluster > 1 else "one block reads each slab's rows"
+        kept = (f"Each slab of {s.slab} columns streams its rows from global memory ({who}), "
+                f"{STREAMED_UNROLL} rows' loads of a thread in flight; none are kept.")
+    else:
+        who = shared if s.cluster > 1 else "one block keeps each slab's rows"
+        kept = (f"Each slab of {s.slab} columns is kept on chip: {who} (at most "
+                f"{s.rank_rows} rows) in shared memory, copied once.")
+    lines = [kept,
              f"Thread (x, y) owns columns x * {s.vec} to x * {s.vec} + {s.vec - 1} of the slab "
              f"and rows y, y + {s.row_lanes}, ... of its block; each level's column totals are "
              "folded over the block's rows, then over the cluster's blocks in rank order."]

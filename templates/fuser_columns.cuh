@@ -54,7 +54,7 @@ struct ColumnSlab {
   int col;         // the thread's first column
   bool owns;       // the thread's columns exist (H is a multiple of VEC)
   long long row0;  // the block's first row
-  int rows;        // rows the block keeps
+  int rows;        // rows the block keeps (a streamed kernel's: reads)
 
   __device__ __forceinline__ explicit ColumnSlab(long long n_rows)
       : tx(threadIdx.x), ty(threadIdx.y), rank(CLUSTER > 1 ? cluster_rank() : 0u) {
@@ -85,6 +85,12 @@ struct ColumnSlab {
   template <typename T>
   __device__ __forceinline__ Vec<T, VEC> at(const T* tile, int r) const {
     return load<VEC>(tile + r * W + tx * VEC);
+  }
+
+  // A streamed kernel's vector of row r (of the block's) of `g`, read from global memory.
+  template <typename T>
+  __device__ __forceinline__ Vec<T, VEC> read(const T* g, int r) const {
+    return load<VEC>(g + (row0 + r) * H + col);
   }
 
   // Fold step 1: each thread's partials of its columns, folded over its warp's row lanes,

@@ -17,7 +17,7 @@ def test_nd_eager_baselines_match_the_oracle(name):
     shapes; and the moves fuser makes between kernels: none where it reads the inputs that
     span some row axes repeated (one kernel), some where it moves axes."""
     torch = pytest.importorskip("torch")
-    shape = {4: ((3, 64, 5, 7), (64,), (64,)), 3: ((2, 6, 40), (2, 40), (2, 40))}
+    shape = {4: ((3, 64, 5, 7), (64,), (64,)), 3: ((2, 6, 40), (2, 40), (2, 40)), 2: ((40, 24),)}
     case = nd.CASES[name]
     small = shape[len(case.shape[0])][:len(case.shape)]
     if name == "masked_softmax":
@@ -39,7 +39,7 @@ def test_nd_eager_baselines_match_the_oracle(name):
 # sums (and a normalization by them) are per group of the leading axes (analysis.group_axes):
 # nothing is moved
 ONE_KERNEL = {"modulated_layernorm", "masked_softmax", "channel_scale", "mean_over_sequence",
-              "centered_over_sequence"}
+              "centered_over_sequence", "bias_gradient"}
 
 
 def test_nd_parse_args():

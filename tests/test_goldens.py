@@ -6,7 +6,7 @@ re-read from global memory; column accumulators in registers, shared memory and 
 workspace; blocks of several rows; row groups from a counter (published at a row
 reduction's barrier, or behind its own; one stage refilled by each row's last pass); the
 finalize; a pointwise kernel; double reductions;
-the outer-persistent kernel (normalization along columns).
+the outer-persistent kernel (normalization along columns; an outer reduction streamed).
 After an intended change: FUSER_UPDATE_GOLDENS=1 pytest tests/test_goldens.py, then read the
 diff of tests/goldens/ before committing it."""
 
@@ -56,7 +56,17 @@ def double_share() -> FusionDefinition:
     return fd
 
 
-BUILDERS = {**FUSIONS, "gelu_bias": gelu_bias, "double_share": double_share}
+def sequence_mean() -> FusionDefinition:
+    """An outer reduction per group: the mean of [batch, seq, hidden] over the sequence."""
+    with FusionDefinition("sequence_mean") as fd:
+        x = fd.define_tensor(shape=[-1, -1, -1], dtype=DataType.BFloat16)
+        s = fd.ops.sum(fd.ops.cast(x, DataType.Float), dims=[1])
+        fd.add_output(fd.ops.cast(fd.ops.div(s, fd.ops.size(x, 1)), DataType.BFloat16))
+    return fd
+
+
+BUILDERS = {**FUSIONS, "gelu_bias": gelu_bias, "double_share": double_share,
+            "sequence_mean": sequence_mean}
 
 
 @dataclass(frozen=True)
@@ -156,6 +166,9 @@ CASES = [
     # softmax over dim 0: a max, then a sum of exponentials; each element divided by its
     # column's sum through the reciprocal, computed once per column
     Golden("softmax_dim0_fwd_16384_bf16_h200", "softmax_dim0_fwd", 16384, rows=4096),
+    # an outer reduction streamed through the column kernel, a slab's rows over a cluster of
+    # 2, a grid row per group of the leading axis
+    Golden("sequence_mean_4096_bf16_h200", "sequence_mean", 4096),
     # an inner reduction in double
     Golden("double_share_2048_fp64_h200", "double_share", 2048, dtype=DataType.Double),
 ]

@@ -7,6 +7,7 @@ fitting schedules in order of preference, the heuristic's first.
 
 from __future__ import annotations
 
+from itertools import chain
 from types import ModuleType
 
 from fuser.analysis import FusionInfo, Kind
@@ -31,7 +32,16 @@ def schedulers() -> tuple[ModuleType, ...]:
 
 def candidates(info: FusionInfo, problem: Problem, device: DeviceSpec,
                hints: Hints | None = None):
-    """Schedules of the first scheduler that accepts the fusion, best first."""
+    """Schedules of the first scheduler that accepts the fusion, best first. An outer
+    reduction without hints streams through outer_persistent's column kernel where it takes
+    it (one launch, no partial rows), the row kernel's schedules after it (where the column
+    kernel spills: many column sums); a hint is the row kernel's."""
+    from fuser.schedulers import inner_outer_persistent, outer_persistent
+
+    if (info.kind is Kind.OUTER and (hints is None or not hints.given())
+            and outer_persistent.can_schedule(info, problem, device) is None):
+        return chain(outer_persistent.candidates(info, problem, device),
+                     inner_outer_persistent.candidates(info, problem, device))
     reasons = {}
     for module in schedulers():
         reason = module.can_schedule(info, problem, device)

@@ -262,7 +262,9 @@ class OuterSchedule:
     columns of every [rows, hidden] input, each block a share of its rows (at most `rank_rows`)
     kept in shared memory. The column reductions fold each block's rows, then the cluster's
     blocks in rank order (every block gets the same totals), and the outputs are computed from
-    the rows still on chip: the inputs are read once."""
+    the rows still on chip: the inputs are read once. `streamed`: an outer reduction with
+    column outputs only, whose rows are read from global memory in the one pass that
+    accumulates them, none kept: any number of rows fits."""
 
     scheduler: str
     reason: str
@@ -279,6 +281,7 @@ class OuterSchedule:
     rank_rows: int  # rows one block keeps, ceil(rows / cluster): calls up to cluster x this fit
     blocks_per_sm: int  # resident blocks its threads, registers and shared memory allow
     smem: SmemPlan
+    streamed: bool = False  # rows read in the one pass, not kept (rank_rows: the built-for share)
 
     @property
     def threads(self) -> int:

@@ -52,6 +52,7 @@
 //   cluster            16
 //   rank_rows          256
 //   blocks_per_sm      2
+//   streamed           False
 //
 // shared memory plan:
 // buffer        bytes  offset  aligned  purpose

@@ -57,6 +57,7 @@
 //   cluster            16
 //   rank_rows          1024
 //   blocks_per_sm      3
+//   streamed           False
 //
 // shared memory plan:
 // buffer        bytes  offset  aligned  purpose

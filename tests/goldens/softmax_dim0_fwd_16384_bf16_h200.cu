@@ -35,6 +35,7 @@
 //   cluster            8
 //   rank_rows          512
 //   blocks_per_sm      3
+//   streamed           False
 //
 // shared memory plan:
 // buffer        bytes  offset  aligned  purpose
