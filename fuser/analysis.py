@@ -122,6 +122,14 @@ class FusionInfo:
         return tuple(o for o in self.fusion.outputs if self.roles[o] is role)
 
     @property
+    def group_columns(self) -> tuple[Tensor, ...]:
+        """The column inputs that hold a row of columns per group ([batch, hidden] beside
+        reductions over the sequence of [batch, seq, hidden]): each kernel moves their
+        pointers to its group's row, as it moves the full tensors' to the group's rows."""
+        groups = set(self.row_axes[:self.group_axes])
+        return tuple(t for t in self.col_inputs if groups & set(spanned_axes(t)))
+
+    @property
     def row_passes(self) -> int:
         """Passes of a row kernel over each row: one per inner reduction level, then one that
         writes the full outputs and feeds the column accumulators, where there are any (a
@@ -257,10 +265,10 @@ def group_axes(lowered: Fusion, row_axes: tuple[Extent, ...], hidden: Extent | N
 
 def _check_groups(lowered: Fusion, roles: dict, groups: tuple[Extent, ...]) -> None:
     """What a fusion of per-group column reductions may hold besides them (a normalization
-    by them is an outer-persistent kernel per group): no input of some row axes only or of
-    the groups' columns (the kernels read one group's rows and every group's column inputs
-    alike), and no output of the hidden axis only (each group's finalize or slab would write
-    it)."""
+    by them is an outer-persistent kernel per group): no value of the groups only (a kernel
+    reads one group's rows, and no kernel holds a value per group), and no output of the
+    hidden axis only (each group's finalize or slab would write it). Inputs of the groups'
+    columns are read per group (FusionInfo.group_columns)."""
     spans = set(groups)
     for v in lowered.vals:
         if not isinstance(v, Tensor):
@@ -270,10 +278,6 @@ def _check_groups(lowered: Fusion, roles: dict, groups: tuple[Extent, ...]) -> N
             raise UnsupportedFusionError(
                 f"{v.name} holds one value per group of the leading dimensions, beside column "
                 "reductions per group: not one kernel; it runs reordered")
-        if v in lowered.inputs and roles[v] is Role.COL and rows:
-            raise UnsupportedFusionError(
-                f"input {v.name} holds columns per group of the leading dimensions, beside "
-                "column reductions per group: not one kernel; it runs reordered")
         if v in lowered.outputs and roles[v] is Role.COL and rows != spans:
             raise UnsupportedFusionError(
                 f"output {v.name} spans the hidden dimension only, beside column reductions "

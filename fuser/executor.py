@@ -163,7 +163,7 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
     groups, rows = info.group_rows(sizes)  # rows: a group's, with groups
     hidden = sizes.value(info.hidden_axis) if info.hidden_axis is not None else 1
     device_id = devices.pop() if devices else driver().current_device()
-    align = alignment(pointers + group_offsets(info, rows * hidden))
+    align = alignment(pointers + group_offsets(info, rows, hidden))
     actual = DeviceSpec.from_gpu(device_id)
     spec = actual if device is None else DeviceSpec.get(device)
     if device is not None:
@@ -184,13 +184,16 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
                 scalar_types, counted, len(fusion.inputs), repeated_rows(info, sizes), groups)
 
 
-def group_offsets(info: FusionInfo, elements: int) -> list[int]:
-    """The bytes from one group's part of each tensor of every row to the next's (`elements`
-    a group's): a kernel of a fusion with groups (FusionInfo.group_axes) moves its pointers
-    by them, so its vectors need them aligned as the pointers themselves."""
+def group_offsets(info: FusionInfo, rows: int, hidden: int) -> list[int]:
+    """The bytes from one group's part of each tensor of every row to the next's (`rows` a
+    group's), and of each column input per group: a kernel of a fusion with groups
+    (FusionInfo.group_axes) moves its pointers by them, so its vectors need them aligned as
+    the pointers themselves."""
     if not info.group_axes:
         return []
-    return [elements * t.dtype.itemsize for t in (*info.full_inputs, *info.outputs(Role.FULL))]
+    full = (*info.full_inputs, *info.outputs(Role.FULL))
+    return ([rows * hidden * t.dtype.itemsize for t in full]
+            + [hidden * t.dtype.itemsize for t in info.group_columns])
 
 
 def repeated_rows(info, sizes) -> tuple[int, ...]:

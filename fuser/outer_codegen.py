@@ -23,7 +23,7 @@ from fuser.emit import (
     used_lines,
 )
 from fuser.ir import Expr, Val
-from fuser.row_codegen import GROUP, reduction
+from fuser.row_codegen import GROUP, group_column_lines, reduction
 from fuser.schedulers.base import OuterSchedule
 from fuser.schedulers.outer_persistent import (
     LEVEL_BARRIERS,
@@ -127,6 +127,12 @@ def _rows_read(info: FusionInfo, emitter: Emitter, streamed: bool) -> list[dict]
             for t in input_tensors(info, emitter.used)[0]]
 
 
+def _row_values_read(info: FusionInfo, emitter: Emitter) -> list[dict]:
+    """The per-row inputs ([rows, 1]) the emitted statements read: row r's value of each,
+    read from global memory in the pass (row_<input>)."""
+    return [{"name": t.name, "ctype": ctype(t)} for t in info.row_inputs if t in emitter.used]
+
+
 def _stores(outputs, stored: dict[Val, str]) -> list[dict]:
     return [{"name": o.name, "ctype": o.dtype.cuda_type, "value": stored[o]} for o in outputs]
 
@@ -134,13 +140,15 @@ def _stores(outputs, stored: dict[Val, str]) -> list[dict]:
 def group_lines(info: FusionInfo) -> list[str]:
     """With groups (FusionInfo.group_axes: a normalization by column reductions over the
     trailing row axes), the kernel's first statements: its group (a grid row of clusters per
-    group) and each pointer moved to the group's part, n_rows x H of a full tensor, H of a
-    column output; column inputs are every group's. The rest of the kernel normalizes one
+    group) and each pointer moved to the group's part, n_rows x H of a full tensor, n_rows of
+    a per-row input, H of a column output or of a column input that holds a row per group. The rest of the kernel normalizes one
     group's rows as a fusion without groups."""
     if not info.group_axes:
         return []
     full = (*info.full_inputs, *info.outputs(Role.FULL))
     return [*GROUP, *(f"g_{t.name} += group * n_rows * H;" for t in full),
+            *(f"g_{t.name} += group * n_rows;" for t in info.row_inputs),
+            *group_column_lines(info),
             *(f"g_{o.name} += group * H;" for o in info.outputs(Role.COL))]
 
 
@@ -149,6 +157,7 @@ def outer_context(info: FusionInfo, s: OuterSchedule) -> dict:
     scalar_lines, scalar_env = scalar_prologue(info)
     env = element_env(info, scalar_env)
     elements: dict[Val, str] = {t: env.pop(t) for t in info.full_inputs}
+    elements.update({t: f"row_{t.name}" for t in info.row_inputs})
     columns = _Columns(info, env)
     levels: list[dict] = []
     for k, level in enumerate(info.outer_levels):
@@ -163,6 +172,7 @@ def outer_context(info: FusionInfo, s: OuterSchedule) -> dict:
                        "inbox_bytes": _inbox_bytes(s, level),
                        **_cluster_steps(k, len(info.outer_levels)),
                        "hoisted": hoisted, "rows": _rows_read(info, emitter, s.streamed),
+                       "row_values": _row_values_read(info, emitter),
                        "element_lines": lines,
                        "reductions": reductions})
         for e in level:
@@ -175,7 +185,7 @@ def outer_context(info: FusionInfo, s: OuterSchedule) -> dict:
     col_emitter = Emitter(info, columns.env, "col_")
     col_lines, col_stored = col_emitter.emit_stored(col_outputs)
     final: dict = {"hoisted": hoisted, "rows": _rows_read(info, emitter, s.streamed),
-                   "element_lines": lines, "outputs": _stores(full_outputs, stored),
+                   "row_values": _row_values_read(info, emitter), "element_lines": lines, "outputs": _stores(full_outputs, stored),
                    "column_lines": col_lines,
                    "column_outputs": _stores(col_outputs, col_stored)}
     readers = [line for q in [*levels, final] for line in q["element_lines"]

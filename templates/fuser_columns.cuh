@@ -93,6 +93,12 @@ struct ColumnSlab {
     return load<VEC>(g + (row0 + r) * H + col);
   }
 
+  // Row r's (of the block's) value of a per-row input `g` ([rows, 1]), as C.
+  template <typename C, typename T>
+  __device__ __forceinline__ C row_value(const T* g, int r) const {
+    return static_cast<C>(to_compute(g[row0 + r]));
+  }
+
   // Fold step 1: each thread's partials of its columns, folded over its warp's row lanes,
   // into `lanes` ([GROUPS][W], of the partials' own type: the 8-byte totals start at step 2).
   // Every thread takes part (the shuffles need the whole warp).

@@ -279,13 +279,15 @@ def test_a_kernels_parameters_are_picked_from_the_calls_flat_values_as_a_tuple()
 
 def _variance_over_seq(fd: FusionDefinition, x):
     """x's variance over its middle axis, in float, scaled by an input of one value per
-    group of the first axis and column ([batch, hidden]): no kernel of groups reads such an
-    input, so the axes are moved and the sums are row sums."""
+    group of the first axis ([batch, 1]): no kernel of groups holds a value per group, so
+    the axes are moved and the sums are row sums."""
     xf = fd.ops.cast(x, DataType.Float)
-    scale = fd.define_tensor([-1, -1], dtype=DataType.Float)
+    scale = fd.define_tensor([-1, 1], dtype=DataType.Float)
     mean = fd.ops.div(fd.ops.sum(xf, [1], keepdim=True), fd.ops.size(x, 1))
     d = fd.ops.sub(xf, mean)
-    return fd.ops.mul(fd.ops.div(fd.ops.sum(fd.ops.mul(d, d), [1]), fd.ops.size(x, 1)), scale)
+    var = fd.ops.div(fd.ops.sum(fd.ops.mul(d, d), [1]), fd.ops.size(x, 1))
+    return fd.ops.mul(var, fd.ops.broadcast_in_dim(scale, shape=var.shape(),
+                                                   broadcast_dims=[0, 1]))
 
 
 def test_a_segmented_call_binds_its_sizes_once_per_signature_and_checks_scalars_each_call(
@@ -314,7 +316,7 @@ def test_a_segmented_call_binds_its_sizes_once_per_signature_and_checks_scalars_
     monkeypatch.setattr(executor, "bind_shapes", counted)
     a = torch.zeros(2, 3, 8, dtype=torch.bfloat16)
     b = torch.zeros(2, 5, 8, dtype=torch.bfloat16)
-    scale = torch.ones(2, 8)
+    scale = torch.ones(2, 1)
     for inputs in ([a, 3, scale], [a, 4, scale], [b, 3, scale], [a, 5, scale]):
         (out,) = fd.execute(inputs)
         assert tuple(out.shape) == (inputs[0].shape[0], 8)
@@ -341,7 +343,7 @@ def test_later_calls_of_a_segmented_fusion_walk_the_steps_its_first_call_took(gp
     with FusionDefinition("var_over_seq") as fd:
         x = fd.define_tensor([-1, -1, -1], dtype=DataType.BFloat16)
         fd.add_output(fd.ops.cast(_variance_over_seq(fd, x), DataType.BFloat16))
-    a, scale = torch.zeros(2, 4, 16, dtype=torch.bfloat16), torch.ones(2, 16)
+    a, scale = torch.zeros(2, 4, 16, dtype=torch.bfloat16), torch.ones(2, 1)
     fd.execute([a, scale])
     first = [function for function, _ in gpu.launches]
     record = fd._last_run
@@ -381,7 +383,7 @@ def test_the_last_cuda_code_of_a_segmented_call_shows_its_permute_kernels(gpu):
     with FusionDefinition("var_over_seq") as fd:
         x = fd.define_tensor([-1, -1, -1], dtype=DataType.BFloat16)
         fd.add_output(fd.ops.cast(_variance_over_seq(fd, x), DataType.BFloat16))
-    a, scale = torch.zeros(2, 4, 16, dtype=torch.bfloat16), torch.ones(2, 16)
+    a, scale = torch.zeros(2, 4, 16, dtype=torch.bfloat16), torch.ones(2, 1)
     for _ in range(2):
         fd.execute([a, scale])
         code = fd.last_cuda_code()

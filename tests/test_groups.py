@@ -529,3 +529,68 @@ def test_gpu_random_group_fusions_match_the_oracle(case):
     fd = _group_fusion(*case)
     fd.validate([cupy.asarray(a)
                  for a in _group_inputs(fd, shape, dtype, np.random.default_rng(7))])
+
+
+def scaled_over_sequence(normalize: bool, dtype: DataType = BF16) -> FusionDefinition:
+    """x [batch, seq, hidden] with a [batch, hidden] input g of columns per sample: (x -
+    its mean over the sequence) * g (an outer normalization), or the sum over the sequence
+    of x, times g (an outer reduction whose column epilogue reads g)."""
+    with FusionDefinition(f"scaled_over_seq{'_norm' if normalize else ''}") as fd:
+        x = fd.define_tensor([-1, -1, -1], dtype=dtype)
+        g = fd.define_tensor([-1, -1], dtype=F)
+        xf = fd.ops.cast(x, F)
+        if normalize:
+            wide = fd.ops.broadcast_in_dim(g, shape=x.shape(), broadcast_dims=[0, 2])
+            mean = fd.ops.div(fd.ops.sum(xf, [1], keepdim=True), x.size(1))
+            fd.add_output(fd.ops.cast(fd.ops.mul(fd.ops.sub(xf, mean), wide), dtype))
+        else:
+            fd.add_output(fd.ops.mul(fd.ops.sum(xf, [1]), g))
+    return fd
+
+
+@pytest.mark.parametrize("hinted", [False, True], ids=["default", "row_kernel"])
+@pytest.mark.parametrize("normalize", [False, True], ids=["sum", "normalized"])
+def test_columns_per_group_are_read_at_the_groups_row(normalize, hinted):
+    """A [batch, hidden] input beside reductions over the sequence: each kernel (the outer
+    one, or the row kernel and the finalize that reads it in its column epilogue) moves its
+    pointer to its group's row of columns."""
+    from fuser.schedulers.base import OuterSchedule
+
+    if hinted and normalize:
+        pytest.skip("an outer normalization has no row kernel to hint")
+    fd = scaled_over_sequence(normalize)
+    info = analyze(fd.fusion)
+    assert [t.name for t in info.group_columns] == ["T1"]
+    report = explain(fd, [(8, 1024, 4096), (8, 4096)], device="h200",
+                     hints=Hints(fused_finalize=False) if hinted else None)
+    assert isinstance(report.schedule, OuterSchedule) is not hinted
+    # the outer kernel's move, or the row kernel's and the finalize's
+    assert report.source.count("g_T1 += group * H;") == (2 if hinted else 1)
+    assert not any(r.spills for r in report.resources.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [F, BF16], ids=lambda d: d.name)
+@pytest.mark.parametrize("shape", [(2, 1, 7), (5, 9, 4099), (8, 1024, 4096), (3000, 8, 24)],
+                         ids=str)
+@pytest.mark.parametrize(("normalize", "hints"), [(False, None), (True, None),
+                                                  (False, Hints(fused_finalize=False))],
+                         ids=["sum", "normalized", "sum_row_kernel"])
+def test_gpu_columns_per_group_match_the_oracle(normalize, hints, shape, dtype):
+    import cupy
+
+    from fuser.executor import execute, to_host
+    from fuser.reference import compare, input_sensitivity, output_reduction_sizes
+
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal(shape).astype(np.float32).astype(dtype.numpy)
+    g = rng.uniform(0.5, 2.0, (shape[0], shape[2])).astype(np.float32)
+    fd = scaled_over_sequence(normalize, dtype)
+    if hints is None:
+        fd.validate([cupy.asarray(x), cupy.asarray(g)])
+        return
+    outs = execute(fd, [cupy.asarray(x), cupy.asarray(g)], hints=hints)
+    host = [x, g]
+    refs = evaluate(fd.fusion, host)
+    compare([to_host(o) for o in outs], refs, fd.fusion, output_reduction_sizes(fd.fusion, host),
+            input_sensitivity(fd.fusion, host, refs))

@@ -60,9 +60,9 @@ def can_schedule(info: FusionInfo, problem: Problem, device: DeviceSpec) -> str 
     if info.kind not in (Kind.OUTER_NORM, Kind.OUTER):
         return (f"outer_persistent normalizes or reduces along columns; this fusion is "
                 f"{info.kind.value}")
-    if info.row_inputs:
-        names = ", ".join(t.name for t in info.row_inputs)
-        return f"per-row inputs ({names}) beside column reductions are not supported"
+    if info.outputs(Role.ROW):
+        names = ", ".join(t.name for t in info.outputs(Role.ROW))
+        return f"per-row outputs ({names}): the column kernel writes full and column outputs"
     for e in info.outer_reductions:
         if total_type(e.outputs[0].dtype) not in ("double", "long long"):
             return (f"{e.op}({e.inputs[0].name}) of {e.outputs[0].dtype.label}: the kernel "
