@@ -141,8 +141,8 @@ def group_lines(info: FusionInfo) -> list[str]:
     """With groups (FusionInfo.group_axes: a normalization by column reductions over the
     trailing row axes), the kernel's first statements: its group (a grid row of clusters per
     group) and each pointer moved to the group's part, n_rows x H of a full tensor, n_rows of
-    a per-row input, H of a column output or of a column input that holds a row per group. The rest of the kernel normalizes one
-    group's rows as a fusion without groups."""
+    a per-row input, H of a column output or of a column input that holds a row per group.
+    The rest of the kernel normalizes one group's rows as a fusion without groups."""
     if not info.group_axes:
         return []
     full = (*info.full_inputs, *info.outputs(Role.FULL))
@@ -185,7 +185,8 @@ def outer_context(info: FusionInfo, s: OuterSchedule) -> dict:
     col_emitter = Emitter(info, columns.env, "col_")
     col_lines, col_stored = col_emitter.emit_stored(col_outputs)
     final: dict = {"hoisted": hoisted, "rows": _rows_read(info, emitter, s.streamed),
-                   "row_values": _row_values_read(info, emitter), "element_lines": lines, "outputs": _stores(full_outputs, stored),
+                   "row_values": _row_values_read(info, emitter), "element_lines": lines,
+                   "outputs": _stores(full_outputs, stored),
                    "column_lines": col_lines,
                    "column_outputs": _stores(col_outputs, col_stored)}
     readers = [line for q in [*levels, final] for line in q["element_lines"]
