@@ -38,7 +38,7 @@ def weighted(rank: int, normalize: bool, dtype: DataType = BF16) -> FusionDefini
 def test_per_row_inputs_are_read_in_the_column_kernel(rank, normalize):
     shape = (16384, 4096) if rank == 2 else (8, 1024, 4096)
     fd = weighted(rank, normalize)
-    e = explain(fd, [shape, shape[:-1] + (1,)], device="h100")
+    e = explain(fd, [shape, (*shape[:-1], 1)], device="h100")
     assert isinstance(e.schedule, OuterSchedule) and e.schedule.streamed is not normalize
     source = e.source
     # read in the one pass that uses it: the sum's, or the outputs' (not the mean's)
@@ -57,7 +57,7 @@ def test_gpu_per_row_inputs_match_the_oracle(normalize, shape, dtype):
 
     rng = np.random.default_rng(11)
     x = rng.standard_normal(shape).astype(np.float32).astype(dtype.numpy)
-    w = rng.uniform(0.5, 2.0, shape[:-1] + (1,)).astype(np.float32)
+    w = rng.uniform(0.5, 2.0, (*shape[:-1], 1)).astype(np.float32)
     fd = weighted(len(shape), normalize, dtype)
     fd.validate([cupy.asarray(x), cupy.asarray(w)])
     if shape[-1] >= 1000:
