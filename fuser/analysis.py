@@ -90,7 +90,8 @@ class FusionInfo:
     full_inputs: tuple[Tensor, ...]  # [rows, hidden] inputs: the row buffers
     col_inputs: tuple[Tensor, ...]  # [hidden] inputs: loaded once per block
     row_inputs: tuple[Tensor, ...]  # [rows, 1] inputs: one value per row
-    value_inputs: tuple[Tensor, ...]  # tensors of no dimension: one value, read once
+    # tensors of no dimension (or of the groups only): one value (per group), read once
+    value_inputs: tuple[Tensor, ...]
     scalar_inputs: tuple[Scalar, ...]
     inner_levels: tuple[tuple[Expr, ...], ...]  # inner reductions, by dependency level
     outer_reductions: tuple[Expr, ...]
@@ -120,6 +121,14 @@ class FusionInfo:
 
     def outputs(self, role: Role) -> tuple[Tensor, ...]:
         return tuple(o for o in self.fusion.outputs if self.roles[o] is role)
+
+    @property
+    def group_values(self) -> tuple[Tensor, ...]:
+        """The value inputs that hold one value per group ([batch, 1] beside reductions over
+        the sequence of [batch, seq, hidden]): each kernel moves their pointers to its
+        group's value before it reads them."""
+        groups = set(self.row_axes[:self.group_axes])
+        return tuple(t for t in self.value_inputs if groups & set(spanned_axes(t)))
 
     @property
     def group_columns(self) -> tuple[Tensor, ...]:
@@ -161,8 +170,9 @@ class FusionInfo:
                 f"{t.name}:{t.dtype.label} (row axes {r.first}..{r.stop - 1} of "
                 f"{len(self.row_axes)}, read again along the others)" for t, r in self.repeated))
         if self.value_inputs:
+            per_group = (" (one a group)" if self.group_values else "")
             lines.append(f"value inputs:      {names(self.value_inputs)} (no dimension: one "
-                         "value, read once)")
+                         f"value, read once{per_group})")
         if strided := strided_inputs(self.fusion):
             lines.append(f"strided inputs:    {names(strided)} (copied to contiguous arrays "
                          "when passed strided; a permuted view by fuser's permute kernel)")
@@ -195,7 +205,7 @@ def analyze(fusion: Fusion) -> FusionInfo:
     row_axes, hidden_axis = axes(lowered)
     groups = group_axes(lowered, row_axes, hidden_axis)
     roles = {v: _role(v, row_axes, hidden_axis, groups) for v in lowered.vals}
-    _check_inputs_and_outputs(lowered, roles)
+    _check_inputs_and_outputs(lowered, roles, row_axes[:groups])
     _check_row_sizes(lowered, row_axes, groups)
     reductions = _Reductions(lowered, roles, row_axes, hidden_axis, groups)
     inner, outer, level = reductions.inner, reductions.outer, reductions.level
@@ -265,19 +275,22 @@ def group_axes(lowered: Fusion, row_axes: tuple[Extent, ...], hidden: Extent | N
 
 def _check_groups(lowered: Fusion, roles: dict, groups: tuple[Extent, ...]) -> None:
     """What a fusion of per-group column reductions may hold besides them (a normalization
-    by them is an outer-persistent kernel per group): no value of the groups only (a kernel
-    reads one group's rows, and no kernel holds a value per group), and no output of the
-    hidden axis only (each group's finalize or slab would write it). Inputs of the groups'
-    columns are read per group (FusionInfo.group_columns)."""
+    by them is an outer-persistent kernel per group): no value of the groups only that a
+    reduction computes (a kernel reads one group's rows: values per group are inputs and
+    what they compute, read once per kernel), and no output of the hidden axis only (each
+    group's finalize or slab would write it). Inputs of the groups' columns and values are
+    read per group (FusionInfo.group_columns, group_values)."""
     spans = set(groups)
     for v in lowered.vals:
         if not isinstance(v, Tensor):
             continue
         rows = {a for a in spanned_axes(v) if a in spans}
-        if roles[v] is Role.ROW and set(spanned_axes(v)) == spans:
+        if (set(spanned_axes(v)) == spans and v.definition is not None
+                and v.definition.op in REDUCTIONS):
             raise UnsupportedFusionError(
-                f"{v.name} holds one value per group of the leading dimensions, beside column "
-                "reductions per group: not one kernel; it runs reordered")
+                f"{v.name} holds one value per group of the leading dimensions, reduced from "
+                "the group's elements, beside column reductions per group: not one kernel; "
+                "it runs reordered")
         if v in lowered.outputs and roles[v] is Role.COL and rows != spans:
             raise UnsupportedFusionError(
                 f"output {v.name} spans the hidden dimension only, beside column reductions "
@@ -325,7 +338,9 @@ def _role(v: Val, row_axes: tuple[Extent, ...], hidden_axis: Extent | None,
         return Role.SCALAR
     spans = set(spanned_axes(v))
     if groups and spans & set(row_axes) == set(row_axes[:groups]):
-        return Role.COL if hidden_axis in spans else Role.ROW  # _check_groups refuses a ROW
+        # a value per group: read once per kernel, at its group (a value input), as a
+        # scalar; _check_groups refuses one computed by a reduction
+        return Role.COL if hidden_axis in spans else Role.SCALAR
     # without row axes the fusion is one row: a tensor along the hidden axis is that row, a
     # tensor of no axis (a full reduction's result) its per-row value; a tensor of some row
     # axes only repeats along the others (RowRun)
@@ -355,11 +370,18 @@ def _check_no_layout_ops(lowered: Fusion) -> None:
                 "positions, which no kernel here does; it runs between kernels")
 
 
-def _check_inputs_and_outputs(lowered: Fusion, roles: dict) -> None:
+def _check_inputs_and_outputs(lowered: Fusion, roles: dict, groups: tuple[Extent, ...] = ()
+                              ) -> None:
     """Outputs of no dimension only where the fusion is one row (a full reduction's result
     is the second of its two kernels, segment.py): a kernel over rows has no place to write
-    one. (An input of no dimension is read once, as a scalar input is.)"""
+    one, nor one value per group of the leading dimensions (`groups`). (An input of no
+    dimension, or of the groups only, is read once, as a scalar input is.)"""
     for o in lowered.outputs:
+        if roles[o] is Role.SCALAR and groups and set(spanned_axes(o)) == set(groups):
+            raise UnsupportedFusionError(
+                f"output {o.name} holds one value per group of the leading dimensions, beside "
+                "column reductions per group: no kernel over a group's rows writes one; it "
+                "runs reordered")
         if roles[o] is Role.SCALAR:
             raise UnsupportedFusionError(
                 f"output {o.name} is a single value (no row or hidden dimension) that a kernel "

@@ -23,7 +23,7 @@ from fuser.emit import (
     used_lines,
 )
 from fuser.ir import Expr, Val
-from fuser.row_codegen import GROUP, group_column_lines, reduction
+from fuser.row_codegen import GROUP, group_input_lines, reduction
 from fuser.schedulers.base import OuterSchedule
 from fuser.schedulers.outer_persistent import (
     LEVEL_BARRIERS,
@@ -148,7 +148,7 @@ def group_lines(info: FusionInfo) -> list[str]:
     full = (*info.full_inputs, *info.outputs(Role.FULL))
     return [*GROUP, *(f"g_{t.name} += group * n_rows * H;" for t in full),
             *(f"g_{t.name} += group * n_rows;" for t in info.row_inputs),
-            *group_column_lines(info),
+            *group_input_lines(info),
             *(f"g_{o.name} += group * H;" for o in info.outputs(Role.COL))]
 
 

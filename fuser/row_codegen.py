@@ -81,7 +81,7 @@ def group_lines(info: FusionInfo) -> list[str]:
     full = (*info.full_inputs, *info.outputs(Role.FULL))
     per_row = (*info.row_inputs, *info.outputs(Role.ROW))
     return [*GROUP, *(f"g_{t.name} += group * n_rows * H;" for t in full),
-            *(f"g_{t.name} += group * n_rows;" for t in per_row), *group_column_lines(info),
+            *(f"g_{t.name} += group * n_rows;" for t in per_row), *group_input_lines(info),
             *_group_partials(info)]
 
 
@@ -89,13 +89,16 @@ def finalize_group_lines(info: FusionInfo) -> list[str]:
     """group_lines for the finalize: the group's partial rows, column inputs and outputs."""
     if not info.group_axes:
         return []
-    return [*GROUP, *_group_partials(info), *group_column_lines(info),
+    return [*GROUP, *_group_partials(info), *group_input_lines(info),
             *(f"g_{o.name} += group * H;" for o in info.outputs(Role.COL))]
 
 
-def group_column_lines(info: FusionInfo) -> list[str]:
-    """The moves of the column inputs that hold a row per group (FusionInfo.group_columns)."""
-    return [f"g_{t.name} += group * H;" for t in info.group_columns]
+def group_input_lines(info: FusionInfo) -> list[str]:
+    """The moves of the column inputs that hold a row per group (FusionInfo.group_columns)
+    and of the value inputs that hold a value per group (group_values), which the scalar
+    prologue reads after them."""
+    return ([f"g_{t.name} += group * H;" for t in info.group_columns]
+            + [f"g_{t.name} += group;" for t in info.group_values])
 
 
 def _group_partials(info: FusionInfo) -> list[str]:

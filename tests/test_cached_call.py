@@ -278,16 +278,15 @@ def test_a_kernels_parameters_are_picked_from_the_calls_flat_values_as_a_tuple()
 
 
 def _variance_over_seq(fd: FusionDefinition, x):
-    """x's variance over its middle axis, in float, scaled by an input of one value per
-    group of the first axis ([batch, 1]): no kernel of groups holds a value per group, so
-    the axes are moved and the sums are row sums."""
+    """The variance over its middle axis of x weighted by an input of one value per position
+    of that axis ([seq, 1]), in float: an input of some row axes only, which no kernel of
+    groups reads, so the axes are moved and the sums are row sums."""
     xf = fd.ops.cast(x, DataType.Float)
-    scale = fd.define_tensor([-1, 1], dtype=DataType.Float)
-    mean = fd.ops.div(fd.ops.sum(xf, [1], keepdim=True), fd.ops.size(x, 1))
-    d = fd.ops.sub(xf, mean)
-    var = fd.ops.div(fd.ops.sum(fd.ops.mul(d, d), [1]), fd.ops.size(x, 1))
-    return fd.ops.mul(var, fd.ops.broadcast_in_dim(scale, shape=var.shape(),
-                                                   broadcast_dims=[0, 1]))
+    weight = fd.define_tensor([-1, 1], dtype=DataType.Float)
+    xw = fd.ops.mul(xf, fd.ops.broadcast_in_dim(weight, shape=x.shape(), broadcast_dims=[1, 2]))
+    mean = fd.ops.div(fd.ops.sum(xw, [1], keepdim=True), fd.ops.size(x, 1))
+    d = fd.ops.sub(xw, mean)
+    return fd.ops.div(fd.ops.sum(fd.ops.mul(d, d), [1]), fd.ops.size(x, 1))
 
 
 def test_a_segmented_call_binds_its_sizes_once_per_signature_and_checks_scalars_each_call(
@@ -316,8 +315,8 @@ def test_a_segmented_call_binds_its_sizes_once_per_signature_and_checks_scalars_
     monkeypatch.setattr(executor, "bind_shapes", counted)
     a = torch.zeros(2, 3, 8, dtype=torch.bfloat16)
     b = torch.zeros(2, 5, 8, dtype=torch.bfloat16)
-    scale = torch.ones(2, 1)
-    for inputs in ([a, 3, scale], [a, 4, scale], [b, 3, scale], [a, 5, scale]):
+    wa, wb = torch.ones(3, 1), torch.ones(5, 1)
+    for inputs in ([a, 3, wa], [a, 4, wa], [b, 3, wb], [a, 5, wa]):
         (out,) = fd.execute(inputs)
         assert tuple(out.shape) == (inputs[0].shape[0], 8)
     assert [s[0] for s in bindings] == [(2, 3, 8), (2, 5, 8)]
@@ -327,12 +326,12 @@ def test_a_segmented_call_binds_its_sizes_once_per_signature_and_checks_scalars_
 
     # the sizes a segment takes as scalars come from the bound sizes, not a search of shapes
     monkeypatch.setattr(segment, "_dim_of", searched)
-    (out,) = fd.execute([b, 2, scale])
+    (out,) = fd.execute([b, 2, wb])
     assert tuple(out.shape) == (2, 8)
     with pytest.raises(BadInputError, match=r"got 1099511627776, outside Int32's range"):
-        fd.execute([a, 2 ** 40, scale])
+        fd.execute([a, 2 ** 40, wa])
     with pytest.raises(BadInputError, match=r"got str '3'"):
-        fd.execute([a, "3", scale])
+        fd.execute([a, "3", wa])
 
 
 def test_later_calls_of_a_segmented_fusion_walk_the_steps_its_first_call_took(gpu, monkeypatch):
@@ -343,7 +342,7 @@ def test_later_calls_of_a_segmented_fusion_walk_the_steps_its_first_call_took(gp
     with FusionDefinition("var_over_seq") as fd:
         x = fd.define_tensor([-1, -1, -1], dtype=DataType.BFloat16)
         fd.add_output(fd.ops.cast(_variance_over_seq(fd, x), DataType.BFloat16))
-    a, scale = torch.zeros(2, 4, 16, dtype=torch.bfloat16), torch.ones(2, 1)
+    a, scale = torch.zeros(2, 4, 16, dtype=torch.bfloat16), torch.ones(4, 1)
     fd.execute([a, scale])
     first = [function for function, _ in gpu.launches]
     record = fd._last_run
@@ -383,7 +382,7 @@ def test_the_last_cuda_code_of_a_segmented_call_shows_its_permute_kernels(gpu):
     with FusionDefinition("var_over_seq") as fd:
         x = fd.define_tensor([-1, -1, -1], dtype=DataType.BFloat16)
         fd.add_output(fd.ops.cast(_variance_over_seq(fd, x), DataType.BFloat16))
-    a, scale = torch.zeros(2, 4, 16, dtype=torch.bfloat16), torch.ones(2, 1)
+    a, scale = torch.zeros(2, 4, 16, dtype=torch.bfloat16), torch.ones(4, 1)
     for _ in range(2):
         fd.execute([a, scale])
         code = fd.last_cuda_code()

@@ -594,3 +594,83 @@ def test_gpu_columns_per_group_match_the_oracle(normalize, hints, shape, dtype):
     refs = evaluate(fd.fusion, host)
     compare([to_host(o) for o in outs], refs, fd.fusion, output_reduction_sizes(fd.fusion, host),
             input_sensitivity(fd.fusion, host, refs))
+
+
+def tempered_over_sequence(normalize: bool, dtype: DataType = BF16) -> FusionDefinition:
+    """x [batch, seq, hidden] with t [batch, 1] holding one value per sample: (x - its mean
+    over the sequence) / t (an outer normalization), or the sum over the sequence of x / t
+    (an outer reduction): t and 1 / t are read once per kernel, at the group's value."""
+    with FusionDefinition(f"tempered_over_seq{'_norm' if normalize else ''}") as fd:
+        x = fd.define_tensor([-1, -1, -1], dtype=dtype)
+        t = fd.define_tensor([-1, 1], dtype=F)
+        xf = fd.ops.cast(x, F)
+        inv = fd.ops.reciprocal(fd.ops.broadcast_in_dim(t, shape=[x.size(0), 1, 1],
+                                                        broadcast_dims=[0, 1]))
+        wide = fd.ops.broadcast_in_dim(inv, shape=x.shape(), broadcast_dims=[0, 1, 2])
+        if normalize:
+            mean = fd.ops.div(fd.ops.sum(xf, [1], keepdim=True), x.size(1))
+            fd.add_output(fd.ops.cast(fd.ops.mul(fd.ops.sub(xf, mean), wide), dtype))
+        else:
+            fd.add_output(fd.ops.sum(fd.ops.mul(xf, wide), [1]))
+    return fd
+
+
+@pytest.mark.parametrize("hinted", [False, True], ids=["default", "row_kernel"])
+@pytest.mark.parametrize("normalize", [False, True], ids=["sum", "normalized"])
+def test_values_per_group_are_read_once_at_the_groups_value(normalize, hinted):
+    """A [batch, 1] input beside reductions over the sequence is a value input of each
+    group: every kernel moves its pointer to the group's value before its prologue reads it."""
+    from fuser.schedulers.base import OuterSchedule
+
+    if hinted and normalize:
+        pytest.skip("an outer normalization has no row kernel to hint")
+    fd = tempered_over_sequence(normalize)
+    info = analyze(fd.fusion)
+    assert [t.name for t in info.group_values] == ["T1"] and "one a group" in info.describe()
+    report = explain(fd, [(8, 1024, 4096), (8, 1)], device="h200",
+                     hints=Hints(fused_finalize=False) if hinted else None)
+    assert isinstance(report.schedule, OuterSchedule) is not hinted
+    source = report.source
+    moved = source.index("g_T1 += group;")
+    assert moved < source.index("fm::to_compute(g_T1[0])")
+    # the outer kernel's move, or the row kernel's and the finalize's (which takes every
+    # value input for its column epilogue)
+    assert source.count("g_T1 += group;") == (2 if hinted else 1)
+    assert not any(r.spills for r in report.resources.values())
+
+
+def test_a_value_per_group_reduced_from_its_elements_runs_reordered():
+    with FusionDefinition("total_per_sample") as fd:
+        x = fd.define_tensor([-1, -1, -1], dtype=F)
+        total = fd.ops.sum(x, [1, 2], keepdim=True)
+        fd.add_output(fd.ops.sub(x, fd.ops.broadcast_in_dim(total, shape=x.shape(),
+                                                            broadcast_dims=[0, 1, 2])))
+    with pytest.raises(UnsupportedFusionError):
+        analyze(fd.fusion)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [F, BF16], ids=lambda d: d.name)
+@pytest.mark.parametrize("shape", [(2, 1, 7), (5, 9, 4099), (8, 1024, 4096), (3000, 8, 24)],
+                         ids=str)
+@pytest.mark.parametrize(("normalize", "hints"), [(False, None), (True, None),
+                                                  (False, Hints(fused_finalize=False))],
+                         ids=["sum", "normalized", "sum_row_kernel"])
+def test_gpu_values_per_group_match_the_oracle(normalize, hints, shape, dtype):
+    import cupy
+
+    from fuser.executor import execute, to_host
+    from fuser.reference import compare, input_sensitivity, output_reduction_sizes
+
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal(shape).astype(np.float32).astype(dtype.numpy)
+    t = rng.uniform(0.5, 2.0, (shape[0], 1)).astype(np.float32)
+    fd = tempered_over_sequence(normalize, dtype)
+    if hints is None:
+        fd.validate([cupy.asarray(x), cupy.asarray(t)])
+        return
+    outs = execute(fd, [cupy.asarray(x), cupy.asarray(t)], hints=hints)
+    host = [x, t]
+    refs = evaluate(fd.fusion, host)
+    compare([to_host(o) for o in outs], refs, fd.fusion, output_reduction_sizes(fd.fusion, host),
+            input_sensitivity(fd.fusion, host, refs))
