@@ -275,22 +275,17 @@ def group_axes(lowered: Fusion, row_axes: tuple[Extent, ...], hidden: Extent | N
 
 def _check_groups(lowered: Fusion, roles: dict, groups: tuple[Extent, ...]) -> None:
     """What a fusion of per-group column reductions may hold besides them (a normalization
-    by them is an outer-persistent kernel per group): no value of the groups only that a
-    reduction computes (a kernel reads one group's rows: values per group are inputs and
-    what they compute, read once per kernel), and no output of the hidden axis only (each
-    group's finalize or slab would write it). Inputs of the groups' columns and values are
-    read per group (FusionInfo.group_columns, group_values)."""
+    by them is an outer-persistent kernel per group): no output of the hidden axis only
+    (each group's finalize or slab would write it). Inputs of the groups' columns and values
+    are read per group (FusionInfo.group_columns, group_values); a value of the groups only
+    is such an input or computed from them (a reduction to one is refused as a reduction
+    neither inner nor outer, _Reductions), and outputs of one are refused with the others of
+    no dimension (_check_inputs_and_outputs)."""
     spans = set(groups)
     for v in lowered.vals:
         if not isinstance(v, Tensor):
             continue
         rows = {a for a in spanned_axes(v) if a in spans}
-        if (set(spanned_axes(v)) == spans and v.definition is not None
-                and v.definition.op in REDUCTIONS):
-            raise UnsupportedFusionError(
-                f"{v.name} holds one value per group of the leading dimensions, reduced from "
-                "the group's elements, beside column reductions per group: not one kernel; "
-                "it runs reordered")
         if v in lowered.outputs and roles[v] is Role.COL and rows != spans:
             raise UnsupportedFusionError(
                 f"output {v.name} spans the hidden dimension only, beside column reductions "

@@ -569,31 +569,40 @@ def test_columns_per_group_are_read_at_the_groups_row(normalize, hinted):
     assert not any(r.spills for r in report.resources.values())
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [F, BF16], ids=lambda d: d.name)
-@pytest.mark.parametrize("shape", [(2, 1, 7), (5, 9, 4099), (8, 1024, 4096), (3000, 8, 24)],
-                         ids=str)
-@pytest.mark.parametrize(("normalize", "hints"), [(False, None), (True, None),
-                                                  (False, Hints(fused_finalize=False))],
-                         ids=["sum", "normalized", "sum_row_kernel"])
-def test_gpu_columns_per_group_match_the_oracle(normalize, hints, shape, dtype):
+def _validated_on_gpu(fd: FusionDefinition, host: list, hints: Hints | None) -> None:
+    """fd on the GPU against the float64 oracle: fd.validate, or through execute() with
+    `hints` (which validate does not take)."""
     import cupy
 
     from fuser.executor import execute, to_host
     from fuser.reference import compare, input_sensitivity, output_reduction_sizes
 
-    rng = np.random.default_rng(12)
-    x = rng.standard_normal(shape).astype(np.float32).astype(dtype.numpy)
-    g = rng.uniform(0.5, 2.0, (shape[0], shape[2])).astype(np.float32)
-    fd = scaled_over_sequence(normalize, dtype)
+    inputs = [cupy.asarray(a) for a in host]
     if hints is None:
-        fd.validate([cupy.asarray(x), cupy.asarray(g)])
+        fd.validate(inputs)
         return
-    outs = execute(fd, [cupy.asarray(x), cupy.asarray(g)], hints=hints)
-    host = [x, g]
+    outs = execute(fd, inputs, hints=hints)
     refs = evaluate(fd.fusion, host)
     compare([to_host(o) for o in outs], refs, fd.fusion, output_reduction_sizes(fd.fusion, host),
             input_sensitivity(fd.fusion, host, refs))
+
+
+PER_GROUP_SHAPES = pytest.mark.parametrize(
+    "shape", [(2, 1, 7), (5, 9, 4099), (8, 1024, 4096), (3000, 8, 24)], ids=str)
+PER_GROUP_KERNELS = pytest.mark.parametrize(
+    ("normalize", "hints"), [(False, None), (True, None), (False, Hints(fused_finalize=False))],
+    ids=["sum", "normalized", "sum_row_kernel"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [F, BF16], ids=lambda d: d.name)
+@PER_GROUP_SHAPES
+@PER_GROUP_KERNELS
+def test_gpu_columns_per_group_match_the_oracle(normalize, hints, shape, dtype):
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal(shape).astype(np.float32).astype(dtype.numpy)
+    g = rng.uniform(0.5, 2.0, (shape[0], shape[2])).astype(np.float32)
+    _validated_on_gpu(scaled_over_sequence(normalize, dtype), [x, g], hints)
 
 
 def tempered_over_sequence(normalize: bool, dtype: DataType = BF16) -> FusionDefinition:
@@ -639,7 +648,11 @@ def test_values_per_group_are_read_once_at_the_groups_value(normalize, hinted):
     assert not any(r.spills for r in report.resources.values())
 
 
-def test_a_value_per_group_reduced_from_its_elements_runs_reordered():
+def test_a_value_per_group_reduced_from_its_elements_runs_over_merged_axes():
+    """x minus its total per sample: no group kernel holds the total, so the fusion runs as
+    a row normalization over [batch, seq * hidden] (views of the same bytes)."""
+    from fuser.explain import SegmentedExplanation
+
     with FusionDefinition("total_per_sample") as fd:
         x = fd.define_tensor([-1, -1, -1], dtype=F)
         total = fd.ops.sum(x, [1, 2], keepdim=True)
@@ -647,30 +660,28 @@ def test_a_value_per_group_reduced_from_its_elements_runs_reordered():
                                                             broadcast_dims=[0, 1, 2])))
     with pytest.raises(UnsupportedFusionError):
         analyze(fd.fusion)
+    report = explain(fd, [(8, 64, 256)], device="h100")
+    assert isinstance(report, SegmentedExplanation)
+    assert "merged into one axis" in str(report)
+
+
+def test_an_output_of_one_value_per_group_is_refused_with_its_reason():
+    with FusionDefinition("doubled_temperature") as fd:
+        x = fd.define_tensor([-1, -1, -1], dtype=F)
+        t = fd.define_tensor([-1, 1], dtype=F)
+        fd.add_output(fd.ops.sum(x, [1]))
+        per_sample = fd.ops.broadcast_in_dim(t, shape=[x.size(0), 1, 1], broadcast_dims=[0, 1])
+        fd.add_output(fd.ops.mul(per_sample, 2.0))
+    with pytest.raises(UnsupportedFusionError, match=r"T\d+ holds one value per group"):
+        analyze(fd.fusion)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [F, BF16], ids=lambda d: d.name)
-@pytest.mark.parametrize("shape", [(2, 1, 7), (5, 9, 4099), (8, 1024, 4096), (3000, 8, 24)],
-                         ids=str)
-@pytest.mark.parametrize(("normalize", "hints"), [(False, None), (True, None),
-                                                  (False, Hints(fused_finalize=False))],
-                         ids=["sum", "normalized", "sum_row_kernel"])
+@PER_GROUP_SHAPES
+@PER_GROUP_KERNELS
 def test_gpu_values_per_group_match_the_oracle(normalize, hints, shape, dtype):
-    import cupy
-
-    from fuser.executor import execute, to_host
-    from fuser.reference import compare, input_sensitivity, output_reduction_sizes
-
     rng = np.random.default_rng(13)
     x = rng.standard_normal(shape).astype(np.float32).astype(dtype.numpy)
     t = rng.uniform(0.5, 2.0, (shape[0], 1)).astype(np.float32)
-    fd = tempered_over_sequence(normalize, dtype)
-    if hints is None:
-        fd.validate([cupy.asarray(x), cupy.asarray(t)])
-        return
-    outs = execute(fd, [cupy.asarray(x), cupy.asarray(t)], hints=hints)
-    host = [x, t]
-    refs = evaluate(fd.fusion, host)
-    compare([to_host(o) for o in outs], refs, fd.fusion, output_reduction_sizes(fd.fusion, host),
-            input_sensitivity(fd.fusion, host, refs))
+    _validated_on_gpu(tempered_over_sequence(normalize, dtype), [x, t], hints)
