@@ -21,7 +21,8 @@ role COL). The kernels see one group's rows, the launch a grid row of blocks per
 Inner reductions (over hidden) are grouped into levels: a level holds the reductions whose
 inputs depend only on earlier levels, so one block-wide round trip serves the whole level (the
 two sums of LayerNorm backward share one barrier). Outer reductions (over rows) accumulate per
-block and are finished by a small second kernel.
+block and are finished by a small second kernel, or folded over a cluster's blocks in the
+outer-persistent kernel (an outer normalization, or an outer reduction streamed through it).
 
 The analysis classifies the lowered fusion (lowering.py: composite ops expanded, unused ops
 left out), a new Fusion, so the user's definition (and its repr) stays as written.
@@ -88,7 +89,8 @@ class FusionInfo:
     row_axes: tuple[Extent, ...]
     hidden_axis: Extent | None
     full_inputs: tuple[Tensor, ...]  # [rows, hidden] inputs: the row buffers
-    col_inputs: tuple[Tensor, ...]  # [hidden] inputs: loaded once per block
+    # [hidden] inputs (with groups, also [batch, hidden]: group_columns): loaded once per block
+    col_inputs: tuple[Tensor, ...]
     row_inputs: tuple[Tensor, ...]  # [rows, 1] inputs: one value per row
     # tensors of no dimension (or of the groups only): one value (per group), read once
     value_inputs: tuple[Tensor, ...]

@@ -1,9 +1,11 @@
 """OuterSchedule + FusionInfo -> the names and statements outer_kernel.cu.j2 places.
 
-Inside a pass over the rows, an element's operands are the rows kept in shared memory
-(x_<input>), the thread's column inputs (c_<input>), the totals of earlier levels (r_<value>)
-and column values computed from them (k_<value>): a value of one column (rsqrt of a variance,
-a mean) is computed once per column before the pass that needs it, not once per element.
+Inside a pass over the rows, an element's operands are the thread's vector of the row
+(x_<input>: from the rows kept in shared memory, or read from global memory where the kernel
+is streamed), the row's value of each per-row input (row_<input>), the thread's column inputs
+(c_<input>), the totals of earlier levels (r_<value>) and column values computed from them
+(k_<value>): a value of one column (rsqrt of a variance, a mean) is computed once per column
+before the pass that needs it, not once per element.
 """
 
 from __future__ import annotations

@@ -74,7 +74,8 @@ GROUP = ("// This block's group of rows (a grid row per group): the pointers mov
 def group_lines(info: FusionInfo) -> list[str]:
     """With groups (FusionInfo.group_axes), the row kernel's first statements: its group,
     the grid row it is launched in, and each group-sized pointer moved to the group's part:
-    the tensors of every row (n_rows, a group's rows, each) and the partial rows (a group's
+    the tensors of every row (n_rows, a group's rows, each), the per-row ones, the column
+    inputs and values per group (group_input_lines) and the partial rows (a group's
     partial_rows). The rest of the kernel works on one group's rows as on a fusion's."""
     if not info.group_axes:
         return []

@@ -135,8 +135,8 @@ def finalize_signature(info: FusionInfo, entry: str) -> Signature:
 
 def pointwise_signature(info: FusionInfo, entry: str) -> Signature:
     """The pointwise kernel, and the outer-persistent one (whose fusions have no per-row
-    inputs or outputs): every tensor input, every output, scalar inputs, the row count (a
-    group's, and the number of groups, in an outer-persistent kernel per group)."""
+    outputs): every tensor input, every output, scalar inputs, the row count (a group's, and
+    the number of groups, in an outer-persistent kernel per group)."""
     outputs = (*info.outputs(Role.FULL), *info.outputs(Role.COL), *info.outputs(Role.ROW))
     params = (_inputs(info, (*info.full_inputs, *info.col_inputs, *info.row_inputs,
                              *info.value_inputs))

@@ -1,6 +1,7 @@
 // fuser device helpers for outer-persistent kernels (outer_kernel.cu.j2): a slab of columns
-// owned by a thread-block cluster, each block's share of its rows kept in shared memory, and
-// the column folds, in a fixed order so that every block (and every run) gets the same totals.
+// owned by a thread-block cluster, each block's share of its rows kept in shared memory (or,
+// streamed, read from global memory as it is summed), and the column folds, in a fixed order
+// so that every block (and every run) gets the same totals.
 #pragma once
 #include "fuser_cluster.cuh"
 #include "fuser_copy.cuh"

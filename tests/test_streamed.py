@@ -41,7 +41,7 @@ def _explained(fd, shapes, hints=None):
 
 @pytest.mark.parametrize(("shape", "cluster", "slab"),
                          [((16384, 4096), 2, 64), ((8, 1024, 4096), 2, 64),
-                          ((4096, 24578), 1, 64), ((100, 1000), 8, 64)], ids=str)
+                          ((4096, 24578), 1, 64), ((1000, 1000), 8, 64)], ids=str)
 def test_column_sums_stream_through_one_kernel(shape, cluster, slab):
     e = _explained(column_reduction("sum", BF16, len(shape)), [shape])
     s = e.schedule
@@ -70,6 +70,33 @@ def test_a_hint_asks_for_the_row_kernel_and_its_finalize():
         info = analyze(fd.fusion)
         next(outer_persistent.candidates(info, Problem(4096, 1024, 16), DeviceSpec.get("h100"),
                                           Hints(cluster=2)))
+
+
+def test_groups_of_few_rows_keep_the_row_kernel():
+    """[4096, 8, 4096]: 8 rows a group, fewer than a streamed block reads at least."""
+    from fuser.analysis import analyze
+    from fuser.device import DeviceSpec
+    from fuser.schedulers import Problem, outer_persistent
+    from fuser.schedulers.base import problem_rows
+
+    fd = column_reduction("sum", BF16, 3)
+    e = _explained(fd, [(4096, 8, 4096)])
+    assert isinstance(e.schedule, RowSchedule) and e.problem.rows == 8  # a group's rows
+    info = analyze(fd.fusion)
+    reason = outer_persistent.can_schedule(info, Problem(4096, problem_rows(info, 8, 4096), 16),
+                                           DeviceSpec.get("h100"))
+    assert reason is not None and "fewer than the 64 a streamed block reads" in reason
+
+
+def test_fold_buffers_over_shared_memory_are_named_as_the_reason():
+    from fuser.analysis import analyze
+    from fuser.device import DeviceSpec
+    from fuser.schedulers import Problem, outer_persistent
+
+    info = analyze(_many_column_sums_only(48).fusion)
+    reason = outer_persistent.can_schedule(info, Problem(4096, 1024, 16), DeviceSpec.get("h100"))
+    assert reason is not None
+    assert "fold buffers of 48 column reductions over a cluster of 2" in reason
 
 
 def test_slabs_too_few_to_fill_the_sms_keep_the_row_kernel():
@@ -104,8 +131,9 @@ def test_gpu_column_reductions_match_the_oracle(op, shape, dtype):
 
     fd = column_reduction(op, dtype, len(shape))
     fd.validate([cupy.asarray(_x(shape, dtype, 3))])
-    if shape[-1] >= 1000:
-        assert isinstance(fd.last_schedule(), OuterSchedule) and fd.last_schedule().streamed
+    streams = shape[-1] >= 1000 and shape[-2] >= 1000  # slabs enough, and a group's rows
+    assert (isinstance(fd.last_schedule(), OuterSchedule)
+            and fd.last_schedule().streamed) is streams
 
 
 @pytest.mark.gpu

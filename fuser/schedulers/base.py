@@ -270,6 +270,7 @@ class OuterSchedule:
     reason: str
     hidden: int  # columns of the [rows, hidden] tensors
     rows: int  # rows built for (base.problem_rows of the call's): blocks keep rank_rows each
+    # (streamed: read a share of any size)
     vec: int  # columns of one vector (one copy, load and store)
     slab: int  # columns a cluster owns: col_lanes x vec
     col_lanes: int  # threads across a slab (blockDim.x)
@@ -375,10 +376,14 @@ ROWS_SEEN = 1024  # the most rows a row kernel's schedule is built for (problem_
 def problem_rows(info: FusionInfo, rows: int, groups: int = 1) -> int:
     """The rows a schedule is built for, of a call of `groups` groups of `rows` rows each
     (FusionInfo.group_axes; one group of every row without them). A row kernel's choices
-    look at few rows: at most 1024 of all the groups', rounded up to a power of two. An
-    outer-persistent kernel keeps a group's rows on chip, so it is built for them rounded up
-    to a multiple of an eighth of the power of two at or above them (the shared memory it
-    plans is at most 25% over what they need)."""
+    look at few rows: at most 1024 of all the groups', rounded up to a power of two; of an
+    outer reduction, a group's (its column kernel splits a group's rows over a slab's blocks,
+    its row kernel runs a grid row of blocks per group). An outer-persistent kernel keeps a
+    group's rows on chip, so it is built for them rounded up to a multiple of an eighth of the
+    power of two at or above them (the shared memory it plans is at most 25% over what they
+    need)."""
+    if info.kind is Kind.OUTER:
+        return min(next_pow2(rows), ROWS_SEEN)
     if info.kind is not Kind.OUTER_NORM:
         return min(next_pow2(rows * groups), ROWS_SEEN)
     step = max(1, next_pow2(rows) // 8)

@@ -79,15 +79,15 @@ def candidates(info: FusionInfo, problem: Problem, device: DeviceSpec,
                hints: Hints | None = None) -> Iterator[OuterSchedule]:
     """The schedules that fit, best first: the widest slab over the fewest blocks (or the
     hinted cluster's), then the next ORDER entries, which the build tries where one spills."""
-    allowed = _clusters(device)
-    if hints is not None:
-        _check_hints(hints, allowed)
     if info.kind is Kind.OUTER:
         if hints is not None and hints.given():
             raise HintError("an outer reduction's column kernel takes no hints (a hint asks "
                             "for the row kernel with its finalize: inner_outer_persistent)")
         yield from _streamed(info, problem, device)
         return
+    allowed = _clusters(device)
+    if hints is not None:
+        _check_hints(hints, allowed)
     clusters = allowed if hints is None or hints.cluster is None else (hints.cluster,)
     fits = _fits(info, problem, device, clusters)
     first = next(fits, None)
@@ -161,6 +161,11 @@ def _refusal(info: FusionInfo, problem: Problem, device: DeviceSpec,
 STREAMED_SEGMENT = 128
 STREAMED_CLUSTERS = (1, 2, 4, 8)
 STREAMED_WAVE = 0.9
+# The fewest rows of a group a streamed block reads: fewer leave its row lanes idle and its
+# folds most of its work (a group of 8 rows would take 4096 blocks of 64 threads per 128
+# slabs); such groups, and clusters that would split a group's rows finer, are the row
+# kernel's. (The wave counts one group's blocks: more groups only add waves.)
+STREAMED_MIN_ROWS = 64
 STREAMED_THREADS = 512
 STREAMED_UNROLL = 4
 # Registers a streamed kernel's thread is built with: two blocks of 512 threads per SM, so a
@@ -171,33 +176,45 @@ STREAMED_REGISTERS = 64
 
 def _streamed(info: FusionInfo, problem: Problem, device: DeviceSpec
               ) -> Iterator[OuterSchedule]:
-    """The streamed schedule of an outer reduction: the fewest blocks per slab that fill the
-    SMs; none where no cluster does."""
+    """The streamed schedule of an outer reduction (_streamed_or_why), if any."""
+    found = _streamed_or_why(info, problem, device)
+    if isinstance(found, OuterSchedule):
+        yield found
+
+
+def _streamed_or_why(info: FusionInfo, problem: Problem, device: DeviceSpec
+                     ) -> OuterSchedule | str:
+    """The streamed schedule of an outer reduction: over the fewest blocks per slab that
+    fill the SMs, each reading at least STREAMED_MIN_ROWS of a group's rows; or why none
+    is (full outputs, fold buffers over shared memory, groups of few rows, slabs too few)."""
+    if info.outputs(Role.FULL):  # bias gradients ran 0.64-0.90 streamed, 0.86-0.94 as rows
+        names = ", ".join(o.name for o in info.outputs(Role.FULL))
+        return (f"full outputs ({names}) beside the column reductions: the row kernel writes "
+                "them as it sums")
     vec = _vec(info, problem)
     for k in (k for k in STREAMED_CLUSTERS if k in _clusters(device)):
         schedule = _schedule(info, problem, device, vec, STREAMED_SEGMENT, k, STREAMED_THREADS,
                              streamed=True)
-        if schedule.smem.fits and schedule.slabs * k >= STREAMED_WAVE * device.sm_count:
-            yield schedule
-            return
+        if not schedule.smem.fits:
+            return (f"the fold buffers of {len(info.outer_reductions)} column reductions over "
+                    f"a cluster of {k} take {schedule.smem.total} B of shared memory per block, "
+                    f"over the {device.smem_per_block_optin} B limit")
+        if schedule.rank_rows < STREAMED_MIN_ROWS:
+            return (f"a group's {problem.rows} rows over a cluster of {k} leave a block "
+                    f"{schedule.rank_rows}, fewer than the {STREAMED_MIN_ROWS} a streamed "
+                    "block reads at least: the row kernel takes whole rows")
+        if schedule.slabs * k >= STREAMED_WAVE * device.sm_count:
+            return schedule
+    return (f"{schedule.slabs} slab(s) of {schedule.slab} columns over clusters of at most "
+            f"{k} keep fewer than {STREAMED_WAVE:.0%} of the {device.sm_count} SMs busy: the "
+            "row kernel's grid spreads the rows")
 
 
 def _not_streamed(info: FusionInfo, problem: Problem, device: DeviceSpec) -> str | None:
-    """Why an outer reduction's rows cannot stream through the column kernel (None: they can):
-    full outputs, which the row kernel writes beside its column sums (bias gradients ran 0.64
-    to 0.90 of the copy streamed, 0.86 to 0.94 in the row kernel, H100), or slabs too few."""
-    if info.outputs(Role.FULL):
-        names = ", ".join(o.name for o in info.outputs(Role.FULL))
-        return (f"full outputs ({names}) beside the column reductions: the row kernel writes "
-                "them as it sums")
-    if next(_streamed(info, problem, device), None) is not None:
-        return None
-    k = max(k for k in STREAMED_CLUSTERS if k in _clusters(device))
-    widest = _schedule(info, problem, device, _vec(info, problem), STREAMED_SEGMENT, k,
-                       STREAMED_THREADS, streamed=True)
-    return (f"{widest.slabs} slab(s) of {widest.slab} columns over clusters of {k} keep "
-            f"fewer than {STREAMED_WAVE:.0%} of the {device.sm_count} SMs busy: the row "
-            "kernel's grid spreads the rows")
+    """Why an outer reduction's rows cannot stream through the column kernel (None: they
+    can)."""
+    found = _streamed_or_why(info, problem, device)
+    return found if isinstance(found, str) else None
 
 
 def _vec(info: FusionInfo, problem: Problem) -> int:
