@@ -531,6 +531,12 @@ def test_gpu_random_group_fusions_match_the_oracle(case):
                  for a in _group_inputs(fd, shape, dtype, np.random.default_rng(7))])
 
 
+# (normalize, hinted): an outer normalization has no row kernel to hint
+PER_GROUP_OFFLINE = pytest.mark.parametrize(
+    ("normalize", "hinted"), [(False, False), (False, True), (True, False)],
+    ids=["sum", "sum_row_kernel", "normalized"])
+
+
 def scaled_over_sequence(normalize: bool, dtype: DataType = BF16) -> FusionDefinition:
     """x [batch, seq, hidden] with a [batch, hidden] input g of columns per sample: (x -
     its mean over the sequence) * g (an outer normalization), or the sum over the sequence
@@ -548,16 +554,13 @@ def scaled_over_sequence(normalize: bool, dtype: DataType = BF16) -> FusionDefin
     return fd
 
 
-@pytest.mark.parametrize("hinted", [False, True], ids=["default", "row_kernel"])
-@pytest.mark.parametrize("normalize", [False, True], ids=["sum", "normalized"])
+@PER_GROUP_OFFLINE
 def test_columns_per_group_are_read_at_the_groups_row(normalize, hinted):
     """A [batch, hidden] input beside reductions over the sequence: each kernel (the outer
     one, or the row kernel and the finalize that reads it in its column epilogue) moves its
     pointer to its group's row of columns."""
     from fuser.schedulers.base import OuterSchedule
 
-    if hinted and normalize:
-        pytest.skip("an outer normalization has no row kernel to hint")
     fd = scaled_over_sequence(normalize)
     info = analyze(fd.fusion)
     assert [t.name for t in info.group_columns] == ["T1"]
@@ -624,15 +627,12 @@ def tempered_over_sequence(normalize: bool, dtype: DataType = BF16) -> FusionDef
     return fd
 
 
-@pytest.mark.parametrize("hinted", [False, True], ids=["default", "row_kernel"])
-@pytest.mark.parametrize("normalize", [False, True], ids=["sum", "normalized"])
+@PER_GROUP_OFFLINE
 def test_values_per_group_are_read_once_at_the_groups_value(normalize, hinted):
     """A [batch, 1] input beside reductions over the sequence is a value input of each
     group: every kernel moves its pointer to the group's value before its prologue reads it."""
     from fuser.schedulers.base import OuterSchedule
 
-    if hinted and normalize:
-        pytest.skip("an outer normalization has no row kernel to hint")
     fd = tempered_over_sequence(normalize)
     info = analyze(fd.fusion)
     assert [t.name for t in info.group_values] == ["T1"] and "one a group" in info.describe()
