@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from fuser import DataType, FusionDefinition, HintError
 from fuser.explain import explain
@@ -176,3 +178,35 @@ def test_gpu_sums_the_column_kernel_spills_on_match_the_oracle():
     fd = _many_column_sums_only(32)
     fd.validate([cupy.asarray((0.1 * _x((4096, 4096), F, 8)).astype(BF16.numpy))])
     assert isinstance(fd.last_schedule(), RowSchedule)
+
+
+@settings(max_examples=20, deadline=None, database=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.integers(1, 1 << 20), hidden=st.integers(1, 70000),
+       op=st.sampled_from(["sum", "mean", "max", "min"]),
+       dtype=st.sampled_from([F, HALF, BF16, DataType.Double]),
+       preset=st.sampled_from(["h100", "h200", "a100"]))
+def test_random_column_reductions_stream_only_where_the_policy_says(rows, hidden, op, dtype,
+                                                                    preset):
+    """Where the column kernel takes an outer reduction, its clusters fill 90% of the SMs
+    with 128-byte slabs, each block reading at least 64 rows of the call's (as problem_rows
+    counts them), and it compiles without spills; elsewhere the row kernel runs, with its
+    finalize."""
+    from fuser.device import DeviceSpec
+    from fuser.schedulers.outer_persistent import (
+        STREAMED_MIN_ROWS,
+        STREAMED_SEGMENT,
+        STREAMED_WAVE,
+    )
+
+    e = explain(column_reduction(op, dtype), [(rows, hidden)], device=preset)
+    s = e.schedule
+    event(type(s).__name__)
+    if isinstance(s, OuterSchedule):
+        assert s.streamed and e.finalize is None
+        assert s.slab * dtype.itemsize <= STREAMED_SEGMENT
+        assert s.slabs * s.cluster >= STREAMED_WAVE * DeviceSpec.get(preset).sm_count
+        assert s.rank_rows >= STREAMED_MIN_ROWS
+    else:
+        assert isinstance(s, RowSchedule) and e.finalize is not None
+    assert not any(r.spills for r in e.resources.values())
