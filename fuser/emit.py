@@ -255,7 +255,8 @@ def scalar_prologue(info: FusionInfo) -> tuple[list[str], dict[Val, str]]:
 
 def _depends_on(v: Val, values: set[Val], bound: dict[Val, str]) -> bool:
     """Whether `v` is one of `values` or computed from one, other than through a value
-    already `bound`."""
+    already `bound` (a broadcast's shape sizes only describe it: a value per group broadcast
+    to the group's rows is still read once in the prologue)."""
     stack, seen = [v], set()
     while stack:
         u = stack.pop()
@@ -263,7 +264,7 @@ def _depends_on(v: Val, values: set[Val], bound: dict[Val, str]) -> bool:
             return True
         if u not in seen and u.definition is not None and u not in bound:
             seen.add(u)
-            stack.extend(u.definition.inputs)
+            stack.extend(operands(u.definition))
     return False
 
 
