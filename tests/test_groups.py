@@ -590,23 +590,6 @@ def _validated_on_gpu(fd: FusionDefinition, host: list, hints: Hints | None) -> 
             input_sensitivity(fd.fusion, host, refs))
 
 
-PER_GROUP_SHAPES = pytest.mark.parametrize(
-    "shape", [(2, 1, 7), (5, 9, 4099), (8, 1024, 4096), (3000, 8, 24)], ids=str)
-PER_GROUP_KERNELS = pytest.mark.parametrize(
-    ("normalize", "hints"), [(False, None), (True, None), (False, Hints(fused_finalize=False))],
-    ids=["sum", "normalized", "sum_row_kernel"])
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [F, BF16], ids=lambda d: d.name)
-@PER_GROUP_SHAPES
-@PER_GROUP_KERNELS
-def test_gpu_columns_per_group_match_the_oracle(normalize, hints, shape, dtype):
-    rng = np.random.default_rng(12)
-    x = rng.standard_normal(shape).astype(np.float32).astype(dtype.numpy)
-    g = rng.uniform(0.5, 2.0, (shape[0], shape[2])).astype(np.float32)
-    _validated_on_gpu(scaled_over_sequence(normalize, dtype), [x, g], hints)
-
 
 def tempered_over_sequence(normalize: bool, dtype: DataType = BF16) -> FusionDefinition:
     """x [batch, seq, hidden] with t [batch, 1] holding one value per sample: (x - its mean
@@ -678,10 +661,21 @@ def test_an_output_of_one_value_per_group_is_refused_with_its_reason():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [F, BF16], ids=lambda d: d.name)
-@PER_GROUP_SHAPES
-@PER_GROUP_KERNELS
-def test_gpu_values_per_group_match_the_oracle(normalize, hints, shape, dtype):
-    rng = np.random.default_rng(13)
+@pytest.mark.parametrize("shape", [(2, 1, 7), (5, 9, 4099), (8, 1024, 4096), (3000, 8, 24)],
+                         ids=str)
+@pytest.mark.parametrize(("normalize", "hints"), [
+    (False, None), (True, None), (False, Hints(fused_finalize=False))],
+    ids=["sum", "normalized", "sum_row_kernel"])
+@pytest.mark.parametrize("per_group", ["columns", "values"])
+def test_gpu_inputs_per_group_match_the_oracle(per_group, normalize, hints, shape, dtype):
+    """A [batch, hidden] input of columns per sample (scaled_over_sequence), or a [batch, 1]
+    one of a value per sample (tempered_over_sequence), beside reductions over the sequence:
+    the outer kernel, streamed or keeping the rows, and the hinted row kernel with its
+    finalize, against the float64 oracle."""
+    rng = np.random.default_rng(12)
     x = rng.standard_normal(shape).astype(np.float32).astype(dtype.numpy)
-    t = rng.uniform(0.5, 2.0, (shape[0], 1)).astype(np.float32)
-    _validated_on_gpu(tempered_over_sequence(normalize, dtype), [x, t], hints)
+    if per_group == "columns":
+        fd, other = scaled_over_sequence(normalize, dtype), (shape[0], shape[2])
+    else:
+        fd, other = tempered_over_sequence(normalize, dtype), (shape[0], 1)
+    _validated_on_gpu(fd, [x, rng.uniform(0.5, 2.0, other).astype(np.float32)], hints)
