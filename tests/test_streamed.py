@@ -58,12 +58,14 @@ def test_column_sums_stream_through_one_kernel(shape, cluster, slab):
 def test_a_bias_gradient_keeps_the_row_kernel_that_writes_its_elements_as_it_sums():
     e = _explained(FUSIONS["gelu_bwd"](BF16), [(16384, 4096), (4096,), (16384, 4096)])
     assert isinstance(e.schedule, RowSchedule) and e.finalize is not None
+    assert "; not streamed: full outputs (T" in e.schedule.reason
 
 
 def test_a_hint_asks_for_the_row_kernel_and_its_finalize():
     fd = column_reduction("sum", BF16)
     e = _explained(fd, [(16384, 4096)], Hints(rows_per_block=4))
     assert isinstance(e.schedule, RowSchedule) and e.finalize is not None
+    assert "not streamed" not in e.schedule.reason  # the hint's choice, not a refusal
     with pytest.raises(HintError, match="takes no hints"):
         from fuser.analysis import analyze
         from fuser.device import DeviceSpec
@@ -106,6 +108,7 @@ def test_slabs_too_few_to_fill_the_sms_keep_the_row_kernel():
     most SMs idle, where the row kernel spreads 2**20 rows over every SM."""
     e = _explained(column_reduction("sum", BF16), [(2**20, 64)])
     assert isinstance(e.schedule, RowSchedule)
+    assert "; not streamed: 1 slab(s) of 64 columns" in e.schedule.reason  # show says why
     from fuser.analysis import analyze
     from fuser.device import DeviceSpec
     from fuser.schedulers import Problem, outer_persistent

@@ -7,6 +7,7 @@ fitting schedules in order of preference, the heuristic's first.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from itertools import chain
 from types import ModuleType
 
@@ -38,10 +39,13 @@ def candidates(info: FusionInfo, problem: Problem, device: DeviceSpec,
     kernel spills: many column sums); a hint is the row kernel's."""
     from fuser.schedulers import inner_outer_persistent, outer_persistent
 
-    if (info.kind is Kind.OUTER and (hints is None or not hints.given())
-            and outer_persistent.can_schedule(info, problem, device) is None):
-        return chain(outer_persistent.candidates(info, problem, device),
-                     inner_outer_persistent.candidates(info, problem, device))
+    if info.kind is Kind.OUTER and (hints is None or not hints.given()):
+        rows = inner_outer_persistent.candidates(info, problem, device)
+        why = outer_persistent.can_schedule(info, problem, device)
+        if why is None:
+            return chain(outer_persistent.candidates(info, problem, device), rows)
+        # the row kernel, saying why the column kernel does not stream these rows
+        return (replace(s, reason=f"{s.reason}; not streamed: {why}") for s in rows)
     reasons = {}
     for module in schedulers():
         reason = module.can_schedule(info, problem, device)
