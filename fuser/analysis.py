@@ -124,21 +124,31 @@ class FusionInfo:
     def outputs(self, role: Role) -> tuple[Tensor, ...]:
         return tuple(o for o in self.fusion.outputs if self.roles[o] is role)
 
+    def group_part(self, t: Tensor) -> tuple[str, ...] | None:
+        """The extents of one group's part of tensor t, past which each kernel moves t's
+        pointer per group before it reads or writes t: "rows" (a group's) and "hidden" for
+        a tensor of every row, "rows" for a per-row one, "hidden" for columns per group
+        ([batch, hidden]), none for one value per group ([batch, 1]); None where t is not
+        per group (a [hidden] column input, a value of no dimension, or no groups)."""
+        groups = set(self.row_axes[:self.group_axes])
+        if not groups & set(spanned_axes(t)):
+            return None
+        return {Role.FULL: ("rows", "hidden"), Role.ROW: ("rows",), Role.COL: ("hidden",),
+                Role.SCALAR: ()}[self.roles[t]]
+
     @property
     def group_values(self) -> tuple[Tensor, ...]:
         """The value inputs that hold one value per group ([batch, 1] beside reductions over
         the sequence of [batch, seq, hidden]): each kernel moves their pointers to its
         group's value before it reads them."""
-        groups = set(self.row_axes[:self.group_axes])
-        return tuple(t for t in self.value_inputs if groups & set(spanned_axes(t)))
+        return tuple(t for t in self.value_inputs if self.group_part(t) is not None)
 
     @property
     def group_columns(self) -> tuple[Tensor, ...]:
         """The column inputs that hold a row of columns per group ([batch, hidden] beside
         reductions over the sequence of [batch, seq, hidden]): each kernel moves their
         pointers to its group's row, as it moves the full tensors' to the group's rows."""
-        groups = set(self.row_axes[:self.group_axes])
-        return tuple(t for t in self.col_inputs if groups & set(spanned_axes(t)))
+        return tuple(t for t in self.col_inputs if self.group_part(t) is not None)
 
     @property
     def row_passes(self) -> int:

@@ -20,9 +20,10 @@ import jinja2
 from fuser.analysis import FusionInfo, Role
 from fuser.compile import template_dir
 from fuser.emit import Emitter, ctype, element_env, scalar_prologue, used_lines
+from fuser.ir import Tensor
 from fuser.ops import REDUCTIONS
 from fuser.outer_codegen import outer_context
-from fuser.row_codegen import finalize_group_lines, repeat_lines, row_access, row_context
+from fuser.row_codegen import repeat_lines, row_access, row_context
 from fuser.schedulers.base import (
     Dealing,
     FinalizeSchedule,
@@ -33,7 +34,9 @@ from fuser.schedulers.base import (
 from fuser.schedulers.finalize import lanes_buffers, total_type
 from fuser.signature import (
     KernelSource,
+    Param,
     Signature,
+    Source,
     accumulator_type,
     finalize_signature,
     pointwise_signature,
@@ -125,6 +128,36 @@ def render_template(template: str, context: dict) -> str:
     return _environment().get_template(template).render(context)
 
 
+# ----- groups (FusionInfo.group_axes): a grid row of blocks per group -----
+
+GROUP = ("// This block's group of rows (a grid row per group): the pointers move to its part.",
+         "const long long group = blockIdx.y + static_cast<long long>(gridDim.y) * blockIdx.z;",
+         "if (group >= n_groups) return;  // a grid row past the groups (split over z)")
+_GROUP_SIZES = {"rows": "n_rows", "hidden": "H"}
+
+
+def group_lines(info: FusionInfo, params: tuple[Param, ...]) -> list[str]:
+    """With groups, a kernel's first statements: its group (the grid row it runs in) and
+    each of its parameters (`params`, its Signature's) that holds a part per group moved to
+    the group's part (FusionInfo.group_part: n_rows x H of a tensor of every row, n_rows of
+    a per-row one, H of columns per group, one value per group; a workspace's partial_rows x
+    H). The rest of the kernel works on one group's rows as on a fusion's, and its prologue
+    reads a value per group after the move."""
+    if not info.group_axes:
+        return []
+    moves = []
+    for p in params:
+        if p.source is Source.PARTIALS:
+            moves.append(f"{p.name} += group * partial_rows * H;")
+        elif p.source in (Source.INPUT, Source.OUTPUT) and p.dtype is None:  # a tensor
+            t = (info.fusion.inputs if p.source is Source.INPUT else info.fusion.outputs)[p.index]
+            part = info.group_part(t) if isinstance(t, Tensor) else None
+            if part is not None:
+                sizes = " * ".join(["group", *(_GROUP_SIZES[a] for a in part)])
+                moves.append(f"{p.name} += {sizes};")
+    return [*GROUP, *moves]
+
+
 # ----- the row kernel (inner and inner-outer persistent) -----
 
 
@@ -134,7 +167,7 @@ def render_row(name: str, info: FusionInfo, schedule: RowSchedule,
     row = row_signature(info, f"{name}_row", schedule.dealing is Dealing.DYNAMIC, fused)
     context = row_context(info, schedule, finalize)
     context.update(header=_header(name, info, [schedule] + ([finalize] if finalize else [])),
-                   entry=row.entry, params=row.params,
+                   entry=row.entry, params=row.params, group_lines=group_lines(info, row.params),
                    fused=_totals(info, finalize, context["scalar_env"],
                                  declared=context["scalar_lines"])
                    if finalize is not None and fused else None)
@@ -144,6 +177,7 @@ def render_row(name: str, info: FusionInfo, schedule: RowSchedule,
         final = finalize_signature(info, f"{name}_finalize")
         source += render_template("finalize.cu.j2", {
             "entry": final.entry, "params": final.params,
+            "group_lines": group_lines(info, final.params),
             "t": _totals(info, finalize, context["scalar_env"])})
         signatures = (row, final)
     return KernelSource(name, source, signatures)
@@ -185,7 +219,6 @@ def _totals(info: FusionInfo, schedule: FinalizeSchedule, scalar_env: dict,
                          if line not in declared],
         "lines": lines,
         "outputs": outputs,
-        "group_lines": finalize_group_lines(info),
     }
 
 
@@ -196,7 +229,7 @@ def render_outer(name: str, info: FusionInfo, schedule: OuterSchedule) -> Kernel
     signature = pointwise_signature(info, f"{name}_outer")
     context = outer_context(info, schedule)
     context.update(header=_header(name, info, [schedule]), entry=signature.entry,
-                   params=signature.params)
+                   params=signature.params, group_lines=group_lines(info, signature.params))
     return KernelSource(name, render_template("outer_kernel.cu.j2", context), (signature,))
 
 

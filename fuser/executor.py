@@ -185,15 +185,14 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
 
 
 def group_offsets(info: FusionInfo, rows: int, hidden: int) -> list[int]:
-    """The bytes from one group's part of each tensor of every row to the next's (`rows` a
-    group's), and of each column input per group: a kernel of a fusion with groups
-    (FusionInfo.group_axes) moves its pointers by them, so its vectors need them aligned as
-    the pointers themselves."""
-    if not info.group_axes:
-        return []
-    full = (*info.full_inputs, *info.outputs(Role.FULL))
-    return ([rows * hidden * t.dtype.itemsize for t in full]
-            + [hidden * t.dtype.itemsize for t in info.group_columns])
+    """The bytes from one group's part to the next's (FusionInfo.group_part; `rows` a
+    group's) of each tensor a kernel reads or writes in vectors: those of every row and the
+    column inputs per group. A kernel of a fusion with groups moves its pointers by them, so
+    its vectors need them aligned as the pointers themselves."""
+    sizes = {"rows": rows, "hidden": hidden}
+    return [math.prod(sizes[a] for a in part) * t.dtype.itemsize
+            for t in (*info.full_inputs, *info.outputs(Role.FULL), *info.group_columns)
+            if (part := info.group_part(t)) is not None]
 
 
 def repeated_rows(info, sizes) -> tuple[int, ...]:

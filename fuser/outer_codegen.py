@@ -25,7 +25,7 @@ from fuser.emit import (
     used_lines,
 )
 from fuser.ir import Expr, Val
-from fuser.row_codegen import GROUP, group_input_lines, reduction
+from fuser.row_codegen import reduction
 from fuser.schedulers.base import OuterSchedule
 from fuser.schedulers.outer_persistent import (
     LEVEL_BARRIERS,
@@ -139,21 +139,6 @@ def _stores(outputs, stored: dict[Val, str]) -> list[dict]:
     return [{"name": o.name, "ctype": o.dtype.cuda_type, "value": stored[o]} for o in outputs]
 
 
-def group_lines(info: FusionInfo) -> list[str]:
-    """With groups (FusionInfo.group_axes: a normalization by column reductions over the
-    trailing row axes), the kernel's first statements: its group (a grid row of clusters per
-    group) and each pointer moved to the group's part, n_rows x H of a full tensor, n_rows of
-    a per-row input, H of a column output or of a column input that holds a row per group.
-    The rest of the kernel normalizes one group's rows as a fusion without groups."""
-    if not info.group_axes:
-        return []
-    full = (*info.full_inputs, *info.outputs(Role.FULL))
-    return [*GROUP, *(f"g_{t.name} += group * n_rows * H;" for t in full),
-            *(f"g_{t.name} += group * n_rows;" for t in info.row_inputs),
-            *group_input_lines(info),
-            *(f"g_{o.name} += group * H;" for o in info.outputs(Role.COL))]
-
-
 def outer_context(info: FusionInfo, s: OuterSchedule) -> dict:
     """Everything outer_kernel.cu.j2 places but the header and the signature."""
     scalar_lines, scalar_env = scalar_prologue(info)
@@ -206,7 +191,6 @@ def outer_context(info: FusionInfo, s: OuterSchedule) -> dict:
                                         for t in info.full_inputs],
         "columns": [{"name": t.name, "ctype": t.dtype.cuda_type} for t in info.col_inputs],
         "scalar_lines": used_lines(scalar_lines, readers),
-        "group_lines": group_lines(info),
         "levels": levels,
         "final": final,
     }

@@ -66,48 +66,6 @@ def repeat_lines(info: FusionInfo) -> list[str]:
             for t, _ in info.repeated]
 
 
-GROUP = ("// This block's group of rows (a grid row per group): the pointers move to its part.",
-         "const long long group = blockIdx.y + static_cast<long long>(gridDim.y) * blockIdx.z;",
-         "if (group >= n_groups) return;  // a grid row past the groups (split over z)")
-
-
-def group_lines(info: FusionInfo) -> list[str]:
-    """With groups (FusionInfo.group_axes), the row kernel's first statements: its group,
-    the grid row it is launched in, and each group-sized pointer moved to the group's part:
-    the tensors of every row (n_rows, a group's rows, each), the per-row ones, the column
-    inputs and values per group (group_input_lines) and the partial rows (a group's
-    partial_rows). The rest of the kernel works on one group's rows as on a fusion's."""
-    if not info.group_axes:
-        return []
-    full = (*info.full_inputs, *info.outputs(Role.FULL))
-    per_row = (*info.row_inputs, *info.outputs(Role.ROW))
-    return [*GROUP, *(f"g_{t.name} += group * n_rows * H;" for t in full),
-            *(f"g_{t.name} += group * n_rows;" for t in per_row), *group_input_lines(info),
-            *_group_partials(info)]
-
-
-def finalize_group_lines(info: FusionInfo) -> list[str]:
-    """group_lines for the finalize: the group's partial rows, column inputs and outputs."""
-    if not info.group_axes:
-        return []
-    return [*GROUP, *_group_partials(info), *group_input_lines(info),
-            *(f"g_{o.name} += group * H;" for o in info.outputs(Role.COL))]
-
-
-def group_input_lines(info: FusionInfo) -> list[str]:
-    """The moves of the column inputs that hold a row per group (FusionInfo.group_columns)
-    and of the value inputs that hold a value per group (group_values), which the scalar
-    prologue reads after them."""
-    return ([f"g_{t.name} += group * H;" for t in info.group_columns]
-            + [f"g_{t.name} += group;" for t in info.group_values])
-
-
-def _group_partials(info: FusionInfo) -> list[str]:
-    """The moves of the group's partial rows, which both kernels make."""
-    return [f"g_part_{e.outputs[0].name} += group * partial_rows * H;"
-            for e in info.outer_reductions]
-
-
 def rows_of(t: Tensor, info: FusionInfo) -> str:
     """The name of input `t`'s fm::RepeatedRows, or "" where it spans every row axis."""
     return f"r_{t.name}" if t in dict(info.repeated) else ""
@@ -520,7 +478,6 @@ def row_context(info: FusionInfo, s: RowSchedule, finalize: FinalizeSchedule | N
         "access": access,
         "row_inputs": [{"name": t.name, "ctype": ctype(t)} for t in info.row_inputs],
         "repeat_lines": repeat_lines(info),
-        "group_lines": group_lines(info),
         "ptx_store": str(ptx_store(s)).lower(),
         "skew_words": skew_words(s),
         "accumulators": [{"name": f"acc_{e.outputs[0].name}", "output": e.outputs[0].name}

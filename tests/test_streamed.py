@@ -14,10 +14,13 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from fuser import DataType, FusionDefinition, HintError
+from fuser.analysis import analyze
+from fuser.device import DeviceSpec
 from fuser.explain import explain
 from fuser.fusions import FUSIONS
-from fuser.schedulers import Hints
-from fuser.schedulers.base import OuterSchedule, RowSchedule
+from fuser.schedulers import Hints, Problem, outer_persistent
+from fuser.schedulers.base import OuterSchedule, RowSchedule, problem_rows
+from fuser.schedulers.outer_persistent import STREAMED_MIN_ROWS, STREAMED_SEGMENT, STREAMED_WAVE
 
 BF16, F, HALF = DataType.BFloat16, DataType.Float, DataType.Half
 
@@ -67,10 +70,6 @@ def test_a_hint_asks_for_the_row_kernel_and_its_finalize():
     assert isinstance(e.schedule, RowSchedule) and e.finalize is not None
     assert "not streamed" not in e.schedule.reason  # the hint's choice, not a refusal
     with pytest.raises(HintError, match="takes no hints"):
-        from fuser.analysis import analyze
-        from fuser.device import DeviceSpec
-        from fuser.schedulers import Problem, outer_persistent
-
         info = analyze(fd.fusion)
         next(outer_persistent.candidates(info, Problem(4096, 1024, 16), DeviceSpec.get("h100"),
                                           Hints(cluster=2)))
@@ -78,11 +77,6 @@ def test_a_hint_asks_for_the_row_kernel_and_its_finalize():
 
 def test_groups_of_few_rows_keep_the_row_kernel():
     """[4096, 8, 4096]: 8 rows a group, fewer than a streamed block reads at least."""
-    from fuser.analysis import analyze
-    from fuser.device import DeviceSpec
-    from fuser.schedulers import Problem, outer_persistent
-    from fuser.schedulers.base import problem_rows
-
     fd = column_reduction("sum", BF16, 3)
     e = _explained(fd, [(4096, 8, 4096)])
     assert isinstance(e.schedule, RowSchedule) and e.problem.rows == 8  # a group's rows
@@ -93,10 +87,6 @@ def test_groups_of_few_rows_keep_the_row_kernel():
 
 
 def test_fold_buffers_over_shared_memory_are_named_as_the_reason():
-    from fuser.analysis import analyze
-    from fuser.device import DeviceSpec
-    from fuser.schedulers import Problem, outer_persistent
-
     info = analyze(_many_column_sums_only(48).fusion)
     reason = outer_persistent.can_schedule(info, Problem(4096, 1024, 16), DeviceSpec.get("h100"))
     assert reason is not None
@@ -109,10 +99,6 @@ def test_slabs_too_few_to_fill_the_sms_keep_the_row_kernel():
     e = _explained(column_reduction("sum", BF16), [(2**20, 64)])
     assert isinstance(e.schedule, RowSchedule)
     assert "; not streamed: 1 slab(s) of 64 columns" in e.schedule.reason  # show says why
-    from fuser.analysis import analyze
-    from fuser.device import DeviceSpec
-    from fuser.schedulers import Problem, outer_persistent
-
     reason = outer_persistent.can_schedule(analyze(column_reduction("sum", BF16).fusion),
                                            Problem(64, 1024, 16), DeviceSpec.get("h100"))
     assert reason is not None and "132 SMs" in reason
@@ -195,13 +181,6 @@ def test_random_column_reductions_stream_only_where_the_policy_says(rows, hidden
     with 128-byte slabs, each block reading at least 64 rows of the call's (as problem_rows
     counts them), and it compiles without spills; elsewhere the row kernel runs, with its
     finalize."""
-    from fuser.device import DeviceSpec
-    from fuser.schedulers.outer_persistent import (
-        STREAMED_MIN_ROWS,
-        STREAMED_SEGMENT,
-        STREAMED_WAVE,
-    )
-
     e = explain(column_reduction(op, dtype), [(rows, hidden)], device=preset)
     s = e.schedule
     event(type(s).__name__)
