@@ -244,7 +244,7 @@ def _schedule(info: FusionInfo, problem: Problem, device: DeviceSpec, vec: int, 
     row_lanes = max(1, min(threads // col_lanes, next_pow2(rank_rows)))
     row_lanes = max(row_lanes, ceil_div(device.warp_size, col_lanes))  # whole warps
     groups = fold_groups(col_lanes, row_lanes, device.warp_size)
-    plan = _smem(info, slab, groups, 0 if streamed else rank_rows, cluster, device)
+    plan = _smem(info, slab, groups, rank_rows, cluster, device, streamed)
     registers = STREAMED_REGISTERS if streamed else REGISTERS
     blocks = blocks_per_sm(device, col_lanes * row_lanes, registers, plan.total)
     where = f"cluster of {cluster}" if cluster > 1 else "one block"
@@ -278,10 +278,13 @@ def fold_groups(col_lanes: int, row_lanes: int, warp: int) -> int:
 
 
 def _smem(info: FusionInfo, slab: int, groups: int, rank_rows: int, cluster: int,
-          device: DeviceSpec) -> SmemPlan:
-    requests = [(tile_buffer(t), rank_rows * slab * t.dtype.itemsize,
-                 f"{t.name}'s rows of the slab ({t.dtype.label}): {rank_rows} x {slab}")
-                for t in info.full_inputs if rank_rows]
+          device: DeviceSpec, streamed: bool) -> SmemPlan:
+    """The shared-memory plan of a slab: the block's rows of each full input (none where
+    streamed), the fold buffers, a cluster's inboxes and mbarriers."""
+    requests = [] if streamed else [
+        (tile_buffer(t), rank_rows * slab * t.dtype.itemsize,
+         f"{t.name}'s rows of the slab ({t.dtype.label}): {rank_rows} x {slab}")
+        for t in info.full_inputs]
     lanes: dict[str, list[Expr]] = {}  # the reductions taking turns in each buffer
     totals: dict[str, list[Expr]] = {}
     for e in info.outer_reductions:
