@@ -156,7 +156,9 @@ def test_kept_values_match_the_reference(make, hidden, hint, dtype, rng):
     outputs = execute(fd, to_device(host), hints=KEPT_HINTS[hint])
     schedule = fd._last_run.kernel.schedule
     assert not schedule.kept or schedule.full_unroll, schedule
-    assert schedule.kept or hint != "default", schedule
+    # 16384 by default stages the row in smem at 512 threads, its batch loop unrolled in part
+    if hint == "default" and hidden < 16384:
+        assert schedule.kept, schedule
     refs = evaluate(fd.fusion, host)
     compare([to_host(o) for o in outputs], refs, fd.fusion,
             output_reduction_sizes(fd.fusion, host), input_sensitivity(fd.fusion, host, refs))

@@ -60,5 +60,6 @@ def test_gpu_per_row_inputs_match_the_oracle(normalize, shape, dtype):
     w = rng.uniform(0.5, 2.0, (*shape[:-1], 1)).astype(np.float32)
     fd = weighted(len(shape), normalize, dtype)
     fd.validate([cupy.asarray(x), cupy.asarray(w)])
-    if shape[-1] >= 1000:
+    # a sum over groups of fewer than 64 rows (5 x 9) takes the row kernel and its finalize
+    if shape[-1] >= 1000 and (normalize or shape[-2] >= 64):
         assert isinstance(fd.last_schedule(), OuterSchedule)
