@@ -19,7 +19,7 @@ from functools import cache, cached_property
 from typing import TypeVar
 
 from fuser.checks import scalar_value
-from fuser.driver import driver
+from fuser.driver import DeviceMemory, driver
 from fuser.dtypes import DataType
 from fuser.errors import LaunchError, OutOfResourcesError
 from fuser.loader import Kernel
@@ -29,6 +29,13 @@ from fuser.tickets import counters as ticket_counters
 T = TypeVar("T")
 
 PER_THREAD_STREAM = 2  # cudaStreamPerThread: the same handle in every thread
+
+# A column-sum workspace of at most this many bytes is kept per stream for torch tensors too,
+# in device memory of fuser's own (outside torch's caching allocator), so that a call
+# allocates only its outputs: small calls are bound by host time, of which each torch
+# allocation took 3.0 us of 25.8 on the H200's host (bench/results/2026-12-03-host-parts.txt).
+# Larger workspaces come from torch's allocator every call, where torch sees the memory.
+KEPT_TORCH_WORKSPACE_BYTES = 1 << 20
 
 
 @cache
@@ -87,7 +94,7 @@ class Plan:
     repeats: tuple = ()
     # FusionInfo.group_axes' groups (the product of those row axes); `rows` is then a group's
     groups: int = 1
-    workspaces: dict = field(default_factory=dict, compare=False)  # stream -> partial buffers
+    workspaces: dict = field(default_factory=dict, compare=False)  # stream -> Workspace
     # Held from the row kernel's launch to the finalize's, so that two threads sharing a stream
     # cannot enqueue row A, row B, finalize A (which would read B's partial rows).
     lock: threading.Lock = field(default_factory=threading.Lock, compare=False)
@@ -125,6 +132,23 @@ class Plan:
         """(shape, the array library's dtype) per partial-row buffer, resolved once."""
         return tuple((shape, _array_dtype(dtype, self.torch_kind))
                      for shape, dtype in self.partials)
+
+    @cached_property
+    def partial_bytes(self) -> tuple[int, ...]:
+        """Bytes of each partial-row buffer."""
+        return tuple(shape[0] * shape[1] * dtype.itemsize for shape, dtype in self.partials)
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """A call's partial-row buffers: what holds their memory (arrays, tensors or
+    DeviceMemory) and their device addresses, in Plan.partials' order."""
+
+    buffers: tuple
+    addresses: list
+
+
+NO_WORKSPACE = Workspace((), [])
 
 
 def _picker(positions: list[int]) -> Callable[[list], tuple]:
@@ -212,20 +236,26 @@ def _torch_stream() -> Callable[[int], int]:
     return lambda device_id: torch.cuda.current_stream(device_id).cuda_stream
 
 
-def _partials(plan: Plan, stream: int, like) -> list:
-    """The column-sum workspace of one call. With torch tensors, a new one from torch's
-    caching allocator every call: torch then orders its reuse on the stream, and a CUDA graph
+def _partials(plan: Plan, stream: int, like) -> Workspace:
+    """The column-sum workspace of one call. The partial rows are written and read only by
+    this call's kernels, in stream order (plan.lock keeps another call's launches from
+    coming between them), so one workspace per stream serves every call; the per-thread
+    default stream has one handle for a different stream in every thread, so its workspaces
+    are per thread. With CuPy arrays it is CuPy's memory. With torch tensors it is device
+    memory of fuser's own where it is small (KEPT_TORCH_WORKSPACE_BYTES) and the stream is
+    not capturing a CUDA graph; otherwise a new one from torch's caching allocator every
+    call: torch then sees the memory and orders its reuse on the stream, and a CUDA graph
     (torch.cuda.graph, or torch.compile's CUDA graph trees, which also warm up in their own
-    pool and refuse allocations there that no output holds) gets its own. With CuPy arrays,
-    the partial rows are written and read only by this call's kernels, in stream order, so
-    one buffer per stream serves every call; the per-thread default stream has one handle for
-    a different stream in every thread, so its buffers are per thread."""
-    if plan.torch_kind:
+    pool and refuse allocations there that no output holds) gets its own. Memory of fuser's
+    own is never allocated during a capture, which forbids it."""
+    if plan.torch_kind and (sum(plan.partial_bytes) > KEPT_TORCH_WORKSPACE_BYTES
+                            or driver().stream_capturing(stream)):
         return _workspace(plan, like)
     owner = _owner(stream)
     partials = plan.workspaces.get(owner)
     if partials is None:
-        partials = plan.workspaces[owner] = _workspace(plan, like)
+        partials = plan.workspaces[owner] = (_own_workspace(plan) if plan.torch_kind
+                                             else _workspace(plan, like))
     return partials
 
 
@@ -291,13 +321,13 @@ def _enqueue(plan: Plan, inputs: list, pointers: list) -> list:
     like = inputs[plan.kernel.tensor_inputs[0]]
     outs = _arrays(plan.array_outputs, torch_kind, like)
     stream = stream_of(torch_kind, plan.device_id)
-    partials = _partials(plan, stream, like) if plan.partials else []
+    partials = _partials(plan, stream, like) if plan.partials else NO_WORKSPACE
     for i, (v, t) in plan.scalar_types.items():
         pointers[i] = t(scalar_value(i, v, inputs[i]))
     if torch_kind:
-        addresses = [o.data_ptr() for o in outs] + [p.data_ptr() for p in partials]
+        addresses = [o.data_ptr() for o in outs] + partials.addresses
     else:
-        addresses = [o.data.ptr for o in outs] + [p.data.ptr for p in partials]
+        addresses = [o.data.ptr for o in outs] + partials.addresses
     tickets = (ticket_counters(plan.device_id).counter(_owner(stream), stream)
                if plan.counted else 0)
     # in loader._SLOT_ORDER, flat (Plan.launches)
@@ -309,11 +339,19 @@ def _enqueue(plan: Plan, inputs: list, pointers: list) -> list:
     return outs
 
 
-def _workspace(plan: Plan, like) -> list:
-    """The partial-row buffers of one stream. A device out of memory for them is named with
-    their size (torch's and CuPy's own errors would not say what the memory was for)."""
+def _own_workspace(plan: Plan) -> Workspace:
+    """Partial-row buffers of fuser's own device memory (DeviceMemory), in the current
+    context: the plan's."""
+    gpu = driver()
+    buffers = tuple(DeviceMemory(gpu, nbytes) for nbytes in plan.partial_bytes)
+    return Workspace(buffers, [b.address for b in buffers])
+
+
+def _workspace(plan: Plan, like) -> Workspace:
+    """Partial-row buffers from the array library. A device out of memory for them is named
+    with their size (torch's and CuPy's own errors would not say what the memory was for)."""
     try:
-        return _arrays(plan.array_partials, plan.torch_kind, like)
+        arrays = _arrays(plan.array_partials, plan.torch_kind, like)
     except Exception as exc:
         if "OutOfMemory" not in type(exc).__name__:
             raise
@@ -325,3 +363,5 @@ def _workspace(plan: Plan, like) -> list:
             f"block) does not fit in the free memory of device {plan.device_id} ({exc}); free "
             "device memory or run on a device with more"
         ) from None
+    addresses = [a.data_ptr() for a in arrays] if plan.torch_kind else [a.data.ptr for a in arrays]
+    return Workspace(tuple(arrays), addresses)

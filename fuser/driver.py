@@ -21,6 +21,7 @@ import ctypes
 import functools
 import os
 import threading
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -87,6 +88,7 @@ _SIGNATURES = {
     "cuOccupancyMaxActiveClusters": [_out_int, _ptr, ctypes.POINTER(LaunchConfig)],
     "cuStreamIsCapturing": [_ptr, _out_int],
     "cuMemAlloc_v2": [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t],
+    "cuMemFree_v2": [ctypes.c_uint64],
     "cuMemsetD8_v2": [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t],
     "cuLaunchKernelEx": [ctypes.POINTER(LaunchConfig), _ptr, _ptr, _ptr],
     "cuGetErrorName": [_int, ctypes.POINTER(ctypes.c_char_p)],
@@ -274,17 +276,37 @@ class Driver:
                         "captures")
         return status.value != 0
 
-    def zeroed_memory(self, nbytes: int) -> int:
-        """A device address of `nbytes` zeroed bytes in the current context, never freed; the
-        zeroing is complete on return (the device is synchronized)."""
+    def device_memory(self, nbytes: int) -> int:
+        """A device address of `nbytes` uninitialized bytes in the current context, until
+        free_memory() gives them back."""
         address = ctypes.c_uint64()
         self._check(self._calls["cuMemAlloc_v2"](ctypes.byref(address), nbytes),
                     "cuMemAlloc_v2", f"allocating {nbytes} B")
-        self._check(self._calls["cuMemsetD8_v2"](address.value, 0, nbytes), "cuMemsetD8_v2",
+        return address.value
+
+    def free_memory(self, address: int) -> None:
+        self._check(self._calls["cuMemFree_v2"](address), "cuMemFree_v2",
+                    f"freeing the device memory at {address:#x}")
+
+    def zeroed_memory(self, nbytes: int) -> int:
+        """A device address of `nbytes` zeroed bytes in the current context, never freed; the
+        zeroing is complete on return (the device is synchronized)."""
+        address = self.device_memory(nbytes)
+        self._check(self._calls["cuMemsetD8_v2"](address, 0, nbytes), "cuMemsetD8_v2",
                     f"zeroing {nbytes} B")
         self._check(self._calls["cuCtxSynchronize"](), "cuCtxSynchronize",
                     f"zeroing {nbytes} B")
-        return address.value
+        return address
+
+
+class DeviceMemory:
+    """`nbytes` of device memory in the current context, given back to the driver when this
+    object is collected; not at the interpreter's exit, when the context may be gone already
+    (the process's end frees it)."""
+
+    def __init__(self, gpu: Driver, nbytes: int):
+        self.address = gpu.device_memory(nbytes)
+        weakref.finalize(self, gpu.free_memory, self.address).atexit = False
 
 
 @functools.cache

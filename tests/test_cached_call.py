@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 
 import numpy as np
 import pytest
@@ -38,13 +39,18 @@ torch = pytest.importorskip("torch")
 class RecordingDriver:
     """What the executor and the launchers ask of the driver, answered for an H200; each
     launch is recorded as (function handle, the address of its parameter addresses), each
-    cooperative launch's handle in `cooperative` too, each zeroed buffer in `zeroed`."""
+    cooperative launch's handle in `cooperative` too, each zeroed buffer in `zeroed`, each
+    allocation of device memory in `allocated` and each one freed in `freed`; every stream
+    captures while `capturing`."""
 
     def __init__(self):
         self.launches: list[tuple[int, int]] = []
         self.handles: dict[str, int] = {}
         self.cooperative: list[int] = []
         self.zeroed: list[int] = []
+        self.allocated: list[int] = []
+        self.freed: list[int] = []
+        self.capturing = False
 
     def current_context(self):
         return 0x1000
@@ -90,7 +96,14 @@ class RecordingDriver:
         return 0
 
     def stream_capturing(self, stream):
-        return False
+        return self.capturing
+
+    def device_memory(self, nbytes):
+        self.allocated.append(0x7000_0000 + 0x10_0000 * len(self.allocated))
+        return self.allocated[-1]
+
+    def free_memory(self, address):
+        self.freed.append(address)
 
     def zeroed_memory(self, nbytes):
         self.zeroed.append(0x5000_0000 + 0x10_0000 * len(self.zeroed))
@@ -103,6 +116,7 @@ def _installed(monkeypatch, fake: RecordingDriver) -> RecordingDriver:
         monkeypatch.setattr(module, "driver", lambda: fake)
     monkeypatch.setattr(tickets, "_devices", {})
     monkeypatch.setattr(permute, "_loaded", {})
+    monkeypatch.setattr(loader, "_kernels", {})  # launchers hold the driver they were made with
     monkeypatch.setattr(DeviceSpec, "from_gpu", staticmethod(lambda d: DeviceSpec.get("h200")))
     monkeypatch.setattr(executor, "_check_tensor",
                         lambda i, t, x, torch_kind: (tuple(x.shape), x.data_ptr(), 0))
@@ -165,6 +179,46 @@ def test_each_cached_call_launches_both_kernels_with_its_own_addresses(gpu):
                                          if s is Source.PARTIALS]
         planned_rows = next(iter(fd._plans.values())).finalize_launch.partial_rows
         assert final[(Source.PARTIAL_ROWS, 0)] == planned_rows > 0
+
+
+def _partial_addresses(fd, gpu) -> list[int]:
+    """The partial-row addresses of the row kernel of the call just made."""
+    launched = _parameters(fd, gpu)[0][1]
+    return [v for (s, _), v in launched.items() if s is Source.PARTIALS]
+
+
+def test_a_small_torch_workspace_is_fusers_own_per_stream_and_freed_with_its_plan(gpu):
+    """Partial rows of at most calls.KEPT_TORCH_WORKSPACE_BYTES with torch tensors: device
+    memory of fuser's own, allocated at the stream's first call and reused by the next
+    (a call allocates only its outputs), given back when the plan goes."""
+    fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
+    seen = []
+    for seed in (0, 1):
+        executor.execute(fd, _torch_inputs("rmsnorm_bwd", 16, 1024, seed),
+                         hints=Hints(fused_finalize=False))
+        seen.append(_partial_addresses(fd, gpu))
+    assert seen[0] == seen[1] == gpu.allocated and not gpu.freed
+    del fd
+    gc.collect()
+    assert gpu.freed == gpu.allocated
+
+
+@pytest.mark.parametrize("why", ["capturing", "large"])
+def test_a_torch_workspace_comes_from_torch_while_capturing_or_where_large(gpu, monkeypatch,
+                                                                          why):
+    """A stream capturing a CUDA graph gets partial rows of torch's (a capture forbids
+    cuMemAlloc, and the graph owns its memory); so does a workspace over
+    KEPT_TORCH_WORKSPACE_BYTES, which torch should see: a new one every call."""
+    if why == "capturing":
+        gpu.capturing = True
+    else:
+        monkeypatch.setattr(calls, "KEPT_TORCH_WORKSPACE_BYTES", 1024)
+    fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
+    for seed in (0, 1):
+        executor.execute(fd, _torch_inputs("rmsnorm_bwd", 16, 1024, seed),
+                         hints=Hints(fused_finalize=False))
+        assert _partial_addresses(fd, gpu)
+    assert not gpu.allocated and not next(iter(fd._plans.values())).workspaces
 
 
 def test_a_row_kernel_finalizing_its_columns_is_one_cooperative_launch(gpu):
