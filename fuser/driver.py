@@ -300,13 +300,19 @@ class Driver:
 
 
 class DeviceMemory:
-    """`nbytes` of device memory in the current context, given back to the driver when this
-    object is collected; not at the interpreter's exit, when the context may be gone already
-    (the process's end frees it)."""
+    """`nbytes` of device memory in the current context (a device's primary context, where
+    fuser launches), given back to the driver with that context current when this object is
+    collected, in whichever thread that happens; not at the interpreter's exit, when the
+    context may be gone already (the process's end frees it)."""
 
     def __init__(self, gpu: Driver, nbytes: int):
         self.address = gpu.device_memory(nbytes)
-        weakref.finalize(self, gpu.free_memory, self.address).atexit = False
+        weakref.finalize(self, _free, gpu, gpu.current_device(), self.address).atexit = False
+
+
+def _free(gpu: Driver, device_id: int, address: int) -> None:
+    with gpu.on_device(device_id):
+        gpu.free_memory(address)
 
 
 @functools.cache
