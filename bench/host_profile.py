@@ -10,9 +10,9 @@ the kernel's (bench json: host_us against time_us).
 --parts times the pieces of a cached call on their own, each in bursts of 64 with the device
 synchronized (untimed) between bursts, medians: the plan key, the pointers, one output's
 allocation, the partial rows, the stream's lookup, the driver's current-context query (and
-its stream-capture query, for a kernel that counts on a counter), each kernel's launcher,
-and each kernel's bare cuLaunchKernelEx through ctypes with the launcher's configuration and
-parameters (the floor no Python change lowers).
+its stream-capture query, for a call that counts on a counter or keeps its own workspace),
+each kernel's launcher, and each kernel's bare cuLaunchKernelEx through ctypes with the
+launcher's configuration and parameters (the floor no Python change lowers).
 
 --module rmsnorm|layernorm|softmax times what a model pays instead: fuser.torch's module
 against torch.nn's, an inference (the forward under torch.no_grad), a forward (x requiring
@@ -215,12 +215,13 @@ def call_parts(fd, inputs: list, burst: int = 64, bursts: int = 60) -> dict[str,
             lambda: calls._arrays(plan.array_outputs[:1], plan.torch_kind, like)),
     }
     if plan.partials:
-        parts["partial rows (_partials)"] = timed(lambda: calls._partials(plan, stream, like))
+        parts["partial rows (_partials)"] = timed(
+            lambda: calls._partials(plan, stream, like, False))
     gpu = driver()
     parts["stream (calls._stream)"] = timed(
         lambda: calls.stream_of(plan.torch_kind, plan.device_id))
     parts["current context (driver)"] = timed(gpu.current_context)
-    if plan.counted:
+    if plan.asks_capture:
         parts["stream capturing (driver)"] = timed(lambda: gpu.stream_capturing(stream))
     held = fd.execute(inputs)  # its outputs stay allocated while the launches rewrite them
     for launcher, size, _ in plan.launches:

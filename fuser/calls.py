@@ -138,6 +138,19 @@ class Plan:
         """Bytes of each partial-row buffer."""
         return tuple(shape[0] * shape[1] * dtype.itemsize for shape, dtype in self.partials)
 
+    @cached_property
+    def own_workspace(self) -> bool:
+        """Whether a call outside a CUDA graph's capture takes the stream's kept workspace
+        (fuser's own memory, KEPT_TORCH_WORKSPACE_BYTES) where it has torch tensors."""
+        return (self.torch_kind and bool(self.partials)
+                and sum(self.partial_bytes) <= KEPT_TORCH_WORKSPACE_BYTES)
+
+    @cached_property
+    def asks_capture(self) -> bool:
+        """Whether a call asks the driver if its stream is capturing a CUDA graph: where it
+        counts on a counter (fuser.tickets), or takes fuser's own workspace."""
+        return self.counted or self.own_workspace
+
 
 @dataclass(frozen=True)
 class Workspace:
@@ -236,7 +249,7 @@ def _torch_stream() -> Callable[[int], int]:
     return lambda device_id: torch.cuda.current_stream(device_id).cuda_stream
 
 
-def _partials(plan: Plan, stream: int, like) -> Workspace:
+def _partials(plan: Plan, stream: int, like, capturing: bool) -> Workspace:
     """The column-sum workspace of one call. The partial rows are written and read only by
     this call's kernels, in stream order (plan.lock keeps another call's launches from
     coming between them), so one workspace per stream serves every call; the per-thread
@@ -248,8 +261,7 @@ def _partials(plan: Plan, stream: int, like) -> Workspace:
     (torch.cuda.graph, or torch.compile's CUDA graph trees, which also warm up in their own
     pool and refuse allocations there that no output holds) gets its own. Memory of fuser's
     own is never allocated during a capture, which forbids it."""
-    if plan.torch_kind and (sum(plan.partial_bytes) > KEPT_TORCH_WORKSPACE_BYTES
-                            or driver().stream_capturing(stream)):
+    if plan.torch_kind and (capturing or not plan.own_workspace):
         return _workspace(plan, like)
     owner = _owner(stream)
     partials = plan.workspaces.get(owner)
@@ -321,14 +333,15 @@ def _enqueue(plan: Plan, inputs: list, pointers: list) -> list:
     like = inputs[plan.kernel.tensor_inputs[0]]
     outs = _arrays(plan.array_outputs, torch_kind, like)
     stream = stream_of(torch_kind, plan.device_id)
-    partials = _partials(plan, stream, like) if plan.partials else NO_WORKSPACE
+    capturing = plan.asks_capture and driver().stream_capturing(stream)
+    partials = _partials(plan, stream, like, capturing) if plan.partials else NO_WORKSPACE
     for i, (v, t) in plan.scalar_types.items():
         pointers[i] = t(scalar_value(i, v, inputs[i]))
     if torch_kind:
         addresses = [o.data_ptr() for o in outs] + partials.addresses
     else:
         addresses = [o.data.ptr for o in outs] + partials.addresses
-    tickets = (ticket_counters(plan.device_id).counter(_owner(stream), stream)
+    tickets = (ticket_counters(plan.device_id).counter(_owner(stream), stream, capturing)
                if plan.counted else 0)
     # in loader._SLOT_ORDER, flat (Plan.launches)
     values = pointers + addresses + [plan.rows, plan.launch.partial_rows, tickets, plan.groups,

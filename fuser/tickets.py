@@ -25,8 +25,9 @@ COUNTER_BYTES = 16  # tickets taken, blocks done: 64-bit each
 
 
 class TicketCounters:
-    """One device's counters: counter(owner, stream) is the address of the counter a launch on
-    `stream` (belonging to `owner`, the stream or the stream and thread) counts on."""
+    """One device's counters: counter(owner, stream, capturing) is the address of the counter
+    a launch on `stream` (belonging to `owner`, the stream or the stream and thread; capturing
+    a CUDA graph, as the caller asked the driver) counts on."""
 
     def __init__(self, device_id: int):
         self._device_id = device_id
@@ -36,8 +37,7 @@ class TicketCounters:
         self._next = SLICE  # the next free counter of the last buffer
         self._given: dict = {}  # owner -> address
 
-    def counter(self, owner, stream: int) -> int:
-        capturing = _capturing(stream)
+    def counter(self, owner, stream: int, capturing: bool) -> int:
         address = None if capturing else self._given.get(owner)
         if address is None:
             with self._lock:
@@ -73,10 +73,6 @@ class TicketCounters:
         gpu = driver()
         with gpu.on_device(self._device_id):
             return gpu.zeroed_memory(SLICE * COUNTER_BYTES)
-
-
-def _capturing(stream: int) -> bool:
-    return driver().stream_capturing(stream)
 
 
 _devices: dict[int, TicketCounters] = {}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-import fuser.tickets as tickets
 from fuser.errors import FuserError, LaunchError
 from fuser.tickets import COUNTER_BYTES, SLICE, TicketCounters
 
@@ -19,38 +18,35 @@ def zeroed(monkeypatch) -> list:
         return made[-1]
 
     monkeypatch.setattr(TicketCounters, "_zeroed", fake)
-    monkeypatch.setattr(tickets, "_capturing", lambda stream: False)
     return made
 
 
 def test_a_stream_keeps_its_counter_and_streams_get_their_own(zeroed):
     counters = TicketCounters(0)
-    a, b = counters.counter(7, 7), counters.counter(8, 8)
-    assert counters.counter(7, 7) == a and a != b
+    a, b = counters.counter(7, 7, False), counters.counter(8, 8, False)
+    assert counters.counter(7, 7, False) == a and a != b
     assert b - a == COUNTER_BYTES
     assert len(zeroed) == 2  # the first buffer, and a spare made ready while nothing captures
 
 
-def test_each_captured_launch_gets_a_counter_of_its_own(zeroed, monkeypatch):
+def test_each_captured_launch_gets_a_counter_of_its_own(zeroed):
     """A graph may be replayed on any stream, beside anything: no captured launch shares."""
     counters = TicketCounters(0)
-    eager = counters.counter(7, 7)
-    monkeypatch.setattr(tickets, "_capturing", lambda stream: True)
-    captured = {counters.counter(7, 7) for _ in range(3)}
+    eager = counters.counter(7, 7, False)
+    captured = {counters.counter(7, 7, True) for _ in range(3)}
     assert len(captured) == 3 and eager not in captured
 
 
-def test_a_capture_uses_the_spare_and_is_refused_only_when_none_is_left(zeroed, monkeypatch):
+def test_a_capture_uses_the_spare_and_is_refused_only_when_none_is_left(zeroed):
     """Zeroing a buffer synchronizes the device, which a capture forbids: the spare made ready
     before serves it; past that, the call is refused, naming the capture and the ways out."""
     counters = TicketCounters(0)
-    counters.counter(7, 7)
-    monkeypatch.setattr(tickets, "_capturing", lambda stream: True)
+    counters.counter(7, 7, False)
     for _ in range(2 * SLICE - 1):  # the rest of the first buffer, then all of the spare
-        counters.counter(7, 7)
+        counters.counter(7, 7, True)
     assert len(zeroed) == 2
     with pytest.raises(LaunchError) as error:
-        counters.counter(7, 7)
+        counters.counter(7, 7, True)
     message = str(error.value)
     assert "stream 0x7 is capturing a CUDA graph" in message, message
     assert "Call the fusion once before capturing" in message
