@@ -12,7 +12,9 @@ synchronized (untimed) between bursts, medians: the plan key, the pointers, one 
 allocation, the partial rows, the stream's lookup, the driver's current-context query (and
 its stream-capture query, for a call that counts on a counter or keeps its own workspace),
 each kernel's launcher, and each kernel's bare cuLaunchKernelEx through ctypes with the
-launcher's configuration and parameters (the floor no Python change lowers).
+launcher's configuration and parameters (the floor no Python change lowers). The partial
+rows are timed outside a capture: a workspace the stream keeps (calls.KeptWorkspace, and
+CuPy's) is a lookup, a torch tensor's larger one an allocation.
 
 --module rmsnorm|layernorm|softmax times what a model pays instead: fuser.torch's module
 against torch.nn's, an inference (the forward under torch.no_grad), a forward (x requiring

@@ -19,7 +19,7 @@ from functools import cache, cached_property
 from typing import TypeVar
 
 from fuser.checks import scalar_value
-from fuser.driver import DeviceMemory, driver
+from fuser.driver import DriverError, driver
 from fuser.dtypes import DataType
 from fuser.errors import LaunchError, OutOfResourcesError
 from fuser.loader import Kernel
@@ -30,12 +30,14 @@ T = TypeVar("T")
 
 PER_THREAD_STREAM = 2  # cudaStreamPerThread: the same handle in every thread
 
-# A column-sum workspace of at most this many bytes is kept per stream for torch tensors too,
-# in device memory of fuser's own (outside torch's caching allocator), so that a call
-# allocates only its outputs: small calls are bound by host time, of which each torch
-# allocation took 3.0 us of 25.8 on the H200's host (bench/results/2026-12-03-host-parts.txt).
-# Larger workspaces come from torch's allocator every call, where torch sees the memory.
+# With torch tensors, a column-sum workspace of at most this many bytes comes from a buffer of
+# this size kept for each stream (KeptWorkspace: device memory of fuser's own, outside torch's
+# caching allocator, never freed), so that a call allocates only its outputs: small calls are
+# bound by host time, of which each torch allocation took 3.0 us of 25.8 on the H200's host
+# (bench/results/2026-12-03-host-parts.txt). Larger workspaces come from torch's allocator
+# every call, where torch sees the memory.
 KEPT_TORCH_WORKSPACE_BYTES = 1 << 20
+WORKSPACE_ALIGN = 256  # bytes between the starts of a kept workspace's partial-row buffers
 
 
 @cache
@@ -94,9 +96,11 @@ class Plan:
     repeats: tuple = ()
     # FusionInfo.group_axes' groups (the product of those row axes); `rows` is then a group's
     groups: int = 1
-    workspaces: dict = field(default_factory=dict, compare=False)  # stream -> Workspace
+    # owner (_owner: a stream, or the per-thread default stream and a thread) -> Workspace
+    workspaces: dict = field(default_factory=dict, compare=False)
     # Held from the row kernel's launch to the finalize's, so that two threads sharing a stream
-    # cannot enqueue row A, row B, finalize A (which would read B's partial rows).
+    # cannot enqueue row A, row B, finalize A (which would read B's partial rows), where the
+    # workspace is the plan's own (Workspace.lock: a kept one's is its owner's)
     lock: threading.Lock = field(default_factory=threading.Lock, compare=False)
 
     @cached_property
@@ -134,16 +138,24 @@ class Plan:
                      for shape, dtype in self.partials)
 
     @cached_property
-    def partial_bytes(self) -> tuple[int, ...]:
-        """Bytes of each partial-row buffer."""
-        return tuple(shape[0] * shape[1] * dtype.itemsize for shape, dtype in self.partials)
+    def partial_offsets(self) -> tuple[int, ...]:
+        """Where each partial-row buffer starts in a kept workspace: WORKSPACE_ALIGN-aligned,
+        one after another."""
+        offsets, at = [], 0
+        for shape, dtype in self.partials:
+            offsets.append(at)
+            at += -(-shape[0] * shape[1] * dtype.itemsize // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+        return tuple(offsets)
 
     @cached_property
     def own_workspace(self) -> bool:
-        """Whether a call outside a CUDA graph's capture takes the stream's kept workspace
-        (fuser's own memory, KEPT_TORCH_WORKSPACE_BYTES) where it has torch tensors."""
-        return (self.torch_kind and bool(self.partials)
-                and sum(self.partial_bytes) <= KEPT_TORCH_WORKSPACE_BYTES)
+        """Whether a call outside a CUDA graph's capture takes its stream's kept workspace
+        (KeptWorkspace) where it has torch tensors: its buffers fit KEPT_TORCH_WORKSPACE_BYTES."""
+        if not (self.torch_kind and self.partials):
+            return False
+        (rows, hidden), dtype = self.partials[-1]
+        end = self.partial_offsets[-1] + rows * hidden * dtype.itemsize
+        return end <= KEPT_TORCH_WORKSPACE_BYTES
 
     @cached_property
     def asks_capture(self) -> bool:
@@ -154,14 +166,49 @@ class Plan:
 
 @dataclass(frozen=True)
 class Workspace:
-    """A call's partial-row buffers: what holds their memory (arrays, tensors or
-    DeviceMemory) and their device addresses, in Plan.partials' order."""
+    """A call's partial-row buffers: what holds their memory (arrays or tensors; nothing for
+    a kept workspace's), their device addresses in Plan.partials' order, and the lock a call
+    holds from its first launch to its last."""
 
     buffers: tuple
     addresses: list
+    lock: threading.Lock
 
 
-NO_WORKSPACE = Workspace((), [])
+@dataclass(frozen=True)
+class KeptWorkspace:
+    """KEPT_TORCH_WORKSPACE_BYTES of fuser's own device memory for the calls of one owner
+    (a stream, or the per-thread default stream of one thread) whose workspace fits, every
+    plan's, and the lock each of those calls holds from its first launch to its last, so that
+    no other call's launches come between them. Never freed: freeing would synchronize the
+    device (from whichever thread collected it), and one buffer per stream stays small."""
+
+    address: int
+    lock: threading.Lock
+
+
+_kept: dict = {}  # (device id, owner) -> KeptWorkspace
+_kept_lock = threading.Lock()
+
+
+def _kept_workspace(device_id: int, owner) -> KeptWorkspace | None:
+    """The owner's kept workspace on the device (the current context's), allocated at its
+    first call; None where the driver cannot allocate it, and the call then takes torch's: the
+    device's memory is taken, or another thread is capturing a CUDA graph in global mode
+    (torch's default), whose capture the attempt invalidates as any cudaMalloc's would, and
+    as fuser.tickets' first counter buffer does: call a fusion once on each stream before
+    capturing on another."""
+    found = _kept.get((device_id, owner))
+    if found is None:
+        with _kept_lock:
+            found = _kept.get((device_id, owner))
+            if found is None:
+                try:
+                    address = driver().device_memory(KEPT_TORCH_WORKSPACE_BYTES)
+                except DriverError:
+                    return None
+                found = _kept[(device_id, owner)] = KeptWorkspace(address, threading.Lock())
+    return found
 
 
 def _picker(positions: list[int]) -> Callable[[list], tuple]:
@@ -251,23 +298,29 @@ def _torch_stream() -> Callable[[int], int]:
 
 def _partials(plan: Plan, stream: int, like, capturing: bool) -> Workspace:
     """The column-sum workspace of one call. The partial rows are written and read only by
-    this call's kernels, in stream order (plan.lock keeps another call's launches from
-    coming between them), so one workspace per stream serves every call; the per-thread
+    this call's kernels, in stream order (the workspace's lock keeps another call's launches
+    from coming between them), so one workspace per stream serves every call; the per-thread
     default stream has one handle for a different stream in every thread, so its workspaces
-    are per thread. With CuPy arrays it is CuPy's memory. With torch tensors it is device
-    memory of fuser's own where it is small (KEPT_TORCH_WORKSPACE_BYTES) and the stream is
-    not capturing a CUDA graph; otherwise a new one from torch's caching allocator every
-    call: torch then sees the memory and orders its reuse on the stream, and a CUDA graph
-    (torch.cuda.graph, or torch.compile's CUDA graph trees, which also warm up in their own
-    pool and refuse allocations there that no output holds) gets its own. Memory of fuser's
-    own is never allocated during a capture, which forbids it."""
+    are per thread. With CuPy arrays it is CuPy's memory, the plan's. With torch tensors it is
+    the owner's KeptWorkspace where it fits and the stream is not capturing a CUDA graph;
+    otherwise a new one from torch's caching allocator every call: torch then sees the memory
+    and orders its reuse on the stream, and a CUDA graph (torch.cuda.graph, or torch.compile's
+    CUDA graph trees, which also warm up in their own pool and refuse allocations there that
+    no output holds) gets its own, so no capture holds fuser's."""
     if plan.torch_kind and (capturing or not plan.own_workspace):
         return _workspace(plan, like)
     owner = _owner(stream)
     partials = plan.workspaces.get(owner)
     if partials is None:
-        partials = plan.workspaces[owner] = (_own_workspace(plan) if plan.torch_kind
-                                             else _workspace(plan, like))
+        if plan.torch_kind:
+            kept = _kept_workspace(plan.device_id, owner)
+            if kept is None:
+                return _workspace(plan, like)
+            partials = Workspace((), [kept.address + at for at in plan.partial_offsets],
+                                 kept.lock)
+        else:
+            partials = _workspace(plan, like)
+        plan.workspaces[owner] = partials
     return partials
 
 
@@ -334,30 +387,21 @@ def _enqueue(plan: Plan, inputs: list, pointers: list) -> list:
     outs = _arrays(plan.array_outputs, torch_kind, like)
     stream = stream_of(torch_kind, plan.device_id)
     capturing = plan.asks_capture and driver().stream_capturing(stream)
-    partials = _partials(plan, stream, like, capturing) if plan.partials else NO_WORKSPACE
+    partials = _partials(plan, stream, like, capturing) if plan.partials else None
     for i, (v, t) in plan.scalar_types.items():
         pointers[i] = t(scalar_value(i, v, inputs[i]))
-    if torch_kind:
-        addresses = [o.data_ptr() for o in outs] + partials.addresses
-    else:
-        addresses = [o.data.ptr for o in outs] + partials.addresses
+    addresses = [o.data_ptr() for o in outs] if torch_kind else [o.data.ptr for o in outs]
+    if partials is not None:
+        addresses += partials.addresses
     tickets = (ticket_counters(plan.device_id).counter(_owner(stream), stream, capturing)
                if plan.counted else 0)
     # in loader._SLOT_ORDER, flat (Plan.launches)
     values = pointers + addresses + [plan.rows, plan.launch.partial_rows, tickets, plan.groups,
                                      *plan.repeats]
-    with plan.lock:
+    with plan.lock if partials is None else partials.lock:
         for launcher, size, pick in plan.launches:
             launcher(size.grid, size.block, size.dynamic_smem, stream, pick(values), size.groups)
     return outs
-
-
-def _own_workspace(plan: Plan) -> Workspace:
-    """Partial-row buffers of fuser's own device memory (DeviceMemory), in the current
-    context: the plan's."""
-    gpu = driver()
-    buffers = tuple(DeviceMemory(gpu, nbytes) for nbytes in plan.partial_bytes)
-    return Workspace(buffers, [b.address for b in buffers])
 
 
 def _workspace(plan: Plan, like) -> Workspace:
@@ -377,4 +421,4 @@ def _workspace(plan: Plan, like) -> Workspace:
             "device memory or run on a device with more"
         ) from None
     addresses = [a.data_ptr() for a in arrays] if plan.torch_kind else [a.data.ptr for a in arrays]
-    return Workspace(tuple(arrays), addresses)
+    return Workspace(tuple(arrays), addresses, plan.lock)

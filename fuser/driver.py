@@ -21,7 +21,6 @@ import ctypes
 import functools
 import os
 import threading
-import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -88,7 +87,6 @@ _SIGNATURES = {
     "cuOccupancyMaxActiveClusters": [_out_int, _ptr, ctypes.POINTER(LaunchConfig)],
     "cuStreamIsCapturing": [_ptr, _out_int],
     "cuMemAlloc_v2": [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t],
-    "cuMemFree_v2": [ctypes.c_uint64],
     "cuMemsetD8_v2": [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t],
     "cuLaunchKernelEx": [ctypes.POINTER(LaunchConfig), _ptr, _ptr, _ptr],
     "cuGetErrorName": [_int, ctypes.POINTER(ctypes.c_char_p)],
@@ -277,16 +275,13 @@ class Driver:
         return status.value != 0
 
     def device_memory(self, nbytes: int) -> int:
-        """A device address of `nbytes` uninitialized bytes in the current context, until
-        free_memory() gives them back."""
+        """A device address of `nbytes` uninitialized bytes in the current context, never
+        freed (fuser's buffers live as long as the process: freeing would synchronize the
+        device)."""
         address = ctypes.c_uint64()
         self._check(self._calls["cuMemAlloc_v2"](ctypes.byref(address), nbytes),
                     "cuMemAlloc_v2", f"allocating {nbytes} B")
         return address.value
-
-    def free_memory(self, address: int) -> None:
-        self._check(self._calls["cuMemFree_v2"](address), "cuMemFree_v2",
-                    f"freeing the device memory at {address:#x}")
 
     def zeroed_memory(self, nbytes: int) -> int:
         """A device address of `nbytes` zeroed bytes in the current context, never freed; the
@@ -298,21 +293,6 @@ class Driver:
                     f"zeroing {nbytes} B")
         return address
 
-
-class DeviceMemory:
-    """`nbytes` of device memory in the current context (a device's primary context, where
-    fuser launches), given back to the driver with that context current when this object is
-    collected, in whichever thread that happens; not at the interpreter's exit, when the
-    context may be gone already (the process's end frees it)."""
-
-    def __init__(self, gpu: Driver, nbytes: int):
-        self.address = gpu.device_memory(nbytes)
-        weakref.finalize(self, _free, gpu, gpu.current_device(), self.address).atexit = False
-
-
-def _free(gpu: Driver, device_id: int, address: int) -> None:
-    with gpu.on_device(device_id):
-        gpu.free_memory(address)
 
 
 @functools.cache

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import gc
 
 import numpy as np
 import pytest
@@ -26,7 +25,7 @@ from fuser import (
     tickets,
 )
 from fuser.device import DeviceSpec
-from fuser.driver import Function
+from fuser.driver import DriverError, Function
 from fuser.errors import BadInputError
 from fuser.fusions import FUSIONS, make_inputs
 from fuser.ir import Scalar
@@ -40,7 +39,7 @@ class RecordingDriver:
     """What the executor and the launchers ask of the driver, answered for an H200; each
     launch is recorded as (function handle, the address of its parameter addresses), each
     cooperative launch's handle in `cooperative` too, each zeroed buffer in `zeroed`, each
-    allocation of device memory in `allocated` and each one freed in `freed`; every stream
+    allocation of device memory in `allocated` (refused while `out_of_memory`); every stream
     captures while `capturing`."""
 
     def __init__(self):
@@ -49,7 +48,7 @@ class RecordingDriver:
         self.cooperative: list[int] = []
         self.zeroed: list[int] = []
         self.allocated: list[int] = []
-        self.freed: list[int] = []
+        self.out_of_memory = False
         self.capturing = False
 
     def current_context(self):
@@ -99,11 +98,11 @@ class RecordingDriver:
         return self.capturing
 
     def device_memory(self, nbytes):
+        if self.out_of_memory:
+            raise DriverError(f"cuMemAlloc_v2 failed (CUDA_ERROR_OUT_OF_MEMORY) while "
+                              f"allocating {nbytes} B")
         self.allocated.append(0x7000_0000 + 0x10_0000 * len(self.allocated))
         return self.allocated[-1]
-
-    def free_memory(self, address):
-        self.freed.append(address)
 
     def zeroed_memory(self, nbytes):
         self.zeroed.append(0x5000_0000 + 0x10_0000 * len(self.zeroed))
@@ -117,6 +116,7 @@ def _installed(monkeypatch, fake: RecordingDriver) -> RecordingDriver:
     monkeypatch.setattr(tickets, "_devices", {})
     monkeypatch.setattr(permute, "_loaded", {})
     monkeypatch.setattr(loader, "_kernels", {})  # launchers hold the driver they were made with
+    monkeypatch.setattr(calls, "_kept", {})
     monkeypatch.setattr(DeviceSpec, "from_gpu", staticmethod(lambda d: DeviceSpec.get("h200")))
     monkeypatch.setattr(executor, "_check_tensor",
                         lambda i, t, x, torch_kind: (tuple(x.shape), x.data_ptr(), 0))
@@ -187,38 +187,64 @@ def _partial_addresses(fd, gpu) -> list[int]:
     return [v for (s, _), v in launched.items() if s is Source.PARTIALS]
 
 
-def test_a_small_torch_workspace_is_fusers_own_per_stream_and_freed_with_its_plan(gpu):
-    """Partial rows of at most calls.KEPT_TORCH_WORKSPACE_BYTES with torch tensors: device
-    memory of fuser's own, allocated at the stream's first call and reused by the next
-    (a call allocates only its outputs), given back when the plan goes."""
+def test_a_small_torch_workspace_is_kept_per_stream_for_every_plan(gpu):
+    """Partial rows that fit calls.KEPT_TORCH_WORKSPACE_BYTES, with torch tensors: one buffer
+    of fuser's own for the stream, allocated at its first call and never freed, which every
+    plan's calls reuse (a call allocates only its outputs); each call holds the buffer's lock
+    from its first launch to its last, so no other plan's launches come between them."""
+    kept_locks = []
+    launch = gpu.launch_ex
+
+    def launch_holding(*args):
+        kept_locks.append([k.lock.locked() for k in calls._kept.values()])
+        return launch(*args)
+
+    gpu.launch_ex = launch_holding
     fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
     seen = []
-    for seed in (0, 1):
-        executor.execute(fd, _torch_inputs("rmsnorm_bwd", 16, 1024, seed),
+    for rows in (16, 16, 48):  # the second call reuses the first's plan, the third has its own
+        executor.execute(fd, _torch_inputs("rmsnorm_bwd", rows, 1024, rows),
                          hints=Hints(fused_finalize=False))
         seen.append(_partial_addresses(fd, gpu))
-    assert seen[0] == seen[1] == gpu.allocated and not gpu.freed
-    del fd
-    gc.collect()
-    assert gpu.freed == gpu.allocated
+    assert len(fd._plans) == 2 and gpu.allocated == [seen[0][0]]
+    assert seen[0] == seen[1] == seen[2][:1]
+    assert kept_locks == [[True]] * 6  # row kernel and finalize, three calls
 
 
-@pytest.mark.parametrize("why", ["capturing", "large"])
+@pytest.mark.parametrize("why", ["capturing", "large", "out of memory"])
 def test_a_torch_workspace_comes_from_torch_while_capturing_or_where_large(gpu, monkeypatch,
                                                                           why):
     """A stream capturing a CUDA graph gets partial rows of torch's (a capture forbids
     cuMemAlloc, and the graph owns its memory); so does a workspace over
-    KEPT_TORCH_WORKSPACE_BYTES, which torch should see: a new one every call."""
+    KEPT_TORCH_WORKSPACE_BYTES, which torch should see, and a call whose stream's kept
+    buffer the driver cannot allocate: a new one every call, the call itself unchanged."""
     if why == "capturing":
         gpu.capturing = True
-    else:
+    elif why == "large":
         monkeypatch.setattr(calls, "KEPT_TORCH_WORKSPACE_BYTES", 1024)
+    else:
+        gpu.out_of_memory = True
     fd = FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
     for seed in (0, 1):
         executor.execute(fd, _torch_inputs("rmsnorm_bwd", 16, 1024, seed),
                          hints=Hints(fused_finalize=False))
         assert _partial_addresses(fd, gpu)
-    assert not gpu.allocated and not next(iter(fd._plans.values())).workspaces
+    assert not gpu.allocated and not calls._kept
+    assert not next(iter(fd._plans.values())).workspaces
+
+
+def test_kept_workspace_buffers_start_aligned_one_after_another():
+    """Plan.partial_offsets: each partial-row buffer WORKSPACE_ALIGN-aligned after the last;
+    own_workspace where the last one ends within the kept buffer."""
+    plan = calls.Plan.__new__(calls.Plan)
+    object.__setattr__(plan, "torch_kind", True)
+    object.__setattr__(plan, "partials", (((3, 100), DataType.Float), ((2, 64), DataType.Float)))
+    assert plan.partial_offsets == (0, 1280)
+    assert plan.own_workspace
+    wide = calls.Plan.__new__(calls.Plan)
+    object.__setattr__(wide, "torch_kind", True)
+    object.__setattr__(wide, "partials", (((264, 1024), DataType.Float),))
+    assert not wide.own_workspace  # 1056 KiB
 
 
 def test_a_row_kernel_finalizing_its_columns_is_one_cooperative_launch(gpu):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import gc
 
 import pytest
 
@@ -36,7 +35,6 @@ class FakeLibrary:
         self.current = 0
         self.status: dict[str, int] = {}
         self.memsets: list = []
-        self.freed: list = []
 
     def __getattr__(self, name: str):
         if name.startswith("cu"):
@@ -90,10 +88,6 @@ class FakeLibrary:
     def do_cuMemAlloc(self, ref, nbytes):
         self._out(ref, 0xA000)
         return self.fails("cuMemAlloc")
-
-    def do_cuMemFree(self, address):
-        self.freed.append(address)
-        return self.fails("cuMemFree")
 
     def do_cuMemsetD8(self, address, value, nbytes):
         self.memsets.append((address, value, nbytes))
@@ -163,18 +157,6 @@ def test_zeroed_memory_is_set_to_zero_and_synchronized(fake):
     assert library.memsets == [(0xA000, 0, 4096)]
     assert [c[0] for c in library.calls][-3:] == ["cuMemAlloc_v2", "cuMemsetD8_v2",
                                                   "cuCtxSynchronize"]
-
-
-def test_device_memory_is_freed_when_its_holder_is_collected(fake):
-    gpu, library = fake
-    memory = drivers.DeviceMemory(gpu, 1 << 20)
-    assert memory.address == 0xA000 and not library.freed
-    del memory
-    gc.collect()
-    assert library.freed == [0xA000]
-    library.status["cuMemFree"] = CUDA_ERROR_INVALID_DEVICE
-    with pytest.raises(DriverError, match=r"cuMemFree_v2 failed .* freeing the device memory"):
-        gpu.free_memory(0xA000)
 
 
 def test_a_driver_that_cannot_start_is_a_toolchain_error():
