@@ -211,6 +211,19 @@ def test_a_small_torch_workspace_is_kept_per_stream_for_every_plan(gpu):
     assert kept_locks == [[True]] * 6  # row kernel and finalize, three calls
 
 
+def test_a_kept_workspace_holds_each_column_sum_after_the_last(gpu):
+    """layernorm_bwd's two column sums (dW, db) in the stream's kept buffer: the first at
+    its start, the second one aligned partial-row block past it, as the kernels are told."""
+    fd = FUSIONS["layernorm_bwd"](DataType.BFloat16)
+    executor.execute(fd, _torch_inputs("layernorm_bwd", 16, 1024, 0),
+                     hints=Hints(fused_finalize=False))
+    plan = next(iter(fd._plans.values()))
+    (base,) = gpu.allocated
+    (rows, hidden), dtype = plan.partials[0]
+    step = -(-rows * hidden * dtype.itemsize // calls.WORKSPACE_ALIGN) * calls.WORKSPACE_ALIGN
+    assert _partial_addresses(fd, gpu) == [base, base + step]
+
+
 @pytest.mark.parametrize("why", ["capturing", "large", "out of memory"])
 def test_a_torch_workspace_comes_from_torch_while_capturing_or_where_large(gpu, monkeypatch,
                                                                           why):
