@@ -138,24 +138,27 @@ class Plan:
                      for shape, dtype in self.partials)
 
     @cached_property
+    def _kept_bounds(self) -> tuple[int, ...]:
+        """The partial-row buffers' bounds in a kept workspace, WORKSPACE_ALIGN-aligned one
+        after another: each one's start, then the last one's aligned end."""
+        bounds = [0]
+        for (rows, hidden), dtype in self.partials:
+            bounds.append(bounds[-1] + -(-rows * hidden * dtype.itemsize // WORKSPACE_ALIGN)
+                          * WORKSPACE_ALIGN)
+        return tuple(bounds)
+
+    @property
     def partial_offsets(self) -> tuple[int, ...]:
-        """Where each partial-row buffer starts in a kept workspace: WORKSPACE_ALIGN-aligned,
-        one after another."""
-        offsets, at = [], 0
-        for shape, dtype in self.partials:
-            offsets.append(at)
-            at += -(-shape[0] * shape[1] * dtype.itemsize // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
-        return tuple(offsets)
+        """Where each partial-row buffer starts in a kept workspace."""
+        return self._kept_bounds[:-1]
 
     @cached_property
     def own_workspace(self) -> bool:
         """Whether a call outside a CUDA graph's capture takes its stream's kept workspace
-        (KeptWorkspace) where it has torch tensors: its buffers fit KEPT_TORCH_WORKSPACE_BYTES."""
-        if not (self.torch_kind and self.partials):
-            return False
-        (rows, hidden), dtype = self.partials[-1]
-        end = self.partial_offsets[-1] + rows * hidden * dtype.itemsize
-        return end <= KEPT_TORCH_WORKSPACE_BYTES
+        (KeptWorkspace) where it has torch tensors: its buffers fit KEPT_TORCH_WORKSPACE_BYTES
+        (a multiple of WORKSPACE_ALIGN, so the aligned end fits where the end does)."""
+        return (self.torch_kind and bool(self.partials)
+                and self._kept_bounds[-1] <= KEPT_TORCH_WORKSPACE_BYTES)
 
     @cached_property
     def asks_capture(self) -> bool:

@@ -294,7 +294,6 @@ class Driver:
         return address
 
 
-
 @functools.cache
 def driver() -> Driver:
     """The CUDA driver library (loaded already by torch or CuPy where either runs)."""
