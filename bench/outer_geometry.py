@@ -2,15 +2,15 @@
 
     PYTHONPATH=. python3 bench/outer_geometry.py \
         --order 'two256=[[128,256,2],[64,256,2],[128,512,1],[64,512,1],[32,512,1],[16,512,1]]' \
-        [--order NAME=JSON ...] [--clusters 1,2,4,8,16] [--out f.json]
+        [--order NAME=JSON ...] [--clusters 1,2,4,8,16] [--dtype fp32] [--out f.json]
 
 Each order (a list of [row segment bytes, threads per block, least blocks per SM], the form
 of fuser.schedulers.outer_persistent.ORDER) runs in a process of its own with a fresh kernel
 cache, with ORDER and the allowed cluster sizes set to it: they are the scheduler's policy,
 not hints, so no Hints reach them. Every case (BatchNorm forward and backward, softmax over
-dim 0, bf16, at [16384, 4096] and [4096, 16384]) is timed with bench.run's timer beside a
-device copy of the same bytes, and checked against the float64 oracle once. The tool behind
-"outer-persistent kernels" in bench/TUNING.md.
+dim 0, in --dtype (bf16 unless given), at [16384, 4096] and [4096, 16384]) is timed with
+bench.run's timer beside a device copy of the same bytes, and checked against the float64
+oracle once. The tool behind "outer-persistent kernels" in bench/TUNING.md.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+DTYPES = {"bf16": "BFloat16", "fp16": "Half", "fp32": "Float"}
 CASES = [(name, rows, hidden) for name in ("batchnorm_fwd", "batchnorm_bwd", "softmax_dim0_fwd")
          for rows, hidden in ((16384, 4096), (4096, 16384))]
 
@@ -49,12 +50,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--order", type=parse_order, action="append", required=True)
     p.add_argument("--clusters", default="1,2,4,8,16",
                    type=lambda s: tuple(int(k) for k in s.split(",")))
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--out", type=Path)
     p.add_argument("--child", help=argparse.SUPPRESS)  # JSON of one order, in its own process
     return p.parse_args(argv)
 
 
-def run_order(order: list, clusters: tuple[int, ...]) -> list[dict]:
+def run_order(order: list, clusters: tuple[int, ...], dtype_name: str = "bf16") -> list[dict]:
     """Every case under `order` (this process only: it sets the scheduler's policy)."""
     import cupy
     import numpy as np
@@ -69,9 +71,10 @@ def run_order(order: list, clusters: tuple[int, ...]) -> list[dict]:
     policy._clusters = lambda device: clusters
     _, timer = make_timer("auto")
     records = []
+    dtype = getattr(DataType, DTYPES[dtype_name])
     for name, rows, hidden in CASES:
-        fd = FUSIONS[name](DataType.BFloat16)
-        host = make_inputs(name, rows, hidden, DataType.BFloat16, np.random.default_rng(0))
+        fd = FUSIONS[name](dtype)
+        host = make_inputs(name, rows, hidden, dtype, np.random.default_rng(0))
         inputs = [cupy.asarray(a) for a in host]
         outputs = fd.execute(inputs)
         fd.validate(inputs)
@@ -88,14 +91,15 @@ def run_order(order: list, clusters: tuple[int, ...]) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child is not None:
-        print(json.dumps(run_order(json.loads(args.child), args.clusters)))
+        print(json.dumps(run_order(json.loads(args.child), args.clusters, args.dtype)))
         return 0
     results = {}
     for name, order in args.order:
         env = dict(os.environ, FUSER_CACHE_DIR=tempfile.mkdtemp(prefix="fuser-geometry-"))
         done = subprocess.run(
             [sys.executable, __file__, "--order", f"{name}={json.dumps(order)}", "--clusters",
-             ",".join(map(str, args.clusters)), "--child", json.dumps(order)],
+             ",".join(map(str, args.clusters)), "--dtype", args.dtype,
+             "--child", json.dumps(order)],
             env=env, cwd=ROOT, capture_output=True, text=True, check=True)
         results[name] = {"order": order, "cases": json.loads(done.stdout.splitlines()[-1])}
         for r in results[name]["cases"]:

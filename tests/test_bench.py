@@ -583,7 +583,8 @@ def test_variants_name_a_segmented_fusions_schedules():
 
 def test_outer_geometry_orders_are_parsed_or_refused():
     """bench/outer_geometry.py --order NAME=JSON: a list of [segment bytes, threads, least
-    blocks per SM], refused with the form when it is not one."""
+    blocks per SM], refused with the form when it is not one; --dtype one of bf16, fp16,
+    fp32."""
     import argparse
 
     from bench.outer_geometry import parse_args, parse_order
@@ -594,6 +595,10 @@ def test_outer_geometry_orders_are_parsed_or_refused():
             parse_order(bad)
     args = parse_args(["--order", "a=[[64,256,2]]", "--clusters", "1,8"])
     assert args.order == [("a", [(64, 256, 2)])] and args.clusters == (1, 8)
+    assert args.dtype == "bf16"
+    assert parse_args(["--order", "a=[[64,256,2]]", "--dtype", "fp32"]).dtype == "fp32"
+    with pytest.raises(SystemExit):
+        parse_args(["--order", "a=[[64,256,2]]", "--dtype", "fp8"])
 
 
 def test_outer_skeleton_configurations_compile_and_bad_arguments_are_refused(capsys):
