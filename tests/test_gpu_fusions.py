@@ -21,7 +21,7 @@ import fuser.calls as calls
 import fuser.executor as executor
 import fuser.loader as loader
 from fuser import DataType, FusionDefinition, HintError
-from fuser.analysis import analyze
+from fuser.analysis import Kind, analyze
 from fuser.fusions import FUSIONS, ROW_FUSIONS, make_inputs
 from fuser.reference import (
     compare,
@@ -146,6 +146,9 @@ def validate_tiled(fd, name, dtype, hidden, rows, rng, hints):
     is compared on the host, for the usual report."""
     import cupy
 
+    assert analyze(fd.fusion).kind is not Kind.OUTER_NORM, (
+        f"{name} normalizes along columns: each output row depends on every row, so repeated "
+        f"tiles have no reference of their own; validate at most {FULL_ELEMENTS} elements")
     distinct = prime_at_most(min(rows, max(MIN_DISTINCT_ROWS, BLOCK_ELEMENTS // hidden)))
     repeats, rest = divmod(rows, distinct)
     host = make_inputs(name, distinct, hidden, dtype, rng)
