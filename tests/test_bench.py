@@ -584,7 +584,7 @@ def test_variants_name_a_segmented_fusions_schedules():
 def test_outer_geometry_orders_are_parsed_or_refused():
     """bench/outer_geometry.py --order NAME=JSON: a list of [segment bytes, threads, least
     blocks per SM], refused with the form when it is not one; --dtype one of bf16, fp16,
-    fp32."""
+    fp32; --no-check skips the float64 check."""
     import argparse
 
     from bench.outer_geometry import parse_args, parse_order
@@ -597,6 +597,7 @@ def test_outer_geometry_orders_are_parsed_or_refused():
     assert args.order == [("a", [(64, 256, 2)])] and args.clusters == (1, 8)
     assert args.dtype == "bf16"
     assert parse_args(["--order", "a=[[64,256,2]]", "--dtype", "fp32"]).dtype == "fp32"
+    assert not args.no_check and parse_args(["--order", "a=[[64,256,2]]", "--no-check"]).no_check
     with pytest.raises(SystemExit):
         parse_args(["--order", "a=[[64,256,2]]", "--dtype", "fp8"])
 
