@@ -106,7 +106,10 @@ def main(argv: list[str] | None = None) -> int:
             [sys.executable, __file__, "--order", f"{name}={json.dumps(order)}", "--clusters",
              ",".join(map(str, args.clusters)), "--dtype", args.dtype,
              *(["--no-check"] if args.no_check else []), "--child", json.dumps(order)],
-            env=env, cwd=ROOT, capture_output=True, text=True, check=True)
+            env=env, cwd=ROOT, capture_output=True, text=True)
+        if done.returncode:
+            sys.exit(f"order {name}: its process failed ({done.returncode}):\n"
+                     f"{done.stderr[-4000:]}")
         results[name] = {"order": order, "cases": json.loads(done.stdout.splitlines()[-1])}
         for r in results[name]["cases"]:
             print(f"{name:12s} {r['case']:28s} {r['time_us']:8.1f} us "

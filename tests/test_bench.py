@@ -602,6 +602,20 @@ def test_outer_geometry_orders_are_parsed_or_refused():
         parse_args(["--order", "a=[[64,256,2]]", "--dtype", "fp8"])
 
 
+def test_outer_geometry_names_a_failed_order_with_its_error(monkeypatch):
+    """Each order runs in a process of its own: where that process fails, the run stops
+    naming the order and showing the end of the process's stderr (not subprocess's bare
+    exit status)."""
+    import subprocess
+
+    import bench.outer_geometry as geometry
+
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
+        a[0], 1, stdout="", stderr="Traceback ...\nCUDARuntimeError: no device"))
+    with pytest.raises(SystemExit, match=r"(?s)order a: its process failed \(1\).*no device"):
+        geometry.main(["--order", "a=[[64,256,2]]", "--no-check"])
+
+
 def test_outer_skeleton_configurations_compile_and_bad_arguments_are_refused(capsys):
     """bench/outer_skeleton.py: every fold form, copy and register-row count of the skeleton
     builds for sm_90 with no spills, and rows held in registers leave shared memory; the fold
