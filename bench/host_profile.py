@@ -218,7 +218,7 @@ def call_parts(fd, inputs: list, burst: int = 64, bursts: int = 60) -> dict[str,
     }
     if plan.partials:
         parts["partial rows (_partials)"] = timed(
-            lambda: calls._partials(plan, stream, like, False))
+            lambda: calls._partials(plan, calls._owner(stream), like, False))
     gpu = driver()
     parts["stream (calls._stream)"] = timed(
         lambda: calls.stream_of(plan.torch_kind, plan.device_id))

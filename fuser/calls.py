@@ -23,7 +23,7 @@ from fuser.driver import DriverError, driver
 from fuser.dtypes import DataType
 from fuser.errors import LaunchError, OutOfResourcesError
 from fuser.loader import Kernel
-from fuser.schedulers.base import Launch
+from fuser.schedulers.base import Launch, ceil_div
 from fuser.tickets import counters as ticket_counters
 
 T = TypeVar("T")
@@ -143,8 +143,8 @@ class Plan:
         after another: each one's start, then the last one's aligned end."""
         bounds = [0]
         for (rows, hidden), dtype in self.partials:
-            bounds.append(bounds[-1] + -(-rows * hidden * dtype.itemsize // WORKSPACE_ALIGN)
-                          * WORKSPACE_ALIGN)
+            bounds.append(bounds[-1] + ceil_div(rows * hidden * dtype.itemsize,
+                                                WORKSPACE_ALIGN) * WORKSPACE_ALIGN)
         return tuple(bounds)
 
     @property
@@ -299,20 +299,19 @@ def _torch_stream() -> Callable[[int], int]:
     return lambda device_id: torch.cuda.current_stream(device_id).cuda_stream
 
 
-def _partials(plan: Plan, stream: int, like, capturing: bool) -> Workspace:
-    """The column-sum workspace of one call. The partial rows are written and read only by
-    this call's kernels, in stream order (the workspace's lock keeps another call's launches
-    from coming between them), so one workspace per stream serves every call; the per-thread
-    default stream has one handle for a different stream in every thread, so its workspaces
-    are per thread. With CuPy arrays it is CuPy's memory, the plan's. With torch tensors it is
-    the owner's KeptWorkspace where it fits and the stream is not capturing a CUDA graph;
-    otherwise a new one from torch's caching allocator every call: torch then sees the memory
-    and orders its reuse on the stream, and a CUDA graph (torch.cuda.graph, or torch.compile's
-    CUDA graph trees, which also warm up in their own pool and refuse allocations there that
-    no output holds) gets its own, so no capture holds fuser's."""
+def _partials(plan: Plan, owner, like, capturing: bool) -> Workspace:
+    """The column-sum workspace of one call on a stream of `owner` (_owner). The partial rows are
+    written and read only by this call's kernels, in stream order (the workspace's lock keeps
+    another call's launches from coming between them), so one workspace per stream serves every
+    call; the per-thread default stream has one handle for a different stream in every thread,
+    so its workspaces are per thread. With CuPy arrays it is CuPy's memory, the plan's. With
+    torch tensors it is the owner's KeptWorkspace where it fits and the stream is not capturing
+    a CUDA graph; otherwise a new one from torch's caching allocator every call: torch then sees
+    the memory and orders its reuse on the stream, and a CUDA graph (torch.cuda.graph, or
+    torch.compile's CUDA graph trees, which also warm up in their own pool and refuse
+    allocations there that no output holds) gets its own, so no capture holds fuser's."""
     if plan.torch_kind and (capturing or not plan.own_workspace):
         return _workspace(plan, like)
-    owner = _owner(stream)
     partials = plan.workspaces.get(owner)
     if partials is None:
         if plan.torch_kind:
@@ -390,13 +389,14 @@ def _enqueue(plan: Plan, inputs: list, pointers: list) -> list:
     outs = _arrays(plan.array_outputs, torch_kind, like)
     stream = stream_of(torch_kind, plan.device_id)
     capturing = plan.asks_capture and driver().stream_capturing(stream)
-    partials = _partials(plan, stream, like, capturing) if plan.partials else None
+    owner = _owner(stream)
+    partials = _partials(plan, owner, like, capturing) if plan.partials else None
     for i, (v, t) in plan.scalar_types.items():
         pointers[i] = t(scalar_value(i, v, inputs[i]))
     addresses = [o.data_ptr() for o in outs] if torch_kind else [o.data.ptr for o in outs]
     if partials is not None:
         addresses += partials.addresses
-    tickets = (ticket_counters(plan.device_id).counter(_owner(stream), stream, capturing)
+    tickets = (ticket_counters(plan.device_id).counter(owner, stream, capturing)
                if plan.counted else 0)
     # in loader._SLOT_ORDER, flat (Plan.launches)
     values = pointers + addresses + [plan.rows, plan.launch.partial_rows, tickets, plan.groups,

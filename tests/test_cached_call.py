@@ -249,15 +249,16 @@ def test_a_torch_workspace_comes_from_torch_while_capturing_or_where_large(gpu, 
 def test_kept_workspace_buffers_start_aligned_one_after_another():
     """Plan.partial_offsets: each partial-row buffer WORKSPACE_ALIGN-aligned after the last;
     own_workspace where the last one ends within the kept buffer."""
-    plan = calls.Plan.__new__(calls.Plan)
-    object.__setattr__(plan, "torch_kind", True)
-    object.__setattr__(plan, "partials", (((3, 100), DataType.Float), ((2, 64), DataType.Float)))
+    def torch_plan(partials) -> calls.Plan:  # only the fields these properties read
+        plan = calls.Plan.__new__(calls.Plan)
+        object.__setattr__(plan, "torch_kind", True)
+        object.__setattr__(plan, "partials", partials)
+        return plan
+
+    plan = torch_plan((((3, 100), DataType.Float), ((2, 64), DataType.Float)))
     assert plan.partial_offsets == (0, 1280)
     assert plan.own_workspace
-    wide = calls.Plan.__new__(calls.Plan)
-    object.__setattr__(wide, "torch_kind", True)
-    object.__setattr__(wide, "partials", (((264, 1024), DataType.Float),))
-    assert not wide.own_workspace  # 1056 KiB
+    assert not torch_plan((((264, 1024), DataType.Float),)).own_workspace  # 1056 KiB
 
 
 def test_a_row_kernel_finalizing_its_columns_is_one_cooperative_launch(gpu):
