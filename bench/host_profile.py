@@ -230,8 +230,8 @@ def call_parts(fd, inputs: list, burst: int = 64, bursts: int = 60) -> dict[str,
         args = launcher._layout.unpack_from(launcher._buffer)  # that call's parameters
         parts[f"launcher {launcher.name}"] = timed(
             lambda launcher=launcher, size=size, args=args: launcher(
-                size.grid, size.block, size.dynamic_smem, stream, args))
-        _, address = launcher._configs[(size.grid, size.block, size.dynamic_smem)]
+                size.grid, size.block, size.dynamic_smem, stream, args, size.groups))
+        _, address = launcher._configs[(size.grid, size.block, size.dynamic_smem, size.groups)]
         parts[f"cuLaunchKernelEx {launcher.name}"] = timed(
             lambda launcher=launcher, address=address: gpu.launch_ex(
                 address, launcher._function, launcher._params, None))

@@ -74,7 +74,7 @@ class EntryLauncher:
         # A cooperative launch: every block resident at once (or the launch fails), which a
         # grid-wide barrier needs.
         self.cooperative = cooperative
-        self._configs: dict = {}  # (grid, block, shared_mem) -> (LaunchConfig, its address)
+        self._configs: dict = {}  # (grid, block, shared_mem, groups) -> (config, its address)
         self.param_count = len(param_types)
         codes = [_STRUCT_CODES[t] for t in param_types]  # '@': laid out as C lays them out
         self._layout = struct.Struct("@" + "".join(codes))
