@@ -227,8 +227,12 @@ def _rebuilt(sched: KernelSchedule, last: bool, device: DeviceSpec, dealing_hint
     (row_dealing.rebuilt_dealing; a hinted dealing stays as hinted), unless `sched` comes
     from the last candidate), then a batch loop unrolled half as far; an outer schedule
     rebuilt for fewer blocks per SM, as many as leave its threads a quarter more registers
-    (outer_persistent.rebuilt_blocks); a pointwise schedule has no rebuild."""
+    (outer_persistent.rebuilt_blocks), unless it holds rows in registers to fit its blocks
+    (the next candidate keeps them all in shared memory); a pointwise schedule has no
+    rebuild."""
     if isinstance(sched, OuterSchedule):
+        if sched.held_rows and not last:
+            return None
         fewer = rebuilt_blocks(sched, device)
         if fewer is None:
             return None

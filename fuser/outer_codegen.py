@@ -1,11 +1,12 @@
 """OuterSchedule + FusionInfo -> the names and statements outer_kernel.cu.j2 places.
 
 Inside a pass over the rows, an element's operands are the thread's vector of the row
-(x_<input>: from the rows kept in shared memory, or read from global memory where the kernel
-is streamed), the row's value of each per-row input (row_<input>), the thread's column inputs
-(c_<input>), the totals of earlier levels (r_<value>) and column values computed from them
-(k_<value>): a value of one column (rsqrt of a variance, a mean) is computed once per column
-before the pass that needs it, not once per element.
+(x_<input>: from the rows kept in shared memory or a held input's registers, or read from
+global memory where the kernel is streamed), the row's value of each per-row input
+(row_<input>), the thread's column inputs (c_<input>), the totals of earlier levels
+(r_<value>) and column values computed from them (k_<value>): a value of one column (rsqrt
+of a variance, a mean) is computed once per column before the pass that needs it, not once
+per element.
 """
 
 from __future__ import annotations
@@ -121,12 +122,22 @@ def _cluster_steps(k: int, count: int) -> dict:
                            "this block"] if k == count - 1 else []}
 
 
-def _rows_read(info: FusionInfo, emitter: Emitter, streamed: bool) -> list[dict]:
+def _rows_read(info: FusionInfo, emitter: Emitter, s: OuterSchedule) -> list[dict]:
     """The full inputs the emitted statements read, and how a thread reads its vector of row
-    r: from the rows kept in shared memory, or (streamed) from global memory."""
-    return [{"name": t.name,
-             "read": f"slab.read(g_{t.name}, r)" if streamed else f"slab.at({tile_buffer(t)}, r)"}
-            for t in input_tensors(info, emitter.used)[0]]
+    r: from the rows kept in shared memory, or (streamed) from global memory; a held input's
+    first rows (j < held_rows) from its registers ("held"), the rest from its tile, which
+    starts at the first row not held."""
+    rows = []
+    for t in input_tensors(info, emitter.used)[0]:
+        if s.streamed:
+            read = held = f"slab.read(g_{t.name}, r)"
+        elif t.name == s.held:
+            read = f"slab.at({tile_buffer(t)}, r - {s.held_rows * s.row_lanes})"
+            held = f"h_{t.name}[j]"
+        else:
+            read = held = f"slab.at({tile_buffer(t)}, r)"
+        rows.append({"name": t.name, "read": read, "held": held})
+    return rows
 
 
 def _row_values_read(info: FusionInfo, emitter: Emitter) -> list[dict]:
@@ -158,7 +169,7 @@ def outer_context(info: FusionInfo, s: OuterSchedule) -> dict:
                        "barrier": f"&{LEVEL_BARRIERS}[{k}]",
                        "inbox_bytes": _inbox_bytes(s, level),
                        **_cluster_steps(k, len(info.outer_levels)),
-                       "hoisted": hoisted, "rows": _rows_read(info, emitter, s.streamed),
+                       "hoisted": hoisted, "rows": _rows_read(info, emitter, s),
                        "row_values": _row_values_read(info, emitter),
                        "element_lines": lines,
                        "reductions": reductions})
@@ -171,7 +182,7 @@ def outer_context(info: FusionInfo, s: OuterSchedule) -> dict:
     col_outputs = info.outputs(Role.COL)
     col_emitter = Emitter(info, columns.env, "col_")
     col_lines, col_stored = col_emitter.emit_stored(col_outputs)
-    final: dict = {"hoisted": hoisted, "rows": _rows_read(info, emitter, s.streamed),
+    final: dict = {"hoisted": hoisted, "rows": _rows_read(info, emitter, s),
                    "row_values": _row_values_read(info, emitter), "element_lines": lines,
                    "outputs": _stores(full_outputs, stored),
                    "column_lines": col_lines,
@@ -187,8 +198,10 @@ def outer_context(info: FusionInfo, s: OuterSchedule) -> dict:
         "row_unroll": STREAMED_UNROLL if s.streamed else 1,
         "smem": [{"name": b.name, "offset": b.offset, "purpose": b.purpose,
                   "ctype": types[b.name]} for b in s.smem.buffers],
-        "tiles": [] if s.streamed else [{"name": t.name, "buffer": tile_buffer(t)}
-                                        for t in info.full_inputs],
+        "tiles": [] if s.streamed else [
+            {"name": t.name, "buffer": tile_buffer(t), "ctype": t.dtype.cuda_type,
+             "first": s.held_rows * s.row_lanes if t.name == s.held else 0}
+            for t in info.full_inputs],
         "columns": [{"name": t.name, "ctype": t.dtype.cuda_type} for t in info.col_inputs],
         "scalar_lines": used_lines(scalar_lines, readers),
         "levels": levels,
@@ -214,6 +227,9 @@ def _intro(s: OuterSchedule) -> list[str]:
         who = shared if s.cluster > 1 else "one block keeps each slab's rows"
         kept = (f"Each slab of {s.slab} columns is kept on chip: {who} (at most "
                 f"{s.rank_rows} rows) in shared memory, copied once.")
+        if s.held_rows:
+            kept += (f" Of {s.held}, each thread's first {s.held_rows} rows stay in its "
+                     "registers instead, read once from global memory.")
     lines = [kept,
              f"Thread (x, y) owns columns x * {s.vec} to x * {s.vec} + {s.vec - 1} of the slab "
              f"and rows y, y + {s.row_lanes}, ... of its block; each level's column totals are "

@@ -73,13 +73,27 @@ struct ColumnSlab {
   // commits and waits): each thread copies its own vectors, the ones it later reads, so no
   // block barrier stands between the copies and the first pass. (Copies in groups that the
   // first pass followed one by one ran slower: bench/TUNING.md, "outer-persistent kernels".)
+  // From row `first` on (a multiple of ROW_LANES: the rows before it are held in registers),
+  // into a tile of the rows from `first`.
   template <typename T>
-  __device__ __forceinline__ void fill(T* tile, const T* g) const {
+  __device__ __forceinline__ void fill(T* tile, const T* g, int first = 0) const {
     if (!owns) return;
 #pragma unroll 4
-    for (int r = ty; r < rows; r += ROW_LANES) {
-      copy_vector<VEC * static_cast<int>(sizeof(T))>(tile + r * W + tx * VEC,
+    for (int r = first + ty; r < rows; r += ROW_LANES) {
+      copy_vector<VEC * static_cast<int>(sizeof(T))>(tile + (r - first) * W + tx * VEC,
                                                       g + (row0 + r) * H + col);
+    }
+  }
+
+  // The thread's first N rows of the block's rows of `g` (ty, ty + ROW_LANES, ...) into its
+  // registers, read once from global memory: a held input's (the rest go to shared memory
+  // by fill from row N * ROW_LANES). Rows past the block's are left unset and never read.
+  template <int N, typename T>
+  __device__ __forceinline__ void hold(Vec<T, VEC> (&held)[N], const T* g) const {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const int r = ty + j * ROW_LANES;
+      if (owns && r < rows) held[j] = load<VEC>(g + (row0 + r) * H + col);
     }
   }
 

@@ -44,6 +44,18 @@ def test_heuristic_schedules_match_the_reference(name, rows, hidden, dtype, rng)
     assert isinstance(fd.last_schedule(), OuterSchedule)
 
 
+@pytest.mark.parametrize(("name", "dtype", "rows", "hidden", "held"), [
+    ("batchnorm_bwd", BF16, 16384, 1000, 7), ("batchnorm_bwd", DataType.Half, 13000, 520, 3),
+    ("batchnorm_bwd", F, 16384, 1000, 6), ("batchnorm_bwd", F, 16000, 1023, 21)], ids=str)
+def test_rows_held_in_registers_match_the_reference(name, dtype, rows, hidden, held, rng):
+    """Schedules that hold each thread's first rows of one input in registers (the rest in
+    shared memory): fewer rows than built for (13000 of 14336; 16000 of 16384), a last slab
+    of 8 columns (520), one-element vectors (1023). Each at most 2^24 elements, validated in
+    full (test_gpu_fusions.validate_tiled refuses normalizations along columns)."""
+    fd = run_and_validate(name, dtype, hidden, rows, rng)
+    assert fd.last_schedule().held_rows == held
+
+
 def _device_inputs(name: str, dtype: DataType, shape: tuple[int, ...], seed: int) -> list:
     import cupy
 

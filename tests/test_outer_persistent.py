@@ -273,3 +273,60 @@ def test_a_spilled_outer_kernel_is_rebuilt_for_a_quarter_more_registers_each_tim
     while (fewer := rebuilt_blocks(replace(s, blocks_per_sm=found[-1]), H200)) is not None:
         found.append(fewer)
     assert found == chain
+
+
+@pytest.mark.parametrize("preset", ["h200", "h100"])
+def test_rows_held_in_registers_make_room_for_a_second_block(preset):
+    """BatchNorm backward at [16384, 4096] bf16 keeps x and dy, 64 KB each a block of a
+    cluster of 16: one block per SM. Its 2-block entry holds dy's first 7 rows of each thread
+    in registers (28 of them), so dy's tile holds the block's rows from 7 x 64 on and two
+    blocks of 256 threads fit; it compiles for them without spills, and both passes read
+    the held rows from registers first, in the order the rows come."""
+    fd = FUSIONS["batchnorm_bwd"](BF16)
+    e = fuser.explain(fd, shapes_of(fd, 16384, 4096), device=preset)
+    s = e.schedule
+    assert (s.cluster, s.threads, s.blocks_per_sm, s.held, s.held_rows) == (16, 256, 2, "T3", 7)
+    first = s.held_rows * s.row_lanes
+    assert s.smem.buffer("s_T3").nbytes == (s.rank_rows - first) * s.slab * 2
+    assert s.smem.buffer("s_T0").nbytes == s.rank_rows * s.slab * 2
+    assert s.smem.total * 2 <= DeviceSpec.get(preset).smem_per_sm
+    assert "T3's first 7 rows of each thread held in registers" in s.reason
+    assert "held_rows          7" in str(s)
+    source = e.source
+    assert f"slab.fill(s_T3, g_T3, {first});" in source and "slab.fill(s_T0, g_T0);" in source
+    assert "fm::Vec<__nv_bfloat16, VEC> h_T3[7];\n  slab.hold(h_T3, g_T3);" in source
+    assert source.count("const auto x_T3 = h_T3[j];") == 2
+    assert source.count(f"const auto x_T3 = slab.at(s_T3, r - {first});") == 2
+    assert source.count(f"for (int r = slab.ty + {first} + zero; r < slab.rows;") == 2
+    assert "__launch_bounds__(256, 2)" in source
+    assert not any(r.spills for r in e.resources.values())
+
+
+@pytest.mark.parametrize(("name", "dtype", "rows", "hidden", "cluster", "slab"), [
+    ("batchnorm_bwd", BF16, 4096, 16384, 16, 64), ("batchnorm_fwd", F, 16384, 4096, 16, 16),
+    ("softmax_dim0_fwd", F, 16384, 4096, 16, 16)])
+def test_rows_are_held_only_where_every_entry_would_leave_one_block(name, dtype, rows, hidden,
+                                                                    cluster, slab):
+    """Rows are held only where no entry of two blocks per SM fits without them: BatchNorm
+    backward at [4096, 16384] keeps both inputs twice per SM over a cluster of 16 (a cluster
+    of 8 would need rows held), and fp32 BatchNorm forward and softmax over dim 0 at [16384,
+    4096] take 64-byte segments at three blocks (128-byte ones would need rows held). Such
+    schedules print no held fields."""
+    info = analyze(FUSIONS[name](dtype).fusion)
+    s = next(candidates(info, Problem(hidden, problem_rows(info, rows), 16), H200))
+    assert (s.cluster, s.slab, s.held_rows, s.held) == (cluster, slab, 0, "")
+    assert s.blocks_per_sm >= 2
+    assert "held" not in str(s) and "held" not in s.reason
+
+
+def test_a_spilled_schedule_with_held_rows_gives_way_to_the_next_candidate():
+    """Rows are held only to fit another block: where that kernel spills, the next candidate
+    (its rows all in shared memory) is built, not the same one for fewer blocks; the last
+    candidate is still rebuilt."""
+    from fuser.kernels import _rebuilt
+
+    info = analyze(FUSIONS["batchnorm_bwd"](BF16).fusion)
+    s = next(candidates(info, Problem(4096, problem_rows(info, 16384), 16), H200))
+    assert s.held_rows and s.blocks_per_sm == 2
+    assert _rebuilt(s, False, H200, False) is None
+    assert _rebuilt(s, True, H200, False).blocks_per_sm == 1

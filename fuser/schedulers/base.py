@@ -283,6 +283,11 @@ class OuterSchedule:
     blocks_per_sm: int  # resident blocks its threads, registers and shared memory allow
     smem: SmemPlan
     streamed: bool = False  # rows read in the one pass, not kept (rank_rows: the built-for share)
+    # a full input whose first held_rows rows of each thread (rows y, y + row_lanes, ...) stay
+    # in its registers, read once from global memory, and the rest in shared memory: room for
+    # another block of the SM where its whole share would not leave it ("" and 0: none)
+    held: str = ""
+    held_rows: int = 0
 
     @property
     def threads(self) -> int:
@@ -293,7 +298,8 @@ class OuterSchedule:
         return ceil_div(self.hidden, self.slab)
 
     def __str__(self) -> str:
-        return "OuterSchedule\n  " + "\n  ".join(_field_lines(self, skip=("smem",)))
+        skip = ("smem",) if self.held_rows else ("smem", "held", "held_rows")
+        return "OuterSchedule\n  " + "\n  ".join(_field_lines(self, skip=skip))
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,12 @@ TOTAL_BYTES = 8  # a column partial past a warp's (a double, or a 64-bit integer
 # take 71 to 104 (bf16 softmax over dim 0, BatchNorm forward and backward, NVRTC 13); a third
 # block of softmax over dim 0 (84 registers at two) is worth squeezing it to 80.
 REGISTERS = 80
+# The most registers a thread's held rows may take (OuterSchedule.held_rows): a 2-block entry
+# of ORDER whose shares do not fit shared memory twice keeps the first rows of each thread of
+# one input in registers instead, as few as make room for the second block. BatchNorm
+# backward at [16384, 4096] bf16 keeps x and dy, 64 KB each a block of a cluster of 16: one
+# block per SM, where 7 of dy's 16 rows a thread held (28 registers) leave two of 256 threads.
+HELD_REGISTERS = 32
 
 
 def can_schedule(info: FusionInfo, problem: Problem, device: DeviceSpec) -> str | None:
@@ -121,18 +127,46 @@ def _check_hints(hints: Hints, allowed: tuple[int, ...]) -> None:
 def _fits(info: FusionInfo, problem: Problem, device: DeviceSpec,
           clusters: tuple[int, ...]) -> Iterator[OuterSchedule]:
     """For each ORDER entry, the first cluster whose shared memory fits the entry's slab with
-    its least blocks per SM, each geometry once."""
+    its least blocks per SM; where no entry of two or more blocks fits so, the first cluster
+    that fits each such entry with rows held in registers (_held); each geometry once."""
     seen = set()
     vec = _vec(info, problem)
-    for segment, threads, blocks in ORDER:
-        for k in clusters:
-            schedule = _schedule(info, problem, device, vec, segment, k, threads)
-            if schedule.smem.fits and schedule.blocks_per_sm >= blocks:
-                geometry = (schedule.slab, schedule.threads, schedule.cluster)
-                if geometry not in seen:
-                    seen.add(geometry)
-                    yield schedule
-                break
+    found = [(entry, next((s for k in clusters if _resident(
+        s := _schedule(info, problem, device, vec, entry[0], k, entry[1]), entry[2])), None))
+        for entry in ORDER]
+    one_block = all(s is None for (_, _, blocks), s in found if blocks > 1)
+    for (segment, threads, blocks), schedule in found:
+        if schedule is None and blocks > 1 and one_block:
+            held = (h for k in clusters for h in _held(info, problem, device, vec, segment, k,
+                                                       threads))
+            schedule = next((h for h in held if _resident(h, blocks)), None)
+        if schedule is not None:
+            geometry = (schedule.slab, schedule.threads, schedule.cluster, schedule.held_rows)
+            if geometry not in seen:
+                seen.add(geometry)
+                yield schedule
+
+
+def _resident(schedule: OuterSchedule, blocks: int) -> bool:
+    return schedule.smem.fits and schedule.blocks_per_sm >= blocks
+
+
+def _held(info: FusionInfo, problem: Problem, device: DeviceSpec, vec: int, segment: int,
+          cluster: int, threads: int) -> Iterator[OuterSchedule]:
+    """_schedule's slab with 1, 2, ... rows of each thread of the last full input held in
+    registers (OuterSchedule.held_rows), up to HELD_REGISTERS and the rows a thread visits."""
+    rows = 1
+    while rows * row_registers(vec, info.full_inputs[-1]) <= HELD_REGISTERS:
+        schedule = _schedule(info, problem, device, vec, segment, cluster, threads, rows)
+        if schedule.held_rows < rows:  # a thread visits fewer rows than that
+            return
+        yield schedule
+        rows += 1
+
+
+def row_registers(vec: int, t: Tensor) -> int:
+    """Registers a thread's vector of a row of t takes."""
+    return max(1, vec * t.dtype.itemsize // 4)
 
 
 def _refusal(info: FusionInfo, problem: Problem, device: DeviceSpec,
@@ -232,10 +266,12 @@ def _slab(hidden: int, vec: int, columns: int) -> int:
 
 
 def _schedule(info: FusionInfo, problem: Problem, device: DeviceSpec, vec: int, segment: int,
-              cluster: int, threads: int, streamed: bool = False) -> OuterSchedule:
+              cluster: int, threads: int, held_rows: int = 0, streamed: bool = False
+              ) -> OuterSchedule:
     """The schedule of a slab `segment` bytes of each row wide (of its widest input) over
     `cluster` blocks in vectors of `vec` (_vec), at most `threads` a block (fewer where the
-    rows are few, never less than a warp); `streamed`, with no rows kept."""
+    rows are few, never less than a warp); `streamed`, with no rows kept; `held_rows` of each
+    thread's rows of the last full input in registers (at most the rows a thread visits)."""
     widest = max((t.dtype.itemsize for t in info.full_inputs), default=1)
     slab = _slab(problem.hidden, vec, max(1, segment // widest))
     rows = max(problem.rows, 1)
@@ -244,8 +280,13 @@ def _schedule(info: FusionInfo, problem: Problem, device: DeviceSpec, vec: int, 
     row_lanes = max(1, min(threads // col_lanes, next_pow2(rank_rows)))
     row_lanes = max(row_lanes, ceil_div(device.warp_size, col_lanes))  # whole warps
     groups = fold_groups(col_lanes, row_lanes, device.warp_size)
-    plan = _smem(info, slab, groups, rank_rows, cluster, device, streamed)
+    held_rows = min(held_rows, ceil_div(rank_rows, row_lanes))
+    held = info.full_inputs[-1] if held_rows else None
+    plan = _smem(info, slab, groups, rank_rows, cluster, device, streamed,
+                 held, held_rows * row_lanes)
     registers = STREAMED_REGISTERS if streamed else REGISTERS
+    if held is not None:
+        registers += held_rows * row_registers(vec, held)
     blocks = blocks_per_sm(device, col_lanes * row_lanes, registers, plan.total)
     where = f"cluster of {cluster}" if cluster > 1 else "one block"
     if streamed:
@@ -254,8 +295,12 @@ def _schedule(info: FusionInfo, problem: Problem, device: DeviceSpec, vec: int, 
     else:
         reason = (f"{segment}-byte row segments: {rank_rows} rows x {slab} columns per block, "
                   f"{where} per slab")
+    if held is not None:
+        reason += (f"; {held.name}'s first {held_rows} rows of each thread held in registers, "
+                   f"for {blocks} blocks per SM")
     return OuterSchedule("outer_persistent", reason, problem.hidden, rows, vec, slab, col_lanes,
-                         row_lanes, groups, cluster, rank_rows, max(1, blocks), plan, streamed)
+                         row_lanes, groups, cluster, rank_rows, max(1, blocks), plan, streamed,
+                         held.name if held is not None else "", held_rows)
 
 
 def rebuilt_blocks(s: OuterSchedule, device: DeviceSpec) -> int | None:
@@ -278,13 +323,18 @@ def fold_groups(col_lanes: int, row_lanes: int, warp: int) -> int:
 
 
 def _smem(info: FusionInfo, slab: int, groups: int, rank_rows: int, cluster: int,
-          device: DeviceSpec, streamed: bool) -> SmemPlan:
+          device: DeviceSpec, streamed: bool, held: Tensor | None = None, held_rows: int = 0
+          ) -> SmemPlan:
     """The shared-memory plan of a slab: the block's rows of each full input (none where
-    streamed), the fold buffers, a cluster's inboxes and mbarriers."""
-    requests = [] if streamed else [
-        (tile_buffer(t), rank_rows * slab * t.dtype.itemsize,
-         f"{t.name}'s rows of the slab ({t.dtype.label}): {rank_rows} x {slab}")
-        for t in info.full_inputs]
+    streamed; of `held`, those past its first `held_rows`, which the threads keep in
+    registers), the fold buffers, a cluster's inboxes and mbarriers."""
+    requests = []
+    for t in () if streamed else info.full_inputs:
+        kept = rank_rows - held_rows if t is held else rank_rows
+        past = f", the block's rows from {held_rows} on" if t is held else ""
+        requests.append((tile_buffer(t), max(kept, 0) * slab * t.dtype.itemsize,
+                         f"{t.name}'s rows of the slab ({t.dtype.label}{past}): "
+                         f"{max(kept, 0)} x {slab}"))
     lanes: dict[str, list[Expr]] = {}  # the reductions taking turns in each buffer
     totals: dict[str, list[Expr]] = {}
     for e in info.outer_reductions:
