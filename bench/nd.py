@@ -193,6 +193,9 @@ CASES = {
     "masked_softmax": Case(masked_softmax, ((4, 16, 1024, 1024), (1024, 1024)),
                            _eager_masked_softmax, mask=True),
     "mean_over_sequence": Case(mean_over_sequence, ((8, 1024, 4096),), _eager_mean),
+    # many groups of few slabs each: their slabs together fill the SMs
+    "mean_over_many_sequences": Case(mean_over_sequence, ((64, 2048, 1024),), _eager_mean),
+    "mean_over_short_sequences": Case(mean_over_sequence, ((256, 256, 1024),), _eager_mean),
     "centered_over_sequence": Case(centered_over_sequence, ((8, 1024, 4096),), _eager_centered),
     "bias_gradient": Case(bias_gradient, ((16384, 4096),), _eager_bias_gradient),
     "channel_scale": Case(channel_scale, ((32, 64, 56, 56), (64,)), _eager_channel_scale),

@@ -35,7 +35,7 @@ from fuser.ir import Scalar, Tensor, as_tensor
 from fuser.loader import get_kernel, launch_sizes
 from fuser.moves import Move, make_layouts
 from fuser.schedulers import Hints, Problem
-from fuser.schedulers.base import Dealing, RowSchedule, problem_rows
+from fuser.schedulers.base import Dealing, RowSchedule, problem_groups, problem_rows
 from fuser.segment import Segment, Segmentation, segment
 from fuser.shapes import Sizes, bind_shapes
 from fuser.signature import workspace_dtype
@@ -168,7 +168,8 @@ def _plan(fd, inputs: list, device, hints) -> Plan:
     spec = actual if device is None else DeviceSpec.get(device)
     if device is not None:
         check_device(spec, actual, device_id)
-    problem = Problem(hidden, problem_rows(info, rows, groups), align)
+    problem = Problem(hidden, problem_rows(info, rows, groups), align,
+                      problem_groups(info, groups))
     kernel = get_kernel(fd.name, info, definition, problem, spec, device_id, hints)
     launch, final = launch_sizes(kernel, rows, spec, groups)
     partials = () if kernel.finalize is None else tuple(

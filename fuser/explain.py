@@ -324,17 +324,18 @@ def _permutes(segmentation: Segmentation, sizes, spec: DeviceSpec,
 def _problem(info: FusionInfo, shapes: list[Shape | None]) -> tuple[int, int, Problem]:
     """(rows, hidden, the Problem) as fuser.executor._plan derives them from inputs of these
     shapes: rows are the product of the row extents, and the heuristic sees them (a group's,
-    FusionInfo.group_axes) as schedulers.base.problem_rows rounds them; the inputs are taken
-    as 16-byte aligned."""
+    FusionInfo.group_axes) as schedulers.base.problem_rows rounds them, and the groups as
+    problem_groups does; the inputs are taken as 16-byte aligned."""
     from fuser.schedulers import Problem
-    from fuser.schedulers.base import problem_rows
+    from fuser.schedulers.base import problem_groups, problem_rows
     from fuser.shapes import bind_shapes
 
     sizes = bind_shapes(info.fusion, shapes)
     rows = math.prod(sizes.value(axis) for axis in info.row_axes)
     groups, group_rows = info.group_rows(sizes)
     hidden = sizes.value(info.hidden_axis) if info.hidden_axis is not None else 1
-    return rows, hidden, Problem(hidden, problem_rows(info, group_rows, groups), ALIGN_BYTES)
+    return rows, hidden, Problem(hidden, problem_rows(info, group_rows, groups), ALIGN_BYTES,
+                                 problem_groups(info, groups))
 
 
 def _hints(hints: Hints | Mapping[str, Any] | None) -> Hints | None:

@@ -73,6 +73,9 @@ class Problem:
     hidden: int  # extent of the innermost axis (1 when the fusion has none)
     rows: int  # extent of the row axis (1 when the fusion has none)
     align_bytes: int  # largest power of two (<= 16) dividing every data pointer
+    # the groups of rows an outer reduction's column kernel spreads over the SMs beside its
+    # slabs, as problem_groups rounds them; 1 for every other fusion
+    groups: int = 1
 
     def __post_init__(self):
         if self.hidden < 1 or self.rows < 0:
@@ -394,6 +397,16 @@ def problem_rows(info: FusionInfo, rows: int, groups: int = 1) -> int:
         return min(next_pow2(rows * groups), ROWS_SEEN)
     step = max(1, next_pow2(rows) // 8)
     return max(1, ceil_div(rows, step) * step)
+
+
+def problem_groups(info: FusionInfo, groups: int) -> int:
+    """The groups (FusionInfo.group_axes) a schedule is built for: of an outer reduction,
+    whose streamed column kernel runs a grid of slabs per group, the power of two at or below
+    the call's (so its grid is never counted fuller than it is), at most ROWS_SEEN; 1 for
+    every other fusion, whose schedules do not look at them."""
+    if info.kind is not Kind.OUTER:
+        return 1
+    return min(1 << (max(groups, 1).bit_length() - 1), ROWS_SEEN)
 
 
 def next_pow2(n: int) -> int:

@@ -219,8 +219,9 @@ def _streamed(info: FusionInfo, problem: Problem, device: DeviceSpec
 def _streamed_or_why(info: FusionInfo, problem: Problem, device: DeviceSpec
                      ) -> OuterSchedule | str:
     """The streamed schedule of an outer reduction: over the fewest blocks per slab that
-    fill the SMs, each reading at least STREAMED_MIN_ROWS of a group's rows; or why none
-    is (full outputs, fold buffers over shared memory, groups of few rows, slabs too few)."""
+    fill the SMs with the slabs of every group (Problem.groups), each reading at least
+    STREAMED_MIN_ROWS of a group's rows; or why none is (full outputs, fold buffers over
+    shared memory, groups of few rows, slabs too few)."""
     if info.outputs(Role.FULL):  # bias gradients ran 0.64-0.90 streamed, 0.86-0.94 as rows
         names = ", ".join(o.name for o in info.outputs(Role.FULL))
         return (f"full outputs ({names}) beside the column reductions: the row kernel writes "
@@ -237,11 +238,12 @@ def _streamed_or_why(info: FusionInfo, problem: Problem, device: DeviceSpec
             return (f"a group's {problem.rows} rows over a cluster of {k} leave a block "
                     f"{schedule.rank_rows}, fewer than the {STREAMED_MIN_ROWS} a streamed "
                     "block reads at least: the row kernel takes whole rows")
-        if schedule.slabs * k >= STREAMED_WAVE * device.sm_count:
+        if schedule.slabs * k * problem.groups >= STREAMED_WAVE * device.sm_count:
             return schedule
-    return (f"{schedule.slabs} slab(s) of {schedule.slab} columns over clusters of at most "
-            f"{k} keep fewer than {STREAMED_WAVE:.0%} of the {device.sm_count} SMs busy: the "
-            "row kernel's grid spreads the rows")
+    groups = f" in each of {problem.groups} groups" if problem.groups > 1 else ""
+    return (f"{schedule.slabs} slab(s) of {schedule.slab} columns{groups} over clusters of at "
+            f"most {k} keep fewer than {STREAMED_WAVE:.0%} of the {device.sm_count} SMs busy: "
+            "the row kernel's grid spreads the rows")
 
 
 def _not_streamed(info: FusionInfo, problem: Problem, device: DeviceSpec) -> str | None:
@@ -292,6 +294,8 @@ def _schedule(info: FusionInfo, problem: Problem, device: DeviceSpec, vec: int, 
     if streamed:
         reason = (f"{segment}-byte row segments streamed: {ceil_div(problem.hidden, slab)} "
                   f"slabs of {slab} columns, {'a ' if cluster > 1 else ''}{where} each")
+        if problem.groups > 1:
+            reason += f", in each of {problem.groups} or more groups"
     else:
         reason = (f"{segment}-byte row segments: {rank_rows} rows x {slab} columns per block, "
                   f"{where} per slab")
