@@ -111,6 +111,15 @@ def mean_over_sequence(fd, dtype):
     fd.add_output(fd.ops.cast(fd.ops.div(s, x.size(1)), dtype))
 
 
+def masked_mean_pooling(fd, dtype):
+    """Mean pooling of [batch, seq, hidden] over the positions a [batch, seq, 1] mask holds:
+    the masked sum over the count (fuser.lowering spreads the count along hidden)."""
+    x = fd.define_tensor([-1, -1, -1], dtype=dtype)
+    m = fd.ops.cast(fd.define_tensor([-1, -1, 1], dtype=DataType.Bool), F)
+    pooled = fd.ops.div(fd.ops.sum(fd.ops.mul(fd.ops.cast(x, F), m), [1]), fd.ops.sum(m, [1]))
+    fd.add_output(fd.ops.cast(pooled, dtype))
+
+
 def bias_gradient(fd, dtype):
     """A linear layer's bias gradient: grad_out [tokens, hidden] summed over the tokens."""
     dy = fd.define_tensor([-1, -1], dtype=dtype)
@@ -163,6 +172,11 @@ def _eager_mean(x):
     return (x.float().mean(1).to(x.dtype),)
 
 
+def _eager_masked_mean(x, m):
+    held = m.float()
+    return (((x.float() * held).sum(1) / held.sum(1)).to(x.dtype),)
+
+
 def _eager_bias_gradient(dy):
     return (dy.float().sum(0).to(dy.dtype),)
 
@@ -196,6 +210,8 @@ CASES = {
     # many groups of few slabs each: their slabs together fill the SMs
     "mean_over_many_sequences": Case(mean_over_sequence, ((64, 2048, 1024),), _eager_mean),
     "mean_over_short_sequences": Case(mean_over_sequence, ((256, 256, 1024),), _eager_mean),
+    "masked_mean_pooling": Case(masked_mean_pooling, ((8, 1024, 4096), (8, 1024, 1)),
+                                _eager_masked_mean, mask=True),
     "centered_over_sequence": Case(centered_over_sequence, ((8, 1024, 4096),), _eager_centered),
     "bias_gradient": Case(bias_gradient, ((16384, 4096),), _eager_bias_gradient),
     "channel_scale": Case(channel_scale, ((32, 64, 56, 56), (64,)), _eager_channel_scale),
@@ -225,9 +241,13 @@ def host_inputs(name: str, dtype: DataType, shape=None, seed: int = 0) -> list[n
 
 def mask(rng: np.random.Generator, shape) -> np.ndarray:
     """A Bool mask with most entries held and its first column always (no row wholly
-    masked, so a masked softmax stays finite)."""
+    masked, so a masked softmax stays finite); of one column ([batch, seq, 1]), each
+    sample's first position (no sample wholly masked, so a masked mean stays finite)."""
     held = rng.random(shape) < 0.8
-    held[..., 0] = True
+    if shape[-1] == 1:
+        held[..., 0, :] = True
+    else:
+        held[..., 0] = True
     return held
 
 
