@@ -93,9 +93,10 @@ def _partners_extent(e: Expr, r: Tensor, j: int, uses: list[Expr]) -> Extent | N
                 continue
             if o.ndim != r.ndim:
                 return None
-            if o.dims[j] is None:
+            extent = o.dims[j]
+            if extent is None:
                 continue
-            roots.add(o.dims[j].find())
+            roots.add(extent.find())
             p = o.definition
             like_e |= (p is not None and p.op in REDUCTIONS and p.attrs == e.attrs
                        and as_tensor(p.inputs[0]).ndim == as_tensor(e.inputs[0]).ndim)
