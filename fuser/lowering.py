@@ -1,8 +1,9 @@
 """Lowering: the Fusion a scheduler sees, copied from the user's. Composite ops (var_mean,
 var) become primitives, a reduction over every axis of a tensor becomes two (each row's,
 then over the rows' results), one over axes of size 1 a cast that does not round, a
-reduction of a value broadcast along an axis that meets only results spanning that axis is
-computed along it too (_spread), and the ops no output depends on are left out. The user's
+reduction over the rows of a value without the hidden axis that meets only such reductions
+of values with it is computed on its operand spread along hidden (fuser.spread), and the
+ops no output depends on are left out. The user's
 definition (and its repr) stays as written. The copying helpers (define_like, copy_expr,
 equate_extents) serve every pass that rewrites a fusion into another (segment.py,
 reorder.py, layouts.py)."""
@@ -12,6 +13,7 @@ from __future__ import annotations
 from fuser.dtypes import DataType
 from fuser.ir import Expr, Extent, Fusion, Scalar, Tensor, Val, as_tensor, copy_cast, upstream
 from fuser.ops import REDUCTIONS
+from fuser.spread import spread_reduction, spreads
 
 
 def lower(fusion: Fusion) -> Fusion:
@@ -21,106 +23,22 @@ def lower(fusion: Fusion) -> Fusion:
     out = Fusion()
     new: dict[Val, Val] = {}
     needed = upstream(fusion.outputs)
-    spread = _spread(fusion, needed)
+    spread = spreads(fusion, needed)
     kept = {id(e) for e in needed}
     for v in fusion.vals:
         e = v.definition
         if e is None:
             new[v] = define_like(out, v, v in fusion.inputs)
         elif v is e.outputs[0] and id(e) in kept:
-            operand = _spread_operand(out, e, spread.get(id(e), {}), new)
-            if operand is None:
+            wide = spread_reduction(out, e, spread[id(e)], new) if id(e) in spread else None
+            if wide is None:
                 copy_expr(out, e, new)
             else:
-                mapping = {**new, e.inputs[0]: operand}
-                copy_expr(out, e, mapping)
-                new[v] = mapping[v]
+                new[v] = wide
     for o in fusion.outputs:
         out.outputs.append(as_tensor(new[o]))
     equate_extents(new, "lower")
     return out
-
-
-def _spread(fusion: Fusion, needed: list[Expr]) -> dict[int, dict[int, Extent]]:
-    """The reductions to compute along axes their operand is broadcast on (id(Expr) -> {an
-    operand dimension of size 1: the extent to spread it to}): a reduction over leading axes
-    (not the last) whose result is no output and meets, in elementwise ops only, results of
-    reductions over the same dimensions that span those axes. A mean of x under a mask m
-    [batch, seq, 1], sum(x * m, [1]) / sum(m, [1]): sum(m, [1]) alone is a value per sample
-    reduced from per-row values, which no kernel of the rows' columns computes; spread along
-    hidden it is one more column sum beside sum(x * m, [1]), each column the same total, and
-    the fusion one kernel. Nothing else changes kind: the partners already reduce over those
-    rows."""
-    users: dict[int, list[Expr]] = {}
-    for e in needed:
-        for i in e.inputs:
-            users.setdefault(id(i), []).append(e)
-    outputs = {id(o) for o in fusion.outputs}
-    found = {}
-    for e in needed:
-        if e.op not in REDUCTIONS or id(e.outputs[0]) in outputs:
-            continue
-        x, r = as_tensor(e.inputs[0]), as_tensor(e.outputs[0])
-        dims, keepdim = e.attr("dims"), e.attr("keepdim")
-        if x.ndim - 1 in dims or any(x.dims[d] is None for d in dims):
-            continue  # reductions over the rows only (no kernel is built by rows of columns)
-        at = {d: d if keepdim else d - sum(k < d for k in dims)
-              for d in range(x.ndim) if d not in dims and x.dims[d] is None}
-        extents = {}
-        for d, j in at.items():
-            extent = _partners_extent(e, r, j, users.get(id(r), []))
-            if extent is None:
-                break
-            extents[d] = extent
-        else:
-            if extents:
-                found[id(e)] = extents
-    return found
-
-
-def _partners_extent(e: Expr, r: Tensor, j: int, uses: list[Expr]) -> Extent | None:
-    """The one extent that the operands beside `r` in its uses have at r's dimension j, where
-    every use is elementwise and some such operand is a result of a reduction like `e` (the
-    same op's dims and keepdim) whose operand spans it; else None."""
-    from fuser.ops import ELEMENTWISE
-
-    roots, like_e = set(), False
-    for u in uses:
-        if u.op not in ELEMENTWISE:
-            return None
-        for o in u.inputs:
-            if o is r or not isinstance(o, Tensor):
-                continue
-            if o.ndim != r.ndim:
-                return None
-            extent = o.dims[j]
-            if extent is None:
-                continue
-            roots.add(extent.find())
-            p = o.definition
-            like_e |= (p is not None and p.op in REDUCTIONS and p.attrs == e.attrs
-                       and as_tensor(p.inputs[0]).ndim == as_tensor(e.inputs[0]).ndim)
-    return roots.pop() if like_e and len(roots) == 1 else None
-
-
-def _spread_operand(out: Fusion, e: Expr, extents: dict[int, Extent],
-                    new: dict[Val, Val]) -> Tensor | None:
-    """e's operand (copied into `out`) broadcast to `extents` (_spread), each size taken from a
-    copied tensor of that extent; None where nothing is spread, or no copied tensor has one
-    of the extents yet (the reduction stays as written)."""
-    if not extents:
-        return None
-    x = as_tensor(new[e.inputs[0]])
-    shape: list = [1 if n is None else out.size(x, d) for d, n in enumerate(x.dims)]
-    for d, extent in extents.items():
-        size = next((out.size(as_tensor(nv), k) for old, nv in new.items()
-                     if isinstance(old, Tensor)
-                     for k, n in enumerate(old.dims) if n is not None and n.find() is extent),
-                    None)
-        if size is None:
-            return None
-        shape[d] = size
-    return out.broadcast_in_dim(x, shape, list(range(x.ndim)))
 
 
 def left_out(fusion: Fusion) -> tuple[str, ...]:

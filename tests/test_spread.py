@@ -1,7 +1,8 @@
-"""Reductions spread along a broadcast axis (fuser.lowering._spread, issue 15): a mean of x
-under a mask m [batch, seq, 1], sum(x * m, [1]) / sum(m, [1]), ran as three segments, since
-sum(m, [1]) alone is a value per sample reduced from per-row values. Lowering computes it
-along hidden beside sum(x * m, [1]), so the fusion is one column kernel. Offline: what is
+"""Reductions spread along hidden (fuser.spread, a pass of lowering; issue 15): a mean of x
+under a mask m [batch, seq, 1] (or m [batch, seq] with its count kept as [batch, 1]),
+sum(x * m, [1]) / sum(m, [1]), ran as three segments, since sum(m, [1]) alone is a value
+per sample reduced from per-row values. Lowering computes it along hidden beside
+sum(x * m, [1]), so the fusion is one column kernel. Offline: what is
 spread and what is not, the lowered fusion against the user's on the float64 oracle, the one
 kernel on every preset; on the GPU (-m gpu): streamed, kept rows and the hinted row kernel
 against the oracle."""
@@ -25,8 +26,8 @@ BF16, F16, F = DataType.BFloat16, DataType.Half, DataType.Float
 def masked_mean(dtype: DataType = BF16, rank: int = 3, centered: bool = False,
                 keepdim: bool = False) -> FusionDefinition:
     """The mean over the sequence of x [batch, seq, hidden] (rank 2: over the rows of
-    [rows, hidden]) under a Bool mask of one value per row, in float, cast back to x's
-    dtype; `centered`: x minus that mean instead (a normalization by it)."""
+    [rows, hidden]) under a Bool mask m [..., 1] of one value per row, in float, cast back to
+    x's dtype; `centered`: x minus that mean instead (a normalization by it)."""
     axis = rank - 2
     with FusionDefinition(f"masked_mean_{rank}d{'_centered' if centered else ''}") as fd:
         x = fd.define_tensor([-1] * rank, dtype=dtype)
@@ -39,13 +40,27 @@ def masked_mean(dtype: DataType = BF16, rank: int = 3, centered: bool = False,
     return fd
 
 
-def host_inputs(shape, dtype: DataType, seed: int = 0) -> list[np.ndarray]:
-    """x standard normal in `dtype`; a mask holding most rows and each group's first."""
+def masked_mean_of_rows_mask(dtype: DataType = BF16) -> FusionDefinition:
+    """The same mean with the mask as torch code writes it, m [batch, seq]:
+    (x * m.unsqueeze(-1)).sum(1) / m.sum(1, keepdim=True)."""
+    with FusionDefinition("masked_mean_rows_mask") as fd:
+        x = fd.define_tensor([-1, -1, -1], dtype=dtype)
+        m = fd.ops.cast(fd.define_tensor([-1, -1], dtype=DataType.Bool), F)
+        wide = fd.ops.broadcast_in_dim(m, shape=x.shape(), broadcast_dims=[0, 1])
+        mean = fd.ops.div(fd.ops.sum(fd.ops.mul(fd.ops.cast(x, F), wide), [1]),
+                          fd.ops.sum(m, [1], keepdim=True))
+        fd.add_output(fd.ops.cast(mean, dtype))
+    return fd
+
+
+def host_inputs(shape, dtype: DataType, seed: int = 0, column: bool = True) -> list:
+    """x standard normal in `dtype`; a mask holding most rows and each group's first, of
+    shape [..., 1] (`column`) or x's without hidden."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(shape).astype(np.float32).astype(dtype.numpy)
-    m = rng.random((*shape[:-1], 1)) < 0.7
-    m[..., 0, :] = True
-    return [x, m]
+    m = rng.random(shape[:-1]) < 0.7
+    m[..., 0] = True
+    return [x, m[..., None] if column else m]
 
 
 def _spread_sums(fd: FusionDefinition) -> list:
@@ -70,11 +85,20 @@ def test_a_masked_mean_is_one_column_kernel(rank, centered, keepdim):
     assert not isinstance(report, SegmentedExplanation)
 
 
-@pytest.mark.parametrize(("rank", "centered"), [(3, False), (2, False), (3, True)])
+def test_a_mask_of_the_rows_with_its_count_kept_is_one_column_kernel():
+    fd = masked_mean_of_rows_mask()
+    assert len(_spread_sums(fd)) == 1
+    assert analyze(fd.fusion).kind is Kind.OUTER
+    report = explain(fd, [(8, 1024, 4096), (8, 1024)], device="h100")
+    assert not isinstance(report, SegmentedExplanation)
+
+
+@pytest.mark.parametrize(("rank", "centered"), [(3, False), (2, False), (3, True), (0, False)])
 def test_the_lowered_fusion_computes_the_users_values(rank, centered):
-    """The float64 oracle on the lowered fusion (the spread sum) and on the user's."""
-    fd = masked_mean(F, rank, centered)
-    host = host_inputs((3, 7, 40) if rank == 3 else (30, 40), F)
+    """The float64 oracle on the lowered fusion (the spread sum) and on the user's (rank 0:
+    the mask of the rows, masked_mean_of_rows_mask)."""
+    fd = masked_mean(F, rank, centered) if rank else masked_mean_of_rows_mask(F)
+    host = host_inputs((30, 40) if rank == 2 else (3, 7, 40), F, column=bool(rank))
     got, want = evaluate(lower(fd.fusion), host), evaluate(fd.fusion, host)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
@@ -144,6 +168,15 @@ GPU_SHAPES = [(3, 7, 1000), (8, 1024, 4096), (2, 5, 24578), (3000, 8, 24), (1, 4
                          ids=["column_kernel", "row_kernel"])
 def test_gpu_a_masked_mean_matches_the_oracle(hints, shape, dtype):
     _validated(masked_mean(dtype), host_inputs(shape, dtype), hints)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [BF16, F], ids=lambda d: d.name)
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+def test_gpu_a_mean_under_a_mask_of_the_rows_matches_the_oracle(shape, dtype):
+    fd = masked_mean_of_rows_mask(dtype)
+    _validated(fd, host_inputs(shape, dtype, column=False), None)
+    assert not hasattr(fd.last_schedule(), "segments")
 
 
 @pytest.mark.gpu
