@@ -19,7 +19,7 @@ from fuser.device import DeviceSpec
 from fuser.explain import explain
 from fuser.fusions import FUSIONS
 from fuser.schedulers import Hints, Problem, outer_persistent
-from fuser.schedulers.base import OuterSchedule, RowSchedule, problem_rows
+from fuser.schedulers.base import OuterSchedule, RowSchedule, ceil_div, problem_rows
 from fuser.schedulers.outer_persistent import STREAMED_MIN_ROWS, STREAMED_SEGMENT, STREAMED_WAVE
 
 BF16, F, HALF = DataType.BFloat16, DataType.Float, DataType.Half
@@ -104,6 +104,21 @@ def test_groups_fill_the_sms_that_one_group_s_slabs_would_not(shape, groups):
     assert isinstance(alone, RowSchedule) or alone.cluster > 1
 
 
+@pytest.mark.parametrize(("shape", "dtype", "segment", "slab"),
+                         [((128, 64, 2048), BF16, 512, 256), ((128, 64, 2048), F, 512, 128),
+                          ((32, 128, 4096), BF16, 256, 128), ((256, 256, 1024), BF16, 128, 64),
+                          ((8, 1024, 4096), BF16, 128, 64)], ids=str)
+def test_groups_of_few_rows_stream_through_wider_slabs(shape, dtype, segment, slab):
+    """A block of 64 rows in 128-byte slabs gives each of its 512 threads one row: wider
+    slabs (up to 1024 bytes) give each four, while the groups' slabs fill the SMs."""
+    e = _explained(column_reduction("sum", dtype, 3), [shape])
+    s = e.schedule
+    assert isinstance(s, OuterSchedule) and s.streamed and s.cluster == 1
+    assert (s.slab, s.reason.split("-byte")[0]) == (slab, str(segment))
+    assert ceil_div(s.rank_rows, s.row_lanes) >= 4  # rows a thread reads
+    assert all(r.spill_stores == 0 for r in e.resources.values())
+
+
 def test_fold_buffers_over_shared_memory_are_named_as_the_reason():
     info = analyze(_many_column_sums_only(48).fusion)
     reason = outer_persistent.can_schedule(info, Problem(4096, 1024, 16), DeviceSpec.get("h100"))
@@ -143,6 +158,21 @@ def test_gpu_column_reductions_match_the_oracle(op, shape, dtype):
     streams = shape[-1] >= 1000 and shape[-2] >= 1000  # slabs enough, and a group's rows
     assert (isinstance(fd.last_schedule(), OuterSchedule)
             and fd.last_schedule().streamed) is streams
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [F, BF16], ids=lambda d: d.name)
+@pytest.mark.parametrize("shape", [(128, 64, 2048), (32, 128, 4096), (1024, 64, 1000),
+                                   (300, 70, 3000)], ids=str)
+@pytest.mark.parametrize("op", ["mean", "max"])
+def test_gpu_wider_slabs_of_groups_of_few_rows_match_the_oracle(op, shape, dtype):
+    """Slabs of 256 and 512 bytes (STREAMED_WIDEST), at odd hidden sizes and group rows."""
+    import cupy
+
+    fd = column_reduction(op, dtype, len(shape))
+    fd.validate([cupy.asarray(_x(shape, dtype, 5))])
+    s = fd.last_schedule()
+    assert isinstance(s, OuterSchedule) and s.streamed and s.slab * dtype.itemsize > 128
 
 
 @pytest.mark.gpu

@@ -202,6 +202,12 @@ STREAMED_WAVE = 0.9
 STREAMED_MIN_ROWS = 64
 STREAMED_THREADS = 512
 STREAMED_UNROLL = 4
+# Wider slabs for groups of few rows: at 128 bytes a block of 64 rows gives each thread one
+# row to read before its folds; a slab of up to STREAMED_WIDEST bytes has fewer row lanes,
+# each reading STREAMED_UNROLL rows, while the groups' slabs still fill every SM's blocks.
+# H100, bf16 means over the sequence: [128, 64, 2048] 0.46 -> 0.81-0.85 of the copy (512-byte
+# slabs), [1024, 64, 1024] 0.40 -> 0.87, [32, 128, 4096] 0.56 -> 0.79-0.82 (256 bytes).
+STREAMED_WIDEST = 1024
 # Registers a streamed kernel's thread is built with: two blocks of 512 threads per SM, so a
 # grid of up to twice the SMs runs in one wave (a column's accumulators and four rows' loads
 # in flight take 30 to 60).
@@ -239,11 +245,31 @@ def _streamed_or_why(info: FusionInfo, problem: Problem, device: DeviceSpec
                     f"{schedule.rank_rows}, fewer than the {STREAMED_MIN_ROWS} a streamed "
                     "block reads at least: the row kernel takes whole rows")
         if schedule.slabs * k * problem.groups >= STREAMED_WAVE * device.sm_count:
-            return schedule
+            return _widened(info, problem, device, schedule) if k == 1 else schedule
     groups = f" in each of {problem.groups} groups" if problem.groups > 1 else ""
     return (f"{schedule.slabs} slab(s) of {schedule.slab} columns{groups} over clusters of at "
             f"most {k} keep fewer than {STREAMED_WAVE:.0%} of the {device.sm_count} SMs busy: "
             "the row kernel's grid spreads the rows")
+
+
+def _widened(info: FusionInfo, problem: Problem, device: DeviceSpec,
+             schedule: OuterSchedule) -> OuterSchedule:
+    """`schedule` (one block a slab) with its slab doubled up to STREAMED_WIDEST bytes while
+    its threads read fewer than STREAMED_UNROLL rows each, as long as the slabs of every
+    group still fill STREAMED_WAVE of the SMs' resident blocks."""
+    segment = STREAMED_SEGMENT
+    while ceil_div(schedule.rank_rows, schedule.row_lanes) < STREAMED_UNROLL:
+        segment *= 2
+        if segment > STREAMED_WIDEST:
+            break
+        wider = _schedule(info, problem, device, schedule.vec, segment, 1, STREAMED_THREADS,
+                          streamed=True)
+        resident = wider.blocks_per_sm * device.sm_count
+        if (wider.slab == schedule.slab or not wider.smem.fits
+                or wider.slabs * problem.groups < STREAMED_WAVE * resident):
+            break
+        schedule = wider
+    return schedule
 
 
 def _not_streamed(info: FusionInfo, problem: Problem, device: DeviceSpec) -> str | None:
