@@ -29,7 +29,8 @@ def spreads(fusion: Fusion, needed: list[Expr]) -> dict[int, Spread]:
     """The reductions of `needed` to spread (id(Expr) -> its Spread): each one's result is no
     output of `fusion`, is used by elementwise ops only, beside operands of its rank of which
     one is a reduction's result it maps onto (_onto); spread, its result has that one's
-    extents where it had size 1, and the other operands agree with them."""
+    extents where it had size 1, and in every use another operand has them too (_grows), so
+    no use's result changes shape."""
     users: dict[int, list[Expr]] = {}
     for e in needed:
         for i in e.inputs:
@@ -48,7 +49,7 @@ def spreads(fusion: Fusion, needed: list[Expr]) -> dict[int, Spread]:
         for like in (o.definition for o in others):
             if like is not None and like.op in REDUCTIONS:
                 axes = _onto(e, like)
-                if axes is not None and _grows(r, as_tensor(like.outputs[0]), others):
+                if axes is not None and _grows(r, as_tensor(like.outputs[0]), uses):
                     found[id(e)] = Spread(like, axes)
                     break
     return found
@@ -79,20 +80,25 @@ def _onto(e: Expr, like: Expr) -> tuple[int | None, ...] | None:
     return tuple(axes)
 
 
-def _grows(r: Tensor, spread: Tensor, others: list[Tensor]) -> bool:
+def _grows(r: Tensor, spread: Tensor, uses: list[Expr]) -> bool:
     """Whether `spread` (the partner's result, the spread reduction's shape) is `r` with some
-    axes of size 1 grown, and every operand beside r has those extents or size 1 there."""
-    grows = False
+    axes of size 1 grown, and each use of r has, at each grown axis, another operand of that
+    extent and none of another: each use's result then has the shape it had (a use such as
+    relu(r), or r * r, would carry the grown axes on to what follows, so r is not spread)."""
+    grown = []
     for j, (a, b) in enumerate(zip(r.dims, spread.dims, strict=True)):
         if a is not None:
             if b is None or a.find() is not b.find():
                 return False
-            continue
-        grows |= b is not None
-        beside = {n.find() for n in (o.dims[j] for o in others) if n is not None}
-        if beside and (b is None or beside != {b.find()}):
-            return False
-    return grows
+        elif b is not None:
+            grown.append((j, b.find()))
+    for u in uses:
+        beside = [o for o in u.inputs if o is not r and isinstance(o, Tensor)]
+        for j, root in grown:
+            extents = {n.find() for n in (o.dims[j] for o in beside) if n is not None}
+            if extents != {root}:
+                return False
+    return bool(grown)
 
 
 def spread_reduction(out: Fusion, e: Expr, spread: Spread, new: dict[Val, Val]) -> Val | None:

@@ -115,6 +115,36 @@ def test_a_reduction_that_is_an_output_is_not_spread():
     assert not _spread_sums(fd)
 
 
+TAILS = {
+    "relu": lambda fd, c: fd.ops.relu(c),
+    "squared_and_summed": lambda fd, c: fd.ops.sum(fd.ops.mul(c, c), [1]),
+    "relu_squeezed": lambda fd, c: fd.ops.squeeze(fd.ops.relu(c), [1]),
+    "doubled": lambda fd, c: fd.ops.mul(c, 2.0),
+}
+
+
+@pytest.mark.parametrize("tail", list(TAILS))
+def test_a_count_that_reaches_an_output_through_other_ops_is_not_spread(tail):
+    """The count also used where nothing beside it has hidden (relu(c), c * c, c * 2.0):
+    spread, that use's result would be [batch, hidden] and carry it on to an output. Found
+    by review: relu(c) came out [3, 40] where the user's is [3, 1], sum(c * c, [1]) 40
+    times too large."""
+    with FusionDefinition(f"count_{tail}") as fd:
+        x = fd.define_tensor([-1, -1, -1], dtype=F)
+        m = fd.define_tensor([-1, -1, 1], dtype=F)
+        count = fd.ops.sum(m, [1])
+        fd.add_output(fd.ops.div(fd.ops.sum(fd.ops.mul(x, m), [1]), count))
+        fd.add_output(TAILS[tail](fd, count))
+    assert not _spread_sums(fd)
+    host = host_inputs((3, 7, 40), F)
+    host[1] = host[1].astype(np.float32)
+    for got, want in zip(evaluate(lower(fd.fusion), host), evaluate(fd.fusion, host),
+                         strict=True):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+    explain(fd, [(8, 1024, 4096), (8, 1024, 1)], device="h100")
+
+
 def test_a_reduction_beside_no_reduction_over_its_axes_is_not_spread():
     """sum(m, [1]) times a [batch, hidden] input: nothing beside it reduces the sequence, so
     spreading it would not make the fusion a kernel of the others' kind."""
