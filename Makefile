@@ -84,13 +84,14 @@ test-gpu:
 # persistent and one cluster-split kernel of each fusion, the aligned copies at 24578 and four
 # rings; the outer-persistent kernels at every cluster size (racecheck: the backward's);
 # skewed rows at 24578 in exact allocations (1 and 7 rows: the last row's edge), and the
-# column sums of skewed rows (130, 5003 rows, one to four rows a block). API
+# column sums of skewed rows (130, 5003 rows, one to four rows a block); rows held in
+# registers, streamed slabs wider than 128 bytes and a spread masked mean. API
 # errors are not reported: cuda-bindings probes the driver's entry points with
 # cuGetProcAddress, and every probe this driver lacks counts as one (34 on the H200's 580
 # driver); fuser raises on any API error it gets itself.
-SANITIZE_TESTS ?= seed_case or each_storage_path or 4096-7-BFloat16 or cluster2 or (aligned_copy_matches_reference and 24578-400) or aligned_copy_over_a_forced_cluster or (staging_ring and 400-BFloat16) or (every_cluster_size and 1001) or exact_allocations or (column_sums and 130 and 5003)
-RACECHECK_TESTS ?= 4096-7-BFloat16 or cluster2 or (aligned_copy_matches_reference and 24578-400-BFloat16) or (staging_ring and 400-BFloat16 and ((softmax_fwd-24576 and not log_softmax) or rmsnorm_bwd-4096 or rmsnorm_bwd-24578)) or (every_cluster_size and 1001 and batchnorm_bwd) or exact_allocations or (column_sums and 130 and 5003 and (smem or registers))
-SANITIZE_FILES ?= tests/test_gpu_fusions.py tests/test_gpu_outer.py tests/test_gpu_skewed.py
+SANITIZE_TESTS ?= seed_case or each_storage_path or 4096-7-BFloat16 or cluster2 or (aligned_copy_matches_reference and 24578-400) or aligned_copy_over_a_forced_cluster or (staging_ring and 400-BFloat16) or (every_cluster_size and 1001) or exact_allocations or (column_sums and 130 and 5003) or rows_held or (wider_slabs and mean) or (masked_mean_matches and column_kernel and BFloat16)
+RACECHECK_TESTS ?= 4096-7-BFloat16 or cluster2 or (aligned_copy_matches_reference and 24578-400-BFloat16) or (staging_ring and 400-BFloat16 and ((softmax_fwd-24576 and not log_softmax) or rmsnorm_bwd-4096 or rmsnorm_bwd-24578)) or (every_cluster_size and 1001 and batchnorm_bwd) or exact_allocations or (column_sums and 130 and 5003 and (smem or registers)) or (rows_held and Half) or (wider_slabs and mean and 2048)
+SANITIZE_FILES ?= tests/test_gpu_fusions.py tests/test_gpu_outer.py tests/test_gpu_skewed.py tests/test_streamed.py tests/test_spread.py
 SANITIZE_JOBS ?= 12
 SANITIZE_TIMEOUT ?= 480
 SANITIZE_OUT ?= build/sanitize

@@ -45,6 +45,9 @@ def test_memcheck_covers_every_storage_cluster_ring_and_copy(selected):
     assert any("staging_ring" in t for t in tests)
     outer = [t for t in tests if "every_cluster_size" in t]
     assert len(outer) == 10  # both BatchNorms at clusters of 1, 2, 4, 8 and 16
+    assert sum("rows_held" in t for t in tests) == 4  # every held schedule's test
+    assert sum("wider_slabs" in t for t in tests) == 8  # the means: 4 shapes, 2 dtypes
+    assert sum("masked_mean_matches" in t for t in tests) == 5  # the spread count, bf16
 
 
 def test_racecheck_is_a_subset_with_one_persistent_and_cluster_kernel_per_fusion(selected):
@@ -55,6 +58,8 @@ def test_racecheck_is_a_subset_with_one_persistent_and_cluster_kernel_per_fusion
         assert any(fusion in t and "cluster2" in t for t in race), fusion
     assert sum("staging_ring" in t for t in race) == 4
     assert sum("every_cluster_size" in t for t in race) == 5
+    assert sum("rows_held" in t for t in race) == 1
+    assert sum("wider_slabs" in t for t in race) == 2  # the mean of [128, 64, 2048], 2 dtypes
 
 
 def test_unknown_selection_is_refused():
