@@ -74,6 +74,7 @@ class Explanation:
     resources: Mapping[str, KernelResources]  # entry -> ptxas report
     built: Built  # the compiled module (cubin path, signatures), as fuser.kernels.build gives
     left_out: tuple[str, ...] = ()  # ops no output depends on (lowering.left_out)
+    spread: tuple[str, ...] = ()  # reductions computed along hidden (spread.described)
 
     @property
     def entries(self) -> tuple[str, ...]:
@@ -106,6 +107,7 @@ class Explanation:
             "fusion definition (repr):",
             self.definition.rstrip(),
             *_left_out_lines(self.left_out),
+            *_spread_lines(self.spread),
             section("classification"),
             self.info.describe(),
             section("schedule"),
@@ -161,6 +163,14 @@ def _left_out_lines(left: tuple[str, ...]) -> list[str]:
     return [f"left out (no output depends on them, so no kernel computes them): {', '.join(left)}"]
 
 
+def _spread_lines(spread: tuple[str, ...]) -> list[str]:
+    """The report's line on the reductions lowering computes along hidden (fuser.spread)."""
+    if not spread:
+        return []
+    return ["spread along hidden (every column the same total, beside a reduction over the same "
+            f"rows, so no segment is cut for it): {', '.join(spread)}"]
+
+
 def explain(
     fd: FusionDefinition,
     shapes: Sequence[Sequence[int] | None],
@@ -210,6 +220,7 @@ def _explain_one(fd: FusionDefinition, shapes, dtypes, spec: DeviceSpec, hints: 
     from fuser.analysis import analyze
     from fuser.kernels import build
     from fuser.lowering import left_out
+    from fuser.spread import described
 
     info = analyze(fd.fusion)
     bound = _bound_shapes(info.fusion.inputs, _per_input(fd, "shapes", shapes))
@@ -236,6 +247,7 @@ def _explain_one(fd: FusionDefinition, shapes, dtypes, spec: DeviceSpec, hints: 
         resources=MappingProxyType({e: built.compiled.resource(e) for e in plans}),
         built=built,
         left_out=left_out(fd.fusion),
+        spread=described(fd.fusion),
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fuser.ir import Expr, Fusion, Tensor, Val, as_tensor
+from fuser.ir import Expr, Fusion, Tensor, Val, as_tensor, upstream
 from fuser.ops import ELEMENTWISE, REDUCTIONS
 
 
@@ -130,3 +130,17 @@ def _size_of(out: Fusion, root, new: dict[Val, Val]):
                 if n is not None and n.find() is root:
                     return out.size(as_tensor(copied), k)
     return None
+
+
+def described(fusion: Fusion) -> tuple[str, ...]:
+    """The reductions of `fusion` (as the user wrote it) that lowering spreads, each as
+    "T6 = sum(T3) beside T5 = sum(T4)": explain() lists them under the definition, since
+    the classification names the spread ones' lowered values."""
+    found = spreads(fusion, upstream(fusion.outputs))
+    by_id = {id(e): e for e in fusion.exprs}
+    return tuple(f"{_written(by_id[key])} beside {_written(s.like)}"
+                 for key, s in found.items())
+
+
+def _written(e: Expr) -> str:
+    return f"{e.outputs[0].name} = {e.op}({e.inputs[0].name})"

@@ -83,6 +83,8 @@ def test_a_masked_mean_is_one_column_kernel(rank, centered, keepdim):
     shape = (8, 1024, 4096) if rank == 3 else (4096, 1024)
     report = explain(fd, [shape, (*shape[:-1], 1)], device="h100")
     assert not isinstance(report, SegmentedExplanation)
+    assert report.spread == ("T6 = sum(T3) beside T5 = sum(T4)",)  # as the user named them
+    assert "spread along hidden" in str(report)
 
 
 def test_a_mask_of_the_rows_with_its_count_kept_is_one_column_kernel():
