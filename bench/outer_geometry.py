@@ -23,8 +23,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench.run import DTYPES
+
 ROOT = Path(__file__).resolve().parent.parent
-DTYPES = {"bf16": "BFloat16", "fp16": "Half", "fp32": "Float"}
 CASES = [(name, rows, hidden) for name in ("batchnorm_fwd", "batchnorm_bwd", "softmax_dim0_fwd")
          for rows, hidden in ((16384, 4096), (4096, 16384))]
 

@@ -3,10 +3,9 @@ var) become primitives, a reduction over every axis of a tensor becomes two (eac
 then over the rows' results), one over axes of size 1 a cast that does not round, a
 reduction over the rows of a value without the hidden axis that meets only such reductions
 of values with it is computed on its operand spread along hidden (fuser.spread), and the
-ops no output depends on are left out. The user's
-definition (and its repr) stays as written. The copying helpers (define_like, copy_expr,
-equate_extents) serve every pass that rewrites a fusion into another (segment.py,
-reorder.py, layouts.py)."""
+ops no output depends on are left out. The user's definition (and its repr) stays as
+written. The copying helpers (define_like, copy_expr, equate_extents) serve every pass that
+rewrites a fusion into another (segment.py, reorder.py, layouts.py)."""
 
 from __future__ import annotations
 

@@ -132,7 +132,7 @@ def _rows_read(info: FusionInfo, emitter: Emitter, s: OuterSchedule) -> list[dic
         if s.streamed:
             read = held = f"slab.read(g_{t.name}, r)"
         elif t.name == s.held:
-            read = f"slab.at({tile_buffer(t)}, r - {s.held_rows * s.row_lanes})"
+            read = f"slab.at({tile_buffer(t)}, r - {s.tile_start})"
             held = f"h_{t.name}[j]"
         else:
             read = held = f"slab.at({tile_buffer(t)}, r)"
@@ -196,11 +196,12 @@ def outer_context(info: FusionInfo, s: OuterSchedule) -> dict:
         "intro": _intro(s),
         "s": s,
         "row_unroll": STREAMED_UNROLL if s.streamed else 1,
+        "tile_start": s.tile_start,
         "smem": [{"name": b.name, "offset": b.offset, "purpose": b.purpose,
                   "ctype": types[b.name]} for b in s.smem.buffers],
         "tiles": [] if s.streamed else [
             {"name": t.name, "buffer": tile_buffer(t), "ctype": t.dtype.cuda_type,
-             "first": s.held_rows * s.row_lanes if t.name == s.held else 0}
+             "first": s.tile_start if t.name == s.held else 0}
             for t in info.full_inputs],
         "columns": [{"name": t.name, "ctype": t.dtype.cuda_type} for t in info.col_inputs],
         "scalar_lines": used_lines(scalar_lines, readers),

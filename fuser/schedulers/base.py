@@ -293,6 +293,11 @@ class OuterSchedule:
     held_rows: int = 0
 
     @property
+    def tile_start(self) -> int:
+        """The first of its block's rows the held input's tile holds (held_tile_start)."""
+        return held_tile_start(self.held_rows, self.row_lanes)
+
+    @property
     def threads(self) -> int:
         return self.col_lanes * self.row_lanes
 
@@ -397,6 +402,13 @@ def problem_rows(info: FusionInfo, rows: int, groups: int = 1) -> int:
         return min(next_pow2(rows * groups), ROWS_SEEN)
     step = max(1, next_pow2(rows) // 8)
     return max(1, ceil_div(rows, step) * step)
+
+
+def held_tile_start(held_rows: int, row_lanes: int) -> int:
+    """The first of a block's rows that a held input's tile holds: each thread's first
+    `held_rows` rows (y, y + row_lanes, ...) are in its registers, so the tile starts after
+    held_rows rows of every row lane."""
+    return held_rows * row_lanes
 
 
 def problem_groups(info: FusionInfo, groups: int) -> int:

@@ -21,13 +21,20 @@ keeps the fusions whose slabs are too few to fill the SMs.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from fuser.analysis import FusionInfo, Kind, Role
 from fuser.device import DeviceSpec
 from fuser.errors import HintError, UnsupportedFusionError
 from fuser.ir import Expr, Tensor
-from fuser.schedulers.base import OuterSchedule, Problem, ceil_div, next_pow2, pick_vec
+from fuser.schedulers.base import (
+    OuterSchedule,
+    Problem,
+    ceil_div,
+    held_tile_start,
+    next_pow2,
+    pick_vec,
+)
 from fuser.schedulers.finalize import total_type
 from fuser.schedulers.hints import CLUSTER_SIZES, Hints
 from fuser.schedulers.pointwise import vector_itemsizes
@@ -131,15 +138,15 @@ def _fits(info: FusionInfo, problem: Problem, device: DeviceSpec,
     that fits each such entry with rows held in registers (_held); each geometry once."""
     seen = set()
     vec = _vec(info, problem)
-    found = [(entry, next((s for k in clusters if _resident(
-        s := _schedule(info, problem, device, vec, entry[0], k, entry[1]), entry[2])), None))
-        for entry in ORDER]
-    one_block = all(s is None for (_, _, blocks), s in found if blocks > 1)
-    for (segment, threads, blocks), schedule in found:
+    plain = [_first_resident((_schedule(info, problem, device, vec, segment, k, threads)
+                              for k in clusters), blocks)
+             for segment, threads, blocks in ORDER]
+    one_block = all(s is None for s, (_, _, blocks) in zip(plain, ORDER, strict=True)
+                    if blocks > 1)
+    for (segment, threads, blocks), schedule in zip(ORDER, plain, strict=True):
         if schedule is None and blocks > 1 and one_block:
-            held = (h for k in clusters for h in _held(info, problem, device, vec, segment, k,
-                                                       threads))
-            schedule = next((h for h in held if _resident(h, blocks)), None)
+            schedule = _first_resident((h for k in clusters for h in _held(
+                info, problem, device, vec, segment, k, threads)), blocks)
         if schedule is not None:
             geometry = (schedule.slab, schedule.threads, schedule.cluster, schedule.held_rows)
             if geometry not in seen:
@@ -147,8 +154,9 @@ def _fits(info: FusionInfo, problem: Problem, device: DeviceSpec,
                 yield schedule
 
 
-def _resident(schedule: OuterSchedule, blocks: int) -> bool:
-    return schedule.smem.fits and schedule.blocks_per_sm >= blocks
+def _first_resident(schedules: Iterable[OuterSchedule], blocks: int) -> OuterSchedule | None:
+    """The first of `schedules` whose shared memory fits with `blocks` blocks per SM."""
+    return next((s for s in schedules if s.smem.fits and s.blocks_per_sm >= blocks), None)
 
 
 def _held(info: FusionInfo, problem: Problem, device: DeviceSpec, vec: int, segment: int,
@@ -311,7 +319,7 @@ def _schedule(info: FusionInfo, problem: Problem, device: DeviceSpec, vec: int, 
     held_rows = min(held_rows, ceil_div(rank_rows, row_lanes))
     held = info.full_inputs[-1] if held_rows else None
     plan = _smem(info, slab, groups, rank_rows, cluster, device, streamed,
-                 held, held_rows * row_lanes)
+                 held, held_tile_start(held_rows, row_lanes))
     registers = STREAMED_REGISTERS if streamed else REGISTERS
     if held is not None:
         registers += held_rows * row_registers(vec, held)
