@@ -18,8 +18,10 @@ the reductions whose operand is at stage k (an inner one's result is at stage k 
 one's at k + 1) and the fusion outputs at stage k.
 
 Before it is cut, a fusion whose axes fit rows and a hidden axis only in another order (or
-with inputs copied broadcast) is written again in that order (fuser/reorder.py). Where the cut
-at the reductions over the rows leaves a segment no kernel runs, the fusion is cut after every
+with inputs copied broadcast) is written again in that order (fuser/reorder.py). A fusion with
+layout ops is cut at those alone first, where every segment between them is one kernel chain
+(an outer normalization between reshape views: one column kernel). Where the cut at the
+reductions over the rows leaves a segment no kernel runs, the fusion is cut after every
 reduction instead; and a segment no kernel runs may run as segments of its own, one level
 deep (a segment after a layout op, which the reordering of the whole fusion does not reach).
 
@@ -159,9 +161,11 @@ def is_outer(e: Expr) -> bool:
     return t.ndim > 0 and (t.ndim - 1) not in e.attr("dims")
 
 
-def stages(fusion: Fusion, after_every: bool = False) -> dict[Val, int]:
-    """The stage of every value of `fusion` (see the module docstring; with `after_every`,
-    every reduction's result is one past its operand's, as an outer one's). A per-row result of
+def stages(fusion: Fusion, cuts: str = "rows") -> dict[Val, int]:
+    """The stage of every value of `fusion` (see the module docstring), cut where `cuts`
+    says, fewest cuts first: "layouts", only after a layout op whose operand a kernel computes;
+    "rows", also at the reductions over the rows; "every", also after every reduction (its
+    result one past its operand's stage, as an outer one's). A per-row result of
     an inner reduction (keepdim=False, or a keepdim one squeezed) that an elementwise op meets
     with a tensor of higher rank is aligned, as numpy aligns, with the trailing axes:
     `x - sum(x, dims=[1])` subtracts row j's sum from column j, so every row sum must exist
@@ -188,7 +192,8 @@ def stages(fusion: Fusion, after_every: bool = False) -> dict[Val, int]:
         lifted = ((e.op in ELEMENTWISE and any(i in per_row and _rank(i) < rank
                                                for i in e.inputs))
                   or _across_rows(e, per_row) or across or (of_whole and _span(out) > 0))
-        cut = is_outer(e) or lifted or (after_every and e.op in REDUCTIONS)
+        cut = cuts != "layouts" and (is_outer(e) or lifted
+                                     or (cuts == "every" and e.op in REDUCTIONS))
         s = max((stage[i] for i in e.inputs), default=0) + (1 if cut else 0)
         for o in e.outputs:
             stage[o] = s
@@ -245,23 +250,28 @@ def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError,
     moved = reorder.rewritten(widened, order)
     lowered = layouts.on_inputs(moved)
     why = "" if order is None or moved is widened else reorder.explain_order(widened, order)
+    if layouts.needed(lowered):
+        try:  # every segment one kernel chain, none segmented again
+            return _segmented(lowered, why, name, reason, True, "layouts")
+        except UnsupportedFusionError:
+            pass
     try:
-        return _segmented(lowered, why, name, reason, nested, after_every=False)
+        return _segmented(lowered, why, name, reason, nested, "rows")
     except UnsupportedFusionError as refused:
         try:
-            return _segmented(lowered, why, name, reason, nested, after_every=True)
+            return _segmented(lowered, why, name, reason, nested, "every")
         except UnsupportedFusionError:
             raise refused from None
 
 
 def _segmented(lowered: Fusion, order: str, name: str, reason: UnsupportedFusionError,
-               nested: bool, after_every: bool) -> Segmentation:
-    """segment() of the lowered (and reordered: `order` says how) fusion, cutting at the
-    reductions over the rows or (`after_every`) after every reduction."""
+               nested: bool, cuts: str) -> Segmentation:
+    """segment() of the lowered (and reordered: `order` says how) fusion, cut where `cuts`
+    (stages) says."""
     from fuser.frontend import FusionDefinition
 
-    stage = stages(lowered, after_every)
-    home = _homes(lowered, stage, after_every)
+    stage = stages(lowered, cuts)
+    home = _homes(lowered, stage, cuts == "every")
     last = max(home.values(), default=0)
     demanded: dict[int, list[Val]] = {k: [] for k in range(last + 1)}
     moves = layouts.needed(lowered)

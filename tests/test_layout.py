@@ -23,7 +23,7 @@ from fuser import (
     FusionDefinition,
     UnsupportedFusionError,
 )
-from fuser.analysis import analyze
+from fuser.analysis import Kind, analyze
 from fuser.device import DeviceSpec
 from fuser.executor import _unshared, execute
 from fuser.kernels import build
@@ -64,6 +64,17 @@ def softmax_over_columns(fd):
     e = fd.ops.exp(fd.ops.sub(t, fd.ops.max(t, [1], keepdim=True)))
     s = fd.ops.div(e, fd.ops.sum(e, [1], keepdim=True))
     fd.add_output(fd.ops.permute(fd.ops.cast(s, BF16), [1, 0]))
+
+
+def softmax_over_a_middle_axis_reshaped(fd):
+    """[B, S, A, D] bf16 softmax over S as users write it on [B, S, A * D] views: the
+    reshapes are views of the input and of the output, and between them one normalization
+    along the columns per group of S rows, one column kernel (not a segment per reduction)."""
+    x = fd.define_tensor([-1, -1, -1, -1], dtype=BF16)
+    xf = fd.ops.reshape(fd.ops.cast(x, F), [x.size(0), x.size(1), -1])
+    e = fd.ops.exp(fd.ops.sub(xf, fd.ops.max(xf, [1], keepdim=True)))
+    y = fd.ops.div(e, fd.ops.sum(e, [1], keepdim=True))
+    fd.add_output(fd.ops.cast(fd.ops.reshape(y, [x.size(i) for i in range(4)]), BF16))
 
 
 def cast_then_transposed(fd):
@@ -178,6 +189,8 @@ CASES = {  # name -> (builder, segments, input shapes)
     "group_norm": (group_norm, 1, [(5, 8, 16)]),
     "softmax_over_columns": (softmax_over_columns, 1, [(30, 17)]),
     "cast_then_transposed": (cast_then_transposed, 1, [(30, 17)]),
+    "softmax_over_a_middle_axis_reshaped": (softmax_over_a_middle_axis_reshaped, 1,
+                                            [(3, 7, 4, 5)]),
     "product_of_inputs_reshaped": (product_of_inputs_reshaped, 1, [(3, 10, 17), (3, 10, 17)]),
     "narrow_product_transposed": (narrow_product_transposed, 2, [(30, 17)]),
     "chain_of_moves": (chain_of_moves, 1, [(3, 4, 5), (3, 4, 5)]),
@@ -307,6 +320,17 @@ def test_no_output_shares_memory_with_an_input_or_another_output():
     assert not any(np.shares_memory(p, q) for i, p in enumerate(arrays) for q in arrays[i + 1:])
 
 
+def test_an_outer_normalization_between_views_is_one_column_kernel():
+    """Cut only at the layout ops first (segment.stages' "layouts"): the segment between the
+    input's reshape and the output's is one outer normalization in groups, where cutting at
+    its reductions over the rows made three segments (column maxima, sums, the quotients)."""
+    segments = _segments(_fd("softmax_over_a_middle_axis_reshaped"))
+    (only,) = segments.segments
+    info = analyze(only.definition.fusion)
+    assert info.kind is Kind.OUTER_NORM and info.group_axes == 1
+    assert [e.op for e in segments.layouts] == ["reshape", "reshape"]
+
+
 def test_an_op_on_an_output_layout_stays_after_it():
     """p = permute(s) is an output and neg(p) another: neg stays after the permute (moved
     before it, s would be permuted twice)."""
@@ -403,6 +427,7 @@ GPU_SHAPES = {  # name -> input shapes, odd and large
     "narrow_after_the_move": [[(1000, 4099)]],
     "size_of_a_later_reshape": [[(1000, 4099), (1000,)]],
     "narrow_column_sums_reshaped": [[(1000, 4098)]],
+    "softmax_over_a_middle_axis_reshaped": [[(3, 7, 4, 9)], [(4, 512, 8, 64)]],
 }
 
 
