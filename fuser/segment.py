@@ -35,7 +35,7 @@ a cast is recomputed, not read, by a later segment.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from fuser import layouts, reorder
 from fuser.analysis import analyze
@@ -57,6 +57,9 @@ from fuser.ops import ELEMENTWISE, LAYOUT_OPS, REDUCTIONS
 if TYPE_CHECKING:
     from fuser.frontend import FusionDefinition
     from fuser.shapes import Sizes
+
+
+Cuts = Literal["layouts", "rows", "every"]  # where stages() cuts, fewest cuts first
 
 
 @dataclass(frozen=True, eq=False)
@@ -161,7 +164,7 @@ def is_outer(e: Expr) -> bool:
     return t.ndim > 0 and (t.ndim - 1) not in e.attr("dims")
 
 
-def stages(fusion: Fusion, cuts: str = "rows") -> dict[Val, int]:
+def stages(fusion: Fusion, cuts: Cuts = "rows") -> dict[Val, int]:
     """The stage of every value of `fusion` (see the module docstring), cut where `cuts`
     says, fewest cuts first: "layouts", only after a layout op whose operand a kernel computes;
     "rows", also at the reductions over the rows; "every", also after every reduction (its
@@ -252,20 +255,20 @@ def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError,
     why = "" if order is None or moved is widened else reorder.explain_order(widened, order)
     if layouts.needed(lowered):
         try:  # every segment one kernel chain, none segmented again
-            return _segmented(lowered, why, name, reason, True, "layouts")
+            return _segmented(lowered, why, name, reason, nested=True, cuts="layouts")
         except UnsupportedFusionError:
             pass
     try:
-        return _segmented(lowered, why, name, reason, nested, "rows")
+        return _segmented(lowered, why, name, reason, nested, cuts="rows")
     except UnsupportedFusionError as refused:
         try:
-            return _segmented(lowered, why, name, reason, nested, "every")
+            return _segmented(lowered, why, name, reason, nested, cuts="every")
         except UnsupportedFusionError:
             raise refused from None
 
 
 def _segmented(lowered: Fusion, order: str, name: str, reason: UnsupportedFusionError,
-               nested: bool, cuts: str) -> Segmentation:
+               nested: bool, cuts: Cuts) -> Segmentation:
     """segment() of the lowered (and reordered: `order` says how) fusion, cut where `cuts`
     (stages) says."""
     from fuser.frontend import FusionDefinition
