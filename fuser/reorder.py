@@ -18,7 +18,11 @@ Of the orders that fit, the one with the fewest copies is taken, then the one wi
 reductions over the rows (a value computed from one takes another kernel; from a reduction
 along the hidden axis, the same sweep), then the one whose hidden axes hold the fusion's
 innermost axis; a fusion that fits in its own order is not touched. The choice depends on
-the definition alone, not the sizes, so it is made once per fusion.
+the definition alone, not the sizes, so it is made once per fusion. An order in which a
+reduction over the trailing row axes keeps the leading ones as groups (analysis.group_axes)
+is tried first where it copies less (grouped_order), and taken where every segment then runs
+as one kernel chain: softmax over S of [B, S, A, D] as rows [B, S] in groups of B and hidden
+[A * D], views only, where moving S last copies the input and the output.
 
 A kernel reads an input that spans a run of the row axes repeated (analysis.RowRun: a
 [q, k] mask over scores [batch, heads, q, k] normalized along k, adaLN's [batch, hidden]
@@ -86,23 +90,28 @@ class Order:
         return self.rows.index(axis) if axis in self.rows else len(self.rows)
 
 
-def _fits(f: Fusion, order: Order) -> bool:
+def _fits(f: Fusion, order: Order, groups: bool = False) -> bool:
     """Whether every tensor spans no axis, the row axes, the hidden axes or all of them in the
     rewrite (the values made of expanded inputs with their targets' axes), and every reduction
     reduces all of its operand's axes, or a tensor of every axis over the row axes or over the
-    hidden ones."""
+    hidden ones. With `groups`, also a tensor of a leading run of the row axes (with or without
+    the hidden ones), and a reduction of a tensor of every axis over the row axes after such
+    a run (the run's rows are its groups)."""
     rows, hidden, every = set(order.rows), set(order.hidden), set(order.axes)
     widening = _widening(f, order)
     if widening is None:
         return False
+    leading = [set(order.rows[:k]) for k in range(1, len(order.rows))] if groups else []
+    spans = [set(), rows, hidden, every, *leading, *(run | hidden for run in leading)]
+    trailing = [rows - run for run in leading]
     for v in f.vals:
         if isinstance(v, Tensor) and (set(spanned_axes(v)) | widening.get(v, set())
-                                      not in (set(), rows, hidden, every)):
+                                      not in spans):
             return False
     for e in f.exprs:
         if e.op in REDUCTIONS:
             span, reduced = set(spanned_axes(as_tensor(e.inputs[0]))), reduced_axes(e)
-            if reduced != span and not (span == every and reduced in (rows, hidden)):
+            if reduced != span and not (span == every and reduced in (rows, hidden, *trailing)):
                 return False
     return True
 
@@ -203,17 +212,35 @@ def order_of(f: Fusion) -> Order | None:
     fit: the fewest copies of the full shape, then the smallest others, then the fewest
     reductions over the rows, then the innermost axis hidden, then the most hidden axes (the
     longest rows)."""
+    return _best(f, groups=False)
+
+
+def grouped_order(f: Fusion) -> Order | None:
+    """An order with fewer copies than order_of's that fits only where a reduction over the
+    trailing row axes keeps the leading ones as groups (analysis.group_axes: a column kernel
+    per group of rows), or None: softmax over S of [B, S, A, D] as rows [B, S] and hidden
+    [A * D] (views), where order_of's moves S last (two copies). The segmentation takes it
+    only where every segment then runs as one kernel chain (segment.segment)."""
+    best = _best(f, groups=True)
+    if best is None or _fits(f, best):  # order_of's rules fit it
+        return None
+    plain = order_of(f)
+    return best if plain is None or _copies(f, best) < _copies(f, plain) else None
+
+
+def _best(f: Fusion, groups: bool) -> Order | None:
+    """order_of's choice, with reductions in groups (_fits) where `groups`."""
     if any(e.op in LAYOUT_OPS or (e.op not in _MAPPED and e.op not in REDUCTIONS)
            or len(e.outputs) != 1 for e in f.exprs) or any(o in f.inputs for o in f.outputs):
         return None
     axes = _axes(f)
     if axes is None or len(axes) < 2:
         return None
-    if _fits(f, Order(axes[:-1], axes[-1:])):
+    if _fits(f, Order(axes[:-1], axes[-1:]), groups):
         return None
     expandable = _expandable(f, axes)
     fitting = [order for order in (_with_expansions(split, expandable) for split in _splits(axes))
-               if _fits(f, order)]
+               if _fits(f, order, groups)]
     if not fitting:
         return None
     return min(fitting, key=lambda o: (_copies(f, o), _over_rows(f, o),

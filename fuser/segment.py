@@ -249,6 +249,14 @@ def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError,
     the segment that sweeps its operand, so that a later one reducing over other axes reads
     it as an input (the row sums of [A, B, C], then sums over A of what they centred)."""
     widened = _widened(lower(fusion))
+    grouped = reorder.grouped_order(widened)
+    if grouped is not None:  # taken where every segment is then one kernel chain
+        lowered = layouts.on_inputs(reorder.rewritten(widened, grouped))
+        why = reorder.explain_order(widened, grouped)
+        try:
+            return _segmented(lowered, why, name, reason, nested=True, cuts="layouts")
+        except UnsupportedFusionError:
+            pass
     order = reorder.order_of(widened)
     moved = reorder.rewritten(widened, order)
     lowered = layouts.on_inputs(moved)

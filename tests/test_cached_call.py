@@ -372,12 +372,14 @@ def test_a_kernels_parameters_are_picked_from_the_calls_flat_values_as_a_tuple()
 
 
 def _variance_over_seq(fd: FusionDefinition, x):
-    """The variance over its middle axis of x weighted by an input of one value per position
-    of that axis ([seq, 1]), in float: an input of some row axes only, which no kernel of
-    groups reads, so the axes are moved and the sums are row sums."""
+    """The variance over its middle axis of x weighted by the shares of an input of one value
+    per position of that axis ([seq, 1], over its sum), in float: an input of some row axes
+    only, which no kernel of groups reads and, reduced itself, none copies broadcast, so the
+    axes are moved (a permute) and the sums are row sums."""
     xf = fd.ops.cast(x, DataType.Float)
     weight = fd.define_tensor([-1, 1], dtype=DataType.Float)
-    xw = fd.ops.mul(xf, fd.ops.broadcast_in_dim(weight, shape=x.shape(), broadcast_dims=[1, 2]))
+    shares = fd.ops.div(weight, fd.ops.sum(weight, [0], keepdim=True))
+    xw = fd.ops.mul(xf, fd.ops.broadcast_in_dim(shares, shape=x.shape(), broadcast_dims=[1, 2]))
     mean = fd.ops.div(fd.ops.sum(xw, [1], keepdim=True), fd.ops.size(x, 1))
     d = fd.ops.sub(xw, mean)
     return fd.ops.div(fd.ops.sum(fd.ops.mul(d, d), [1]), fd.ops.size(x, 1))

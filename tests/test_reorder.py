@@ -32,7 +32,7 @@ from fuser.device import DeviceSpec
 from fuser.executor import segments_of
 from fuser.lowering import lower
 from fuser.reference import evaluate
-from fuser.reorder import _axes, order_of, reordered
+from fuser.reorder import _axes, grouped_order, order_of, reordered
 from fuser.segment import SegmentSchedules, _widened, segment
 
 F, BF16 = DataType.Float, DataType.BFloat16
@@ -113,6 +113,15 @@ def centered_over_dim_0(fd, dtype=BF16):
     fd.add_output(fd.ops.cast(fd.ops.sub(xf, mean), dtype))
 
 
+def softmax_over_a_middle_axis(fd, dtype=BF16):
+    """[B, S, A, D] softmax over S: rows [B, S] and hidden [A * D] (views), a column kernel
+    per group of S rows (reorder.grouped_order), where moving S last took two copies."""
+    x = fd.define_tensor([-1, -1, -1, -1], dtype=dtype)
+    xf = fd.ops.cast(x, F)
+    e = fd.ops.exp(fd.ops.sub(xf, fd.ops.max(xf, [1], keepdim=True)))
+    fd.add_output(fd.ops.cast(fd.ops.div(e, fd.ops.sum(e, [1], keepdim=True)), dtype))
+
+
 def masked_column_sums(fd, dtype=BF16):
     """Scores [batch, heads, q, k] where a [q, k] mask holds, summed over all but k: the
     column kernels of an outer reduction read no input repeated, so the mask is copied
@@ -144,6 +153,7 @@ CASES = {
     "sum_over_batch": (sum_over_batch, 0, 2, 1, [(3, 7, 5)]),
     "outer_axes_kept": (outer_axes_kept, 2, 3, 1, [(3, 7, 5)]),
     "centered_over_dim_0": (centered_over_dim_0, 0, 2, 1, [(3, 7, 5)]),
+    "softmax_over_a_middle_axis": (softmax_over_a_middle_axis, 0, 2, 1, [(3, 7, 4, 5)]),
     "masked_column_sums": (masked_column_sums, 1, 1, 1, [(2, 3, 4, 6), (4, 6)]),
     "weight_with_a_gap": (weight_with_a_gap, 1, 3, 1, [(3, 5, 4, 6), (3, 4, 6)]),
 }
@@ -197,17 +207,21 @@ def _inputs(fd: FusionDefinition, shapes, seed: int = 7) -> list[np.ndarray]:
     return arrays
 
 
-def _own_order(fd: FusionDefinition) -> bool:
-    """Whether the order taken is the fusion's own (only inputs expanded)."""
+def _taken(fd: FusionDefinition):
+    """The lowered fusion and the order its segmentation takes (the grouped one first)."""
     widened = _widened(lower(fd.fusion))
-    order = order_of(widened)
+    return widened, grouped_order(widened) or order_of(widened)
+
+
+def _own_order(fd: FusionDefinition) -> bool:
+    """Whether the order taken is the fusion's own (only inputs expanded, or axes merged)."""
+    widened, order = _taken(fd)
     return order is not None and order.axes == _axes(widened)
 
 
 def _merged_in_own_order(fd: FusionDefinition) -> bool:
     """Whether the order taken is the fusion's own with several hidden axes merged."""
-    widened = _widened(lower(fd.fusion))
-    order = order_of(widened)
+    order = _taken(fd)[1]
     return _own_order(fd) and order is not None and len(order.hidden) > 1
 
 
@@ -231,6 +245,19 @@ def test_the_order_moves_what_it_must(name):
     assert str(segmentation).count("copied broadcast to") == len(expands)
     for s in segmentation.segments:
         analyze(s.definition.fusion)
+
+
+def test_a_grouped_order_only_where_it_saves_copies():
+    """grouped_order: rows [B, S] in groups of B for softmax over S of [B, S, A, D] (no copy,
+    where order_of moves S last: two); none where order_of's order copies no more (its own
+    order merged, [A, B, C] centred over A) or fits the own order (reorder nothing)."""
+    widened = _widened(lower(_fd("softmax_over_a_middle_axis").fusion))
+    axes = _axes(widened)
+    grouped, plain = grouped_order(widened), order_of(widened)
+    assert (grouped.rows, grouped.hidden, grouped.expanded) == (axes[:2], axes[2:], ())
+    assert plain.hidden == axes[1:2]
+    for name in ("centered_over_dim_0", "instance_norm", "sum_over_batch"):
+        assert grouped_order(_widened(lower(_fd(name).fusion))) is None, name
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -315,6 +342,7 @@ GPU_SHAPES = {
     "sum_over_batch": [[(3, 7, 4099)], [(8, 1024, 4096)]],
     "outer_axes_kept": [[(3, 7, 1000)], [(16, 4096, 64)]],
     "centered_over_dim_0": [[(3, 7, 1000)], [(16, 64, 4096)]],
+    "softmax_over_a_middle_axis": [[(3, 7, 4, 9)], [(4, 512, 8, 64)]],
     "masked_column_sums": [[(2, 3, 7, 9), (7, 9)], [(2, 16, 1024, 1024), (1024, 1024)]],
     "weight_with_a_gap": [[(3, 5, 7, 9), (3, 7, 9)], [(8, 16, 64, 512), (8, 64, 512)]],
     "group_norm_affine": [[(3, 8, 7, 9), (8,), (8,)], [(8, 256, 32, 32), (256,), (256,)]],
