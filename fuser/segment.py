@@ -272,6 +272,12 @@ def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError,
         try:
             return _segmented(lowered, why, name, reason, nested, cuts="every")
         except UnsupportedFusionError:
+            pass
+        if nested or not layouts.needed(lowered):
+            raise refused from None
+        try:  # the segments between the layout ops, each reordered (segmented) on its own
+            return _segmented(lowered, why, name, reason, nested=False, cuts="layouts")
+        except UnsupportedFusionError:
             raise refused from None
 
 
@@ -306,7 +312,7 @@ def _segmented(lowered: Fusion, order: str, name: str, reason: UnsupportedFusion
             built.append(Segment(k, definition, tuple(inputs), tuple(group),
                                  _why(k, inputs, lowered)))
     segments = tuple(_renumbered(reversed(built)))
-    _check_each_runs(name, segments, reason, nested)
+    _check_each_runs(name, segments, reason, nested, cut=len(segments) > 1 or bool(moves))
     return Segmentation(lowered, segments, tuple(moves), order=order)
 
 
@@ -379,20 +385,22 @@ def _axes_touched(f: Fusion, output: Val, home: dict[Val, int], k: int) -> set:
 
 
 def _check_each_runs(name: str, segments: tuple[Segment, ...],
-                     reason: UnsupportedFusionError, nested: bool) -> None:
+                     reason: UnsupportedFusionError, nested: bool, cut: bool) -> None:
     """Raise, at definition time rather than half-way through a run, when a segment is still
     one that no kernel chain runs (a reduction over some of the row axes, rows of unrelated
     sizes...) nor (unless `nested`) a segmentation of its own, which the executor and
     explain() run and show as they do any fusion's: the whole fusion's reason, then the
-    segment's; the reason alone where there was nothing to cut (one segment: the fusion
-    without the values no output needs)."""
+    segment's; the reason alone where nothing was `cut` (one segment, no layout op between
+    kernels: the fusion without the values no output needs). One segment between layout ops
+    is a fusion without them, which may be reordered where the whole one was not (GroupNorm
+    over channels-last [N, H * W, G, C / G] views: rows [N, G] moved together)."""
     for s in segments:
         try:
             analyze(s.definition.fusion)
         except UnsupportedFusionError as exc:
-            if not nested and len(segments) > 1 and _segments_itself(s, exc):
+            if not nested and cut and _segments_itself(s, exc):
                 continue
-            if len(segments) == 1:
+            if not cut:
                 raise reason from None
             raise UnsupportedFusionError(
                 f"{reason}\nCutting fusion {name!r} at its reductions over the rows does not "

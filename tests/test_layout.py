@@ -77,6 +77,18 @@ def softmax_over_a_middle_axis_reshaped(fd):
     fd.add_output(fd.ops.cast(fd.ops.reshape(y, [x.size(i) for i in range(4)]), BF16))
 
 
+def group_norm_channels_last(fd):
+    """GroupNorm without affine over channels-last [N, H, W, 32], 4 groups, as users write it:
+    views [N, H * W, 4, 8] normalized over axes 1 and 3, put back. No order fits the whole
+    fusion (its views), so the segment between the views is reordered on its own: rows [N, 4]
+    moved together (a copy each way) around one row kernel."""
+    x = fd.define_tensor([-1, -1, -1, 32])
+    g = fd.ops.reshape(x, [x.size(0), -1, 4, 8])
+    var, mean = fd.ops.var_mean(g, [1, 3], correction=0, keepdim=True)
+    y = fd.ops.mul(fd.ops.sub(g, mean), fd.ops.rsqrt(fd.ops.add(var, 1e-5)))
+    fd.add_output(fd.ops.reshape(y, [x.size(i) for i in range(4)]))
+
+
 def cast_then_transposed(fd):
     """softmax over dim 0 as users write it: cast, transpose, row softmax, transpose back,
     cast. The transposes are moved onto the input and the output's cast: one kernel."""
@@ -189,6 +201,7 @@ CASES = {  # name -> (builder, segments, input shapes)
     "group_norm": (group_norm, 1, [(5, 8, 16)]),
     "softmax_over_columns": (softmax_over_columns, 1, [(30, 17)]),
     "cast_then_transposed": (cast_then_transposed, 1, [(30, 17)]),
+    "group_norm_channels_last": (group_norm_channels_last, 1, [(3, 5, 2, 32)]),
     "softmax_over_a_middle_axis_reshaped": (softmax_over_a_middle_axis_reshaped, 1,
                                             [(3, 7, 4, 5)]),
     "product_of_inputs_reshaped": (product_of_inputs_reshaped, 1, [(3, 10, 17), (3, 10, 17)]),
@@ -288,8 +301,12 @@ def assert_chained_matches_the_oracle(fd: FusionDefinition, inputs: list, atol: 
 
 
 def assert_each_segment_compiles_without_spills(segments) -> None:
-    """Every kernel of each segment built for the H200 at 4096 x 1024 with no spill."""
+    """Every kernel of each segment (of each of its own segments, where it has some) built
+    for the H200 at 4096 x 1024 with no spill."""
     for s in segments:
+        if (own := _segments(s.definition)) is not None:
+            assert_each_segment_compiles_without_spills(own.segments)
+            continue
         built = build(s.definition.name, analyze(s.definition.fusion), Problem(4096, 1024, 16),
                       H200)
         for entry, _plan in built.plans():
@@ -428,6 +445,7 @@ GPU_SHAPES = {  # name -> input shapes, odd and large
     "size_of_a_later_reshape": [[(1000, 4099), (1000,)]],
     "narrow_column_sums_reshaped": [[(1000, 4098)]],
     "softmax_over_a_middle_axis_reshaped": [[(3, 7, 4, 9)], [(4, 512, 8, 64)]],
+    "group_norm_channels_last": [[(1, 1, 1, 32)], [(2, 7, 9, 32)], [(8, 64, 64, 32)]],
 }
 
 
