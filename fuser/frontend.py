@@ -210,6 +210,12 @@ class Ops:
     def broadcast_in_dim(self, t, shape, broadcast_dims):
         return self._fusion.broadcast_in_dim(t, shape, broadcast_dims)
 
+    def mean(self, t, dims, keepdim: bool = False):
+        """torch.mean(t, dims, keepdim=): the sum over dims of a float tensor divided by the
+        number of elements summed, in t's type (a Half or BFloat16 sum is a float in the
+        kernel, rounded once at the end)."""
+        return self._fusion.mean(t, dims, keepdim)
+
     def var_mean(self, t, dims, correction: int = 1, keepdim: bool = False):
         """torch.var_mean(t, dims, correction=, keepdim=): (variance, mean) over dims of a
         float tensor, the variance divided by max(n - correction, 0) (a correction at or past

@@ -529,6 +529,20 @@ class Fusion:
         self._define(op, [t], [out], dims=dims, keepdim=bool(keepdim))
         return out
 
+    def mean(self, t, dims, keepdim: bool) -> Tensor:
+        """torch.mean: the sum over dims divided by the number of elements summed, of a float
+        tensor, in its type (lowering.py expands it into that sum and division)."""
+        t = self._require_tensor("mean", t)
+        if not t.dtype.is_float:
+            raise DefinitionError(
+                f"mean: {t.name} has dtype {t.dtype}; cast it to a float type (as torch.mean, "
+                "which takes floats only), or sum it"
+            )
+        dims = self._reduced("mean", t, dims)
+        out = self._tensor(t.dtype, self._reduced_dims(t, dims, keepdim))
+        self._define("mean", [t], [out], dims=dims, keepdim=bool(keepdim))
+        return out
+
     def var_mean(self, t, dims, correction: int, keepdim: bool) -> tuple[Tensor, Tensor]:
         t, dims, correction = self._variance_operands("var_mean", t, dims, correction)
         out_dims = self._reduced_dims(t, dims, keepdim)

@@ -97,6 +97,8 @@ def copy_expr(out: Fusion, e: Expr, new: dict[Val, Val]) -> None:
     elif e.op in REDUCTIONS:
         results = [reduction(out, e.op, as_tensor(args[0]), a["dims"], a["keepdim"],
                               e.outputs[0].dtype)]
+    elif e.op == "mean":
+        results = [_expand_mean(out, as_tensor(args[0]), a["dims"], a["keepdim"])]
     elif e.op in ("var_mean", "var"):
         results = _expand_var_mean(
             out, as_tensor(args[0]), a["dims"], a["correction"], a["keepdim"],
@@ -134,14 +136,35 @@ def reduction(f: Fusion, op: str, x: Tensor, dims, keepdim: bool, dtype: DataTyp
     return f.broadcast_in_dim(total, [1] * x.ndim, []) if keepdim else total
 
 
-def _expand_var_mean(f: Fusion, x: Tensor, dims, correction, keepdim, with_mean: bool = True):
-    """mean = sum(x)/n; var = sum((x - mean)^2)/max(n - correction, 0): two passes, exact; a
-    correction at or past n gives inf (nan for a constant row), as torch.var_mean does.
-    [var, mean], or [var] alone without `with_mean` (torch.var)."""
+def _count(f: Fusion, x: Tensor, dims) -> Val:
+    """The number of elements of `x` a reduction over `dims` combines: the product of their
+    sizes, as scalars of the call."""
     count: Val | None = None
     for d in dims:
         size = f.size(x, d)
         count = size if count is None else f.elementwise("mul", [count, size])
+    assert count is not None, dims
+    return count
+
+
+def _keepdim(f: Fusion, x: Tensor, dims, results: list) -> list:
+    """Reductions of `x` over `dims` given back their reduced axes, as size 1 (keepdim)."""
+    kept = [d for d in range(x.ndim) if d not in dims]
+    shape = [1 if d in dims else f.size(x, d) for d in range(x.ndim)]
+    return [f.broadcast_in_dim(r, shape, kept) for r in results]
+
+
+def _expand_mean(f: Fusion, x: Tensor, dims, keepdim) -> Val:
+    """mean = sum(x)/n, in x's type (a Half or BFloat16 sum is a float in the kernel)."""
+    mean = f.elementwise("div", [reduction(f, "sum", x, dims, False, x.dtype), _count(f, x, dims)])
+    return _keepdim(f, x, dims, [mean])[0] if keepdim else mean
+
+
+def _expand_var_mean(f: Fusion, x: Tensor, dims, correction, keepdim, with_mean: bool = True):
+    """mean = sum(x)/n; var = sum((x - mean)^2)/max(n - correction, 0): two passes, exact; a
+    correction at or past n gives inf (nan for a constant row), as torch.var_mean does.
+    [var, mean], or [var] alone without `with_mean` (torch.var)."""
+    count = _count(f, x, dims)
     kept = [d for d in range(x.ndim) if d not in dims]
     mean = f.elementwise("div", [reduction(f, "sum", x, dims, False, x.dtype), count])
     centered = f.elementwise("sub", [x, f.broadcast_in_dim(mean, x.shape(), kept)])
@@ -151,7 +174,4 @@ def _expand_var_mean(f: Fusion, x: Tensor, dims, correction, keepdim, with_mean:
     var = f.elementwise("div", [reduction(f, "sum", as_tensor(sq), dims, False, sq.dtype),
                                 denominator])
     results = [var, mean] if with_mean else [var]
-    if not keepdim:
-        return results
-    shape = [1 if d in dims else f.size(x, d) for d in range(x.ndim)]
-    return [f.broadcast_in_dim(r, shape, kept) for r in results]
+    return _keepdim(f, x, dims, results) if keepdim else results

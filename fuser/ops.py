@@ -4,7 +4,7 @@ Each entry is the single source of truth for an op: how many operands it takes, 
 operands are computed in and the type it returns, the CUDA expression codegen emits (operands
 already converted to the operand type, `fm::` helpers from templates/fuser_math.cuh), and the
 numpy function the float64 reference evaluator runs. Ops with structure (cast, broadcast_in_dim,
-size, var_mean, var) live in ir.py; they are not elementwise. The keys of REDUCTIONS are the
+size, mean, var_mean, var) live in ir.py; they are not elementwise. The keys of REDUCTIONS are the
 reduction ops everywhere else (frontend methods, analysis, codegen, the oracle).
 """
 

@@ -50,6 +50,8 @@ def _expr_line(e) -> str:
             f"{e.op}({args[0]}, dims={_list(a['dims'])}, keepdim={a['keepdim']}, "
             f"dtype={e.outputs[0].dtype!r})"
         )
+    elif e.op == "mean":
+        call = f"mean({args[0]}, dims={_list(a['dims'])}, keepdim={a['keepdim']})"
     elif e.op in ("var_mean", "var"):
         call = (
             f"{e.op}({args[0]}, dims={_list(a['dims'])}, correction={a['correction']}, "

@@ -26,7 +26,7 @@ the kernel's registers until it is cast or stored. Integer overflow is not model
 arithmetic is done in int64.
 
 The elementwise and reduction math comes from the op table (ops.py); this module only adds the
-structural ops (cast, size, broadcast_in_dim, var_mean, var) and the input checks.
+structural ops (cast, size, broadcast_in_dim, mean, var_mean, var) and the input checks.
 """
 
 from __future__ import annotations
@@ -249,6 +249,8 @@ def _run(e: Expr, args: list, sizes: Sizes, shift: float = 0.0) -> list:
     if e.op in REDUCTIONS:
         x = _exact(args[0], out.dtype)  # sum(x, dtype=...) converts x first, as torch does
         return [_exact(REDUCTIONS[e.op].reference(x, axis=dims, keepdims=keepdim), out.dtype)]
+    if e.op == "mean":
+        return [np.asarray(args[0], dtype=np.float64).mean(axis=dims, keepdims=keepdim)]
     if e.op in ("var_mean", "var"):
         x = np.asarray(args[0], dtype=np.float64)
         n = math.prod(x.shape[d] for d in dims)
@@ -518,7 +520,7 @@ def _sum_roundings(fusion: Fusion, values: list, sizes: Sizes,
                    exprs: list[Expr]) -> dict[int, np.ndarray]:
     """id -> _serial_rounding() of each float sum among `exprs`, and _variance_rounding() of
     each variance, from one evaluation."""
-    sums = [e for e in exprs if e.op in ("sum", "var", "var_mean")
+    sums = [e for e in exprs if e.op in ("sum", "mean", "var", "var_mean")
             and e.outputs[0].dtype.is_float]
     if not sums:
         return {}
@@ -527,8 +529,10 @@ def _sum_roundings(fusion: Fusion, values: list, sizes: Sizes,
     for e in sums:
         x, dims = np.asarray(env[e.inputs[0]]), e.attr("dims")
         rounding = _serial_rounding(x, dims, e.attr("keepdim"), e.outputs[0].dtype)
-        if e.op != "sum":
-            n = math.prod(x.shape[d] for d in dims)
+        n = math.prod(x.shape[d] for d in dims)
+        if e.op == "mean":
+            rounding = rounding / max(n, 1)
+        elif e.op != "sum":
             rounding = _variance_rounding(rounding, n, e.attr("correction"))
         roundings[id(e)] = rounding
     return roundings
@@ -658,8 +662,9 @@ def sum_allowance(t: Tensor, reduction_size: int, typical: float) -> float:
 def output_reduction_sizes(fusion: Fusion, inputs: list) -> list[int]:
     """For each output, how many elements the sums upstream of it combine (see tolerance()).
 
-    Sums, var_mean and var round as they accumulate; max and min are exact and do not count. Two
-    reductions on one path (softmax's max then sum, a backward pass's several sums) add up.
+    Sums, mean, var_mean and var round as they accumulate; max and min are exact and do not
+    count. Two reductions on one path (softmax's max then sum, a backward pass's several sums)
+    add up.
     """
     inputs = list(inputs)
     check_count(fusion, inputs)
@@ -672,10 +677,10 @@ def output_reduction_sizes(fusion: Fusion, inputs: list) -> list[int]:
 
 
 def _reduction_size(v: Val, sizes: Sizes) -> int:
-    """How many elements the sums (and var_means, vars) upstream of `v` combine."""
+    """How many elements the sums (and means, var_means, vars) upstream of `v` combine."""
     total = 0
     for e in upstream([v]):
-        if e.op in ("sum", "var_mean", "var"):
+        if e.op in ("sum", "mean", "var_mean", "var"):
             extents = as_tensor(e.inputs[0]).dims
             total += math.prod(sizes.value(extents[d]) for d in e.attr("dims"))
     return total

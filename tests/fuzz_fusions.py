@@ -120,6 +120,8 @@ _step = st.one_of(
     # over the rows, var_mean normalizes along them (x - mean): always refused, so rarely
     st.tuples(st.just("var_mean"), _index, st.sampled_from(((1,), (-1,), (1,), (0,))),
               st.sampled_from((1, 0, 2)), st.booleans()),
+    # mean: a sum over the count, of a float tensor (an int or bool one cast first)
+    st.tuples(st.just("mean"), _index, st.sampled_from(REDUCE_DIMS), st.booleans()),
     # var too (its mean is subtracted from the rows: refused over the rows, as var_mean); a
     # correction at or past n gives inf (nan for equal values), as torch.var
     st.tuples(st.just("var"), _index, st.sampled_from(((1,), (-1,), (1,), (0,))),
@@ -226,7 +228,7 @@ class _Builder:
         """Whether `v` is computed from an outer reduction (a reduction over the rows)."""
         if id(v) not in self._after_outer:
             e = v.definition
-            outer = (e is not None and e.op in (*REDUCE_OPS, "var_mean", "var")
+            outer = (e is not None and e.op in (*REDUCE_OPS, "mean", "var_mean", "var")
                      and isinstance(e.inputs[0], Tensor) and e.inputs[0].ndim == 2
                      and e.inputs[0].dims[0] is not None and 0 in e.attr("dims"))
             self._after_outer[id(v)] = outer or (
@@ -388,6 +390,14 @@ class _Builder:
         made = getattr(self.ops, op)(shifted)
         total = self.ops.sum(made, dims=[1], keepdim=True)
         self.pool.append(self.ops.div(made, self.positive(total) if self.tame else total))
+
+    def _mean(self, a: int, dims: tuple[int, ...], keepdim: bool) -> None:
+        x = self.pick_full(a)
+        if x is None or (self.tame and x.ndim < 2):
+            return
+        if not x.dtype.is_float:
+            x = self.ops.cast(x, DataType.Float)
+        self.pool.append(self.ops.mean(x, dims=list(dims), keepdim=keepdim))
 
     def _var_mean(self, a: int, dims: tuple[int, ...], correction: int, keepdim: bool) -> None:
         self._variance("var_mean", a, dims, correction, keepdim)

@@ -1,6 +1,7 @@
-"""The min and var reductions (issue 15) next to sum and max: the float64 oracle against torch's
-semantics written out with numpy (CPU), every reduction over every dtype rendered and compiled
-offline for sm_90 (CPU), and the kernels against torch.amin / torch.var on the H200 (-m gpu)."""
+"""The min, mean and var reductions (issue 15) next to sum and max: the float64 oracle against
+torch's semantics written out with numpy (CPU), every reduction over every dtype rendered and
+compiled offline for sm_90 (CPU), and the kernels against torch.amin / torch.var and the
+oracle on the GPU (-m gpu)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import re
 
 import numpy as np
 import pytest
+from test_layout import assert_each_segment_compiles_without_spills
 
 from fuser import DataType, DefinitionError, FusionDefinition, explain
 from fuser.analysis import Kind, analyze
 from fuser.device import DeviceSpec
+from fuser.executor import segments_of
 from fuser.ir import rounding_cast
 from fuser.kernels import build
 from fuser.lowering import lower
@@ -100,6 +103,56 @@ def test_var_refuses_ints_and_bad_corrections():
         fd.add_output(fd.ops.var(y, [1]))
 
 
+def _means(dtype: DataType, shape: list[int]) -> FusionDefinition:
+    """torch.mean as users write it: along the last axis (keepdim, subtracted from x: a row
+    kernel), over the leading ones (a column mean) and over every axis."""
+    with FusionDefinition(f"means_{dtype.name}") as fd:
+        x = fd.define_tensor(shape, dtype=dtype)
+        fd.add_output(fd.ops.sub(x, fd.ops.mean(x, [-1], keepdim=True)))
+        fd.add_output(fd.ops.mean(x, list(range(len(shape) - 1))))
+        fd.add_output(fd.ops.mean(x, list(range(len(shape)))))
+    return fd
+
+
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("dims", [[1], [0, 2], [-1, 0, 1]])
+def test_oracle_mean_is_the_sum_over_the_count_in_the_input_type(dims, keepdim):
+    """torch.mean: numpy's mean of the float64 values, in the input's type (a BFloat16 mean is
+    rounded once, from the exact one), and the lowered fusion (a sum, then a division by the
+    product of the reduced sizes) gives the same."""
+    x = _values(BF16, (3, 5, 7))
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([-1, -1, -1], dtype=BF16)
+        fd.add_output(fd.ops.mean(t, dims, keepdim=keepdim))
+    (got,) = evaluate(fd.fusion, [x])
+    axes = tuple(d % 3 for d in dims)
+    exact = x.astype(np.float64).mean(axis=axes, keepdims=keepdim)
+    np.testing.assert_array_equal(got, exact.astype(BF16.numpy).astype(np.float64))
+    (lowered,) = evaluate(lower(fd.fusion), [x])
+    np.testing.assert_allclose(lowered, got, rtol=2.0 ** -7)
+    assert f"mean(T0, dims={sorted(axes)}, keepdim={keepdim})" in repr(fd)
+    assert "fd.ops.mean(" in python_definition(fd.fusion)
+
+
+def test_mean_refuses_ints_and_empty_dims():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=INT64)
+        with pytest.raises(DefinitionError, match=r"mean: T0 has dtype .*Int64; cast it"):
+            fd.ops.mean(x, [1])
+        y = fd.define_tensor([-1, -1], dtype=FLOAT)
+        with pytest.raises(DefinitionError, match=r"mean\(T1\): dims is empty"):
+            fd.ops.mean(y, [])
+        fd.add_output(fd.ops.mean(y, 1))
+
+
+@pytest.mark.parametrize("dtype", [BF16, FLOAT, DOUBLE], ids=lambda d: d.name)
+def test_means_compile_without_spills(dtype):
+    """_means' segments (a row kernel, a column mean, a full one) each build for sm_90."""
+    segmentation = segments_of(_means(dtype, [-1, -1]))
+    assert len(segmentation.segments) == 3, segmentation
+    assert_each_segment_compiles_without_spills(segmentation.segments)
+
+
 @pytest.mark.parametrize("dtype", [BOOL, INT32, INT64, BF16, FLOAT, DOUBLE], ids=lambda d: d.name)
 @pytest.mark.parametrize("op", sorted(REDUCTIONS))
 def test_every_reduction_compiles_for_every_dtype(op, dtype):
@@ -165,6 +218,17 @@ def test_gpu_var_matches_torch(correction, hidden, dtype, has_torch_cuda):
     expected = torch.var(x.double(), dim=1, correction=correction).to(tdtype)
     torch.testing.assert_close(got.double(), expected.double(), rtol=2e-2 if dtype is BF16
                                else 1e-4, atol=1e-6, equal_nan=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [BF16, FLOAT, DOUBLE], ids=lambda d: d.name)
+@pytest.mark.parametrize("shape", [(1, 1), (7, 3), (1000, 4099), (3, 7, 24578)], ids=str)
+def test_gpu_means_match_the_oracle(shape, dtype):
+    """Each of _means' outputs against the float64 oracle (fd.validate's tolerances)."""
+    import cupy
+
+    fd = _means(dtype, [-1] * len(shape))
+    fd.validate([cupy.asarray(_values(dtype, shape))])
 
 
 def _scaled_minus_its_extreme(op: str, dim: int, dtype: DataType) -> FusionDefinition:
