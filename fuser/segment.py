@@ -312,7 +312,8 @@ def _segmented(lowered: Fusion, order: str, name: str, reason: UnsupportedFusion
             built.append(Segment(k, definition, tuple(inputs), tuple(group),
                                  _why(k, inputs, lowered)))
     segments = tuple(_renumbered(reversed(built)))
-    _check_each_runs(name, segments, reason, nested, cut=len(segments) > 1 or bool(moves))
+    _check_each_runs(name, segments, reason, nested,
+                     cut=len(segments) > 1 or (cuts == "layouts" and bool(moves)))
     return Segmentation(lowered, segments, tuple(moves), order=order)
 
 
@@ -391,9 +392,9 @@ def _check_each_runs(name: str, segments: tuple[Segment, ...],
     sizes...) nor (unless `nested`) a segmentation of its own, which the executor and
     explain() run and show as they do any fusion's: the whole fusion's reason, then the
     segment's; the reason alone where nothing was `cut` (one segment, no layout op between
-    kernels: the fusion without the values no output needs). One segment between layout ops
-    is a fusion without them, which may be reordered where the whole one was not (GroupNorm
-    over channels-last [N, H * W, G, C / G] views: rows [N, G] moved together)."""
+    kernels: the fusion without the values no output needs). One segment of the cut at the
+    layout ops is a fusion without them, which may be reordered where the whole one was not
+    (GroupNorm over channels-last [N, H * W, G, C / G] views: rows [N, G] moved together)."""
     for s in segments:
         try:
             analyze(s.definition.fusion)
