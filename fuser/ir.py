@@ -532,12 +532,7 @@ class Fusion:
     def mean(self, t, dims, keepdim: bool) -> Tensor:
         """torch.mean: the sum over dims divided by the number of elements summed, of a float
         tensor, in its type (lowering.py expands it into that sum and division)."""
-        t = self._require_tensor("mean", t)
-        if not t.dtype.is_float:
-            raise DefinitionError(
-                f"mean: {t.name} has dtype {t.dtype}; cast it to a float type (as torch.mean, "
-                "which takes floats only), or sum it"
-            )
+        t = self._require_float("mean", t, " (as torch.mean, which takes floats only), or sum it")
         dims = self._reduced("mean", t, dims)
         out = self._tensor(t.dtype, self._reduced_dims(t, dims, keepdim))
         self._define("mean", [t], [out], dims=dims, keepdim=bool(keepdim))
@@ -562,11 +557,7 @@ class Fusion:
 
     def _variance_operands(self, op: str, t, dims, correction) -> tuple[Tensor, tuple, int]:
         """The tensor, normalized dims and int correction of var_mean / var, checked."""
-        t = self._require_tensor(op, t)
-        if not t.dtype.is_float:
-            raise DefinitionError(
-                f"{op}: {t.name} has dtype {t.dtype}; cast it to a float type"
-            )
+        t = self._require_float(op, t)
         dims = self._reduced(op, t, dims)
         try:
             if isinstance(correction, bool | np.bool_):
@@ -596,6 +587,14 @@ class Fusion:
     @staticmethod
     def _reduced_dims(t: Tensor, dims, keepdim: bool) -> list[Extent | None]:
         return [None if d in dims else e for d, e in enumerate(t.dims) if keepdim or d not in dims]
+
+    def _require_float(self, op: str, t, hint: str = "") -> Tensor:
+        """`t` as a tensor of a float type (mean, var_mean, var), else a DefinitionError."""
+        t = self._require_tensor(op, t)
+        if not t.dtype.is_float:
+            raise DefinitionError(
+                f"{op}: {t.name} has dtype {t.dtype}; cast it to a float type{hint}")
+        return t
 
     def _require_tensor(self, op, t) -> Tensor:
         t = self.as_val(t)

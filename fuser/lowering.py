@@ -154,9 +154,15 @@ def _keepdim(f: Fusion, x: Tensor, dims, results: list) -> list:
     return [f.broadcast_in_dim(r, shape, kept) for r in results]
 
 
+def _mean(f: Fusion, x: Tensor, dims, count: Val) -> Val:
+    """sum(x) / count over dims, in x's type (a Half or BFloat16 sum is a float in the
+    kernel), without the reduced axes."""
+    return f.elementwise("div", [reduction(f, "sum", x, dims, False, x.dtype), count])
+
+
 def _expand_mean(f: Fusion, x: Tensor, dims, keepdim) -> Val:
-    """mean = sum(x)/n, in x's type (a Half or BFloat16 sum is a float in the kernel)."""
-    mean = f.elementwise("div", [reduction(f, "sum", x, dims, False, x.dtype), _count(f, x, dims)])
+    """torch.mean: sum(x)/n."""
+    mean = _mean(f, x, dims, _count(f, x, dims))
     return _keepdim(f, x, dims, [mean])[0] if keepdim else mean
 
 
@@ -166,7 +172,7 @@ def _expand_var_mean(f: Fusion, x: Tensor, dims, correction, keepdim, with_mean:
     [var, mean], or [var] alone without `with_mean` (torch.var)."""
     count = _count(f, x, dims)
     kept = [d for d in range(x.ndim) if d not in dims]
-    mean = f.elementwise("div", [reduction(f, "sum", x, dims, False, x.dtype), count])
+    mean = _mean(f, x, dims, count)
     centered = f.elementwise("sub", [x, f.broadcast_in_dim(mean, x.shape(), kept)])
     sq = f.elementwise("mul", [centered, centered])
     denominator = f.elementwise("maximum", [

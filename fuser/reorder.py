@@ -215,16 +215,15 @@ def order_of(f: Fusion) -> Order | None:
     return _best(f, groups=False)
 
 
-def grouped_order(f: Fusion) -> Order | None:
-    """An order with fewer copies than order_of's that fits only where a reduction over the
-    trailing row axes keeps the leading ones as groups (analysis.group_axes: a column kernel
-    per group of rows), or None: softmax over S of [B, S, A, D] as rows [B, S] and hidden
-    [A * D] (views), where order_of's moves S last (two copies). The segmentation takes it
-    only where every segment then runs as one kernel chain (segment.segment)."""
+def grouped_order(f: Fusion, plain: Order | None) -> Order | None:
+    """An order with fewer copies than `plain` (order_of's) that fits only where a reduction
+    over the trailing row axes keeps the leading ones as groups (analysis.group_axes: a column
+    kernel per group of rows), or None: softmax over S of [B, S, A, D] as rows [B, S] and
+    hidden [A * D] (views), where order_of's moves S last (two copies). The segmentation takes
+    it only where every segment then runs as one kernel chain (segment.segment)."""
     best = _best(f, groups=True)
     if best is None or _fits(f, best):  # order_of's rules fit it
         return None
-    plain = order_of(f)
     return best if plain is None or _copies(f, best) < _copies(f, plain) else None
 
 

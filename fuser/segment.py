@@ -249,36 +249,31 @@ def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError,
     the segment that sweeps its operand, so that a later one reducing over other axes reads
     it as an input (the row sums of [A, B, C], then sums over A of what they centred)."""
     widened = _widened(lower(fusion))
-    grouped = reorder.grouped_order(widened)
-    if grouped is not None:  # taken where every segment is then one kernel chain
-        lowered = layouts.on_inputs(reorder.rewritten(widened, grouped))
-        why = reorder.explain_order(widened, grouped)
-        try:
-            return _segmented(lowered, why, name, reason, nested=True, cuts="layouts")
-        except UnsupportedFusionError:
-            pass
     order = reorder.order_of(widened)
     moved = reorder.rewritten(widened, order)
     lowered = layouts.on_inputs(moved)
     why = "" if order is None or moved is widened else reorder.explain_order(widened, order)
-    if layouts.needed(lowered):
-        try:  # every segment one kernel chain, none segmented again
-            return _segmented(lowered, why, name, reason, nested=True, cuts="layouts")
-        except UnsupportedFusionError:
-            pass
-    try:
-        return _segmented(lowered, why, name, reason, nested, cuts="rows")
-    except UnsupportedFusionError as refused:
+    # (fusion, why, nested, cuts), tried in this order; the cut at the rows' refusal is raised
+    attempts: list[tuple[Fusion, str, bool, Cuts]] = []
+    grouped = reorder.grouped_order(widened, order)
+    if grouped is not None:  # taken where every segment is then one kernel chain
+        attempts.append((layouts.on_inputs(reorder.rewritten(widened, grouped)),
+                         reorder.explain_order(widened, grouped), True, "layouts"))
+    views = bool(layouts.needed(lowered))
+    if views:  # every segment one kernel chain, none segmented again
+        attempts.append((lowered, why, True, "layouts"))
+    attempts += [(lowered, why, nested, "rows"), (lowered, why, nested, "every")]
+    if views and not nested:  # the segments between the layout ops, each reordered on its own
+        attempts.append((lowered, why, False, "layouts"))
+    refused: UnsupportedFusionError | None = None
+    for candidate, explained, inner, cuts in attempts:
         try:
-            return _segmented(lowered, why, name, reason, nested, cuts="every")
-        except UnsupportedFusionError:
-            pass
-        if nested or not layouts.needed(lowered):
-            raise refused from None
-        try:  # the segments between the layout ops, each reordered (segmented) on its own
-            return _segmented(lowered, why, name, reason, nested=False, cuts="layouts")
-        except UnsupportedFusionError:
-            raise refused from None
+            return _segmented(candidate, explained, name, reason, nested=inner, cuts=cuts)
+        except UnsupportedFusionError as exc:
+            if cuts == "rows":
+                refused = exc
+    assert refused is not None
+    raise refused from None
 
 
 def _segmented(lowered: Fusion, order: str, name: str, reason: UnsupportedFusionError,

@@ -210,7 +210,7 @@ def _inputs(fd: FusionDefinition, shapes, seed: int = 7) -> list[np.ndarray]:
 def _taken(fd: FusionDefinition):
     """The lowered fusion and the order its segmentation takes (the grouped one first)."""
     widened = _widened(lower(fd.fusion))
-    return widened, grouped_order(widened) or order_of(widened)
+    return widened, grouped_order(widened, order_of(widened)) or order_of(widened)
 
 
 def _own_order(fd: FusionDefinition) -> bool:
@@ -253,11 +253,13 @@ def test_a_grouped_order_only_where_it_saves_copies():
     order merged, [A, B, C] centred over A) or fits the own order (reorder nothing)."""
     widened = _widened(lower(_fd("softmax_over_a_middle_axis").fusion))
     axes = _axes(widened)
-    grouped, plain = grouped_order(widened), order_of(widened)
+    plain = order_of(widened)
+    grouped = grouped_order(widened, plain)
     assert (grouped.rows, grouped.hidden, grouped.expanded) == (axes[:2], axes[2:], ())
     assert plain.hidden == axes[1:2]
     for name in ("centered_over_dim_0", "instance_norm", "sum_over_batch"):
-        assert grouped_order(_widened(lower(_fd(name).fusion))) is None, name
+        widened = _widened(lower(_fd(name).fusion))
+        assert grouped_order(widened, order_of(widened)) is None, name
 
 
 @pytest.mark.parametrize("name", list(CASES))
