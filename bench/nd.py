@@ -70,6 +70,27 @@ def batchnorm_nchw(fd, dtype):
     fd.add_output(fd.ops.cast(y, dtype))
 
 
+def batchnorm_nchw_backward(fd, dtype):
+    """BatchNorm2d's backward over NCHW from the saved mean and 1 / std: grad_input, and the
+    weight's and bias' gradients (sums over N, H and W per channel)."""
+    x, dy = fd.define_tensor([-1, -1, -1, -1], dtype=dtype), fd.define_tensor([-1, -1, -1, -1],
+                                                                             dtype=dtype)
+    mean, invstd, w = fd.define_tensor([-1]), fd.define_tensor([-1]), fd.define_tensor([-1])
+    xf, dyf = fd.ops.cast(x, F), fd.ops.cast(dy, F)
+    xhat = fd.ops.mul(fd.ops.sub(xf, broadcast_like(fd, mean, x, [1])),
+                      broadcast_like(fd, invstd, x, [1]))
+    count = fd.ops.mul(fd.ops.mul(x.size(0), x.size(2)), x.size(3))
+    dbias = fd.ops.sum(dyf, [0, 2, 3])
+    dweight = fd.ops.sum(fd.ops.mul(dyf, xhat), [0, 2, 3])
+    centered = fd.ops.sub(
+        fd.ops.sub(dyf, broadcast_like(fd, fd.ops.div(dbias, count), x, [1])),
+        fd.ops.mul(xhat, broadcast_like(fd, fd.ops.div(dweight, count), x, [1])))
+    scale = fd.ops.mul(w, invstd)
+    fd.add_output(fd.ops.cast(fd.ops.mul(centered, broadcast_like(fd, scale, x, [1])), dtype))
+    fd.add_output(dweight)
+    fd.add_output(dbias)
+
+
 def group_norm_affine(fd, dtype, groups=32):
     """GroupNorm over NCHW with its per-channel weight and bias."""
     x = fd.define_tensor([-1, -1, -1, -1], dtype=dtype)
@@ -151,6 +172,14 @@ def _eager_batchnorm(x, w, b):
     return (nnf.batch_norm(x.float(), None, None, w, b, training=True, eps=EPS).to(x.dtype),)
 
 
+def _eager_batchnorm_backward(x, dy, mean, invstd, w):
+    import torch
+
+    grad_input, grad_weight, grad_bias = torch.ops.aten.native_batch_norm_backward(
+        dy, x, w, None, None, mean, invstd, True, EPS, [True, True, True])
+    return grad_input, grad_weight, grad_bias
+
+
 def _eager_group_norm(x, w, b):
     import torch.nn.functional as nnf
 
@@ -200,6 +229,15 @@ class Case:
 
 CASES = {
     "batchnorm_nchw": Case(batchnorm_nchw, ((32, 64, 56, 56), (64,), (64,)), _eager_batchnorm),
+    # a late ResNet layer's: many channels, rows of 49
+    "batchnorm_nchw_7x7": Case(batchnorm_nchw, ((256, 512, 7, 7), (512,), (512,)),
+                               _eager_batchnorm),
+    "batchnorm_nchw_backward": Case(batchnorm_nchw_backward,
+                                    ((32, 64, 56, 56),) * 2 + ((64,),) * 3,
+                                    _eager_batchnorm_backward),
+    "batchnorm_nchw_backward_7x7": Case(batchnorm_nchw_backward,
+                                        ((256, 512, 7, 7),) * 2 + ((512,),) * 3,
+                                        _eager_batchnorm_backward),
     "group_norm_affine": Case(group_norm_affine, ((8, 256, 32, 32), (256,), (256,)),
                               _eager_group_norm),
     "modulated_layernorm": Case(modulated_layernorm, ((8, 1024, 4096), (8, 4096), (8, 4096)),
@@ -226,14 +264,17 @@ def definition(name: str, dtype: DataType) -> FusionDefinition:
 
 
 def host_inputs(name: str, dtype: DataType, shape=None, seed: int = 0) -> list[np.ndarray]:
-    """Standard normal data in `dtype`, parameters in float32 (weights near 1), a mask with
-    most entries held and its first column always (no row wholly masked)."""
+    """Standard normal data in `dtype` (each input of the first one's shape: BatchNorm
+    backward's x and grad_out), parameters in float32 (weights near 1), a mask with most
+    entries held and its first column always (no row wholly masked)."""
     case, rng = CASES[name], np.random.default_rng(seed)
     shapes = shape or case.shape
     arrays = [rng.standard_normal(shapes[0]).astype(np.float32).astype(dtype.numpy)]
     for i, s in enumerate(shapes[1:], 1):
         if case.mask and i == 1:
             arrays.append(mask(rng, s))
+        elif tuple(s) == tuple(shapes[0]):
+            arrays.append(rng.standard_normal(s).astype(np.float32).astype(dtype.numpy))
         else:
             arrays.append((1 + 0.1 * rng.standard_normal(s)).astype(np.float32))
     return arrays

@@ -383,19 +383,29 @@ def _execute_segments(fd, segmentation: Segmentation, inputs: list, device, hint
     return _unshared(lowered, values)
 
 
-def _segment_step(s, arguments: list, values: dict, device) -> Callable[[dict], Run] | None:
+def _segment_step(s, arguments: list, values: dict, device
+                  ) -> Callable[[dict], Run | SegmentedRun] | None:
     """Segment `s` as a step of a later call with the same signature: its arguments from the
     values (or, for the sizes it takes as scalars, the ones this call passed), its kernels
     launched with the plan this call made for them (calls.run: no signature, no plan lookup,
     no execute() per segment), through execute() where an input sits at an address the plan's
-    vectors cannot load. None where `s` ran as segments of its own (no one plan)."""
+    vectors cannot load. Where `s` ran as segments of its own (no one plan), through
+    execute(), which walks the steps its own first call recorded. None where it did neither."""
     plan = s.definition.__dict__.get("_plans", {}).get(
         (calls.signature(arguments), device, None))
-    if not isinstance(plan, Plan):
-        return None
     inputs, outputs = s.inputs, s.outputs
     given = {i: a for i, (v, a) in enumerate(zip(inputs, arguments, strict=True))
              if v not in values}  # the sizes it takes as scalars, fixed by the signature
+    if not isinstance(plan, Plan):
+        if not isinstance(s.definition._last_run, SegmentedRun):
+            return None
+
+        def nested(values: dict) -> SegmentedRun:
+            args = [values[v] if i not in given else given[i] for i, v in enumerate(inputs)]
+            values.update(zip(outputs, execute(s.definition, args, device=device), strict=True))
+            return s.definition._last_run
+
+        return nested
     vector_inputs, align = plan.kernel.vector_inputs, plan.align
 
     def step(values: dict) -> Run:

@@ -3,9 +3,11 @@ var) become primitives, a reduction over every axis of a tensor becomes two (eac
 then over the rows' results), one over axes of size 1 a cast that does not round, a
 reduction over the rows of a value without the hidden axis that meets only such reductions
 of values with it is computed on its operand spread along hidden (fuser.spread), and the
-ops no output depends on are left out. The user's definition (and its repr) stays as
-written. The copying helpers (define_like, copy_expr, equate_extents) serve every pass that
-rewrites a fusion into another (segment.py, reorder.py, layouts.py)."""
+ops no output depends on are left out. A reduction over axes that are not a run may be
+split into two over runs (split_reductions: segmentation tries that form first). The user's
+definition (and its repr) stays as written. The copying helpers (define_like, copy_expr,
+equate_extents) serve every pass that rewrites a fusion into another (segment.py,
+reorder.py, layouts.py)."""
 
 from __future__ import annotations
 
@@ -134,6 +136,58 @@ def reduction(f: Fusion, op: str, x: Tensor, dims, keepdim: bool, dtype: DataTyp
     per_row = f.reduction(op, x, [x.ndim - 1], False, DataType.Float if narrow else dtype)
     total = reduction(f, op, per_row, list(range(x.ndim - 1)), False, dtype)
     return f.broadcast_in_dim(total, [1] * x.ndim, []) if keepdim else total
+
+
+def split_reductions(lowered: Fusion) -> Fusion | None:
+    """A copy of the `lowered` fusion in which each reduction over axes that are not a run
+    (BatchNorm's [0, 2, 3] of NCHW) is one over their last run first (rows [N, C] along
+    H * W, kept as [N, C, 1, 1]), then one of those partials over the rest (column sums
+    over N), recursively; None where no reduction is split. The input is then read in its
+    own order, where moving the kept axes aside (fuser/reorder.py) copies it: segmentation
+    tries this form first. A Half or BFloat16 result's partials are Float, as a kernel holds
+    them."""
+    if not any(e.op in REDUCTIONS and _last_run(as_tensor(e.inputs[0]), e.attr("dims"))
+               for e in lowered.exprs):
+        return None
+    out = Fusion()
+    new: dict[Val, Val] = {}
+    for v in lowered.vals:
+        e = v.definition
+        if e is None:
+            new[v] = define_like(out, v, v in lowered.inputs)
+        elif e.op in REDUCTIONS:
+            new[v] = _split(out, e.op, as_tensor(new[e.inputs[0]]), e.attr("dims"),
+                            e.attr("keepdim"), v.dtype)
+        elif v is e.outputs[0]:
+            copy_expr(out, e, new)
+    for o in lowered.outputs:
+        out.outputs.append(as_tensor(new[o]))
+    equate_extents(new, "split_reductions")
+    return out
+
+
+def _split(f: Fusion, op: str, x: Tensor, dims, keepdim: bool, dtype: DataType) -> Tensor:
+    """reduction(), over the last run of `dims` first where they are not one run."""
+    last = _last_run(x, dims)
+    if last is None:
+        return reduction(f, op, x, dims, keepdim, dtype)
+    narrow = dtype in (DataType.Half, DataType.BFloat16)
+    partial = f.reduction(op, x, last, True, DataType.Float if narrow else dtype)
+    total = _split(f, op, partial, [d for d in dims if d not in last], True, dtype)
+    return total if keepdim else f.squeeze(total, sorted(dims))
+
+
+def _last_run(x: Tensor, dims) -> list[int] | None:
+    """The last run of the reduced axes among the axes of `x` not of size 1 (consecutive
+    there), where those reduced axes are more than one run; None where they are one."""
+    spanned = [d for d in range(x.ndim) if x.dims[d] is not None]
+    reduced = [i for i, d in enumerate(spanned) if d in dims]
+    if not reduced or reduced[-1] - reduced[0] == len(reduced) - 1:
+        return None
+    start = len(reduced) - 1
+    while reduced[start - 1] == reduced[start] - 1:
+        start -= 1
+    return [spanned[i] for i in reduced[start:]]
 
 
 def _count(f: Fusion, x: Tensor, dims) -> Val:

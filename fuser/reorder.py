@@ -104,9 +104,12 @@ def _fits(f: Fusion, order: Order, groups: bool = False) -> bool:
     leading = [set(order.rows[:k]) for k in range(1, len(order.rows))] if groups else []
     spans = [set(), rows, hidden, every, *leading, *(run | hidden for run in leading)]
     trailing = [rows - run for run in leading]
+    repeated = _repeated_runs(f, order)
     for v in f.vals:
-        if isinstance(v, Tensor) and (set(spanned_axes(v)) | widening.get(v, set())
-                                      not in spans):
+        if not isinstance(v, Tensor):
+            continue
+        span = set(spanned_axes(v)) | widening.get(v, set())
+        if span not in spans and (v in f.outputs or span not in repeated):
             return False
     for e in f.exprs:
         if e.op in REDUCTIONS:
@@ -114,6 +117,19 @@ def _fits(f: Fusion, order: Order, groups: bool = False) -> bool:
             if reduced != span and not (span == every and reduced in (rows, hidden, *trailing)):
                 return False
     return True
+
+
+def _repeated_runs(f: Fusion, order: Order) -> list[set[Extent]]:
+    """The spans an input may have in `order` that a kernel reads repeated (analysis.RowRun):
+    a run of the row axes, with or without the hidden ones, where no reduction is over the
+    rows (column kernels read every row of each input); none otherwise. BatchNorm's [C]
+    statistics over rows [N, C] along H * W."""
+    rows, hidden = set(order.rows), set(order.hidden)
+    if any(e.op in REDUCTIONS and reduced_axes(e) & rows for e in f.exprs):
+        return []
+    runs = [set(order.rows[i:j]) for i in range(len(order.rows))
+            for j in range(i + 1, len(order.rows) + 1) if j - i < len(order.rows)]
+    return runs + [run | hidden for run in runs]
 
 
 def _widening(f: Fusion, order: Order) -> dict[Val, frozenset[Extent]] | None:
@@ -238,7 +254,8 @@ def _best(f: Fusion, groups: bool) -> Order | None:
     if _fits(f, Order(axes[:-1], axes[-1:]), groups):
         return None
     expandable = _expandable(f, axes)
-    fitting = [order for order in (_with_expansions(split, expandable) for split in _splits(axes))
+    fitting = [order for order in (_with_expansions(f, split, expandable)
+                                   for split in _splits(axes))
                if _fits(f, order, groups)]
     if not fitting:
         return None
@@ -252,11 +269,12 @@ def _splits(axes: tuple[Extent, ...]) -> list[Order]:
             for count in range(1, len(axes)) for hidden in combinations(axes, count)]
 
 
-def _with_expansions(split: Order, expandable: list[Tensor]) -> Order:
-    """`split` with the inputs expanded whose own axes it does not fit (no input whose axes
-    fit gains from a copy): linear in the inputs, not a search over their subsets."""
-    allowed: tuple[set[Extent], ...] = (set(), set(split.rows), set(split.hidden),
-                                        set(split.axes))
+def _with_expansions(f: Fusion, split: Order, expandable: list[Tensor]) -> Order:
+    """`split` with the inputs expanded whose own axes it does not fit, nor a kernel reads
+    repeated (no input whose axes fit gains from a copy): linear in the inputs, not a search
+    over their subsets."""
+    allowed: list[set[Extent]] = [set(), set(split.rows), set(split.hidden), set(split.axes),
+                                  *_repeated_runs(f, split)]
     return Order(split.rows, split.hidden,
                  tuple(v for v in expandable if set(spanned_axes(v)) not in allowed))
 

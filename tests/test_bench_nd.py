@@ -26,6 +26,8 @@ def test_nd_eager_baselines_match_the_oracle(name):
         small = ((2, 6, 40),)
     if name == "masked_mean_pooling":
         small = ((2, 6, 40), (2, 6, 1))
+    if name.startswith("batchnorm_nchw_backward"):
+        small = ((3, 64, 5, 7),) * 2 + ((64,),) * 3
     fd = nd.definition(name, DataType.Float)
     host = nd.host_inputs(name, DataType.Float, small)
     want = evaluate(fd.fusion, host)

@@ -471,6 +471,38 @@ def test_later_calls_of_a_segmented_fusion_walk_the_steps_its_first_call_took(gp
     assert fd._last_run.moves == record.moves and planned == [(0, 2, 1)]
 
 
+def test_a_segment_run_as_segments_of_its_own_is_a_step_of_later_calls(gpu, monkeypatch):
+    """BatchNorm forward over NCHW, split (lowering.split_reductions): its segments 0 and 2
+    (sums along H * W of rows [N, C]) run as segmentations of their own (views). A later
+    call walks the steps the first recorded, calling execute() only for those two (each of
+    which walks its own), and launches the same kernels in the same order."""
+    from bench import nd
+
+    fd = nd.definition("batchnorm_nchw", DataType.BFloat16)
+    x = torch.zeros(2, 4, 3, 8, dtype=torch.bfloat16)
+    w, b = torch.ones(4), torch.zeros(4)
+    fd.execute([x, w, b])
+    first = [function for function, _ in gpu.launches]
+    nested = [s.definition.name for s in executor.segments_of(fd).segments
+              if executor.segments_of(s.definition) is not None]
+    assert len(nested) == 2 and len(first) == 5
+    record = fd._last_run
+    gpu.launches.clear()
+    inner = []
+    real = executor.execute
+
+    def counted(definition, *args, **kwargs):
+        if definition is not fd:
+            inner.append(definition.name)
+        return real(definition, *args, **kwargs)
+
+    monkeypatch.setattr(executor, "execute", counted)
+    (y,) = fd.execute([x, w, b])
+    assert tuple(y.shape) == (2, 4, 3, 8)
+    assert [function for function, _ in gpu.launches] == first and inner == nested
+    assert fd._last_run == record
+
+
 def test_the_last_cuda_code_of_a_segmented_call_shows_its_permute_kernels(gpu):
     """fd.last_cuda_code() of a call whose segments are moved between: each segment's source,
     then each permute kernel's under the move it made, on the first call and the later ones

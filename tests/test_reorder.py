@@ -1,8 +1,10 @@
 """Fusions whose axes fit rows and a hidden axis in another order than their own (issue 15:
-N-D tensors, "UnsupportedFusionError only for what no chain can run"): BatchNorm over NCHW,
-a mean over the middle axis, InstanceNorm over the last two axes. fuser/reorder.py writes
-each again in an order that fits; the segmentation moves the inputs into it and the outputs
-back between kernels.
+N-D tensors, "UnsupportedFusionError only for what no chain can run"): a mean over the
+middle axis, InstanceNorm over the last two axes, softmax over a middle axis. fuser/reorder.py
+writes each again in an order that fits; the segmentation moves the inputs into it and the
+outputs back between kernels. BatchNorm over NCHW and other reductions over axes that are
+not a run are split first (lowering.split_reductions: rows along the last run, then column
+sums of those partials), which reads every input in place; their order is the fallback.
 
 CPU: the order taken and the moves it costs (a view where only merged axes change, a copy
 where axes move), the segments chained on the float64 oracle (moves made as the executor
@@ -23,6 +25,7 @@ from test_layout import (
     assert_chained_matches_the_oracle,
     assert_each_segment_compiles_without_spills,
 )
+from test_segment import plain_segmentation
 
 import fuser
 from bench import nd
@@ -30,7 +33,7 @@ from fuser import DataType, FusionDefinition, UnsupportedFusionError
 from fuser.analysis import analyze
 from fuser.device import DeviceSpec
 from fuser.executor import segments_of
-from fuser.lowering import lower
+from fuser.lowering import lower, split_reductions
 from fuser.reference import evaluate
 from fuser.reorder import _axes, grouped_order, order_of, reordered
 from fuser.segment import SegmentSchedules, _widened, segment
@@ -133,8 +136,9 @@ def masked_column_sums(fd, dtype=BF16):
 
 
 def weight_with_a_gap(fd, dtype=BF16):
-    """[B, S, T, H] times a [B, T, H] weight: its leading axes are not a run of the rows (S
-    lies between them), so it is copied broadcast."""
+    """[B, S, T, H] times a [B, T, H] weight: its leading axes are not a run of the rows
+    [B, S, T] (S lies between them), but they are of rows [B, S] along T * H, where a kernel
+    reads the weight [B, T * H] repeated over S: views only, where it was copied broadcast."""
     x = fd.define_tensor([-1, -1, -1, -1], dtype=dtype)
     w = fd.define_tensor([-1, -1, -1])
     fd.add_output(fd.ops.cast(fd.ops.mul(fd.ops.cast(x, F), _bcast(fd, w, x, [0, 2, 3])), dtype))
@@ -146,16 +150,19 @@ group_norm_affine = functools.partial(nd.group_norm_affine, groups=4)
 # builder -> (copies: permutes and expands, reshape views, segments, input shapes); the
 # builders of bench/nd.py are the fusions users write that its bench times
 CASES = {
-    "batchnorm_nchw": (batchnorm_nchw, 2, 4, 1, [(3, 5, 4, 6), (5,), (5,)]),
-    "batchnorm_nchw_backward": (batchnorm_nchw_backward, 3, 5, 1,
+    # split: sums along H * W of rows [N, C], column sums over N of those, the mean, then
+    # the centred squares' likewise, then the normalization; no copy
+    "batchnorm_nchw": (batchnorm_nchw, 0, 0, 5, [(3, 5, 4, 6), (5,), (5,)]),
+    # split: both sums' partials in one sweep, their column sums, then grad_input
+    "batchnorm_nchw_backward": (batchnorm_nchw_backward, 0, 0, 3,
                                 [(3, 5, 4, 6), (3, 5, 4, 6), (5,), (5,), (5,)]),
     "instance_norm": (instance_norm, 0, 3, 1, [(3, 5, 4, 6)]),
     "sum_over_batch": (sum_over_batch, 0, 2, 1, [(3, 7, 5)]),
-    "outer_axes_kept": (outer_axes_kept, 2, 3, 1, [(3, 7, 5)]),
+    "outer_axes_kept": (outer_axes_kept, 0, 0, 3, [(3, 7, 5)]),  # split, as BatchNorm
     "centered_over_dim_0": (centered_over_dim_0, 0, 2, 1, [(3, 7, 5)]),
     "softmax_over_a_middle_axis": (softmax_over_a_middle_axis, 0, 2, 1, [(3, 7, 4, 5)]),
     "masked_column_sums": (masked_column_sums, 1, 1, 1, [(2, 3, 4, 6), (4, 6)]),
-    "weight_with_a_gap": (weight_with_a_gap, 1, 3, 1, [(3, 5, 4, 6), (3, 4, 6)]),
+    "weight_with_a_gap": (weight_with_a_gap, 0, 3, 1, [(3, 5, 4, 6), (3, 4, 6)]),
 }
 
 
@@ -208,21 +215,24 @@ def _inputs(fd: FusionDefinition, shapes, seed: int = 7) -> list[np.ndarray]:
 
 
 def _taken(fd: FusionDefinition):
-    """The lowered fusion and the order its segmentation takes (the grouped one first)."""
+    """The lowered fusion (its reductions split where some are: the form segmented first)
+    and the order its segmentation takes (the grouped one first)."""
     widened = _widened(lower(fd.fusion))
+    widened = split_reductions(widened) or widened
     return widened, grouped_order(widened, order_of(widened)) or order_of(widened)
 
 
 def _own_order(fd: FusionDefinition) -> bool:
-    """Whether the order taken is the fusion's own (only inputs expanded, or axes merged)."""
+    """Whether the order taken, if any, is the fusion's own (only inputs expanded, or axes
+    merged)."""
     widened, order = _taken(fd)
-    return order is not None and order.axes == _axes(widened)
+    return order is None or order.axes == _axes(widened)
 
 
 def _merged_in_own_order(fd: FusionDefinition) -> bool:
     """Whether the order taken is the fusion's own with several hidden axes merged."""
     order = _taken(fd)[1]
-    return _own_order(fd) and order is not None and len(order.hidden) > 1
+    return order is not None and _own_order(fd) and len(order.hidden) > 1
 
 
 def _segmentation(fd: FusionDefinition):
@@ -243,8 +253,9 @@ def test_the_order_moves_what_it_must(name):
     assert "merged into one axis" in str(segmentation) or not _merged_in_own_order(fd)
     expands = [e for e in segmentation.layouts if e.op == "expand"]
     assert str(segmentation).count("copied broadcast to") == len(expands)
-    for s in segmentation.segments:
-        analyze(s.definition.fusion)
+    for s in segmentation.segments:  # one kernel chain, or segments of its own (views)
+        if segments_of(s.definition) is None:
+            analyze(s.definition.fusion)
 
 
 def test_a_grouped_order_only_where_it_saves_copies():
@@ -291,9 +302,11 @@ def test_a_fusion_cut_first_runs_its_segments_as_any(name):
         assert f"=== {s.definition.name}: 1 segment" in report
 
 
-def test_batchnorm_over_nchw_runs_as_rows_of_channels():
-    """Rows of one channel each (C rows of N * H * W): the channel's statistics are a row
-    reduction, and the weight and bias per-row values."""
+def test_batchnorm_over_nchw_reads_its_input_in_place():
+    """Split, BatchNorm's statistics are rows [N, C] summed along H * W (a view) and column
+    sums over N of those, so x is read where it lies; unsplit (the fallback), the order of
+    its axes that fits is rows of one channel each (C rows of N * H * W), the weight and bias
+    per-row values, which copies x into it."""
     widened = _widened(lower(_fd("batchnorm_nchw").fusion))
     order = order_of(widened)
     x = widened.inputs[0]
@@ -302,8 +315,8 @@ def test_batchnorm_over_nchw_runs_as_rows_of_channels():
     assert order.hidden == tuple(x.dims[d].find() for d in (0, 2, 3))
     report = str(fuser.explain(_fd("batchnorm_nchw"), [(32, 64, 28, 28), (64,), (64,)],
                                device="h200"))
-    assert "64 rows x hidden 25088" in report
-    assert "permute(T0, [1, 0, 2, 3]): a contiguous copy" in report
+    assert "2048 rows x hidden 784" in report and "64 rows x hidden 25088" not in report
+    assert "permute(" not in report and "a contiguous copy" not in report
 
 
 def test_a_fusion_that_fits_its_own_order_is_not_rewritten():
@@ -316,10 +329,11 @@ def test_a_fusion_that_fits_its_own_order_is_not_rewritten():
 
 def test_reductions_no_order_serves_together_run_a_segment_each():
     """The peaks of [batch, seq, hidden] over batch and hidden ([1, seq, 1]) subtracted, then
-    sums along hidden: no split into rows and hidden axes fits both reductions, and cutting
-    at the reductions over the rows leaves them in one sweep; cut after every reduction, the
-    peaks are a segment (reordered: segments of its own) and the sums another, one kernel
-    that reads the [seq] peaks repeated over rows [batch, seq]."""
+    sums along hidden: no split into rows and hidden axes fits both reductions. The peaks
+    are split (lowering.split_reductions): rows [batch, seq] along hidden, then column peaks
+    over batch, a segment each; the sums a third, one kernel that reads the [seq] peaks
+    repeated over rows [batch, seq]. Unsplit, cut after every reduction, the peaks are a
+    segment (reordered: segments of its own) and the sums another."""
     with FusionDefinition("peaks") as fd:
         x = fd.define_tensor([-1, -1, -1])
         peaks = fd.ops.max(x, [0, 2], keepdim=True)
@@ -327,11 +341,16 @@ def test_reductions_no_order_serves_together_run_a_segment_each():
     lowered = lower(fd.fusion)
     assert order_of(lowered) is None and reordered(lowered) is lowered
     segmentation = _segmentation(fd)
-    assert len(segmentation.segments) == 2
-    assert [segments_of(s.definition) is not None for s in segmentation.segments] == [True, False]
-    assert analyze(segmentation.segments[1].definition.fusion).repeated
+    assert len(segmentation.segments) == 3 and not segmentation.layouts
+    assert not any(segments_of(s.definition) for s in segmentation.segments)
+    assert analyze(segmentation.segments[2].definition.fusion).repeated
     x = np.random.default_rng(3).standard_normal((3, 7, 5)).astype(np.float32)
     assert_chained_matches_the_oracle(fd, [x], atol=1e-5)
+    unsplit = plain_segmentation(fd)
+    assert len(unsplit.segments) == 2
+    assert [segments_of(s.definition) is not None for s in unsplit.segments] == [True, False]
+    assert analyze(unsplit.segments[1].definition.fusion).repeated
+
 
 
 # ----- GPU -----
