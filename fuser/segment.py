@@ -51,7 +51,7 @@ from fuser.ir import (
     rounding_cast,
     spanned_axes,
 )
-from fuser.lowering import copy_expr, define_like, equate_extents, lower, split_reductions
+from fuser.lowering import copy_expr, define_like, equate_extents, lower, splits
 from fuser.ops import ELEMENTWISE, LAYOUT_OPS, REDUCTIONS
 
 if TYPE_CHECKING:
@@ -176,9 +176,8 @@ def stages(fusion: Fusion, cuts: Cuts = "rows") -> dict[Val, int]:
     broadcast_in_dim that lays such a result along the columns. A reduction of such results
     over the rows (the second half of a full reduction, analysis._reduction) is one stage
     later too, and its result is one value of the whole tensor: what meets a tensor of any
-    dimension with it is later again. So is a reduction over the rows of per-row values that
-    keeps some axes (BatchNorm's column sums over N of [N, C, 1, 1] partials, which
-    lowering.reduction makes), and what meets a wider tensor with its results."""
+    dimension with it is later again; so are one that keeps some axes (the column sums of
+    BatchNorm's [N, C, 1, 1] partials, lower(split=True)) and what widens its results."""
     stage: dict[Val, int] = {v: 0 for v in fusion.vals if v.definition is None}
     per_row: set[Val] = set()  # inner reductions' rank-reduced results, and values of them
     kept: set[Val] = set()  # inner reductions' keepdim results, and values of them
@@ -192,8 +191,7 @@ def stages(fusion: Fusion, cuts: Cuts = "rows") -> dict[Val, int]:
             continue
         rank = _rank(out)
         of_whole = any(i in whole for i in e.inputs)
-        # a reduction of per-row results (kept or not) is one value, or (over N-D rows) per
-        # row of fewer rows
+        # a reduction of per-row results (kept or not): one value, or per row of fewer rows
         across = e.op in REDUCTIONS and (e.inputs[0] in per_row or e.inputs[0] in kept
                                           or _over_row_values(e))
         widens = any(i in gathered and _span(out) > _span(i) for i in e.inputs)
@@ -265,10 +263,9 @@ def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError,
     the segment that sweeps its operand, so that a later one reducing over other axes reads
     it as an input (the row sums of [A, B, C], then sums over A of what they centred)."""
     widened = _widened(lower(fusion))
-    split = split_reductions(widened)
     # the reductions over axes that are not a run split first: the inputs read in their own
     # order, where the reordering of the whole fusion copies them
-    attempts = [] if split is None else _attempts(split, nested)
+    attempts = _attempts(_widened(lower(fusion, split=True)), nested) if splits(fusion) else []
     plain = _attempts(widened, nested)
     refused = reason  # the plain fusion's refusal at the cut at the rows is raised
     for i, (candidate, explained, inner, cuts) in enumerate(attempts + plain):

@@ -472,10 +472,10 @@ def test_later_calls_of_a_segmented_fusion_walk_the_steps_its_first_call_took(gp
 
 
 def test_a_segment_run_as_segments_of_its_own_is_a_step_of_later_calls(gpu, monkeypatch):
-    """BatchNorm forward over NCHW, split (lowering.split_reductions): its segments 0 and 2
-    (sums along H * W of rows [N, C]) run as segmentations of their own (views). A later
-    call walks the steps the first recorded, calling execute() only for those two (each of
-    which walks its own), and launches the same kernels in the same order."""
+    """BatchNorm forward over NCHW, split (lower(split=True)): its segment 0 (sums along
+    H * W of rows [N, C]) runs as a segmentation of its own (views). A later call walks the
+    steps the first recorded, calling execute() only for that one (which walks its own), and
+    launches the same kernels in the same order."""
     from bench import nd
 
     fd = nd.definition("batchnorm_nchw", DataType.BFloat16)
@@ -485,7 +485,7 @@ def test_a_segment_run_as_segments_of_its_own_is_a_step_of_later_calls(gpu, monk
     first = [function for function, _ in gpu.launches]
     nested = [s.definition.name for s in executor.segments_of(fd).segments
               if executor.segments_of(s.definition) is not None]
-    assert len(nested) == 2 and len(first) == 5
+    assert len(nested) == 1 and len(first) == 4
     record = fd._last_run
     gpu.launches.clear()
     inner = []

@@ -3,7 +3,7 @@ N-D tensors, "UnsupportedFusionError only for what no chain can run"): a mean ov
 middle axis, InstanceNorm over the last two axes, softmax over a middle axis. fuser/reorder.py
 writes each again in an order that fits; the segmentation moves the inputs into it and the
 outputs back between kernels. BatchNorm over NCHW and other reductions over axes that are
-not a run are split first (lowering.split_reductions: rows along the last run, then column
+not a run are split first (lower(split=True): rows along the last run, then column
 sums of those partials), which reads every input in place; their order is the fallback.
 
 CPU: the order taken and the moves it costs (a view where only merged axes change, a copy
@@ -33,7 +33,7 @@ from fuser import DataType, FusionDefinition, UnsupportedFusionError
 from fuser.analysis import analyze
 from fuser.device import DeviceSpec
 from fuser.executor import segments_of
-from fuser.lowering import lower, split_reductions
+from fuser.lowering import lower, splits
 from fuser.reference import evaluate
 from fuser.reorder import _axes, grouped_order, order_of, reordered
 from fuser.segment import SegmentSchedules, _widened, segment
@@ -150,9 +150,10 @@ group_norm_affine = functools.partial(nd.group_norm_affine, groups=4)
 # builder -> (copies: permutes and expands, reshape views, segments, input shapes); the
 # builders of bench/nd.py are the fusions users write that its bench times
 CASES = {
-    # split: sums along H * W of rows [N, C], column sums over N of those, the mean, then
-    # the centred squares' likewise, then the normalization; no copy
-    "batchnorm_nchw": (batchnorm_nchw, 0, 0, 5, [(3, 5, 4, 6), (5,), (5,)]),
+    # split: each row [n, c]'s sum and squared deviations along H * W in one sweep, their
+    # column sums over N for the mean, then Chan's combination for the variance, then the
+    # normalization; no copy
+    "batchnorm_nchw": (batchnorm_nchw, 0, 0, 4, [(3, 5, 4, 6), (5,), (5,)]),
     # split: both sums' partials in one sweep, their column sums, then grad_input
     "batchnorm_nchw_backward": (batchnorm_nchw_backward, 0, 0, 3,
                                 [(3, 5, 4, 6), (3, 5, 4, 6), (5,), (5,), (5,)]),
@@ -217,8 +218,7 @@ def _inputs(fd: FusionDefinition, shapes, seed: int = 7) -> list[np.ndarray]:
 def _taken(fd: FusionDefinition):
     """The lowered fusion (its reductions split where some are: the form segmented first)
     and the order its segmentation takes (the grouped one first)."""
-    widened = _widened(lower(fd.fusion))
-    widened = split_reductions(widened) or widened
+    widened = _widened(lower(fd.fusion, split=splits(fd.fusion)))
     return widened, grouped_order(widened, order_of(widened)) or order_of(widened)
 
 
@@ -330,7 +330,7 @@ def test_a_fusion_that_fits_its_own_order_is_not_rewritten():
 def test_reductions_no_order_serves_together_run_a_segment_each():
     """The peaks of [batch, seq, hidden] over batch and hidden ([1, seq, 1]) subtracted, then
     sums along hidden: no split into rows and hidden axes fits both reductions. The peaks
-    are split (lowering.split_reductions): rows [batch, seq] along hidden, then column peaks
+    are split (lower(split=True)): rows [batch, seq] along hidden, then column peaks
     over batch, a segment each; the sums a third, one kernel that reads the [seq] peaks
     repeated over rows [batch, seq]. Unsplit, cut after every reduction, the peaks are a
     segment (reordered: segments of its own) and the sums another."""

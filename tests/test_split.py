@@ -1,4 +1,4 @@
-"""Reductions over axes that are not a run (lowering.split_reductions): BatchNorm's [0, 2, 3]
+"""Reductions over axes that are not a run (lower(split=True)): BatchNorm's [0, 2, 3]
 of NCHW, a max over the first and last axes. Each is split into one over the last run of its
 axes (a row kernel over the others, its partials kept as size-1 axes), then one of those
 partials over the rest (column sums): the input read in place, where moving the kept axes
@@ -22,7 +22,7 @@ from test_layout import (
 from bench import nd
 from fuser import DataType, FusionDefinition, UnsupportedFusionError
 from fuser.analysis import Kind, analyze
-from fuser.lowering import lower, split_reductions
+from fuser.lowering import lower, splits
 from fuser.reference import evaluate
 from fuser.segment import SegmentSchedules, segment
 
@@ -46,13 +46,15 @@ def _reductions(f) -> list[tuple[tuple[int, ...], bool, DataType]]:
 ])
 def test_a_run_of_axes_is_not_split(rank, dims):
     """One run (a row, a column, a middle axis, every axis): nothing to split."""
-    assert split_reductions(lower(_reduced(rank, "sum", dims, False).fusion)) is None
+    fd = _reduced(rank, "sum", dims, False)
+    assert not splits(fd.fusion)
+    assert _reductions(lower(fd.fusion, split=True)) == _reductions(lower(fd.fusion))
 
 
 def test_axes_of_size_one_between_reduced_ones_leave_them_a_run():
     """[A, 1, C] over axes 0 and 2: the axes not of size 1 reduced are one run."""
     fd = _reduced(3, "sum", [0, 2], False, sizes=[-1, 1, -1])
-    assert split_reductions(lower(fd.fusion)) is None
+    assert not splits(fd.fusion)
 
 
 @pytest.mark.parametrize(("rank", "dims", "steps"), [
@@ -64,8 +66,9 @@ def test_axes_of_size_one_between_reduced_ones_leave_them_a_run():
 def test_the_last_run_first_then_the_rest(rank, dims, steps):
     """The last run of the reduced axes first, kept as size 1, then the rest (recursively):
     each step a reduction over one run; the result squeezed unless keepdim."""
-    split = split_reductions(lower(_reduced(rank, "sum", dims, False).fusion))
-    assert split is not None
+    fd = _reduced(rank, "sum", dims, False)
+    assert splits(fd.fusion)
+    split = lower(fd.fusion, split=True)
     assert [(d, k) for d, k, _ in _reductions(split)] == steps
     (out,) = split.outputs
     assert out.definition.op == "squeeze" and out.ndim == rank - len(dims)
@@ -73,7 +76,7 @@ def test_the_last_run_first_then_the_rest(rank, dims, steps):
 
 def test_narrow_partials_are_float():
     """A BFloat16 max's partials are Float, as a kernel holds them; its result BFloat16."""
-    split = split_reductions(lower(_reduced(4, "max", [0, 2, 3], True, dtype=BF16).fusion))
+    split = lower(_reduced(4, "max", [0, 2, 3], True, dtype=BF16).fusion, split=True)
     assert [dtype for _, _, dtype in _reductions(split)] == [F, BF16]
 
 
@@ -87,9 +90,48 @@ def test_the_split_fusion_equals_the_fusion_on_the_oracle(op, keepdim, shape, di
     fd = _reduced(len(shape), op, dims, keepdim)
     x = np.random.default_rng(5).standard_normal(shape).astype(np.float32)
     (want,) = evaluate(fd.fusion, [x])
-    (got,) = evaluate(split_reductions(lower(fd.fusion)), [x])
+    (got,) = evaluate(lower(fd.fusion, split=True), [x])
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def _var_mean(shape, dims, correction: int, keepdim: bool, dtype=F) -> FusionDefinition:
+    with FusionDefinition("var_mean") as fd:
+        x = fd.define_tensor([-1] * len(shape), dtype=dtype)
+        var, mean = fd.ops.var_mean(x, dims, correction=correction, keepdim=keepdim)
+        fd.add_output(var)
+        fd.add_output(mean)
+    return fd
+
+
+def test_a_split_variance_reads_its_input_once():
+    """var_mean over [0, 2, 3]: one sweep gives each row's sum and its squared deviations
+    about its own mean (two reductions along [2, 3]); the rest are reductions over axis 0 of
+    those partials (Chan's combination), none of the input again."""
+    split = lower(_var_mean((3, 5, 4, 6), [0, 2, 3], 0, False).fusion, split=True)
+    x = split.inputs[0]
+    over_x = [e for e in split.exprs if e.op == "sum" and set(e.inputs[0].dims) == set(x.dims)]
+    assert [tuple(e.attr("dims")) for e in over_x] == [(2, 3), (2, 3)]
+    assert sorted(d for d, _, _ in _reductions(split)) == [(0,), (0,), (2, 3), (2, 3)]
+
+
+@pytest.mark.parametrize(("shape", "dims"), [
+    ((3, 5, 4, 6), [0, 2, 3]), ((3, 7, 5), [0, 2]), ((2, 3, 4, 5), [1, 3]),
+    ((2, 3, 2, 3, 4), [0, 2, 4]), ((1, 5, 1, 3), [0, 2, 3]),
+])
+@pytest.mark.parametrize("correction", [0, 1])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_a_split_variance_equals_the_two_pass_one_on_the_oracle(shape, dims, correction,
+                                                                 keepdim):
+    """Chan's combination against the exact two passes, in float64, on data far from zero
+    (a mean of 1000 and a spread of 1: where sum(x^2) / n - mean^2 would lose it all)."""
+    fd = _var_mean(shape, dims, correction, keepdim)
+    x = (1000 + np.random.default_rng(9).standard_normal(shape)).astype(np.float32)
+    want = evaluate(fd.fusion, [x])
+    got = evaluate(lower(fd.fusion, split=True), [x])
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-9)
 
 
 def _segmentation(fd: FusionDefinition):
@@ -109,12 +151,14 @@ def test_the_column_sums_of_partials_are_a_segment_of_their_own():
 
 
 @pytest.mark.parametrize(("name", "kernels"), [
-    ("batchnorm_nchw", 5), ("batchnorm_nchw_backward", 3), ("group_norm_affine", 2),
+    ("batchnorm_nchw", 4), ("batchnorm_nchw_backward", 3), ("group_norm_affine", 2),
 ])
 def test_normalizations_over_nchw_read_their_inputs_in_place(name, kernels):
-    """bench/nd.py's BatchNorm forward (statistics not outputs: the sums are read by later
-    segments, the count a scalar of the call) and backward: no permute, no expand, only
-    views; every kernel compiles without spills."""
+    """bench/nd.py's BatchNorm forward (a sweep of x for each row's sum and squared
+    deviations, their column sums for the mean, then Chan's combination for the variance,
+    then the normalization; the count a scalar of the call) and backward (both sums in one
+    sweep, their column sums, grad_input): no permute, no expand, only views; every kernel
+    compiles without spills."""
     fd = nd.definition(name, BF16)
     segmentation = _segmentation(fd)
     assert len(segmentation.segments) == kernels
