@@ -3,11 +3,9 @@ var) become primitives, a reduction over every axis of a tensor becomes two (eac
 then over the rows' results), one over axes of size 1 a cast that does not round, a
 reduction over the rows of a value without the hidden axis that meets only such reductions
 of values with it is computed on its operand spread along hidden (fuser.spread), and the
-ops no output depends on are left out. A reduction over axes that are not a run may be
-split into two over runs (lower(split=True): segmentation tries that form first). The user's
-definition (and its repr) stays as written. The copying helpers (define_like, copy_expr,
-equate_extents) serve every pass that rewrites a fusion into another (segment.py,
-reorder.py, layouts.py)."""
+ops no output depends on are left out. The user's definition (and its repr) stays as
+written. The copying helpers (define_like, copy_expr, equate_extents) serve every pass that
+rewrites a fusion into another (segment.py, reorder.py, layouts.py)."""
 
 from __future__ import annotations
 
@@ -17,12 +15,10 @@ from fuser.ops import REDUCTIONS
 from fuser.spread import spread_reduction, spreads
 
 
-def lower(fusion: Fusion, split: bool = False) -> Fusion:
+def lower(fusion: Fusion) -> Fusion:
     """A copy of `fusion` with composite ops (var_mean, var) expanded into primitives and the
     ops no output depends on left out: a kernel would read, reduce and exchange for them all
-    the same (the oracle skips them too). Their size equalities stay (equate_extents). With
-    `split`, reductions over axes that are not a run are split (splits(), _split,
-    _split_var_mean)."""
+    the same (the oracle skips them too). Their size equalities stay (equate_extents)."""
     out = Fusion()
     new: dict[Val, Val] = {}
     needed = upstream(fusion.outputs)
@@ -35,7 +31,7 @@ def lower(fusion: Fusion, split: bool = False) -> Fusion:
         elif v is e.outputs[0] and id(e) in kept:
             wide = spread_reduction(out, e, spread[id(e)], new) if id(e) in spread else None
             if wide is None:
-                copy_expr(out, e, new, split)
+                copy_expr(out, e, new)
             else:
                 new[v] = wide
     for o in fusion.outputs:
@@ -80,10 +76,9 @@ def define_like(out: Fusion, v: Val, is_input: bool) -> Val:
     return out.define_scalar(None if is_input else v.value, v.dtype)
 
 
-def copy_expr(out: Fusion, e: Expr, new: dict[Val, Val], split: bool = False) -> None:
+def copy_expr(out: Fusion, e: Expr, new: dict[Val, Val]) -> None:
     """Define `e` again in `out` on the values `new` maps its inputs to, and map its outputs
-    (var_mean and var are expanded into primitives here; with `split`, a reduction over axes
-    that are not a run is split)."""
+    (var_mean and var are expanded into primitives here)."""
     args = [new[i] for i in e.inputs]
     a = dict(e.attrs)
     if e.op == "cast":
@@ -100,15 +95,14 @@ def copy_expr(out: Fusion, e: Expr, new: dict[Val, Val], split: bool = False) ->
     elif e.op == "reshape":
         results = [out.reshape(args[0], _shape_of(e, new))]
     elif e.op in REDUCTIONS:
-        reduce = _split if split else reduction
-        results = [reduce(out, e.op, as_tensor(args[0]), a["dims"], a["keepdim"],
-                          e.outputs[0].dtype)]
+        results = [reduction(out, e.op, as_tensor(args[0]), a["dims"], a["keepdim"],
+                              e.outputs[0].dtype)]
     elif e.op == "mean":
-        results = [_expand_mean(out, as_tensor(args[0]), a["dims"], a["keepdim"], split)]
+        results = [_expand_mean(out, as_tensor(args[0]), a["dims"], a["keepdim"])]
     elif e.op in ("var_mean", "var"):
         results = _expand_var_mean(
             out, as_tensor(args[0]), a["dims"], a["correction"], a["keepdim"],
-            with_mean=e.op == "var_mean", split=split,
+            with_mean=e.op == "var_mean",
         )
     else:
         results = [out.elementwise(e.op, args)]
@@ -142,41 +136,6 @@ def reduction(f: Fusion, op: str, x: Tensor, dims, keepdim: bool, dtype: DataTyp
     return f.broadcast_in_dim(total, [1] * x.ndim, []) if keepdim else total
 
 
-def splits(fusion: Fusion) -> bool:
-    """Whether lower(fusion, split=True) splits a reduction: one over axes that are not a run
-    (BatchNorm's [0, 2, 3] of NCHW) becomes one over their last run first (rows [N, C] along
-    H * W, kept as [N, C, 1, 1]), then one of those partials over the rest (column sums over
-    N), recursively. The input is then read in its own order, where moving the kept axes
-    aside (fuser/reorder.py) copies it: segmentation tries that form first."""
-    return any(e.op in (*REDUCTIONS, "mean", "var", "var_mean")
-               and _last_run(as_tensor(e.inputs[0]), e.attr("dims")) for e in fusion.exprs)
-
-
-def _split(f: Fusion, op: str, x: Tensor, dims, keepdim: bool, dtype: DataType) -> Tensor:
-    """reduction(), over the last run of `dims` first where they are not one run (a Half or
-    BFloat16 result's partials are Float, as a kernel holds them)."""
-    last = _last_run(x, dims)
-    if last is None:
-        return reduction(f, op, x, dims, keepdim, dtype)
-    narrow = dtype in (DataType.Half, DataType.BFloat16)
-    partial = f.reduction(op, x, last, True, DataType.Float if narrow else dtype)
-    total = _split(f, op, partial, [d for d in dims if d not in last], True, dtype)
-    return total if keepdim else f.squeeze(total, sorted(dims))
-
-
-def _last_run(x: Tensor, dims) -> list[int] | None:
-    """The last run of the reduced axes among the axes of `x` not of size 1 (consecutive
-    there), where those reduced axes are more than one run; None where they are one."""
-    spanned = [d for d in range(x.ndim) if x.dims[d] is not None]
-    reduced = [i for i, d in enumerate(spanned) if d in dims]
-    if not reduced or reduced[-1] - reduced[0] == len(reduced) - 1:
-        return None
-    start = len(reduced) - 1
-    while reduced[start - 1] == reduced[start] - 1:
-        start -= 1
-    return [spanned[i] for i in reduced[start:]]
-
-
 def _count(f: Fusion, x: Tensor, dims) -> Val:
     """The number of elements of `x` a reduction over `dims` combines: the product of their
     sizes, as scalars of the call."""
@@ -195,63 +154,30 @@ def _keepdim(f: Fusion, x: Tensor, dims, results: list) -> list:
     return [f.broadcast_in_dim(r, shape, kept) for r in results]
 
 
-def _mean(f: Fusion, x: Tensor, dims, count: Val, split: bool = False) -> Val:
+def _mean(f: Fusion, x: Tensor, dims, count: Val) -> Val:
     """sum(x) / count over dims, in x's type (a Half or BFloat16 sum is a float in the
     kernel), without the reduced axes."""
-    reduce = _split if split else reduction
-    return f.elementwise("div", [reduce(f, "sum", x, dims, False, x.dtype), count])
+    return f.elementwise("div", [reduction(f, "sum", x, dims, False, x.dtype), count])
 
 
-def _expand_mean(f: Fusion, x: Tensor, dims, keepdim, split: bool = False) -> Val:
+def _expand_mean(f: Fusion, x: Tensor, dims, keepdim) -> Val:
     """torch.mean: sum(x)/n."""
-    mean = _mean(f, x, dims, _count(f, x, dims), split)
+    mean = _mean(f, x, dims, _count(f, x, dims))
     return _keepdim(f, x, dims, [mean])[0] if keepdim else mean
 
 
-def _expand_var_mean(f: Fusion, x: Tensor, dims, correction, keepdim, with_mean: bool = True,
-                     split: bool = False):
+def _expand_var_mean(f: Fusion, x: Tensor, dims, correction, keepdim, with_mean: bool = True):
     """mean = sum(x)/n; var = sum((x - mean)^2)/max(n - correction, 0): two passes, exact; a
     correction at or past n gives inf (nan for a constant row), as torch.var_mean does.
-    [var, mean], or [var] alone without `with_mean` (torch.var). With `split`, over axes
-    that are not a run: _split_var_mean."""
+    [var, mean], or [var] alone without `with_mean` (torch.var)."""
     count = _count(f, x, dims)
+    kept = [d for d in range(x.ndim) if d not in dims]
+    mean = _mean(f, x, dims, count)
+    centered = f.elementwise("sub", [x, f.broadcast_in_dim(mean, x.shape(), kept)])
+    sq = f.elementwise("mul", [centered, centered])
     denominator = f.elementwise("maximum", [
         f.elementwise("sub", [count, f.define_scalar(correction)]), f.define_scalar(0)])
-    if split and _last_run(x, dims) is not None:
-        var, mean = _split_var_mean(f, x, dims, count)
-        var = f.elementwise("div", [var, denominator])
-    else:
-        kept = [d for d in range(x.ndim) if d not in dims]
-        mean = _mean(f, x, dims, count)
-        centered = f.elementwise("sub", [x, f.broadcast_in_dim(mean, x.shape(), kept)])
-        sq = f.elementwise("mul", [centered, centered])
-        var = f.elementwise("div", [reduction(f, "sum", as_tensor(sq), dims, False, sq.dtype),
-                                    denominator])
+    var = f.elementwise("div", [reduction(f, "sum", as_tensor(sq), dims, False, sq.dtype),
+                                denominator])
     results = [var, mean] if with_mean else [var]
     return _keepdim(f, x, dims, results) if keepdim else results
-
-
-def _split_var_mean(f: Fusion, x: Tensor, dims, count: Val) -> tuple[Val, Val]:
-    """(the sum of squared deviations from the mean, the mean) of `x` over `dims`, which are
-    not a run, from one sweep of x: each row along the last run L (k elements) gives its sum
-    s and its own squared deviations m2 (about its own mean s / k, exact); the rest combine
-    them as Chan et al.'s parallel variance does, m2 + k * (s / k - mean)^2 summed over the
-    other axes, the mean being sum(s) / n. BatchNorm forward reads x once for its statistics,
-    where sum((x - mean)^2) over the split axes reads it again after the mean. Without the
-    reduced axes, in x's type (Float for a Half or BFloat16 x, as a kernel holds them)."""
-    last = _last_run(x, dims)
-    assert last is not None, dims
-    rest = [d for d in dims if d not in last]
-    partial_type = DataType.Float if x.dtype in (DataType.Half, DataType.BFloat16) else x.dtype
-    k = _count(f, x, last)
-    sums = f.reduction("sum", x, last, True, partial_type)
-    row_means = f.elementwise("div", [sums, k])
-    centered = as_tensor(f.elementwise("sub", [x, row_means]))
-    m2 = f.reduction("sum", as_tensor(f.elementwise("mul", [centered, centered])), last, True,
-                     partial_type)
-    mean = f.elementwise("div", [_split(f, "sum", sums, rest, True, x.dtype), count])
-    apart = f.elementwise("sub", [row_means, mean])
-    spread = f.elementwise("add", [m2, f.elementwise(
-        "mul", [k, f.elementwise("mul", [apart, apart])])])
-    total = _split(f, "sum", as_tensor(spread), rest, True, x.dtype)
-    return f.squeeze(total, sorted(dims)), f.squeeze(mean, sorted(dims))

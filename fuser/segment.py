@@ -51,7 +51,7 @@ from fuser.ir import (
     rounding_cast,
     spanned_axes,
 )
-from fuser.lowering import copy_expr, define_like, equate_extents, lower, splits
+from fuser.lowering import copy_expr, define_like, equate_extents, lower
 from fuser.ops import ELEMENTWISE, LAYOUT_OPS, REDUCTIONS
 
 if TYPE_CHECKING:
@@ -176,13 +176,11 @@ def stages(fusion: Fusion, cuts: Cuts = "rows") -> dict[Val, int]:
     broadcast_in_dim that lays such a result along the columns. A reduction of such results
     over the rows (the second half of a full reduction, analysis._reduction) is one stage
     later too, and its result is one value of the whole tensor: what meets a tensor of any
-    dimension with it is later again; so are one that keeps some axes (the column sums of
-    BatchNorm's [N, C, 1, 1] partials, lower(split=True)) and what widens its results."""
+    dimension with it is later again."""
     stage: dict[Val, int] = {v: 0 for v in fusion.vals if v.definition is None}
     per_row: set[Val] = set()  # inner reductions' rank-reduced results, and values of them
     kept: set[Val] = set()  # inner reductions' keepdim results, and values of them
     whole: set[Val] = set()  # full reductions' results, and values of them of no dimension
-    gathered: set[Val] = set()  # reductions over the rows of per-row values, and values of them
     for e in fusion.exprs:
         out = e.outputs[0]
         if e.op in LAYOUT_OPS:  # made after the segment that writes its operand
@@ -191,14 +189,12 @@ def stages(fusion: Fusion, cuts: Cuts = "rows") -> dict[Val, int]:
             continue
         rank = _rank(out)
         of_whole = any(i in whole for i in e.inputs)
-        # a reduction of per-row results (kept or not): one value, or per row of fewer rows
-        across = e.op in REDUCTIONS and (e.inputs[0] in per_row or e.inputs[0] in kept
-                                          or _over_row_values(e))
-        widens = any(i in gathered and _span(out) > _span(i) for i in e.inputs)
+        # a reduction of per-row results (kept or not) is one value, or (over N-D rows) per
+        # row of fewer rows
+        across = e.op in REDUCTIONS and (e.inputs[0] in per_row or e.inputs[0] in kept)
         lifted = ((e.op in ELEMENTWISE and any(i in per_row and _rank(i) < rank
                                                for i in e.inputs))
-                  or _across_rows(e, per_row) or across or (of_whole and _span(out) > 0)
-                  or widens)
+                  or _across_rows(e, per_row) or across or (of_whole and _span(out) > 0))
         cut = cuts != "layouts" and (is_outer(e) or lifted
                                      or (cuts == "every" and e.op in REDUCTIONS))
         s = max((stage[i] for i in e.inputs), default=0) + (1 if cut else 0)
@@ -206,9 +202,6 @@ def stages(fusion: Fusion, cuts: Cuts = "rows") -> dict[Val, int]:
             stage[o] = s
         if (across or of_whole) and _span(out) == 0:
             whole.add(out)
-            continue
-        if _over_row_values(e) or (not widens and any(i in gathered for i in e.inputs)):
-            gathered.add(out)
             continue
         inner = e.op in REDUCTIONS and not is_outer(e)
         same_rank = (e.op in ELEMENTWISE or e.op == "cast")
@@ -223,13 +216,6 @@ def stages(fusion: Fusion, cuts: Cuts = "rows") -> dict[Val, int]:
         if reduced_row or of_reduced_rows or squeezed_row:
             per_row.add(out)
     return stage
-
-
-def _over_row_values(e: Expr) -> bool:
-    """An outer reduction of a tensor whose last axis has size 1 (per-row values, such as an
-    inner keepdim reduction's results): it needs every row's value first, so it is finished
-    in a segment of its own, after the one that computes its operand."""
-    return is_outer(e) and as_tensor(e.inputs[0]).dims[-1] is None
 
 
 def _span(v: Val) -> int:
@@ -263,27 +249,11 @@ def segment(fusion: Fusion, name: str, reason: UnsupportedFusionError,
     the segment that sweeps its operand, so that a later one reducing over other axes reads
     it as an input (the row sums of [A, B, C], then sums over A of what they centred)."""
     widened = _widened(lower(fusion))
-    # the reductions over axes that are not a run split first: the inputs read in their own
-    # order, where the reordering of the whole fusion copies them
-    attempts = _attempts(_widened(lower(fusion, split=True)), nested) if splits(fusion) else []
-    plain = _attempts(widened, nested)
-    refused = reason  # the plain fusion's refusal at the cut at the rows is raised
-    for i, (candidate, explained, inner, cuts) in enumerate(attempts + plain):
-        try:
-            return _segmented(candidate, explained, name, reason, nested=inner, cuts=cuts)
-        except UnsupportedFusionError as exc:
-            if cuts == "rows" and i >= len(attempts):
-                refused = exc
-    raise refused from None
-
-
-def _attempts(widened: Fusion, nested: bool) -> list[tuple[Fusion, str, bool, Cuts]]:
-    """The segmentations segment() tries for the lowered fusion `widened`, in this order:
-    (fusion to cut, how it was reordered, nested, cuts)."""
     order = reorder.order_of(widened)
     moved = reorder.rewritten(widened, order)
     lowered = layouts.on_inputs(moved)
     why = "" if order is None or moved is widened else reorder.explain_order(widened, order)
+    # (fusion, why, nested, cuts), tried in this order; the cut at the rows' refusal is raised
     attempts: list[tuple[Fusion, str, bool, Cuts]] = []
     grouped = reorder.grouped_order(widened, order)
     if grouped is not None:  # taken where every segment is then one kernel chain
@@ -295,7 +265,15 @@ def _attempts(widened: Fusion, nested: bool) -> list[tuple[Fusion, str, bool, Cu
     attempts += [(lowered, why, nested, "rows"), (lowered, why, nested, "every")]
     if views and not nested:  # the segments between the layout ops, each reordered on its own
         attempts.append((lowered, why, False, "layouts"))
-    return attempts
+    refused: UnsupportedFusionError | None = None
+    for candidate, explained, inner, cuts in attempts:
+        try:
+            return _segmented(candidate, explained, name, reason, nested=inner, cuts=cuts)
+        except UnsupportedFusionError as exc:
+            if cuts == "rows":
+                refused = exc
+    assert refused is not None
+    raise refused from None
 
 
 def _segmented(lowered: Fusion, order: str, name: str, reason: UnsupportedFusionError,
@@ -317,7 +295,7 @@ def _segmented(lowered: Fusion, order: str, name: str, reason: UnsupportedFusion
             [o for o in lowered.outputs if home.get(o) == k] + demanded[k]))
         if not outputs:
             continue
-        groups = _groups(lowered, outputs, home, k, views=not nested)
+        groups = _groups(lowered, outputs, home, k)
         for part, group in reversed(list(enumerate(groups))):  # built is reversed at the end
             sub, inputs = _extract(lowered, group, home, k)
             for v in inputs:
@@ -342,11 +320,8 @@ def _segment_name(name: str, suffix: str) -> str:
     return name[:MAX_NAME_LENGTH - len(suffix)] + suffix
 
 
-def _groups(f: Fusion, outputs: list[Val], home: dict[Val, int], k: int,
-            views: bool = False) -> list[list[Val]]:
-    """The outputs of stage k in one group where one kernel chain computes them all (with
-    `views`, also where it does once its axes are merged or moved: BatchNorm backward's two
-    sums of [N, C, H, W] along H and W, rows [N, C] of H * W, in one kernel); else in
+def _groups(f: Fusion, outputs: list[Val], home: dict[Val, int], k: int) -> list[list[Val]]:
+    """The outputs of stage k in one group where one kernel chain computes them all; else in
     groups that share no axis (a total's row results beside a column value: rows of one size
     and columns of another meet in no tensor), each a segment of its own; a group that one
     kernel still cannot run is split by the innermost axis of its outputs' widest tensors (x
@@ -354,7 +329,7 @@ def _groups(f: Fusion, outputs: list[Val], home: dict[Val, int], k: int,
     one that still cannot into its outputs, each a segment of its own (reductions of one
     tensor along different axes, [A, B, C] summed over C and over B: each segment reads the
     tensor, and is reordered where it needs it)."""
-    if _runs(f, outputs, home, k, views):
+    if _runs(f, outputs, home, k):
         return [outputs]
     axes = {o: _axes_touched(f, o, home, k) for o in outputs}
     groups: list[list[Val]] = []
@@ -364,14 +339,14 @@ def _groups(f: Fusion, outputs: list[Val], home: dict[Val, int], k: int,
         groups = [g for g in groups if g not in joined] + [merged]
     split: list[list[Val]] = []
     for g in groups:
-        if len(g) == 1 or _runs(f, g, home, k, views):
+        if len(g) == 1 or _runs(f, g, home, k):
             split.append(g)
             continue
         by_axis: dict[Any, list[Val]] = {}
         for o in g:
             by_axis.setdefault(_innermost_axis(f, o, home, k), []).append(o)
         for part in by_axis.values():
-            if len(part) > 1 and not _runs(f, part, home, k, views):
+            if len(part) > 1 and not _runs(f, part, home, k):
                 split.extend([o] for o in part)
             else:
                 split.append(part)
@@ -379,21 +354,13 @@ def _groups(f: Fusion, outputs: list[Val], home: dict[Val, int], k: int,
     return sorted(ordered, key=lambda g: outputs.index(g[0]))
 
 
-def _runs(f: Fusion, outputs: list[Val], home: dict[Val, int], k: int,
-          views: bool = False) -> bool:
-    """Whether one kernel chain computes `outputs` in segment k (with `views`, or a
-    segmentation of its own into one segment: its axes merged or moved between kernels)."""
-    sub = _extract(f, outputs, home, k)[0]
+def _runs(f: Fusion, outputs: list[Val], home: dict[Val, int], k: int) -> bool:
+    """Whether one kernel chain computes `outputs` in segment k."""
     try:
-        analyze(sub)
+        analyze(_extract(f, outputs, home, k)[0])
         return True
-    except UnsupportedFusionError as exc:
-        if not views:
-            return False
-        try:
-            return len(segment(sub, "group", exc, nested=True).segments) == 1
-        except UnsupportedFusionError:
-            return False
+    except UnsupportedFusionError:
+        return False
 
 
 def _innermost_axis(f: Fusion, output: Val, home: dict[Val, int], k: int):
@@ -483,15 +450,12 @@ def _homes(f: Fusion, stage: dict[Val, int], after_every: bool = False) -> dict[
     its own stage: a full reduction's second half is one row of the first half's results,
     after them), and each fusion output and each operand of a layout op a kernel computes (at
     its own stage; a cast of a reduction's result where the reduction is, rather than in one
-    more segment). A reduction over the rows of per-row values (an inner keepdim result: its
-    last axis has size 1) is at its own stage too, after every row's value exists: the column
-    sums over N of BatchNorm's [N, C, 1, 1] partials (lowering.reduction). A layout op's
-    result is made between kernels: it has no home. With `after_every`, every reduction's
-    result is finished where its operand is swept."""
+    more segment). A layout op's result is made between kernels: it has no home. With
+    `after_every`, every reduction's result is finished where its operand is swept."""
     home: dict[Val, int] = {}
     for e in f.exprs:
         if e.op in REDUCTIONS:
-            swept = (is_outer(e) and not _over_row_values(e)) or after_every
+            swept = is_outer(e) or after_every
             home[e.outputs[0]] = stage[e.inputs[0] if swept else e.outputs[0]]
     written = layouts.kernel_operands(f.exprs)
     for v in written + [o for o in f.outputs if not layouts.layout_made(o)]:
@@ -540,8 +504,7 @@ def _segment_values(f: Fusion, outputs: list[Val], home: dict[Val, int], k: int
     """(values segment k computes, values it reads, sizes it takes of another tensor it
     reads: size -> (tensor, dim)). A size that shapes a broadcast needs a tensor of its
     extent here: the one it was taken of, or (when that one is not read) one that is read;
-    a size used in arithmetic only, of a tensor not read or of a leading axis of an N-D one
-    (_leading), is read as a scalar."""
+    a size used in arithmetic only, of a tensor not read, is read as a scalar."""
     needed: set[Val] = set()
     reads: set[Val] = set()
     sizes: dict[Val, Val] = {}  # a size -> its tensor
@@ -562,7 +525,7 @@ def _segment_values(f: Fusion, outputs: list[Val], home: dict[Val, int], k: int
         for v, tensor in list(sizes.items()):
             shapes = any(u.op == "broadcast_in_dim" and u.outputs[0] in needed
                          for u in f.uses(v))
-            if (tensor in needed or tensor in reads or shapes) and (shapes or not _leading(v)):
+            if tensor in needed or tensor in reads or shapes:
                 del sizes[v]
                 needed.add(v)
                 alias = None if tensor in needed or tensor in reads else _dim_of(v, reads)
@@ -571,16 +534,6 @@ def _segment_values(f: Fusion, outputs: list[Val], home: dict[Val, int], k: int
                 else:
                     stack.append(tensor)
     return needed, reads | set(sizes), aliases
-
-
-def _leading(size: Val) -> bool:
-    """Whether `size` is of a leading axis of a tensor of three or more: a kernel over N-D
-    rows knows their product only (analysis), so a segment takes such a size that enters
-    its arithmetic (a count over N, H and W beside rows [N, C, H]) as a scalar."""
-    e = size.definition
-    assert e is not None and e.op == "size", size
-    tensor = as_tensor(e.inputs[0])
-    return tensor.ndim > 2 and e.attr("dim") < tensor.ndim - 1
 
 
 def _extent_of(size: Val):

@@ -1,10 +1,8 @@
 """Fusions whose axes fit rows and a hidden axis in another order than their own (issue 15:
-N-D tensors, "UnsupportedFusionError only for what no chain can run"): a mean over the
-middle axis, InstanceNorm over the last two axes, softmax over a middle axis. fuser/reorder.py
-writes each again in an order that fits; the segmentation moves the inputs into it and the
-outputs back between kernels. BatchNorm over NCHW and other reductions over axes that are
-not a run are split first (lower(split=True): rows along the last run, then column
-sums of those partials), which reads every input in place; their order is the fallback.
+N-D tensors, "UnsupportedFusionError only for what no chain can run"): BatchNorm over NCHW,
+a mean over the middle axis, InstanceNorm over the last two axes. fuser/reorder.py writes
+each again in an order that fits; the segmentation moves the inputs into it and the outputs
+back between kernels.
 
 CPU: the order taken and the moves it costs (a view where only merged axes change, a copy
 where axes move), the segments chained on the float64 oracle (moves made as the executor
@@ -25,7 +23,6 @@ from test_layout import (
     assert_chained_matches_the_oracle,
     assert_each_segment_compiles_without_spills,
 )
-from test_segment import plain_segmentation
 
 import fuser
 from bench import nd
@@ -33,7 +30,7 @@ from fuser import DataType, FusionDefinition, UnsupportedFusionError
 from fuser.analysis import analyze
 from fuser.device import DeviceSpec
 from fuser.executor import segments_of
-from fuser.lowering import lower, splits
+from fuser.lowering import lower
 from fuser.reference import evaluate
 from fuser.reorder import _axes, grouped_order, order_of, reordered
 from fuser.segment import SegmentSchedules, _widened, segment
@@ -150,16 +147,12 @@ group_norm_affine = functools.partial(nd.group_norm_affine, groups=4)
 # builder -> (copies: permutes and expands, reshape views, segments, input shapes); the
 # builders of bench/nd.py are the fusions users write that its bench times
 CASES = {
-    # split: each row [n, c]'s sum and squared deviations along H * W in one sweep, their
-    # column sums over N for the mean, then Chan's combination for the variance, then the
-    # normalization; no copy
-    "batchnorm_nchw": (batchnorm_nchw, 0, 0, 4, [(3, 5, 4, 6), (5,), (5,)]),
-    # split: both sums' partials in one sweep, their column sums, then grad_input
-    "batchnorm_nchw_backward": (batchnorm_nchw_backward, 0, 0, 3,
+    "batchnorm_nchw": (batchnorm_nchw, 2, 4, 1, [(3, 5, 4, 6), (5,), (5,)]),
+    "batchnorm_nchw_backward": (batchnorm_nchw_backward, 3, 5, 1,
                                 [(3, 5, 4, 6), (3, 5, 4, 6), (5,), (5,), (5,)]),
     "instance_norm": (instance_norm, 0, 3, 1, [(3, 5, 4, 6)]),
     "sum_over_batch": (sum_over_batch, 0, 2, 1, [(3, 7, 5)]),
-    "outer_axes_kept": (outer_axes_kept, 0, 0, 3, [(3, 7, 5)]),  # split, as BatchNorm
+    "outer_axes_kept": (outer_axes_kept, 2, 3, 1, [(3, 7, 5)]),
     "centered_over_dim_0": (centered_over_dim_0, 0, 2, 1, [(3, 7, 5)]),
     "softmax_over_a_middle_axis": (softmax_over_a_middle_axis, 0, 2, 1, [(3, 7, 4, 5)]),
     "masked_column_sums": (masked_column_sums, 1, 1, 1, [(2, 3, 4, 6), (4, 6)]),
@@ -216,23 +209,21 @@ def _inputs(fd: FusionDefinition, shapes, seed: int = 7) -> list[np.ndarray]:
 
 
 def _taken(fd: FusionDefinition):
-    """The lowered fusion (its reductions split where some are: the form segmented first)
-    and the order its segmentation takes (the grouped one first)."""
-    widened = _widened(lower(fd.fusion, split=splits(fd.fusion)))
+    """The lowered fusion and the order its segmentation takes (the grouped one first)."""
+    widened = _widened(lower(fd.fusion))
     return widened, grouped_order(widened, order_of(widened)) or order_of(widened)
 
 
 def _own_order(fd: FusionDefinition) -> bool:
-    """Whether the order taken, if any, is the fusion's own (only inputs expanded, or axes
-    merged)."""
+    """Whether the order taken is the fusion's own (only inputs expanded, or axes merged)."""
     widened, order = _taken(fd)
-    return order is None or order.axes == _axes(widened)
+    return order is not None and order.axes == _axes(widened)
 
 
 def _merged_in_own_order(fd: FusionDefinition) -> bool:
     """Whether the order taken is the fusion's own with several hidden axes merged."""
     order = _taken(fd)[1]
-    return order is not None and _own_order(fd) and len(order.hidden) > 1
+    return _own_order(fd) and order is not None and len(order.hidden) > 1
 
 
 def _segmentation(fd: FusionDefinition):
@@ -253,9 +244,8 @@ def test_the_order_moves_what_it_must(name):
     assert "merged into one axis" in str(segmentation) or not _merged_in_own_order(fd)
     expands = [e for e in segmentation.layouts if e.op == "expand"]
     assert str(segmentation).count("copied broadcast to") == len(expands)
-    for s in segmentation.segments:  # one kernel chain, or segments of its own (views)
-        if segments_of(s.definition) is None:
-            analyze(s.definition.fusion)
+    for s in segmentation.segments:
+        analyze(s.definition.fusion)
 
 
 def test_a_grouped_order_only_where_it_saves_copies():
@@ -302,11 +292,9 @@ def test_a_fusion_cut_first_runs_its_segments_as_any(name):
         assert f"=== {s.definition.name}: 1 segment" in report
 
 
-def test_batchnorm_over_nchw_reads_its_input_in_place():
-    """Split, BatchNorm's statistics are rows [N, C] summed along H * W (a view) and column
-    sums over N of those, so x is read where it lies; unsplit (the fallback), the order of
-    its axes that fits is rows of one channel each (C rows of N * H * W), the weight and bias
-    per-row values, which copies x into it."""
+def test_batchnorm_over_nchw_runs_as_rows_of_channels():
+    """Rows of one channel each (C rows of N * H * W): the channel's statistics are a row
+    reduction, and the weight and bias per-row values."""
     widened = _widened(lower(_fd("batchnorm_nchw").fusion))
     order = order_of(widened)
     x = widened.inputs[0]
@@ -315,8 +303,8 @@ def test_batchnorm_over_nchw_reads_its_input_in_place():
     assert order.hidden == tuple(x.dims[d].find() for d in (0, 2, 3))
     report = str(fuser.explain(_fd("batchnorm_nchw"), [(32, 64, 28, 28), (64,), (64,)],
                                device="h200"))
-    assert "2048 rows x hidden 784" in report and "64 rows x hidden 25088" not in report
-    assert "permute(" not in report and "a contiguous copy" not in report
+    assert "64 rows x hidden 25088" in report
+    assert "permute(T0, [1, 0, 2, 3]): a contiguous copy" in report
 
 
 def test_a_fusion_that_fits_its_own_order_is_not_rewritten():
@@ -329,11 +317,10 @@ def test_a_fusion_that_fits_its_own_order_is_not_rewritten():
 
 def test_reductions_no_order_serves_together_run_a_segment_each():
     """The peaks of [batch, seq, hidden] over batch and hidden ([1, seq, 1]) subtracted, then
-    sums along hidden: no split into rows and hidden axes fits both reductions. The peaks
-    are split (lower(split=True)): rows [batch, seq] along hidden, then column peaks
-    over batch, a segment each; the sums a third, one kernel that reads the [seq] peaks
-    repeated over rows [batch, seq]. Unsplit, cut after every reduction, the peaks are a
-    segment (reordered: segments of its own) and the sums another."""
+    sums along hidden: no split into rows and hidden axes fits both reductions, and cutting
+    at the reductions over the rows leaves them in one sweep; cut after every reduction, the
+    peaks are a segment (reordered: segments of its own) and the sums another, one kernel
+    that reads the [seq] peaks repeated over rows [batch, seq]."""
     with FusionDefinition("peaks") as fd:
         x = fd.define_tensor([-1, -1, -1])
         peaks = fd.ops.max(x, [0, 2], keepdim=True)
@@ -341,16 +328,11 @@ def test_reductions_no_order_serves_together_run_a_segment_each():
     lowered = lower(fd.fusion)
     assert order_of(lowered) is None and reordered(lowered) is lowered
     segmentation = _segmentation(fd)
-    assert len(segmentation.segments) == 3 and not segmentation.layouts
-    assert not any(segments_of(s.definition) for s in segmentation.segments)
-    assert analyze(segmentation.segments[2].definition.fusion).repeated
+    assert len(segmentation.segments) == 2
+    assert [segments_of(s.definition) is not None for s in segmentation.segments] == [True, False]
+    assert analyze(segmentation.segments[1].definition.fusion).repeated
     x = np.random.default_rng(3).standard_normal((3, 7, 5)).astype(np.float32)
     assert_chained_matches_the_oracle(fd, [x], atol=1e-5)
-    unsplit = plain_segmentation(fd)
-    assert len(unsplit.segments) == 2
-    assert [segments_of(s.definition) is not None for s in unsplit.segments] == [True, False]
-    assert analyze(unsplit.segments[1].definition.fusion).repeated
-
 
 
 # ----- GPU -----

@@ -15,10 +15,8 @@ from fuser.device import DeviceSpec
 from fuser.executor import execute, outer_segments, segments_of
 from fuser.explain import SegmentedExplanation
 from fuser.kernels import build
-from fuser.lowering import lower
 from fuser.reference import evaluate
 from fuser.schedulers import Hints, Problem
-from fuser.segment import _attempts, _segmented, _widened
 from fuser.shapes import bind_shapes
 
 F, BF16 = DataType.Float, DataType.BFloat16
@@ -115,19 +113,6 @@ def _segments(fd: FusionDefinition):
     """The segments `fd` runs as: segments_of(fd), or for an outer normalization the chain it
     falls back to where its columns are too tall for a cluster."""
     return segments_of(fd) or outer_segments(fd)
-
-
-def plain_segmentation(fd: FusionDefinition):
-    """The segmentation segment() falls back to where the split one fails: the first of the
-    unsplit fusion's attempts that runs."""
-    with pytest.raises(UnsupportedFusionError) as refused:
-        analyze(fd.fusion)
-    for fusion, why, nested, cuts in _attempts(_widened(lower(fd.fusion)), nested=False):
-        try:
-            return _segmented(fusion, why, fd.name, refused.value, nested=nested, cuts=cuts)
-        except UnsupportedFusionError:
-            continue
-    raise AssertionError("no attempt ran")
 
 
 @pytest.mark.parametrize("name", list(CASES))
