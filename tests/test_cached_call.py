@@ -430,6 +430,21 @@ def test_a_segmented_call_binds_its_sizes_once_per_signature_and_checks_scalars_
         fd.execute([a, "3", wa])
 
 
+def _segment_executes(monkeypatch, fd) -> list[str]:
+    """The names of the definitions executor.execute() is called for from now on, other than
+    `fd`'s own: a segment run through execute() rather than a recorded step."""
+    inner: list[str] = []
+    real = executor.execute
+
+    def counted(definition, *args, **kwargs):
+        if definition is not fd:
+            inner.append(definition.name)
+        return real(definition, *args, **kwargs)
+
+    monkeypatch.setattr(executor, "execute", counted)
+    return inner
+
+
 def test_later_calls_of_a_segmented_fusion_walk_the_steps_its_first_call_took(gpu, monkeypatch):
     """The first call of a segmented fusion (a variance over the middle axis: a permute, then
     row sums) records its steps; a later call with the same signature launches the same kernels
@@ -443,15 +458,7 @@ def test_later_calls_of_a_segmented_fusion_walk_the_steps_its_first_call_took(gp
     first = [function for function, _ in gpu.launches]
     record = fd._last_run
     gpu.launches.clear()
-    inner = []
-    real = executor.execute
-
-    def counted(definition, *args, **kwargs):
-        if definition is not fd:
-            inner.append(definition.name)
-        return real(definition, *args, **kwargs)
-
-    monkeypatch.setattr(executor, "execute", counted)
+    inner = _segment_executes(monkeypatch, fd)
     planned = []
     real_launch = moves.permuted_launch
     monkeypatch.setattr(moves, "permuted_launch",
@@ -489,15 +496,7 @@ def test_a_segment_run_as_segments_of_its_own_is_a_step_of_later_calls(gpu, monk
     assert len(nested) == 1 and len(first) >= 3
     record = fd._last_run
     gpu.launches.clear()
-    inner = []
-    real = executor.execute
-
-    def counted(definition, *args, **kwargs):
-        if definition is not fd:
-            inner.append(definition.name)
-        return real(definition, *args, **kwargs)
-
-    monkeypatch.setattr(executor, "execute", counted)
+    inner = _segment_executes(monkeypatch, fd)
     (out,) = fd.execute([a])
     assert tuple(out.shape) == (2, 3)
     assert [function for function, _ in gpu.launches] == first and inner == nested
