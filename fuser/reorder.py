@@ -120,10 +120,11 @@ def _fits(f: Fusion, order: Order, groups: bool = False) -> bool:
 
 
 def _repeated_runs(f: Fusion, order: Order) -> list[set[Extent]]:
-    """The spans an input may have in `order` that a kernel reads repeated (analysis.RowRun):
-    a run of the row axes, with or without the hidden ones, where no reduction is over the
-    rows (column kernels read every row of each input); none otherwise. BatchNorm's [C]
-    statistics over rows [N, C] along H * W."""
+    """The spans an input (or a value of it that is not an output) may have in `order` that
+    a kernel reads repeated (analysis.RowRun): a run of the row axes, with or without the
+    hidden ones, where no reduction is over the rows (column kernels read every row of each
+    input); none otherwise. A [B, T, H] weight over rows [B, S] along T * H: [B] and the
+    hidden axes."""
     rows, hidden = set(order.rows), set(order.hidden)
     if any(e.op in REDUCTIONS and reduced_axes(e) & rows for e in f.exprs):
         return []
