@@ -396,20 +396,24 @@ def _segment_step(s, arguments: list, values: dict, device
     inputs, outputs = s.inputs, s.outputs
     given = {i: a for i, (v, a) in enumerate(zip(inputs, arguments, strict=True))
              if v not in values}  # the sizes it takes as scalars, fixed by the signature
+
+    def arguments_from(values: dict) -> list:
+        return [values[v] if i not in given else given[i] for i, v in enumerate(inputs)]
+
     if not isinstance(plan, Plan):
         if not isinstance(s.definition._last_run, SegmentedRun):
             return None
 
         def nested(values: dict) -> SegmentedRun:
-            args = [values[v] if i not in given else given[i] for i, v in enumerate(inputs)]
-            values.update(zip(outputs, execute(s.definition, args, device=device), strict=True))
+            outs = execute(s.definition, arguments_from(values), device=device)
+            values.update(zip(outputs, outs, strict=True))
             return s.definition._last_run
 
         return nested
     vector_inputs, align = plan.kernel.vector_inputs, plan.align
 
     def step(values: dict) -> Run:
-        args = [values[v] if i not in given else given[i] for i, v in enumerate(inputs)]
+        args = arguments_from(values)
         pointers = calls.input_pointers(plan, args)
         if any(pointers[i] % align for i in vector_inputs):
             outs = execute(s.definition, args, device=device)
