@@ -253,6 +253,8 @@ CASES = {
     "centered_over_sequence": Case(centered_over_sequence, ((8, 1024, 4096),), _eager_centered),
     "bias_gradient": Case(bias_gradient, ((16384, 4096),), _eager_bias_gradient),
     "channel_scale": Case(channel_scale, ((32, 64, 56, 56), (64,)), _eager_channel_scale),
+    # rows of 7 elements: vectors of one element where a row bounds them
+    "channel_scale_7x7": Case(channel_scale, ((256, 512, 7, 7), (512,)), _eager_channel_scale),
 }
 DTYPES = {"bf16": DataType.BFloat16, "fp16": DataType.Half, "fp32": DataType.Float}
 

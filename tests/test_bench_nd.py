@@ -42,9 +42,9 @@ def test_nd_eager_baselines_match_the_oracle(name):
 # the cases whose narrow inputs a kernel reads repeated (analysis.RowRun), or whose column
 # sums (and a normalization by them) are per group of the leading axes (analysis.group_axes):
 # nothing is moved
-ONE_KERNEL = {"modulated_layernorm", "masked_softmax", "channel_scale", "mean_over_sequence",
-              "mean_over_many_sequences", "mean_over_short_sequences", "masked_mean_pooling",
-              "centered_over_sequence", "bias_gradient"}
+ONE_KERNEL = {"modulated_layernorm", "masked_softmax", "channel_scale", "channel_scale_7x7",
+              "mean_over_sequence", "mean_over_many_sequences", "mean_over_short_sequences",
+              "masked_mean_pooling", "centered_over_sequence", "bias_gradient"}
 
 
 def test_nd_parse_args():
