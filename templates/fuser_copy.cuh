@@ -70,6 +70,24 @@ struct RepeatedRows {
   }
 };
 
+// The rows of such an input that kernel rows r, r + 1, r + 2, ... read: one division at r,
+// then a step per row (a pointwise kernel whose vectors cross rows reads them in turn).
+struct RepeatedRowWalk {
+  long long after;
+  long long count;
+  long long within;  // r % after
+  long long source;  // the input's row: (r / after) % count
+  __device__ __forceinline__ RepeatedRowWalk(const RepeatedRows& rows, long long r)
+      : after(rows.after), count(rows.count), within(r % rows.after),
+        source((r / rows.after) % rows.count) {}
+  __device__ __forceinline__ void next() {
+    if (++within == after) {
+      within = 0;
+      if (++source == count) source = 0;
+    }
+  }
+};
+
 // ----- cp.async: global to shared without passing through registers (sm_80+) -----
 
 template <int BYTES>

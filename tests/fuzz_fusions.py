@@ -626,15 +626,15 @@ def check_schedule(s: RowSchedule | PointwiseSchedule | OuterSchedule, problem: 
                    device: DeviceSpec) -> None:
     """The geometry rules schedules document: vec divides hidden (or the rows are skewed: the
     skew divides hidden and vec, a block owns each row, its vectors reach past the row's end
-    at any start), at most 16 bytes per vector access, a block within the device's thread
-    limit, a row covered, clusters only on sm_90 (an outer kernel's: whole warps, slabs
-    covering the columns, a block's rows the call's)."""
+    at any start; or a pointwise kernel's vectors cross rows), at most 16 bytes per vector
+    access, a block within the device's thread limit, a row covered, clusters only on sm_90
+    (an outer kernel's: whole warps, slabs covering the columns, a block's rows the call's)."""
     problems = []
     skew = getattr(s, "skew", 0)
     if skew and (problem.hidden % skew or s.vec % skew or skew >= s.vec or s.cluster != 1
                  or s.batch * s.threads_per_row * s.vec < problem.hidden + s.vec - skew):
         problems.append(f"skew {skew} of vec {s.vec} does not fit hidden {problem.hidden}")
-    if problem.hidden % s.vec and not skew:
+    if problem.hidden % s.vec and not skew and not getattr(s, "across_rows", False):
         problems.append(f"vec {s.vec} does not divide hidden {problem.hidden}")
     threads = s.threads
     if threads > device.max_threads_per_block:

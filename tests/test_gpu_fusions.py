@@ -458,6 +458,45 @@ def test_pointwise_fusions_match_reference(fusion, hidden, rows, rng):
     fd.validate([cupy.asarray(a) for a in host])
 
 
+@pytest.mark.parametrize("dtype", [DataType.BFloat16, DataType.Half, DataType.Float], ids=str)
+@pytest.mark.parametrize(("rows", "hidden"), [(1, 1), (7, 3), (1000, 7), (7, 4099), (3, 65537),
+                                              (1000, 24578), (1, 1000)])
+def test_pointwise_vectors_across_rows_match_reference(rows, hidden, dtype, rng):
+    """relu(x) * r + 1 with r one value per row, at rows whose length bounds vectors within
+    them: vectors across rows, a per-row value read as a vector reaches each row, and the
+    elements short of a last vector (7 x 3 = 21 of them, 5 past two vectors of 8) one at a
+    time."""
+    import cupy
+
+    with FusionDefinition("scaled_rows") as fd:
+        x = fd.define_tensor([-1, -1], dtype=dtype)
+        r = fd.define_tensor([-1, 1], contiguity=[True, None], dtype=DataType.Float)
+        y = fd.ops.add(fd.ops.mul(fd.ops.relu(fd.ops.cast(x, DataType.Float)), r), 1.0)
+        fd.add_output(fd.ops.cast(y, dtype))
+    host = [rng.standard_normal((rows, hidden)).astype(np.float32).astype(dtype.numpy),
+            rng.standard_normal((rows, 1)).astype(np.float32)]
+    fd.validate([cupy.asarray(a) for a in host])
+    s = fd.last_schedule()
+    assert s.across_rows == (16 // dtype.itemsize > math.gcd(hidden, 16 // dtype.itemsize)), s
+
+
+@pytest.mark.parametrize("dtype", [DataType.BFloat16, DataType.Float], ids=str)
+@pytest.mark.parametrize("shape", [(256, 512, 7, 7), (3, 5, 7, 7), (2, 3, 1, 1), (5, 3, 3, 3),
+                                   (1, 1, 1, 1)], ids=str)
+def test_a_per_channel_scale_over_nchw_rows_matches_reference(shape, dtype, rng):
+    """x * w over NCHW with a [C] weight: rows [N, C, H] of W elements, the weight's row of
+    kernel row r is (r / H) % C; across rows a walk steps through them (fm::RepeatedRowWalk),
+    past the end of C back to channel 0 at the next sample."""
+    import cupy
+
+    from bench import nd
+
+    fd = nd.definition("channel_scale", dtype)
+    host = nd.host_inputs("channel_scale", dtype, (shape, shape[1:2]))
+    fd.validate([cupy.asarray(a) for a in host])
+    assert fd.last_schedule().across_rows == (shape[3] % (16 // dtype.itemsize) != 0)
+
+
 def _bwd_inputs(rng, rows=64, hidden=1024):
     import cupy
 

@@ -290,6 +290,11 @@ def test_a_pointwise_kernel_launches_a_block_per_unrolled_vectors_up_to_the_grid
     assert launch_sizes(kernel, 3, h200)[0].grid == 2  # 1536 vectors
     small = dataclasses.replace(h200, max_grid_x=1000)
     assert launch_sizes(kernel, 16384, small)[0].grid == 1000
+    # vectors across rows of 7: 1170 rows are 8190 elements, 1024 vectors of 8 (the last one
+    # short); 1171 rows 1025 vectors, a second block
+    across = types.SimpleNamespace(schedule=dataclasses.replace(s, hidden=7, across_rows=True))
+    assert launch_sizes(across, 1170, h200)[0].grid == 1
+    assert launch_sizes(across, 1171, h200)[0].grid == 2
 
 
 @pytest.mark.parametrize(("hidden", "rows_per_block", "resident", "grid"), [

@@ -11,7 +11,7 @@ import pytest
 
 from fuser import DataType, FusionDefinition, HintError, OutOfResourcesError, row_codegen
 from fuser.analysis import Kind, Role, analyze
-from fuser.codegen import render_row
+from fuser.codegen import render_pointwise, render_row
 from fuser.device import DeviceSpec
 from fuser.fusions import FUSIONS, ROW_FUSIONS
 from fuser.kernels import build
@@ -551,6 +551,63 @@ def test_pointwise_vectors_are_sized_by_the_rows_and_columns_read_in_pieces():
     assert schedule(info, Problem(4096, 100, 16), H200).vec == 8
     assert schedule(info, Problem(4096, 100, 8), H200).vec == 2
     assert schedule(info, Problem(4100, 100, 16), H200).vec == 4  # 4100 = 4 x 1025
+    assert not schedule(info, Problem(4099, 100, 16), H200).across_rows  # columns bound it
+
+
+def _scaled_rows(repeated: bool = False, row_output: bool = False) -> FusionDefinition:
+    """relu(x) * r over bf16 rows, r one value per row ([rows, 1]), or with `repeated` per
+    channel of an NCHW x (a [C] input, read again along N, H and W)."""
+    with FusionDefinition("scaled_rows") as fd:
+        if repeated:
+            x = fd.define_tensor([-1, -1, -1, -1], dtype=DataType.BFloat16)
+            c = fd.define_tensor([-1])
+            r = fd.ops.broadcast_in_dim(c, shape=x.shape(), broadcast_dims=[1])
+        else:
+            x = fd.define_tensor([-1, -1], dtype=DataType.BFloat16)
+            r = fd.define_tensor([-1, 1], contiguity=[True, None])
+        y = fd.ops.mul(fd.ops.relu(fd.ops.cast(x, DataType.Float)), r)
+        fd.add_output(fd.ops.cast(y, DataType.BFloat16))
+        if row_output:
+            fd.add_output(fd.ops.mul(r, 2.0))
+    return fd
+
+
+@pytest.mark.parametrize(("hidden", "align", "vec"), [
+    (7, 16, 8), (3, 16, 8), (1, 16, 8), (4099, 16, 8), (24578, 16, 8), (24578, 8, 4)])
+def test_pointwise_vectors_cross_rows_where_a_row_bounds_them(hidden, align, vec):
+    """Rows whose length bounds a vector within them (7, 4099: one element; 24578: two) take
+    vectors laid over the rows end to end, as wide as the tensors and the pointers' alignment
+    allow; a per-row operand is read as a vector reaches each row, the elements short of a
+    last vector one at a time (the template's tail)."""
+    s = schedule(analyze(_scaled_rows().fusion), Problem(hidden, 100, align), H200)
+    assert isinstance(s, PointwiseSchedule) and s.across_rows and s.vec == vec
+    assert f"{vec}-element vectors over the rows end to end (a row of {hidden} bounds" in s.reason
+    source = render_pointwise("scaled_rows", analyze(_scaled_rows().fusion), s).source
+    assert "if (i > 0 && ++j == H) {  // the next row" in source
+    assert "row_T1 = fm::to_compute(g_T1[row]);" in source
+    assert "if (blockIdx.x == 0 && threadIdx.x < elements - total * VEC) {" in source
+
+
+def test_pointwise_vectors_within_rows_where_they_are_as_wide_or_cannot_cross():
+    """Rows of 4096 give 16-byte vectors within them: nothing to gain across rows. A per-row
+    output (written once a row) keeps vectors within rows, as does a full input read at other
+    rows than the kernel's ([B, H] over [B, S, H]). A per-row input repeated along other row
+    axes (a [C] scale over NCHW rows) crosses rows: a walk (fm::RepeatedRowWalk) steps
+    through its rows as the vector reaches each kernel row."""
+    assert not schedule(analyze(_scaled_rows().fusion), Problem(4096, 100, 16), H200).across_rows
+    s = schedule(analyze(_scaled_rows(row_output=True).fusion), Problem(7, 100, 16), H200)
+    assert not s.across_rows and s.vec == 1
+    with FusionDefinition("modulated") as fd:
+        x = fd.define_tensor([-1, -1, -1])
+        scale = fd.define_tensor([-1, -1])
+        fd.add_output(fd.ops.mul(x, fd.ops.broadcast_in_dim(scale, x.shape(), [0, 2])))
+    s = schedule(analyze(fd.fusion), Problem(7, 100, 16), H200)
+    assert not s.across_rows and s.vec == 1
+    info = analyze(_scaled_rows(repeated=True).fusion)
+    s = schedule(info, Problem(7, 100, 16), H200)
+    assert s.across_rows and s.vec == 8
+    source = render_pointwise("scaled_rows", info, s).source
+    assert "fm::RepeatedRowWalk w_T1(r_T1, row);" in source and "w_T1.next();" in source
 
 
 def test_a_storage_that_cannot_fit_raises_with_the_numbers():

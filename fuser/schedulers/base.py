@@ -244,8 +244,11 @@ class RowSchedule:
 
 @dataclass(frozen=True)
 class PointwiseSchedule:
-    """A flat elementwise kernel: a grid-stride loop over vectors of `vec` elements; a vector
-    never crosses a row, so per-row and per-column operands are indexed once per vector."""
+    """A flat elementwise kernel: a grid-stride loop over vectors of `vec` elements. A vector
+    never crosses a row, so per-row and per-column operands are indexed once per vector;
+    unless `across_rows` (a fusion without column operands): the vectors then run over the
+    rows laid end to end (a row's length does not bound them), a per-row operand is read as a
+    vector reaches each row, and the last elements short of a vector go one at a time."""
 
     scheduler: str
     reason: str
@@ -254,6 +257,7 @@ class PointwiseSchedule:
     threads: int  # threads per block
     unroll: int  # vectors per thread per loop iteration (independent loads in flight)
     smem: SmemPlan  # empty: only the static slot
+    across_rows: bool = False
 
     def __str__(self) -> str:
         return "PointwiseSchedule\n  " + "\n  ".join(_field_lines(self, skip=("smem",)))

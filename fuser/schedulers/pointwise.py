@@ -44,17 +44,43 @@ def heuristic(info: FusionInfo, problem: Problem, device: DeviceSpec) -> Pointwi
     normalization moved bf16 rows 8 bytes at a time (H200, [16384, 16384] bf16: the whole
     BatchNorm forward 0.31 -> 0.34 of the copy)."""
     inputs = [*info.full_inputs, *info.col_inputs]
+    input_bytes = sum(t.dtype.itemsize for t in inputs)
     vec = pick_vec(problem.hidden, vector_itemsizes(info, problem.align_bytes),
-                   problem.align_bytes, input_bytes=sum(t.dtype.itemsize for t in inputs))
+                   problem.align_bytes, input_bytes=input_bytes)
+    across = _across_rows_vec(info, problem, input_bytes)
+    across_rows = across > vec
+    reason = f"{across if across_rows else vec}-element vectors"
+    if across_rows:
+        reason += (f" over the rows end to end (a row of {problem.hidden} bounds vectors within "
+                   f"it to {vec})")
     return PointwiseSchedule(
         scheduler="pointwise",
-        reason=f"{vec}-element vectors, {THREADS} threads x {UNROLL} vectors in flight",
+        reason=f"{reason}, {THREADS} threads x {UNROLL} vectors in flight",
         hidden=problem.hidden,
-        vec=vec,
+        vec=across if across_rows else vec,
         threads=THREADS,
         unroll=UNROLL,
         smem=SmemPlan.build([], device.smem_per_block_optin),
+        across_rows=across_rows,
     )
+
+
+def _across_rows_vec(info: FusionInfo, problem: Problem, input_bytes: int) -> int:
+    """The vector of a kernel whose vectors cross rows (PointwiseSchedule.across_rows): as
+    wide as the [rows, hidden] tensors' itemsizes and the pointers' alignment allow, whatever
+    the row's length. 1 where such vectors cannot be: a full input read at other rows than
+    the kernel's (a repeated one), or per-row or per-column outputs (written once per row or
+    column, not per element); and where the fusion reads columns. A vector's elements then
+    need columns j0 .. j0 + vec - 1 modulo hidden, which no vector load reads, and read one by
+    one, a warp's 32 lanes at columns vec elements apart touch vec times the cache lines of
+    one vector load for each element. Per-row operands change once a row: they are read as
+    the vector reaches each row."""
+    repeated = {t for t, _ in info.repeated}
+    if (any(t in repeated for t in info.full_inputs) or info.outputs(Role.ROW)
+            or info.outputs(Role.COL) or info.col_inputs):
+        return 1
+    sized = [t.dtype.itemsize for t in (*info.full_inputs, *info.outputs(Role.FULL))]
+    return pick_vec(PIECE_BYTES, sized, problem.align_bytes, input_bytes=input_bytes)
 
 
 def candidates(info: FusionInfo, problem: Problem, device: DeviceSpec,

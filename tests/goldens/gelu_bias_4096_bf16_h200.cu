@@ -38,6 +38,7 @@
 //   vec                8
 //   threads            256
 //   unroll             4
+//   across_rows        False
 //
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
