@@ -42,14 +42,17 @@ def heuristic(info: FusionInfo, problem: Problem, device: DeviceSpec) -> Pointwi
     16-byte pieces (fm::load_pieces), which needs 16-byte aligned pointers; with less the
     column operands bound the vector as well. Sized by its fp32 columns, BatchNorm's
     normalization moved bf16 rows 8 bytes at a time (H200, [16384, 16384] bf16: the whole
-    BatchNorm forward 0.31 -> 0.34 of the copy)."""
+    BatchNorm forward 0.31 -> 0.34 of the copy). Where a row's length bounds the vector and
+    vectors may cross rows (_across_rows_vec), they do: H100 bf16, SwiGLU forward at hidden
+    4099 0.65 -> 0.99 of the copy, 24578 0.89 -> 1.01 (bench/TUNING.md, "vectors across
+    rows")."""
     inputs = [*info.full_inputs, *info.col_inputs]
     input_bytes = sum(t.dtype.itemsize for t in inputs)
     vec = pick_vec(problem.hidden, vector_itemsizes(info, problem.align_bytes),
                    problem.align_bytes, input_bytes=input_bytes)
     across = _across_rows_vec(info, problem, input_bytes)
     across_rows = across > vec
-    reason = f"{across if across_rows else vec}-element vectors"
+    reason = f"{max(vec, across)}-element vectors"
     if across_rows:
         reason += (f" over the rows end to end (a row of {problem.hidden} bounds vectors within "
                    f"it to {vec})")
@@ -57,7 +60,7 @@ def heuristic(info: FusionInfo, problem: Problem, device: DeviceSpec) -> Pointwi
         scheduler="pointwise",
         reason=f"{reason}, {THREADS} threads x {UNROLL} vectors in flight",
         hidden=problem.hidden,
-        vec=across if across_rows else vec,
+        vec=max(vec, across),
         threads=THREADS,
         unroll=UNROLL,
         smem=SmemPlan.build([], device.smem_per_block_optin),
