@@ -23,7 +23,7 @@ from fuser.emit import Emitter, ctype, element_env, scalar_prologue, used_lines
 from fuser.ir import Tensor
 from fuser.ops import REDUCTIONS
 from fuser.outer_codegen import outer_context
-from fuser.row_codegen import repeat_lines, row_access, row_context
+from fuser.row_codegen import repeat_lines, row_access, row_context, rows_of
 from fuser.schedulers.base import (
     Dealing,
     FinalizeSchedule,
@@ -264,7 +264,7 @@ def render_pointwise(name: str, info: FusionInfo, schedule: PointwiseSchedule) -
         "scalar_lines": used_lines(scalar_lines, readers),
         "full": [{"name": t.name, "ctype": t.dtype.cuda_type} for t in info.full_inputs],
         "cols": [{"name": t.name, "ctype": t.dtype.cuda_type} for t in info.col_inputs],
-        "row_inputs": [{"name": t.name, "ctype": ctype(t)} for t in info.row_inputs],
+        "row_inputs": [_row_read(t, info, schedule.across_rows) for t in info.row_inputs],
         "access": row_access(info),
         "repeat_lines": repeat_lines(info),
         "row_lines": row_lines,
@@ -274,3 +274,15 @@ def render_pointwise(name: str, info: FusionInfo, schedule: PointwiseSchedule) -
         "row_outputs": described(outs[Role.ROW], row_emitter.env),
     }
     return KernelSource(name, render_template("pointwise.cu.j2", context), (signature,))
+
+
+def _row_read(t: Tensor, info: FusionInfo, across_rows: bool) -> dict:
+    """How the pointwise kernel reads per-row input `t` for its row `row`: the expression
+    (`read`), and where vectors cross rows the walk through a repeated input's rows that it
+    declares at a vector's first row (`walk`) and steps at each row after (`advance`)."""
+    rows = rows_of(t, info)
+    walked = across_rows and bool(rows)
+    index = f"w_{t.name}.source" if walked else row_access(info)[t.name].row("row")
+    return {"name": t.name, "ctype": ctype(t), "read": f"fm::to_compute(g_{t.name}[{index}])",
+            "walk": [f"fm::RepeatedRowWalk w_{t.name}({rows}, row);"] if walked else [],
+            "advance": [f"w_{t.name}.next();"] if walked else []}

@@ -234,7 +234,7 @@ def launch_sizes(kernel: Kernel, rows: int, device: DeviceSpec, n_groups: int = 
         # they free up; the kernel's loop strides only past max_grid_x. A persistent grid of
         # 8 blocks per SM striding over the vectors ended with its slowest SM (H200 bf16:
         # swiglu_bwd 0.86-0.88 -> 0.98-1.00 of the copy, geglu_fwd 0.96 -> 1.00).
-        vectors = ceil_div(rows * s.hidden, s.vec) if s.across_rows else rows * (s.hidden // s.vec)
+        vectors = ceil_div(rows * s.hidden, s.vec)  # a row's, where vec divides hidden
         grid = max(1, min(ceil_div(vectors, s.threads * s.unroll), device.max_grid_x))
         return Launch(grid, _block(s), 0, 0), None
     if isinstance(s, OuterSchedule):
