@@ -15,8 +15,8 @@ from fuser.analysis import Role, analyze
 from fuser.cache import KernelCache
 from fuser.device import PRESETS
 from fuser.fusions import FUSIONS
-from fuser.schedulers import Hints, Problem, schedule
-from fuser.schedulers.base import Dealing
+from fuser.schedulers import Hints, Problem, finalize, schedule
+from fuser.schedulers.base import Dealing, ceil_div, next_pow2
 from fuser.schedulers.finalize import finalized
 from fuser.signature import Source
 
@@ -70,9 +70,46 @@ def test_the_fused_plan_adds_the_lanes_sums_after_the_rows_and_keeps_the_blocks(
     assert len(lanes) == len(info_of(name).outer_reductions)
     assert all(b.nbytes == s.threads * 8 for b in lanes)
     assert final.cols_per_block * final.partial_lanes == s.threads
-    assert final.cols_per_block in (8, 16, 32) or final.cols_per_block == s.threads
+    assert final.cols_per_block % 8 == 0 or final.cols_per_block == s.threads
     per_sm = H200.smem_per_sm // (s.smem.total + H200.reserved_smem_per_block)
     assert s.smem.fits and per_sm >= s.blocks_per_sm
+
+
+@pytest.mark.parametrize("name", COLUMN_SUMS)
+@pytest.mark.parametrize(("rows", "hidden"), [(1, 1024), (16, 1024), (16, 4096), (100, 1000)])
+def test_a_small_call_sums_its_columns_in_few_tiles_a_block(name, rows, hidden):
+    """A call of a few row groups has as few blocks and partial rows: each block sums at most
+    twice the tiles its threads need, and a tile has no more lanes than the partial rows
+    reach (8-column tiles gave 16 rows x 1024 32 tiles a block, each waiting on L2 and then
+    on 32 lanes' sums)."""
+    s, final = plan(name, rows, hidden)
+    assert final.fused
+    grid = finalize.fused_grid(s, Problem(hidden, rows, 16), H200)
+    assert grid == ceil_div(rows, s.rows_per_block)
+    tiles = ceil_div(ceil_div(hidden, final.cols_per_block), grid)
+    assert tiles <= 2 * ceil_div(hidden, s.threads * grid), (final, grid)
+    assert final.partial_lanes <= max(8, next_pow2(grid * s.partial_rows_per_block)), final
+
+
+@pytest.mark.parametrize(("name", "hidden", "cols"), [
+    ("rmsnorm_bwd", 1024, 8), ("gelu_bwd", 4096, 8), ("dropout_rmsnorm_bwd", 1024, 16)])
+def test_a_fused_call_of_every_resident_block_keeps_narrow_tiles(name, hidden, cols):
+    """From ROWS_SEEN rows the grid is every resident block, hundreds of partial rows: narrow
+    tiles of many lanes, each lane one round of loads."""
+    s, final = plan(name, 16384, hidden, Hints(fused_finalize=True))
+    assert finalize.fused_grid(s, Problem(hidden, 1024, 16), H200) == (
+        s.blocks_per_sm * H200.sm_count)
+    assert final.cols_per_block == cols, final
+
+
+def test_the_tile_model_counts_tiles_rounds_and_lanes():
+    one = finalize.fused_tile_cycles(1024, 256, 1, 4, 4, 16)
+    assert finalize.fused_tile_cycles(1024, 8, 32, 4, 4, 16) == 32 * (
+        finalize.L2_ROUND_TRIP + 32 * finalize.LANE_ADD + finalize.TILE_BARRIERS)
+    assert one == 4 * finalize.L2_ROUND_TRIP + finalize.LANE_ADD + finalize.TILE_BARRIERS
+    # 33 rows a lane: two rounds of 16 and one row left, three round trips
+    assert finalize.fused_tile_cycles(8, 8, 16, 1, 528, 16) == (
+        3 * finalize.L2_ROUND_TRIP + 16 * finalize.LANE_ADD + finalize.TILE_BARRIERS)
 
 
 @pytest.mark.parametrize(("name", "hidden"), [("layernorm_bwd", 24578),

@@ -29,7 +29,14 @@ from fuser.analysis import FusionInfo, Role
 from fuser.device import DeviceSpec
 from fuser.dtypes import DataType
 from fuser.errors import HintError
-from fuser.schedulers.base import ROWS_SEEN, Dealing, FinalizeSchedule, Problem, RowSchedule
+from fuser.schedulers.base import (
+    ROWS_SEEN,
+    Dealing,
+    FinalizeSchedule,
+    Problem,
+    RowSchedule,
+    ceil_div,
+)
 from fuser.schedulers.hints import Hints
 from fuser.schedulers.row_geometry import blocks_by_smem, register_limit
 from fuser.smem import SmemPlan
@@ -46,6 +53,12 @@ FINALIZE_UNROLL = 16
 # times), and the rows are added one at a time. Few rows per lane there: a fused finalize is
 # the default for one wave of row groups.
 ROUND_MIN_REGISTERS = 64
+# fused_tile_cycles' model, in cycles: a load's round trip to L2 past the grid's barrier, one
+# of the first lane's dependent double adds of the lanes' sums (with its shared-memory load in
+# flight), and a tile's two barriers.
+L2_ROUND_TRIP = 600
+LANE_ADD = 10
+TILE_BARRIERS = 100
 
 
 def total_type(dtype: DataType) -> str:
@@ -106,29 +119,65 @@ def _lanes_requests(info: FusionInfo, lanes: int, cols: int) -> list[tuple[str, 
             for name, e in zip(lanes_buffers(info), info.outer_reductions, strict=True)]
 
 
-def fused_columns(hidden: int, s: RowSchedule, device: DeviceSpec) -> int:
-    """A fused finalize's tile, of the widths that divide the block's threads: the widest
-    that still gives every resident block a tile, else the narrowest; the whole block where
-    it has fewer threads than the narrowest (FINALIZE_COLUMNS[-1] where none divides: the
-    block cannot fuse)."""
+def fused_columns(s: RowSchedule, problem: Problem, device: DeviceSpec) -> int:
+    """A fused finalize's tile: of the widths that divide the block's threads (at least
+    FINALIZE_COLUMNS[-1] columns, so that a warp reads whole 32-byte sectors, up to the whole
+    block), the one that fused_tile_cycles() finds quickest for the call's grid; the whole
+    block where it has fewer threads than the narrowest."""
     if s.threads < FINALIZE_COLUMNS[-1]:
         return s.threads
-    widths = [c for c in FINALIZE_COLUMNS if s.threads % c == 0] or [FINALIZE_COLUMNS[-1]]
-    blocks = s.blocks_per_sm * device.sm_count
-    return next((c for c in widths if -(-hidden // c) >= blocks), widths[-1])
+    narrowest = FINALIZE_COLUMNS[-1]
+    widths = [c for c in range(narrowest, s.threads + 1, narrowest) if s.threads % c == 0]
+    if not widths:
+        return FINALIZE_COLUMNS[-1]  # no width divides the block: fusing_refusals refuses
+    blocks = fused_grid(s, problem, device)
+    partial_rows = blocks * s.partial_rows_per_block
+    unroll = FINALIZE_UNROLL if _round_room(s, device) else 1
+    return min(widths, key=lambda c: (
+        fused_tile_cycles(s.hidden, c, s.threads // c, blocks, partial_rows, unroll), -c))
 
 
-def _fused(info: FusionInfo, s: RowSchedule, device: DeviceSpec) -> FinalizeSchedule:
+def fused_grid(s: RowSchedule, problem: Problem, device: DeviceSpec) -> int:
+    """The blocks of a fused call's grid (loader.launch_sizes): one per row group up to the
+    resident blocks; all of them from ROWS_SEEN rows, which stand for any more."""
+    resident = s.blocks_per_sm * device.sm_count
+    if problem.rows >= ROWS_SEEN:
+        return resident
+    return max(1, min(ceil_div(problem.rows, s.rows_per_block), resident))
+
+
+def fused_tile_cycles(hidden: int, cols: int, lanes: int, blocks: int, partial_rows: int,
+                      unroll: int) -> int:
+    """A model of a fused finalize's time in cycles: each block sums its tiles of `cols`
+    columns one after another, and a tile costs a round trip to L2 for each round of a lane's
+    partial rows (a round of `unroll` loads in flight, then the rows left one at a time), the
+    first lane's adds of every lane's sum, and the tile's barriers. With few blocks and few
+    partial rows (a one-wave call of a small problem), tiles as narrow as 8 columns stacked
+    tens of tiles on each block, each waiting on L2 and then on 32 to 64 lanes' sums
+    (bench/TUNING.md, "fused finalize tiles")."""
+    tiles = ceil_div(ceil_div(hidden, cols), blocks)
+    rows = ceil_div(partial_rows, lanes)
+    trips = max(1, rows // unroll + rows % unroll)
+    return tiles * (trips * L2_ROUND_TRIP + lanes * LANE_ADD + TILE_BARRIERS)
+
+
+def _round_room(s: RowSchedule, device: DeviceSpec) -> bool:
+    """Whether the row kernel leaves a thread room for a round of partial-row loads
+    (ROUND_MIN_REGISTERS)."""
+    return register_limit(device, s.threads, s.blocks_per_sm) >= ROUND_MIN_REGISTERS
+
+
+def _fused(info: FusionInfo, s: RowSchedule, problem: Problem,
+           device: DeviceSpec) -> FinalizeSchedule:
     """The fused finalize of row schedule s, its plan the row kernel's and the lanes' sums."""
-    cols = fused_columns(s.hidden, s, device)
+    cols = fused_columns(s, problem, device)
     lanes = s.threads // cols
     plan = SmemPlan.build([(b.name, b.nbytes, b.purpose) for b in s.smem.buffers]
                           + _lanes_requests(info, lanes, cols), s.smem.limit)
     # partial rows loaded before they are added: FINALIZE_UNROLL where the row kernel's
     # threads may hold ROUND_MIN_REGISTERS registers each, else one at a time
-    room = register_limit(device, s.threads, s.blocks_per_sm) >= ROUND_MIN_REGISTERS
-    return FinalizeSchedule(s.hidden, cols, lanes, FINALIZE_UNROLL if room else 1, plan,
-                            fused=True)
+    unroll = FINALIZE_UNROLL if _round_room(s, device) else 1
+    return FinalizeSchedule(s.hidden, cols, lanes, unroll, plan, fused=True)
 
 
 def fusing_refusals(info: FusionInfo, s: RowSchedule, fused: FinalizeSchedule,
@@ -167,7 +216,7 @@ def finalized(info: FusionInfo, s: RowSchedule, problem: Problem, device: Device
     if not needs_finalize(info):
         return s, None
     hints = hints or Hints()
-    fused = _fused(info, s, device)
+    fused = _fused(info, s, problem, device)
     refusals = fusing_refusals(info, s, fused, device)
     if hints.fused_finalize and refusals:
         raise HintError(f"Hints(fused_finalize=True): this row kernel cannot finalize its own "

@@ -92,15 +92,15 @@
 // s_acc_T38    32768   82048    32768  column accumulator T38 x 1 row(s) x 8192
 // s_acc_T40    32768  114816    32768  column accumulator T40 x 1 row(s) x 8192
 // s_reduce        32  147584      128  inner-reduction scratch: 2 parities x 2 x 1 row(s) x 2 warps x 4 B
-// s_lanes_T38    512  147712      512  the lanes' sums of T38: 2 lanes x 32 columns (double)
-// s_lanes_T40    512  148224      512  the lanes' sums of T40: 2 lanes x 32 columns (double)
+// s_lanes_T38    512  147712      512  the lanes' sums of T38: 1 lanes x 64 columns (double)
+// s_lanes_T40    512  148224      512  the lanes' sums of T40: 1 lanes x 64 columns (double)
 // static slot    128  static      128  static __shared__ (magic zero)
 // total 148864 B = dynamic 148736 + static 128; limit 232448 B; headroom 83584 B; alignment 128 B
 //
 // FinalizeSchedule
 //   hidden             8192
-//   cols_per_block     32
-//   partial_lanes      2
+//   cols_per_block     64
+//   partial_lanes      1
 //   unroll             16
 //   fused              True
 //
@@ -113,8 +113,8 @@
 // s_acc_T38    32768   82048    32768  column accumulator T38 x 1 row(s) x 8192
 // s_acc_T40    32768  114816    32768  column accumulator T40 x 1 row(s) x 8192
 // s_reduce        32  147584      128  inner-reduction scratch: 2 parities x 2 x 1 row(s) x 2 warps x 4 B
-// s_lanes_T38    512  147712      512  the lanes' sums of T38: 2 lanes x 32 columns (double)
-// s_lanes_T40    512  148224      512  the lanes' sums of T40: 2 lanes x 32 columns (double)
+// s_lanes_T38    512  147712      512  the lanes' sums of T38: 1 lanes x 64 columns (double)
+// s_lanes_T40    512  148224      512  the lanes' sums of T40: 1 lanes x 64 columns (double)
 // static slot    128  static      128  static __shared__ (magic zero)
 // total 148864 B = dynamic 148736 + static 128; limit 232448 B; headroom 83584 B; alignment 128 B
 
@@ -253,16 +253,16 @@ layernorm_bwd_row(
   // a column.
   fm::grid_barrier(g_grid_barrier);
   {
-    constexpr int COLS = 32;
-    constexpr int LANES = 2;  // COLS x LANES: the block's threads
+    constexpr int COLS = 64;
+    constexpr int LANES = 1;  // COLS x LANES: the block's threads
     const int t = threadIdx.y * blockDim.x + threadIdx.x;
     const int lane = t / COLS;
     const int c = t % COLS;  // the thread's column of each tile
     for (int tile = blockIdx.x; tile * COLS < H; tile += gridDim.x) {
       const int col = tile * COLS + c;
-      // the lanes' sums of T38: 2 lanes x 32 columns (double)
+      // the lanes' sums of T38: 1 lanes x 64 columns (double)
       double* const s_lanes_T38 = reinterpret_cast<double*>(smem + 147712);
-      // the lanes' sums of T40: 2 lanes x 32 columns (double)
+      // the lanes' sums of T40: 1 lanes x 64 columns (double)
       double* const s_lanes_T40 = reinterpret_cast<double*>(smem + 148224);
       double total_T38 = fm::Sum::identity<double>();
       double total_T40 = fm::Sum::identity<double>();

@@ -72,14 +72,14 @@
 // s_T3          2048   32768     2048  column buffer T3 (BFloat16) x 1024
 // s_reduce        64   34816      128  inner-reduction scratch: 2 parities x 1 x 4 row(s) x 2 warps x 4 B
 // s_outer_T25   4096   34944     4096  column accumulator T25: 4 rows combined
-// s_lanes_T25   2048   39040     2048  the lanes' sums of T25: 32 lanes x 8 columns (double)
+// s_lanes_T25   2048   39040     2048  the lanes' sums of T25: 1 lanes x 256 columns (double)
 // static slot    128  static      128  static __shared__ (magic zero)
 // total 41216 B = dynamic 41088 + static 128; limit 232448 B; headroom 191232 B; alignment 128 B
 //
 // FinalizeSchedule
 //   hidden             1024
-//   cols_per_block     8
-//   partial_lanes      32
+//   cols_per_block     256
+//   partial_lanes      1
 //   unroll             16
 //   fused              True
 //
@@ -90,7 +90,7 @@
 // s_T3          2048   32768     2048  column buffer T3 (BFloat16) x 1024
 // s_reduce        64   34816      128  inner-reduction scratch: 2 parities x 1 x 4 row(s) x 2 warps x 4 B
 // s_outer_T25   4096   34944     4096  column accumulator T25: 4 rows combined
-// s_lanes_T25   2048   39040     2048  the lanes' sums of T25: 32 lanes x 8 columns (double)
+// s_lanes_T25   2048   39040     2048  the lanes' sums of T25: 1 lanes x 256 columns (double)
 // static slot    128  static      128  static __shared__ (magic zero)
 // total 41216 B = dynamic 41088 + static 128; limit 232448 B; headroom 191232 B; alignment 128 B
 
@@ -219,14 +219,14 @@ rmsnorm_bwd_row(
   // a column.
   fm::grid_barrier(g_grid_barrier);
   {
-    constexpr int COLS = 8;
-    constexpr int LANES = 32;  // COLS x LANES: the block's threads
+    constexpr int COLS = 256;
+    constexpr int LANES = 1;  // COLS x LANES: the block's threads
     const int t = threadIdx.y * blockDim.x + threadIdx.x;
     const int lane = t / COLS;
     const int c = t % COLS;  // the thread's column of each tile
     for (int tile = blockIdx.x; tile * COLS < H; tile += gridDim.x) {
       const int col = tile * COLS + c;
-      // the lanes' sums of T25: 32 lanes x 8 columns (double)
+      // the lanes' sums of T25: 1 lanes x 256 columns (double)
       double* const s_lanes_T25 = reinterpret_cast<double*>(smem + 39040);
       double total_T25 = fm::Sum::identity<double>();
       if (col < H) {
