@@ -321,6 +321,7 @@ class FinalizeSchedule:
     of its own, or (fused) in the row kernel itself, past a grid-wide barrier, each block
     taking tiles of columns in turn."""
 
+    reason: str  # where it runs and why its tile, in words
     hidden: int
     cols_per_block: int  # a tile's columns: one per thread of a row of lanes
     partial_lanes: int  # threads sharing a column's partial rows

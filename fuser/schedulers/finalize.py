@@ -91,20 +91,30 @@ def default_lanes(hidden: int, device: DeviceSpec) -> int:
 
 
 def finalize_schedule(info: FusionInfo, problem: Problem, device: DeviceSpec,
-                      lanes: int | None = None) -> FinalizeSchedule:
+                      lanes: int | None = None, not_fused: str = "") -> FinalizeSchedule:
     """Columns per block from finalize_columns() and the rest of FINALIZE_THREADS as lanes
     (with groups, FusionInfo.group_axes, the widest tile: a group's partial rows are its share
     of the resident blocks, a few dozen at most, and its columns come again in every group;
     H100, fp16 mean over the sequence of [8, 1024, 4096]: 64 lanes 42.5 us, 16 lanes 34.7);
     a `lanes` hint (checked against the device by hints.check) fixes the lanes and leaves
-    FINALIZE_THREADS / lanes columns, 1 to 32."""
+    FINALIZE_THREADS / lanes columns, 1 to 32. `not_fused` says why the row kernel does not
+    finalize its own columns, for the reason."""
     if lanes is None:
-        cols = FINALIZE_COLUMNS[0] if info.group_axes else finalize_columns(problem.hidden, device)
+        if info.group_axes:
+            cols, why = FINALIZE_COLUMNS[0], "the widest tile: a group's partial rows are few"
+        else:
+            cols = finalize_columns(problem.hidden, device)
+            two = -(-problem.hidden // cols) >= 2 * device.sm_count
+            why = ("the widest tile that gives every SM two blocks" if two
+                   else "the narrowest tile: none gives every SM two blocks")
         lanes = FINALIZE_THREADS // cols
     else:
         cols = max(1, min(FINALIZE_COLUMNS[0], FINALIZE_THREADS // lanes))
+        why = "lanes hinted (finalize_lanes)"
     plan = SmemPlan.build(_lanes_requests(info, lanes, cols), device.smem_per_block_optin)
-    return FinalizeSchedule(problem.hidden, cols, lanes, FINALIZE_UNROLL, plan)
+    reason = (f"a kernel of its own{f' ({not_fused})' if not_fused else ''}: {cols} columns x "
+              f"{lanes} lane(s) a block, {why}")
+    return FinalizeSchedule(reason, problem.hidden, cols, lanes, FINALIZE_UNROLL, plan)
 
 
 def lanes_buffers(info: FusionInfo) -> list[str]:
@@ -114,7 +124,7 @@ def lanes_buffers(info: FusionInfo) -> list[str]:
 
 def _lanes_requests(info: FusionInfo, lanes: int, cols: int) -> list[tuple[str, int, str]]:
     return [(name, lanes * cols * 8,
-             f"the lanes' sums of {e.outputs[0].name}: {lanes} lanes x {cols} columns "
+             f"the lanes' sums of {e.outputs[0].name}: {lanes} lane(s) x {cols} columns "
              f"({total_type(e.outputs[0].dtype)})")
             for name, e in zip(lanes_buffers(info), info.outer_reductions, strict=True)]
 
@@ -177,7 +187,14 @@ def _fused(info: FusionInfo, s: RowSchedule, problem: Problem,
     # partial rows loaded before they are added: FINALIZE_UNROLL where the row kernel's
     # threads may hold ROUND_MIN_REGISTERS registers each, else one at a time
     unroll = FINALIZE_UNROLL if _round_room(s, device) else 1
-    return FinalizeSchedule(s.hidden, cols, lanes, unroll, plan, fused=True)
+    blocks = fused_grid(s, problem, device)
+    partial_rows = blocks * s.partial_rows_per_block
+    cycles = fused_tile_cycles(s.hidden, cols, lanes, blocks, partial_rows, unroll)
+    reason = (f"in the row kernel: {cols} columns x {lanes} lane(s) a tile, "
+              f"{ceil_div(ceil_div(s.hidden, cols), blocks)} tile(s) a block over the call's "
+              f"{blocks} block(s) and {partial_rows} partial row(s), ~{cycles} cycles "
+              "(fused_tile_cycles)")
+    return FinalizeSchedule(reason, s.hidden, cols, lanes, unroll, plan, fused=True)
 
 
 def fusing_refusals(info: FusionInfo, s: RowSchedule, fused: FinalizeSchedule,
@@ -225,8 +242,21 @@ def finalized(info: FusionInfo, s: RowSchedule, problem: Problem, device: Device
     if wanted is None:
         wanted = hints.finalize_lanes is None and one_wave(s, problem, device)
     if refusals or not wanted:
-        return s, finalize_schedule(info, problem, device, hints.finalize_lanes)
-    return replace(s, smem=fused.smem), fused
+        return s, finalize_schedule(info, problem, device, hints.finalize_lanes,
+                                    not_fused=_not_fused(refusals, hints))
+    cause = "hinted" if hints.fused_finalize else "the call's row groups take one wave"
+    return replace(s, smem=fused.smem), replace(fused, reason=f"{cause}, {fused.reason}")
+
+
+def _not_fused(refusals: list[str], hints: Hints) -> str:
+    """Why a finalize runs as a kernel of its own, in words."""
+    if hints.fused_finalize is False:
+        return "hinted fused_finalize=False"
+    if hints.finalize_lanes is not None:
+        return "its lanes are hinted"
+    if refusals:
+        return "the row kernel cannot finalize: " + "; ".join(refusals)
+    return "the call's row groups take more than one wave"
 
 
 def one_wave(s: RowSchedule, problem: Problem, device: DeviceSpec) -> bool:

@@ -91,6 +91,8 @@
 // total 222208 B = dynamic 222080 + static 128; limit 232448 B; headroom 10240 B; alignment 128 B
 //
 // FinalizeSchedule
+//   reason             a kernel of its own (the call's row groups take more than one wave): 32 columns x 16 lane(s) a
+//       block, the widest tile that gives every SM two blocks
 //   hidden             24578
 //   cols_per_block     32
 //   partial_lanes      16
@@ -99,7 +101,7 @@
 //
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
-// s_lanes_T33   4096       0     4096  the lanes' sums of T33: 16 lanes x 32 columns (double)
+// s_lanes_T33   4096       0     4096  the lanes' sums of T33: 16 lane(s) x 32 columns (double)
 // static slot    128  static      128  static __shared__ (magic zero)
 // total 4224 B = dynamic 4096 + static 128; limit 232448 B; headroom 228224 B; alignment 128 B
 
@@ -267,7 +269,7 @@ dropout_rmsnorm_bwd_finalize(
   const int col = blockIdx.x * COLS + threadIdx.x;
   fm::wait_for_prior_grid();  // the row kernel's partial rows are complete past this point
   extern __shared__ __align__(128) unsigned char smem[];
-  // the lanes' sums of T33: 16 lanes x 32 columns (double)
+  // the lanes' sums of T33: 16 lane(s) x 32 columns (double)
   double* const s_lanes_T33 = reinterpret_cast<double*>(smem);
   double total_T33 = fm::Sum::identity<double>();
   if (col < H) {

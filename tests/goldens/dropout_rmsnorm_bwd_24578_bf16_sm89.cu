@@ -88,6 +88,9 @@
 // total 98944 B = dynamic 98816 + static 128; limit 101376 B; headroom 2432 B; alignment 128 B
 //
 // FinalizeSchedule
+//   reason             a kernel of its own (the row kernel cannot finalize: with the lanes' sums its shared memory
+//       (98944 -> 107136 B a block) leaves room for 0 of its 1 blocks per SM): 32 columns x 16 lane(s) a block, the
+//       widest tile that gives every SM two blocks
 //   hidden             24578
 //   cols_per_block     32
 //   partial_lanes      16
@@ -96,7 +99,7 @@
 //
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
-// s_lanes_T33   4096       0     4096  the lanes' sums of T33: 16 lanes x 32 columns (double)
+// s_lanes_T33   4096       0     4096  the lanes' sums of T33: 16 lane(s) x 32 columns (double)
 // static slot    128  static      128  static __shared__ (magic zero)
 // total 4224 B = dynamic 4096 + static 128; limit 101376 B; headroom 97152 B; alignment 128 B
 
@@ -251,7 +254,7 @@ dropout_rmsnorm_bwd_finalize(
   const int col = blockIdx.x * COLS + threadIdx.x;
   fm::wait_for_prior_grid();  // the row kernel's partial rows are complete past this point
   extern __shared__ __align__(128) unsigned char smem[];
-  // the lanes' sums of T33: 16 lanes x 32 columns (double)
+  // the lanes' sums of T33: 16 lane(s) x 32 columns (double)
   double* const s_lanes_T33 = reinterpret_cast<double*>(smem);
   double total_T33 = fm::Sum::identity<double>();
   if (col < H) {

@@ -93,6 +93,8 @@
 // total 164480 B = dynamic 164352 + static 128; limit 232448 B; headroom 67968 B; alignment 128 B
 //
 // FinalizeSchedule
+//   reason             a kernel of its own (the row kernel cannot finalize: its rows are split over clusters of 8
+//       blocks): 32 columns x 16 lane(s) a block, the widest tile that gives every SM two blocks
 //   hidden             131072
 //   cols_per_block     32
 //   partial_lanes      16
@@ -101,8 +103,8 @@
 //
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
-// s_lanes_T38   4096       0     4096  the lanes' sums of T38: 16 lanes x 32 columns (double)
-// s_lanes_T40   4096    4096     4096  the lanes' sums of T40: 16 lanes x 32 columns (double)
+// s_lanes_T38   4096       0     4096  the lanes' sums of T38: 16 lane(s) x 32 columns (double)
+// s_lanes_T40   4096    4096     4096  the lanes' sums of T40: 16 lane(s) x 32 columns (double)
 // static slot    128  static      128  static __shared__ (magic zero)
 // total 8320 B = dynamic 8192 + static 128; limit 232448 B; headroom 224128 B; alignment 128 B
 
@@ -260,9 +262,9 @@ layernorm_bwd_finalize(
   const int col = blockIdx.x * COLS + threadIdx.x;
   fm::wait_for_prior_grid();  // the row kernel's partial rows are complete past this point
   extern __shared__ __align__(128) unsigned char smem[];
-  // the lanes' sums of T38: 16 lanes x 32 columns (double)
+  // the lanes' sums of T38: 16 lane(s) x 32 columns (double)
   double* const s_lanes_T38 = reinterpret_cast<double*>(smem);
-  // the lanes' sums of T40: 16 lanes x 32 columns (double)
+  // the lanes' sums of T40: 16 lane(s) x 32 columns (double)
   double* const s_lanes_T40 = reinterpret_cast<double*>(smem + 4096);
   double total_T38 = fm::Sum::identity<double>();
   double total_T40 = fm::Sum::identity<double>();

@@ -96,6 +96,8 @@
 // total 172544 B = dynamic 172416 + static 128; limit 232448 B; headroom 59904 B; alignment 128 B
 //
 // FinalizeSchedule
+//   reason             a kernel of its own (the row kernel cannot finalize: its rows are split over clusters of 2
+//       blocks): 16 columns x 32 lane(s) a block, the widest tile that gives every SM two blocks
 //   hidden             8192
 //   cols_per_block     16
 //   partial_lanes      32
@@ -104,8 +106,8 @@
 //
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
-// s_lanes_T38   4096       0     4096  the lanes' sums of T38: 32 lanes x 16 columns (double)
-// s_lanes_T40   4096    4096     4096  the lanes' sums of T40: 32 lanes x 16 columns (double)
+// s_lanes_T38   4096       0     4096  the lanes' sums of T38: 32 lane(s) x 16 columns (double)
+// s_lanes_T40   4096    4096     4096  the lanes' sums of T40: 32 lane(s) x 16 columns (double)
 // static slot    128  static      128  static __shared__ (magic zero)
 // total 8320 B = dynamic 8192 + static 128; limit 232448 B; headroom 224128 B; alignment 128 B
 
@@ -267,9 +269,9 @@ layernorm_bwd_finalize(
   const int col = blockIdx.x * COLS + threadIdx.x;
   fm::wait_for_prior_grid();  // the row kernel's partial rows are complete past this point
   extern __shared__ __align__(128) unsigned char smem[];
-  // the lanes' sums of T38: 32 lanes x 16 columns (double)
+  // the lanes' sums of T38: 32 lane(s) x 16 columns (double)
   double* const s_lanes_T38 = reinterpret_cast<double*>(smem);
-  // the lanes' sums of T40: 32 lanes x 16 columns (double)
+  // the lanes' sums of T40: 32 lane(s) x 16 columns (double)
   double* const s_lanes_T40 = reinterpret_cast<double*>(smem + 4096);
   double total_T38 = fm::Sum::identity<double>();
   double total_T40 = fm::Sum::identity<double>();

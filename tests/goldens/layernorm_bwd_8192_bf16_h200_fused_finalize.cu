@@ -92,12 +92,14 @@
 // s_acc_T38    32768   82048    32768  column accumulator T38 x 1 row(s) x 8192
 // s_acc_T40    32768  114816    32768  column accumulator T40 x 1 row(s) x 8192
 // s_reduce        32  147584      128  inner-reduction scratch: 2 parities x 2 x 1 row(s) x 2 warps x 4 B
-// s_lanes_T38    512  147712      512  the lanes' sums of T38: 1 lanes x 64 columns (double)
-// s_lanes_T40    512  148224      512  the lanes' sums of T40: 1 lanes x 64 columns (double)
+// s_lanes_T38    512  147712      512  the lanes' sums of T38: 1 lane(s) x 64 columns (double)
+// s_lanes_T40    512  148224      512  the lanes' sums of T40: 1 lane(s) x 64 columns (double)
 // static slot    128  static      128  static __shared__ (magic zero)
 // total 148864 B = dynamic 148736 + static 128; limit 232448 B; headroom 83584 B; alignment 128 B
 //
 // FinalizeSchedule
+//   reason             hinted, in the row kernel: 64 columns x 1 lane(s) a tile, 1 tile(s) a block over the call's 132
+//       block(s) and 132 partial row(s), ~7310 cycles (fused_tile_cycles)
 //   hidden             8192
 //   cols_per_block     64
 //   partial_lanes      1
@@ -113,8 +115,8 @@
 // s_acc_T38    32768   82048    32768  column accumulator T38 x 1 row(s) x 8192
 // s_acc_T40    32768  114816    32768  column accumulator T40 x 1 row(s) x 8192
 // s_reduce        32  147584      128  inner-reduction scratch: 2 parities x 2 x 1 row(s) x 2 warps x 4 B
-// s_lanes_T38    512  147712      512  the lanes' sums of T38: 1 lanes x 64 columns (double)
-// s_lanes_T40    512  148224      512  the lanes' sums of T40: 1 lanes x 64 columns (double)
+// s_lanes_T38    512  147712      512  the lanes' sums of T38: 1 lane(s) x 64 columns (double)
+// s_lanes_T40    512  148224      512  the lanes' sums of T40: 1 lane(s) x 64 columns (double)
 // static slot    128  static      128  static __shared__ (magic zero)
 // total 148864 B = dynamic 148736 + static 128; limit 232448 B; headroom 83584 B; alignment 128 B
 
@@ -260,9 +262,9 @@ layernorm_bwd_row(
     const int c = t % COLS;  // the thread's column of each tile
     for (int tile = blockIdx.x; tile * COLS < H; tile += gridDim.x) {
       const int col = tile * COLS + c;
-      // the lanes' sums of T38: 1 lanes x 64 columns (double)
+      // the lanes' sums of T38: 1 lane(s) x 64 columns (double)
       double* const s_lanes_T38 = reinterpret_cast<double*>(smem + 147712);
-      // the lanes' sums of T40: 1 lanes x 64 columns (double)
+      // the lanes' sums of T40: 1 lane(s) x 64 columns (double)
       double* const s_lanes_T40 = reinterpret_cast<double*>(smem + 148224);
       double total_T38 = fm::Sum::identity<double>();
       double total_T40 = fm::Sum::identity<double>();

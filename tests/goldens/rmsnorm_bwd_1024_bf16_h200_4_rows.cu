@@ -76,6 +76,8 @@
 // total 39168 B = dynamic 39040 + static 128; limit 232448 B; headroom 193280 B; alignment 128 B
 //
 // FinalizeSchedule
+//   reason             a kernel of its own (the call's row groups take more than one wave): 8 columns x 64 lane(s) a
+//       block, the narrowest tile: none gives every SM two blocks
 //   hidden             1024
 //   cols_per_block     8
 //   partial_lanes      64
@@ -84,7 +86,7 @@
 //
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
-// s_lanes_T25   4096       0     4096  the lanes' sums of T25: 64 lanes x 8 columns (double)
+// s_lanes_T25   4096       0     4096  the lanes' sums of T25: 64 lane(s) x 8 columns (double)
 // static slot    128  static      128  static __shared__ (magic zero)
 // total 4224 B = dynamic 4096 + static 128; limit 232448 B; headroom 228224 B; alignment 128 B
 
@@ -225,7 +227,7 @@ rmsnorm_bwd_finalize(
   const int col = blockIdx.x * COLS + threadIdx.x;
   fm::wait_for_prior_grid();  // the row kernel's partial rows are complete past this point
   extern __shared__ __align__(128) unsigned char smem[];
-  // the lanes' sums of T25: 64 lanes x 8 columns (double)
+  // the lanes' sums of T25: 64 lane(s) x 8 columns (double)
   double* const s_lanes_T25 = reinterpret_cast<double*>(smem);
   double total_T25 = fm::Sum::identity<double>();
   if (col < H) {

@@ -72,11 +72,13 @@
 // s_T3          2048   32768     2048  column buffer T3 (BFloat16) x 1024
 // s_reduce        64   34816      128  inner-reduction scratch: 2 parities x 1 x 4 row(s) x 2 warps x 4 B
 // s_outer_T25   4096   34944     4096  column accumulator T25: 4 rows combined
-// s_lanes_T25   2048   39040     2048  the lanes' sums of T25: 1 lanes x 256 columns (double)
+// s_lanes_T25   2048   39040     2048  the lanes' sums of T25: 1 lane(s) x 256 columns (double)
 // static slot    128  static      128  static __shared__ (magic zero)
 // total 41216 B = dynamic 41088 + static 128; limit 232448 B; headroom 191232 B; alignment 128 B
 //
 // FinalizeSchedule
+//   reason             the call's row groups take one wave, in the row kernel: 256 columns x 1 lane(s) a tile, 1
+//       tile(s) a block over the call's 4 block(s) and 4 partial row(s), ~2510 cycles (fused_tile_cycles)
 //   hidden             1024
 //   cols_per_block     256
 //   partial_lanes      1
@@ -90,7 +92,7 @@
 // s_T3          2048   32768     2048  column buffer T3 (BFloat16) x 1024
 // s_reduce        64   34816      128  inner-reduction scratch: 2 parities x 1 x 4 row(s) x 2 warps x 4 B
 // s_outer_T25   4096   34944     4096  column accumulator T25: 4 rows combined
-// s_lanes_T25   2048   39040     2048  the lanes' sums of T25: 1 lanes x 256 columns (double)
+// s_lanes_T25   2048   39040     2048  the lanes' sums of T25: 1 lane(s) x 256 columns (double)
 // static slot    128  static      128  static __shared__ (magic zero)
 // total 41216 B = dynamic 41088 + static 128; limit 232448 B; headroom 191232 B; alignment 128 B
 
@@ -226,7 +228,7 @@ rmsnorm_bwd_row(
     const int c = t % COLS;  // the thread's column of each tile
     for (int tile = blockIdx.x; tile * COLS < H; tile += gridDim.x) {
       const int col = tile * COLS + c;
-      // the lanes' sums of T25: 1 lanes x 256 columns (double)
+      // the lanes' sums of T25: 1 lane(s) x 256 columns (double)
       double* const s_lanes_T25 = reinterpret_cast<double*>(smem + 39040);
       double total_T25 = fm::Sum::identity<double>();
       if (col < H) {

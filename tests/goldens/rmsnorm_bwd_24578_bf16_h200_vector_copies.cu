@@ -74,6 +74,8 @@
 // total 197248 B = dynamic 197120 + static 128; limit 232448 B; headroom 35200 B; alignment 128 B
 //
 // FinalizeSchedule
+//   reason             a kernel of its own (the call's row groups take more than one wave): 32 columns x 16 lane(s) a
+//       block, the widest tile that gives every SM two blocks
 //   hidden             24578
 //   cols_per_block     32
 //   partial_lanes      16
@@ -82,7 +84,7 @@
 //
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
-// s_lanes_T25   4096       0     4096  the lanes' sums of T25: 16 lanes x 32 columns (double)
+// s_lanes_T25   4096       0     4096  the lanes' sums of T25: 16 lane(s) x 32 columns (double)
 // static slot    128  static      128  static __shared__ (magic zero)
 // total 4224 B = dynamic 4096 + static 128; limit 232448 B; headroom 228224 B; alignment 128 B
 
@@ -218,7 +220,7 @@ rmsnorm_bwd_finalize(
   const int col = blockIdx.x * COLS + threadIdx.x;
   fm::wait_for_prior_grid();  // the row kernel's partial rows are complete past this point
   extern __shared__ __align__(128) unsigned char smem[];
-  // the lanes' sums of T25: 16 lanes x 32 columns (double)
+  // the lanes' sums of T25: 16 lane(s) x 32 columns (double)
   double* const s_lanes_T25 = reinterpret_cast<double*>(smem);
   double total_T25 = fm::Sum::identity<double>();
   if (col < H) {
