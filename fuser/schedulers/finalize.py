@@ -104,7 +104,7 @@ def finalize_schedule(info: FusionInfo, problem: Problem, device: DeviceSpec,
             cols, why = FINALIZE_COLUMNS[0], "the widest tile: a group's partial rows are few"
         else:
             cols = finalize_columns(problem.hidden, device)
-            two = -(-problem.hidden // cols) >= 2 * device.sm_count
+            two = ceil_div(problem.hidden, cols) >= 2 * device.sm_count
             why = ("the widest tile that gives every SM two blocks" if two
                    else "the narrowest tile: none gives every SM two blocks")
         lanes = FINALIZE_THREADS // cols
@@ -129,20 +129,17 @@ def _lanes_requests(info: FusionInfo, lanes: int, cols: int) -> list[tuple[str, 
             for name, e in zip(lanes_buffers(info), info.outer_reductions, strict=True)]
 
 
-def fused_columns(s: RowSchedule, problem: Problem, device: DeviceSpec) -> int:
-    """A fused finalize's tile: of the widths that divide the block's threads (at least
-    FINALIZE_COLUMNS[-1] columns, so that a warp reads whole 32-byte sectors, up to the whole
-    block), the one that fused_tile_cycles() finds quickest for the call's grid; the whole
+def fused_columns(s: RowSchedule, blocks: int, partial_rows: int, unroll: int) -> int:
+    """A fused finalize's tile over a grid of `blocks` blocks: of the widths that divide the
+    block's threads (at least FINALIZE_COLUMNS[-1] columns, so that a warp reads whole 32-byte
+    sectors, up to the whole block), the one fused_tile_cycles() finds quickest; the whole
     block where it has fewer threads than the narrowest."""
-    if s.threads < FINALIZE_COLUMNS[-1]:
-        return s.threads
     narrowest = FINALIZE_COLUMNS[-1]
+    if s.threads < narrowest:
+        return s.threads
     widths = [c for c in range(narrowest, s.threads + 1, narrowest) if s.threads % c == 0]
     if not widths:
-        return FINALIZE_COLUMNS[-1]  # no width divides the block: fusing_refusals refuses
-    blocks = fused_grid(s, problem, device)
-    partial_rows = blocks * s.partial_rows_per_block
-    unroll = FINALIZE_UNROLL if _round_room(s, device) else 1
+        return narrowest  # no width divides the block: fusing_refusals refuses
     return min(widths, key=lambda c: (
         fused_tile_cycles(s.hidden, c, s.threads // c, blocks, partial_rows, unroll), -c))
 
@@ -171,24 +168,19 @@ def fused_tile_cycles(hidden: int, cols: int, lanes: int, blocks: int, partial_r
     return tiles * (trips * L2_ROUND_TRIP + lanes * LANE_ADD + TILE_BARRIERS)
 
 
-def _round_room(s: RowSchedule, device: DeviceSpec) -> bool:
-    """Whether the row kernel leaves a thread room for a round of partial-row loads
-    (ROUND_MIN_REGISTERS)."""
-    return register_limit(device, s.threads, s.blocks_per_sm) >= ROUND_MIN_REGISTERS
-
-
 def _fused(info: FusionInfo, s: RowSchedule, problem: Problem,
            device: DeviceSpec) -> FinalizeSchedule:
     """The fused finalize of row schedule s, its plan the row kernel's and the lanes' sums."""
-    cols = fused_columns(s, problem, device)
+    # partial rows loaded before they are added: FINALIZE_UNROLL where the row kernel's
+    # threads may hold ROUND_MIN_REGISTERS registers each, else one at a time
+    room = register_limit(device, s.threads, s.blocks_per_sm) >= ROUND_MIN_REGISTERS
+    unroll = FINALIZE_UNROLL if room else 1
+    blocks = fused_grid(s, problem, device)
+    partial_rows = blocks * s.partial_rows_per_block
+    cols = fused_columns(s, blocks, partial_rows, unroll)
     lanes = s.threads // cols
     plan = SmemPlan.build([(b.name, b.nbytes, b.purpose) for b in s.smem.buffers]
                           + _lanes_requests(info, lanes, cols), s.smem.limit)
-    # partial rows loaded before they are added: FINALIZE_UNROLL where the row kernel's
-    # threads may hold ROUND_MIN_REGISTERS registers each, else one at a time
-    unroll = FINALIZE_UNROLL if _round_room(s, device) else 1
-    blocks = fused_grid(s, problem, device)
-    partial_rows = blocks * s.partial_rows_per_block
     cycles = fused_tile_cycles(s.hidden, cols, lanes, blocks, partial_rows, unroll)
     reason = (f"in the row kernel: {cols} columns x {lanes} lane(s) a tile, "
               f"{ceil_div(ceil_div(s.hidden, cols), blocks)} tile(s) a block over the call's "
