@@ -79,7 +79,7 @@ struct RepeatedRowWalk {
   long long source;  // the input's row: (r / after) % count
   __device__ __forceinline__ RepeatedRowWalk(const RepeatedRows& rows, long long r)
       : after(rows.after), count(rows.count), within(r % rows.after),
-        source((r / rows.after) % rows.count) {}
+        source(rows.source_row(r)) {}
   __device__ __forceinline__ void next() {
     if (++within == after) {
       within = 0;

@@ -79,10 +79,13 @@ def needs_finalize(info: FusionInfo) -> bool:
 def finalize_columns(hidden: int, device: DeviceSpec) -> int:
     """The widest column tile that still gives every SM two finalize blocks (else the
     narrowest)."""
-    for cols in FINALIZE_COLUMNS:
-        if -(-hidden // cols) >= 2 * device.sm_count:
-            return cols
-    return FINALIZE_COLUMNS[-1]
+    return next((c for c in FINALIZE_COLUMNS if _two_blocks_an_sm(hidden, c, device)),
+                FINALIZE_COLUMNS[-1])
+
+
+def _two_blocks_an_sm(hidden: int, cols: int, device: DeviceSpec) -> bool:
+    """Whether tiles of `cols` columns give a finalize kernel two blocks on every SM."""
+    return ceil_div(hidden, cols) >= 2 * device.sm_count
 
 
 def default_lanes(hidden: int, device: DeviceSpec) -> int:
@@ -104,8 +107,8 @@ def finalize_schedule(info: FusionInfo, problem: Problem, device: DeviceSpec,
             cols, why = FINALIZE_COLUMNS[0], "the widest tile: a group's partial rows are few"
         else:
             cols = finalize_columns(problem.hidden, device)
-            two = ceil_div(problem.hidden, cols) >= 2 * device.sm_count
-            why = ("the widest tile that gives every SM two blocks" if two
+            why = ("the widest tile that gives every SM two blocks"
+                   if _two_blocks_an_sm(problem.hidden, cols, device)
                    else "the narrowest tile: none gives every SM two blocks")
         lanes = FINALIZE_THREADS // cols
     else:
@@ -153,6 +156,11 @@ def fused_grid(s: RowSchedule, problem: Problem, device: DeviceSpec) -> int:
     return max(1, min(ceil_div(problem.rows, s.rows_per_block), resident))
 
 
+def tiles_a_block(hidden: int, cols: int, blocks: int) -> int:
+    """The most tiles of `cols` columns a block of a fused finalize sums, over `blocks`."""
+    return ceil_div(ceil_div(hidden, cols), blocks)
+
+
 def fused_tile_cycles(hidden: int, cols: int, lanes: int, blocks: int, partial_rows: int,
                       unroll: int) -> int:
     """A model of a fused finalize's time in cycles: each block sums its tiles of `cols`
@@ -162,10 +170,10 @@ def fused_tile_cycles(hidden: int, cols: int, lanes: int, blocks: int, partial_r
     partial rows (a one-wave call of a small problem), tiles as narrow as 8 columns stacked
     tens of tiles on each block, each waiting on L2 and then on 32 to 64 lanes' sums
     (bench/TUNING.md, "fused finalize tiles")."""
-    tiles = ceil_div(ceil_div(hidden, cols), blocks)
     rows = ceil_div(partial_rows, lanes)
     trips = max(1, rows // unroll + rows % unroll)
-    return tiles * (trips * L2_ROUND_TRIP + lanes * LANE_ADD + TILE_BARRIERS)
+    tile = trips * L2_ROUND_TRIP + lanes * LANE_ADD + TILE_BARRIERS
+    return tiles_a_block(hidden, cols, blocks) * tile
 
 
 def _fused(info: FusionInfo, s: RowSchedule, problem: Problem,
@@ -183,7 +191,7 @@ def _fused(info: FusionInfo, s: RowSchedule, problem: Problem,
                           + _lanes_requests(info, lanes, cols), s.smem.limit)
     cycles = fused_tile_cycles(s.hidden, cols, lanes, blocks, partial_rows, unroll)
     reason = (f"in the row kernel: {cols} columns x {lanes} lane(s) a tile, "
-              f"{ceil_div(ceil_div(s.hidden, cols), blocks)} tile(s) a block over the call's "
+              f"{tiles_a_block(s.hidden, cols, blocks)} tile(s) a block over the call's "
               f"{blocks} block(s) and {partial_rows} partial row(s), ~{cycles} cycles "
               "(fused_tile_cycles)")
     return FinalizeSchedule(reason, s.hidden, cols, lanes, unroll, plan, fused=True)

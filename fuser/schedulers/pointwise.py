@@ -52,7 +52,8 @@ def heuristic(info: FusionInfo, problem: Problem, device: DeviceSpec) -> Pointwi
                    problem.align_bytes, input_bytes=input_bytes)
     across = _across_rows_vec(info, problem, input_bytes)
     across_rows = across > vec
-    reason = f"{max(vec, across)}-element vectors"
+    widest = max(vec, across)
+    reason = f"{widest}-element vectors"
     if across_rows:
         reason += (f" over the rows end to end (a row of {problem.hidden} bounds vectors within "
                    f"it to {vec})")
@@ -60,7 +61,7 @@ def heuristic(info: FusionInfo, problem: Problem, device: DeviceSpec) -> Pointwi
         scheduler="pointwise",
         reason=f"{reason}, {THREADS} threads x {UNROLL} vectors in flight",
         hidden=problem.hidden,
-        vec=max(vec, across),
+        vec=widest,
         threads=THREADS,
         unroll=UNROLL,
         smem=SmemPlan.build([], device.smem_per_block_optin),
