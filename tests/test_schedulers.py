@@ -72,12 +72,15 @@ def test_aligned_copies_where_the_widest_vectors_are_narrow(name, hidden, aligne
 
 @pytest.mark.parametrize("aligned", [True, False])
 def test_seed_case_exact_plan(aligned):
-    """dropout + RMSNorm backward, bf16, hidden 24578 on the H200 (NVIDIA/Fuser #5272): every
-    row buffer in smem, each rounded up to 128 bytes, the static slot counted, and it fits.
-    Row buffers hold whole 16-byte chunks (the row plus the bytes before it back to a 16-byte
-    boundary) by default, and the row itself with aligned_copy=False."""
+    """dropout + RMSNorm backward, bf16, hidden 24578 on the H200 (NVIDIA/Fuser #5272), the
+    whole row in one block of 1024 threads as nvFuser plans it (hinted: the default splits it
+    over a cluster of two, test_seed_case_default_plan): every row buffer in smem, each
+    rounded up to 128 bytes, the static slot counted, and it fits. Row buffers hold whole
+    16-byte chunks (the row plus the bytes before it back to a 16-byte boundary) by default,
+    and the row itself with aligned_copy=False."""
     info = analyze(ROW_FUSIONS["dropout_rmsnorm_bwd"](DataType.BFloat16).fusion)
-    s = schedule(info, Problem(24578, 16384, 16), H200, Hints(aligned_copy=aligned))
+    hints = Hints(aligned_copy=aligned, threads_per_row=1024, cluster=1)
+    s = schedule(info, Problem(24578, 16384, 16), H200, hints)
     sizes = {b.name: (b.nbytes, b.offset) for b in s.smem.buffers}
     assert s.vec == 2 and s.threads_per_row == 1024 and s.batch == 13
     assert s.aligned_copy is aligned
@@ -88,6 +91,21 @@ def test_seed_case_exact_plan(aligned):
     }
     assert s.smem.dynamic_bytes == 4 * 49280 + 24704 + 256 == 222080
     assert s.smem.total == 222208 <= 232448
+    assert_plan_invariants(s.smem)
+
+
+def test_seed_case_default_plan():
+    """The seed case's default: its 2-element vectors cap a row at 512 threads, where one
+    block keeps the row only in one stage at one block per SM, so the row goes over a cluster
+    of two blocks in two stages (inner_outer_persistent._split_first), every row buffer in
+    shared memory, each block's half row in whole 16-byte chunks, and the plan fits with its
+    static slot."""
+    info = analyze(ROW_FUSIONS["dropout_rmsnorm_bwd"](DataType.BFloat16).fusion)
+    s = schedule(info, Problem(24578, 16384, 16), H200)
+    assert (s.vec, s.threads_per_row, s.cluster, s.stages) == (2, 512, 2, 2), s.reason
+    assert all(p.storage is Storage.SMEM for p in s.placements), s.reason
+    assert "one block keeps the row on chip only at one stage and one block per SM" in s.reason
+    assert s.smem.total <= 232448
     assert_plan_invariants(s.smem)
 
 
@@ -124,8 +142,9 @@ def test_storage_policy_moves_least_reused_buffers_first():
      (H200, 4096, {"T0": Storage.REGISTERS, "T1": Storage.SMEM, "T4": Storage.SMEM}),
      (H200, 24578, {"T0": Storage.SMEM, "T1": Storage.SMEM, "T4": Storage.SMEM}),
      (SMALL, 8192, {"T0": Storage.REGISTERS, "T1": Storage.SMEM, "T4": Storage.SMEM}),
+     # 512 threads (2-element vectors): the weight fits registers beside re-read rows
      (SMALL, 24578, {"T0": Storage.GLOBAL, "T1": Storage.SMEM, "T4": Storage.SMEM,
-                     "T5": Storage.GLOBAL})],
+                     "T5": Storage.REGISTERS})],
 )
 def test_storage_choices_per_device(device, hidden, expected):
     """The 100 KB part leaves the all-smem plan much earlier than the H200."""
@@ -157,29 +176,46 @@ def test_three_pass_forward_rows_are_staged_in_smem_with_their_columns(name, hid
     assert_plan_invariants(s.smem)
 
 
-@pytest.mark.parametrize(("name", "hidden", "threads"), [
-    ("softmax_fwd", 24578, 512), ("log_softmax_fwd", 24574, 512), ("layernorm_fwd", 24586, 512),
-    ("dropout_layernorm_fwd", 4099, 512),
-    ("softmax_fwd", 65537, 1024),  # 129 vectors a thread at 512: over the cap
-    ("softmax_fwd", 32768, 1024), ("softmax_fwd", 40000, 1024),  # 16-byte vectors
-    ("rmsnorm_fwd", 24578, 1024), ("softmax_bwd", 24578, 1024),  # two passes
-    ("rmsnorm_bwd", 24578, 1024), ("dropout_rmsnorm_bwd", 24578, 1024),  # smem-first: only
-    ("rmsnorm_bwd", 4099, 512), ("dropout_rmsnorm_bwd", 4099, 512),  # single-element vectors
-    ("layernorm_bwd", 65537, 1024),
+@pytest.mark.parametrize(("name", "hidden", "threads", "fp32_threads"), [
+    ("softmax_fwd", 24578, 512, 512), ("log_softmax_fwd", 24574, 512, 512),
+    ("layernorm_fwd", 24586, 512, 512), ("dropout_layernorm_fwd", 4099, 512, 512),
+    ("softmax_fwd", 65537, 1024, 1024),  # 129 vectors a thread at 512: over the cap
+    ("softmax_fwd", 32768, 1024, 1024), ("softmax_fwd", 40000, 1024, 1024),  # 16-byte vectors
+    ("rmsnorm_fwd", 24578, 1024, 1024), ("softmax_bwd", 24578, 1024, 1024),  # two passes
+    # smem-first: vectors of at most 4 bytes (bf16 24578: 2 elements; fp32 there: 8 bytes)
+    ("rmsnorm_bwd", 24578, 512, 1024), ("dropout_rmsnorm_bwd", 24578, 512, 1024),
+    ("layernorm_bwd", 12290, 512, 1024),
+    ("rmsnorm_bwd", 4099, 512, 512), ("dropout_rmsnorm_bwd", 4099, 512, 512),
+    ("layernorm_bwd", 65537, 1024, 1024),
 ])
-def test_staged_rows_of_narrow_vectors_take_at_most_512_threads(name, hidden, threads):
+def test_staged_rows_of_narrow_vectors_take_at_most_512_threads(name, hidden, threads,
+                                                               fp32_threads):
     """Rows staged in shared memory first (three-pass forward rows; every backward row) whose
-    vectors are narrower than 16 bytes (the backward's: single elements) take the policy's
+    vectors are narrower than 16 bytes (the backward's: of at most 4 bytes) take the policy's
     staged_narrow_threads threads per row where a thread then owns at most
     MAX_STAGED_VECTORS_PER_THREAD vectors, so two blocks can share an SM's registers. Rows
     not skewed: skewed ones (RowSchedule.skew) have 16-byte vectors; and at fixed strides:
     long rows dealt a block each take their own threads (row_dealt.dealt_shapes)."""
-    for dtype in (DataType.BFloat16, DataType.Float):
+    for dtype, want in ((DataType.BFloat16, threads), (DataType.Float, fp32_threads)):
         info = analyze(ROW_FUSIONS[name](dtype).fusion)
         hints = Hints(skewed=False, dealing="strided")
         s = schedule(info, Problem(hidden, 16384, 16), H200, hints)
-        assert isinstance(s, RowSchedule) and s.threads_per_row == threads, s.reason
-        assert s.batch <= 32 or threads == 1024
+        assert isinstance(s, RowSchedule) and s.threads_per_row == want, (dtype, s.reason)
+        assert s.batch <= 32 or want == 1024
+
+
+@pytest.mark.parametrize("dtype", [DataType.BFloat16, DataType.Half])
+@pytest.mark.parametrize("hidden", [12290, 24574, 24578, 4099])
+def test_capped_narrow_backward_rows_keep_their_row_buffers_in_shared_memory(dtype, hidden):
+    """Backward rows whose narrow vectors cap their threads at 512 keep every row buffer in
+    shared memory (inner_outer_persistent.smem_first_order) rather than move one to
+    registers for a second stage: at 512 threads dropout_rmsnorm_bwd fp16 24578 fitted two
+    of its rows in registers in two stages, which ran 0.85 of the copy against 0.93 with
+    them in shared memory (H100)."""
+    info = analyze(ROW_FUSIONS["dropout_rmsnorm_bwd"](dtype).fusion)
+    s = schedule(info, Problem(hidden, 16384, 16), H200)
+    assert s.threads_per_row == 512, s.reason
+    assert all(p.storage is Storage.SMEM for p in s.placements), s.reason
 
 
 def _candidates(name, dtype, hidden, hints=None):
@@ -189,7 +225,7 @@ def _candidates(name, dtype, hidden, hints=None):
 
 
 @pytest.mark.parametrize(("name", "dtype", "hidden"), [
-    ("rmsnorm_bwd", DataType.BFloat16, 24578), ("layernorm_bwd", DataType.Float, 24578),
+    ("rmsnorm_bwd", DataType.Float, 24578), ("layernorm_bwd", DataType.Float, 24578),
     ("dropout_layernorm_fwd", DataType.BFloat16, 40000)])
 def test_full_staged_blocks_are_followed_by_half_the_threads(name, dtype, hidden):
     """A choice for rows staged in shared memory first (backward, three-pass forward) at one
@@ -220,13 +256,15 @@ def test_blocks_are_not_halved_where_the_rule_does_not_hold(name, dtype, hidden,
 
 
 def test_a_spilling_full_backward_block_builds_at_half_the_threads():
-    """rmsnorm_bwd bf16 at 24578: both two-stage choices spill at 1024 threads (ptxas 13), so
-    the build takes the second at 512 threads (0.70 -> 0.84 of the copy on the H200), not the
-    one-stage choice it took before."""
-    info = analyze(ROW_FUSIONS["rmsnorm_bwd"](DataType.BFloat16).fusion)
-    built = build("rmsnorm_bwd", info, Problem(24578, 16384, 16), H200)
+    """layernorm_bwd fp32 at 24578: its first choice, two stages over a cluster of two,
+    spills at 1024 threads (ptxas 13.5), so the build takes the same choice at 512 threads,
+    not the next choice at 1024 (rmsnorm_bwd bf16 24578 so ran 0.70 -> 0.84 of the copy on
+    the H200, before its 2-element vectors capped it at 512 threads)."""
+    info = analyze(ROW_FUSIONS["layernorm_bwd"](DataType.Float).fusion)
+    built = build("layernorm_bwd", info, Problem(24578, 16384, 16), H200)
     s = built.schedule
-    assert (s.threads_per_row, s.stages) == (512, 2), s.reason
+    assert (s.threads_per_row, s.stages, s.cluster) == (512, 2, 2), s.reason
+    assert s.reason.endswith("512 threads per row, where 1024 spill)"), s.reason
     assert not built.compiled.resource(built.source.row_entry).spills
 
 
@@ -416,7 +454,9 @@ def test_rows_keep_two_stages_where_three_do_not_fit_one_block():
     ("layernorm_bwd", DataType.BFloat16, 6144, 2, 2),  # one block: one stage at one block
     ("gelu_bwd", DataType.BFloat16, 32768, 2, 2),
     ("dropout_rmsnorm_bwd", DataType.BFloat16, 8192, 1, 1),  # two blocks: a row in registers
-    ("rmsnorm_bwd", DataType.BFloat16, 24578, 1, 2),  # narrower vectors
+    ("rmsnorm_bwd", DataType.BFloat16, 24578, 1, 2),  # narrower vectors: one block in two
+    ("layernorm_bwd", DataType.BFloat16, 24574, 2, 2),  # stages; in one, two blocks first
+    ("rmsnorm_bwd", DataType.BFloat16, 4099, 1, 2),  # single elements
     ("rmsnorm_bwd", DataType.Float, 12288, 1, 2),  # 4-byte elements
     ("dropout_rmsnorm_bwd", DataType.BFloat16, 4096, 1, 2),  # two blocks: one stage
     ("rmsnorm_bwd", DataType.BFloat16, 20480, 2, 3),  # one block: two stages, two: three
@@ -432,8 +472,9 @@ def test_rows_split_over_two_blocks_where_one_holds_them_back(name, dtype, hidde
     (6144 0.81 -> 0.93); and where one block keeps two stages at one block per SM and two
     blocks three (rmsnorm_bwd bf16 17408-22528: 20480 0.93 -> 0.97). Not where it lost: two
     blocks with a row in registers (dropout_rmsnorm_bwd 8192 0.95 -> 0.84), rows of narrower
-    vectors (rmsnorm_bwd 24578 0.85 -> 0.70), 4-byte elements (fp32 rmsnorm_bwd 12288 0.96 ->
-    0.84)."""
+    vectors (rmsnorm_bwd 24578 0.85 -> 0.70) but those of two 2-byte elements that one block
+    keeps only at one stage and one block per SM (H100 bf16 layernorm_bwd 24578 0.82 -> 0.92),
+    4-byte elements (fp32 rmsnorm_bwd 12288 0.96 -> 0.84)."""
     info = analyze(FUSIONS[name](dtype).fusion)
     s = schedule(info, Problem(hidden, 16384, 16), H200)
     assert (s.cluster, s.stages) == (cluster, stages), s.reason
@@ -798,9 +839,11 @@ def test_aligned_chunks_cover_every_row_exactly_and_fit_the_slot(itemsize):
 def test_aligned_copy_hint_plans_chunked_row_slots():
     """Hints(aligned_copy=True) at the seed's hidden size: each smem row buffer holds whole
     16-byte chunks per row slot (the row plus up to 15 bytes before it), the plan says so,
-    and the schedule's repr shows the choice; inputs not 16-byte aligned cannot use it."""
+    and the schedule's repr shows the choice; inputs not 16-byte aligned cannot use it. The
+    whole row in one block of 1024 threads, as test_seed_case_exact_plan."""
     info = analyze(ROW_FUSIONS["dropout_rmsnorm_bwd"](DataType.BFloat16).fusion)
-    s = schedule(info, Problem(24578, 16384, 16), H200, Hints(aligned_copy=True))
+    hints = Hints(aligned_copy=True, threads_per_row=1024, cluster=1)
+    s = schedule(info, Problem(24578, 16384, 16), H200, hints)
     assert s.aligned_copy and "rows copied in aligned 16-byte chunks" in s.reason
     assert "aligned_copy       True" in str(s)
     chunks = {"T0": 3074, "T1": 3074, "T2": 1538, "T4": 3074}

@@ -27,6 +27,7 @@ from fuser.device import DeviceSpec
 from fuser.schedulers.base import Problem, RowSchedule, Storage
 from fuser.schedulers.hints import Hints
 from fuser.schedulers.row_fit import fit
+from fuser.schedulers.row_geometry import staged_cap
 from fuser.schedulers.row_records import (
     FewerRowsFirst,
     PackedFirst,
@@ -50,13 +51,19 @@ def smem_first_order(phase: Phase) -> Iterator[StorageChoice]:
     Skewed rows' columns cannot stay in registers (a lane holds a different column in every
     row): they are re-read from global memory first, as the skewed forward measured faster
     (inner_persistent.skewed_columns_order), which leaves room for two stages of rows
-    (rmsnorm_bwd bf16 24578: 197 KB), then a padded shared buffer."""
+    (rmsnorm_bwd bf16 24578: 197 KB), then a padded shared buffer. Rows of the narrow
+    vectors whose threads the policy caps (row_geometry.staged_cap) keep every row buffer in
+    shared memory: at 512 threads a thread's many narrow vectors fit registers where at 1024
+    they did not, and two stages with rows in registers ran slower than one stage in shared
+    memory (H100, fp16 dropout_rmsnorm_bwd 24578: 0.85 against 0.93)."""
     full, cols = phase.fusion.full, phase.fusion.cols
     col_storages = ((Storage.GLOBAL, Storage.SMEM) if phase.geometry.skew
                     else (Storage.SMEM, Storage.REGISTERS))
+    cap = staged_cap(phase.fusion, phase.problem, phase.policy)
+    capped = cap is not None and phase.geometry.threads_per_row <= cap
     for stages in _stage_order(phase):
         # an unhinted third stage only ever keeps every row buffer in shared memory
-        movable = len(full) if stages <= 2 or phase.hints.stages else 0
+        movable = len(full) if (stages <= 2 or phase.hints.stages) and not capped else 0
         for moved in range(movable + 1):
             for col_storage in col_storages:
                 storage = staged(phase, stages)
@@ -164,8 +171,13 @@ def _stages_in_flight(s: RowSchedule) -> int:
 def _wide_vectors_of_2_bytes(fusion: RowFusion, vec: int) -> bool:
     """Rows of elements of 2 bytes or narrower in 16-byte vectors: the only rows the rules
     that reorder the search by clusters (_split_first, _packed_first_why) were measured to
-    gain on."""
+    gain on (and, for _split_first's one-stage rule, vectors of two such elements)."""
     return fusion.widest <= 2 and not fusion.narrow(vec)
+
+
+def _vectors_of_two_2_byte_elements(fusion: RowFusion, vec: int) -> bool:
+    """Rows of 2-byte elements in vectors of two (bf16 24574, 24578, 24586)."""
+    return fusion.widest == 2 and vec == 2
 
 
 def _split_first(fusion: RowFusion, one: RowSchedule, two: RowSchedule) -> str | None:
@@ -183,15 +195,23 @@ def _split_first(fusion: RowFusion, one: RowSchedule, two: RowSchedule) -> str |
     0.82 -> 0.93 / 0.92 (two), gelu_bwd 32768 0.80 -> 0.84, gelu_tanh_bwd 32768 0.88 ->
     0.93; fp16 alike. Not where two blocks also move a
     buffer to registers (dropout_rmsnorm_bwd 8192, three stages with two in registers: 0.95
-    -> 0.84), nor for rows of narrower vectors (rmsnorm_bwd 24578 0.85 -> 0.70) or of 4-byte
-    elements (fp32 rmsnorm_bwd / layernorm_bwd 12288 0.96 / 0.94 -> 0.84 / 0.86)."""
-    if not _wide_vectors_of_2_bytes(fusion, one.vec) or two.stages < 2 or not (
-            two.buffers_in_smem):
+    -> 0.84), nor for rows of narrower vectors (rmsnorm_bwd 24578 0.85 -> 0.70 at 1024
+    threads) or of 4-byte elements (fp32 rmsnorm_bwd / layernorm_bwd 12288 0.96 / 0.94 ->
+    0.84 / 0.86), but for vectors of two 2-byte elements where one block is one stage at one
+    block per SM (H100, bf16, 512 threads: layernorm_bwd 24578 0.82 -> 0.92; 24574 at 1024
+    threads in the cluster ran 0.73)."""
+    if two.stages < 2 or not two.buffers_in_smem:
+        return None
+    one_stage = one.stages == 1 and one.blocks_per_sm == 1
+    if _vectors_of_two_2_byte_elements(fusion, one.vec) and one_stage and not any(
+            p.storage is Storage.REGISTERS for p in one.placements):
+        return "one block keeps the row on chip only at one stage and one block per SM"
+    if not _wide_vectors_of_2_bytes(fusion, one.vec):
         return None
     in_registers = [p.tensor for p in one.placements if p.storage is Storage.REGISTERS]
     if in_registers:
         return f"one block keeps the row on chip only with {', '.join(in_registers)} in registers"
-    if one.stages == 1 and one.blocks_per_sm == 1:
+    if one_stage:
         return "one block keeps the row on chip only at one stage and one block per SM"
     if one.stages == 2 and one.blocks_per_sm == 1 and two.stages == 3:
         return "one block keeps the row on chip in two stages at one block per SM, two in three"
@@ -293,10 +313,13 @@ POLICY = RowPolicy(
     max_threads_per_row=512,  # unless that leaves a thread more than 8 vectors
     staged_passes=1,  # smem first: every fusion's rows are staged first
     # single-element vectors (4099) at 512 threads: rmsnorm_bwd 0.29 -> 0.53, dropout_rmsnorm_bwd
-    # 0.44 -> 0.77, layernorm_bwd 0.23 -> 0.45; vectors of 2 (24578) gained and lost (the seed
-    # case 0.85 -> 0.81), so they keep the policy's threads ("odd sizes" in bench/TUNING.md)
+    # 0.44 -> 0.77, layernorm_bwd 0.23 -> 0.45 (H200); vectors of 2 bf16 (4 bytes): H100, bf16,
+    # 1024 threads -> 512, layernorm_bwd 12290 0.87 -> 0.93, gelu_bwd 12290 0.84 -> 0.89, the
+    # rest even; where that leaves one block one stage at one block per SM, rows go over a
+    # cluster of two first (_split_first) ("odd sizes" in bench/TUNING.md). Vectors of 8 bytes
+    # (fp32 24578) keep the policy's threads: not measured since 2026-12-01's mixed results.
     staged_narrow_threads=512,
-    staged_narrow_vec=1,
+    staged_narrow_bytes=4,
     min_block_threads=128,  # small blocks: more fit an SM, so more rows are in flight
     partials_pack=0.5,  # two rows per block where partial rows weigh half a row or more
     # a thread's column sums hold 8 fp32 lanes per vector: 128 threads for 4099's 514

@@ -112,7 +112,7 @@ POLICY = RowPolicy(
     # softmax 0.60 -> 0.71, log_softmax 0.62 -> 0.75, LayerNorm forward 0.61 -> 0.66 of the
     # copy at 24578 ("odd sizes: threads per row" in bench/TUNING.md)
     staged_narrow_threads=512,
-    staged_narrow_vec=8,  # every vector narrower than 16 bytes
+    staged_narrow_bytes=8,  # every vector narrower than 16 bytes
     min_block_threads=256,  # short rows are packed to 256-thread blocks
     partials_pack=None,  # no column reductions here
     # 64 threads for 4099's 514 vectors (9 rounds) against 256 (3 rounds where most had 2):

@@ -66,11 +66,11 @@ def packed(fusion: RowFusion, policy: RowPolicy) -> PackedRows | None:
 def staged_cap(fusion: RowFusion, problem: Problem, policy: RowPolicy) -> int | None:
     """policy.staged_narrow_threads where the policy stages this fusion's rows first (its
     passes reach policy.staged_passes) and their vectors are narrower than 16 bytes, of at
-    most policy.staged_narrow_vec elements."""
+    most policy.staged_narrow_bytes (of the widest row input's elements)."""
     if not policy.stages_first(fusion.passes):
         return None
     vec = fusion.vec(problem)
-    narrow = fusion.narrow(vec) and vec <= policy.staged_narrow_vec
+    narrow = fusion.narrow(vec) and vec * fusion.widest <= policy.staged_narrow_bytes
     return policy.staged_narrow_threads if narrow else None
 
 

@@ -89,13 +89,13 @@ class RowPolicy:
     # Fusions of at least this many passes over each row stage their rows in shared memory
     # before any other storage (None: the storage order decides alone).
     staged_passes: int | None
-    # Threads per row, at most, of those staged rows where vectors are narrower than 16 bytes
-    # and hold at most staged_narrow_vec elements (hidden 24578: 2 bf16 each; 4099: 1): their
+    # Threads per row, at most, of those staged rows where vectors are narrower than 16 bytes,
+    # of at most staged_narrow_bytes (hidden 24578: 2 bf16, 4 bytes; 4099: 1 element): their
     # batch loops read shared memory, not register arrays, so a thread may own many vectors,
     # and a block this size leaves room for a second one in the register file (None: no such
     # limit).
     staged_narrow_threads: int | None
-    staged_narrow_vec: int
+    staged_narrow_bytes: int
     min_block_threads: int  # short rows are packed to a block up to this many threads
     # Blocks of twice min_block_threads where the partial rows of the column reductions weigh
     # at least this share of a row's own bytes (None: never).

@@ -57,19 +57,20 @@
 //
 // RowSchedule
 //   scheduler          inner_outer_persistent
-//   reason             smem-first policy: T0, T1, T2, T4, T5 in smem, rows copied in aligned 16-byte chunks, ~62
-//       regs/thread, ~1 block(s)/SM
+//   reason             smem-first policy: T0, T1, T2, T4, T5 in smem (2 stages), rows copied in aligned 16-byte chunks,
+//       rows split over a cluster of 2 blocks of 12290 elements (12290+12288), ~62 regs/thread, ~1 block(s)/SM (one
+//       block keeps the row on chip only at one stage and one block per SM)
 //   hidden             24578
 //   vec                2
 //   skew               0
-//   threads_per_row    1024
+//   threads_per_row    512
 //   rows_per_block     1
-//   cluster            1
+//   cluster            2
 //   batch              13
 //   unroll             13
 //   full_unroll        True
 //   kept               ()
-//   stages             1
+//   stages             2
 //   aligned_copy       True
 //   placements         T0:BFloat16->smem(cp.async), T1:BFloat16->smem(cp.async), T2:Bool->smem(cp.async),
 //       T4:BFloat16->smem(cp.async), T5:BFloat16->smem
@@ -81,18 +82,20 @@
 //
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
-// s_T0         49184       0    49280  row buffer T0 (BFloat16), 1 stage(s) x 1 row(s) x 24578 in 3074 16-byte chunks
-// s_T1         49184   49280    49280  row buffer T1 (BFloat16), 1 stage(s) x 1 row(s) x 24578 in 3074 16-byte chunks
-// s_T2         24608   98560    24704  row buffer T2 (Bool), 1 stage(s) x 1 row(s) x 24578 in 1538 16-byte chunks
-// s_T4         49184  123264    49280  row buffer T4 (BFloat16), 1 stage(s) x 1 row(s) x 24578 in 3074 16-byte chunks
-// s_T5         49156  172544    49280  column buffer T5 (BFloat16) x 24578
-// s_reduce       256  221824      256  inner-reduction scratch: 2 parities x 1 x 1 row(s) x 32 warps x 4 B
+// s_T0         49216       0    49280  row buffer T0 (BFloat16), 2 stage(s) x 1 row(s) x 12290 in 1538 16-byte chunks
+// s_T1         49216   49280    49280  row buffer T1 (BFloat16), 2 stage(s) x 1 row(s) x 12290 in 1538 16-byte chunks
+// s_T2         24640   98560    24704  row buffer T2 (Bool), 2 stage(s) x 1 row(s) x 12290 in 770 16-byte chunks
+// s_T4         49216  123264    49280  row buffer T4 (BFloat16), 2 stage(s) x 1 row(s) x 12290 in 1538 16-byte chunks
+// s_T5         24580  172544    24704  column buffer T5 (BFloat16) x 12290
+// s_reduce       128  197248      128  inner-reduction scratch: 2 parities x 1 x 1 row(s) x 16 warps x 4 B
+// s_cluster       32  197376      128  cluster exchange: 2 parities x (an mbarrier + 2 ranks x 1 x 1 row(s) x 4 B),
+//     sent by the blocks of the cluster
 // static slot    128  static      128  static __shared__ (magic zero)
-// total 222208 B = dynamic 222080 + static 128; limit 232448 B; headroom 10240 B; alignment 128 B
+// total 197632 B = dynamic 197504 + static 128; limit 232448 B; headroom 34816 B; alignment 128 B
 //
 // FinalizeSchedule
-//   reason             a kernel of its own (the call's row groups take more than one wave): 32 columns x 16 lane(s) a
-//       block, the widest tile that gives every SM two blocks
+//   reason             a kernel of its own (the row kernel cannot finalize: its rows are split over clusters of 2
+//       blocks): 32 columns x 16 lane(s) a block, the widest tile that gives every SM two blocks
 //   hidden             24578
 //   cols_per_block     32
 //   partial_lanes      16
@@ -111,10 +114,11 @@
 #include "fuser_row_columns.cuh"
 
 // Each block works on 1 row(s) at a time; a persistent grid, each block taking every grid-th row group.
-// Thread x of a row owns vectors x, x + 1024, ... (13 of them, 2 element(s) each) of the row.
+// Thread x of a row owns vectors x, x + 512, ... (13 of them, 2 element(s) each) of its block's part of the row (2
+// blocks of a cluster share each row).
 // Inputs: T0, T1, T2, T4, T5 in smem.
 // Shared row buffers are filled in 16-byte chunks from the boundary at or below each row's start.
-extern "C" __global__ void __launch_bounds__(1024, 1)
+extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(512, 1)
 dropout_rmsnorm_bwd_row(
     const __nv_bfloat16* __restrict__ g_T0,
     const __nv_bfloat16* __restrict__ g_T1,
@@ -130,25 +134,27 @@ dropout_rmsnorm_bwd_row(
   constexpr int H = 24578;  // elements per row
   constexpr int RPB = 1;  // rows per block
   // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER, SKEW: the thread's rows and vectors, and their passes
-  using Part = fm::RowPart<H, 2, 1024, RPB, 13, 13, 1, 0>;
+  using Part = fm::RowPart<H, 2, 512, RPB, 13, 13, 2, 0>;
   const Part part;
   const int zero = fm::magic_zero();
   fm::allow_dependent_launch();  // the finalize may launch now; it waits for this grid's end
 
   // Shared memory, as planned (each buffer 128-byte aligned; the static slot is separate).
   extern __shared__ __align__(128) unsigned char smem[];
-  // row buffer T0 (BFloat16), 1 stage(s) x 1 row(s) x 24578 in 3074 16-byte chunks
+  // row buffer T0 (BFloat16), 2 stage(s) x 1 row(s) x 12290 in 1538 16-byte chunks
   unsigned char* const s_T0 = smem;
-  // row buffer T1 (BFloat16), 1 stage(s) x 1 row(s) x 24578 in 3074 16-byte chunks
+  // row buffer T1 (BFloat16), 2 stage(s) x 1 row(s) x 12290 in 1538 16-byte chunks
   unsigned char* const s_T1 = smem + 49280;
-  // row buffer T2 (Bool), 1 stage(s) x 1 row(s) x 24578 in 1538 16-byte chunks
+  // row buffer T2 (Bool), 2 stage(s) x 1 row(s) x 12290 in 770 16-byte chunks
   unsigned char* const s_T2 = smem + 98560;
-  // row buffer T4 (BFloat16), 1 stage(s) x 1 row(s) x 24578 in 3074 16-byte chunks
+  // row buffer T4 (BFloat16), 2 stage(s) x 1 row(s) x 12290 in 1538 16-byte chunks
   unsigned char* const s_T4 = smem + 123264;
-  // column buffer T5 (BFloat16) x 24578
+  // column buffer T5 (BFloat16) x 12290
   unsigned char* const s_T5 = smem + 172544;
-  // inner-reduction scratch: 2 parities x 1 x 1 row(s) x 32 warps x 4 B
-  unsigned char* const s_reduce = smem + 221824;
+  // inner-reduction scratch: 2 parities x 1 x 1 row(s) x 16 warps x 4 B
+  unsigned char* const s_reduce = smem + 197248;
+  // cluster exchange: 2 parities x (an mbarrier + 2 ranks x 1 x 1 row(s) x 4 B), sent by the blocks of the cluster
+  unsigned char* const s_cluster = smem + 197376;
   const double S6 = 1.1111111111111112;
   const long long S23 = static_cast<long long>(H);
 
@@ -156,28 +162,37 @@ dropout_rmsnorm_bwd_row(
   // column reduction sum(T32) -> T33, in registers
   fm::AccumulatorInRegisters<float, fm::Sum, Part> acc_T33(part, g_part_T33, nullptr);
   // the row reductions: warps, then the row's warps, then the cluster's blocks
-  fm::RowReducer<float, Part, 1> reduce(s_reduce, nullptr);
-  fm::RowInSmem<__nv_bfloat16, Part, fm::Copy::CHUNKS, 49184> T0(s_T0, g_T0);
-  fm::RowInSmem<__nv_bfloat16, Part, fm::Copy::CHUNKS, 49184> T1(s_T1, g_T1);
-  fm::RowInSmem<bool, Part, fm::Copy::CHUNKS, 24608> T2(s_T2, g_T2);
-  fm::RowInSmem<__nv_bfloat16, Part, fm::Copy::CHUNKS, 49184> T4(s_T4, g_T4);
+  fm::RowReducer<float, Part, 1> reduce(s_reduce, s_cluster);
+  fm::RowInSmem<__nv_bfloat16, Part, fm::Copy::CHUNKS, 24608> T0(s_T0, g_T0);
+  fm::RowInSmem<__nv_bfloat16, Part, fm::Copy::CHUNKS, 24608> T1(s_T1, g_T1);
+  fm::RowInSmem<bool, Part, fm::Copy::CHUNKS, 12320> T2(s_T2, g_T2);
+  fm::RowInSmem<__nv_bfloat16, Part, fm::Copy::CHUNKS, 24608> T4(s_T4, g_T4);
   __syncthreads();  // the column buffers are shared by the block's rows
 
   const long long row_stride = part.row_stride();
   long long row0 = part.first_row();
+  // 2 stages: this block's first row starts loading now, a row more each time one computes.
+  T0.copy(part, part.ty, row0 + part.ty, n_rows);
+  T1.copy(part, part.ty, row0 + part.ty, n_rows);
+  T2.copy(part, part.ty, row0 + part.ty, n_rows);
+  T4.copy(part, part.ty, row0 + part.ty, n_rows);
+  fm::cp_async_commit();
+  float ahead0_T3 = fm::row_value<float>(g_T3, row0 + part.ty, row0 + part.ty < n_rows);
   for (int it = 0; row0 < n_rows; row0 += row_stride, ++it) {
     const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
     const int skew = Part::skew(row);  // 0: rows start on vector boundaries
-    const int slot = part.ty;
+    const int slot = (it % 2) * RPB + part.ty;  // this row's slot
+    const long long next = row + row_stride;
     __syncthreads();  // every thread is done with the slots the copies below overwrite
-    T0.copy(part, slot, row, n_rows);
-    T1.copy(part, slot, row, n_rows);
-    T2.copy(part, slot, row, n_rows);
-    T4.copy(part, slot, row, n_rows);
+    T0.copy(part, ((it + 1) % 2) * RPB + part.ty, next, n_rows);
+    T1.copy(part, ((it + 1) % 2) * RPB + part.ty, next, n_rows);
+    T2.copy(part, ((it + 1) % 2) * RPB + part.ty, next, n_rows);
+    T4.copy(part, ((it + 1) % 2) * RPB + part.ty, next, n_rows);
     fm::cp_async_commit();
-    const float row_T3 = fm::row_value<float>(g_T3, row, valid);
-    fm::cp_async_wait<0>();
+    const float row_T3 = ahead0_T3;
+    ahead0_T3 = fm::row_value<float>(g_T3, next, next < n_rows);
+    fm::cp_async_wait<1>();
     __syncthreads();  // the row's chunks were copied by every thread of the row
     T0.ready(part, slot, row);
     T1.ready(part, slot, row);
@@ -249,6 +264,7 @@ dropout_rmsnorm_bwd_row(
     });
   }
   acc_T33.finish(part);  // this block's partial row of T33
+  fm::cluster_arrive_and_wait();  // no block leaves while a peer may still store to it
 }
 
 // Column finalize: sums the [partial_rows, H] partials of each outer reduction per column, in a

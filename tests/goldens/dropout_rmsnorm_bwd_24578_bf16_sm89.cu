@@ -57,25 +57,25 @@
 //
 // RowSchedule
 //   scheduler          inner_outer_persistent
-//   reason             smem-first policy: T1, T4 in smem, T0,T5 re-read each pass, ~64 regs/thread, ~1 block(s)/SM (1
+//   reason             smem-first policy: T1, T4 in smem, T0 re-read each pass, ~124 regs/thread, ~1 block(s)/SM (1
 //       block(s) cannot keep the row on chip)
 //   hidden             24578
 //   vec                2
 //   skew               0
-//   threads_per_row    1024
+//   threads_per_row    512
 //   rows_per_block     1
 //   cluster            1
-//   batch              13
-//   unroll             13
+//   batch              25
+//   unroll             25
 //   full_unroll        True
 //   kept               ()
 //   stages             1
 //   aligned_copy       False
 //   placements         T0:BFloat16->global, T1:BFloat16->smem(cp.async), T2:Bool->registers,
-//       T4:BFloat16->smem(cp.async), T5:BFloat16->global
+//       T4:BFloat16->smem(cp.async), T5:BFloat16->registers
 //   accumulators       registers
 //   reduction_bytes    4
-//   regs_estimate      64
+//   regs_estimate      124
 //   blocks_per_sm      1
 //   dealing            strided
 //
@@ -83,13 +83,13 @@
 // buffer       bytes  offset  aligned  purpose
 // s_T1         49156       0    49280  row buffer T1 (BFloat16), 1 stage(s) x 1 row(s) x 24578
 // s_T4         49156   49280    49280  row buffer T4 (BFloat16), 1 stage(s) x 1 row(s) x 24578
-// s_reduce       256   98560      256  inner-reduction scratch: 2 parities x 1 x 1 row(s) x 32 warps x 4 B
+// s_reduce       128   98560      128  inner-reduction scratch: 2 parities x 1 x 1 row(s) x 16 warps x 4 B
 // static slot    128  static      128  static __shared__ (magic zero)
-// total 98944 B = dynamic 98816 + static 128; limit 101376 B; headroom 2432 B; alignment 128 B
+// total 98816 B = dynamic 98688 + static 128; limit 101376 B; headroom 2560 B; alignment 128 B
 //
 // FinalizeSchedule
 //   reason             a kernel of its own (the row kernel cannot finalize: with the lanes' sums its shared memory
-//       (98944 -> 107136 B a block) leaves room for 0 of its 1 blocks per SM): 32 columns x 16 lane(s) a block, the
+//       (98816 -> 102912 B a block) leaves room for 0 of its 1 blocks per SM): 32 columns x 16 lane(s) a block, the
 //       widest tile that gives every SM two blocks
 //   hidden             24578
 //   cols_per_block     32
@@ -109,9 +109,9 @@
 #include "fuser_row_columns.cuh"
 
 // Each block works on 1 row(s) at a time; a persistent grid, each block taking every grid-th row group.
-// Thread x of a row owns vectors x, x + 1024, ... (13 of them, 2 element(s) each) of the row.
-// Inputs: T2 in registers; T1, T4 in smem; T0, T5 in global.
-extern "C" __global__ void __launch_bounds__(1024, 1)
+// Thread x of a row owns vectors x, x + 512, ... (25 of them, 2 element(s) each) of the row.
+// Inputs: T2, T5 in registers; T1, T4 in smem; T0 in global.
+extern "C" __global__ void __launch_bounds__(512, 1)
 dropout_rmsnorm_bwd_row(
     const __nv_bfloat16* __restrict__ g_T0,
     const __nv_bfloat16* __restrict__ g_T1,
@@ -127,7 +127,7 @@ dropout_rmsnorm_bwd_row(
   constexpr int H = 24578;  // elements per row
   constexpr int RPB = 1;  // rows per block
   // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER, SKEW: the thread's rows and vectors, and their passes
-  using Part = fm::RowPart<H, 2, 1024, RPB, 13, 13, 1, 0>;
+  using Part = fm::RowPart<H, 2, 512, RPB, 25, 25, 1, 0>;
   const Part part;
   const int zero = fm::magic_zero();
   fm::allow_dependent_launch();  // the finalize may launch now; it waits for this grid's end
@@ -138,12 +138,12 @@ dropout_rmsnorm_bwd_row(
   unsigned char* const s_T1 = smem;
   // row buffer T4 (BFloat16), 1 stage(s) x 1 row(s) x 24578
   unsigned char* const s_T4 = smem + 49280;
-  // inner-reduction scratch: 2 parities x 1 x 1 row(s) x 32 warps x 4 B
+  // inner-reduction scratch: 2 parities x 1 x 1 row(s) x 16 warps x 4 B
   unsigned char* const s_reduce = smem + 98560;
   const double S6 = 1.1111111111111112;
   const long long S23 = static_cast<long long>(H);
 
-  fm::ColumnInGlobal<__nv_bfloat16, Part> T5(g_T5);
+  fm::ColumnInRegisters<__nv_bfloat16, Part> T5(part, g_T5);
   // column reduction sum(T32) -> T33, in registers
   fm::AccumulatorInRegisters<float, fm::Sum, Part> acc_T33(part, g_part_T33, nullptr);
   // the row reductions: warps, then the row's warps, then the cluster's blocks

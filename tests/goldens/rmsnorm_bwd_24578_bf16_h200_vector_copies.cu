@@ -45,15 +45,15 @@
 //
 // RowSchedule
 //   scheduler          inner_outer_persistent
-//   reason             smem-first policy: T0, T2 in smem (2 stages), ~64 regs/thread, ~1 block(s)/SM
+//   reason             smem-first policy: T0, T2 in smem (2 stages), ~111 regs/thread, ~1 block(s)/SM
 //   hidden             24578
 //   vec                2
 //   skew               0
-//   threads_per_row    1024
+//   threads_per_row    512
 //   rows_per_block     1
 //   cluster            1
-//   batch              13
-//   unroll             13
+//   batch              25
+//   unroll             25
 //   full_unroll        True
 //   kept               ()
 //   stages             2
@@ -61,7 +61,7 @@
 //   placements         T0:BFloat16->smem(cp.async), T2:BFloat16->smem(cp.async), T3:BFloat16->registers
 //   accumulators       registers
 //   reduction_bytes    4
-//   regs_estimate      64
+//   regs_estimate      111
 //   blocks_per_sm      1
 //   dealing            strided
 //
@@ -69,9 +69,9 @@
 // buffer       bytes  offset  aligned  purpose
 // s_T0         98312       0    98432  row buffer T0 (BFloat16), 2 stage(s) x 1 row(s) x 24578
 // s_T2         98312   98432    98432  row buffer T2 (BFloat16), 2 stage(s) x 1 row(s) x 24578
-// s_reduce       256  196864      256  inner-reduction scratch: 2 parities x 1 x 1 row(s) x 32 warps x 4 B
+// s_reduce       128  196864      128  inner-reduction scratch: 2 parities x 1 x 1 row(s) x 16 warps x 4 B
 // static slot    128  static      128  static __shared__ (magic zero)
-// total 197248 B = dynamic 197120 + static 128; limit 232448 B; headroom 35200 B; alignment 128 B
+// total 197120 B = dynamic 196992 + static 128; limit 232448 B; headroom 35328 B; alignment 128 B
 //
 // FinalizeSchedule
 //   reason             a kernel of its own (the call's row groups take more than one wave): 32 columns x 16 lane(s) a
@@ -94,9 +94,9 @@
 #include "fuser_row_columns.cuh"
 
 // Each block works on 1 row(s) at a time; a persistent grid, each block taking every grid-th row group.
-// Thread x of a row owns vectors x, x + 1024, ... (13 of them, 2 element(s) each) of the row.
+// Thread x of a row owns vectors x, x + 512, ... (25 of them, 2 element(s) each) of the row.
 // Inputs: T3 in registers; T0, T2 in smem.
-extern "C" __global__ void __launch_bounds__(1024, 1)
+extern "C" __global__ void __launch_bounds__(512, 1)
 rmsnorm_bwd_row(
     const __nv_bfloat16* __restrict__ g_T0,
     const __nv_bfloat16* __restrict__ g_T2,
@@ -109,7 +109,7 @@ rmsnorm_bwd_row(
   constexpr int H = 24578;  // elements per row
   constexpr int RPB = 1;  // rows per block
   // H, VEC, TPR, RPB, BATCH, UNROLL, CLUSTER, SKEW: the thread's rows and vectors, and their passes
-  using Part = fm::RowPart<H, 2, 1024, RPB, 13, 13, 1, 0>;
+  using Part = fm::RowPart<H, 2, 512, RPB, 25, 25, 1, 0>;
   const Part part;
   const int zero = fm::magic_zero();
   fm::allow_dependent_launch();  // the finalize may launch now; it waits for this grid's end
@@ -120,7 +120,7 @@ rmsnorm_bwd_row(
   unsigned char* const s_T0 = smem;
   // row buffer T2 (BFloat16), 2 stage(s) x 1 row(s) x 24578
   unsigned char* const s_T2 = smem + 98432;
-  // inner-reduction scratch: 2 parities x 1 x 1 row(s) x 32 warps x 4 B
+  // inner-reduction scratch: 2 parities x 1 x 1 row(s) x 16 warps x 4 B
   unsigned char* const s_reduce = smem + 196864;
   const long long S15 = static_cast<long long>(H);
 
