@@ -315,6 +315,28 @@ def test_rows_split_before_one_block_match_reference(name, hidden, dtype, stages
     assert (s.cluster, s.stages) == (2, stages), s.reason
 
 
+NARROW_CAPPED = [("layernorm_bwd", 24574, DataType.BFloat16, 2),
+                 ("dropout_rmsnorm_bwd", 24578, DataType.Half, 2),
+                 ("layernorm_bwd", 12290, DataType.Half, 1),
+                 ("gelu_bwd", 12290, DataType.BFloat16, 1),
+                 ("rmsnorm_bwd", 24574, DataType.BFloat16, 1)]
+
+
+@pytest.mark.parametrize("rows", [7, 1000])
+@pytest.mark.parametrize(("name", "hidden", "dtype", "cluster"), NARROW_CAPPED,
+                         ids=[f"{n}-{h}-{d.name}" for n, h, d, _ in NARROW_CAPPED])
+def test_narrow_backward_rows_at_512_threads_match_reference(name, hidden, dtype, cluster, rows,
+                                                             rng):
+    """Backward rows of 2-element vectors capped at 512 threads (RowPolicy.staged_narrow_bytes),
+    their row buffers in shared memory, over a cluster of two where one block would keep
+    them in one stage at one block per SM (inner_outer_persistent._split_first)."""
+    fd = run_and_validate(name, dtype, hidden, rows, rng)
+    s = fd.last_schedule()
+    assert (s.threads_per_row, s.cluster) == (512, cluster), s.reason
+    full = {t.name for t in analyze(fd.fusion).full_inputs}
+    assert all(p.storage is Storage.SMEM for p in s.placements if p.tensor in full), s.reason
+
+
 FEWER_ROWS = [("dropout_rmsnorm_bwd", 3072, DataType.BFloat16, 2),
               ("dropout_rmsnorm_bwd", 6144, DataType.Half, 1),
               ("dropout_rmsnorm_bwd", 7168, DataType.BFloat16, 1),
