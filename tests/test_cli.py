@@ -19,7 +19,7 @@ def test_show_prints_every_step(capsys):
                     "shared memory plan: dropout_rmsnorm_bwd_row", "ptxas report",
                     "CUDA source"):
         assert f"=== {section}" in out or section in out, section
-    assert "total 222208 B = dynamic 222080 + static 128; limit 232448 B" in out
+    assert "total 197632 B = dynamic 197504 + static 128; limit 232448 B" in out
     assert re.search(r"dropout_rmsnorm_bwd_row: \d+ registers, 128 B static smem, 0 B spill stores",
                      out)
     assert 'extern "C" __global__' in out

@@ -353,9 +353,9 @@ def test_a_build_whose_every_schedule_spills_says_so(tmp_path, monkeypatch):
 
 
 def test_attempts_compiled_at_once_give_the_build_one_at_a_time_gives(tmp_path, monkeypatch):
-    """rmsnorm_bwd at hidden 24578 (bf16) spills three times (both two-stage choices at 1024
-    threads, the first at 512) before its fourth attempt compiles cleanly: compiled four at a
-    time, the build takes the same fourth attempt."""
+    """rmsnorm_bwd at hidden 24578 (bf16) spills once (its first choice: two stages at 512
+    threads, the weight in registers) before its second attempt compiles cleanly: compiled
+    four at a time, the build takes the same second attempt."""
     fd = ROW_FUSIONS["rmsnorm_bwd"](DataType.BFloat16)
     info, problem = analyze(fd.fusion), Problem(24578, 16384, 16)
     built, caches = {}, {}
@@ -364,7 +364,7 @@ def test_attempts_compiled_at_once_give_the_build_one_at_a_time_gives(tmp_path, 
         caches[threads] = KernelCache(str(tmp_path / threads))
         built[threads] = kernels.build(fd.name, info, problem, H200, cache=caches[threads])
     one, four = built["1"], built["4"]
-    assert caches["1"].stats()["compiles"] == 4  # the three before it spilled
+    assert caches["1"].stats()["compiles"] == 2  # the one before it spilled
     assert (four.schedule, four.finalize, four.source) == (one.schedule, one.finalize, one.source)
 
 

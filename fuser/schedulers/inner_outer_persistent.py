@@ -171,7 +171,7 @@ def _stages_in_flight(s: RowSchedule) -> int:
 def _wide_vectors_of_2_bytes(fusion: RowFusion, vec: int) -> bool:
     """Rows of elements of 2 bytes or narrower in 16-byte vectors: the only rows the rules
     that reorder the search by clusters (_split_first, _packed_first_why) were measured to
-    gain on (and, for _split_first's one-stage rule, vectors of two such elements)."""
+    gain on."""
     return fusion.widest <= 2 and not fusion.narrow(vec)
 
 
@@ -202,18 +202,16 @@ def _split_first(fusion: RowFusion, one: RowSchedule, two: RowSchedule) -> str |
     threads in the cluster ran 0.73)."""
     if two.stages < 2 or not two.buffers_in_smem:
         return None
-    one_stage = one.stages == 1 and one.blocks_per_sm == 1
-    if _vectors_of_two_2_byte_elements(fusion, one.vec) and one_stage and not any(
-            p.storage is Storage.REGISTERS for p in one.placements):
-        return "one block keeps the row on chip only at one stage and one block per SM"
-    if not _wide_vectors_of_2_bytes(fusion, one.vec):
+    wide = _wide_vectors_of_2_bytes(fusion, one.vec)
+    if not wide and not _vectors_of_two_2_byte_elements(fusion, one.vec):
         return None
     in_registers = [p.tensor for p in one.placements if p.storage is Storage.REGISTERS]
     if in_registers:
-        return f"one block keeps the row on chip only with {', '.join(in_registers)} in registers"
-    if one_stage:
+        return (f"one block keeps the row on chip only with {', '.join(in_registers)} in "
+                "registers") if wide else None
+    if one.stages == 1 and one.blocks_per_sm == 1:
         return "one block keeps the row on chip only at one stage and one block per SM"
-    if one.stages == 2 and one.blocks_per_sm == 1 and two.stages == 3:
+    if wide and one.stages == 2 and one.blocks_per_sm == 1 and two.stages == 3:
         return "one block keeps the row on chip in two stages at one block per SM, two in three"
     return None
 
