@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import math
 import os
 import runpy
 import sys
@@ -56,6 +57,24 @@ def _shape(text: str) -> tuple[int, int]:
     if rows < 1 or hidden < 1:
         raise argparse.ArgumentTypeError(f"shape {text!r} needs positive sizes")
     return rows, hidden
+
+
+def _show_shape(text: str) -> tuple[int, int]:
+    """show's --shape: _shape, and where it names more than two sizes (a 3-D input), the two
+    ways to say it: the rows flattened for a ready fusion (defined on [rows, hidden]), or one
+    --input-shape per input for a fusion of the user's own of that rank."""
+    try:
+        return _shape(text)
+    except argparse.ArgumentTypeError as exc:
+        sizes = text.lower().split("x")
+        if len(sizes) < 3 or not all(s.isdigit() for s in sizes):
+            raise
+        rows = math.prod(int(s) for s in sizes[:-1])
+        raise argparse.ArgumentTypeError(
+            f"{exc}; a ready fusion takes its rows flattened (--shape {rows}x{sizes[-1]}), a "
+            f"fusion of your own of that rank one --input-shape per tensor input, in order "
+            f"(--input-shape {text} --input-shape {sizes[-1]} for an input and its weight)"
+        ) from None
 
 
 def _dims(text: str) -> tuple[int, ...]:
@@ -423,7 +442,7 @@ def _parser() -> argparse.ArgumentParser:
                       help=f"a ready fusion ({', '.join(FUSIONS)}) or path/to/file.py:NAME, "
                            "NAME a FusionDefinition in that file or a function returning one "
                            "(called with no arguments, or with the --dtype)")
-    show.add_argument("--shape", type=_shape, default=None,
+    show.add_argument("--shape", type=_show_shape, default=None,
                       help="ROWSxHIDDEN: [rows, hidden] inputs, [hidden] weights, [rows, 1] "
                            f"statistics (default {SHOW_SHAPE[0]}x{SHOW_SHAPE[1]})")
     show.add_argument("--input-shape", type=_dims, action="append", default=[], metavar="DIMS",

@@ -60,6 +60,18 @@ def test_bad_shape_is_a_usage_error():
         main(["show", "rmsnorm_fwd", "--shape", "4096"])
 
 
+def test_a_3d_shape_names_the_option_that_takes_it(capsys):
+    """--shape is [rows, hidden]; a 3-D shape there is refused with both ways to say it, in
+    the user's sizes: the rows flattened for a ready fusion, --input-shape for their own."""
+    with pytest.raises(SystemExit):
+        main(["show", "rmsnorm_fwd", "--shape", "8x1024x4099"])
+    err = capsys.readouterr().err
+    assert "shape '8x1024x4099' is not ROWSxHIDDEN" in err
+    assert "(--shape 8192x4099)" in err
+    assert "--input-shape 8x1024x4099 --input-shape 4099" in err
+    assert main(["show", "rmsnorm_fwd", "--shape", "8192x4099"]) == 0
+
+
 def test_show_takes_hints(capsys):
     """--hint KEY=VALUE overrides the heuristic as Hints does: the title says which, and the
     schedule, plan and source follow them."""
