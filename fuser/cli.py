@@ -66,15 +66,23 @@ def _show_shape(text: str) -> tuple[int, int]:
     try:
         return _shape(text)
     except argparse.ArgumentTypeError as exc:
-        sizes = text.lower().split("x")
-        if len(sizes) < 3 or not all(s.isdigit() for s in sizes):
+        dims = _dims_or_none(text)
+        if dims is None or len(dims) < 3:
             raise
-        rows = math.prod(int(s) for s in sizes[:-1])
+        shape = "x".join(map(str, dims))
         raise argparse.ArgumentTypeError(
-            f"{exc}; a ready fusion takes its rows flattened (--shape {rows}x{sizes[-1]}), a "
-            f"fusion of your own of that rank one --input-shape per tensor input, in order "
-            f"(--input-shape {text} --input-shape {sizes[-1]} for an input and its weight)"
-        ) from None
+            f"{exc}; a ready fusion takes its rows flattened (--shape "
+            f"{math.prod(dims[:-1])}x{dims[-1]}), a fusion of your own of that rank one "
+            f"--input-shape per tensor input, in order (--input-shape {shape} --input-shape "
+            f"{dims[-1]} for an input and its weight)") from None
+
+
+def _dims_or_none(text: str) -> tuple[int, ...] | None:
+    """_dims, or None where the text is not positive sizes joined by x."""
+    try:
+        return _dims(text)
+    except argparse.ArgumentTypeError:
+        return None
 
 
 def _dims(text: str) -> tuple[int, ...]:
