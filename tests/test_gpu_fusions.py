@@ -337,6 +337,22 @@ def test_narrow_backward_rows_at_512_threads_match_reference(name, hidden, dtype
     assert all(p.storage is Storage.SMEM for p in s.placements if p.tensor in full), s.reason
 
 
+UNSKEWED = [("rmsnorm_fwd", 65537, DataType.BFloat16), ("layernorm_fwd", 98305, DataType.Half),
+            ("rmsnorm_fwd", 32769, DataType.Float), ("layernorm_fwd", 49153, DataType.Float)]
+
+
+@pytest.mark.parametrize("rows", [7, 1000])
+@pytest.mark.parametrize(("name", "hidden", "dtype"), UNSKEWED,
+                         ids=[f"{n}-{h}-{d.name}" for n, h, d in UNSKEWED])
+def test_rows_not_skewed_at_one_block_per_sm_match_reference(name, hidden, dtype, rows, rng):
+    """Forward rows whose skewed form would re-read the weight (and bias) at one block per SM
+    in one stage take the vectors that divide them (row_skew.skewed_loses): single elements,
+    over a cluster where one block cannot keep the row."""
+    fd = run_and_validate(name, dtype, hidden, rows, rng)
+    s = fd.last_schedule()
+    assert not s.skew and "skewed rows would re-read" in s.reason, s.reason
+
+
 FEWER_ROWS = [("dropout_rmsnorm_bwd", 3072, DataType.BFloat16, 2),
               ("dropout_rmsnorm_bwd", 6144, DataType.Half, 1),
               ("dropout_rmsnorm_bwd", 7168, DataType.BFloat16, 1),

@@ -17,6 +17,7 @@ from fuser.fusions import FUSIONS, ROW_FUSIONS
 from fuser.kernels import build
 from fuser.schedulers import Hints, Problem, candidates, schedule
 from fuser.schedulers.base import Dealing, PointwiseSchedule, RowSchedule, Storage
+from fuser.schedulers.row_skew import skewed_loses
 from fuser.smem import ALIGNMENT, STATIC_SLOT, SmemPlan, align
 
 H200 = DeviceSpec.get("h200")
@@ -1049,6 +1050,37 @@ def test_rows_are_not_skewed_where_they_cannot_be(name, hidden, align, why):
     info = analyze(ROW_FUSIONS[name](DataType.BFloat16).fusion)
     for s in itertools.islice(candidates(info, Problem(hidden, 16384, align), H200), 8):
         assert not s.skew and hidden % s.vec == 0, (why, s.reason)
+
+
+@pytest.mark.parametrize(("name", "dtype", "hidden"), [
+    ("rmsnorm_fwd", DataType.BFloat16, 65537),
+    ("layernorm_fwd", DataType.Half, 98305),
+    ("rmsnorm_fwd", DataType.Float, 32769),
+    ("layernorm_fwd", DataType.Float, 49153),
+])
+def test_skewed_rows_do_not_re_read_columns_at_one_block_per_sm(name, dtype, hidden):
+    """A skewed row of this length fills a block per SM in one stage and would re-read its
+    weight (and bias) every pass: the plain rows come first, and say why; the hint still
+    gets skewed rows."""
+    info = analyze(ROW_FUSIONS[name](dtype).fusion)
+    problem = Problem(hidden, 16384, 16)
+    s = schedule(info, problem, H200)
+    assert not s.skew and "skewed rows would re-read" in s.reason, s.reason
+    hinted = schedule(info, problem, H200, Hints(skewed=True))
+    assert hinted.skew and hinted.blocks_per_sm == 1 and hinted.stages == 1, hinted.reason
+    assert skewed_loses(hinted) is not None
+
+
+@pytest.mark.parametrize(("name", "dtype", "hidden"), [
+    ("softmax_fwd", DataType.BFloat16, 65537),  # no columns
+    ("rmsnorm_fwd", DataType.BFloat16, 49153),  # two blocks per SM
+    ("dropout_rmsnorm_fwd", DataType.BFloat16, 24577),  # columns lighter than the rows
+    ("layernorm_fwd", DataType.Float, 16385),
+])
+def test_skewed_rows_stay_first_where_columns_do_not_hold_them(name, dtype, hidden):
+    info = analyze(ROW_FUSIONS[name](dtype).fusion)
+    s = schedule(info, Problem(hidden, 16384, 16), H200)
+    assert s.skew and skewed_loses(s) is None, s.reason
 
 
 def test_skewed_hints_are_honoured_or_refused():

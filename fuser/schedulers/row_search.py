@@ -48,7 +48,7 @@ from fuser.schedulers.row_records import (
     RowPolicy,
     StorageChoice,
 )
-from fuser.schedulers.row_skew import hint_refusals, skewed_geometry, skews
+from fuser.schedulers.row_skew import hint_refusals, skewed_geometry, skewed_loses, skews
 from fuser.schedulers.row_storage import choices
 
 SHOWN_REJECTIONS = 6  # the last rejections an error lists
@@ -232,7 +232,9 @@ class RowSearch:
         4099 0.49 -> 0.84, softmax_bwd 4099 0.42 -> 0.92; bench/TUNING.md, "skewed rows").
         Fusions with column inputs re-read them from global memory
         (inner_persistent.skewed_columns_order): rmsnorm_fwd 4099 0.34 -> 0.81,
-        dropout_rmsnorm_fwd 4099 0.45 -> 0.81, dropout_layernorm_fwd 4099 0.52 -> 0.67."""
+        dropout_rmsnorm_fwd 4099 0.45 -> 0.81, dropout_layernorm_fwd 4099 0.52 -> 0.67;
+        the skewed steps go after the others where their first schedule re-reads them at one
+        block per SM (row_skew.skewed_loses)."""
         if not skews(self.fusion, self.problem, self.hints):
             return steps
         # packed rows' threads are sized for the vectors that divide the row; skewed rows
@@ -241,6 +243,11 @@ class RowSearch:
                   if step.cluster == 1 and step.reach is not Reach.OFF_CHIP
                   and step.policy.packed is None]
         if not self.hints.skewed:
+            first = next(filter(None, map(self._probe, skewed)), None)
+            why = skewed_loses(first) if first is not None else None
+            if why is not None:  # after the plain rows' steps, where nothing else fits
+                return [replace(step, why="; ".join(filter(None, (step.why, why))))
+                        for step in steps] + skewed
             return skewed + steps
         # hinted: rows too long for a block's shared memory are re-read, by one block
         return skewed + [replace(step, cluster=1, skewed=True) for step in steps

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from fuser.analysis import Role
 from fuser.device import DeviceSpec
-from fuser.schedulers.base import Dealing, Problem, ceil_div, skewed_vectors
+from fuser.schedulers.base import Dealing, Problem, RowSchedule, Storage, ceil_div, skewed_vectors
 from fuser.schedulers.hints import Hints
 from fuser.schedulers.row_geometry import geometry
 from fuser.schedulers.row_records import RowFusion, RowGeometry, RowPolicy
@@ -48,6 +49,29 @@ def skews(fusion: RowFusion, problem: Problem, hints: Hints) -> bool:
     return (ceil_div(problem.hidden, fusion.skewed_vec(problem)) >= SKEWED_DEFAULT_MIN_VECTORS
             and (not fusion.cols or narrow <= SKEWED_COLUMNS_MAX_NARROW_BYTES)
             and not fusion.info.outer_reductions)
+
+
+def skewed_loses(schedule: RowSchedule) -> str | None:
+    """Why the search passes over a skewed schedule for the rows' own vectors, in words (None:
+    it keeps it first): one block per SM in one stage that re-reads its column inputs from
+    global memory every pass, columns of at least as many bytes an element as its row inputs.
+    Such a block stalls on the columns' loads with no other block on its SM, and no stage
+    loading the next row, where the plain rows split over a cluster load the next row while
+    they compute (H100 80GB HBM3, bf16, 16384 rows, fraction of the copy, skewed -> plain:
+    rmsnorm_fwd 65537 0.79 -> 0.90, 98305 0.65 -> 0.85, layernorm_fwd 65537 0.60 -> 0.63;
+    fp32 32769 rmsnorm_fwd 0.77 -> 0.92, layernorm_fwd 0.64 -> 0.93). Dropout's three row
+    inputs outweigh its columns and keep skewed rows (bf16 24577: dropout_rmsnorm_fwd 0.91
+    skewed against 0.88, dropout_layernorm_fwd 0.78 against 0.75; bench/TUNING.md, "skewed
+    rows at one block per SM")."""
+    if not schedule.skew or schedule.blocks_per_sm > 1 or schedule.stages > 1:
+        return None
+    reread = sum(p.dtype.itemsize for p in schedule.placements
+                 if p.role is Role.COL and p.storage is Storage.GLOBAL)
+    rows = sum(p.dtype.itemsize for p in schedule.placements if p.role is Role.FULL)
+    if not reread or reread < rows:
+        return None
+    return (f"skewed rows would re-read {reread} bytes of columns an element at one block per "
+            "SM in one stage")
 
 
 def skewed_geometry(fusion: RowFusion, problem: Problem, device: DeviceSpec,
