@@ -353,6 +353,19 @@ def test_random_repeated_inputs_are_one_kernel_and_compile_without_spills(case):
         assert resource.spill_stores == resource.spill_loads == 0, (resource, repr(fd))
 
 
+def test_a_select_on_a_repeated_row_value_compiles_without_spills():
+    """exp(x where a repeated per-row value is positive, else 0) at rows of 3: its vectors
+    cross rows, and ptxas 13.5 kept one in local memory at four vectors a round (24 B of
+    spills; Hypothesis found it). The build takes the pointwise scheduler's second schedule,
+    one vector a round, where the first spills."""
+    fd, shapes = _repeated_fusion(BF16, (1, 3, 3), [0], "where", None)
+    report = explain(fd, shapes, device="h200")
+    assert report.schedule.across_rows and report.schedule.unroll in (4, 1), report.schedule
+    assert ("(4 spilled registers)" in report.schedule.reason) == (report.schedule.unroll == 1)
+    for resource in report.resources.values():
+        assert resource.spill_stores == resource.spill_loads == 0, resource
+
+
 @pytest.mark.gpu
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(repeated_fusions())

@@ -36,7 +36,8 @@ def vector_itemsizes(info: FusionInfo, align_bytes: int) -> list[int]:
     return [t.dtype.itemsize for t in sized]
 
 
-def heuristic(info: FusionInfo, problem: Problem, device: DeviceSpec) -> PointwiseSchedule:
+def heuristic(info: FusionInfo, problem: Problem, device: DeviceSpec,
+              unroll: int = UNROLL) -> PointwiseSchedule:
     """Vectors as wide as the [rows, hidden] tensors allow (16 bytes of the widest). Column
     operands wider than that (fp32 statistics beside bf16 rows) are read and written in
     16-byte pieces (fm::load_pieces), which needs 16-byte aligned pointers; with less the
@@ -57,13 +58,16 @@ def heuristic(info: FusionInfo, problem: Problem, device: DeviceSpec) -> Pointwi
     if across_rows:
         reason += (f" over the rows end to end (a row of {problem.hidden} bounds vectors within "
                    f"it to {vec})")
+    reason += f", {THREADS} threads x {unroll} vector{'s' * (unroll > 1)} in flight"
+    if unroll != UNROLL:
+        reason += f" ({UNROLL} spilled registers)"
     return PointwiseSchedule(
         scheduler="pointwise",
-        reason=f"{reason}, {THREADS} threads x {UNROLL} vectors in flight",
+        reason=reason,
         hidden=problem.hidden,
         vec=widest,
         threads=THREADS,
-        unroll=UNROLL,
+        unroll=unroll,
         smem=SmemPlan.build([], device.smem_per_block_optin),
         across_rows=across_rows,
     )
@@ -89,9 +93,14 @@ def _across_rows_vec(info: FusionInfo, problem: Problem, input_bytes: int) -> in
 
 def candidates(info: FusionInfo, problem: Problem, device: DeviceSpec,
                hints: Hints | None = None) -> Iterator[PointwiseSchedule]:
-    """The one pointwise schedule. Hints steer the persistent row kernels; a pointwise
-    fusion refuses them rather than ignore them."""
+    """The pointwise schedule, then the same with one vector in flight a round, which the
+    build takes where the first spills: ptxas kept a vector of a kernel whose vectors cross
+    rows in local memory at UNROLL vectors a round (x where a repeated per-row input is
+    positive, else 0: 24 B of spills at hidden 3), and compiles one a round clean. Hints
+    steer the persistent row kernels; a pointwise fusion refuses them rather than ignore
+    them."""
     if hints is not None and hints.given():
         raise HintError(f"Hints({hints.words()}): this fusion has no reductions and runs as "
                         "one pointwise kernel, which takes no hints; allowed: Hints() or None")
     yield heuristic(info, problem, device)
+    yield heuristic(info, problem, device, unroll=1)
