@@ -367,6 +367,16 @@ def test_a_select_on_a_repeated_row_value_compiles_without_spills():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 1, 3), (1, 3, 3), (7, 5, 3), (3, 1000, 7)])
+def test_a_select_on_a_repeated_row_value_matches_the_oracle_on_the_gpu(shape):
+    """The case above on the GPU, at rows that fill several rounds of the kernel's loop."""
+    import cupy
+
+    fd, shapes = _repeated_fusion(BF16, shape, [0], "where", None)
+    fd.validate([cupy.asarray(a) for a in _inputs(fd, shapes)])
+
+
+@pytest.mark.gpu
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(repeated_fusions())
 def test_random_repeated_inputs_match_the_oracle_on_the_gpu(case):
