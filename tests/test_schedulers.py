@@ -1075,7 +1075,7 @@ def test_skewed_rows_do_not_re_read_columns_at_one_block_per_sm(name, dtype, hid
     ("softmax_fwd", DataType.BFloat16, 65537),  # no columns
     ("rmsnorm_fwd", DataType.BFloat16, 49153),  # two blocks per SM
     ("dropout_rmsnorm_fwd", DataType.BFloat16, 24577),  # columns lighter than the rows
-    ("layernorm_fwd", DataType.Float, 16385),
+    ("layernorm_fwd", DataType.Float, 16385),  # three blocks per SM
 ])
 def test_skewed_rows_stay_first_where_columns_do_not_hold_them(name, dtype, hidden):
     info = analyze(ROW_FUSIONS[name](dtype).fusion)
