@@ -202,16 +202,18 @@ def _split_first(fusion: RowFusion, one: RowSchedule, two: RowSchedule) -> str |
     threads in the cluster ran 0.73)."""
     if two.stages < 2 or not two.buffers_in_smem:
         return None
-    wide = _wide_vectors_of_2_bytes(fusion, one.vec)
-    if not wide and not _vectors_of_two_2_byte_elements(fusion, one.vec):
-        return None
     in_registers = [p.tensor for p in one.placements if p.storage is Storage.REGISTERS]
+    one_stage = not in_registers and one.stages == 1 and one.blocks_per_sm == 1
+    one_stage_why = "one block keeps the row on chip only at one stage and one block per SM"
+    if _vectors_of_two_2_byte_elements(fusion, one.vec):  # the one-stage rule alone measured
+        return one_stage_why if one_stage else None
+    if not _wide_vectors_of_2_bytes(fusion, one.vec):
+        return None
     if in_registers:
-        return (f"one block keeps the row on chip only with {', '.join(in_registers)} in "
-                "registers") if wide else None
-    if one.stages == 1 and one.blocks_per_sm == 1:
-        return "one block keeps the row on chip only at one stage and one block per SM"
-    if wide and one.stages == 2 and one.blocks_per_sm == 1 and two.stages == 3:
+        return f"one block keeps the row on chip only with {', '.join(in_registers)} in registers"
+    if one_stage:
+        return one_stage_why
+    if one.stages == 2 and one.blocks_per_sm == 1 and two.stages == 3:
         return "one block keeps the row on chip in two stages at one block per SM, two in three"
     return None
 
