@@ -219,6 +219,17 @@ def test_capped_narrow_backward_rows_keep_their_row_buffers_in_shared_memory(dty
     assert all(p.storage is Storage.SMEM for p in s.placements), s.reason
 
 
+def test_hinted_stages_of_capped_narrow_rows_may_move_row_buffers_to_registers():
+    """The shared-memory rule of capped rows orders the heuristic's own choices; a hinted
+    stage count is honoured as everywhere else, row buffers moved to registers where two
+    stages do not fit shared memory (refused from 5bf8e78 to this test)."""
+    info = analyze(ROW_FUSIONS["dropout_rmsnorm_bwd"](DataType.BFloat16).fusion)
+    s = schedule(info, Problem(24578, 16384, 16), H200,
+                 Hints(threads_per_row=512, cluster=1, stages=2))
+    assert (s.threads_per_row, s.cluster, s.stages) == (512, 1, 2), s.reason
+    assert not s.buffers_in_smem, s.reason
+
+
 def _candidates(name, dtype, hidden, hints=None):
     info = analyze(ROW_FUSIONS[name](dtype).fusion)
     return info, list(itertools.islice(candidates(info, Problem(hidden, 16384, 16), H200, hints),

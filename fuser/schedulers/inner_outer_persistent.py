@@ -53,17 +53,19 @@ def smem_first_order(phase: Phase) -> Iterator[StorageChoice]:
     (inner_persistent.skewed_columns_order), which leaves room for two stages of rows
     (rmsnorm_bwd bf16 24578: 197 KB), then a padded shared buffer. Rows of the narrow
     vectors whose threads the policy caps (row_geometry.staged_cap) keep every row buffer in
-    shared memory: at 512 threads a thread's many narrow vectors fit registers where at 1024
-    they did not, and two stages with rows in registers ran slower than one stage in shared
-    memory (H100, fp16 dropout_rmsnorm_bwd 24578: 0.85 against 0.93)."""
+    shared memory unless the stages are hinted: at 512 threads a thread's many narrow
+    vectors fit registers where at 1024 they did not, and two stages with rows in registers
+    ran slower than one stage in shared memory (H100, fp16 dropout_rmsnorm_bwd 24578: 0.85
+    against 0.93)."""
     full, cols = phase.fusion.full, phase.fusion.cols
     col_storages = ((Storage.GLOBAL, Storage.SMEM) if phase.geometry.skew
                     else (Storage.SMEM, Storage.REGISTERS))
     cap = staged_cap(phase.fusion, phase.problem, phase.policy)
     capped = cap is not None and phase.geometry.threads_per_row <= cap
     for stages in _stage_order(phase):
-        # an unhinted third stage only ever keeps every row buffer in shared memory
-        movable = len(full) if (stages <= 2 or phase.hints.stages) and not capped else 0
+        # an unhinted third stage, or unhinted stages of capped rows, only ever keep every
+        # row buffer in shared memory
+        movable = len(full) if phase.hints.stages or (stages <= 2 and not capped) else 0
         for moved in range(movable + 1):
             for col_storage in col_storages:
                 storage = staged(phase, stages)
