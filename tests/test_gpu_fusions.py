@@ -337,6 +337,18 @@ def test_narrow_backward_rows_at_512_threads_match_reference(name, hidden, dtype
     assert all(p.storage is Storage.SMEM for p in s.placements if p.tensor in full), s.reason
 
 
+@pytest.mark.parametrize("rows", [7, 1000])
+def test_hinted_stages_of_capped_narrow_rows_match_reference(rows, rng):
+    """Two hinted stages of 512-thread rows of 2-element vectors (dropout + RMSNorm backward,
+    bf16, 24578): the row buffers move to registers where two stages do not fit shared
+    memory (inner_outer_persistent.smem_first_order), and the answer stays the reference's."""
+    hints = Hints(threads_per_row=512, cluster=1, stages=2)
+    fd = run_and_validate("dropout_rmsnorm_bwd", DataType.BFloat16, 24578, rows, rng, hints=hints)
+    s = fd.last_schedule()
+    assert (s.threads_per_row, s.cluster, s.stages) == (512, 1, 2), s.reason
+    assert not s.buffers_in_smem, s.reason
+
+
 UNSKEWED = [("rmsnorm_fwd", 65537, DataType.BFloat16), ("layernorm_fwd", 98305, DataType.Half),
             ("rmsnorm_fwd", 32769, DataType.Float), ("layernorm_fwd", 49153, DataType.Float)]
 
