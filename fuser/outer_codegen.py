@@ -25,11 +25,13 @@ from fuser.emit import (
     through_broadcasts,
     used_lines,
 )
-from fuser.ir import Expr, Val
+from fuser.ir import Val
 from fuser.row_codegen import reduction
 from fuser.schedulers.base import OuterSchedule
+from fuser.schedulers.outer_folds import Fold, fold_levels
 from fuser.schedulers.outer_persistent import (
     LEVEL_BARRIERS,
+    ONLINE_PAIR,
     STREAMED_UNROLL,
     fold_buffer_types,
     inbox_buffer,
@@ -95,21 +97,29 @@ class _Columns:
         return (sorted(found, key=lambda v: v.index),
                 sorted(divided, key=lambda p: (p[0].index, p[1])))
 
-    def total(self, e: Expr) -> None:
-        out = e.outputs[0]
-        self.env[out] = f"r_{out.name}[i]"
+    def total(self, fold: Fold) -> None:
+        """A fold's totals are known from here on: r_<name>[i], or a pair's two halves."""
+        if fold.online_sum is None:
+            self.env[fold.reduction.outputs[0]] = f"r_{fold.name}[i]"
+        else:
+            self.env[fold.reduction.outputs[0]] = f"r_{fold.name}[i].m"
+            self.env[fold.online_sum.outputs[0]] = f"r_{fold.name}[i].s"
 
 
-def _reduction(info: FusionInfo, e: Expr, value: str) -> dict:
-    """row_codegen.reduction's record, with the names of the fold's shared buffers (lanes,
-    inbox, total)."""
-    return {**reduction(e, value), "name": e.outputs[0].name, "lanes": lanes_buffer(info, e),
-            "inbox": inbox_buffer(e), "total": total_buffer(info, e)}
+def _reduction(levels: tuple[tuple[Fold, ...], ...], fold: Fold, value: str) -> dict:
+    """row_codegen.reduction's record of the fold (for a pair: fm::OnlineSum over the max's
+    float operand), with the names of its shared buffers (lanes, inbox, total)."""
+    if fold.online_sum is None:
+        record = reduction(fold.reduction, value)
+    else:
+        record = {"ctype": ONLINE_PAIR, "functor": "fm::OnlineSum", "value": value}
+    return {**record, "name": fold.name, "lanes": lanes_buffer(levels, fold),
+            "inbox": inbox_buffer(fold), "total": total_buffer(levels, fold)}
 
 
-def _inbox_bytes(s: OuterSchedule, level: tuple[Expr, ...]) -> int:
-    """Bytes a level's mbarrier waits for: its reductions' inboxes, as planned (clusters)."""
-    return sum(s.smem.buffer(inbox_buffer(e)).nbytes for e in level) if s.cluster > 1 else 0
+def _inbox_bytes(s: OuterSchedule, level: tuple[Fold, ...]) -> int:
+    """Bytes a level's mbarrier waits for: its folds' inboxes, as planned (clusters)."""
+    return sum(s.smem.buffer(inbox_buffer(fold)).nbytes for fold in level) if s.cluster > 1 else 0
 
 
 def _cluster_steps(k: int, count: int) -> dict:
@@ -158,23 +168,24 @@ def outer_context(info: FusionInfo, s: OuterSchedule) -> dict:
     elements.update({t: f"row_{t.name}" for t in info.row_inputs})
     columns = _Columns(info, env)
     levels: list[dict] = []
-    for k, level in enumerate(info.outer_levels):
-        operands = [e.inputs[0] for e in level]
+    folds = fold_levels(info)
+    for k, level in enumerate(folds):
+        operands = [fold.operand for fold in level]
         hoisted = columns.hoist(operands, elements)
         emitter = Emitter(info, {**columns.env, **elements}, "e_", columns.reciprocals)
         lines = emitter.emit(operands)
-        words = ", ".join(f"{e.op}({e.inputs[0].name}) -> {e.outputs[0].name}" for e in level)
-        reductions = [_reduction(info, e, emitter.env[e.inputs[0]]) for e in level]
+        words = ", ".join(fold.words() for fold in level)
+        reductions = [_reduction(folds, fold, emitter.env[fold.operand]) for fold in level]
         levels.append({"title": f"Outer level {k}: {words}, over every row of the slab.",
                        "barrier": f"&{LEVEL_BARRIERS}[{k}]",
                        "inbox_bytes": _inbox_bytes(s, level),
-                       **_cluster_steps(k, len(info.outer_levels)),
+                       **_cluster_steps(k, len(folds)),
                        "hoisted": hoisted, "rows": _rows_read(info, emitter, s),
                        "row_values": _row_values_read(info, emitter),
                        "element_lines": lines,
                        "reductions": reductions})
-        for e in level:
-            columns.total(e)
+        for fold in level:
+            columns.total(fold)
     full_outputs = info.outputs(Role.FULL)  # none where streamed (outer_persistent)
     hoisted = columns.hoist(full_outputs, elements)
     emitter = Emitter(info, {**columns.env, **elements}, "e_", columns.reciprocals)

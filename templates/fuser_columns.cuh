@@ -22,7 +22,40 @@ __device__ __forceinline__ void copy_vector(void* dst, const void* src) {
   }
 }
 
-// A column partial (8 bytes: a double or a 64-bit integer) into slot `local` of the cluster's
+// A column's running max m and the sum s of exp(x - m) over the values folded so far: the
+// pair fuser.schedulers.outer_folds folds in one level where a max's next level sums
+// exp(x - max). Same totals as the two levels': an element beyond m rescales s, partials meet
+// at the larger max. NaN and inf as the two levels give them: x = +inf adds exp(inf - inf),
+// NaN; x = -inf adds exp(-inf - m) = 0 (nothing, where m is still -inf: a column of -inf
+// only gets m = -inf and s = 0, and its outputs exp(x - m) are NaN).
+struct MaxSum {
+  float m, s;
+};
+
+struct OnlineSum {
+  template <typename T>
+  static __device__ __forceinline__ T identity() { return T{lowest<float>(), 0.0f}; }
+  // One element, one exponential: of m - x where x is the new max (s rescaled, plus exp(x - x),
+  // 1 or NaN, as (x - x) + 1), else of x - m.
+  __device__ __forceinline__ MaxSum operator()(MaxSum a, float x) const {
+    const bool up = x > a.m;
+    const float e = exp(up ? a.m - x : x - a.m);
+    if (up) return MaxSum{x, a.s * e + ((x - x) + 1.0f)};
+    return MaxSum{a.m, x == lowest<float>() ? a.s : a.s + e};
+  }
+  // Two partials: each sum rescaled to the larger max (-inf for both: nothing to rescale).
+  __device__ __forceinline__ MaxSum operator()(MaxSum a, MaxSum b) const {
+    const float m = a.m < b.m ? b.m : a.m;
+    if (m == lowest<float>()) return MaxSum{m, a.s + b.s};
+    return MaxSum{m, a.s * exp(a.m - m) + b.s * exp(b.m - m)};
+  }
+};
+
+__device__ __forceinline__ MaxSum shfl_xor(MaxSum x, int offset) {
+  return MaxSum{shfl_xor(x.m, offset), shfl_xor(x.s, offset)};
+}
+
+// A column partial (8 bytes: a double, a 64-bit integer or a MaxSum) into slot `local` of the cluster's
 // block `rank`, counted off that block's mbarrier at `local_bar`'s address (st.async).
 template <typename Total>
 __device__ __forceinline__ void push_to_peer(Total* local, Total value,

@@ -15,7 +15,8 @@ from test_outer_persistent import column_shares
 from test_segment import _fd, _host_inputs
 
 from fuser import DataType
-from fuser.executor import to_host
+from fuser.executor import execute, to_host
+from fuser.reference import compare, evaluate, input_sensitivity, output_reduction_sizes
 from fuser.schedulers import Hints
 from fuser.schedulers.base import OuterSchedule
 from fuser.segment import SegmentSchedules
@@ -126,3 +127,68 @@ def test_kernels_rebuilt_after_spills_and_the_segments_match_the_oracle(count, r
     x = np.random.default_rng(8).standard_normal((rows, 256)).astype(np.float32)
     fd.validate([cupy.asarray((0.1 * x).astype(BF16.numpy))])
     assert isinstance(fd.last_schedule(), kind)
+
+
+def _online_columns(dtype: DataType, shape: tuple[int, int], seed: int) -> np.ndarray:
+    """x for a max folded online with its sum of exponentials (outer_folds): normal columns,
+    then columns whose max grows every row (each row rescales the running sum), a column of
+    -inf, a column holding one +inf, one NaN, one -inf among finite values, and values of
+    +-80 (exp(x - max) under float's smallest normal)."""
+    rng = np.random.default_rng(seed)
+    rows, cols = shape
+    x = rng.standard_normal(shape).astype(np.float32)
+    special = [np.linspace(-30, 30, rows), np.full(rows, -np.inf), x[:, 0].copy(),
+               x[:, 0].copy(), x[:, 0].copy(), np.where(np.arange(rows) % 2, 80.0, -80.0)]
+    special[2][rows // 2] = np.inf
+    special[3][rows // 3] = np.nan
+    special[4][rows - 1] = -np.inf
+    for k, column in enumerate(special[:cols]):
+        x[:, cols - 1 - k] = column
+    return x.astype(dtype.numpy)
+
+
+def _online_fusion(kind: str, dtype: DataType):
+    """Softmax, log-softmax or logsumexp over the rows (dim 0), as a user writes them."""
+    from fuser import FusionDefinition
+
+    with FusionDefinition(f"{kind}_dim0") as fd:
+        x = fd.define_tensor([-1, -1], dtype=dtype)
+        xf = fd.ops.cast(x, F)
+        m = fd.ops.max(xf, [0], keepdim=True)
+        shifted = fd.ops.sub(xf, m)
+        s = fd.ops.sum(fd.ops.exp(shifted), [0], keepdim=True)
+        if kind == "softmax":
+            out = fd.ops.div(fd.ops.exp(shifted), s)
+        elif kind == "log_softmax":
+            out = fd.ops.sub(shifted, fd.ops.log(s))
+        else:
+            out = fd.ops.add(fd.ops.log(s), m)
+        fd.add_output(fd.ops.cast(out, dtype) if kind != "logsumexp" else out)
+    return fd
+
+
+@pytest.mark.parametrize("dtype", [F, DataType.Half, BF16], ids=lambda d: d.name)
+@pytest.mark.parametrize(("shape", "cluster"), [((5, 7), None), ((3001, 67), None),
+                                                ((3001, 67), 4), ((16384, 1024), None),
+                                                ((4096, 4104), 16)], ids=str)
+@pytest.mark.parametrize("kind", ["softmax", "log_softmax", "logsumexp"])
+def test_a_max_and_its_sum_of_exponentials_folded_online_match_the_oracle(kind, shape,
+                                                                           cluster, dtype):
+    """One level folds each column's running max and its rescaled sum of exp(x - max)
+    (fm::OnlineSum): the float64 reference's values, inf and NaN where it has them, over one
+    block and clusters."""
+    import cupy
+
+    fd = _online_fusion(kind, dtype)
+    x = cupy.asarray(_online_columns(dtype, shape, 11))
+    if cluster is None:
+        fd.validate([x])
+    else:
+        host = [cupy.asnumpy(x)]
+        outs = execute(fd, [x], hints=Hints(cluster=cluster))
+        refs = evaluate(fd.fusion, host)
+        compare([to_host(o) for o in outs], refs, fd.fusion,
+                output_reduction_sizes(fd.fusion, host), input_sensitivity(fd.fusion, host, refs))
+    schedule = fd.last_schedule()
+    assert isinstance(schedule, OuterSchedule), schedule
+    assert "online (one pass and one fold for both)" in schedule.reason, schedule.reason

@@ -18,6 +18,7 @@ from fuser.explain import Explanation, SegmentedExplanation
 from fuser.fusions import FUSIONS
 from fuser.schedulers import Hints, Problem, candidates
 from fuser.schedulers.base import OuterSchedule, problem_rows
+from fuser.schedulers.outer_folds import fold_levels
 from fuser.schedulers.outer_persistent import fold_groups
 from fuser.smem import STATIC_SLOT
 
@@ -37,6 +38,49 @@ def test_batchnorm_is_one_outer_normalization(name, levels):
 def test_softmax_over_dim_0_folds_a_max_then_a_sum():
     info = analyze(_fd("softmax_dim0").fusion)
     assert [[e.op for e in level] for level in info.outer_levels] == [["max"], ["sum"]]
+
+
+def _exp_sums(dtype: DataType, shifted) -> FusionDefinition:
+    """x cast to `dtype`'s compute type, a column max m, and sum(exp(shifted(x, m))) over the
+    rows; the output x / that sum."""
+    wide = DataType.Double if dtype is DataType.Double else F
+    with FusionDefinition("exp_sums") as fd:
+        x = fd.define_tensor([-1, -1], dtype=dtype)
+        xw = fd.ops.cast(x, wide)
+        m = fd.ops.max(xw, [0], keepdim=True)
+        s = fd.ops.sum(fd.ops.exp(shifted(fd, xw, m)), [0], keepdim=True)
+        fd.add_output(fd.ops.cast(fd.ops.div(xw, s), dtype))
+    return fd
+
+
+def _levels_words(fd: FusionDefinition) -> list[list[str]]:
+    return [[fold.words() for fold in level] for level in fold_levels(analyze(fd.fusion))]
+
+
+def test_a_max_and_its_sum_of_exponentials_fold_in_one_level():
+    """Softmax over dim 0: the column max and the sum of exp(x - max) are one online pair,
+    one pass and one fold (outer_folds), in the kernel's 8-byte fm::MaxSum buffers."""
+    assert _levels_words(_fd("softmax_dim0")) == [
+        ["max(T1) -> T2 with sum(exp(T1 - T2)) -> T5, online"]]
+    report = fuser.explain(_fd("softmax_dim0", BF16), [(16384, 4096)])
+    assert "online (one pass and one fold for both)" in report.schedule.reason
+    kernel = report.source.split("#include")[1]
+    assert "acc_T2[i] = fm::OnlineSum{}(acc_T2[i], e_T1);" in kernel
+    assert "k_rcp_T5[i] = float(1) / r_T2[i].s;" in kernel
+    assert "s_level_bars[1]" not in kernel and "fm::exp" in kernel
+    plan = report.schedule.smem
+    assert plan.buffer("s_inbox_T2").nbytes == report.schedule.cluster * report.schedule.slab * 8
+    assert {"s_lanes0_pair", "s_total0_pair"} <= {b.name for b in plan.buffers}
+
+
+@pytest.mark.parametrize(("dtype", "shifted"), [
+    (DataType.Double, lambda fd, x, m: fd.ops.sub(x, m)),  # double: two 8-byte totals
+    (BF16, lambda fd, x, m: fd.ops.sub(m, x)),  # exp(max - x)
+    (BF16, lambda fd, x, m: fd.ops.sub(fd.ops.mul(x, 2.0), m)),  # not the max's operand
+], ids=["double", "max-minus-x", "other-operand"])
+def test_other_sums_of_exponentials_keep_their_own_level(dtype, shifted):
+    levels = _levels_words(_exp_sums(dtype, shifted))
+    assert len(levels) == 2 and not any("online" in w for level in levels for w in level)
 
 
 def test_a_row_normalization_then_a_column_one_is_still_cut():

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 from fuser.analysis import FusionInfo, Kind, Role
 from fuser.device import DeviceSpec
 from fuser.errors import HintError, UnsupportedFusionError
-from fuser.ir import Expr, Tensor
+from fuser.ir import Tensor
 from fuser.schedulers.base import (
     OuterSchedule,
     Problem,
@@ -37,6 +37,7 @@ from fuser.schedulers.base import (
 )
 from fuser.schedulers.finalize import total_type
 from fuser.schedulers.hints import CLUSTER_SIZES, Hints
+from fuser.schedulers.outer_folds import Fold, fold_levels
 from fuser.schedulers.pointwise import vector_itemsizes
 from fuser.schedulers.row_geometry import blocks_per_sm, register_limit
 from fuser.smem import SmemPlan
@@ -336,6 +337,9 @@ def _schedule(info: FusionInfo, problem: Problem, device: DeviceSpec, vec: int, 
     if held is not None:
         reason += (f"; {held.name}'s first {held_rows} rows of each thread held in registers, "
                    f"for {blocks} blocks per SM")
+    reason += "".join(f"; {fold.words()} (one pass and one fold for both)"
+                      for level in fold_levels(info) for fold in level
+                      if fold.online_sum is not None)
     return OuterSchedule("outer_persistent", reason, problem.hidden, rows, vec, slab, col_lanes,
                          row_lanes, groups, cluster, rank_rows, max(1, blocks), plan, streamed,
                          held.name if held is not None else "", held_rows)
@@ -373,26 +377,28 @@ def _smem(info: FusionInfo, slab: int, groups: int, rank_rows: int, cluster: int
         requests.append((tile_buffer(t), max(kept, 0) * slab * t.dtype.itemsize,
                          f"{t.name}'s rows of the slab ({t.dtype.label}{past}): "
                          f"{max(kept, 0)} x {slab}"))
-    lanes: dict[str, list[Expr]] = {}  # the reductions taking turns in each buffer
-    totals: dict[str, list[Expr]] = {}
-    for e in info.outer_reductions:
-        lanes.setdefault(lanes_buffer(info, e), []).append(e)
-        totals.setdefault(total_buffer(info, e), []).append(e)
+    levels = fold_levels(info)
+    lanes: dict[str, list[Fold]] = {}  # the folds taking turns in each buffer
+    totals: dict[str, list[Fold]] = {}
+    for fold in (fold for level in levels for fold in level):
+        lanes.setdefault(lanes_buffer(levels, fold), []).append(fold)
+        totals.setdefault(total_buffer(levels, fold), []).append(fold)
     for name, users in lanes.items():
-        words = ", ".join(f"{e.op}({e.inputs[0].name})" for e in users)
+        words = ", ".join(fold.operation() for fold in users)
         requests.append((name, groups * slab * _BYTES[lane_type(users[0])],
                          f"{words} over each warp's rows, level by level: {groups} x {slab}"))
     if cluster > 1:  # a level's inbox bytes fit shared memory, under an mbarrier's 2^20 count
-        requests += [(inbox_buffer(e), cluster * slab * TOTAL_BYTES,
-                      f"{e.outputs[0].name}: the cluster's partials per column, pushed here "
-                      f"by each block: {cluster} x {slab}") for e in info.outer_reductions]
-    requests += [(name, slab * TOTAL_BYTES, f"{', '.join(e.outputs[0].name for e in users)}: "
+        requests += [(inbox_buffer(fold), cluster * slab * TOTAL_BYTES,
+                      f"{fold.totals}: the cluster's partials per column, pushed here "
+                      f"by each block: {cluster} x {slab}")
+                     for level in levels for fold in level]
+    requests += [(name, slab * TOTAL_BYTES, f"{', '.join(fold.totals for fold in users)}: "
                   "the slab's totals per column, level by level")
                  for name, users in totals.items()]
     if cluster > 1:
-        levels = len(info.outer_levels)
-        requests.append((LEVEL_BARRIERS, levels * 8,
-                         f"one mbarrier per level ({levels}): the inboxes' rows have arrived"))
+        requests.append((LEVEL_BARRIERS, len(levels) * 8,
+                         f"one mbarrier per level ({len(levels)}): the inboxes' rows have "
+                         "arrived"))
     return SmemPlan.build(requests, device.smem_per_block_optin)
 
 
@@ -402,46 +408,54 @@ def tile_buffer(t: Tensor) -> str:
 
 
 # A level's lanes and totals buffers are free once its totals are read (two block barriers
-# before the next level's first write), so the levels take turns in them: the n-th reduction
-# of each type in a level uses the n-th buffer of that type. Inboxes are each reduction's own:
-# a peer may push the next level's partials before this block has read this level's.
-_WORDS = {"float": "f32", "double": "f64", "long long": "i64"}
-_BYTES = {"float": 4, "double": 8, "long long": 8}
+# before the next level's first write), so the levels take turns in them: the n-th fold of
+# each type in a level uses the n-th buffer of that type. Inboxes are each fold's own: a peer
+# may push the next level's partials before this block has read this level's. A max folded
+# with its sum of exponentials (outer_folds) is one 8-byte pair, fm::MaxSum, from the warps on.
+ONLINE_PAIR = "fm::MaxSum"
+_WORDS = {"float": "f32", "double": "f64", "long long": "i64", ONLINE_PAIR: "pair"}
+_BYTES = {"float": 4, "double": 8, "long long": 8, ONLINE_PAIR: 8}
 LEVEL_BARRIERS = "s_level_bars"  # a cluster's mbarriers, one per level of column reductions
 
 
-def lane_type(e: Expr) -> str:
-    """The C++ type of a warp's partial of column reduction e: the reduction's own (compute)
-    type, a float for Float and narrower sums (the 8-byte totals start past the warps)."""
-    return e.outputs[0].dtype.compute_type
+def lane_type(fold: Fold) -> str:
+    """The C++ type of a warp's partial of a fold: the reduction's own (compute) type, a
+    float for Float and narrower sums (the 8-byte totals start past the warps), or a pair."""
+    if fold.online_sum is not None:
+        return ONLINE_PAIR
+    return fold.reduction.outputs[0].dtype.compute_type
 
 
-def lanes_buffer(info: FusionInfo, e: Expr) -> str:
-    return f"s_lanes{_turn(info, e, lane_type)}_{_WORDS[lane_type(e)]}"
+def lanes_buffer(levels: tuple[tuple[Fold, ...], ...], fold: Fold) -> str:
+    return f"s_lanes{_turn(levels, fold, lane_type)}_{_WORDS[lane_type(fold)]}"
 
 
-def total_buffer(info: FusionInfo, e: Expr) -> str:
-    return f"s_total{_turn(info, e, _total)}_{_WORDS[_total(e)]}"
+def total_buffer(levels: tuple[tuple[Fold, ...], ...], fold: Fold) -> str:
+    return f"s_total{_turn(levels, fold, fold_total_type)}_{_WORDS[fold_total_type(fold)]}"
 
 
-def inbox_buffer(e: Expr) -> str:
-    return f"s_inbox_{e.outputs[0].name}"
+def inbox_buffer(fold: Fold) -> str:
+    return f"s_inbox_{fold.name}"
 
 
 def fold_buffer_types(info: FusionInfo) -> dict[str, str]:
     """The C++ type of each lanes, inbox and totals buffer."""
     types = {}
-    for e in info.outer_reductions:
-        types[lanes_buffer(info, e)] = lane_type(e)
-        types[inbox_buffer(e)] = types[total_buffer(info, e)] = _total(e)
+    levels = fold_levels(info)
+    for fold in (fold for level in levels for fold in level):
+        types[lanes_buffer(levels, fold)] = lane_type(fold)
+        types[inbox_buffer(fold)] = types[total_buffer(levels, fold)] = fold_total_type(fold)
     return types
 
 
-def _total(e: Expr) -> str:
-    return total_type(e.outputs[0].dtype)
+def fold_total_type(fold: Fold) -> str:
+    """The C++ type of a fold's column totals past the warps (8 bytes: what a push moves)."""
+    if fold.online_sum is not None:
+        return ONLINE_PAIR
+    return total_type(fold.reduction.outputs[0].dtype)
 
 
-def _turn(info: FusionInfo, e: Expr, kind) -> int:
-    """How many reductions of e's level before e have e's type (`kind` of them)."""
-    level = next(lv for lv in info.outer_levels if e in lv)
-    return sum(kind(other) == kind(e) for other in level[:level.index(e)])
+def _turn(levels: tuple[tuple[Fold, ...], ...], fold: Fold, kind) -> int:
+    """How many folds of the fold's level before it have its type (`kind` of them)."""
+    level = next(lv for lv in levels if fold in lv)
+    return sum(kind(other) == kind(fold) for other in level[:level.index(fold)])

@@ -24,7 +24,8 @@
 //
 // OuterSchedule
 //   scheduler          outer_persistent
-//   reason             128-byte row segments: 512 rows x 64 columns per block, cluster of 8 per slab
+//   reason             128-byte row segments: 512 rows x 64 columns per block, cluster of 8 per slab; max(T1) -> T2
+//       with sum(exp(T1 - T2)) -> T5, online (one pass and one fold for both)
 //   hidden             16384
 //   rows               4096
 //   vec                8
@@ -38,15 +39,14 @@
 //   streamed           False
 //
 // shared memory plan:
-// buffer        bytes  offset  aligned  purpose
-// s_T0          65536       0    65536  T0's rows of the slab (BFloat16): 512 x 64
-// s_lanes0_f32   2048   65536     2048  max(T1), sum(T4) over each warp's rows, level by level: 8 x 64
-// s_inbox_T2     4096   67584     4096  T2: the cluster's partials per column, pushed here by each block: 8 x 64
-// s_inbox_T5     4096   71680     4096  T5: the cluster's partials per column, pushed here by each block: 8 x 64
-// s_total0_f64    512   75776      512  T2, T5: the slab's totals per column, level by level
-// s_level_bars     16   76288      128  one mbarrier per level (2): the inboxes' rows have arrived
-// static slot     128  static      128  static __shared__ (magic zero)
-// total 76544 B = dynamic 76416 + static 128; limit 232448 B; headroom 155904 B; alignment 128 B
+// buffer         bytes  offset  aligned  purpose
+// s_T0           65536       0    65536  T0's rows of the slab (BFloat16): 512 x 64
+// s_lanes0_pair   4096   65536     4096  max(T1) with sum(exp(T1 - T2)) over each warp's rows, level by level: 8 x 64
+// s_inbox_T2      4096   69632     4096  T2, T5: the cluster's partials per column, pushed here by each block: 8 x 64
+// s_total0_pair    512   73728      512  T2, T5: the slab's totals per column, level by level
+// s_level_bars       8   74240      128  one mbarrier per level (1): the inboxes' rows have arrived
+// static slot      128  static      128  static __shared__ (magic zero)
+// total 74496 B = dynamic 74368 + static 128; limit 232448 B; headroom 157952 B; alignment 128 B
 
 #include "fuser_columns.cuh"
 
@@ -72,25 +72,21 @@ softmax_dim0_fwd_outer(
   extern __shared__ __align__(128) unsigned char smem[];
   // T0's rows of the slab (BFloat16): 512 x 64
   __nv_bfloat16* const s_T0 = reinterpret_cast<__nv_bfloat16*>(smem);
-  // max(T1), sum(T4) over each warp's rows, level by level: 8 x 64
-  float* const s_lanes0_f32 = reinterpret_cast<float*>(smem + 65536);
-  // T2: the cluster's partials per column, pushed here by each block: 8 x 64
-  double* const s_inbox_T2 = reinterpret_cast<double*>(smem + 67584);
-  // T5: the cluster's partials per column, pushed here by each block: 8 x 64
-  double* const s_inbox_T5 = reinterpret_cast<double*>(smem + 71680);
+  // max(T1) with sum(exp(T1 - T2)) over each warp's rows, level by level: 8 x 64
+  fm::MaxSum* const s_lanes0_pair = reinterpret_cast<fm::MaxSum*>(smem + 65536);
+  // T2, T5: the cluster's partials per column, pushed here by each block: 8 x 64
+  fm::MaxSum* const s_inbox_T2 = reinterpret_cast<fm::MaxSum*>(smem + 69632);
   // T2, T5: the slab's totals per column, level by level
-  double* const s_total0_f64 = reinterpret_cast<double*>(smem + 75776);
-  // one mbarrier per level (2): the inboxes' rows have arrived
-  unsigned long long* const s_level_bars = reinterpret_cast<unsigned long long*>(smem + 76288);
+  fm::MaxSum* const s_total0_pair = reinterpret_cast<fm::MaxSum*>(smem + 73728);
+  // one mbarrier per level (1): the inboxes' rows have arrived
+  unsigned long long* const s_level_bars = reinterpret_cast<unsigned long long*>(smem + 74240);
 
   // Each level's mbarrier expects the cluster's pushes into this block's inboxes; the cluster
   // barrier's first half tells the peers they may push (its second half comes before the first push).
   if (threadIdx.x == 0 && threadIdx.y == 0) {
     fm::mbarrier_init(&s_level_bars[0], 1);
-    fm::mbarrier_init(&s_level_bars[1], 1);
     fm::fence_mbarrier_init();
     fm::mbarrier_expect_tx(&s_level_bars[0], 4096);
-    fm::mbarrier_expect_tx(&s_level_bars[1], 4096);
   }
   fm::cluster_arrive_relaxed();
 
@@ -99,61 +95,36 @@ softmax_dim0_fwd_outer(
   fm::cp_async_commit();
   fm::cp_async_wait<0>();  // this thread's copies, the rows it reads, have landed
 
-  // Outer level 0: max(T1) -> T2, over every row of the slab.
-  float acc_T2[VEC];
+  // Outer level 0: max(T1) -> T2 with sum(exp(T1 - T2)) -> T5, online, over every row of the slab.
+  fm::MaxSum acc_T2[VEC];
 #pragma unroll
-  for (int i = 0; i < VEC; ++i) acc_T2[i] = fm::Max::identity<float>();
+  for (int i = 0; i < VEC; ++i) acc_T2[i] = fm::OnlineSum::identity<fm::MaxSum>();
   if (slab.owns) {
     for (int r = slab.ty + zero; r < slab.rows; r += Slab::ROW_LANES) {
       const auto x_T0 = slab.at(s_T0, r);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
         const float e_T1 = fm::element(x_T0, i);
-        acc_T2[i] = fm::Max{}(acc_T2[i], e_T1);
+        acc_T2[i] = fm::OnlineSum{}(acc_T2[i], e_T1);
       }
     }
   }
-  slab.put(s_lanes0_f32, acc_T2, fm::Max{});
+  slab.put(s_lanes0_pair, acc_T2, fm::OnlineSum{});
   __syncthreads();  // every warp's partials are in the lanes buffers
   fm::cluster_wait();  // every block's mbarriers are ready for the pushes
-  slab.fold_groups(s_lanes0_f32, s_inbox_T2, fm::Max{}, &s_level_bars[0]);
+  slab.fold_groups(s_lanes0_pair, s_inbox_T2, fm::OnlineSum{}, &s_level_bars[0]);
   fm::mbarrier_wait(&s_level_bars[0], 0);  // every block's partials are in the inboxes
-  slab.fold_blocks(s_inbox_T2, s_total0_f64, fm::Max{});
-  __syncthreads();  // the slab's totals are complete
-  float r_T2[VEC];
-  slab.get(s_total0_f64, r_T2);
-
-  // Outer level 1: sum(T4) -> T5, over every row of the slab.
-  float acc_T5[VEC];
-#pragma unroll
-  for (int i = 0; i < VEC; ++i) acc_T5[i] = fm::Sum::identity<float>();
-  if (slab.owns) {
-    for (int r = slab.ty + zero; r < slab.rows; r += Slab::ROW_LANES) {
-      const auto x_T0 = slab.at(s_T0, r);
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) {
-        const float e_T1 = fm::element(x_T0, i);
-        const float e_T3 = (e_T1 - r_T2[i]);
-        const float e_T4 = fm::exp(e_T3);
-        acc_T5[i] = fm::Sum{}(acc_T5[i], e_T4);
-      }
-    }
-  }
-  slab.put(s_lanes0_f32, acc_T5, fm::Sum{});
-  __syncthreads();  // every warp's partials are in the lanes buffers
-  slab.fold_groups(s_lanes0_f32, s_inbox_T5, fm::Sum{}, &s_level_bars[1]);
-  fm::mbarrier_wait(&s_level_bars[1], 0);  // every block's partials are in the inboxes
-  slab.fold_blocks(s_inbox_T5, s_total0_f64, fm::Sum{});
+  slab.fold_blocks(s_inbox_T2, s_total0_pair, fm::OnlineSum{});
   fm::cluster_arrive_relaxed();  // nothing more will be pushed to this block
   __syncthreads();  // the slab's totals are complete
-  float r_T5[VEC];
-  slab.get(s_total0_f64, r_T5);
+  fm::MaxSum r_T2[VEC];
+  slab.get(s_total0_pair, r_T2);
 
   // Outputs, from the rows still in shared memory.
   float k_rcp_T5[VEC];
 #pragma unroll
   for (int i = 0; i < VEC; ++i) {
-    k_rcp_T5[i] = float(1) / r_T5[i];
+    k_rcp_T5[i] = float(1) / r_T2[i].s;
   }
   if (slab.owns) {
     for (int r = slab.ty + zero; r < slab.rows; r += Slab::ROW_LANES) {
@@ -162,7 +133,7 @@ softmax_dim0_fwd_outer(
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
         const float e_T1 = fm::element(x_T0, i);
-        const float e_T3 = (e_T1 - r_T2[i]);
+        const float e_T3 = (e_T1 - r_T2[i].m);
         const float e_T4 = fm::exp(e_T3);
         const float e_T6 = (e_T4 * k_rcp_T5[i]);
         o_T7.v[i] = fm::to_storage<__nv_bfloat16>(e_T6);
