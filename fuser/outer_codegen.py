@@ -103,7 +103,7 @@ class _Columns:
             self.env[fold.reduction.outputs[0]] = f"r_{fold.name}[i]"
         else:
             self.env[fold.reduction.outputs[0]] = f"r_{fold.name}[i].m"
-            self.env[fold.online_sum.outputs[0]] = f"r_{fold.name}[i].s"
+            self.env[fold.online_sum.outputs[0]] = f"fm::online_sum(r_{fold.name}[i])"
 
 
 def _reduction(levels: tuple[tuple[Fold, ...], ...], fold: Fold, value: str) -> dict:

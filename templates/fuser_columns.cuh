@@ -27,7 +27,7 @@ __device__ __forceinline__ void copy_vector(void* dst, const void* src) {
 // exp(x - max). Same totals as the two levels': an element beyond m rescales s, partials meet
 // at the larger max. NaN and inf as the two levels give them: x = +inf adds exp(inf - inf),
 // NaN; x = -inf adds exp(-inf - m) = 0 (nothing, where m is still -inf: a column of -inf
-// only gets m = -inf and s = 0, and its outputs exp(x - m) are NaN).
+// only gets m = -inf and s = 0, whose sum online_sum makes NaN).
 struct MaxSum {
   float m, s;
 };
@@ -50,6 +50,12 @@ struct OnlineSum {
     return MaxSum{m, a.s * exp(a.m - m) + b.s * exp(b.m - m)};
   }
 };
+
+// The sum of a column's folded pair: a column of -inf only (m = -inf, s = 0: its -inf values
+// added nothing) sums to NaN, exp(-inf - -inf), as the two levels give.
+__device__ __forceinline__ float online_sum(MaxSum t) {
+  return t.m == lowest<float>() ? __int_as_float(0x7fc00000) : t.s;
+}
 
 __device__ __forceinline__ MaxSum shfl_xor(MaxSum x, int offset) {
   return MaxSum{shfl_xor(x.m, offset), shfl_xor(x.s, offset)};

@@ -338,12 +338,18 @@ def test_narrow_backward_rows_at_512_threads_match_reference(name, hidden, dtype
 
 
 @pytest.mark.parametrize("rows", [7, 1000])
-def test_hinted_stages_of_capped_narrow_rows_match_reference(rows, rng):
+def test_hinted_stages_of_capped_narrow_rows_match_reference_or_are_refused(rows, rng):
     """Two hinted stages of 512-thread rows of 2-element vectors (dropout + RMSNorm backward,
-    bf16, 24578): the row buffers move to registers where two stages do not fit shared
-    memory (inner_outer_persistent.smem_first_order), and the answer stays the reference's."""
+    bf16, 24578) move the row buffers to registers (inner_outer_persistent.smem_first_order):
+    the answer is the reference's, or, where ptxas spills that kernel (H100, ptxas 13: 128
+    registers, 556 B spilled), the hint is refused before any launch, naming the spill."""
     hints = Hints(threads_per_row=512, cluster=1, stages=2)
-    fd = run_and_validate("dropout_rmsnorm_bwd", DataType.BFloat16, 24578, rows, rng, hints=hints)
+    try:
+        fd = run_and_validate("dropout_rmsnorm_bwd", DataType.BFloat16, 24578, rows, rng,
+                              hints=hints)
+    except HintError as exc:
+        assert "no schedule honours" in str(exc) and "spill stores" in str(exc), exc
+        return
     s = fd.last_schedule()
     assert (s.threads_per_row, s.cluster, s.stages) == (512, 1, 2), s.reason
     assert not s.buffers_in_smem, s.reason

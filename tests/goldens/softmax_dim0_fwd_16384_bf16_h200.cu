@@ -124,7 +124,7 @@ softmax_dim0_fwd_outer(
   float k_rcp_T5[VEC];
 #pragma unroll
   for (int i = 0; i < VEC; ++i) {
-    k_rcp_T5[i] = float(1) / r_T2[i].s;
+    k_rcp_T5[i] = float(1) / fm::online_sum(r_T2[i]);
   }
   if (slab.owns) {
     for (int r = slab.ty + zero; r < slab.rows; r += Slab::ROW_LANES) {
