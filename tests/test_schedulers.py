@@ -205,6 +205,28 @@ def test_staged_rows_of_narrow_vectors_take_at_most_512_threads(name, hidden, th
         assert s.batch <= 32 or want == 1024
 
 
+@pytest.mark.parametrize(("name", "dtype", "hidden", "threads"), [
+    ("layernorm_bwd", DataType.BFloat16, 2050, 256),
+    ("layernorm_bwd", DataType.BFloat16, 4099, 256),
+    ("layernorm_bwd", DataType.Half, 3001, 256),
+    ("layernorm_bwd", DataType.BFloat16, 5001, 512),  # 20 vectors a thread at 256: over 17
+    ("layernorm_bwd", DataType.Float, 3001, 512),  # 4-byte elements
+    ("rmsnorm_bwd", DataType.BFloat16, 4099, 512),  # one column sum
+    ("dropout_rmsnorm_bwd", DataType.BFloat16, 3001, 512),
+], ids=str)
+def test_narrow_rows_of_two_column_sums_take_256_threads(name, dtype, hidden, threads):
+    """Narrow backward rows of 2-byte elements of fusions with two column sums (LayerNorm
+    backward) take 256 threads where a thread then owns at most 17 vectors (NarrowSums):
+    four or three blocks per SM where 512 left two (H100: layernorm_bwd bf16 2050 / 4099
+    0.57 / 0.74 -> 0.73 / 0.80); others, fp32 and longer rows keep 512. Every row buffer
+    stays in shared memory."""
+    info = analyze(ROW_FUSIONS[name](dtype).fusion)
+    s = schedule(info, Problem(hidden, 16384, 16), H200)
+    assert (s.threads_per_row, s.cluster, s.skew) == (threads, 1, 0), s.reason
+    assert all(p.storage is Storage.SMEM for p in s.placements
+               if p.tensor in {t.name for t in info.full_inputs}), s.reason
+
+
 @pytest.mark.parametrize("dtype", [DataType.BFloat16, DataType.Half])
 @pytest.mark.parametrize("hidden", [12290, 24574, 24578, 4099])
 def test_capped_narrow_backward_rows_keep_their_row_buffers_in_shared_memory(dtype, hidden):

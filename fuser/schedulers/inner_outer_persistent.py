@@ -30,6 +30,7 @@ from fuser.schedulers.row_fit import fit
 from fuser.schedulers.row_geometry import staged_cap
 from fuser.schedulers.row_records import (
     FewerRowsFirst,
+    NarrowSums,
     PackedFirst,
     PackedRows,
     Phase,
@@ -322,6 +323,13 @@ POLICY = RowPolicy(
     # (fp32 24578) keep the policy's threads: not measured since 2026-12-01's mixed results.
     staged_narrow_threads=512,
     staged_narrow_bytes=4,
+    # Narrow rows of two column sums (LayerNorm backward's weight and bias gradients), bf16
+    # and fp16, at 256 threads: four or three blocks per SM where 512 left two. H100, bf16,
+    # the tree before against this: layernorm_bwd 2050 / 3001 / 4099 0.57 / 0.71 / 0.74 ->
+    # 0.73 / 0.75 / 0.80 (up to 17 vectors a thread); 5001 (20) 0.80 -> 0.79 and 6147 (25)
+    # lost, fp32 3001 0.90 -> 0.88, and rows of one column sum lost or held (rmsnorm_bwd 3001
+    # 0.83 -> 0.77) ("narrow rows of two column sums" in bench/TUNING.md)
+    staged_narrow_sums=NarrowSums(column_sums=2, element_bytes=2, threads=256, vectors=17),
     min_block_threads=128,  # small blocks: more fit an SM, so more rows are in flight
     partials_pack=0.5,  # two rows per block where partial rows weigh half a row or more
     # a thread's column sums hold 8 fp32 lanes per vector: 128 threads for 4099's 514

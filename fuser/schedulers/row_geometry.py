@@ -66,12 +66,20 @@ def packed(fusion: RowFusion, policy: RowPolicy) -> PackedRows | None:
 def staged_cap(fusion: RowFusion, problem: Problem, policy: RowPolicy) -> int | None:
     """policy.staged_narrow_threads where the policy stages this fusion's rows first (its
     passes reach policy.staged_passes) and their vectors are narrower than 16 bytes, of at
-    most policy.staged_narrow_bytes (of the widest row input's elements)."""
+    most policy.staged_narrow_bytes (of the widest row input's elements); fewer where the
+    fusion has policy.staged_narrow_sums' column sums and a thread keeps few enough vectors
+    at its threads."""
     if not policy.stages_first(fusion.passes):
         return None
     vec = fusion.vec(problem)
-    narrow = fusion.narrow(vec) and vec * fusion.widest <= policy.staged_narrow_bytes
-    return policy.staged_narrow_threads if narrow else None
+    if not (fusion.narrow(vec) and vec * fusion.widest <= policy.staged_narrow_bytes):
+        return None
+    sums = policy.staged_narrow_sums
+    if (sums is not None and len(fusion.info.outer_reductions) >= sums.column_sums
+            and fusion.widest <= sums.element_bytes
+            and ceil_div(problem.hidden, vec * sums.threads) <= sums.vectors):
+        return sums.threads
+    return policy.staged_narrow_threads
 
 
 def fusion_split(fusion: RowFusion, problem: Problem, policy: RowPolicy, device: DeviceSpec,

@@ -76,6 +76,19 @@ class FewerRowsFirst:
 
 
 @dataclass(frozen=True)
+class NarrowSums:
+    """Narrow staged rows of fusions with at least `column_sums` column sums, of row elements
+    of at most `element_bytes`, take `threads` threads a row (below
+    RowPolicy.staged_narrow_threads) where a thread then owns at most `vectors` of their
+    vectors (row_geometry.staged_cap)."""
+
+    column_sums: int
+    element_bytes: int
+    threads: int
+    vectors: int
+
+
+@dataclass(frozen=True)
 class RowPolicy:
     """What distinguishes one persistent scheduler from the other: how rows are dealt to
     threads, how many threads a block of short rows reaches, and the order in which storages
@@ -120,6 +133,9 @@ class RowPolicy:
     # Where blocks of fewer rows in more stages go before the search's first schedule
     # (None: never; RowSearch._fewer_rows_first)
     fewer_rows_first: FewerRowsFirst | None = None
+    # Fewer threads than staged_narrow_threads for the narrow rows of fusions with several
+    # column sums (None: never)
+    staged_narrow_sums: NarrowSums | None = None
 
     def stages_first(self, passes: int) -> bool:
         """Whether a fusion of this many passes over each row stages its rows in shared
