@@ -202,7 +202,7 @@ def outer_context(info: FusionInfo, s: OuterSchedule) -> dict:
                + q["hoisted"]["lines"]]
     readers += [r["value"] for q in levels for r in q["reductions"]]
     readers += [o["value"] for o in final["outputs"] + final["column_outputs"]] + col_lines
-    types = _buffer_types(info)
+    types = _buffer_types(info, folds)
     return {
         "intro": _intro(s),
         "s": s,
@@ -221,12 +221,12 @@ def outer_context(info: FusionInfo, s: OuterSchedule) -> dict:
     }
 
 
-def _buffer_types(info: FusionInfo) -> dict[str, str]:
+def _buffer_types(info: FusionInfo, folds: tuple[tuple[Fold, ...], ...]) -> dict[str, str]:
     """The C++ type of each buffer outer_persistent plans: a tile holds its input's type; the
     fold buffers' types are the scheduler's (fold_buffer_types)."""
     types = {tile_buffer(t): t.dtype.cuda_type for t in info.full_inputs}
     types[LEVEL_BARRIERS] = "unsigned long long"
-    return {**types, **fold_buffer_types(info)}
+    return {**types, **fold_buffer_types(folds)}
 
 
 def _intro(s: OuterSchedule) -> list[str]:

@@ -319,7 +319,8 @@ def _schedule(info: FusionInfo, problem: Problem, device: DeviceSpec, vec: int, 
     groups = fold_groups(col_lanes, row_lanes, device.warp_size)
     held_rows = min(held_rows, ceil_div(rank_rows, row_lanes))
     held = info.full_inputs[-1] if held_rows else None
-    plan = _smem(info, slab, groups, rank_rows, cluster, device, streamed,
+    levels = fold_levels(info)
+    plan = _smem(info, levels, slab, groups, rank_rows, cluster, device, streamed,
                  held, held_tile_start(held_rows, row_lanes))
     registers = STREAMED_REGISTERS if streamed else REGISTERS
     if held is not None:
@@ -338,8 +339,7 @@ def _schedule(info: FusionInfo, problem: Problem, device: DeviceSpec, vec: int, 
         reason += (f"; {held.name}'s first {held_rows} rows of each thread held in registers, "
                    f"for {blocks} blocks per SM")
     reason += "".join(f"; {fold.words()} (one pass and one fold for both)"
-                      for level in fold_levels(info) for fold in level
-                      if fold.online_sum is not None)
+                      for level in levels for fold in level if fold.online_sum is not None)
     return OuterSchedule("outer_persistent", reason, problem.hidden, rows, vec, slab, col_lanes,
                          row_lanes, groups, cluster, rank_rows, max(1, blocks), plan, streamed,
                          held.name if held is not None else "", held_rows)
@@ -364,12 +364,13 @@ def fold_groups(col_lanes: int, row_lanes: int, warp: int) -> int:
     return max(1, row_lanes // span)
 
 
-def _smem(info: FusionInfo, slab: int, groups: int, rank_rows: int, cluster: int,
-          device: DeviceSpec, streamed: bool, held: Tensor | None = None, held_rows: int = 0
-          ) -> SmemPlan:
+def _smem(info: FusionInfo, levels: tuple[tuple[Fold, ...], ...], slab: int, groups: int,
+          rank_rows: int, cluster: int, device: DeviceSpec, streamed: bool,
+          held: Tensor | None = None, held_rows: int = 0) -> SmemPlan:
     """The shared-memory plan of a slab: the block's rows of each full input (none where
     streamed; of `held`, those past its first `held_rows`, which the threads keep in
-    registers), the fold buffers, a cluster's inboxes and mbarriers."""
+    registers), the fold buffers of `levels` (fold_levels), a cluster's inboxes and
+    mbarriers."""
     requests = []
     for t in () if streamed else info.full_inputs:
         kept = rank_rows - held_rows if t is held else rank_rows
@@ -377,7 +378,6 @@ def _smem(info: FusionInfo, slab: int, groups: int, rank_rows: int, cluster: int
         requests.append((tile_buffer(t), max(kept, 0) * slab * t.dtype.itemsize,
                          f"{t.name}'s rows of the slab ({t.dtype.label}{past}): "
                          f"{max(kept, 0)} x {slab}"))
-    levels = fold_levels(info)
     lanes: dict[str, list[Fold]] = {}  # the folds taking turns in each buffer
     totals: dict[str, list[Fold]] = {}
     for fold in (fold for level in levels for fold in level):
@@ -438,10 +438,9 @@ def inbox_buffer(fold: Fold) -> str:
     return f"s_inbox_{fold.name}"
 
 
-def fold_buffer_types(info: FusionInfo) -> dict[str, str]:
-    """The C++ type of each lanes, inbox and totals buffer."""
+def fold_buffer_types(levels: tuple[tuple[Fold, ...], ...]) -> dict[str, str]:
+    """The C++ type of each lanes, inbox and totals buffer of the folds of `levels`."""
     types = {}
-    levels = fold_levels(info)
     for fold in (fold for level in levels for fold in level):
         types[lanes_buffer(levels, fold)] = lane_type(fold)
         types[inbox_buffer(fold)] = types[total_buffer(levels, fold)] = fold_total_type(fold)
