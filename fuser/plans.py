@@ -38,7 +38,7 @@ from fuser.schedulers.base import FinalizeSchedule, KernelSchedule, Problem
 from fuser.schedulers.hints import Hints
 from fuser.signature import KernelSource
 
-FORMAT = 1  # of the key and the record; bumped when either changes meaning
+FORMAT = 2  # of the key and the record; bumped when either changes meaning
 
 Plan = tuple[KernelSchedule, FinalizeSchedule | None, KernelSource]
 

@@ -38,6 +38,12 @@ from fuser.schedulers.base import (
     skewed_column_pad,
 )
 from fuser.schedulers.finalize import lanes_buffers
+from fuser.schedulers.row_variance import (
+    ShiftedVariance,
+    pass_levels,
+    row_passes,
+    shifted_variance,
+)
 from fuser.signature import accumulator_type
 
 COPY = {True: "fm::Copy::CHUNKS", False: "fm::Copy::VECTORS"}
@@ -51,6 +57,11 @@ class Declaration:
     name: str
     args: list[str]
     comment: list[str] = field(default_factory=list)
+
+
+def variance_of(info: FusionInfo, s: RowSchedule) -> ShiftedVariance | None:
+    """The variance whose two levels the schedule runs as one pass, or None."""
+    return shifted_variance(info) if s.shifted_variance else None
 
 
 def _smem(schedule: RowSchedule, name: str) -> str:
@@ -155,8 +166,9 @@ def block_objects(info: FusionInfo, s: RowSchedule) -> list[Declaration]:
     objects = [_column(t, s) for t in info.col_inputs]
     objects += [_accumulator(e, s) for e in info.outer_reductions]
     if info.inner_levels:
-        width = max(len(level) for level in info.inner_levels)
-        red_type = max((ctype(e.outputs[0]) for level in info.inner_levels for e in level),
+        levels = pass_levels(info, variance_of(info, s))
+        width = max(len(level) for level in levels)
+        red_type = max((ctype(e.outputs[0]) for level in levels for e in level),
                        key=lambda t: (_bytes(t), t != "bool"))
         objects.append(Declaration(
             f"fm::RowReducer<{red_type}, Part, {width}>", "reduce",
@@ -199,8 +211,10 @@ def refill(info: FusionInfo, s: RowSchedule) -> list[str]:
     -> 0.80, softmax_fwd 131072 0.88 -> 0.83) and are not refilled: bench/TUNING.md, "refilled
     rows"."""
     staged = copies(info, s)["staged"]
+    passes = row_passes(info, variance_of(info, s))
     if s.dealing is not Dealing.DYNAMIC or not row_dealing.refills(
-            info, s.stages, s.aligned_copy, bool(staged), s.ring, s.threads_per_row, s.skew):
+            info, passes, s.stages, s.aligned_copy, bool(staged), s.ring, s.threads_per_row,
+            s.skew):
         return []
     return staged
 
@@ -214,7 +228,8 @@ def _refilled(body: dict, copied: dict, buffers: list[str], access: dict[str, Ro
     copied["guard"] = "if (it == 0) "
     last = body["passes"][-1]
     last["opening_lines"] = [
-        "const long long next = rows.dealt(it) + part.ty + zero;  // refilling the row slots"]
+        "const long long next = rows.dealt(it) + part.ty + zero;  // refilling the row slots",
+        *last["opening_lines"]]
     last["vector_lines"] = [
         f"{access[b].guard('next')}{b}.refill(v, {f'x_{b}' if b in last['rows'] else '{}'}, "
         f"slot, {access[b].row('next')}, {access[b].bound()});"
@@ -295,6 +310,34 @@ class Passes:
                 "element_lines": lines, "reductions": reductions, "outputs": [],
                 "accumulators": [], "after_lines": self.row_lines(k + 1)}
 
+    def shifted(self, fold: ShiftedVariance) -> dict:
+        """The pass of a variance's two levels (row_variance.py): sum(x) as the first level
+        sums it, beside sum((x - k)^2); the squared deviations from the mean made from the
+        two after the exchange, then the row values of both levels."""
+        k, level = fold.level, self.info.inner_levels[fold.level]
+        emitter = self._emitter()
+        lines = emitter.emit([e.inputs[0] for e in level])
+        lines += self._keep(emitter)
+        reductions = [reduction(e, emitter.env[e.inputs[0]]) for e in level]
+        x, total, squares = fold.operand.name, fold.total.outputs[0], fold.squares.outputs[0]
+        d = f"({emitter.env[fold.operand]} - {fold.shift})"
+        reductions.append({"var": f"row_{squares.name}", "ctype": ctype(squares),
+                           "functor": REDUCTIONS["sum"].functor, "value": f"{d} * {d}"})
+        count = f"static_cast<float>({self.row_env[fold.count]})"
+        s, q, dev = f"row_{total.name}", f"row_{squares.name}", f"dev_{total.name}"
+        after = [f"const float {dev} = fmaf(-{fold.shift}, {count}, {s});  // sum({x} - "
+                 f"{fold.shift})",
+                 f"{q} -= {dev} * ({dev} / {count});  // sum(({x} - mean)^2)",
+                 f"if ({q} < 0.0f) {q} = 0.0f;  // rounding, never NaN"]
+        for e in (*level, fold.squares):
+            self.row_env[e.outputs[0]] = f"row_{e.outputs[0].name}"
+        title = (f"Inner reduction levels {k} and {k + 1}, one pass: sum({x}) -> {total.name}, "
+                 f"sum(({x} - mean)^2) -> {squares.name}.")
+        return {**self._reads(emitter), "title": title, "opening_lines": [], "vector_lines": [],
+                "element_lines": lines, "reductions": reductions, "outputs": [],
+                "accumulators": [],
+                "after_lines": after + self.row_lines(k + 1) + self.row_lines(k + 2)}
+
     def final(self) -> dict:
         info = self.info
         outputs = info.outputs(Role.FULL)
@@ -320,16 +363,22 @@ class Passes:
                 for o in self.info.outputs(Role.ROW)]
 
 
-def passes_context(info: FusionInfo, kept: tuple[str, ...] = ()) -> dict:
+def passes_context(info: FusionInfo, kept: tuple[str, ...] = (),
+                   fold: ShiftedVariance | None = None) -> dict:
     """The scalar prologue, the statements before the first pass, the register arrays of the
-    `kept` values (RowSchedule.kept), every pass and the row outputs, with the declarations
-    nothing reads left out."""
+    `kept` values (RowSchedule.kept), every pass (a variance's two levels as one where `fold`
+    says) and the row outputs, with the declarations nothing reads left out."""
     scalar_lines, scalar_env = scalar_prologue(info)
     kept_vals = tuple(v for v in info.fusion.vals if v.name in kept)
     p = Passes(info, scalar_env, kept_vals)
     start = p.row_lines(0)
-    passes = [p.level(k, level) for k, level in enumerate(info.inner_levels)]
-    if len(passes) < info.row_passes:
+    passes = []
+    for k, level in enumerate(info.inner_levels):
+        if fold is not None and k == fold.level:
+            passes.append(p.shifted(fold))
+        elif fold is None or k != fold.level + 1:
+            passes.append(p.level(k, level))
+    if info.row_passes > len(info.inner_levels):
         passes.append(p.final())
     row_outputs = p.row_outputs()
     readers = [line for q in passes for line in q["element_lines"]]
@@ -442,9 +491,21 @@ def intro(info: FusionInfo, s: RowSchedule) -> list[str]:
     return [part for line in lines for part in textwrap.wrap(line, 117)]
 
 
+def row_start_lines(fold: ShiftedVariance | None, access: dict[str, RowAccess]) -> list[str]:
+    """The statements at the start of each row, before its copies land: the shift of a
+    variance's sums (row_variance.py), from the first elements of its source's row."""
+    if fold is None:
+        return []
+    source = fold.source.name
+    return ["// the shift of the row's variance sums, from its first elements",
+            f"const float {fold.shift} = fm::row_shift(part, g_{source}, "
+            f"{access[source].row('row')} * H, valid);"]
+
+
 def row_context(info: FusionInfo, s: RowSchedule, finalize: FinalizeSchedule | None) -> dict:
     """Everything row_kernel.cu.j2 places but the header and the signature."""
-    body = passes_context(info, s.kept)
+    fold = variance_of(info, s)
+    body = passes_context(info, s.kept, fold)
     dealt = dealer(info, s)
     copied = copies(info, s)
     access = row_access(info)
@@ -477,6 +538,7 @@ def row_context(info: FusionInfo, s: RowSchedule, finalize: FinalizeSchedule | N
         "ring": ring,
         "access": access,
         "row_inputs": [{"name": t.name, "ctype": ctype(t)} for t in info.row_inputs],
+        "row_start_lines": row_start_lines(fold, access),
         "repeat_lines": repeat_lines(info),
         "ptx_store": str(ptx_store(s)).lower(),
         "skew_words": skew_words(s),

@@ -286,6 +286,21 @@ __device__ __forceinline__ C row_value(const T* g, long long row, bool valid) {
   return valid ? static_cast<C>(to_compute(g[row])) : C(0);
 }
 
+// The shift of a row's variance sums (fuser/schedulers/row_variance.py): the mean of the row's
+// first N elements (N: the lanes of a warp a row has, at most hidden), from element `at` on,
+// summed by every warp in the same order, so each thread of the row (and each block of its
+// cluster) holds the same value. 0 where it is not finite (an inf there would make every
+// shifted element NaN, where the exact form's mean is inf).
+template <typename Part, typename T>
+__device__ __forceinline__ float row_shift(const Part& part, const T* g, long long at, bool valid) {
+  constexpr int LANES = Part::TPR < 32 ? Part::TPR : 32;
+  constexpr int N = LANES < Part::H ? LANES : Part::H;
+  const int lane = part.tx % LANES;
+  const float first = row_value<float>(g, at + lane, valid && lane < N);
+  const float k = warp_reduce<LANES>(first, Sum{}) * (1.0f / N);
+  return isfinite(k) ? k : 0.0f;
+}
+
 // ----- row buffers ([rows, hidden] inputs): at(v) is vector v of the current row -----
 
 // Kept in registers: the thread's vectors of the row, all loads issued before any is used.

@@ -371,6 +371,39 @@ def test_rows_not_skewed_at_one_block_per_sm_match_reference(name, hidden, dtype
     assert not s.skew and "skewed rows would re-read" in s.reason, s.reason
 
 
+def _variance_data(kind: str, x: np.ndarray) -> np.ndarray:
+    """LayerNorm rows whose shifted sums could cancel or poison: far from 0 (mean 300), an
+    outlier among the first elements the shift is taken from (and one more later), a
+    constant row, an inf as the first element of some rows, a NaN inside others."""
+    x = x.astype(np.float32)
+    if kind == "offset":
+        x = x + 300.0
+    elif kind == "outliers":
+        x[:, 0], x[:, -1] = 3000.0, -2000.0
+    elif kind == "constant":
+        x[:] = 7.5
+    elif kind == "inf_first":
+        x[::3, 0] = np.inf
+    elif kind == "nan":
+        x[1::4, x.shape[1] // 2] = np.nan
+    return x
+
+
+@pytest.mark.parametrize("kind", ["normal", "offset", "outliers", "constant", "inf_first", "nan"])
+@pytest.mark.parametrize(("hidden", "rows"), [(7, 1000), (4099, 1000), (24578, 64), (65537, 33)])
+@pytest.mark.parametrize("dtype", [DataType.BFloat16, DataType.Half], ids=lambda d: d.name)
+def test_variance_in_one_pass_matches_reference(kind, hidden, rows, dtype, rng):
+    """LayerNorm forward over rows off 16-byte boundaries folds its mean and variance into one
+    pass of sums shifted by the mean of each row's first elements (row_variance.py); mean,
+    rstd and y match the float64 reference on data that would break an unshifted or a
+    careless fold (the same inf and NaN where the exact form gives them)."""
+    fd = FUSIONS["layernorm_fwd"](dtype)
+    host = make_inputs("layernorm_fwd", rows, hidden, dtype, rng)
+    host[0] = _variance_data(kind, host[0]).astype(host[0].dtype)
+    fd.validate(to_device(host))
+    assert fd.last_schedule().shifted_variance, fd.last_schedule().reason
+
+
 FEWER_ROWS = [("dropout_rmsnorm_bwd", 3072, DataType.BFloat16, 2),
               ("dropout_rmsnorm_bwd", 6144, DataType.Half, 1),
               ("dropout_rmsnorm_bwd", 7168, DataType.BFloat16, 1),

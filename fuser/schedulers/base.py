@@ -205,6 +205,8 @@ class RowSchedule:
     blocks_per_sm: int  # residency it was sized for; __launch_bounds__ holds ptxas to it
     dealing: Dealing  # how row groups are dealt to blocks (row_dealing.py)
     smem: SmemPlan  # every shared buffer, with the static slot
+    # a variance's two reduction levels run as one pass of shifted sums (row_variance.py)
+    shifted_variance: bool = False
 
     @property
     def threads(self) -> int:
@@ -238,7 +240,8 @@ class RowSchedule:
         return next(p for p in self.placements if p.tensor == tensor)
 
     def __str__(self) -> str:
-        skip = ("smem",) if self.ring else ("smem", "ring")  # no ring: nothing to show
+        skip: tuple[str, ...] = ("smem",) if self.ring else ("smem", "ring")  # none: not shown
+        skip += () if self.shifted_variance else ("shifted_variance",)
         return "RowSchedule\n  " + "\n  ".join(_field_lines(self, skip=skip))
 
 

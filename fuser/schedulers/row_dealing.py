@@ -47,15 +47,15 @@ def publishes_at_reduction(info: FusionInfo, threads_per_row: int) -> bool:
     return bool(info.inner_levels) and threads_per_row > 32
 
 
-def refills(info: FusionInfo, stages: int, aligned_copy: bool, staged: bool,
+def refills(info: FusionInfo, passes: int, stages: int, aligned_copy: bool, staged: bool,
             ring: StagingRing | None, threads_per_row: int, skew: int) -> bool:
     """Whether a kernel dealt rows by a counter refills its row slots with the next group
     during each row's last pass (row_codegen.refill): one stage of rows staged by cp.async of
     whole vectors (each thread reads back only what it copied) that divide the rows (not
-    skewed), outside a staging ring, with a pass after the first reduction, whose barrier
-    publishes the next group."""
+    skewed), outside a staging ring, with a pass after the first reduction (of its `passes`
+    over each row), whose barrier publishes the next group."""
     return (stages == 1 and staged and ring is None and not aligned_copy and not skew
-            and info.row_passes >= 2 and publishes_at_reduction(info, threads_per_row))
+            and passes >= 2 and publishes_at_reduction(info, threads_per_row))
 
 
 def rebuilt_dealing(dealing: Dealing, blocks_per_sm: int) -> Dealing:

@@ -117,7 +117,7 @@ def _ring(phase: Phase, geo: RowGeometry, storage: dict[str, Storage], requests:
     if geo.rows_per_block == 1:
         planned = plan_ring([(t.name, t.dtype.itemsize) for t in ringed], problem.hidden,
                             geo.vec, geo.threads_per_row, geo.batch, geo.cluster,
-                            phase.fusion.passes, problem.align_bytes, device.arch, room)
+                            phase.fusion.run_passes, problem.align_bytes, device.arch, room)
     left = [t.name for t in ringed if planned is None or t.name not in planned[0].tensors]
     if planned is None or (left and phase.hints.storage is not None):
         return Rejection(f"cluster={geo.cluster} {_storage_words(storage)}", (
@@ -278,10 +278,11 @@ def _schedule(phase: Phase, geo: RowGeometry, choice: StorageChoice,
         regs_estimate=regs,
         blocks_per_sm=residency,
         dealing=row_dealing.pick(phase, geo, dealings, stages, residency,
-                                 row_dealing.refills(info, stages, aligned_copy,
+                                 row_dealing.refills(info, fusion.run_passes, stages, aligned_copy,
                                                      any(p.async_copy for p in placements), ring,
                                                      geo.threads_per_row, geo.skew)),
         smem=plan,
+        shifted_variance=fusion.variance is not None,
     )
 
 
@@ -322,5 +323,7 @@ def _reason(phase: Phase, geo: RowGeometry, choice: StorageChoice,
         ops = {v.name: v.definition.op for v in phase.fusion.kept if v.definition is not None}
         words.append(f"{', '.join(f'{ops[k]} {k}' for k in kept_names)} kept in registers "
                      "for the pass that needs it again")
+    if phase.fusion.variance is not None:
+        words.append(phase.fusion.variance.words())
     words.append(f"~{regs} regs/thread, ~{residency} block(s)/SM")
     return ", ".join(words) + (f" ({phase.why})" if phase.why else "")

@@ -27,6 +27,7 @@ from fuser.schedulers.base import (
     skewed_vectors,
 )
 from fuser.schedulers.hints import Hints
+from fuser.schedulers.row_variance import ShiftedVariance, pass_levels, row_passes
 
 # Rows shorter than this many of the widest vectors are not skewed: a thread would read a
 # whole vector of several rows for the few elements of its own (not measured below it).
@@ -153,24 +154,28 @@ class RowFusion:
     accumulator_bytes: tuple[int, ...]  # per outer reduction: 8 (double) or 4 (float)
     width: int  # reductions in the widest inner level (one block round trip serves a level)
     reduction_bytes: int  # 8 when any inner reduction accumulates in double, else 4
-    passes: int  # passes over each row: one per inner reduction level, one for the outputs
+    # passes over each row: one per inner reduction level, one for the outputs; the policy
+    # tables' thresholds count these, as they were measured (a folded variance too)
+    passes: int
     itemsizes: tuple[int, ...]  # of every tensor a row's vectors must suit
     widest: int  # the item size of the widest row input (1 without row inputs)
     kept: tuple[Val, ...]  # element values a later pass needs again (analysis.kept_values)
     kept_bytes: tuple[int, ...]  # per kept value: 8 (double) or 4 (float)
+    variance: ShiftedVariance | None = None  # a variance's two levels run as one pass
 
     @classmethod
-    def of(cls, info: FusionInfo) -> RowFusion:
+    def of(cls, info: FusionInfo, variance: ShiftedVariance | None = None) -> RowFusion:
         full = sorted(info.full_inputs, key=lambda t: (
             _weight_related(t, info), t in info.persistent, t.index))
         inner = [e for level in info.inner_levels for e in level]
+        levels = pass_levels(info, variance)
         kept = kept_values(info)
         return cls(
             info=info,
             full=tuple(full),
             cols=tuple(info.col_inputs),
             accumulator_bytes=tuple(_bytes(e.outputs[0]) for e in info.outer_reductions),
-            width=max((len(level) for level in info.inner_levels), default=0),
+            width=max((len(level) for level in levels), default=0),
             reduction_bytes=max((_bytes(e.outputs[0]) for e in inner), default=4),
             passes=info.row_passes,
             itemsizes=tuple(t.dtype.itemsize for t in (
@@ -178,11 +183,18 @@ class RowFusion:
             widest=max((t.dtype.itemsize for t in full), default=1),
             kept=kept,
             kept_bytes=tuple(_bytes(v) for v in kept),
+            variance=variance,
         )
 
     @property
     def buffers(self) -> tuple[Tensor, ...]:
         return self.full + self.cols
+
+    @property
+    def run_passes(self) -> int:
+        """The passes the kernel runs over each row (`variance`'s two levels as one): what a
+        staging ring streams the row for, and what a refill needs two of."""
+        return row_passes(self.info, self.variance)
 
     def narrow(self, vec: int) -> bool:
         """Whether vectors of `vec` elements of the widest row input are narrower than 16

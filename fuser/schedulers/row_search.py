@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from fuser.analysis import FusionInfo, Role
 from fuser.device import DeviceSpec
 from fuser.errors import HintError, OutOfResourcesError
+from fuser.schedulers import row_variance
 from fuser.schedulers.base import Problem, RowSchedule, Storage
 from fuser.schedulers.finalize import default_lanes, finalized, needs_finalize
 from fuser.schedulers.hints import HintContext, Hints, check, powers_of_two
@@ -84,7 +85,8 @@ class RowSearch:
 
     def __init__(self, info: FusionInfo, problem: Problem, device: DeviceSpec,
                  policy: RowPolicy, hints: Hints | None = None):
-        self.fusion = RowFusion.of(info)
+        self.fusion = RowFusion.of(info, row_variance.folds(info, problem.hidden,
+                                                            problem.align_bytes))
         self.problem = problem
         self.device = device
         self.policy = policy

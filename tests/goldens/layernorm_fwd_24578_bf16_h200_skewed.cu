@@ -56,7 +56,8 @@
 // RowSchedule
 //   scheduler          inner_persistent
 //   reason             registers-first policy: T0 in smem, T1,T2 re-read each pass, skewed rows (8-element vectors from
-//       the boundary below each row's start, which lies on a multiple of 2), ~48 regs/thread, ~2 block(s)/SM
+//       the boundary below each row's start, which lies on a multiple of 2), sum(T3) -> T5 and sum((T3 - mean)^2) ->
+//       T16 in one pass, shifted by the mean of the row's first elements, ~48 regs/thread, ~2 block(s)/SM
 //   hidden             24578
 //   vec                8
 //   skew               2
@@ -75,13 +76,14 @@
 //   regs_estimate      48
 //   blocks_per_sm      2
 //   dealing            strided
+//   shifted_variance   True
 //
 // shared memory plan:
 // buffer       bytes  offset  aligned  purpose
 // s_T0         49168       0    49280  row buffer T0 (BFloat16), 1 stage(s) x 1 row(s) x 24584
-// s_reduce       128   49280      128  inner-reduction scratch: 2 parities x 1 x 1 row(s) x 16 warps x 4 B
+// s_reduce       256   49280      256  inner-reduction scratch: 2 parities x 2 x 1 row(s) x 16 warps x 4 B
 // static slot    128  static      128  static __shared__ (magic zero)
-// total 49536 B = dynamic 49408 + static 128; limit 232448 B; headroom 182912 B; alignment 128 B
+// total 49664 B = dynamic 49536 + static 128; limit 232448 B; headroom 182784 B; alignment 128 B
 
 #include "fuser_rows.cuh"
 #include "fuser_row_ring.cuh"
@@ -114,7 +116,7 @@ layernorm_fwd_row(
   extern __shared__ __align__(128) unsigned char smem[];
   // row buffer T0 (BFloat16), 1 stage(s) x 1 row(s) x 24584
   unsigned char* const s_T0 = smem;
-  // inner-reduction scratch: 2 parities x 1 x 1 row(s) x 16 warps x 4 B
+  // inner-reduction scratch: 2 parities x 2 x 1 row(s) x 16 warps x 4 B
   unsigned char* const s_reduce = smem + 49280;
   const long long S4 = static_cast<long long>(H);
   const long long S12 = 0LL;
@@ -126,7 +128,7 @@ layernorm_fwd_row(
   fm::ColumnInGlobal<__nv_bfloat16, Part> T1(g_T1);
   fm::ColumnInGlobal<__nv_bfloat16, Part> T2(g_T2);
   // the row reductions: warps, then the row's warps, then the cluster's blocks
-  fm::RowReducer<float, Part, 1> reduce(s_reduce, nullptr);
+  fm::RowReducer<float, Part, 2> reduce(s_reduce, nullptr);
   fm::RowInSmem<__nv_bfloat16, Part, fm::Copy::VECTORS, 49168> T0(s_T0, g_T0);
 
   const long long row_stride = part.row_stride();
@@ -135,38 +137,31 @@ layernorm_fwd_row(
     const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
     const int skew = Part::skew(row);  // elements from the row's vector boundary to its start (a multiple of 2)
+    // the shift of the row's variance sums, from its first elements
+    const float shift_T5 = fm::row_shift(part, g_T0, row * H, valid);
     const int slot = part.ty;
     T0.copy(part, slot, row, n_rows);
     fm::cp_async_commit();
     fm::cp_async_wait<0>();
     T0.ready(part, slot, row);
 
-    // Inner reduction level 0: sum(T3) -> T5.
+    // Inner reduction levels 0 and 1, one pass: sum(T3) -> T5, sum((T3 - mean)^2) -> T16.
     float row_T5 = fm::Sum::identity<float>();
-    fm::for_each_vector(part, skew, [&](const auto& v) {
-      const auto x_T0 = T0.at(v);
-#pragma unroll
-      for (int i = 0; i < Part::VEC; ++i) {
-        const float e_T3 = fm::element(x_T0, i);
-        if (fm::in_row<Part>(v, i)) row_T5 = fm::Sum{}(row_T5, e_T3);
-      }
-    });
-    reduce(part, fm::reduced(row_T5, fm::Sum{}));
-    const float row_T6 = (row_T5 / static_cast<float>(S4));
-
-    // Inner reduction level 1: sum(T11) -> T16.
     float row_T16 = fm::Sum::identity<float>();
     fm::for_each_vector(part, skew, [&](const auto& v) {
       const auto x_T0 = T0.at(v);
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
         const float e_T3 = fm::element(x_T0, i);
-        const float e_T10 = (e_T3 - row_T6);
-        const float e_T11 = (e_T10 * e_T10);
-        if (fm::in_row<Part>(v, i)) row_T16 = fm::Sum{}(row_T16, e_T11);
+        if (fm::in_row<Part>(v, i)) row_T5 = fm::Sum{}(row_T5, e_T3);
+        if (fm::in_row<Part>(v, i)) row_T16 = fm::Sum{}(row_T16, (e_T3 - shift_T5) * (e_T3 - shift_T5));
       }
     });
-    reduce(part, fm::reduced(row_T16, fm::Sum{}));
+    reduce(part, fm::reduced(row_T5, fm::Sum{}), fm::reduced(row_T16, fm::Sum{}));
+    const float dev_T5 = fmaf(-shift_T5, static_cast<float>(S4), row_T5);  // sum(T3 - shift_T5)
+    row_T16 -= dev_T5 * (dev_T5 / static_cast<float>(S4));  // sum((T3 - mean)^2)
+    if (row_T16 < 0.0f) row_T16 = 0.0f;  // rounding, never NaN
+    const float row_T6 = (row_T5 / static_cast<float>(S4));
     const float row_T17 = (row_T16 / static_cast<float>(S15));
     const float row_T22 = (row_T17 + static_cast<float>(S21));
     const float row_T23 = fm::rsqrt(row_T22);
