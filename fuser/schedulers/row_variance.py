@@ -19,10 +19,11 @@ mean too: an outlier among the first elements (k 94 from a mean of 0.2) cost the
 of itself on the GPU.
 
 Only where it was measured to win: rows of 2-byte elements that do not start on 16-byte
-boundaries (single-element, 2-element or skewed rows: LayerNorm forward bf16 65537 0.63 ->
-0.71, 24578 0.83 -> 0.86 of the copy on an H100, float sums), where the passes'
-instructions, not the traffic, set the time. Aligned rows keep the two levels (they lost
-0.05 at 4096), and so do 4-byte rows, whose outputs keep the exact form's digits.
+boundaries (single-element, 2-element or skewed rows: LayerNorm forward bf16 65537 / 24586
+/ 4099 0.63 / 0.81 / 0.75 -> 0.67 / 0.84 / 0.78 of the copy on an H100), where the passes'
+instructions, not the traffic, set the time. Aligned rows keep the two levels (unshifted
+sums in one level lost 0.05 at 4096), and so do 4-byte rows, whose outputs keep the exact
+form's digits.
 """
 
 from __future__ import annotations
