@@ -492,12 +492,13 @@ def intro(info: FusionInfo, s: RowSchedule) -> list[str]:
 
 
 def row_start_lines(fold: ShiftedVariance | None, access: dict[str, RowAccess]) -> list[str]:
-    """The statements at the start of each row, before its copies land: the shift of a
-    variance's sums (row_variance.py), from the first elements of its source's row."""
+    """The statements of each row placed after its copies are issued and before they are
+    waited for: the shift of a variance's sums (row_variance.py), from the first elements of
+    its source's row, whose load and shuffles then hold back no copy."""
     if fold is None:
         return []
     source = fold.source.name
-    return ["// the shift of the row's variance sums, from its first elements",
+    return ["// the shift of the row's variance sums, from its first elements (copies in flight)",
             f"const float {fold.shift} = fm::row_shift(part, g_{source}, "
             f"{access[source].row('row')} * H, valid);"]
 
@@ -538,7 +539,7 @@ def row_context(info: FusionInfo, s: RowSchedule, finalize: FinalizeSchedule | N
         "ring": ring,
         "access": access,
         "row_inputs": [{"name": t.name, "ctype": ctype(t)} for t in info.row_inputs],
-        "row_start_lines": row_start_lines(fold, access),
+        "row_start_lines": row_start_lines(fold, access),  # placed before the copies' wait
         "repeat_lines": repeat_lines(info),
         "ptx_store": str(ptx_store(s)).lower(),
         "skew_words": skew_words(s),

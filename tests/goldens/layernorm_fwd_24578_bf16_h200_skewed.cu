@@ -137,11 +137,11 @@ layernorm_fwd_row(
     const long long row = row0 + part.ty + zero;
     const bool valid = row < n_rows;
     const int skew = Part::skew(row);  // elements from the row's vector boundary to its start (a multiple of 2)
-    // the shift of the row's variance sums, from its first elements
-    const float shift_T5 = fm::row_shift(part, g_T0, row * H, valid);
     const int slot = part.ty;
     T0.copy(part, slot, row, n_rows);
     fm::cp_async_commit();
+    // the shift of the row's variance sums, from its first elements (copies in flight)
+    const float shift_T5 = fm::row_shift(part, g_T0, row * H, valid);
     fm::cp_async_wait<0>();
     T0.ready(part, slot, row);
 
