@@ -8,15 +8,15 @@ level does: the mean is the same) and (x - k)^2 for a per-row shift k, and then
     sum((x - mean)^2) = max(S2 - D * D / n, 0),    D = sum(x) - n * k
 
 with S2 = sum((x - k)^2). Unshifted (k = 0) that cancels where a row's mean is large against
-its spread (a mean of 1000 and a spread of 1 keep about 6 % of the variance in float); with
-k near the mean it loses about float's epsilon times |mean - k| (|mean| + |k|) / spread^2 of
-the variance. k is the mean of the row's first elements (as many as a warp of the row has
-lanes, up to 32), which every warp of the row (and of each block of a cluster) reads from
-global memory and sums in the same order as the row starts (fm::row_shift), so one outlier
-among them moves k by a 32nd of its distance. Sums in double instead cost the gain they were
-for (bench/TUNING.md, "LayerNorm forward at odd sizes"). A first form summed x - k for the
-mean too: an outlier among the first elements (k 94 from a mean of 0.2) cost the mean 3e-4
-of itself on the GPU.
+its spread (a mean of 1000 and a spread of 1 keep about 6 % of the variance in float); with k
+near the mean it loses about float's epsilon times |mean - k| (|mean| + |k|) / spread^2 of the
+variance. k is the mean of the row's first elements (as many as a warp of the row has lanes,
+up to 32), which every warp of the row (and of each block of a cluster) reads from global
+memory and sums in the same order while the row's copies are in flight (fm::row_shift,
+row_codegen.row_start_lines), so one outlier among them moves k by a 32nd of its distance.
+Sums in double instead cost the gain they were for (bench/TUNING.md, "LayerNorm forward at odd
+sizes"). A first form summed x - k for the mean too: an outlier among the first elements (k 94
+from a mean of 0.2) cost the mean 3e-4 of itself on the GPU.
 
 Only where it was measured to win: rows of 2-byte elements that do not start on 16-byte
 boundaries (single-element, 2-element or skewed rows: LayerNorm forward bf16 65537 / 24586
