@@ -150,3 +150,33 @@ def test_folded_kernels_compile_without_spills(dtype, hidden, tmp_path):
     assert report.schedule.shifted_variance
     (resources,) = report.resources.values()
     assert not resources.spills, resources
+
+
+def instance_norm(dtype=DataType.BFloat16):
+    """InstanceNorm over the last two axes of [N, C, H, W] (torch.var_mean with its default
+    correction): rows of H * W elements, each row's count the product of two sizes."""
+    with FusionDefinition("instance_norm") as fd:
+        x = fd.define_tensor([-1, -1, -1, -1], dtype=dtype)
+        xf = fd.ops.cast(x, F32)
+        var, mean = fd.ops.var_mean(xf, dims=[2, 3], correction=1, keepdim=True)
+        y = fd.ops.mul(fd.ops.sub(xf, mean), fd.ops.rsqrt(fd.ops.add(var, fd.define_scalar(1e-5))))
+        fd.add_output(fd.ops.cast(y, dtype))
+    return fd
+
+
+@pytest.mark.parametrize(("shape", "folded"), [
+    ([8, 64, 7, 7], True), ([2, 3, 33, 65], True), ([8, 64, 8, 8], False)])
+def test_instance_norm_rows_fold_by_their_element_count(shape, folded, tmp_path):
+    """N-D rows (H * W elements along the last two axes, rows of a view) fold where their
+    element count misses 16-byte boundaries (49 or 2145 bf16 elements, not 64), with the
+    count the variance divides by (correction 1: n - 1) as the kernel computes it; the folded
+    kernels compile without spills."""
+    from fuser.cache import KernelCache
+
+    whole = explain(instance_norm(), [shape], None, device="h100", cache=KernelCache(tmp_path))
+    (report,) = whole.parts  # one row kernel over views of x: [N * C, H * W]
+    assert report.schedule.shifted_variance is folded
+    (resources,) = report.resources.values()
+    assert not resources.spills, resources
+    if folded:
+        assert "fm::row_shift(part, g_T0, row * H, valid)" in report.source
