@@ -328,7 +328,7 @@ class Passes:
         after = [f"const float {dev} = fmaf(-{fold.shift}, {count}, {s});  // sum({x} - "
                  f"{fold.shift})",
                  f"{q} -= {dev} * ({dev} / {count});  // sum(({x} - mean)^2)",
-                 f"if ({q} < 0.0f) {q} = 0.0f;  // rounding, never NaN"]
+                 f"if ({q} < 0.0f) {q} = 0.0f;  // rounded below 0 (a NaN stays NaN)"]
         for e in (*level, fold.squares):
             self.row_env[e.outputs[0]] = f"row_{e.outputs[0].name}"
         title = (f"Inner reduction levels {k} and {k + 1}, one pass: sum({x}) -> {total.name}, "

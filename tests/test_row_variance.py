@@ -27,15 +27,19 @@ def layernorm_fwd(dtype=DataType.BFloat16):
     return FUSIONS["layernorm_fwd"](dtype)
 
 
-def users_variance(dtype=DataType.BFloat16, other_operand=False, beside=None):
+def users_variance(dtype=DataType.BFloat16, other_operand=False, beside=None, divisor=None):
     """var(x) over rows written out as a user would: sum(x) / n, then sum((x - mean)^2) / n;
-    with `other_operand` the squares are of another input's deviations from x's mean, and
-    `beside` adds that reduction of x to the squares' level."""
+    with `other_operand` the squares are of another input's deviations from x's mean,
+    `beside` adds that reduction of x to the squares' level, and `divisor` divides the sum by
+    something else than the row's size: a constant, a per-row input, an elementwise one."""
     with FusionDefinition("users_variance") as fd:
         x = fd.define_tensor([-1, -1], dtype=dtype)
         y = fd.define_tensor([-1, -1], dtype=dtype)
         xf, yf = fd.ops.cast(x, F32), fd.ops.cast(y, F32)
-        n = fd.ops.size(x, 1)
+        n = {None: lambda: fd.ops.size(x, 1),
+             "constant": lambda: fd.define_scalar(1000.0),
+             "row": lambda: fd.define_tensor([-1, 1], dtype=F32),
+             "elements": lambda: yf}[divisor]()
         mean = fd.ops.div(fd.ops.sum(xf, dims=[1], keepdim=True), n)
         centered = fd.ops.sub(yf if other_operand else xf, mean)
         var = fd.ops.div(fd.ops.sum(fd.ops.mul(centered, centered), dims=[1], keepdim=True), n)
@@ -73,6 +77,8 @@ def test_a_users_own_variance_folds_and_other_squares_do_not():
     assert rv.shifted_variance(analyze(users_variance().fusion)) is not None
     assert rv.shifted_variance(analyze(users_variance(other_operand=True).fusion)) is None
     assert rv.shifted_variance(analyze(users_variance(beside="max").fusion)) is None
+    for divisor in ("constant", "row", "elements"):
+        assert rv.shifted_variance(analyze(users_variance(divisor=divisor).fusion)) is None
     assert rv.shifted_variance(analyze(FUSIONS["dropout_layernorm_fwd"](
         DataType.BFloat16).fusion)) is None
     fp32 = analyze(layernorm_fwd(DataType.Float).fusion)
@@ -152,31 +158,32 @@ def test_folded_kernels_compile_without_spills(dtype, hidden, tmp_path):
     assert not resources.spills, resources
 
 
-def instance_norm(dtype=DataType.BFloat16):
-    """InstanceNorm over the last two axes of [N, C, H, W] (torch.var_mean with its default
-    correction): rows of H * W elements, each row's count the product of two sizes."""
-    with FusionDefinition("instance_norm") as fd:
-        x = fd.define_tensor([-1, -1, -1, -1], dtype=dtype)
+
+def norm_3d(dims, dtype=DataType.BFloat16):
+    """A normalization over `dims` of [A, B, C] (torch.var_mean's default correction)."""
+    with FusionDefinition("norm_3d") as fd:
+        x = fd.define_tensor([-1, -1, -1], dtype=dtype)
         xf = fd.ops.cast(x, F32)
-        var, mean = fd.ops.var_mean(xf, dims=[2, 3], correction=1, keepdim=True)
+        var, mean = fd.ops.var_mean(xf, dims=dims, correction=1, keepdim=True)
         y = fd.ops.mul(fd.ops.sub(xf, mean), fd.ops.rsqrt(fd.ops.add(var, fd.define_scalar(1e-5))))
         fd.add_output(fd.ops.cast(y, dtype))
     return fd
 
 
-@pytest.mark.parametrize(("shape", "folded"), [
-    ([8, 64, 7, 7], True), ([2, 3, 33, 65], True), ([8, 64, 8, 8], False)])
-def test_instance_norm_rows_fold_by_their_element_count(shape, folded, tmp_path):
-    """N-D rows (H * W elements along the last two axes, rows of a view) fold where their
-    element count misses 16-byte boundaries (49 or 2145 bf16 elements, not 64), with the
-    count the variance divides by (correction 1: n - 1) as the kernel computes it; the folded
-    kernels compile without spills."""
+@pytest.mark.parametrize(("dims", "shape", "folded"), [
+    ([2], [3, 7, 4099], True), ([2], [2, 5, 7], True), ([2], [3, 7, 4096], False),
+    ([1, 2], [8, 7, 7], False)])
+def test_n_d_rows_fold_where_their_count_is_known(dims, shape, folded, tmp_path):
+    """Rows over the last axis of a 3-D tensor fold at odd sizes, the count the variance
+    divides by (correction 1: n - 1) the axis' size as the kernel reads it; compiled unspilled.
+    Rows over the last two axes run as a view whose count reaches the kernel as the product
+    of two scalar inputs, which the fold cannot tie to the row's elements: two levels."""
     from fuser.cache import KernelCache
 
-    whole = explain(instance_norm(), [shape], None, device="h100", cache=KernelCache(tmp_path))
-    (report,) = whole.parts  # one row kernel over views of x: [N * C, H * W]
-    assert report.schedule.shifted_variance is folded
-    (resources,) = report.resources.values()
+    report = explain(norm_3d(dims), [shape], None, device="h100", cache=KernelCache(tmp_path))
+    (part,) = getattr(report, "parts", (report,))
+    assert part.schedule.shifted_variance is folded
+    (resources,) = part.resources.values()
     assert not resources.spills, resources
     if folded:
-        assert "fm::row_shift(part, g_T0, row * H, valid)" in report.source
+        assert "fm::row_shift(part, g_T0, row * H, valid)" in part.source

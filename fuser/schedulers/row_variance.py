@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from fuser.analysis import FusionInfo, Role
 from fuser.dtypes import DataType
 from fuser.emit import through_broadcasts
-from fuser.ir import Expr, Tensor, Val
+from fuser.ir import Expr, Extent, Tensor, Val, as_tensor
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,8 @@ class ShiftedVariance:
 def shifted_variance(info: FusionInfo) -> ShiftedVariance | None:
     """The variance whose two levels fold into one, where the fusion has one: an inner level
     holding sum(x) of a float x that is a full input or its cast, and the next level holding
-    only sum((x - m)^2) with m = sum(x) / n (lowering's var_mean, or a user's own). That
+    only sum((x - m)^2) with m = sum(x) / n, n the sizes of the summed axes (lowering's
+    var_mean, or a user's own; not a count that reaches the kernel as scalar inputs). That
     level's pass then computes nothing a later pass keeps (its values are x, m and the
     square), so leaving it out loses no register array's stores (analysis.kept_values)."""
     levels = info.inner_levels
@@ -78,7 +79,8 @@ def shifted_variance(info: FusionInfo) -> ShiftedVariance | None:
             continue
         x, mean = found
         total, count = _mean_of(mean)
-        if total is None or count is None or total not in levels[k] or total.inputs[0] is not x:
+        if (total is None or count is None or total not in levels[k] or total.inputs[0] is not x
+                or not _counts_the_row(count, total)):
             continue
         source = _float_source(x, info)
         if source is not None:
@@ -133,6 +135,31 @@ def _mean_of(m: Val) -> tuple[Expr | None, Val | None]:
     if total is None or total.op != "sum" or total.outputs[0].dtype is not DataType.Float:
         return None, None
     return total, e.inputs[1]
+
+
+def _counts_the_row(count: Val, total: Expr) -> bool:
+    """Whether `count` is the number of elements `total` sums: the sizes of its reduced axes
+    (a size, or a product of sizes, as lowering's _count makes them). The folded squares,
+    S2 - D * D / n, are sum((x - sum(x) / n)^2) for that n only; a mean over another count
+    (a constant, a per-row tensor) keeps its two levels."""
+    sizes: list[Extent] = []
+    stack = [count]
+    while stack:
+        e = stack.pop().definition
+        if e is None or e.op not in ("size", "mul"):
+            return False
+        if e.op == "mul":
+            stack.extend(e.inputs)
+            continue
+        extent = e.inputs[0].dims[e.attr("dim")] if isinstance(e.inputs[0], Tensor) else None
+        if extent is None:
+            return False
+        sizes.append(extent.find())
+    x = as_tensor(total.inputs[0])
+    reduced = [x.dims[d] for d in total.attr("dims")]
+    if any(d is None for d in reduced):
+        return False
+    return sorted(map(id, sizes)) == sorted(id(d.find()) for d in reduced if d is not None)
 
 
 def _float_source(x: Val, info: FusionInfo) -> Tensor | None:
