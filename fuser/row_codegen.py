@@ -160,13 +160,15 @@ def _accumulator(e: Expr, s: RowSchedule) -> Declaration:
         [f"column reduction {e.op}({e.inputs[0].name}) -> {name}, in {s.accumulators}"])
 
 
-def block_objects(info: FusionInfo, s: RowSchedule) -> list[Declaration]:
-    """The objects a block declares once: columns, accumulators, the reducer, the ring and
-    the row buffers that are not registers (those are declared per row)."""
+def block_objects(info: FusionInfo, s: RowSchedule, fold: ShiftedVariance | None
+                  ) -> list[Declaration]:
+    """The objects a block declares once: columns, accumulators, the reducer (of the widest
+    pass's reductions, `fold`'s two levels as one), the ring and the row buffers that are not
+    registers (those are declared per row)."""
     objects = [_column(t, s) for t in info.col_inputs]
     objects += [_accumulator(e, s) for e in info.outer_reductions]
     if info.inner_levels:
-        levels = pass_levels(info, variance_of(info, s))
+        levels = pass_levels(info, fold)
         width = max(len(level) for level in levels)
         red_type = max((ctype(e.outputs[0]) for level in levels for e in level),
                        key=lambda t: (_bytes(t), t != "bool"))
@@ -311,32 +313,27 @@ class Passes:
                 "accumulators": [], "after_lines": self.row_lines(k + 1)}
 
     def shifted(self, fold: ShiftedVariance) -> dict:
-        """The pass of a variance's two levels (row_variance.py): sum(x) as the first level
-        sums it, beside sum((x - k)^2); the squared deviations from the mean made from the
-        two after the exchange, then the row values of both levels."""
-        k, level = fold.level, self.info.inner_levels[fold.level]
-        emitter = self._emitter()
-        lines = emitter.emit([e.inputs[0] for e in level])
-        lines += self._keep(emitter)
-        reductions = [reduction(e, emitter.env[e.inputs[0]]) for e in level]
+        """The pass of a variance's two levels (row_variance.py): the first level's pass, with
+        sum((x - k)^2) beside its sum(x); after the exchange, the squared deviations from the
+        mean made from the two, then the row values of the second level."""
+        k = fold.level
+        body = self.level(k, self.info.inner_levels[k])
         x, total, squares = fold.operand.name, fold.total.outputs[0], fold.squares.outputs[0]
-        d = f"({emitter.env[fold.operand]} - {fold.shift})"
-        reductions.append({"var": f"row_{squares.name}", "ctype": ctype(squares),
-                           "functor": REDUCTIONS["sum"].functor, "value": f"{d} * {d}"})
-        count = f"static_cast<float>({self.row_env[fold.count]})"
         s, q, dev = f"row_{total.name}", f"row_{squares.name}", f"dev_{total.name}"
-        after = [f"const float {dev} = fmaf(-{fold.shift}, {count}, {s});  // sum({x} - "
-                 f"{fold.shift})",
-                 f"{q} -= {dev} * ({dev} / {count});  // sum(({x} - mean)^2)",
-                 f"if ({q} < 0.0f) {q} = 0.0f;  // rounded below 0 (a NaN stays NaN)"]
-        for e in (*level, fold.squares):
-            self.row_env[e.outputs[0]] = f"row_{e.outputs[0].name}"
-        title = (f"Inner reduction levels {k} and {k + 1}, one pass: sum({x}) -> {total.name}, "
-                 f"sum(({x} - mean)^2) -> {squares.name}.")
-        return {**self._reads(emitter), "title": title, "opening_lines": [], "vector_lines": [],
-                "element_lines": lines, "reductions": reductions, "outputs": [],
-                "accumulators": [],
-                "after_lines": after + self.row_lines(k + 1) + self.row_lines(k + 2)}
+        value = next(r["value"] for r in body["reductions"] if r["var"] == s)  # x, in float
+        d = f"({value} - {fold.shift})"
+        body["reductions"].append({"var": q, "ctype": ctype(squares),
+                                   "functor": REDUCTIONS["sum"].functor, "value": f"{d} * {d}"})
+        count = f"static_cast<float>({self.row_env[fold.count]})"
+        self.row_env[squares] = q
+        body["after_lines"] += [
+            f"const float {dev} = fmaf(-{fold.shift}, {count}, {s});  // sum({x} - {fold.shift})",
+            f"{q} -= {dev} * ({dev} / {count});  // sum(({x} - mean)^2)",
+            f"if ({q} < 0.0f) {q} = 0.0f;  // rounded below 0 (a NaN stays NaN)",
+            *self.row_lines(k + 2)]
+        body["title"] = (f"Inner reduction levels {k} and {k + 1}, one pass: sum({x}) -> "
+                         f"{total.name}, sum(({x} - mean)^2) -> {squares.name}.")
+        return body
 
     def final(self) -> dict:
         info = self.info
@@ -526,7 +523,7 @@ def row_context(info: FusionInfo, s: RowSchedule, finalize: FinalizeSchedule | N
         "dynamic_smem": bool(s.smem.buffers),
         "smem": [{"name": b.name, "offset": b.offset, "purpose": b.purpose}
                  for b in s.smem.buffers if b.name not in lanes_buffers(info)],
-        "block_objects": block_objects(info, s),
+        "block_objects": block_objects(info, s, fold),
         "column_barrier": any(s.placement(t.name).storage is Storage.SMEM
                               for t in info.col_inputs),
         "row_objects": [row_buffer(t, s, info) for t in info.full_inputs

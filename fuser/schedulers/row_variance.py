@@ -95,7 +95,7 @@ def folds(info: FusionInfo, problem_hidden: int, align_bytes: int) -> ShiftedVar
     fold = shifted_variance(info)
     if fold is None or fold.source.dtype.itemsize != 2:
         return None
-    return fold if problem_hidden * 2 % 16 or align_bytes < 16 else None
+    return fold if problem_hidden * fold.source.dtype.itemsize % 16 or align_bytes < 16 else None
 
 
 def pass_levels(info: FusionInfo, fold: ShiftedVariance | None) -> tuple[tuple[Expr, ...], ...]:

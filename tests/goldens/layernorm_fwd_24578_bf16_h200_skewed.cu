@@ -158,10 +158,10 @@ layernorm_fwd_row(
       }
     });
     reduce(part, fm::reduced(row_T5, fm::Sum{}), fm::reduced(row_T16, fm::Sum{}));
+    const float row_T6 = (row_T5 / static_cast<float>(S4));
     const float dev_T5 = fmaf(-shift_T5, static_cast<float>(S4), row_T5);  // sum(T3 - shift_T5)
     row_T16 -= dev_T5 * (dev_T5 / static_cast<float>(S4));  // sum((T3 - mean)^2)
     if (row_T16 < 0.0f) row_T16 = 0.0f;  // rounded below 0 (a NaN stays NaN)
-    const float row_T6 = (row_T5 / static_cast<float>(S4));
     const float row_T17 = (row_T16 / static_cast<float>(S15));
     const float row_T22 = (row_T17 + static_cast<float>(S21));
     const float row_T23 = fm::rsqrt(row_T22);
