@@ -245,14 +245,15 @@ def launch_sizes(kernel: Kernel, rows: int, device: DeviceSpec, n_groups: int = 
         return Launch(s.slabs * s.cluster, _block(s), s.smem.dynamic_bytes, 0, n_groups), None
     # A cluster of k blocks works on each group of rows: the grid is a multiple of k, and no
     # larger than what is resident at once (a persistent grid has no second wave), unless a
-    # block (cluster) takes each group. The column sums of skewed rows need each thread's
-    # rows to share a skew: a grid that strides strides over whole periods of the skews
+    # block (cluster) takes each group. The column sums of skewed rows, and their columns
+    # kept at the rows' skew (RowSchedule.columns_at_skew), need each thread's rows to share
+    # a skew: a grid that strides strides over whole periods of the skews
     # (RowSchedule.group_period), a second wave where fewer than one period are resident.
     groups = ceil_div(rows, s.rows_per_block)
     most = (device.max_grid_x // s.cluster if s.dealing is Dealing.GRID
             else max(1, kernel.resident_groups // n_groups))
     clusters = max(1, min(groups, most))
-    if kernel.finalize is not None and clusters < groups:
+    if (kernel.finalize is not None or s.columns_at_skew) and clusters < groups:
         clusters = min(groups, max(s.group_period, clusters - clusters % s.group_period))
     grid = clusters * s.cluster
     partial_rows = clusters * s.partial_rows_per_block if kernel.finalize is not None else 0

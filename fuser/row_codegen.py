@@ -136,6 +136,9 @@ def row_buffer(t: Tensor, s: RowSchedule, info: FusionInfo) -> Declaration:
 def _column(t: Tensor, s: RowSchedule) -> Declaration:
     storage = s.placement(t.name).storage
     vector = t.dtype.cuda_type
+    if storage is Storage.SMEM and s.columns_at_skew:
+        return Declaration(f"fm::ColumnAtSkew<{vector}, Part>", t.name,
+                           ["part", f"s_{t.name}", f"g_{t.name}"])
     if storage is Storage.SMEM:
         pad = f", {skewed_column_pad(t.dtype.itemsize, s.skew)}" if s.skew else ""
         return Declaration(f"fm::ColumnInSmem<{vector}, Part{pad}>", t.name,

@@ -78,6 +78,33 @@ struct ColumnInSmem {
   }
 };
 
+// In shared memory at the skew of the block's rows, where every row the block visits has
+// the same one (one row per block, the grid striding over whole periods of the skews:
+// RowSchedule.columns_at_skew): lane i of the part's vector k holds column (first + k) * VEC -
+// skew + i (zero outside the column), so a visit reads its columns in the whole vector x.k,
+// as the row's own. Loaded once, in pieces of Part::SKEW (a barrier follows).
+template <typename T, typename Part>
+struct ColumnAtSkew {
+  static_assert(Part::SKEW > 0 && Part::RPB == 1, "one skewed row per block");
+  using V = Vec<T, Part::VEC>;
+  V* s;
+
+  __device__ __forceinline__ ColumnAtSkew(const Part& part, unsigned char* buffer, const T* g)
+      : s(reinterpret_cast<V*>(buffer)) {
+    const int skew = Part::skew(part.first_row());
+#pragma unroll Part::UNROLL
+    for (int b = 0; b < Part::BATCH; ++b) {
+      const int j = part.vector(b);
+      if (part.owns(j)) {
+        s[j - part.first] = gather_pieces<Part, T, true>(
+            j * Part::VEC - skew, [&](int at) { return load<Part::SKEW>(g + at); });
+      }
+    }
+  }
+  template <typename X>
+  __device__ __forceinline__ V at(const X& x) const { return s[x.k]; }
+};
+
 template <typename T, typename Part>
 struct ColumnInGlobal {
   const T* g;
@@ -109,6 +136,7 @@ __device__ __forceinline__ int column_skew(const Part& part, int ty) {
 // c counted from the part's first column, UNROLL rounds unrolled.
 template <typename Part, int UNROLL, typename F>
 __device__ __forceinline__ void each_column(const Part& part, int skew, F&& f) {
+  const int first = part.first * Part::VEC;
 #pragma unroll UNROLL
   for (int b = 0; b < Part::BATCH; ++b) {
     const int j = part.vector(b);
@@ -116,7 +144,9 @@ __device__ __forceinline__ void each_column(const Part& part, int skew, F&& f) {
 #pragma unroll
       for (int i = 0; i < Part::VEC; ++i) {
         const int c = (j - part.first) * Part::VEC + i - skew;
-        if (Part::SKEW == 0 || static_cast<unsigned>(c) < static_cast<unsigned>(Part::H)) f(b, c, i);
+        if (Part::SKEW == 0 || static_cast<unsigned>(first + c) < static_cast<unsigned>(Part::H)) {
+          f(b, c, i);
+        }
       }
     }
   }

@@ -29,20 +29,22 @@ namespace fm {
 // b < BATCH, those that lie in [first, end). A block (or a cluster) takes the row group at
 // first_row() first, then every row_stride() rows or from a counter (CountedRows). A pass
 // over a row unrolls UNROLL of the BATCH rounds.
-// Skewed rows (SKEW > 0, a whole row per block): VEC does not divide H, so row r starts
-// skew(r) = r * H % VEC elements past a VEC-element boundary (a multiple of SKEW, which divides
-// H and VEC). Its vectors are then the VEC-element ones of the tensor, from the boundary at or
-// below the row's start: vector j holds the row's elements j * VEC - skew(r) on, whole vectors
-// in every tensor whatever its element size (every base is 16-byte aligned), and the row's
-// first and last vectors (edges) hold elements of the rows beside it, which are masked.
+// Skewed rows (SKEW > 0): VEC does not divide H, so row r starts skew(r) = r * H % VEC
+// elements past a VEC-element boundary (a multiple of SKEW, which divides H and VEC). Its
+// vectors are then the VEC-element ones of the tensor, from the boundary at or below the row's
+// start: vector j holds the row's elements j * VEC - skew(r) on, whole vectors in every tensor
+// whatever its element size (every base is 16-byte aligned), and the row's first and last
+// vectors (edges) hold elements of the rows beside it, which are masked. In a cluster, the
+// first rank's part holds the first edge and the last rank's the last.
 template <int H_, int VEC_, int TPR_, int RPB_, int BATCH_, int UNROLL_, int CLUSTER_, int SKEW_>
 struct RowPart {
   static constexpr int H = H_, VEC = VEC_, TPR = TPR_, RPB = RPB_, BATCH = BATCH_;
   static constexpr int UNROLL = UNROLL_, CLUSTER = CLUSTER_, SKEW = SKEW_;
-  static_assert(SKEW == 0 || (CLUSTER == 1 && H % SKEW == 0 && VEC % SKEW == 0 && SKEW < VEC),
-                "skewed rows are whole rows of a block, in vectors of a multiple of SKEW");
+  static_assert(SKEW == 0 || (H % SKEW == 0 && VEC % SKEW == 0 && SKEW < VEC),
+                "skewed rows are read in vectors of a multiple of SKEW");
   static constexpr int NV = SKEW ? (H + 2 * VEC - SKEW - 1) / VEC : H / VEC;
   static constexpr int PART = (NV + CLUSTER - 1) / CLUSTER;  // vectors a block keeps per row
+  static constexpr int LAST_FIRST = (CLUSTER - 1) * PART;   // the last rank's first vector
   static constexpr bool EXACT = BATCH * TPR * CLUSTER == NV;  // every visited vector exists
   int tx;          // the thread's lane in its row
   int ty;          // the thread's row of the block
@@ -60,9 +62,10 @@ struct RowPart {
   static __device__ __forceinline__ int skew(long long r) {
     return SKEW ? static_cast<int>((r * H) & (VEC - 1)) : 0;
   }
-  // Whether round b may visit an edge: the first vector of the row or one reaching its end.
+  // Whether round b may visit an edge: the first vector of the row (the first rank's round
+  // 0) or one reaching its end (a round of the last rank's part that reaches it).
   static __device__ __forceinline__ bool may_edge(int b) {
-    return SKEW && (b == 0 || (b + 1) * TPR * VEC > H);
+    return SKEW && (b == 0 || (LAST_FIRST + (b + 1) * TPR) * VEC > H);
   }
   // Whether the vector at element e, visited in round b, is an edge: it holds elements
   // outside the row.

@@ -90,6 +90,66 @@ def test_columns_of_skewed_rows_match_reference(hidden, dtype, where, rng):
     assert s.skew and s.placement("T1").storage == where, s
 
 
+@pytest.mark.parametrize("rows", [3, 333])
+def test_columns_of_skewed_rows_several_to_a_block_match_reference(rows, rng):
+    """Two skewed rows a block, each its own skew: the weight and bias in shared memory are
+    read in pieces from the whole padded column (SkewedColumn), not at one skew."""
+    s = _kernel("layernorm_fwd", DataType.BFloat16, 4099, rows, rng, skewed=True,
+                threads_per_row=64, rows_per_block=2,
+                storage=(("T0", "smem"), ("T1", "smem"), ("T2", "smem")), stages=1)
+    assert s.skew and s.rows_per_block == 2 and not s.columns_at_skew, s
+
+
+# Skewed rows over a cluster: the first edge in the first rank's part, the last in the last
+# rank's; columns in shared memory at the rows' skew (a block's part of each) or re-read in
+# pieces; the column sums of the backward over more rows than resident clusters (the grid
+# strides over whole periods of the skews) and fewer.
+CLUSTERED = [(name, hidden, cluster, rows)
+             for name in ("softmax_fwd", "rmsnorm_fwd", "layernorm_fwd", "softmax_bwd",
+                          "rmsnorm_bwd", "dropout_rmsnorm_bwd", "layernorm_bwd")
+             for hidden, cluster in ((4099, 2), (24578, 2), (65537, 2), (65537, 4))
+             for rows in (7, 1001)
+             if not (name in ("layernorm_bwd", "dropout_rmsnorm_bwd") and cluster == 2
+                     and hidden == 65537)]
+
+
+@pytest.mark.parametrize(("name", "hidden", "cluster", "rows"), CLUSTERED,
+                         ids=["-".join(map(str, case)) for case in CLUSTERED])
+def test_skewed_rows_over_a_cluster_match_reference(name, hidden, cluster, rows, rng):
+    fd = run_and_validate(name, DataType.BFloat16, hidden, rows, rng,
+                          Hints(skewed=True, cluster=cluster))
+    run = fd._last_run
+    s = run.kernel.schedule
+    assert s.skew and s.cluster == cluster, s
+    clusters = run.launch.grid // cluster
+    assert clusters == -(-rows // s.rows_per_block) or clusters % s.group_period == 0 or (
+        not s.columns_at_skew and run.kernel.finalize is None), run.launch
+
+
+# The weight (and bias) of skewed rows in shared memory at the rows' skew, one row a block:
+# without a cluster and over one, forward and backward, bf16, fp16 and fp32 (fp32 65537 in
+# 16-byte vectors of 4 elements, skewed by 1; its row and columns fit a cluster of 4).
+AT_SKEW_COLUMNS = {"layernorm_fwd": ("T1", "T2"), "rmsnorm_fwd": ("T1",), "rmsnorm_bwd": ("T3",)}
+AT_SKEW = [(name, dtype, hidden, cluster)
+           for name in AT_SKEW_COLUMNS for dtype in DTYPES
+           for hidden, cluster in ((4099, 1), (24578, 1), (65537, 2), (65537, 4))
+           if not (dtype is DataType.Float and (hidden == 24578 or cluster == 2))
+           and not (name == "rmsnorm_bwd" and cluster == 2)]
+
+
+@pytest.mark.parametrize(("name", "dtype", "hidden", "cluster"), AT_SKEW,
+                         ids=[f"{n}-{d.name}-{h}-{c}" for n, d, h, c in AT_SKEW])
+def test_columns_at_the_rows_skew_match_reference(name, dtype, hidden, cluster, rng):
+    storage = (("T0", "smem"),) + tuple((c, "smem") for c in AT_SKEW_COLUMNS[name])
+    fd = run_and_validate(name, dtype, hidden, 1001, rng,
+                          Hints(skewed=True, cluster=cluster, rows_per_block=1,
+                                storage=storage))
+    run = fd._last_run
+    s = run.kernel.schedule
+    assert s.skew and s.columns_at_skew and s.cluster == cluster, s
+    assert (run.launch.grid // cluster) % s.group_period == 0, run.launch
+
+
 @pytest.mark.parametrize("dealing", ["strided", "dynamic", "grid"])
 @pytest.mark.parametrize("hidden", [130, 24578])
 def test_skewed_rows_dealt_each_way_match_reference(hidden, dealing, rng):

@@ -230,6 +230,16 @@ class RowSchedule:
         return period // math.gcd(period, self.rows_per_block)
 
     @property
+    def columns_at_skew(self) -> bool:
+        """Whether the column inputs in shared memory are kept at the skew of the block's rows
+        (fuser_row_columns.cuh, ColumnAtSkew): skewed rows one to a block, whose grid strides
+        over whole periods of the skews (group_period), so every row a block visits has the
+        skew of its first, and a visit reads its columns in whole vectors, as the row's own.
+        Skewed rows several to a block read them in pieces (SkewedColumn)."""
+        return skewed_columns_at_skew(self.skew, self.rows_per_block) and any(
+            p.role is Role.COL and p.storage is Storage.SMEM for p in self.placements)
+
+    @property
     def buffers_in_smem(self) -> bool:
         """Whether every row and column buffer lives in shared memory (none in registers,
         re-read or in a ring): what the search's reordering rules ask of the schedules they
@@ -370,6 +380,12 @@ def pick_vec(hidden: int, itemsizes: list[int], align_bytes: int, *, input_bytes
     while vec > 1 and (hidden % vec or input_bytes * vec > MAX_INPUT_BYTES_PER_VECTOR):
         vec //= 2
     return vec
+
+
+def skewed_columns_at_skew(skew: int, rows_per_block: int) -> bool:
+    """Whether a skewed row's column buffers hold the block's part of each column at the skew
+    of its rows (RowSchedule.columns_at_skew): one row per block."""
+    return bool(skew) and rows_per_block == 1
 
 
 def skewed_column_pad(itemsize: int, skew: int) -> int:

@@ -23,6 +23,7 @@ from fuser.schedulers.base import (
     aligned_row_chunks,
     ceil_div,
     skewed_column_bytes,
+    skewed_columns_at_skew,
 )
 from fuser.schedulers.row_geometry import blocks_per_sm
 from fuser.schedulers.row_records import Phase, Rejection, RowGeometry, StorageChoice
@@ -62,6 +63,15 @@ def fit(phase: Phase, choice: StorageChoice) -> RowSchedule | Rejection:
                          f"a skewed row's lane holds a different column in every row: the "
                          f"columns {', '.join(held)} are read from {Storage.SMEM} or "
                          f"{Storage.GLOBAL}, not kept in {Storage.REGISTERS}")
+    pieces = [t.name for t in phase.fusion.cols if storage[t.name] is Storage.SMEM]
+    if (geo.skew and geo.cluster > 1 and pieces
+            and not skewed_columns_at_skew(geo.skew, geo.rows_per_block)):
+        return Rejection(_words(phase, choice) + " skewed",
+                         f"skewed rows several to a block of a cluster read the columns "
+                         f"{', '.join(pieces)} from {Storage.GLOBAL} (a block keeps its part "
+                         "of a column, and its rows' first vectors reach into the part before "
+                         "it); one row per block keeps them in "
+                         f"{Storage.SMEM} at the rows' skew")
     stages = choice.stages
     if any(storage[t.name] is Storage.SMEM and not phase.can_async(t) for t in phase.fusion.full):
         stages = 1  # cp.async fills the two-stage pipeline; a copied row buffer has one
@@ -129,8 +139,12 @@ def _ring(phase: Phase, geo: RowGeometry, storage: dict[str, Storage], requests:
 
 
 def _column_request(geo: RowGeometry, t: Tensor) -> tuple[str, int, str]:
-    """A column buffer: the block's part of the column; for skewed rows the whole column,
-    padded (base.skewed_column_bytes)."""
+    """A column buffer: the block's part of the column (for skewed rows one to a block, at
+    their skew: base.skewed_columns_at_skew); for skewed rows several to a block the whole
+    column, padded (base.skewed_column_bytes)."""
+    if skewed_columns_at_skew(geo.skew, geo.rows_per_block):
+        return (f"s_{t.name}", geo.part * t.dtype.itemsize,
+                f"column buffer {t.name} ({t.dtype.label}) x {geo.part}, at the rows' skew")
     if geo.skew:
         return (f"s_{t.name}", skewed_column_bytes(geo.hidden, t.dtype.itemsize, geo.skew),
                 f"column buffer {t.name} ({t.dtype.label}) x {geo.hidden}, padded for skewed "
@@ -227,13 +241,16 @@ def _resources(phase: Phase, geo: RowGeometry, choice: StorageChoice,
             f"{choice.accumulators}",
             f"smem {plan.total} B of {plan.limit}, >= {buffers + MIN_OVERHEAD_REGISTERS} of "
             f"{max_regs} registers per thread at {geo.threads} threads, {residency} block(s)/SM")
-    hinted, dealings = phase.hints.dealing, row_dealing.allowed(phase, geo, ring, choice.stages)
+    cols_in_smem = any(storage[t.name] is Storage.SMEM for t in phase.fusion.cols)
+    hinted = phase.hints.dealing
+    dealings = row_dealing.allowed(phase, geo, ring, choice.stages, cols_in_smem)
     if hinted is not None and hinted not in dealings:
         return Rejection(
             f"cluster={geo.cluster} stages={choice.stages} {_storage_words(storage)} "
             f"dealing={hinted}",
             f"allowed here: {', '.join(map(str, dealings))} (a counter deals whole rows to "
-            "blocks outside a staging ring, in at most two stages)")
+            "blocks outside a staging ring, in at most two stages, and not skewed rows whose "
+            "columns or column sums need each block's rows to share a skew)")
     return _schedule(phase, geo, choice, storage, ring, plan, kept, regs, residency, dealings)
 
 

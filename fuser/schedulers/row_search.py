@@ -240,10 +240,10 @@ class RowSearch:
         if not skews(self.fusion, self.problem, self.hints):
             return steps
         # packed rows' threads are sized for the vectors that divide the row; skewed rows
-        # take their own (row_skew.skewed_threads)
+        # take their own (row_skew.skewed_threads); over a cluster only when hinted skewed
         skewed = [replace(step, skewed=True) for step in steps
-                  if step.cluster == 1 and step.reach is not Reach.OFF_CHIP
-                  and step.policy.packed is None]
+                  if (step.cluster == 1 or self.hints.skewed)
+                  and step.reach is not Reach.OFF_CHIP and step.policy.packed is None]
         if not self.hints.skewed:
             first = next(filter(None, map(self._probe, skewed)), None)
             why = skewed_loses(first) if first is not None else None

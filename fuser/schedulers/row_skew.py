@@ -30,7 +30,7 @@ SKEWED_COLUMNS_MAX_NARROW_BYTES = 4
 
 def skews(fusion: RowFusion, problem: Problem, hints: Hints) -> bool:
     """Whether the search tries skewed rows: where the fusion's rows may be skewed
-    (RowFusion.skew), the hints allow it (no cluster, no aligned copies), and, unless
+    (RowFusion.skew), the hints allow it (no aligned copies), and, unless
     skewed=True, the row spans at least SKEWED_DEFAULT_MIN_VECTORS skewed vectors (4099
     bf16, 514, is the smallest row timed skewed; below it the row's edges weigh more and
     nothing was measured); for fusions with column inputs, the vectors that divide the
@@ -82,7 +82,7 @@ def skewed_geometry(fusion: RowFusion, problem: Problem, device: DeviceSpec,
     vec, skew = fusion.skewed_vec(problem), fusion.skew(problem)
     spanned = replace(problem, hidden=skewed_vectors(problem.hidden, vec, skew) * vec)
     geo = geometry(fusion, spanned, device, policy, hints, cluster)
-    most = skewed_threads(geo.vectors, policy.skewed_vectors_per_thread)
+    most = skewed_threads(ceil_div(geo.vectors, cluster), policy.skewed_vectors_per_thread)
     if hints.threads_per_row is None and geo.threads_per_row > most:
         geo = geometry(fusion, spanned, device, policy, replace(hints, threads_per_row=most),
                        cluster)
@@ -119,6 +119,4 @@ def _broken_by(hints: Hints) -> list[str]:
     why = []
     if hints.aligned_copy:
         why.append("aligned_copy None or False (skewed rows copy whole vectors)")
-    if hints.cluster not in (None, 1):
-        why.append("cluster None or 1 (a block owns each skewed row)")
     return why
