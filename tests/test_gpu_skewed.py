@@ -140,7 +140,7 @@ AT_SKEW = [(name, dtype, hidden, cluster)
 @pytest.mark.parametrize(("name", "dtype", "hidden", "cluster"), AT_SKEW,
                          ids=[f"{n}-{d.name}-{h}-{c}" for n, d, h, c in AT_SKEW])
 def test_columns_at_the_rows_skew_match_reference(name, dtype, hidden, cluster, rng):
-    storage = (("T0", "smem"),) + tuple((c, "smem") for c in AT_SKEW_COLUMNS[name])
+    storage = (("T0", "smem"), *((c, "smem") for c in AT_SKEW_COLUMNS[name]))
     fd = run_and_validate(name, dtype, hidden, 1001, rng,
                           Hints(skewed=True, cluster=cluster, rows_per_block=1,
                                 storage=storage))
