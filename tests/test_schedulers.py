@@ -1121,8 +1121,8 @@ def test_skewed_hints_are_honoured_or_refused():
     problem = Problem(24578, 16384, 16)
     assert schedule(info, problem, H200, Hints(skewed=False)).vec == 2
     assert schedule(info, problem, H200, Hints(skewed=True)).skew == 2
-    with pytest.raises(HintError, match=r"skewed=True.*cluster None or 1.*picks skewed=True"):
-        schedule(info, problem, H200, Hints(skewed=True, cluster=2))
+    clustered = schedule(info, problem, H200, Hints(skewed=True, cluster=2))
+    assert (clustered.skew, clustered.cluster) == (2, 2), clustered.reason
     with pytest.raises(HintError, match=r"aligned_copy None or False"):
         schedule(info, problem, H200, Hints(skewed=True, aligned_copy=True))
     with pytest.raises(HintError, match=r"skewed='yes'\): True or False"):
@@ -1138,8 +1138,9 @@ def test_skewed_hints_are_honoured_or_refused():
 
 def test_skewed_rows_read_their_columns_from_shared_or_global_memory():
     """A skewed row's lane holds a different column in every row: skewed rows re-read the
-    weight and bias from global memory (the default, staging the row), or a padded shared
-    buffer where hinted, never registers."""
+    weight and bias from global memory (the default, staging the row), or keep them in shared
+    memory where hinted (one row a block: the block's part of each column at the rows' skew;
+    several: the whole column, padded), never registers."""
     ln = analyze(ROW_FUSIONS["layernorm_fwd"](DataType.BFloat16).fusion)
     problem = Problem(24578, 16384, 16)
     for s in (schedule(ln, problem, H200), schedule(ln, problem, H200, Hints(skewed=True))):
@@ -1147,7 +1148,12 @@ def test_skewed_rows_read_their_columns_from_shared_or_global_memory():
         assert s.placement("T0").storage == "smem", s.reason
     s = schedule(ln, problem, H200,
                  Hints(skewed=True, storage=(("T0", "smem"), ("T1", "smem"), ("T2", "smem"))))
-    assert s.skew and s.smem.buffer("s_T1").nbytes == 24578 * 2 + 4 * (24578 * 2 // 128)
+    assert s.skew and s.columns_at_skew and s.smem.buffer("s_T1").nbytes == 3073 * 8 * 2
+    s = schedule(ln, problem, H200, Hints(skewed=True, rows_per_block=2, threads_per_row=256,
+                                          storage=(("T0", "smem"), ("T1", "smem"),
+                                                   ("T2", "smem"))))
+    assert s.skew and not s.columns_at_skew, s.reason
+    assert s.smem.buffer("s_T1").nbytes == 24578 * 2 + 4 * (24578 * 2 // 128)
     with pytest.raises(HintError, match=r"not kept in registers"):
         schedule(ln, problem, H200, Hints(skewed=True, storage=(("T1", "registers"),)))
 

@@ -249,9 +249,22 @@ def _resources(phase: Phase, geo: RowGeometry, choice: StorageChoice,
             f"cluster={geo.cluster} stages={choice.stages} {_storage_words(storage)} "
             f"dealing={hinted}",
             f"allowed here: {', '.join(map(str, dealings))} (a counter deals whole rows to "
-            "blocks outside a staging ring, in at most two stages, and not skewed rows whose "
-            "columns or column sums need each block's rows to share a skew)")
+            "blocks outside a staging ring, in at most two stages"
+            f"{_one_skew_words(phase, geo, cols_in_smem)})")
     return _schedule(phase, geo, choice, storage, ring, plan, kept, regs, residency, dealings)
+
+
+def _one_skew_words(phase: Phase, geo: RowGeometry, cols_in_smem: bool) -> str:
+    """Why a counter cannot deal these skewed rows, in words ('' where that is not why): their
+    column sums or their columns at the rows' skew need a block's rows to share a skew."""
+    if not geo.skew:
+        return ""
+    if phase.fusion.info.outer_reductions:
+        return "; skewed rows' column sums need each block's rows to share a skew"
+    if cols_in_smem and skewed_columns_at_skew(geo.skew, geo.rows_per_block):
+        return ("; columns in shared memory at skewed rows' skew need each block's rows to "
+                "share it")
+    return ""
 
 
 def _schedule(phase: Phase, geo: RowGeometry, choice: StorageChoice,

@@ -240,9 +240,9 @@ class RowSearch:
         if not skews(self.fusion, self.problem, self.hints):
             return steps
         # packed rows' threads are sized for the vectors that divide the row; skewed rows
-        # take their own (row_skew.skewed_threads); over a cluster only when hinted skewed
+        # take their own (row_skew.skewed_threads); over a cluster only when one is hinted
         skewed = [replace(step, skewed=True) for step in steps
-                  if (step.cluster == 1 or self.hints.skewed)
+                  if (step.cluster == 1 or self.hints.cluster)
                   and step.reach is not Reach.OFF_CHIP and step.policy.packed is None]
         if not self.hints.skewed:
             first = next(filter(None, map(self._probe, skewed)), None)
