@@ -76,11 +76,18 @@ def test_several_skewed_rows_a_block_read_columns_in_pieces():
     assert {b.name: b.nbytes for b in s.smem.buffers}["s_T1"] > 4099 * 2
 
 
-def test_a_clusters_skewed_rows_several_to_a_block_keep_no_columns_in_smem():
-    with pytest.raises(HintError, match="several to a block of a cluster read the columns T1, "
-                                        "T2 from global"):
+def test_a_clusters_skewed_rows_several_to_a_block_keep_no_columns_nor_their_sums():
+    """Each row of such a block covers other columns of the block's part: its columns are
+    re-read, and the backward's column sums need one row a block."""
+    with pytest.raises(HintError, match=r"columns T1, T2 cannot stay in smem; give "
+                                        r"rows_per_block=1"):
         _schedule("layernorm_fwd", 4099, dict(skewed=True, cluster=2, threads_per_row=64,
                                               rows_per_block=2, storage=LAYERNORM_SMEM))
+    with pytest.raises(HintError, match=r"column sums T\d+, T\d+ cannot be combined"):
+        _schedule("layernorm_bwd", 4099, dict(skewed=True, cluster=2, threads_per_row=64,
+                                              rows_per_block=2))
+    s = _schedule("layernorm_bwd", 4099, dict(skewed=True, cluster=2, rows_per_block=1))
+    assert s.skew and s.cluster == 2 and s.rows_per_block == 1, s
 
 
 def test_a_counter_does_not_deal_rows_whose_columns_sit_at_their_skew():

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 from fuser.analysis import FusionInfo, Kind
 from fuser.device import DeviceSpec
-from fuser.schedulers.base import Problem, RowSchedule, Storage
+from fuser.schedulers.base import Problem, RowSchedule, Storage, skewed_columns_at_skew
 from fuser.schedulers.hints import Hints
 from fuser.schedulers.row_fit import fit
 from fuser.schedulers.row_records import Phase, RowPolicy, StorageChoice
@@ -71,8 +71,14 @@ def skewed_columns_order(phase: Phase) -> Iterator[StorageChoice]:
     the blocks that hide a row's uneven last round (H200 bf16, fraction of the copy, rows
     staged in one stage: rmsnorm_fwd 24578 0.88 against 0.68 with the weight in shared memory
     and 0.64 with the rows in registers, 4099 0.81 / 0.78; layernorm_fwd 24578 0.66 / 0.56,
-    4099 0.58 / 0.54; bench/TUNING.md, "skewed rows")."""
-    fusion = phase.fusion
+    4099 0.58 / 0.54; bench/TUNING.md, "skewed rows"). Over a cluster, one row a block, the
+    columns go in shared memory first, at the rows' skew (a block's part of each: H100 bf16
+    layernorm_fwd 65537, a cluster of 2, 0.87 against 0.73 re-read; bench/TUNING.md, "skewed
+    rows over a cluster")."""
+    fusion, geo = phase.fusion, phase.geometry
+    if geo.cluster > 1 and skewed_columns_at_skew(geo.skew, geo.rows_per_block):
+        for stages in stage_order(phase):
+            yield staged_choice(phase, stages, Storage.SMEM)
     for stages in stage_order(phase):
         yield staged_choice(phase, stages, Storage.GLOBAL)
     yield StorageChoice.of(1, {**{t.name: Storage.REGISTERS for t in fusion.full},

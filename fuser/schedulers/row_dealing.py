@@ -76,10 +76,12 @@ def rebuilt_dealing(dealing: Dealing, blocks_per_sm: int) -> Dealing:
 
 
 def pick(phase: Phase, geo: RowGeometry, dealings: tuple[Dealing, ...], stages: int,
-         blocks_per_sm: int, refilled: bool) -> Dealing:
+         blocks_per_sm: int, refilled: bool, at_skew: bool) -> Dealing:
     """Of the kernel's `dealings` (allowed()): the hinted one (row_fit._resources refuses one
     not among them), else a block per group where GRID_MIN_BLOCKS blocks share an SM, rows are
-    not pipelined and the group's rows outweigh the block's column loads; else a counter where
+    not pipelined and the group's rows outweigh the block's column loads, which are not
+    gathered at the rows' skew (`at_skew`: RowSchedule.columns_at_skew, in pieces of the
+    skew, once per block); else a counter where
     allowed and its rows are refilled (`refilled`: refills()), but for fusions with column
     sums (their sums would differ from run to run); else fixed strides. A counter without
     refills lost to fixed strides on 2026-12-01 (layernorm_fwd 16384 0.56 of the copy against
@@ -91,7 +93,7 @@ def pick(phase: Phase, geo: RowGeometry, dealings: tuple[Dealing, ...], stages: 
     column_bytes = geo.hidden * sum(t.dtype.itemsize for t in fusion.cols)
     group_bytes = geo.rows_per_block * geo.hidden * sum(t.dtype.itemsize for t in fusion.full)
     if (Dealing.GRID in dealings and stages == 1 and blocks_per_sm >= GRID_MIN_BLOCKS
-            and column_bytes <= group_bytes):
+            and column_bytes <= group_bytes and not at_skew):
         return Dealing.GRID
     counter = Dealing.DYNAMIC in dealings and refilled and not fusion.info.outer_reductions
     return Dealing.DYNAMIC if counter else Dealing.STRIDED

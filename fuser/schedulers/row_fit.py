@@ -63,15 +63,16 @@ def fit(phase: Phase, choice: StorageChoice) -> RowSchedule | Rejection:
                          f"a skewed row's lane holds a different column in every row: the "
                          f"columns {', '.join(held)} are read from {Storage.SMEM} or "
                          f"{Storage.GLOBAL}, not kept in {Storage.REGISTERS}")
-    pieces = [t.name for t in phase.fusion.cols if storage[t.name] is Storage.SMEM]
-    if (geo.skew and geo.cluster > 1 and pieces
-            and not skewed_columns_at_skew(geo.skew, geo.rows_per_block)):
-        return Rejection(_words(phase, choice) + " skewed",
-                         f"skewed rows several to a block of a cluster read the columns "
-                         f"{', '.join(pieces)} from {Storage.GLOBAL} (a block keeps its part "
-                         "of a column, and its rows' first vectors reach into the part before "
-                         "it); one row per block keeps them in "
-                         f"{Storage.SMEM} at the rows' skew")
+    if geo.skew and geo.cluster > 1 and geo.rows_per_block > 1:
+        kept = [t.name for t in phase.fusion.cols if storage[t.name] is Storage.SMEM]
+        sums = [e.outputs[0].name for e in phase.fusion.info.outer_reductions]
+        if kept or sums:
+            return Rejection(_words(phase, choice) + " skewed", (
+                "skewed rows several to a block of a cluster each cover other columns of the "
+                "block's part (their skews differ), so the part's "
+                + (f"columns {', '.join(kept)} cannot stay in {Storage.SMEM}"
+                   if kept else f"column sums {', '.join(sums)} cannot be combined")
+                + "; give rows_per_block=1"))
     stages = choice.stages
     if any(storage[t.name] is Storage.SMEM and not phase.can_async(t) for t in phase.fusion.full):
         stages = 1  # cp.async fills the two-stage pipeline; a copied row buffer has one
@@ -251,7 +252,9 @@ def _resources(phase: Phase, geo: RowGeometry, choice: StorageChoice,
             f"allowed here: {', '.join(map(str, dealings))} (a counter deals whole rows to "
             "blocks outside a staging ring, in at most two stages"
             f"{_one_skew_words(phase, geo, cols_in_smem)})")
-    return _schedule(phase, geo, choice, storage, ring, plan, kept, regs, residency, dealings)
+    at_skew = cols_in_smem and skewed_columns_at_skew(geo.skew, geo.rows_per_block)
+    return _schedule(phase, geo, choice, storage, ring, plan, kept, regs, residency, dealings,
+                     at_skew)
 
 
 def _one_skew_words(phase: Phase, geo: RowGeometry, cols_in_smem: bool) -> str:
@@ -270,7 +273,7 @@ def _one_skew_words(phase: Phase, geo: RowGeometry, cols_in_smem: bool) -> str:
 def _schedule(phase: Phase, geo: RowGeometry, choice: StorageChoice,
               storage: dict[str, Storage], ring: StagingRing | None, plan: SmemPlan,
               kept: tuple[str, ...], regs: int, residency: int,
-              dealings: tuple[Dealing, ...]) -> RowSchedule:
+              dealings: tuple[Dealing, ...], at_skew: bool) -> RowSchedule:
     fusion = phase.fusion
     info = fusion.info
     full_in_smem = any(storage[t.name] is Storage.SMEM for t in fusion.full)
@@ -310,7 +313,8 @@ def _schedule(phase: Phase, geo: RowGeometry, choice: StorageChoice,
         dealing=row_dealing.pick(phase, geo, dealings, stages, residency,
                                  row_dealing.refills(info, fusion.run_passes, stages, aligned_copy,
                                                      any(p.async_copy for p in placements), ring,
-                                                     geo.threads_per_row, geo.skew)),
+                                                     geo.threads_per_row, geo.skew),
+                                 at_skew),
         smem=plan,
         shifted_variance=fusion.variance is not None,
     )

@@ -49,7 +49,15 @@ from fuser.schedulers.row_records import (
     RowPolicy,
     StorageChoice,
 )
-from fuser.schedulers.row_skew import hint_refusals, skewed_geometry, skewed_loses, skews
+from fuser.schedulers.row_skew import (
+    SKEWED_CLUSTER_MAX_NARROW_BYTES,
+    clustered_skewed_keeps,
+    clustered_skewed_why,
+    hint_refusals,
+    skewed_geometry,
+    skewed_loses,
+    skews,
+)
 from fuser.schedulers.row_storage import choices
 
 SHOWN_REJECTIONS = 6  # the last rejections an error lists
@@ -236,7 +244,9 @@ class RowSearch:
         (inner_persistent.skewed_columns_order): rmsnorm_fwd 4099 0.34 -> 0.81,
         dropout_rmsnorm_fwd 4099 0.45 -> 0.81, dropout_layernorm_fwd 4099 0.52 -> 0.67;
         the skewed steps go after the others where their first schedule re-reads them at one
-        block per SM (row_skew.skewed_loses)."""
+        block per SM (row_skew.skewed_loses), and such rows of narrow plain vectors are split
+        over a cluster first, their columns in shared memory at the rows' skew
+        (_clustered_skewed_step)."""
         if not skews(self.fusion, self.problem, self.hints):
             return steps
         # packed rows' threads are sized for the vectors that divide the row; skewed rows
@@ -248,12 +258,30 @@ class RowSearch:
             first = next(filter(None, map(self._probe, skewed)), None)
             why = skewed_loses(first) if first is not None else None
             if why is not None:  # after the plain rows' steps, where nothing else fits
-                return [replace(step, why="; ".join(filter(None, (step.why, why))))
-                        for step in steps] + skewed
+                clustered = self._clustered_skewed_step(steps)
+                return clustered + [replace(step, why="; ".join(filter(None, (step.why, why))))
+                                    for step in steps] + skewed
             return skewed + steps
         # hinted: rows too long for a block's shared memory are re-read, by one block
         return skewed + [replace(step, cluster=1, skewed=True) for step in steps
                          if step.reach is Reach.OFF_CHIP]
+
+    def _clustered_skewed_step(self, steps: list[_Step]) -> list[_Step]:
+        """A step of skewed rows over the smallest cluster whose first schedule that keeps
+        every buffer in shared memory (the columns at the rows' skew) holds
+        row_skew.CLUSTERED_MIN_BLOCKS blocks per SM, where the plain rows' vectors are at most
+        row_skew.SKEWED_CLUSTER_MAX_NARROW_BYTES wide (none: [])."""
+        if self.fusion.vec(self.problem) * self.fusion.widest > SKEWED_CLUSTER_MAX_NARROW_BYTES:
+            return []
+        for step in steps:
+            if (step.cluster == 1 or step.reach is not Reach.ON_CHIP
+                    or step.policy.packed is not None):
+                continue
+            skewed = replace(step, skewed=True, why=clustered_skewed_why(step.cluster))
+            found = self._probe(skewed, clustered_skewed_keeps)
+            if found is not None:
+                return [replace(skewed, schedule=found)]
+        return []
 
     def _phase(self, step: _Step, chunked: bool) -> Phase:
         """A step's phase. Aligned 16-byte row copies (`chunked`) need the inputs 16-byte

@@ -28,6 +28,13 @@ SKEWED_DEFAULT_MIN_VECTORS = 512
 SKEWED_COLUMNS_MAX_NARROW_BYTES = 4
 
 
+# Skewed rows over a cluster are tried first (where skewed_loses moves one block's after the
+# plain rows) only where the plain rows' vectors are at most this many bytes wide, and with
+# at least this many blocks per SM (clustered_skewed_keeps).
+SKEWED_CLUSTER_MAX_NARROW_BYTES = 2
+CLUSTERED_MIN_BLOCKS = 2
+
+
 def skews(fusion: RowFusion, problem: Problem, hints: Hints) -> bool:
     """Whether the search tries skewed rows: where the fusion's rows may be skewed
     (RowFusion.skew), the hints allow it (no aligned copies), and, unless
@@ -72,6 +79,23 @@ def skewed_loses(schedule: RowSchedule) -> str | None:
         return None
     return (f"skewed rows would re-read {reread} bytes of columns an element at one block per "
             "SM in one stage")
+
+
+def clustered_skewed_keeps(schedule: RowSchedule) -> bool:
+    """Whether the search takes this schedule of skewed rows over a cluster first: every
+    buffer in shared memory, the columns at the rows' skew, CLUSTERED_MIN_BLOCKS blocks per
+    SM. LayerNorm forward, bf16, 16384 rows, H100 80GB HBM3, fraction of the copy (plain
+    single-element rows over a cluster: 0.68 at 65537, 0.60 at 98305): skewed over a cluster
+    of 2 / 4 (one / two blocks per SM) 0.87 / 0.85 at 65537; of 4 / 8 (one / three) 0.60 /
+    0.87 at 98305; the columns re-read from global memory instead 0.73 / 0.75
+    (bench/TUNING.md, "skewed rows over a cluster")."""
+    return (schedule.columns_at_skew and schedule.buffers_in_smem
+            and schedule.blocks_per_sm >= CLUSTERED_MIN_BLOCKS)
+
+
+def clustered_skewed_why(cluster: int) -> str:
+    return (f"skewed rows over a cluster of {cluster} keep the columns in shared memory at the "
+            "rows' skew, where the plain rows are single elements")
 
 
 def skewed_geometry(fusion: RowFusion, problem: Problem, device: DeviceSpec,
