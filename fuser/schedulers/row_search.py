@@ -50,8 +50,8 @@ from fuser.schedulers.row_records import (
     StorageChoice,
 )
 from fuser.schedulers.row_skew import (
-    SKEWED_CLUSTER_MAX_NARROW_BYTES,
     clustered_skewed_keeps,
+    clustered_skewed_rows,
     clustered_skewed_why,
     hint_refusals,
     skewed_geometry,
@@ -269,9 +269,9 @@ class RowSearch:
     def _clustered_skewed_step(self, steps: list[_Step]) -> list[_Step]:
         """A step of skewed rows over the smallest cluster whose first schedule that keeps
         every buffer in shared memory (the columns at the rows' skew) holds
-        row_skew.CLUSTERED_MIN_BLOCKS blocks per SM, where the plain rows' vectors are at most
-        row_skew.SKEWED_CLUSTER_MAX_NARROW_BYTES wide (none: [])."""
-        if self.fusion.vec(self.problem) * self.fusion.widest > SKEWED_CLUSTER_MAX_NARROW_BYTES:
+        row_skew.CLUSTERED_MIN_BLOCKS blocks per SM, where row_skew.clustered_skewed_rows
+        says (none: [])."""
+        if not clustered_skewed_rows(self.fusion, self.problem):
             return []
         for step in steps:
             if (step.cluster == 1 or step.reach is not Reach.ON_CHIP

@@ -29,8 +29,8 @@ SKEWED_COLUMNS_MAX_NARROW_BYTES = 4
 
 
 # Skewed rows over a cluster are tried first (where skewed_loses moves one block's after the
-# plain rows) only where the plain rows' vectors are at most this many bytes wide, and with
-# at least this many blocks per SM (clustered_skewed_keeps).
+# plain rows) only where the plain rows' vectors are at most this many bytes wide
+# (clustered_skewed_rows), and with at least this many blocks per SM (clustered_skewed_keeps).
 SKEWED_CLUSTER_MAX_NARROW_BYTES = 2
 CLUSTERED_MIN_BLOCKS = 2
 
@@ -79,6 +79,21 @@ def skewed_loses(schedule: RowSchedule) -> str | None:
         return None
     return (f"skewed rows would re-read {reread} bytes of columns an element at one block per "
             "SM in one stage")
+
+
+def clustered_skewed_rows(fusion: RowFusion, problem: Problem) -> bool:
+    """Whether the search tries skewed rows over a cluster before the plain rows, where one
+    block's skewed rows lose (skewed_loses): the plain rows' vectors are at most
+    SKEWED_CLUSTER_MAX_NARROW_BYTES wide (single 2-byte elements: bf16 / fp16 65537 and
+    98305; fp32's 4-byte ones ran 0.89-0.92 plain at 32769-57345) and the column inputs weigh
+    more an element than the row inputs: LayerNorm forward's weight and bias, which the plain
+    rows read a single element at a time beside x (0.68 of the copy at 65537 on the H100,
+    where RMSNorm forward's one column ran 0.90; its skewed rows over a cluster are not
+    measured)."""
+    cols = sum(t.dtype.itemsize for t in fusion.cols)
+    rows = sum(t.dtype.itemsize for t in fusion.full)
+    return (fusion.vec(problem) * fusion.widest <= SKEWED_CLUSTER_MAX_NARROW_BYTES
+            and cols > rows)
 
 
 def clustered_skewed_keeps(schedule: RowSchedule) -> bool:
