@@ -52,12 +52,14 @@ class Hints:
                       aligned); False: copies of one vector each
     skewed            True: rows whose vectors are narrower than the dtypes allow (hidden
                       24578: 2 bf16) take the widest vectors from the boundary below each
-                      row's start, the row's edges masked (RowSchedule.skew); False: vectors
-                      that divide hidden
+                      row's start, the row's edges masked (RowSchedule.skew), over a
+                      cluster too where one is hinted (then one row a block where columns stay
+                      in smem or are summed); False: vectors that divide hidden
     dealing           how row groups reach blocks: `strided` (a persistent grid, fixed
                       strides), `dynamic` (a persistent grid taking groups from a counter;
                       blocks that own whole rows outside a staging ring, not skewed ones with
-                      column sums; column sums then differ from run to run in their last
+                      column sums or one a block with columns in smem (a block's rows share a
+                      skew there); column sums then differ from run to run in their last
                       bits) or `grid` (a block per group;
                       fusions without column sums)
     """
