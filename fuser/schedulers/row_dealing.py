@@ -16,12 +16,7 @@ from run to run are the finalize's promise)."""
 from __future__ import annotations
 
 from fuser.analysis import FusionInfo
-from fuser.schedulers.base import (
-    COLUMN_SUM_DEALINGS,
-    Dealing,
-    StagingRing,
-    skewed_columns_at_skew,
-)
+from fuser.schedulers.base import COLUMN_SUM_DEALINGS, Dealing, StagingRing
 from fuser.schedulers.row_records import Phase, RowGeometry
 
 # Blocks per SM from which a block per row group beat a counter (with one, the gap while an
@@ -30,21 +25,20 @@ GRID_MIN_BLOCKS = 2
 
 
 def allowed(phase: Phase, geo: RowGeometry, ring: StagingRing | None,
-            stages: int, cols_in_smem: bool) -> tuple[Dealing, ...]:
+            stages: int, at_skew: bool) -> tuple[Dealing, ...]:
     """The dealings this kernel can take. A counter serves blocks that own whole rows outside
     a staging ring (a cluster's blocks would have to agree on each group, and a ring fetches
     rows ahead by their stride), in at most two stages (its dealer knows the group one row
-    ahead, not two), and not skewed rows whose column sums, or columns in shared memory one
-    row to a block (`cols_in_smem`: RowSchedule.columns_at_skew), need a block's rows to share
-    a skew (RowSchedule.group_period), nor groups of rows (FusionInfo.group_axes: one counter
+    ahead, not two), and not skewed rows whose column sums, or columns kept at their skew
+    (`at_skew`: RowSchedule.columns_at_skew), need a block's rows to share a skew
+    (RowSchedule.group_period), nor groups of rows (FusionInfo.group_axes: one counter
     would deal every group's rows); a block per group would give a fusion with column sums
     one partial row per group, not per resident block."""
     column_sums = bool(phase.fusion.info.outer_reductions)
     kinds = COLUMN_SUM_DEALINGS if column_sums else tuple(Dealing)
-    one_skew = column_sums or (cols_in_smem and skewed_columns_at_skew(geo.skew,
-                                                                     geo.rows_per_block))
     counter = (geo.cluster == 1 and ring is None and stages <= 2
-               and not (one_skew and geo.skew) and not phase.fusion.info.group_axes)
+               and not ((column_sums or at_skew) and geo.skew)
+               and not phase.fusion.info.group_axes)
     return tuple(d for d in kinds if d is not Dealing.DYNAMIC or counter)
 
 

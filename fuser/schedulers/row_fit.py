@@ -242,29 +242,30 @@ def _resources(phase: Phase, geo: RowGeometry, choice: StorageChoice,
             f"{choice.accumulators}",
             f"smem {plan.total} B of {plan.limit}, >= {buffers + MIN_OVERHEAD_REGISTERS} of "
             f"{max_regs} registers per thread at {geo.threads} threads, {residency} block(s)/SM")
-    cols_in_smem = any(storage[t.name] is Storage.SMEM for t in phase.fusion.cols)
+    at_skew = skewed_columns_at_skew(geo.skew, geo.rows_per_block) and any(
+        storage[t.name] is Storage.SMEM for t in phase.fusion.cols)
     hinted = phase.hints.dealing
-    dealings = row_dealing.allowed(phase, geo, ring, choice.stages, cols_in_smem)
+    dealings = row_dealing.allowed(phase, geo, ring, choice.stages, at_skew)
     if hinted is not None and hinted not in dealings:
         return Rejection(
             f"cluster={geo.cluster} stages={choice.stages} {_storage_words(storage)} "
             f"dealing={hinted}",
             f"allowed here: {', '.join(map(str, dealings))} (a counter deals whole rows to "
             "blocks outside a staging ring, in at most two stages"
-            f"{_one_skew_words(phase, geo, cols_in_smem)})")
-    at_skew = cols_in_smem and skewed_columns_at_skew(geo.skew, geo.rows_per_block)
+            f"{_one_skew_words(phase, geo, at_skew)})")
     return _schedule(phase, geo, choice, storage, ring, plan, kept, regs, residency, dealings,
                      at_skew)
 
 
-def _one_skew_words(phase: Phase, geo: RowGeometry, cols_in_smem: bool) -> str:
+def _one_skew_words(phase: Phase, geo: RowGeometry, at_skew: bool) -> str:
     """Why a counter cannot deal these skewed rows, in words ('' where that is not why): their
-    column sums or their columns at the rows' skew need a block's rows to share a skew."""
+    column sums or their columns at the rows' skew (`at_skew`) need a block's rows to share
+    a skew."""
     if not geo.skew:
         return ""
     if phase.fusion.info.outer_reductions:
         return "; skewed rows' column sums need each block's rows to share a skew"
-    if cols_in_smem and skewed_columns_at_skew(geo.skew, geo.rows_per_block):
+    if at_skew:
         return ("; columns in shared memory at skewed rows' skew need each block's rows to "
                 "share it")
     return ""
