@@ -206,9 +206,10 @@ def copies(info: FusionInfo, s: RowSchedule) -> dict:
     }
 
 
-def refill(info: FusionInfo, s: RowSchedule) -> list[str]:
+def refill(info: FusionInfo, s: RowSchedule, fold: ShiftedVariance | None) -> list[str]:
     """The row buffers a row's last pass refills with the next row as it reads them (none:
-    []): rows dealt from a counter where row_dealing.refills() says they can be. With one
+    []): rows dealt from a counter where row_dealing.refills() says they can be, over the
+    passes the kernel runs (`fold`: variance_of, its two levels as one). With one
     stage, the next row's copies would otherwise start only after the last pass; refilled,
     they overlap it. H200 bf16, fraction of the copy: layernorm_fwd 8192 0.74 -> 0.93,
     rmsnorm_fwd 65536 0.86 -> 0.97, log_softmax_fwd 65536 0.71 -> 0.88, softmax_bwd 32768 0.83
@@ -216,7 +217,7 @@ def refill(info: FusionInfo, s: RowSchedule) -> list[str]:
     -> 0.80, softmax_fwd 131072 0.88 -> 0.83) and are not refilled: bench/TUNING.md, "refilled
     rows"."""
     staged = copies(info, s)["staged"]
-    passes = row_passes(info, variance_of(info, s))
+    passes = row_passes(info, fold)
     if s.dealing is not Dealing.DYNAMIC or not row_dealing.refills(
             info, passes, s.stages, s.aligned_copy, bool(staged), s.ring, s.threads_per_row,
             s.skew):
@@ -510,7 +511,7 @@ def row_context(info: FusionInfo, s: RowSchedule, finalize: FinalizeSchedule | N
     dealt = dealer(info, s)
     copied = copies(info, s)
     access = row_access(info)
-    _refilled(body, copied, refill(info, s), access)
+    _refilled(body, copied, refill(info, s, fold), access)
     ring = None
     if s.ring is not None:
         ring = {"buffers": list(s.ring.tensors),

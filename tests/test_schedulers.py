@@ -1022,11 +1022,12 @@ def test_a_counter_by_default_only_where_the_rows_are_refilled(name):
     for hidden in (2048, 8192, 32768, 65536):
         problem = Problem(hidden, 16384, 16)
         for s in itertools.islice(candidates(info, problem, H200), 6):
-            assert (s.dealing is Dealing.DYNAMIC) == bool(row_codegen.refill(info, s)), s
+            refilled = row_codegen.refill(info, s, row_codegen.variance_of(info, s))
+            assert (s.dealing is Dealing.DYNAMIC) == bool(refilled), s
     hinted = candidates(info, Problem(4096, 16384, 16), H200, Hints(dealing="dynamic"))
     for s in itertools.islice(hinted, 3):
         source = render_row(name, info, s, None).source
-        if not row_codegen.refill(info, s):
+        if not row_codegen.refill(info, s, row_codegen.variance_of(info, s)):
             assert "refill(" not in source and "if (it == 0)" not in source, s
             continue
         # the first row's copies only; the next group read after the first reduction's
