@@ -34,7 +34,7 @@ import fuser.executor as executor
 from fuser import DataType, FuserError, HintError
 from fuser.analysis import analyze
 from fuser.cache import KernelCache
-from fuser.fusions import ROW_FUSIONS, make_inputs
+from fuser.fusions import FUSIONS, ROW_FUSIONS, make_inputs
 from fuser.launch import EntryLauncher
 from fuser.reference import compare, evaluate, input_sensitivity, output_reduction_sizes
 from fuser.schedulers import Hints
@@ -183,13 +183,15 @@ def test_hint_is_honoured_or_refused_before_launch(name, hidden, kw, rng, calls)
     honoured_or_refused(name, ROWS, hidden, Hints(**kw), rng, calls)
 
 
-def honoured_or_refused(name: str, rows: int, hidden: int, hints: Hints, rng, calls) -> str:
-    """Run fusion `name` on fresh random inputs with `hints`: either refused with a HintError
-    that names the hints, with nothing launched, or run as hinted, with results within the
-    float64 reference's tolerance. Returns (and records) the outcome."""
-    what = f"{name} at {rows} x {hidden} (bf16) with Hints({hints.words()})"
-    fd = ROW_FUSIONS[name](BF16)
-    host = make_inputs(name, rows, hidden, BF16, rng)
+def honoured_or_refused(name: str, rows: int, hidden: int, hints: Hints, rng, calls,
+                        dtype: DataType = BF16) -> str:
+    """Run fusion `name` (a key of fuser.fusions.FUSIONS) on fresh random inputs with
+    `hints`: either refused with a HintError that names the hints, with nothing launched, or
+    run as hinted, with results within the float64 reference's tolerance. Returns (and
+    records) the outcome."""
+    what = f"{name} at {rows} x {hidden} ({dtype.name}) with Hints({hints.words()})"
+    fd = FUSIONS[name](dtype)
+    host = make_inputs(name, rows, hidden, dtype, rng)
     try:
         outs = executor.execute(fd, to_device(host), hints=hints)
     except HintError as exc:

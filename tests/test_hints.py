@@ -29,7 +29,13 @@ from fuser.cache import KernelCache
 from fuser.device import PRESETS
 from fuser.fusions import ROW_FUSIONS
 from fuser.schedulers import Hints, Problem, candidates, schedule
-from fuser.schedulers.base import Dealing, FinalizeSchedule, RowSchedule, Storage
+from fuser.schedulers.base import (
+    Dealing,
+    FinalizeSchedule,
+    OuterSchedule,
+    RowSchedule,
+    Storage,
+)
 from fuser.schedulers.finalize import default_lanes, finalize_schedule, finalized
 
 H200, A100, SM89 = PRESETS["h200"], PRESETS["a100"], PRESETS["sm89-100kb"]
@@ -64,11 +70,17 @@ def all_rows(name: str, word: str, col_word: str = "smem") -> tuple[tuple[str, s
     return tuple((t, word) for t in full) + tuple((t, col_word) for t in cols)
 
 
-def unhonoured(s: RowSchedule, hints: Hints, finalize: FinalizeSchedule | None = None
-               ) -> list[str]:
+def unhonoured(s: RowSchedule | OuterSchedule, hints: Hints,
+               finalize: FinalizeSchedule | None = None) -> list[str]:
     """What schedule `s` (and its finalize) does otherwise than `hints` say: [] when it
     honours every hint. Inputs a storage hint does not name stay in registers (a skewed
-    row's columns: global)."""
+    row's columns: global). The outer-persistent kernel takes the cluster hint alone."""
+    if isinstance(s, OuterSchedule):
+        others = [name for name in hints.given() if name != "cluster"]
+        wrong = [f"the column kernel ran with hints it takes none of: {others}"] if others else []
+        if hints.cluster is not None and s.cluster != hints.cluster:
+            wrong.append(f"cluster is {s.cluster}, hinted {hints.cluster}")
+        return wrong
     wrong = []
     for field in ("threads_per_row", "rows_per_block", "cluster", "stages", "accumulators",
                   "aligned_copy", "dealing"):
