@@ -28,6 +28,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch_ddp_train as tiny  # noqa: E402
+from test_torch_api import GemmaRMSNorm  # noqa: E402
 
 import fuser.torch as ft  # noqa: E402
 from fuser import DataType  # noqa: E402
@@ -189,6 +190,24 @@ def test_patched_hf_rms_norm_matches_llamas(w_dtype):
                              floor_dtype=torch.bfloat16)
 
 
+@pytest.mark.parametrize("w_dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("hidden", [1000, 4099, 24578])
+def test_patched_gemma_rms_norm_matches_gemmas(w_dtype, hidden):
+    """Gemma's RMSNorm (y scaled by 1 + weight in float32) swapped by patch: its output and
+    gradients as close to its float64 run as its own module's, at aligned and odd sizes."""
+    gemma = GemmaRMSNorm(hidden).to("cuda", w_dtype)
+    with torch.no_grad():
+        gemma.weight.uniform_(-0.5, 0.5)
+    patched = torch.nn.Sequential(copy.deepcopy(gemma))
+    assert [type(r.new) for r in ft.patch(patched)] == [ft.GemmaRMSNorm]
+    reference = copy.deepcopy(gemma).double()
+    x = torch.randn(3, 5, hidden, device="cuda", dtype=torch.bfloat16)
+    g = torch.randn(3, 5, hidden, device="cuda", dtype=torch.bfloat16)
+    assert_as_close_as_torch(outputs_and_grads(patched[0], x, g), outputs_and_grads(gemma, x, g),
+                             outputs_and_grads(reference, x.double(), g.double()),
+                             floor_dtype=torch.bfloat16)
+
+
 def test_gradcheck_float64():
     def x_like(*shape):
         return torch.randn(*shape, device="cuda", dtype=torch.float64, requires_grad=True)
@@ -204,6 +223,7 @@ def test_gradcheck_float64():
         (lambda x: ft.rms_norm(x, 33, eps=1e-3), (x,)),
         (lambda x, w, b: ft.layer_norm(x, 33, w, b), (x, w, b)),
         (lambda x, w: ft.hf_rms_norm(x, w, 1e-6), (x, w)),
+        (lambda x, w: ft.gemma_rms_norm(x, w, 1e-6), (x, w)),
         (lambda x: ft.softmax(x, -1), (x,)),
         (lambda x: ft.softmax(x, 0), (x,)),
         (lambda x, r, w: dropped(ft.dropout_add_rms_norm, x, r, 33, w), (x, r, w)),

@@ -196,6 +196,7 @@ def test_gradcheck_in_float64(oracle):
         (lambda x: ft.rms_norm(x, 12), (x,)),
         (lambda x, w, b: ft.layer_norm(x, 12, w, b), (x, w, b)),
         (lambda x, w: ft.hf_rms_norm(x, w, 1e-6), (x, w)),
+        (lambda x, w: ft.gemma_rms_norm(x, w, 1e-6), (x, w)),
         (lambda x, r, w: dropped(ft.dropout_add_rms_norm, x, r, 12, w), (x, r, w)),
         (lambda x, w: dropped(ft.dropout_add_rms_norm, x, None, 12, w), (x, w)),
         (lambda x, r: ft.dropout_add_rms_norm(x, r, 12, None), (x, r)),
@@ -353,6 +354,32 @@ def test_hf_rms_norm_matches_llama(oracle, x_dtype, w_dtype):
     torch.testing.assert_close(y, want)
 
 
+@pytest.mark.parametrize(("x_dtype", "w_dtype"), [(torch.bfloat16, torch.float32),
+                                                  (torch.bfloat16, torch.bfloat16),
+                                                  (torch.float32, torch.float32)])
+def test_gemma_rms_norm_matches_gemma(oracle, x_dtype, w_dtype):
+    """Output and gradients of fuser's GemmaRMSNorm against Gemma's own: y scaled by 1 +
+    weight in float32, in x's dtype; the weight's gradient in its own dtype. Each is as close
+    to Gemma's module run in float64 as Gemma's own in these dtypes (twice its error, plus
+    one unit of the output's dtype at the largest value: both round, at different ties)."""
+    torch.manual_seed(0)
+    theirs = GemmaRMSNorm(64).to(w_dtype)
+    theirs.weight.data.uniform_(-0.5, 0.5)
+    ours = ft.GemmaRMSNorm(64, eps=theirs.eps, dtype=w_dtype)
+    ours.load_state_dict(theirs.state_dict())
+    exact = GemmaRMSNorm(64).double()
+    exact.load_state_dict(theirs.state_dict())
+    x = torch.randn(3, 5, 64).to(x_dtype).requires_grad_()
+    g = torch.randn(3, 5, 64).to(x_dtype)
+    got, want = _grads(ours, x, g), _grads(theirs, x, g)
+    truth = _grads(exact, x.detach().double().requires_grad_(), g.double())
+    assert [t.dtype for t in got] == [t.dtype for t in want] == [x_dtype, x_dtype, w_dtype]
+    for i, (a, b, t) in enumerate(zip(got, want, truth, strict=True)):
+        ours_err, gemma_err = ((u.double() - t).abs().max().item() for u in (a, b))
+        floor = (2.0**-8 if a.dtype == torch.bfloat16 else 2.0**-20) * t.abs().max().item()
+        assert ours_err <= 2 * gemma_err + floor, (i, ours_err, gemma_err, floor)
+
+
 @pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")
 def test_mixed_dtypes_follow_torch(oracle):
     """A float32 weight on bfloat16 input: y in the input's dtype, each grad in its own."""
@@ -369,13 +396,26 @@ def test_mixed_dtypes_follow_torch(oracle):
 # ----- patch -----
 
 
+class ShiftedRMSNorm(torch.nn.Module):
+    """An RMSNorm's look (name, weight, eps) over other math: patch must leave it alone."""
+
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) + 1
+
+
 class TinyModel(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.embed = torch.nn.Linear(8, 16)
         self.layers = torch.nn.ModuleList([torch.nn.ModuleDict({
             "rms": torch.nn.RMSNorm(16, eps=1e-5), "ln": torch.nn.LayerNorm(16, bias=False),
-            "hf": LlamaRMSNorm(16), "gemma": GemmaRMSNorm(16), "proj": torch.nn.Linear(16, 16),
+            "hf": LlamaRMSNorm(16), "gemma": GemmaRMSNorm(16), "shifted": ShiftedRMSNorm(16),
+            "proj": torch.nn.Linear(16, 16),
         }) for _ in range(2)])
         self.shared = self.layers[0]["rms"]
         self.final = torch.nn.RMSNorm(16, elementwise_affine=False)
@@ -383,7 +423,8 @@ class TinyModel(torch.nn.Module):
     def forward(self, x):
         h = self.embed(x)
         for layer in self.layers:
-            h = h + layer["proj"](layer["gemma"](layer["hf"](layer["ln"](layer["rms"](h)))))
+            h = h + layer["proj"](layer["shifted"](layer["gemma"](layer["hf"](layer["ln"](
+                layer["rms"](h))))))
         return self.final(self.shared(h))
 
 
@@ -400,17 +441,21 @@ def test_patch_swaps_norms_keeping_their_parameters(oracle):
     with pytest.warns(UserWarning) as warned:
         replaced = ft.patch(model)
     assert [str(w.message).split(":")[0] for w in warned] == [
-        f"fuser.torch.patch left layers.{i}.gemma (GemmaRMSNorm) alone" for i in (0, 1)]
+        f"fuser.torch.patch left layers.{i}.shifted (ShiftedRMSNorm) alone" for i in (0, 1)]
+    assert "computes neither LlamaRMSNorm's" in str(warned[0].message)
     names = [r.name for r in replaced]
-    assert names == ["layers.0.rms", "layers.0.ln", "layers.0.hf", "layers.1.rms",
-                     "layers.1.ln", "layers.1.hf", "shared", "final"]
+    assert names == ["layers.0.rms", "layers.0.ln", "layers.0.hf", "layers.0.gemma",
+                     "layers.1.rms", "layers.1.ln", "layers.1.hf", "layers.1.gemma", "shared",
+                     "final"]
     assert type(model.layers[0]["rms"]) is ft.RMSNorm and model.shared is model.layers[0]["rms"]
     assert type(model.layers[1]["ln"]) is ft.LayerNorm and model.layers[1]["ln"].bias is None
     assert type(model.layers[0]["hf"]) is ft.HFRMSNorm
-    assert type(model.layers[0]["gemma"]) is GemmaRMSNorm
+    assert type(model.layers[0]["gemma"]) is ft.GemmaRMSNorm
+    assert type(model.layers[0]["shifted"]) is ShiftedRMSNorm
     assert isinstance(replaced[0].old, torch.nn.RMSNorm) and replaced[0].new is model.shared
     assert all(not r.new.training for r in replaced)
     assert model.layers[0]["rms"].eps == 1e-5 and model.layers[0]["hf"].variance_epsilon == 1e-6
+    assert model.layers[1]["gemma"].eps == 1e-6
     assert all(a is b for a, b in zip(params.values(), model.parameters(), strict=True))
     assert dict(model.named_parameters()).keys() == params.keys()
     assert model.state_dict().keys() == state.keys()
@@ -439,12 +484,14 @@ def _op_cases():
     xg, rg, wg, bg = grad(x, r, w, b)
     ops = torch.ops.fuser
     return [
-        (ops.rms_norm.default, (x, None, None, w, 1.0, 1e-6, torch.float32, False)),
-        (ops.rms_norm.default, (xg, None, None, wg, 1.0, 1e-6, torch.float32, False)),
-        (ops.rms_norm.default, (xg, None, None, None, 1.0, 1e-6, torch.float32, False)),
-        (ops.rms_norm.default, (xb, None, None, w, 1.0, 1e-6, torch.float32, True)),
-        (ops.rms_norm.default, (xg, mask, rg, wg, 1 / 0.7, 1e-6, torch.float32, False)),
-        (ops.rms_norm.default, (xg, mask, None, wg, 1 / 0.7, 1e-6, torch.float32, False)),
+        (ops.rms_norm.default, (x, None, None, w, 1.0, 1e-6, torch.float32, False, False)),
+        (ops.rms_norm.default, (xg, None, None, wg, 1.0, 1e-6, torch.float32, False, False)),
+        (ops.rms_norm.default, (xg, None, None, None, 1.0, 1e-6, torch.float32, False, False)),
+        (ops.rms_norm.default, (xb, None, None, w, 1.0, 1e-6, torch.float32, True, False)),
+        (ops.rms_norm.default, (xg, None, None, wg, 1.0, 1e-6, torch.float32, False, True)),
+        (ops.rms_norm.default, (xg, mask, rg, wg, 1 / 0.7, 1e-6, torch.float32, False, False)),
+        (ops.rms_norm.default, (xg, mask, None, wg, 1 / 0.7, 1e-6, torch.float32, False,
+                                False)),
         (ops.layer_norm.default, (xg, None, None, wg, bg, 1.0, 1e-5)),
         (ops.layer_norm.default, (xg, None, None, None, bg, 1.0, 1e-5)),
         (ops.layer_norm.default, (xg, mask, rg, wg, bg, 1 / 0.7, 1e-5)),
@@ -462,11 +509,13 @@ def test_opcheck(oracle, case):
 
 def test_backward_ops_opcheck(oracle):
     x, dy, w = torch.randn(6, 16), torch.randn(6, 16), torch.rand(16)
-    _, _, rstd = torch.ops.fuser.rms_norm(x, None, None, w, 1.0, 1e-6, torch.float32, False)
+    _, _, rstd = torch.ops.fuser.rms_norm(x, None, None, w, 1.0, 1e-6, torch.float32, False,
+                                          False)
     _, _, mean, rstd_ln = torch.ops.fuser.layer_norm(x, None, None, w, w, 1.0, 1e-5)
     ops = torch.ops.fuser
-    torch.library.opcheck(ops.rms_norm_backward.default, (dy, None, x, None, None, rstd, w,
-                                                          1.0, True))
+    for unit_offset in (False, True):
+        torch.library.opcheck(ops.rms_norm_backward.default, (dy, None, x, None, None, rstd, w,
+                                                              1.0, True, unit_offset))
     torch.library.opcheck(ops.layer_norm_backward.default, (dy, None, x, None, None, mean,
                                                             rstd_ln, w, torch.float32, 1.0,
                                                             True))
@@ -601,6 +650,8 @@ def _specs():
                     yield NormSpec(rms, bf, bf, weight=weight, bias=None if rms else weight,
                                    residual=residual, dropout=dropout)
     yield NormSpec(True, bf, f32, weight=f32, hf=True)
+    yield NormSpec(True, bf, bf, weight=bf, unit_offset=True)
+    yield NormSpec(True, bf, bf, weight=f32, unit_offset=True)
     yield NormSpec(False, DataType.Double, DataType.Double, weight=DataType.Double,
                    bias=DataType.Double, residual=DataType.Double, dropout=True)
 

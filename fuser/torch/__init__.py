@@ -2,7 +2,7 @@
 
     import fuser.torch
     norm = fuser.torch.RMSNorm(4096, device="cuda", dtype=torch.bfloat16)  # torch.nn.RMSNorm's
-    replaced = fuser.torch.patch(model)   # a model's RMSNorm / LayerNorm / HF RMSNorm swapped
+    replaced = fuser.torch.patch(model)   # a model's RMSNorm / LayerNorm / HF RMSNorms swapped
 
 Forward and backward run as torch.library custom ops (torch.ops.fuser.*) with fake
 implementations and autograd formulas, so torch.compile(fullgraph=True) and CUDA graphs take
@@ -21,6 +21,7 @@ except ImportError as exc:
 from fuser.torch.functional import (
     dropout_add_layer_norm,
     dropout_add_rms_norm,
+    gemma_rms_norm,
     hf_rms_norm,
     layer_norm,
     rms_norm,
@@ -29,6 +30,7 @@ from fuser.torch.functional import (
 from fuser.torch.modules import (
     DropoutAddLayerNorm,
     DropoutAddRMSNorm,
+    GemmaRMSNorm,
     HFRMSNorm,
     LayerNorm,
     RMSNorm,
@@ -39,6 +41,7 @@ from fuser.torch.patch import Replacement, patch
 __all__ = [
     "DropoutAddLayerNorm",
     "DropoutAddRMSNorm",
+    "GemmaRMSNorm",
     "HFRMSNorm",
     "LayerNorm",
     "RMSNorm",
@@ -46,6 +49,7 @@ __all__ = [
     "Softmax",
     "dropout_add_layer_norm",
     "dropout_add_rms_norm",
+    "gemma_rms_norm",
     "hf_rms_norm",
     "layer_norm",
     "patch",

@@ -52,7 +52,9 @@ class NormSpec:
     residual and the dropout mask optional), with an optional weight and bias.
 
     `hf` is Hugging Face LlamaRMSNorm's rounding: the normalized value is rounded to x's dtype
-    before the weight multiplies it. `out` is y's dtype."""
+    before the weight multiplies it. `unit_offset`: the weight is stored as an offset from
+    one, and y is scaled by 1 + weight (Gemma's RMSNorm, zero-initialized); the weight's
+    gradient is the same sum. `out` is y's dtype."""
 
     rms: bool
     x: DataType
@@ -62,6 +64,7 @@ class NormSpec:
     residual: DataType | None = None
     dropout: bool = False
     hf: bool = False
+    unit_offset: bool = False
 
     @property
     def adds(self) -> bool:
@@ -79,7 +82,8 @@ class NormSpec:
 
     def name(self, suffix: str) -> str:
         kind = "rms_norm" if self.rms else "layer_norm"
-        prefix = ("dropout_" if self.dropout else "") + ("add_" if self.residual else "")
+        prefix = (("dropout_" if self.dropout else "") + ("add_" if self.residual else "")
+                  + ("unit_offset_" if self.unit_offset else ""))
         return f"{prefix}{kind}_{suffix}_{_SHORT[self.x]}"
 
 
@@ -99,11 +103,19 @@ def _sum_inputs(fd: FusionDefinition, spec: NormSpec):
     return x, h, keep
 
 
+def _weight(fd: FusionDefinition, spec: NormSpec):
+    """Input [weight], in the compute type: the factor y is scaled by (1 + weight where
+    spec.unit_offset)."""
+    if spec.weight is None:
+        return None
+    w = fd.ops.cast(_vector(fd, spec.weight), spec.compute)
+    return fd.ops.add(w, fd.define_scalar(1.0, dtype=spec.compute)) if spec.unit_offset else w
+
+
 def _affine(fd: FusionDefinition, spec: NormSpec):
-    """Inputs [weight], [bias], in the compute type."""
-    c = spec.compute
-    w = fd.ops.cast(_vector(fd, spec.weight), c) if spec.weight is not None else None
-    b = fd.ops.cast(_vector(fd, spec.bias), c) if spec.bias is not None else None
+    """Inputs [weight], [bias], in the compute type (the weight as _weight gives it)."""
+    w = _weight(fd, spec)
+    b = fd.ops.cast(_vector(fd, spec.bias), spec.compute) if spec.bias is not None else None
     return w, b
 
 
@@ -151,7 +163,7 @@ def norm_backward(spec: NormSpec, affine_grads: bool) -> FusionDefinition:
         mean = None if spec.rms else _per_row(fd, c)
         rstd = _row(fd, _per_row(fd, c), x)
         dy = fd.ops.cast(_matrix(fd, spec.out), c)
-        w = fd.ops.cast(_vector(fd, spec.weight), c) if spec.weight is not None else None
+        w = _weight(fd, spec)
         centered = h if mean is None else fd.ops.sub(h, _row(fd, mean, x))
         hhat = fd.ops.mul(centered, rstd)
         wdy = dy if w is None else fd.ops.mul(dy, w)

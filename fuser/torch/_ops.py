@@ -44,13 +44,13 @@ MATRIX, ROW, COLUMN = "matrix", "row", "column"  # an output's shape: [N, H], [N
 @cache
 def _norm_spec(rms: bool, x: torch.dtype, out: torch.dtype, dropout: bool,
                residual: torch.dtype | None, weight: torch.dtype | None,
-               bias: torch.dtype | None, hf: bool) -> NormSpec:
+               bias: torch.dtype | None, hf: bool, unit_offset: bool) -> NormSpec:
     """The NormSpec of a norm over tensors of these torch dtypes (None: absent)."""
     def of(dtype: torch.dtype | None) -> DataType | None:
         return None if dtype is None else fuser_dtype(dtype)
 
     return NormSpec(rms, fuser_dtype(x), fuser_dtype(out), weight=of(weight), bias=of(bias),
-                    residual=of(residual), dropout=dropout, hf=hf)
+                    residual=of(residual), dropout=dropout, hf=hf, unit_offset=unit_offset)
 
 
 def _dtype(t: Tensor | None) -> torch.dtype | None:
@@ -58,9 +58,10 @@ def _dtype(t: Tensor | None) -> torch.dtype | None:
 
 
 def _spec(rms: bool, x: Tensor, out: torch.dtype, mask: Tensor | None, residual: Tensor | None,
-          weight: Tensor | None, bias: torch.dtype | None = None, hf: bool = False) -> NormSpec:
+          weight: Tensor | None, bias: torch.dtype | None = None, hf: bool = False,
+          unit_offset: bool = False) -> NormSpec:
     return _norm_spec(rms, x.dtype, out, mask is not None, _dtype(residual), _dtype(weight),
-                      bias, hf)
+                      bias, hf, unit_offset)
 
 
 def _forward_layout(spec: NormSpec) -> list:
@@ -114,10 +115,10 @@ def _forward_plan(*dtypes) -> tuple:
 
 
 @cache
-def _backward_plan(affine_grads: bool, *dtypes) -> tuple:
+def _backward_plan(affine_grads: bool, unit_offset: bool, *dtypes) -> tuple:
     """(the backward fusion, its outputs' layout) of _norm_spec(*dtypes), dtypes' `out` being
-    dy's dtype."""
-    spec = _norm_spec(*dtypes, False)
+    dy's dtype (hf's rounding is the forward's alone)."""
+    spec = _norm_spec(*dtypes, False, unit_offset)
     return norm_backward(spec, affine_grads), _backward_layout(spec, affine_grads)
 
 
@@ -150,12 +151,13 @@ def _new_residual_grad(dh: Tensor | None, x: Tensor, mask: Tensor | None,
 
 
 def _rms_norm(x: Tensor, mask: Tensor | None, residual: Tensor | None, weight: Tensor | None,
-             scale: float, eps: float, out_dtype: torch.dtype,
-             hf: bool) -> tuple[Tensor, Tensor | None, Tensor]:
+             scale: float, eps: float, out_dtype: torch.dtype, hf: bool,
+             unit_offset: bool) -> tuple[Tensor, Tensor | None, Tensor]:
     """(y, h, rstd) of RMSNorm over the last dimension of h = residual + mask * x * scale;
-    h is None where there is neither a mask nor a residual (h would be x)."""
+    h is None where there is neither a mask nor a residual (h would be x). unit_offset: y is
+    scaled by 1 + weight (NormSpec.unit_offset)."""
     fd, layout = _forward_plan(True, x.dtype, out_dtype, mask is not None, _dtype(residual),
-                               _dtype(weight), None, hf)
+                               _dtype(weight), None, hf, unit_offset)
     inputs = [*_sum_inputs(x, mask, scale, residual), *([weight] if weight is not None else []),
               eps]
     return _execute(fd, layout, x, inputs)
@@ -163,26 +165,27 @@ def _rms_norm(x: Tensor, mask: Tensor | None, residual: Tensor | None, weight: T
 
 def _rms_norm_op(x: Tensor, mask: Tensor | None, residual: Tensor | None,
                  weight: Tensor | None, scale: float, eps: float, out_dtype: torch.dtype,
-                 hf: bool) -> tuple[Tensor, Tensor, Tensor]:
-    return _filled(x, _rms_norm(x, mask, residual, weight, scale, eps, out_dtype, hf))
+                 hf: bool, unit_offset: bool) -> tuple[Tensor, Tensor, Tensor]:
+    return _filled(x, _rms_norm(x, mask, residual, weight, scale, eps, out_dtype, hf,
+                                unit_offset))
 
 
 rms_norm = torch.library.custom_op("fuser::rms_norm", _rms_norm_op, mutates_args=())
 
 
 @rms_norm.register_fake
-def _(x, mask, residual, weight, scale, eps, out_dtype, hf):
-    spec = _spec(True, x, out_dtype, mask, residual, weight, hf=hf)
+def _(x, mask, residual, weight, scale, eps, out_dtype, hf, unit_offset):
+    spec = _spec(True, x, out_dtype, mask, residual, weight, hf=hf, unit_offset=unit_offset)
     return _filled(x, _allocate(_forward_layout(spec), x, x.new_empty))
 
 
 def _rms_norm_backward(dy: Tensor, dh: Tensor | None, x: Tensor, mask: Tensor | None,
                       residual: Tensor | None, rstd: Tensor, weight: Tensor | None,
-                      scale: float, affine_grads: bool) -> tuple:
+                      scale: float, affine_grads: bool, unit_offset: bool) -> tuple:
     """(grad_x, grad_residual, grad_weight), the absent ones None; dh is the new residual's
     gradient, given where the forward had a mask or a residual."""
-    fd, layout = _backward_plan(affine_grads, True, x.dtype, dy.dtype, mask is not None,
-                                _dtype(residual), _dtype(weight), None)
+    fd, layout = _backward_plan(affine_grads, unit_offset, True, x.dtype, dy.dtype,
+                                mask is not None, _dtype(residual), _dtype(weight), None)
     inputs = [*_sum_inputs(x, mask, scale, residual), rstd, dy,
               *([weight] if weight is not None else []), *([dh] if _adds(mask, residual) else [])]
     return _execute(fd, layout, x, inputs)
@@ -190,9 +193,10 @@ def _rms_norm_backward(dy: Tensor, dh: Tensor | None, x: Tensor, mask: Tensor | 
 
 def _rms_norm_backward_op(dy: Tensor, dh: Tensor | None, x: Tensor, mask: Tensor | None,
                           residual: Tensor | None, rstd: Tensor, weight: Tensor | None,
-                          scale: float, affine_grads: bool) -> tuple[Tensor, Tensor, Tensor]:
+                          scale: float, affine_grads: bool,
+                          unit_offset: bool) -> tuple[Tensor, Tensor, Tensor]:
     return _filled(x, _rms_norm_backward(dy, dh, x, mask, residual, rstd, weight, scale,
-                                         affine_grads))
+                                         affine_grads, unit_offset))
 
 
 rms_norm_backward = torch.library.custom_op("fuser::rms_norm_backward", _rms_norm_backward_op,
@@ -200,17 +204,17 @@ rms_norm_backward = torch.library.custom_op("fuser::rms_norm_backward", _rms_nor
 
 
 @rms_norm_backward.register_fake
-def _(dy, dh, x, mask, residual, rstd, weight, scale, affine_grads):
-    spec = _spec(True, x, dy.dtype, mask, residual, weight)
+def _(dy, dh, x, mask, residual, rstd, weight, scale, affine_grads, unit_offset):
+    spec = _spec(True, x, dy.dtype, mask, residual, weight, unit_offset=unit_offset)
     return _filled(x, _allocate(_backward_layout(spec, affine_grads), x, x.new_empty))
 
 
 def _rms_setup(ctx, inputs, output) -> None:
-    x, mask, residual, weight, scale, _eps, out_dtype, _hf = inputs
+    x, mask, residual, weight, scale, _eps, out_dtype, _hf, unit_offset = inputs
     ctx.mark_non_differentiable(output[2])
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(x, mask, residual, weight, output[2])
-    ctx.scale, ctx.out_dtype = scale, out_dtype
+    ctx.scale, ctx.out_dtype, ctx.unit_offset = scale, out_dtype, unit_offset
 
 
 def _rms_grads(ctx, dy, dh, _drstd):
@@ -219,9 +223,10 @@ def _rms_grads(ctx, dy, dh, _drstd):
     dh = _new_residual_grad(dh, x, mask, residual)
     affine = weight is not None and ctx.needs_input_grad[3]
     backward = eager_backward(ctx, rms_norm_backward, _rms_norm_backward)
-    gx, gres, gw = backward(dy, dh, x, mask, residual, rstd, weight, ctx.scale, affine)
+    gx, gres, gw = backward(dy, dh, x, mask, residual, rstd, weight, ctx.scale, affine,
+                            ctx.unit_offset)
     return (gx, None, gres if residual is not None else None, gw if affine else None,
-            None, None, None, None)
+            None, None, None, None, None)
 
 
 rms_norm.register_autograd(_rms_grads, setup_context=_rms_setup)
@@ -238,7 +243,7 @@ def _layer_norm(x: Tensor, mask: Tensor | None, residual: Tensor | None, weight:
     """(y, h, mean, rstd) of LayerNorm over the last dimension of h, as rms_norm; y in x's
     dtype."""
     fd, layout = _forward_plan(False, x.dtype, x.dtype, mask is not None, _dtype(residual),
-                               _dtype(weight), _dtype(bias), False)
+                               _dtype(weight), _dtype(bias), False, False)
     inputs = [*_sum_inputs(x, mask, scale, residual),
               *(t for t in (weight, bias) if t is not None), eps]
     return _execute(fd, layout, x, inputs)
@@ -264,8 +269,8 @@ def _layer_norm_backward(dy: Tensor, dh: Tensor | None, x: Tensor, mask: Tensor 
                         weight: Tensor | None, bias_dtype: torch.dtype | None, scale: float,
                         affine_grads: bool) -> tuple:
     """(grad_x, grad_residual, grad_weight, grad_bias), as rms_norm_backward."""
-    fd, layout = _backward_plan(affine_grads, False, x.dtype, dy.dtype, mask is not None,
-                                _dtype(residual), _dtype(weight), bias_dtype)
+    fd, layout = _backward_plan(affine_grads, False, False, x.dtype, dy.dtype,
+                                mask is not None, _dtype(residual), _dtype(weight), bias_dtype)
     inputs = [*_sum_inputs(x, mask, scale, residual), mean, rstd, dy,
               *([weight] if weight is not None else []), *([dh] if _adds(mask, residual) else [])]
     return _execute(fd, layout, x, inputs)

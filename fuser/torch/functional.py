@@ -56,7 +56,7 @@ def rms_norm(x: Tensor, normalized_shape, weight: Tensor | None = None,
     float64 input, as torch)."""
     rows, (w,) = _rows("fuser.torch.rms_norm", x, normalized_shape, {"weight": weight})
     eps = _default_eps(x, eps)
-    y, _, _ = _ops.apply_rms_norm(rows, None, None, w, 1.0, eps, x.dtype, False)
+    y, _, _ = _ops.apply_rms_norm(rows, None, None, w, 1.0, eps, x.dtype, False, False)
     return _reshaped(y, x.shape)
 
 
@@ -66,7 +66,17 @@ def hf_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     where = "fuser.torch.hf_rms_norm"
     rows, (w,) = _rows(where, x, weight.shape[-1:], {"weight": weight})
     out = torch.promote_types(weight.dtype, x.dtype)
-    y, _, _ = _ops.apply_rms_norm(rows, None, None, w, 1.0, float(eps), out, True)
+    y, _, _ = _ops.apply_rms_norm(rows, None, None, w, 1.0, float(eps), out, True, False)
+    return _reshaped(y, x.shape)
+
+
+def gemma_rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
+    """Hugging Face GemmaRMSNorm's numerics (Gemma 1 to 3, and the norms written like it):
+    x normalized in float32, times 1 + weight (the weight an offset from one, zero at
+    initialization) in float32, rounded once to x's dtype."""
+    where = "fuser.torch.gemma_rms_norm"
+    rows, (w,) = _rows(where, x, weight.shape[-1:], {"weight": weight})
+    y, _, _ = _ops.apply_rms_norm(rows, None, None, w, 1.0, float(eps), x.dtype, False, True)
     return _reshaped(y, x.shape)
 
 
@@ -119,7 +129,7 @@ def dropout_add_rms_norm(x: Tensor, residual: Tensor | None, normalized_shape,
     if mask is None and res is None:
         return rms_norm(x, normalized_shape, weight, eps), x
     eps = _default_eps(x, eps)
-    y, h, _ = _ops.apply_rms_norm(rows, mask, res, w, scale, eps, x.dtype, False)
+    y, h, _ = _ops.apply_rms_norm(rows, mask, res, w, scale, eps, x.dtype, False, False)
     return _reshaped(y, x.shape), _reshaped(h, x.shape)
 
 

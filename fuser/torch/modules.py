@@ -1,7 +1,7 @@
 """fuser.torch's modules: drop-ins for torch.nn.RMSNorm, LayerNorm and Softmax (subclasses, so
 their constructors, parameters, state_dict keys and isinstance checks are torch's own), the
-dropout + residual add + norm modules of pre-norm transformer blocks, and a stand-in for
-Hugging Face's LlamaRMSNorm."""
+dropout + residual add + norm modules of pre-norm transformer blocks, and stand-ins for
+Hugging Face's LlamaRMSNorm and GemmaRMSNorm."""
 
 from __future__ import annotations
 
@@ -52,6 +52,24 @@ class HFRMSNorm(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
+
+
+class GemmaRMSNorm(torch.nn.Module):
+    """Hugging Face's GemmaRMSNorm (Gemma 1 to 3, and norms written like it) on fuser's
+    kernels: a `weight` stored as an offset from one (zeros at initialization; y is scaled by
+    1 + weight) and `eps`, the same numerics (fuser.torch.functional.gemma_rms_norm).
+    fuser.torch.patch puts it in their place."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, device=None, dtype=None) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.zeros(dim, device=device, dtype=dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.gemma_rms_norm(x, self.weight, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.eps}"
 
 
 def _affine(module: torch.nn.Module, shape: tuple, affine: bool, bias: bool | None,

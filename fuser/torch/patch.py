@@ -2,9 +2,10 @@
 
 Swapped: torch.nn.RMSNorm and torch.nn.LayerNorm (their exact classes: a subclass may
 compute something else), and modules that look like Hugging Face's RMSNorm (a class name
-ending in RMSNorm, a 1-D `weight`, a `variance_epsilon` or `eps`) and that compute what
-LlamaRMSNorm computes on a probe input: Gemma's RMSNorm, which scales by 1 + weight, has
-the same look and is left alone, with a warning. The new modules hold the old ones'
+ending in RMSNorm, a 1-D `weight`, a `variance_epsilon` or `eps`) and that compute, on a
+probe input, what LlamaRMSNorm computes (HFRMSNorm takes their place) or what GemmaRMSNorm
+computes, which scales by 1 + weight in float32 (GemmaRMSNorm takes it); a module of that
+look that computes neither is left alone, with a warning. The new modules hold the old ones'
 Parameter objects, so optimizers, tied weights and checkpoints see no change; hooks
 registered on the old modules do not move (patch before DDP, FSDP or torch.compile wrap the
 model).
@@ -17,7 +18,7 @@ from typing import NamedTuple
 
 import torch
 
-from fuser.torch.modules import HFRMSNorm, LayerNorm, RMSNorm
+from fuser.torch.modules import GemmaRMSNorm, HFRMSNorm, LayerNorm, RMSNorm
 
 _PROBE_TOLERANCE = 2e-2  # relative and absolute: LlamaRMSNorm's own ops, rounded as it rounds
 
@@ -53,10 +54,12 @@ def _hf_look(module: torch.nn.Module) -> tuple[torch.nn.Parameter, float] | None
     return (weight, float(eps)) if isinstance(eps, int | float) else None
 
 
-def _llama_probe(module: torch.nn.Module, weight: torch.nn.Parameter, eps: float) -> str | None:
-    """None where `module` computes LlamaRMSNorm's output on a probe input, else why not."""
+def _probe(module: torch.nn.Module, weight: torch.nn.Parameter,
+           eps: float) -> tuple[type[HFRMSNorm] | type[GemmaRMSNorm] | None, str]:
+    """(the module class that computes what `module` computes on a probe input, "") where it
+    is LlamaRMSNorm's or GemmaRMSNorm's output, else (None, why not)."""
     if weight.device.type == "meta":
-        return "its weight is on the meta device (patch after the weights are loaded)"
+        return None, "its weight is on the meta device (patch after the weights are loaded)"
     hidden = weight.shape[0]
     generator = torch.Generator().manual_seed(0)  # the model's random streams stay untouched
     x = torch.randn(3, hidden, generator=generator).to(weight.device, weight.dtype)
@@ -64,26 +67,30 @@ def _llama_probe(module: torch.nn.Module, weight: torch.nn.Parameter, eps: float
         try:
             got = module(x)
         except Exception as exc:  # a forward that needs other arguments is not LlamaRMSNorm's
-            return f"calling it on a [3, {hidden}] input raised {exc!r}"
+            return None, f"calling it on a [3, {hidden}] input raised {exc!r}"
         xf = x.float()
-        want = weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-        if not isinstance(got, torch.Tensor) or got.shape != want.shape or not torch.allclose(
-                got.float(), want.float(), rtol=_PROBE_TOLERANCE, atol=_PROBE_TOLERANCE):
-            return "it does not compute LlamaRMSNorm's weight * x / rms(x)"
-    return None
+        normalized = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        wants = ((HFRMSNorm, weight * normalized.to(x.dtype)),
+                 (GemmaRMSNorm, (normalized * (1.0 + weight.float())).to(x.dtype)))
+        for cls, want in wants:
+            if isinstance(got, torch.Tensor) and got.shape == want.shape and torch.allclose(
+                    got.float(), want.float(), rtol=_PROBE_TOLERANCE, atol=_PROBE_TOLERANCE):
+                return cls, ""
+    return None, ("it computes neither LlamaRMSNorm's weight * x / rms(x) nor GemmaRMSNorm's "
+                  "(1 + weight) * x / rms(x)")
 
 
-def _from_hf(name: str, old: torch.nn.Module) -> HFRMSNorm | None:
+def _from_hf(name: str, old: torch.nn.Module) -> HFRMSNorm | GemmaRMSNorm | None:
     look = _hf_look(old)
     if look is None:
         return None
     weight, eps = look
-    why = _llama_probe(old, weight, eps)
-    if why is not None:
+    cls, why = _probe(old, weight, eps)
+    if cls is None:
         warnings.warn(f"fuser.torch.patch left {name} ({type(old).__name__}) alone: {why}",
                       stacklevel=3)
         return None
-    new = HFRMSNorm(weight.shape[0], eps, device="meta")
+    new = cls(weight.shape[0], eps, device="meta")
     new.weight = weight
     return new
 
