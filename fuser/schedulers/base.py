@@ -236,8 +236,7 @@ class RowSchedule:
         over whole periods of the skews (group_period), so every row a block visits has the
         skew of its first, and a visit reads its columns in whole vectors, as the row's own.
         Skewed rows several to a block read them in pieces (SkewedColumn)."""
-        return skewed_columns_at_skew(self.skew, self.rows_per_block) and any(
-            p.role is Role.COL and p.storage is Storage.SMEM for p in self.placements)
+        return columns_at_skew(self.skew, self.rows_per_block, self.placements)
 
     @property
     def buffers_in_smem(self) -> bool:
@@ -386,6 +385,13 @@ def skewed_columns_at_skew(skew: int, rows_per_block: int) -> bool:
     """Whether a skewed row's column buffers hold the block's part of each column at the skew
     of its rows (RowSchedule.columns_at_skew): one row per block."""
     return bool(skew) and rows_per_block == 1
+
+
+def columns_at_skew(skew: int, rows_per_block: int, placements: tuple[Placement, ...]) -> bool:
+    """RowSchedule.columns_at_skew of these rows and placements (row_fit decides the dealing
+    with it before the schedule exists)."""
+    return skewed_columns_at_skew(skew, rows_per_block) and any(
+        p.role is Role.COL and p.storage is Storage.SMEM for p in placements)
 
 
 def skewed_column_pad(itemsize: int, skew: int) -> int:

@@ -39,6 +39,13 @@ MOOT_HINTS = ("skewed", "aligned_copy")
 VECTORS_PER_THREAD = 16
 
 
+def shapes_block(hints: Hints) -> bool:
+    """Whether a hint other than MOOT_HINTS is given: one that fixes what the dealt steps and
+    the search's reordering rules decide (those were measured on the heuristic's own
+    schedules)."""
+    return bool(set(hints.given()) - set(MOOT_HINTS))
+
+
 def dealt_shapes(fusion: RowFusion, problem: Problem, device: DeviceSpec, policy: RowPolicy,
                  hints: Hints) -> list[tuple[int, int]]:
     """(cluster size, threads per row) of each dealt step, in order: at each of
@@ -47,8 +54,7 @@ def dealt_shapes(fusion: RowFusion, problem: Problem, device: DeviceSpec, policy
     fixes what the steps decide, the rows are not of whole 16-byte vectors or are short (short
     rows try one stage first already), or are rows of three passes with column inputs
     (LayerNorm forward)."""
-    hinted = set(hints.given()) - set(MOOT_HINTS)
-    if not policy.dealt_first or hinted:
+    if not policy.dealt_first or shapes_block(hints):
         return []
     if fusion.cols and policy.stages_first(fusion.passes):
         # dropout_layernorm_fwd bf16 8192 / 12288 ran 0.91 / 0.93 -> 0.86 / 0.85 so

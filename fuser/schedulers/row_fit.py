@@ -22,6 +22,7 @@ from fuser.schedulers.base import (
     aligned_row_bytes,
     aligned_row_chunks,
     ceil_div,
+    columns_at_skew,
     skewed_column_bytes,
     skewed_columns_at_skew,
 )
@@ -242,8 +243,8 @@ def _resources(phase: Phase, geo: RowGeometry, choice: StorageChoice,
             f"{choice.accumulators}",
             f"smem {plan.total} B of {plan.limit}, >= {buffers + MIN_OVERHEAD_REGISTERS} of "
             f"{max_regs} registers per thread at {geo.threads} threads, {residency} block(s)/SM")
-    at_skew = skewed_columns_at_skew(geo.skew, geo.rows_per_block) and any(
-        storage[t.name] is Storage.SMEM for t in phase.fusion.cols)
+    placements = _placements(phase, storage)
+    at_skew = columns_at_skew(geo.skew, geo.rows_per_block, placements)
     hinted = phase.hints.dealing
     dealings = row_dealing.allowed(phase, geo, ring, choice.stages, at_skew)
     if hinted is not None and hinted not in dealings:
@@ -253,8 +254,8 @@ def _resources(phase: Phase, geo: RowGeometry, choice: StorageChoice,
             f"allowed here: {', '.join(map(str, dealings))} (a counter deals whole rows to "
             "blocks outside a staging ring, in at most two stages"
             f"{_one_skew_words(phase, geo, at_skew)})")
-    return _schedule(phase, geo, choice, storage, ring, plan, kept, regs, residency, dealings,
-                     at_skew)
+    return _schedule(phase, geo, choice, storage, placements, ring, plan, kept, regs,
+                     residency, dealings, at_skew)
 
 
 def _one_skew_words(phase: Phase, geo: RowGeometry, at_skew: bool) -> str:
@@ -271,8 +272,18 @@ def _one_skew_words(phase: Phase, geo: RowGeometry, at_skew: bool) -> str:
     return ""
 
 
+def _placements(phase: Phase, storage: dict[str, Storage]) -> tuple[Placement, ...]:
+    info = phase.fusion.info
+    return tuple(
+        Placement(t.name, t.dtype, info.roles[t], storage[t.name],
+                  storage[t.name] is Storage.SMEM and info.roles[t] is Role.FULL
+                  and phase.can_async(t))
+        for t in info.fusion.inputs if isinstance(t, Tensor) and t.name in storage)
+
+
 def _schedule(phase: Phase, geo: RowGeometry, choice: StorageChoice,
-              storage: dict[str, Storage], ring: StagingRing | None, plan: SmemPlan,
+              storage: dict[str, Storage], placements: tuple[Placement, ...],
+              ring: StagingRing | None, plan: SmemPlan,
               kept: tuple[str, ...], regs: int, residency: int,
               dealings: tuple[Dealing, ...], at_skew: bool) -> RowSchedule:
     fusion = phase.fusion
@@ -280,11 +291,6 @@ def _schedule(phase: Phase, geo: RowGeometry, choice: StorageChoice,
     full_in_smem = any(storage[t.name] is Storage.SMEM for t in fusion.full)
     stages = choice.stages if full_in_smem else 1
     aligned_copy = phase.aligned and full_in_smem
-    placements = tuple(
-        Placement(t.name, t.dtype, info.roles[t], storage[t.name],
-                  storage[t.name] is Storage.SMEM and info.roles[t] is Role.FULL
-                  and phase.can_async(t))
-        for t in info.fusion.inputs if isinstance(t, Tensor) and t.name in storage)
     # Register arrays are indexed by the batch loop's counter, so they need it unrolled; with
     # every row in smem or re-read, a partly unrolled loop keeps registers free.
     register_arrays = _register_arrays(phase, choice, storage) or bool(kept)
@@ -292,7 +298,8 @@ def _schedule(phase: Phase, geo: RowGeometry, choice: StorageChoice,
               else min(geo.batch, PARTIAL_UNROLL))
     return RowSchedule(
         scheduler=phase.policy.scheduler,
-        reason=_reason(phase, geo, choice, storage, ring, kept, regs, residency),
+        reason=_reason(phase, geo, choice.accumulators, stages, aligned_copy, storage, ring,
+                       kept, regs, residency),
         hidden=geo.hidden,
         vec=geo.vec,
         skew=geo.skew,
@@ -329,17 +336,17 @@ def _split_words(hidden: int, part: int, cluster: int) -> str:
     return f"a cluster of {cluster} blocks of {part} elements{listed}"
 
 
-def _reason(phase: Phase, geo: RowGeometry, choice: StorageChoice,
-            storage: dict[str, Storage], ring: StagingRing | None, kept_names: tuple[str, ...],
+def _reason(phase: Phase, geo: RowGeometry, accumulators: Storage, stages: int,
+            aligned_copy: bool, storage: dict[str, Storage], ring: StagingRing | None,
+            kept_names: tuple[str, ...],
             regs: int, residency: int) -> str:
     """Why this schedule, in words: what is kept where, and the resources it was sized for."""
     buffers = phase.fusion.buffers
     in_smem = [t.name for t in buffers if storage[t.name] is Storage.SMEM]
     reread = [t.name for t in buffers if storage[t.name] is Storage.GLOBAL]
     kept = ", ".join(in_smem) or ("only the staging ring" if ring else "nothing")
-    rows_in_smem = any(storage[t.name] is Storage.SMEM for t in phase.fusion.full)
     words = [f"{phase.policy.name} policy: {kept} in smem"
-             + (f" ({choice.stages} stages)" if choice.stages > 1 and rows_in_smem else "")]
+             + (f" ({stages} stages)" if stages > 1 else "")]
     if reread:
         words.append(f"{','.join(reread)} re-read each pass")
     if ring:
@@ -348,10 +355,10 @@ def _reason(phase: Phase, geo: RowGeometry, choice: StorageChoice,
     if geo.skew:
         words.append(f"skewed rows ({geo.vec}-element vectors from the boundary below each "
                      f"row's start, which lies on a multiple of {geo.skew})")
-    if phase.aligned and any(storage[t.name] is Storage.SMEM for t in phase.fusion.full):
+    if aligned_copy:
         words.append("rows copied in aligned 16-byte chunks")
-    if choice.accumulators is not Storage.REGISTERS:
-        words.append(f"column accumulators in {choice.accumulators}")
+    if accumulators is not Storage.REGISTERS:
+        words.append(f"column accumulators in {accumulators}")
     if geo.cluster > 1:
         words.append(f"rows split over {_split_words(geo.hidden, geo.part, geo.cluster)}")
     if kept_names:

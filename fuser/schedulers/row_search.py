@@ -32,7 +32,7 @@ from fuser.schedulers import row_variance
 from fuser.schedulers.base import Problem, RowSchedule, Storage
 from fuser.schedulers.finalize import default_lanes, finalized, needs_finalize
 from fuser.schedulers.hints import HintContext, Hints, check, powers_of_two
-from fuser.schedulers.row_dealt import MOOT_HINTS, dealt_schedules, dealt_shapes, dealt_why
+from fuser.schedulers.row_dealt import dealt_schedules, dealt_shapes, dealt_why, shapes_block
 from fuser.schedulers.row_fit import fit
 from fuser.schedulers.row_geometry import (
     MAX_STAGED_VECTORS_PER_THREAD,
@@ -74,17 +74,15 @@ class _Step:
     policy: RowPolicy
     skewed: bool = False  # rows in the widest vectors, skewed (RowSchedule.skew)
     # A step of RowSearch._dealt_steps (row_dealt.dealt_shapes): one stage of staged rows
-    # at these threads per row, a block per row group
-    dealt_threads: int | None = None
-    # Only the step's first schedule (RowSearch._split_first: a cluster of two's, before one
-    # block's; the step's others keep their place after one block's)
-    first_only: bool = False
-    # A step of this schedule alone, found ahead of the search (RowSearch._packed_first,
-    # RowSearch._fewer_rows_first)
+    # at its shape's threads per row, a block per row group
+    dealt: bool = False
+    # A step of this schedule alone, found ahead of the search (RowSearch._split_first,
+    # _packed_first, _fewer_rows_first, _clustered_skewed_step)
     schedule: RowSchedule | None = None
     # The threads per row, rows per block and stages the step's phase takes as hints on top
-    # of the search's: RowSearch._fewer_rows_first's blocks
-    shape: tuple[int, int, int] | None = None
+    # of the search's (None: the search's own): RowSearch._fewer_rows_first's blocks, the
+    # dealt steps' threads
+    shape: tuple[int, int | None, int | None] | None = None
 
 
 class RowSearch:
@@ -114,7 +112,7 @@ class RowSearch:
         seen: set[RowSchedule] = set()
         for step in self._steps():
             schedules = [step.schedule] if step.schedule else self._by_copy_mode(step)
-            for s in itertools.islice(schedules, 1) if step.first_only else schedules:
+            for s in schedules:
                 decisions = replace(s, reason="")  # plain blocks may repeat a packed step's
                 if decisions not in seen:
                     seen.add(decisions)
@@ -151,7 +149,7 @@ class RowSearch:
         back on one block. Not under hints that shape the block (row_dealt.MOOT_HINTS are
         the others): the rule was measured on the heuristic's own schedules."""
         split = self.policy.split_first
-        if split is None or set(self.hints.given()) - set(MOOT_HINTS):
+        if split is None or shapes_block(self.hints):
             return steps
         one = steps[0]  # one block (cluster_sizes starts at 1), on chip
         two = next((step for step in steps if step.cluster == 2 and step.policy is one.policy
@@ -164,7 +162,8 @@ class RowSearch:
         why = split(self.fusion, one_first, two_first)
         if why is None:
             return steps
-        return [replace(two, why=why, first_only=True), *steps]
+        two = replace(two, why=why)
+        return [replace(two, schedule=self._probe(two)), *steps]
 
     def _packed_first(self, steps: list[_Step]) -> list[_Step]:
         """`steps`, with a schedule of packed rows over a cluster before all of them: over
@@ -174,22 +173,19 @@ class RowSearch:
         back on the order without the rule. Not under hints that shape the block, as
         _split_first."""
         rule, rows = self.policy.packed_first, self.policy.packed
-        if rule is None or rows is None or set(self.hints.given()) - set(MOOT_HINTS):
+        if rule is None or rows is None or shapes_block(self.hints):
             return steps
-        for step in steps:
+
+        def qualified(step: _Step) -> _Step | None:
             if step.policy.packed is None or step.cluster == 1 or step.reach is not Reach.ON_CHIP:
-                continue
+                return None
             geo = self._phase(step, False).geometry
             if geo.threads_per_row != rows.threads_per_row:
-                continue  # packed rows do not hold this cluster's part
+                return None  # packed rows do not hold this cluster's part
             why = rule.why(self.fusion, geo)
-            if why is None:
-                continue
-            first = self._probe(replace(step, why=why), lambda s: (
-                s.threads_per_row == rows.threads_per_row and rule.keeps(s)))
-            if first is not None:
-                return [replace(step, why=why, schedule=first), *steps]
-        return steps
+            return replace(step, why=why) if why is not None else None
+        return self._pinned(filter(None, map(qualified, steps)), lambda s: (
+            s.threads_per_row == rows.threads_per_row and rule.keeps(s))) + steps
 
     def _fewer_rows_first(self, steps: list[_Step], plain: RowPolicy) -> list[_Step]:
         """`steps`, with a block of fewer rows in more stages before all of them where the
@@ -199,22 +195,28 @@ class RowSearch:
         falls back on the order without the rule. Not under hints that shape the block, as
         _split_first."""
         rule = self.policy.fewer_rows_first
-        if rule is None or set(self.hints.given()) - set(MOOT_HINTS):
+        if rule is None or shapes_block(self.hints):
             return steps
         first = next(filter(None, (step.schedule or self._probe(step) for step in steps)),
                      None)
         why = rule.why(self.fusion, first) if first is not None else None
         if why is None:
             return steps
-        for rows in rule.rows_per_block:
-            step = _Step(1, Reach.ON_CHIP, why, plain,
-                         shape=(rule.threads_per_row, rows, rule.stages))
-            # every buffer in shared memory: the shape's stages, which hold the rows there
-            found = self._probe(step, lambda s: (
-                s.accumulators is Storage.REGISTERS and s.buffers_in_smem))
+        shaped = (_Step(1, Reach.ON_CHIP, why, plain,
+                        shape=(rule.threads_per_row, rows, rule.stages))
+                  for rows in rule.rows_per_block)
+        # every buffer in shared memory: the shape's stages, which hold the rows there
+        return self._pinned(shaped, lambda s: (
+            s.accumulators is Storage.REGISTERS and s.buffers_in_smem)) + steps
+
+    def _pinned(self, steps, keep: Callable[[RowSchedule], bool]) -> list[_Step]:
+        """The first of `steps` with a schedule `keep` takes, as a step of that schedule alone
+        (none: [])."""
+        for step in steps:
+            found = self._probe(step, keep)
             if found is not None:
-                return [replace(step, schedule=found), *steps]
-        return steps
+                return [replace(step, schedule=found)]
+        return []
 
     def _probe(self, step: _Step,
                keep: Callable[[RowSchedule], bool] = lambda s: True) -> RowSchedule | None:
@@ -230,7 +232,7 @@ class RowSearch:
         """A step per row_dealt.dealt_shapes: one stage of rows in shared memory at its
         cluster size and threads per row, dealt a block per row group."""
         return [_Step(cluster, Reach.ON_CHIP, dealt_why(cluster, threads), plain,
-                      dealt_threads=threads)
+                      dealt=True, shape=(threads, None, None))
                 for cluster, threads in dealt_shapes(self.fusion, self.problem, self.device,
                                                      plain, self.hints)]
 
@@ -273,15 +275,10 @@ class RowSearch:
         says (none: [])."""
         if not clustered_skewed_rows(self.fusion, self.problem):
             return []
-        for step in steps:
-            if (step.cluster == 1 or step.reach is not Reach.ON_CHIP
-                    or step.policy.packed is not None):
-                continue
-            skewed = replace(step, skewed=True, why=clustered_skewed_why(step.cluster))
-            found = self._probe(skewed, clustered_skewed_keeps)
-            if found is not None:
-                return [replace(skewed, schedule=found)]
-        return []
+        return self._pinned((replace(step, skewed=True, why=clustered_skewed_why(step.cluster))
+                             for step in steps if step.cluster > 1
+                             and step.reach is Reach.ON_CHIP and step.policy.packed is None),
+                            clustered_skewed_keeps)
 
     def _phase(self, step: _Step, chunked: bool) -> Phase:
         """A step's phase. Aligned 16-byte row copies (`chunked`) need the inputs 16-byte
@@ -289,10 +286,8 @@ class RowSearch:
         (bench/TUNING.md, "aligned row copies")."""
         if step.skewed:
             return self._skewed_phase(step)
-        hints = (self.hints if step.dealt_threads is None
-                 else replace(self.hints, threads_per_row=step.dealt_threads))
         geo = geometry(self.fusion, self.problem, self.device, step.policy,
-                       _shaped(hints, step.shape), step.cluster)
+                       _shaped(self.hints, step.shape), step.cluster)
         aligned = chunked and self.problem.align_bytes >= 16 and self.fusion.narrow(geo.vec)
         # a shaped step's storage orders see its shape as hints (its stages)
         return Phase(self.fusion, self.problem, self.device, step.policy,
@@ -349,7 +344,7 @@ class RowSearch:
         fall back on spills" in bench/TUNING.md), and for skewed rows (at most
         row_skew.SKEWED_MAX_THREADS threads already)."""
         geo = phase.geometry
-        if (not phase.policy.stages_first(self.fusion.passes) or geo.skew
+        if (not phase.policy.stages_first(self.fusion.passes)
                 or self.hints.threads_per_row is not None
                 or geo.threads_per_row < self.device.max_threads_per_block):
             return None
@@ -367,31 +362,21 @@ class RowSearch:
         slightly larger row slots (up to 15 bytes per row) leave more buffers re-read from
         global memory than copies of vec bytes do (the 100 KB part at hidden 24578 would
         re-read two input rows instead of one input row and the weight)."""
-        if step.dealt_threads is not None:
+        if step.dealt:
             yield from dealt_schedules(self._phase(step, False))
             return
         if step.skewed or self.hints.aligned_copy is False:
             yield from self._fits(self._phase(step, False))
             return
-        chunked = self._fits(self._phase(step, True))
-        first = next(chunked, None)
+        first, chunked = _peek(self._fits(self._phase(step, True)))
         if self.hints.aligned_copy is True or (first is not None and not first.aligned_copy):
-            # Hinted, or no row buffer to copy in chunks: the same plans either way.
-            yield from [first] if first is not None else []
-            yield from chunked
+            yield from chunked  # hinted, or no row buffer to copy in chunks: the same plans
             return
-        plain = self._fits(self._phase(step, False))
-        other = next(plain, None)
+        other, plain = _peek(self._fits(self._phase(step, False)))
         if first is None or (other is not None and _rereads(other) < _rereads(first)):
-            yield from [other] if other is not None else []
-            yield from plain
-            yield from [first] if first is not None else []
-            yield from chunked
-            return
-        yield first
-        yield from chunked
-        yield from [other] if other is not None else []
-        yield from plain
+            yield from itertools.chain(plain, chunked)
+        else:
+            yield from itertools.chain(chunked, plain)
 
     def _honoured(self, s: RowSchedule) -> RowSchedule | Rejection:
         """`s`, or why it does not do what the hints ask."""
@@ -465,10 +450,8 @@ class RowSearch:
             return None
         if name == "fused_finalize" and not needs_finalize(info):
             return None
-        search = RowSearch(self.fusion.info, self.problem, self.device, self.policy)
-        try:
-            s = next(search.candidates())
-        except OutOfResourcesError:
+        s = self._heuristic()
+        if isinstance(s, OutOfResourcesError):
             return "nothing (no schedule fits)"
         if name == "storage":
             return tuple((p.tensor, p.storage) for p in s.placements)
@@ -497,14 +480,21 @@ class RowSearch:
             f"Tried:\n  {tried}\nUse a device with more shared memory or a smaller hidden size.")
 
     def _default_words(self) -> str:
-        search = RowSearch(self.fusion.info, self.problem, self.device, self.policy)
+        s = self._heuristic()
+        if isinstance(s, OutOfResourcesError):
+            return f"none ({str(s).splitlines()[0]})"
+        return s.reason
+
+    def _heuristic(self) -> RowSchedule | OutOfResourcesError:
+        """The unhinted search's first schedule, or why there is none."""
         try:
-            return next(search.candidates()).reason
+            return next(RowSearch(self.fusion.info, self.problem, self.device,
+                                  self.policy).candidates())
         except OutOfResourcesError as exc:
-            return f"none ({str(exc).splitlines()[0]})"
+            return exc
 
 
-def _shaped(hints: Hints, shape: tuple[int, int, int] | None) -> Hints:
+def _shaped(hints: Hints, shape: tuple[int, int | None, int | None] | None) -> Hints:
     """`hints` with a step's shape (threads per row, rows per block, stages), where it has
     one."""
     if shape is None:
@@ -520,6 +510,13 @@ def _on_chip_why(cluster: int, after_packed: bool) -> str:
     if cluster > 1:
         why.append("the plans for fewer blocks do not keep the row on chip")
     return "; ".join(why)
+
+
+def _peek(schedules: Iterator[RowSchedule]
+          ) -> tuple[RowSchedule | None, Iterator[RowSchedule]]:
+    """The first of `schedules` (None: there are none) and all of them, that one first."""
+    first = next(schedules, None)
+    return first, (itertools.chain([first], schedules) if first is not None else iter(()))
 
 
 def _rereads(s: RowSchedule) -> int:
