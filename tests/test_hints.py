@@ -313,15 +313,16 @@ def test_hints_normalize_to_hashable_storage_members():
     ("layernorm_bwd", 40000, {"storage": all_rows("layernorm_bwd", "global")},
      ">= 112 of 64 registers per thread at 1024 threads"),
     ("rmsnorm_fwd", 4096, {"dealing": "dynamic", "storage": all_rows("rmsnorm_fwd", "ring")},
-     "dealing=dynamic: allowed here: strided, grid (a counter deals whole rows to blocks "
-     "outside a staging ring, in at most two stages)"),
+     "dealing=dynamic: allowed here: strided, grid (a counter cannot deal these rows: a "
+     "staging ring fetches rows ahead by their stride)"),
     ("rmsnorm_bwd", 16384, {"dealing": "dynamic", "stages": 3,
                             "storage": all_rows("rmsnorm_bwd", "smem", "smem")},
      "cluster=1 stages=3 {T0: smem, T2: smem, T3: smem} dealing=dynamic: allowed here: "
-     "strided (a counter deals whole rows to blocks outside a staging ring, in at most two "
-     "stages)"),
+     "strided (a counter cannot deal these rows: 3 stages (its dealer knows the group one "
+     "row ahead, not two))"),
     ("rmsnorm_bwd", 24576, {"dealing": "dynamic", "cluster": 2},
-     "dealing=dynamic: allowed here: strided (a counter deals whole rows to blocks"),
+     "dealing=dynamic: allowed here: strided (a counter cannot deal these rows: the 2 "
+     "blocks of a cluster would have to agree on each group)"),
 ])
 def test_a_hint_no_schedule_honours_is_refused_with_what_was_tried(
         name, hidden, kw, tried, no_compiling):

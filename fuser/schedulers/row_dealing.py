@@ -26,20 +26,36 @@ GRID_MIN_BLOCKS = 2
 
 def allowed(phase: Phase, geo: RowGeometry, ring: StagingRing | None,
             stages: int, at_skew: bool) -> tuple[Dealing, ...]:
-    """The dealings this kernel can take. A counter serves blocks that own whole rows outside
-    a staging ring (a cluster's blocks would have to agree on each group, and a ring fetches
-    rows ahead by their stride), in at most two stages (its dealer knows the group one row
-    ahead, not two), and not skewed rows whose column sums, or columns kept at their skew
-    (`at_skew`: RowSchedule.columns_at_skew), need a block's rows to share a skew
-    (RowSchedule.group_period), nor groups of rows (FusionInfo.group_axes: one counter
-    would deal every group's rows); a block per group would give a fusion with column sums
-    one partial row per group, not per resident block."""
+    """The dealings this kernel can take: a counter where counter_refusals finds nothing
+    against it; a block per group not for a fusion with column sums (it would give one
+    partial row per group, not per resident block)."""
     column_sums = bool(phase.fusion.info.outer_reductions)
     kinds = COLUMN_SUM_DEALINGS if column_sums else tuple(Dealing)
-    counter = (geo.cluster == 1 and ring is None and stages <= 2
-               and not ((column_sums or at_skew) and geo.skew)
-               and not phase.fusion.info.group_axes)
+    counter = not counter_refusals(phase, geo, ring, stages, at_skew)
     return tuple(d for d in kinds if d is not Dealing.DYNAMIC or counter)
+
+
+def counter_refusals(phase: Phase, geo: RowGeometry, ring: StagingRing | None,
+                     stages: int, at_skew: bool) -> list[str]:
+    """Why a counter cannot deal these rows, in words (none: it can). It deals whole rows to
+    blocks outside a staging ring, in at most two stages, where a block's rows need not share
+    a skew and the rows are one problem's."""
+    info = phase.fusion.info
+    why = []
+    if geo.cluster > 1:
+        why.append(f"the {geo.cluster} blocks of a cluster would have to agree on each group")
+    if ring is not None:
+        why.append("a staging ring fetches rows ahead by their stride")
+    if stages > 2:
+        why.append(f"{stages} stages (its dealer knows the group one row ahead, not two)")
+    if geo.skew and info.outer_reductions:
+        why.append("skewed rows' column sums need each block's rows to share a skew")
+    elif geo.skew and at_skew:  # RowSchedule.columns_at_skew, RowSchedule.group_period
+        why.append("columns in shared memory at skewed rows' skew need each block's rows to "
+                   "share it")
+    if info.group_axes:
+        why.append("one counter would deal every group's rows (FusionInfo.group_axes)")
+    return why
 
 
 def publishes_at_reduction(info: FusionInfo, threads_per_row: int) -> bool:

@@ -2,7 +2,8 @@
 naming the limit it broke.
 
 The shared-memory plan is built here (row buffers, the staging ring, column buffers,
-accumulators, reduction scratch, the cluster exchange, in that order), the registers a thread
+accumulators, reduction scratch, the combine of several rows' column sums, the cluster
+exchange, in that order), the registers a thread
 needs are estimated from the buffers it keeps, and the residency follows from both.
 """
 
@@ -245,31 +246,20 @@ def _resources(phase: Phase, geo: RowGeometry, choice: StorageChoice,
             f"{max_regs} registers per thread at {geo.threads} threads, {residency} block(s)/SM")
     placements = _placements(phase, storage)
     at_skew = columns_at_skew(geo.skew, geo.rows_per_block, placements)
+    full_in_smem = any(storage[t.name] is Storage.SMEM for t in phase.fusion.full)
+    stages = choice.stages if full_in_smem else 1  # stages are of row buffers in smem
     hinted = phase.hints.dealing
-    dealings = row_dealing.allowed(phase, geo, ring, choice.stages, at_skew)
+    dealings = row_dealing.allowed(phase, geo, ring, stages, at_skew)
     if hinted is not None and hinted not in dealings:
+        refusals = row_dealing.counter_refusals(phase, geo, ring, stages, at_skew)
         return Rejection(
-            f"cluster={geo.cluster} stages={choice.stages} {_storage_words(storage)} "
+            f"cluster={geo.cluster} stages={stages} {_storage_words(storage)} "
             f"dealing={hinted}",
-            f"allowed here: {', '.join(map(str, dealings))} (a counter deals whole rows to "
-            "blocks outside a staging ring, in at most two stages"
-            f"{_one_skew_words(phase, geo, at_skew)})")
+            f"allowed here: {', '.join(map(str, dealings))} (a counter cannot deal these "
+            f"rows: {'; '.join(refusals)})")
     return _schedule(phase, geo, choice, storage, placements, ring, plan, kept, regs,
-                     residency, dealings, at_skew)
-
-
-def _one_skew_words(phase: Phase, geo: RowGeometry, at_skew: bool) -> str:
-    """Why a counter cannot deal these skewed rows, in words ('' where that is not why): their
-    column sums or their columns at the rows' skew (`at_skew`) need a block's rows to share
-    a skew."""
-    if not geo.skew:
-        return ""
-    if phase.fusion.info.outer_reductions:
-        return "; skewed rows' column sums need each block's rows to share a skew"
-    if at_skew:
-        return ("; columns in shared memory at skewed rows' skew need each block's rows to "
-                "share it")
-    return ""
+                     residency, dealings, stages, aligned_copy=phase.aligned and full_in_smem,
+                     at_skew=at_skew)
 
 
 def _placements(phase: Phase, storage: dict[str, Storage]) -> tuple[Placement, ...]:
@@ -285,12 +275,10 @@ def _schedule(phase: Phase, geo: RowGeometry, choice: StorageChoice,
               storage: dict[str, Storage], placements: tuple[Placement, ...],
               ring: StagingRing | None, plan: SmemPlan,
               kept: tuple[str, ...], regs: int, residency: int,
-              dealings: tuple[Dealing, ...], at_skew: bool) -> RowSchedule:
+              dealings: tuple[Dealing, ...], stages: int, aligned_copy: bool,
+              at_skew: bool) -> RowSchedule:
     fusion = phase.fusion
     info = fusion.info
-    full_in_smem = any(storage[t.name] is Storage.SMEM for t in fusion.full)
-    stages = choice.stages if full_in_smem else 1
-    aligned_copy = phase.aligned and full_in_smem
     # Register arrays are indexed by the batch loop's counter, so they need it unrolled; with
     # every row in smem or re-read, a partly unrolled loop keeps registers free.
     register_arrays = _register_arrays(phase, choice, storage) or bool(kept)

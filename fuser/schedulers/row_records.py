@@ -92,8 +92,10 @@ class NarrowSums:
 @dataclass(frozen=True)
 class RowPolicy:
     """What distinguishes one persistent scheduler from the other: how rows are dealt to
-    threads, how many threads a block of short rows reaches, and the order in which storages
-    are tried while the row stays on chip."""
+    threads, how many threads a block of short rows reaches, the order in which storages
+    are tried while the row stays on chip, and the measured rules that put a step of the
+    search first (dealt_first, split_first, packed_first, fewer_rows_first) or bound staged
+    narrow rows (staged_narrow_threads, staged_narrow_sums)."""
 
     scheduler: str  # the module that owns the policy, named in every schedule
     name: str  # the policy in words, first in every schedule's reason
@@ -349,7 +351,7 @@ class Reach(enum.Enum):
 
     ON_CHIP = "every row buffer and accumulator on chip"
     OFF_CHIP = "some re-read from global memory each pass"
-    ANY = "on chip first, then re-read"  # hinted geometry or storage: one phase does all
+    ANY = "on chip first, then re-read"  # a hinted cluster or storage: one phase does all
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,7 @@ class RowSearch:
             raise self._exhausted()
 
     def _steps(self) -> list[_Step]:
-        """The steps in order; hinted geometry or storage tries everything at the hinted
+        """The steps in order; a hinted cluster or storage tries everything at the hinted
         cluster size (packed rows, then plain blocks). Where the policy packs rows several to
         a block (RowPolicy.packed), every cluster size is tried with packed rows before any
         with the policy's plain blocks, which may keep on chip what packed rows cannot (a part
@@ -253,7 +253,7 @@ class RowSearch:
             return steps
         # packed rows' threads are sized for the vectors that divide the row; skewed rows
         # take their own (row_skew.skewed_threads); over a cluster only when one is hinted
-        skewed = [replace(step, skewed=True) for step in steps
+        skewed = [_skewed(step) for step in steps
                   if (step.cluster == 1 or self.hints.cluster)
                   and step.reach is not Reach.OFF_CHIP and step.policy.packed is None]
         if not self.hints.skewed:
@@ -265,7 +265,7 @@ class RowSearch:
                                     for step in steps] + skewed
             return skewed + steps
         # hinted: rows too long for a block's shared memory are re-read, by one block
-        return skewed + [replace(step, cluster=1, skewed=True) for step in steps
+        return skewed + [_skewed(step, cluster=1) for step in steps
                          if step.reach is Reach.OFF_CHIP]
 
     def _clustered_skewed_step(self, steps: list[_Step]) -> list[_Step]:
@@ -275,7 +275,7 @@ class RowSearch:
         says (none: [])."""
         if not clustered_skewed_rows(self.fusion, self.problem):
             return []
-        return self._pinned((replace(step, skewed=True, why=clustered_skewed_why(step.cluster))
+        return self._pinned((_skewed(step, why=clustered_skewed_why(step.cluster))
                              for step in steps if step.cluster > 1
                              and step.reach is Reach.ON_CHIP and step.policy.packed is None),
                             clustered_skewed_keeps)
@@ -492,6 +492,13 @@ class RowSearch:
                                   self.policy).candidates())
         except OutOfResourcesError as exc:
             return exc
+
+
+def _skewed(step: _Step, **changes) -> _Step:
+    """`step`'s cluster, reach, why and policy with skewed rows (and `changes`): a pinned
+    schedule, a dealt mark or a shape are the plain rows' own, not the skewed rows'."""
+    return replace(_Step(step.cluster, step.reach, step.why, step.policy, skewed=True),
+                   **changes)
 
 
 def _shaped(hints: Hints, shape: tuple[int, int | None, int | None] | None) -> Hints:
