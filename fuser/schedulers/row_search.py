@@ -27,20 +27,19 @@ from dataclasses import dataclass, replace
 
 from fuser.analysis import FusionInfo, Role
 from fuser.device import DeviceSpec
-from fuser.errors import HintError, OutOfResourcesError
+from fuser.errors import OutOfResourcesError
 from fuser.schedulers import row_variance
 from fuser.schedulers.base import Problem, RowSchedule, Storage
-from fuser.schedulers.finalize import default_lanes, finalized, needs_finalize
-from fuser.schedulers.hints import HintContext, Hints, check, powers_of_two
+from fuser.schedulers.hints import Hints
 from fuser.schedulers.row_dealt import dealt_schedules, dealt_shapes, dealt_why, shapes_block
 from fuser.schedulers.row_fit import fit
 from fuser.schedulers.row_geometry import (
     MAX_STAGED_VECTORS_PER_THREAD,
     cluster_sizes,
-    fusion_split,
     geometry,
     packed,
 )
+from fuser.schedulers.row_hints import SearchHints
 from fuser.schedulers.row_records import (
     Phase,
     Reach,
@@ -53,7 +52,6 @@ from fuser.schedulers.row_skew import (
     clustered_skewed_keeps,
     clustered_skewed_rows,
     clustered_skewed_why,
-    hint_refusals,
     skewed_geometry,
     skewed_loses,
     skews,
@@ -97,7 +95,8 @@ class RowSearch:
         self.device = device
         self.policy = policy
         self.hints = (hints or Hints()).for_rows()
-        self.given = hints or Hints()
+        self.checked = SearchHints(self.fusion, problem, device, policy, self.hints,
+                                   hints or Hints(), self._heuristic)
         self.rejections: list[Rejection] = []
 
     def candidates(self) -> Iterator[RowSchedule]:
@@ -106,9 +105,7 @@ class RowSearch:
         plain blocks repeat the packed steps' where rows are not packed); raises when none
         fits, and after the last one when hints were given (the build ran out of schedules it
         could compile)."""
-        check(self.given, self._hint_context(), self._default)
-        self._check_aligned_copy()
-        self._check_skewed()
+        self.checked.check()
         seen: set[RowSchedule] = set()
         for step in self._steps():
             schedules = [step.schedule] if step.schedule else self._by_copy_mode(step)
@@ -327,7 +324,7 @@ class RowSearch:
         None, with the rejection kept for the error."""
         result = fit(phase, choice)
         if isinstance(result, RowSchedule):
-            result = self._honoured(result)
+            result = self.checked.honoured(result)
         if isinstance(result, Rejection):
             self.rejections.append(result)
             return None
@@ -378,112 +375,18 @@ class RowSearch:
         else:
             yield from itertools.chain(chunked, plain)
 
-    def _honoured(self, s: RowSchedule) -> RowSchedule | Rejection:
-        """`s`, or why it does not do what the hints ask."""
-        hints = self.hints
-        if hints.stages is not None and s.ring is not None and hints.stages > 1:
-            return Rejection(f"stages={hints.stages}", f"{s.reason}: a staging ring kernel has "
-                             "one stage (the ring keeps its own copies in flight)")
-        if hints.stages is not None and s.stages != hints.stages:
-            return Rejection(f"stages={hints.stages}", f"{s.reason}: this choice runs one stage "
-                             "(two need a row buffer in shared memory filled by cp.async, and "
-                             "none copied through registers)")
-        if hints.aligned_copy and not s.aligned_copy:
-            return Rejection("aligned_copy=True", f"{s.reason}: no row buffer in shared memory")
-        return s
-
-    def _check_aligned_copy(self) -> None:
-        """aligned_copy=True where no schedule could copy rows in 16-byte chunks."""
-        if not self.hints.aligned_copy:
-            return
-        vec, widest = self.fusion.vec(self.problem), self.fusion.widest
-        why = []
-        if self.problem.align_bytes < 16:
-            why.append(f"every input 16-byte aligned (these are {self.problem.align_bytes}-byte "
-                       "aligned)")
-        if not self.fusion.narrow(vec):
-            why.append(f"row vectors narrower than 16 bytes (these are {vec} x {widest} B)")
-        if why:
-            raise HintError(
-                f"Hints(aligned_copy=True): aligned copies need {' and '.join(why)}; allowed "
-                f"here: None or False; the heuristic picks "
-                f"aligned_copy={self._default('aligned_copy')} here")
-
-    def _check_skewed(self) -> None:
-        """skewed=True where rows cannot be skewed, or with a hint that skewed rows break."""
-        if not self.hints.skewed:
-            return
-        why = hint_refusals(self.fusion, self.problem, self.hints)
-        if why:
-            raise HintError(
-                f"Hints(skewed=True): skewed rows need {'; and '.join(why)}; allowed here: "
-                f"None or False; the heuristic picks skewed={bool(self._default('skew'))} "
-                "here")
-
-    def _hint_context(self) -> HintContext:
-        info = self.fusion.info
-        vec = self.fusion.vec(self.problem)
-        tpr = self.hints.threads_per_row
-        if tpr not in powers_of_two(self.device.max_threads_per_block):  # the search's own
-            tpr = (skewed_geometry(self.fusion, self.problem, self.device,
-                                   replace(self.policy, packed=None), self.hints,
-                                   1).threads_per_row
-                   if skews(self.fusion, self.problem, self.hints)
-                   else fusion_split(self.fusion, self.problem, self.policy, self.device, None,
-                                     self.hints.cluster or 1)[1])
-        return HintContext(
-            full_inputs=tuple(t.name for t in info.full_inputs),
-            col_inputs=tuple(t.name for t in info.col_inputs),
-            vectors=self.problem.hidden // vec,
-            threads_per_row=tpr,
-            has_accumulators=bool(info.outer_reductions),
-            has_finalize=needs_finalize(info),
-            device=self.device,
-        )
-
-    def _default(self, name: str) -> object:
-        """What the heuristic picks for hint `name` on this problem (None: nothing here)."""
-        info = self.fusion.info
-        if name == "finalize_lanes":
-            return default_lanes(self.problem.hidden, self.device) if needs_finalize(info) else None
-        if name == "accumulators" and not info.outer_reductions:
-            return None
-        if name == "fused_finalize" and not needs_finalize(info):
-            return None
-        s = self._heuristic()
-        if isinstance(s, OutOfResourcesError):
-            return "nothing (no schedule fits)"
-        if name == "storage":
-            return tuple((p.tensor, p.storage) for p in s.placements)
-        if name == "fused_finalize":
-            final = finalized(info, s, self.problem, self.device, None)[1]
-            return final is not None and final.fused
-        if name == "rows_per_block" and s.cluster > 1:  # hints are checked at one block
-            return (f"{s.rows_per_block} (of {s.threads_per_row} threads per row, over a "
-                    f"cluster of {s.cluster})")
-        return getattr(s, name)
-
     def _exhausted(self) -> Exception:
         """The error that ends the search: what was tried last, and the way out."""
         tried = "\n  ".join(dict.fromkeys(str(r) for r in self.rejections))
         tried = "\n  ".join(tried.split("\n  ")[-SHOWN_REJECTIONS:])
-        hidden, device = self.problem.hidden, self.device
         if self.hints.given():
-            return HintError(
-                f"no schedule honours Hints({self.given.words()}) at hidden {hidden} on "
-                f"{device.name}. Tried:\n  {tried}\nChange or drop the hints; without them "
-                f"the heuristic's schedule is: {self._default_words()}")
+            return self.checked.refusal(tried)
         return OutOfResourcesError(
-            f"no storage fits one row of hidden {hidden} "
+            f"no storage fits one row of hidden {self.problem.hidden} "
             f"({self.fusion.info.row_buffer_bytes} B per element of row buffers) on "
-            f"{device.name}: shared memory limit {device.smem_per_block_optin} B per block. "
-            f"Tried:\n  {tried}\nUse a device with more shared memory or a smaller hidden size.")
-
-    def _default_words(self) -> str:
-        s = self._heuristic()
-        if isinstance(s, OutOfResourcesError):
-            return f"none ({str(s).splitlines()[0]})"
-        return s.reason
+            f"{self.device.name}: shared memory limit {self.device.smem_per_block_optin} B "
+            f"per block. Tried:\n  {tried}\nUse a device with more shared memory or a "
+            "smaller hidden size.")
 
     def _heuristic(self) -> RowSchedule | OutOfResourcesError:
         """The unhinted search's first schedule, or why there is none."""
