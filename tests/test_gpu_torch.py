@@ -208,6 +208,32 @@ def test_patched_gemma_rms_norm_matches_gemmas(w_dtype, hidden):
                              floor_dtype=torch.bfloat16)
 
 
+def _loss_and_grad(fn, logits, target, g, **kwargs) -> list:
+    """[fn's loss, the logits' gradient for the loss's gradient g (in the loss's dtype)]."""
+    logits = logits.detach().requires_grad_()
+    loss = fn(logits, target, **kwargs)
+    return [loss, *torch.autograd.grad(loss, logits, g.to(loss.dtype).reshape(loss.shape))]
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize(("rows", "classes", "dtype"), [
+    (64, 50257, torch.bfloat16), (16, 128256, torch.bfloat16), (300, 32000, torch.float16),
+    (33, 1000, torch.float32), (1, 7, torch.bfloat16)])
+def test_cross_entropy_matches_torch(rows, classes, dtype, reduction, label_smoothing):
+    """Loss and the logits' gradient as close to float64 as torch's own, with ignored rows,
+    at vocabulary sizes of GPT-2, Llama 3 and Llama 2."""
+    x = (3 * torch.randn(rows, classes, device="cuda")).to(dtype)
+    target = torch.randint(0, classes, (rows,), device="cuda")
+    target[1::5] = -100
+    g = torch.rand(rows if reduction == "none" else (), device="cuda", dtype=torch.float64)
+    kwargs = {"reduction": reduction, "label_smoothing": label_smoothing}
+    assert_as_close_as_torch(
+        _loss_and_grad(ft.cross_entropy, x, target, g, **kwargs),
+        _loss_and_grad(torch.nn.functional.cross_entropy, x, target, g, **kwargs),
+        _loss_and_grad(torch.nn.functional.cross_entropy, x.double(), target, g, **kwargs))
+
+
 def test_gradcheck_float64():
     def x_like(*shape):
         return torch.randn(*shape, device="cuda", dtype=torch.float64, requires_grad=True)
@@ -224,6 +250,8 @@ def test_gradcheck_float64():
         (lambda x, w, b: ft.layer_norm(x, 33, w, b), (x, w, b)),
         (lambda x, w: ft.hf_rms_norm(x, w, 1e-6), (x, w)),
         (lambda x, w: ft.gemma_rms_norm(x, w, 1e-6), (x, w)),
+        (lambda x: ft.cross_entropy(x, torch.tensor([3, -100, 32, 0], device="cuda"),
+                                    label_smoothing=0.1), (x,)),
         (lambda x: ft.softmax(x, -1), (x,)),
         (lambda x: ft.softmax(x, 0), (x,)),
         (lambda x, r, w: dropped(ft.dropout_add_rms_norm, x, r, 33, w), (x, r, w)),

@@ -197,6 +197,9 @@ def test_gradcheck_in_float64(oracle):
         (lambda x, w, b: ft.layer_norm(x, 12, w, b), (x, w, b)),
         (lambda x, w: ft.hf_rms_norm(x, w, 1e-6), (x, w)),
         (lambda x, w: ft.gemma_rms_norm(x, w, 1e-6), (x, w)),
+        (lambda x: ft.cross_entropy(x, torch.tensor([3, 0, -100, 11, 5])), (x,)),
+        (lambda x: ft.cross_entropy(x, torch.tensor([3, 0, 1, 11, 5]), reduction="none",
+                                    label_smoothing=0.1), (x,)),
         (lambda x, r, w: dropped(ft.dropout_add_rms_norm, x, r, 12, w), (x, r, w)),
         (lambda x, w: dropped(ft.dropout_add_rms_norm, x, None, 12, w), (x, w)),
         (lambda x, r: ft.dropout_add_rms_norm(x, r, 12, None), (x, r)),
@@ -393,6 +396,51 @@ def test_mixed_dtypes_follow_torch(oracle):
     assert ln(x).dtype == torch.nn.LayerNorm(32)(x).dtype
 
 
+# ----- cross entropy -----
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("shape", [(7, 33), (1, 5), (33,)])
+def test_cross_entropy_matches_torch(oracle, shape, dtype, reduction, label_smoothing):
+    """Loss and the logits' gradient against torch's, with an ignored row where there are
+    several, for each reduction, with and without label smoothing."""
+    torch.manual_seed(0)
+    x = torch.randn(shape, dtype=dtype, requires_grad=True)
+    target = torch.randint(0, shape[-1], shape[:-1])
+    if len(shape) == 2 and shape[0] > 2:
+        target[2] = -100
+    got = ft.cross_entropy(x, target, reduction=reduction, label_smoothing=label_smoothing)
+    want = torch.nn.functional.cross_entropy(x, target, reduction=reduction,
+                                             label_smoothing=label_smoothing)
+    g = torch.randn_like(want)
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {}
+    assert got.shape == want.shape and got.dtype == want.dtype
+    torch.testing.assert_close(got, want, **tol)
+    torch.testing.assert_close(torch.autograd.grad(got, x, g), torch.autograd.grad(want, x, g),
+                               **tol)
+
+
+def test_cross_entropy_module_and_ignore_index(oracle):
+    """CrossEntropyLoss is torch's module on fuser's op; a custom ignore_index; a batch
+    whose rows are all ignored gives torch's nan mean and zero gradient."""
+    torch.manual_seed(1)
+    x = torch.randn(6, 10, requires_grad=True)
+    target = torch.tensor([1, 7, 7, 0, 9, 7])
+    ours = ft.CrossEntropyLoss(ignore_index=7, label_smoothing=0.2)
+    assert isinstance(ours, torch.nn.CrossEntropyLoss)
+    theirs = torch.nn.CrossEntropyLoss(ignore_index=7, label_smoothing=0.2)
+    got, want = ours(x, target), theirs(x, target)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got, x), torch.autograd.grad(want, x))
+    ignored = torch.full((6,), 7)
+    got = ours(x, ignored)
+    assert torch.isnan(got) and torch.isnan(theirs(x, ignored))
+    (grad,) = torch.autograd.grad(got, x)
+    assert torch.equal(grad, torch.zeros_like(x))
+
+
 # ----- patch -----
 
 
@@ -498,6 +546,11 @@ def _op_cases():
         (ops.layer_norm.default, (xg, None, rg, wg, None, 1.0, 1e-5)),
         (ops.softmax.default, (xg,)),
         (ops.softmax.default, (xb,)),
+        (ops.cross_entropy.default, (xg, torch.tensor([3, 0, -100, 15, 1, 2]), -100, 0.0,
+                                     "mean")),
+        (ops.cross_entropy.default, (xb, torch.tensor([3, 0, 4, 15, 1, 2]), -100, 0.1,
+                                     "none")),
+        (ops.cross_entropy.default, (xg, torch.tensor([3, 0, 4, 15, 1, 2]), 4, 0.1, "sum")),
     ]
 
 
@@ -520,6 +573,10 @@ def test_backward_ops_opcheck(oracle):
                                                             rstd_ln, w, torch.float32, 1.0,
                                                             True))
     torch.library.opcheck(ops.softmax_backward.default, (dy, torch.softmax(x, -1)))
+    target = torch.tensor([3, 0, -100, 15, 1, 2])
+    _, lse = ops.cross_entropy(x, target, -100, 0.1, "none")
+    torch.library.opcheck(ops.cross_entropy_backward.default,
+                          (torch.randn(6), x, target, lse, -100, 0.1, "none"))
 
 
 def test_fake_and_meta_tensors_give_shapes_without_running():
@@ -530,6 +587,10 @@ def test_fake_and_meta_tensors_give_shapes_without_running():
         y = ft.RMSNorm(64, dtype=torch.float32)(x)
         y2, h = ft.DropoutAddLayerNorm(64, p=0.1)(x, x)
         s = ft.softmax(x, 1)
+        loss = ft.cross_entropy(x.reshape(6, 64), torch.zeros(6, dtype=torch.int64))
+        losses = ft.cross_entropy(x.reshape(6, 64), torch.zeros(6, dtype=torch.int64),
+                                  reduction="none")
+    assert (loss.shape, loss.dtype, losses.shape) == ((), torch.bfloat16, (6,))
     assert (y.shape, y.dtype) == ((2, 3, 64), torch.bfloat16)
     assert y2.shape == h.shape == (2, 3, 64) and s.shape == (2, 3, 64)
     meta = ft.LayerNorm(64, device="meta")(torch.empty(5, 64, device="meta"))
@@ -599,6 +660,26 @@ def test_compile_fullgraph_has_the_ops_and_no_break(oracle):
     assert {"fuser.rms_norm", "fuser.layer_norm", "fuser.softmax"} <= targets
 
 
+def test_compile_fullgraph_takes_cross_entropy_and_its_backward(oracle):
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    loss = torch.compile(lambda x, t: ft.cross_entropy(x, t, label_smoothing=0.1),
+                         fullgraph=True, backend=backend)
+    x = torch.randn(5, 16, requires_grad=True)
+    target = torch.tensor([1, 0, -100, 15, 3])
+    got = loss(x, target)
+    (grad,) = torch.autograd.grad(got, x)
+    want = torch.nn.functional.cross_entropy(x, target, label_smoothing=0.1)
+    torch.testing.assert_close((got, grad), (want, torch.autograd.grad(want, x)[0]))
+    targets = {str(n.target).removesuffix(".default") for gm in graphs for n in gm.graph.nodes}
+    assert "fuser.cross_entropy" in targets
+
+
 def test_compile_aot_matches_eager(oracle):
     torch._dynamo.reset()
     block = Block().eval()
@@ -627,6 +708,18 @@ def test_compile_aot_matches_eager(oracle):
      r"p=1.5; it must be in \[0, 1\]"),
     (lambda: ft.dropout_add_rms_norm(torch.ones(2, 4), torch.ones(4), 4),
      r"residual has shape \[4\]; it must be the input's shape \[2, 4\]"),
+    (lambda: ft.cross_entropy(torch.ones(2, 4), torch.zeros(2, dtype=torch.int64),
+                              weight=torch.ones(4)), r"class weights .* pass weight=None"),
+    (lambda: ft.cross_entropy(torch.ones(2, 4), torch.zeros(2, dtype=torch.int64),
+                              reduction="avg"), r"reduction='avg'; pass one of 'mean'"),
+    (lambda: ft.cross_entropy(torch.ones(2, 4), torch.zeros(2, dtype=torch.int64),
+                              label_smoothing=1.5), r"label_smoothing=1.5; it must be in"),
+    (lambda: ft.cross_entropy(torch.ones(2, 4, 3), torch.zeros(2, 3, dtype=torch.int64)),
+     r"input has shape \[2, 4, 3\]; .* input.movedim\(1, -1\).reshape\(-1, C\)"),
+    (lambda: ft.cross_entropy(torch.ones(2, 4), torch.zeros(2, 4)),
+     r"target has dtype torch.float32; .* torch.int64"),
+    (lambda: ft.cross_entropy(torch.ones(2, 4), torch.zeros(3, dtype=torch.int64)),
+     r"target has shape \[3\]; for input of shape \[2, 4\] it must be \[2\]"),
 ])
 def test_errors_name_the_value_and_the_allowed_set(call, message):
     with pytest.raises(BadInputError, match=message):
@@ -667,6 +760,10 @@ def _fusion_cases() -> list:
     for dtype in (DataType.BFloat16, DataType.Half, DataType.Float, DataType.Double):
         cases.append(pytest.param(lambda d=dtype: _fusions.softmax_forward(d),
                                   id=f"softmax-{dtype}"))
+        cases.append(pytest.param(lambda d=dtype: _fusions.logsumexp_forward(d, True),
+                                  id=f"logsumexp-{dtype}"))
+        cases.append(pytest.param(lambda d=dtype: _fusions.cross_entropy_backward(d),
+                                  id=f"cross-entropy-bwd-{dtype}"))
         cases.append(pytest.param(lambda d=dtype: _fusions.softmax_backward(d, d),
                                   id=f"softmax-bwd-{dtype}"))
     return cases

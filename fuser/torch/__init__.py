@@ -3,6 +3,7 @@
     import fuser.torch
     norm = fuser.torch.RMSNorm(4096, device="cuda", dtype=torch.bfloat16)  # torch.nn.RMSNorm's
     replaced = fuser.torch.patch(model)   # a model's RMSNorm / LayerNorm / HF RMSNorms swapped
+    loss = fuser.torch.cross_entropy(logits, target)  # [N, C] logits, class indices
 
 Forward and backward run as torch.library custom ops (torch.ops.fuser.*) with fake
 implementations and autograd formulas, so torch.compile(fullgraph=True) and CUDA graphs take
@@ -19,6 +20,7 @@ except ImportError as exc:
     ) from exc
 
 from fuser.torch.functional import (
+    cross_entropy,
     dropout_add_layer_norm,
     dropout_add_rms_norm,
     gemma_rms_norm,
@@ -28,6 +30,7 @@ from fuser.torch.functional import (
     softmax,
 )
 from fuser.torch.modules import (
+    CrossEntropyLoss,
     DropoutAddLayerNorm,
     DropoutAddRMSNorm,
     GemmaRMSNorm,
@@ -39,6 +42,7 @@ from fuser.torch.modules import (
 from fuser.torch.patch import Replacement, patch
 
 __all__ = [
+    "CrossEntropyLoss",
     "DropoutAddLayerNorm",
     "DropoutAddRMSNorm",
     "GemmaRMSNorm",
@@ -47,6 +51,7 @@ __all__ = [
     "RMSNorm",
     "Replacement",
     "Softmax",
+    "cross_entropy",
     "dropout_add_layer_norm",
     "dropout_add_rms_norm",
     "gemma_rms_norm",

@@ -212,6 +212,40 @@ def softmax_backward(y_dtype: DataType, dy_dtype: DataType) -> FusionDefinition:
     return fd
 
 
+@cache
+def logsumexp_forward(dtype: DataType, row_sums: bool) -> FusionDefinition:
+    """x [N, C] -> lse [N, 1] = max + log(sum(exp(x - max))) in the compute type, and where
+    `row_sums` sum(x) [N, 1] too (label smoothing's term): cross entropy's forward, which
+    reads the logits once."""
+    c = compute_type(dtype)
+    name = f"logsumexp{'_rowsum' if row_sums else ''}_{_SHORT[dtype]}"
+    with FusionDefinition(name) as fd:
+        x = _matrix(fd, dtype)
+        xf = fd.ops.cast(x, c)
+        m = fd.ops.max(xf, dims=[1], keepdim=True)
+        e = fd.ops.exp(fd.ops.sub(xf, _row(fd, m, x)))
+        fd.add_output(fd.ops.add(fd.ops.log(fd.ops.sum(e, dims=[1], keepdim=True)), m))
+        if row_sums:
+            fd.add_output(fd.ops.sum(xf, dims=[1], keepdim=True))
+    return fd
+
+
+@cache
+def cross_entropy_backward(dtype: DataType) -> FusionDefinition:
+    """x [N, C], lse [N, 1], scale [N, 1] (the loss's gradient for each row, 0 for an
+    ignored one), shift (label smoothing's share of each class, a scalar) -> grad_x =
+    scale * (exp(x - lse) - shift) [N, C] in x's dtype: cross entropy's gradient but for its
+    one-hot term, which the caller writes into the target's element after."""
+    c = compute_type(dtype)
+    with FusionDefinition(f"cross_entropy_bwd_{_SHORT[dtype]}") as fd:
+        x = _matrix(fd, dtype)
+        lse, scale = _per_row(fd, c), _per_row(fd, c)
+        shift = fd.define_scalar(dtype=c)
+        p = fd.ops.exp(fd.ops.sub(fd.ops.cast(x, c), _row(fd, lse, x)))
+        fd.add_output(fd.ops.cast(fd.ops.mul(fd.ops.sub(p, shift), _row(fd, scale, x)), dtype))
+    return fd
+
+
 def run(fd: FusionDefinition, inputs: list) -> list:
     """Execute `fd` on torch tensors (outputs allocated by torch, launched on its current
     stream): the one place fuser.torch's ops call the executor."""

@@ -1,10 +1,12 @@
-"""fuser.torch's functions: torch.nn.functional's rms_norm, layer_norm and softmax, and the
-dropout + residual add + norm of pre-norm transformer blocks, on fuser's kernels.
+"""fuser.torch's functions: torch.nn.functional's rms_norm, layer_norm, softmax and
+cross_entropy, Hugging Face's Llama and Gemma RMSNorms, and the dropout + residual add + norm
+of pre-norm transformer blocks, on fuser's kernels.
 
 Each checks its arguments (a FuserError naming the value and what is allowed), flattens the
-leading dimensions into rows and calls a fuser op (_ops.py, _softmax.py); the reshapes are
-torch ops, so autograd and torch.compile see through them. Dropout masks come from torch's default
-generator (torch.manual_seed makes them repeatable; torch.compile draws them its own way).
+leading dimensions into rows and calls a fuser op (_ops.py, _softmax.py, _cross_entropy.py);
+the reshapes are torch ops, so autograd and torch.compile see through them. Dropout masks
+come from torch's default generator (torch.manual_seed makes them repeatable; torch.compile
+draws them its own way).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 from torch import Tensor
 
 from fuser.errors import BadInputError
-from fuser.torch import _ops, _softmax
+from fuser.torch import _cross_entropy, _ops, _softmax
 from fuser.torch._support import (
     check_float,
     check_normalized_shape,
@@ -163,3 +165,40 @@ def softmax(x: Tensor, dim: int | None, dtype: torch.dtype | None = None) -> Ten
         return softmax(x.movedim(dim, -1), -1).movedim(-1, dim).contiguous()
     y = _softmax.apply_softmax(x if x.dim() == 2 else x.reshape(-1, x.shape[-1] if x.dim() else 1))
     return _reshaped(y, x.shape)
+
+
+def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
+                  ignore_index: int = -100, reduction: str = "mean",
+                  label_smoothing: float = 0.0) -> Tensor:
+    """torch.nn.functional.cross_entropy of logits `input` [N, C] (or [C]) and class indices
+    `target` [N] (or a scalar), without class weights: the log-sum-exp of each row in one
+    fuser kernel over the logits, their gradient in another (_cross_entropy.py). Logits of
+    more dimensions ([N, C, d1, ...], classes along dim 1, or [B, T, C] flattened by the
+    caller) are refused with the reshape that gives [N, C]."""
+    where = "fuser.torch.cross_entropy"
+    check_float(where, "input", input)
+    if weight is not None:
+        raise BadInputError(f"{where}: class weights (weight of shape {list(weight.shape)}) "
+                            "are not supported; pass weight=None, or use "
+                            "torch.nn.functional.cross_entropy")
+    if reduction not in _cross_entropy.REDUCTIONS:
+        raise BadInputError(f"{where}: reduction={reduction!r}; pass one of "
+                            f"{', '.join(map(repr, _cross_entropy.REDUCTIONS))}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise BadInputError(f"{where}: label_smoothing={label_smoothing}; it must be in [0, 1]")
+    if input.dim() not in (1, 2):
+        raise BadInputError(
+            f"{where}: input has shape {list(input.shape)}; fuser takes logits [N, C] or [C]: "
+            "for [N, C, d1, ...] pass input.movedim(1, -1).reshape(-1, C) and "
+            "target.reshape(-1)")
+    if target.dtype != torch.int64:
+        raise BadInputError(
+            f"{where}: target has dtype {target.dtype}; fuser takes class indices of dtype "
+            "torch.int64 (targets of class probabilities are not supported)")
+    if target.shape != input.shape[:-1]:
+        raise BadInputError(f"{where}: target has shape {list(target.shape)}; for input of "
+                            f"shape {list(input.shape)} it must be {list(input.shape[:-1])}")
+    rows = input.reshape(-1, input.shape[-1])
+    loss, _ = _cross_entropy.apply_cross_entropy(rows, target.reshape(-1), int(ignore_index),
+                                                 float(label_smoothing), reduction)
+    return loss.reshape(()) if reduction == "none" and input.dim() == 1 else loss

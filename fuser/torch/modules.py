@@ -1,7 +1,7 @@
 """fuser.torch's modules: drop-ins for torch.nn.RMSNorm, LayerNorm and Softmax (subclasses, so
 their constructors, parameters, state_dict keys and isinstance checks are torch's own), the
-dropout + residual add + norm modules of pre-norm transformer blocks, and stand-ins for
-Hugging Face's LlamaRMSNorm and GemmaRMSNorm."""
+dropout + residual add + norm modules of pre-norm transformer blocks, stand-ins for
+Hugging Face's LlamaRMSNorm and GemmaRMSNorm, and torch.nn.CrossEntropyLoss."""
 
 from __future__ import annotations
 
@@ -134,3 +134,13 @@ class DropoutAddLayerNorm(torch.nn.Module):
     def extra_repr(self) -> str:
         return (f"{self.normalized_shape}, p={self.p}, eps={self.eps}, "
                 f"elementwise_affine={self.elementwise_affine}")
+
+
+class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
+    """torch.nn.CrossEntropyLoss of logits and class indices on fuser's kernels
+    (fuser.torch.functional.cross_entropy): its constructor and state; class weights are
+    refused when it is called."""
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return F.cross_entropy(input, target, self.weight, self.ignore_index, self.reduction,
+                               self.label_smoothing)
