@@ -1,7 +1,7 @@
 """Module-level bandwidth: fuser.torch's modules against torch.nn's, eager and compiled, and
 Liger-Kernel's, called as a model calls them.
 
-    PYTHONPATH=. python3 bench/modules.py [--module rmsnorm,layernorm,softmax]
+    PYTHONPATH=. python3 bench/modules.py [--module rmsnorm,layernorm,softmax,cross_entropy]
         [--hidden 1024,4096,...] [--rows 16384] [--dtype bf16] [--no-compile] [--out DIR]
 
 For each module and hidden size, two passes on [rows, hidden] inputs:
@@ -9,11 +9,14 @@ For each module and hidden size, two passes on [rows, hidden] inputs:
 - `forward`: y = m(x), x requiring grad as in training (so what autograd saves is made too);
 - `train`: the forward, then torch.autograd.grad(y, [x, *parameters], dy).
 
-Implementations: `fuser` (fuser.torch.RMSNorm / LayerNorm / Softmax), `eager` (torch.nn's
-module), `compile` (torch.compile of torch.nn's module, default mode, dynamic=False, compiled
-afresh per size), `liger` (Liger-Kernel's LigerRMSNorm / LigerLayerNorm /
-LigerSoftmax with their defaults, LigerRMSNorm's in_place off, where liger_kernel imports),
-and `copy` (a device copy of the same bytes, the ceiling). Every module has the same
+Implementations: `fuser` (fuser.torch.RMSNorm / LayerNorm / Softmax / CrossEntropyLoss),
+`eager` (torch.nn's module), `compile` (torch.compile of torch.nn's module, default mode,
+dynamic=False, compiled afresh per size), `liger` (Liger-Kernel's LigerRMSNorm /
+LigerLayerNorm / LigerSoftmax / LigerCrossEntropyLoss with their defaults, LigerRMSNorm's
+in_place off, where liger_kernel imports), and `copy` (a device copy of the same bytes, the
+ceiling). `cross_entropy` is the mean loss of logits x [rows, hidden] (hidden classes) for
+random class indices, a scalar whose gradient is 1 in `train`; Liger's loss writes the
+logits' gradient over the logits in its forward, so it runs last. Every module has the same
 parameters (weight 1 + 0.1 N(0, 1), bias 0.1 N(0, 1), rounded to the dtype); before timing,
 each one's y and gradients are compared with torch.nn's module run in float64 on those
 (`max_rel_err`, as bench/run.py's; above 5e-2 the entry is marked wrong).
@@ -21,8 +24,10 @@ each one's y and gradients are compared with torch.nn's module run in float64 on
 Bytes: each pass's minimal traffic, every tensor read or written once. forward: x and y, and
 each [hidden] parameter; train: that, plus dy and x read and dx written, and each parameter
 read and its gradient written (the saved per-row statistics, 4 or 8 bytes a row, are left
-out). Writes OUT/<date>-module-<module>-<pass>.json and .png in bench/run.py's format (so
-bench/plot.py redraws them) and prints a markdown table per pass.
+out); cross_entropy's forward reads the logits, and its train reads them and writes their
+gradient (the class indices, 8 bytes a row, left out). Writes
+OUT/<date>-module-<module>-<pass>.json and .png in bench/run.py's format (so bench/plot.py
+redraws them) and prints a markdown table per pass.
 """
 
 from __future__ import annotations
@@ -50,10 +55,10 @@ from bench.run import (
     write_report,
 )
 
-MODULES = ("rmsnorm", "layernorm", "softmax")
+MODULES = ("rmsnorm", "layernorm", "softmax", "cross_entropy")
 PASSES = ("forward", "train")
 DEFAULT_HIDDEN = (1024, 4096, 8192, 16384, 32768)
-PARAMETERS = {"rmsnorm": 1, "layernorm": 2, "softmax": 0}  # [hidden] tensors each module has
+PARAMETERS = {"rmsnorm": 1, "layernorm": 2, "softmax": 0, "cross_entropy": 0}  # [hidden] ones
 RMS_EPS, LN_EPS = 1e-6, 1e-5
 
 
@@ -76,7 +81,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def pass_bytes(module: str, pass_: str, rows: int, hidden: int, itemsize: int) -> int:
     """The minimal bytes of one pass (module docstring): forward 2 [rows, hidden] tensors and
-    P parameters; train 5 [rows, hidden] tensors and 3 P parameter-sized ones."""
+    P parameters; train 5 [rows, hidden] tensors and 3 P parameter-sized ones. Cross entropy:
+    the logits (forward), the logits and their gradient (train)."""
+    if module == "cross_entropy":
+        return (1 if pass_ == "forward" else 2) * rows * hidden * itemsize
     big, params = (2, 1) if pass_ == "forward" else (5, 3)
     return (big * rows * hidden + params * PARAMETERS[module] * hidden) * itemsize
 
@@ -85,9 +93,11 @@ def pass_bytes(module: str, pass_: str, rows: int, hidden: int, itemsize: int) -
 
 
 def torch_module(module: str, hidden: int):
-    """torch.nn's module (a callable for softmax)."""
+    """torch.nn's module."""
     import torch
 
+    if module == "cross_entropy":
+        return torch.nn.CrossEntropyLoss()
     if module == "rmsnorm":
         return torch.nn.RMSNorm(hidden, eps=RMS_EPS)
     if module == "layernorm":
@@ -98,6 +108,8 @@ def torch_module(module: str, hidden: int):
 def fuser_module(module: str, hidden: int):
     import fuser.torch as ft
 
+    if module == "cross_entropy":
+        return ft.CrossEntropyLoss()
     if module == "rmsnorm":
         return ft.RMSNorm(hidden, eps=RMS_EPS)
     if module == "layernorm":
@@ -109,13 +121,35 @@ def liger_module(module: str, hidden: int):
     """Liger-Kernel's module with its defaults, but for LigerRMSNorm's in_place: its default
     backward writes dx over dy, which would feed every timed step the last one's dx (the
     same bytes move either way)."""
-    from liger_kernel.transformers import LigerLayerNorm, LigerRMSNorm, LigerSoftmax
+    from liger_kernel.transformers import (
+        LigerCrossEntropyLoss,
+        LigerLayerNorm,
+        LigerRMSNorm,
+        LigerSoftmax,
+    )
 
+    if module == "cross_entropy":
+        return LigerCrossEntropyLoss()
     if module == "rmsnorm":
         return LigerRMSNorm(hidden, eps=RMS_EPS, in_place=False)
     if module == "layernorm":
         return LigerLayerNorm(hidden, eps=LN_EPS, bias=True)
     return LigerSoftmax()
+
+
+def _targeted(loss, target):
+    """A loss module called as the others are, m(x): `loss` of x and `target`."""
+    import torch
+
+    class Targeted(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.loss = loss
+
+        def forward(self, x):
+            return self.loss(x, target)
+
+    return Targeted()
 
 
 def with_parameters(m, params: list, device, dtype):
@@ -171,10 +205,15 @@ def bench_size(module: str, hidden: int, args, timer) -> dict[str, dict]:
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     x = torch.randn(args.rows, hidden, device="cuda", generator=gen).to(dtype).requires_grad_()
     dy = torch.randn(args.rows, hidden, device="cuda", generator=gen).to(dtype)
+    target = None
+    if module == "cross_entropy":  # the loss is a scalar: its gradient is 1
+        target = torch.randint(0, hidden, (args.rows,), device="cuda", generator=gen)
+        dy = torch.ones((), device="cuda", dtype=dtype)
     params = [(1 + 0.1 * torch.randn(hidden, device="cuda", generator=gen)).to(dtype),
               (0.1 * torch.randn(hidden, device="cuda", generator=gen)).to(dtype)]
     params = params[:PARAMETERS[module]]  # in the modules' dtype, so the reference has them too
-    reference = with_parameters(torch_module(module, hidden), params, "cuda", torch.float64)
+    reference = with_parameters(_made(torch_module, module, hidden, target), params, "cuda",
+                                torch.float64)
     ref = results(reference, x.detach().double().requires_grad_(), dy.double())
     del reference
     entries = {}
@@ -197,7 +236,7 @@ def bench_size(module: str, hidden: int, args, timer) -> dict[str, dict]:
                 entry["impls"][impl] = {"skipped": skipped}
             continue
         try:  # one module per size: compiled once, its forward graph serving both passes
-            m = with_parameters(make(module, hidden), params, "cuda", dtype)
+            m = with_parameters(_made(make, module, hidden, target), params, "cuda", dtype)
             if impl == "compile":
                 torch._dynamo.reset()
                 m = torch.compile(m, dynamic=False)
@@ -216,6 +255,12 @@ def bench_size(module: str, hidden: int, args, timer) -> dict[str, dict]:
         gc.collect()
         torch.cuda.empty_cache()
     return {pass_: finish_entry(entry) for pass_, entry in entries.items()}
+
+
+def _made(make, module: str, hidden: int, target):
+    """make(module, hidden), called as m(x): a loss module with its target bound."""
+    m = make(module, hidden)
+    return m if target is None else _targeted(m, target)
 
 
 def _skipped(impl: str, args) -> str | None:
