@@ -444,13 +444,8 @@ def test_cross_entropy_module_and_ignore_index(oracle):
 # ----- patch -----
 
 
-class ShiftedRMSNorm(torch.nn.Module):
+class ShiftedRMSNorm(GemmaRMSNorm):
     """An RMSNorm's look (name, weight, eps) over other math: patch must leave it alone."""
-
-    def __init__(self, dim, eps=1e-6):
-        super().__init__()
-        self.eps = eps
-        self.weight = torch.nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
         return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) + 1
@@ -644,7 +639,9 @@ class Block(torch.nn.Module):
         return self.attn(self.norm2(self.proj(y))) + residual
 
 
-def test_compile_fullgraph_has_the_ops_and_no_break(oracle):
+def _recording_compile(fn, **kwargs):
+    """torch.compile(fn, fullgraph=True, **kwargs) with a backend that keeps each graph dynamo
+    traces: (the compiled function, the graphs)."""
     graphs = []
 
     def backend(gm, example_inputs):
@@ -652,32 +649,29 @@ def test_compile_fullgraph_has_the_ops_and_no_break(oracle):
         return gm.forward
 
     torch._dynamo.reset()
-    block = Block()
-    compiled = torch.compile(block, fullgraph=True, backend=backend, dynamic=True)
+    return torch.compile(fn, fullgraph=True, backend=backend, **kwargs), graphs
+
+
+def _ops_in(graphs) -> set[str]:
+    return {str(n.target).removesuffix(".default") for gm in graphs for n in gm.graph.nodes}
+
+
+def test_compile_fullgraph_has_the_ops_and_no_break(oracle):
+    compiled, graphs = _recording_compile(Block(), dynamic=True)
     for rows in (3, 5):
         compiled(torch.randn(rows, 2, 16, requires_grad=True)).sum().backward()
-    targets = {str(n.target).removesuffix(".default") for gm in graphs for n in gm.graph.nodes}
-    assert {"fuser.rms_norm", "fuser.layer_norm", "fuser.softmax"} <= targets
+    assert {"fuser.rms_norm", "fuser.layer_norm", "fuser.softmax"} <= _ops_in(graphs)
 
 
-def test_compile_fullgraph_takes_cross_entropy_and_its_backward(oracle):
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    loss = torch.compile(lambda x, t: ft.cross_entropy(x, t, label_smoothing=0.1),
-                         fullgraph=True, backend=backend)
+def test_compile_fullgraph_takes_cross_entropy(oracle):
+    loss, graphs = _recording_compile(lambda x, t: ft.cross_entropy(x, t, label_smoothing=0.1))
     x = torch.randn(5, 16, requires_grad=True)
     target = torch.tensor([1, 0, -100, 15, 3])
     got = loss(x, target)
     (grad,) = torch.autograd.grad(got, x)
     want = torch.nn.functional.cross_entropy(x, target, label_smoothing=0.1)
     torch.testing.assert_close((got, grad), (want, torch.autograd.grad(want, x)[0]))
-    targets = {str(n.target).removesuffix(".default") for gm in graphs for n in gm.graph.nodes}
-    assert "fuser.cross_entropy" in targets
+    assert "fuser.cross_entropy" in _ops_in(graphs)
 
 
 def test_compile_aot_matches_eager(oracle):
