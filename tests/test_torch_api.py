@@ -714,6 +714,9 @@ def test_compile_aot_matches_eager(oracle):
      r"target has dtype torch.float32; .* torch.int64"),
     (lambda: ft.cross_entropy(torch.ones(2, 4), torch.zeros(3, dtype=torch.int64)),
      r"target has shape \[3\]; for input of shape \[2, 4\] it must be \[2\]"),
+    (lambda: ft.cross_entropy(torch.ones(2, 4), torch.zeros(2, dtype=torch.int64,
+                                                            device="meta")),
+     r"target is on meta, input on cpu; move target to cpu"),
 ])
 def test_errors_name_the_value_and_the_allowed_set(call, message):
     with pytest.raises(BadInputError, match=message):

@@ -174,7 +174,9 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
     `target` [N] (or a scalar), without class weights: the log-sum-exp of each row in one
     fuser kernel over the logits, their gradient in another (_cross_entropy.py). Logits of
     more dimensions ([N, C, d1, ...], classes along dim 1, or [B, T, C] flattened by the
-    caller) are refused with the reshape that gives [N, C]."""
+    caller) are refused with the reshape that gives [N, C]. A class index outside [0, C)
+    other than ignore_index fails on the device, in torch's gather, as in torch's own loss
+    (checking it on the host would wait for the GPU every call)."""
     where = "fuser.torch.cross_entropy"
     check_float(where, "input", input)
     if weight is not None:
@@ -198,6 +200,9 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
     if target.shape != input.shape[:-1]:
         raise BadInputError(f"{where}: target has shape {list(target.shape)}; for input of "
                             f"shape {list(input.shape)} it must be {list(input.shape[:-1])}")
+    if target.device != input.device:
+        raise BadInputError(f"{where}: target is on {target.device}, input on {input.device}; "
+                            f"move target to {input.device}")
     rows = input.reshape(-1, input.shape[-1])
     loss, _ = _cross_entropy.apply_cross_entropy(rows, target.reshape(-1), int(ignore_index),
                                                  float(label_smoothing), reduction)
