@@ -50,7 +50,7 @@ def counter_refusals(phase: Phase, geo: RowGeometry, ring: StagingRing | None,
         why.append(f"{stages} stages (its dealer knows the group one row ahead, not two)")
     if geo.skew and info.outer_reductions:
         why.append("skewed rows' column sums need each block's rows to share a skew")
-    elif geo.skew and at_skew:  # RowSchedule.columns_at_skew, RowSchedule.group_period
+    elif at_skew:  # RowSchedule.columns_at_skew (skewed rows), RowSchedule.group_period
         why.append("columns in shared memory at skewed rows' skew need each block's rows to "
                    "share it")
     if info.group_axes:

@@ -75,9 +75,7 @@ def fit(phase: Phase, choice: StorageChoice) -> RowSchedule | Rejection:
                 + (f"columns {', '.join(kept)} cannot stay in {Storage.SMEM}"
                    if kept else f"column sums {', '.join(sums)} cannot be combined")
                 + "; give rows_per_block=1"))
-    stages = choice.stages
-    if any(storage[t.name] is Storage.SMEM and not phase.can_async(t) for t in phase.fusion.full):
-        stages = 1  # cp.async fills the two-stage pipeline; a copied row buffer has one
+    stages = _stages(phase, choice, storage)
     requests = _row_buffer_requests(phase, geo, storage, stages)
     ring = None
     if any(s is Storage.RING for s in storage.values()):
@@ -89,6 +87,14 @@ def fit(phase: Phase, choice: StorageChoice) -> RowSchedule | Rejection:
     requests += _other_requests(phase, geo, storage, choice.accumulators)
     plan = SmemPlan.build(requests, phase.device.smem_per_block_optin)
     return _resources(phase, geo, replace(choice, stages=stages), storage, ring, plan)
+
+
+def _stages(phase: Phase, choice: StorageChoice, storage: dict[str, Storage]) -> int:
+    """The stages of row buffers this choice runs: its own where rows are in shared memory
+    and cp.async fills every one (a row buffer copied through registers has one stage), else
+    one. A staging ring turns only ring buffers into re-read ones, so this holds past it."""
+    staged = [t for t in phase.fusion.full if storage[t.name] is Storage.SMEM]
+    return choice.stages if staged and all(phase.can_async(t) for t in staged) else 1
 
 
 def _words(phase: Phase, choice: StorageChoice) -> str:
@@ -246,8 +252,7 @@ def _resources(phase: Phase, geo: RowGeometry, choice: StorageChoice,
             f"{max_regs} registers per thread at {geo.threads} threads, {residency} block(s)/SM")
     placements = _placements(phase, storage)
     at_skew = columns_at_skew(geo.skew, geo.rows_per_block, placements)
-    full_in_smem = any(storage[t.name] is Storage.SMEM for t in phase.fusion.full)
-    stages = choice.stages if full_in_smem else 1  # stages are of row buffers in smem
+    stages = choice.stages  # fit's _stages: of row buffers in shared memory
     hinted = phase.hints.dealing
     dealings = row_dealing.allowed(phase, geo, ring, stages, at_skew)
     if hinted is not None and hinted not in dealings:
@@ -258,7 +263,8 @@ def _resources(phase: Phase, geo: RowGeometry, choice: StorageChoice,
             f"allowed here: {', '.join(map(str, dealings))} (a counter cannot deal these "
             f"rows: {'; '.join(refusals)})")
     return _schedule(phase, geo, choice, storage, placements, ring, plan, kept, regs,
-                     residency, dealings, stages, aligned_copy=phase.aligned and full_in_smem,
+                     residency, dealings, stages, aligned_copy=phase.aligned and any(
+                         storage[t.name] is Storage.SMEM for t in phase.fusion.full),
                      at_skew=at_skew)
 
 
