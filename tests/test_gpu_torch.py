@@ -32,7 +32,7 @@ from test_torch_api import GemmaRMSNorm  # noqa: E402
 
 import fuser.torch as ft  # noqa: E402
 from fuser import DataType  # noqa: E402
-from fuser.torch import _fusions  # noqa: E402
+from fuser.torch import _cross_entropy, _fusions  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -215,23 +215,102 @@ def _loss_and_grad(fn, logits, target, g, **kwargs) -> list:
     return [loss, *torch.autograd.grad(loss, logits, g.to(loss.dtype).reshape(loss.shape))]
 
 
+GRADIENT_IN_FORWARD, TWO_KERNELS = "_GradientInForwardBackward", "fuser_cross_entropyBackward"
+
+
+def _force_path(monkeypatch, path: str) -> None:
+    """Send a reduced loss to `path` (the record otherwise follows the last backward)."""
+    record = _cross_entropy._FactorRecord.of(torch.empty(0, device="cuda"))
+    monkeypatch.setattr(record, "not_one", lambda: path == TWO_KERNELS)
+
+
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
-@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize(("reduction", "path", "factor"), [
+    ("mean", GRADIENT_IN_FORWARD, "one"), ("mean", GRADIENT_IN_FORWARD, "random"),
+    ("sum", GRADIENT_IN_FORWARD, "random"), ("mean", TWO_KERNELS, "random"),
+    ("none", TWO_KERNELS, "random")])
 @pytest.mark.parametrize(("rows", "classes", "dtype"), [
     (64, 50257, torch.bfloat16), (16, 128256, torch.bfloat16), (300, 32000, torch.float16),
     (33, 1000, torch.float32), (1, 7, torch.bfloat16)])
-def test_cross_entropy_matches_torch(rows, classes, dtype, reduction, label_smoothing):
+def test_cross_entropy_matches_torch(monkeypatch, rows, classes, dtype, reduction, path, factor,
+                                     label_smoothing):
     """Loss and the logits' gradient as close to float64 as torch's own, with ignored rows,
-    at vocabulary sizes of GPT-2, Llama 3 and Llama 2."""
+    at vocabulary sizes of GPT-2, Llama 3 and Llama 2: the gradient written in the forward
+    (scaled in place by the loss's gradient, or left as it is where that is one) and by the
+    two kernels."""
+    _force_path(monkeypatch, path)
     x = (3 * torch.randn(rows, classes, device="cuda")).to(dtype)
     target = torch.randint(0, classes, (rows,), device="cuda")
     target[1::5] = -100
-    g = torch.rand(rows if reduction == "none" else (), device="cuda", dtype=torch.float64)
+    shape = (rows,) if reduction == "none" else ()
+    g = (torch.ones if factor == "one" else torch.rand)(shape, device="cuda", dtype=torch.float64)
     kwargs = {"reduction": reduction, "label_smoothing": label_smoothing}
+    ours = _loss_and_grad(ft.cross_entropy, x, target, g, **kwargs)
+    assert type(ours[0].grad_fn).__name__ == path
     assert_as_close_as_torch(
-        _loss_and_grad(ft.cross_entropy, x, target, g, **kwargs),
-        _loss_and_grad(torch.nn.functional.cross_entropy, x, target, g, **kwargs),
+        ours, _loss_and_grad(torch.nn.functional.cross_entropy, x, target, g, **kwargs),
         _loss_and_grad(torch.nn.functional.cross_entropy, x.double(), target, g, **kwargs))
+
+
+def test_cross_entropy_follows_the_last_loss_gradient():
+    """The rescale kernel records whether the loss's gradient was one: a backward given
+    another factor sends the next forward to the two kernels, one given one sends it back;
+    every loss and gradient as close to float64 as torch's."""
+    x = (3 * torch.randn(64, 50257, device="cuda")).to(torch.bfloat16)
+    target = torch.randint(0, 50257, (64,), device="cuda")
+    record = _cross_entropy._FactorRecord.of(x)
+    record.record.fill_(0)
+    for factor, path in [(1.0, GRADIENT_IN_FORWARD), (0.25, GRADIENT_IN_FORWARD),
+                         (4.0, TWO_KERNELS), (1.0, TWO_KERNELS), (1.0, GRADIENT_IN_FORWARD)]:
+        logits = x.detach().requires_grad_()
+        loss = ft.cross_entropy(logits, target)
+        assert type(loss.grad_fn).__name__ == path, factor
+        g = torch.tensor(factor, device="cuda", dtype=torch.bfloat16)
+        (grad,) = torch.autograd.grad(loss, logits, g)
+        torch.cuda.synchronize()
+        assert record.not_one() == (factor != 1)
+        want = [torch.nn.functional.cross_entropy(x.double(), target)]
+        logits64 = x.double().requires_grad_()
+        want.append(torch.autograd.grad(torch.nn.functional.cross_entropy(logits64, target),
+                                        logits64, g.double())[0])
+        theirs = _loss_and_grad(torch.nn.functional.cross_entropy, x, target, g)
+        assert_as_close_as_torch([loss.detach(), grad], theirs, want, what=str(factor))
+
+
+def test_cross_entropy_gradient_in_forward_serves_a_second_backward(monkeypatch):
+    """retain_graph=True: each backward's gradient as close to float64 as torch's."""
+    _force_path(monkeypatch, GRADIENT_IN_FORWARD)
+    x = (3 * torch.randn(40, 32000, device="cuda")).to(torch.bfloat16)
+    target = torch.randint(0, 32000, (40,), device="cuda")
+    logits = x.detach().requires_grad_()
+    loss = ft.cross_entropy(logits, target, label_smoothing=0.1)
+    for factor in (0.5, 3.0, 1.0):
+        g = torch.tensor(factor, device="cuda", dtype=torch.float64)
+        ours = [loss, *torch.autograd.grad(loss, logits, g.to(loss.dtype), retain_graph=True)]
+        assert_as_close_as_torch(
+            ours, _loss_and_grad(torch.nn.functional.cross_entropy, x, target, g,
+                                 label_smoothing=0.1),
+            _loss_and_grad(torch.nn.functional.cross_entropy, x.double(), target, g,
+                           label_smoothing=0.1), what=str(factor))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64],
+                         ids=str)
+@pytest.mark.parametrize(("n", "offset"), [(1, 0), (8 * 1000 + 5, 0), (8 * 1000 + 5, 1),
+                                           (3 * 2**20 + 3, 0)])
+def test_rescale_scales_in_place_unless_the_factor_is_one(dtype, n, offset):
+    """fuser.rescale's kernel: elements rounded once as torch's multiply rounds them, a tail
+    short of a vector and a start off 16 bytes (one element an access), the grid's stride
+    over a few million; a factor of one leaves every bit as it was; the record says which."""
+    base = torch.randn(n + offset, device="cuda").to(dtype)
+    record = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+    for factor in (1.0, 0.37, -3.0):
+        data = base.clone()[offset:]
+        f = torch.tensor(factor, device="cuda", dtype=dtype)
+        _fusions.rescale(data, f, record)
+        torch.cuda.synchronize()
+        assert bool(record[0]) == (factor != 1)
+        assert torch.equal(data, base[offset:] * f), factor
 
 
 def test_gradcheck_float64():

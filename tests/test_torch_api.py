@@ -28,7 +28,7 @@ from fuser.dtypes import DataType  # noqa: E402
 from fuser.errors import BadInputError, UnsupportedFusionError  # noqa: E402
 from fuser.ir import Tensor as FusionTensor  # noqa: E402
 from fuser.reference import evaluate  # noqa: E402
-from fuser.torch import _fusions  # noqa: E402
+from fuser.torch import _cross_entropy, _fusions  # noqa: E402
 from fuser.torch._fusions import NormSpec  # noqa: E402
 from fuser.torch._support import TORCH_DTYPES  # noqa: E402
 
@@ -50,9 +50,20 @@ def run_on_oracle(fd, inputs):
             for o, v in zip(outs, fd.fusion.outputs, strict=True)]
 
 
+def rescale_on_host(data, factor, record):
+    """fuser.rescale's contract on CPU tensors: data scaled in place unless the factor is
+    one (through .data: the kernel writes through a pointer, which autograd's version
+    counter does not see), the record written."""
+    not_one = bool(factor.reshape(()) != 1)
+    record.fill_(int(not_one))
+    if not_one:
+        data.data.mul_(factor.reshape(()))
+
+
 @pytest.fixture
 def oracle(monkeypatch):
     monkeypatch.setattr(_fusions, "run", run_on_oracle)
+    monkeypatch.setattr(_fusions, "rescale", rescale_on_host)
 
 
 # ----- packaging -----
@@ -399,13 +410,31 @@ def test_mixed_dtypes_follow_torch(oracle):
 # ----- cross entropy -----
 
 
+GRADIENT_IN_FORWARD, TWO_KERNELS = "_GradientInForwardBackward", "fuser_cross_entropyBackward"
+
+
+def _node(loss) -> str:
+    """The name of the autograd node that computed `loss` (under a reshape's view)."""
+    node = loss.grad_fn
+    while type(node).__name__ == "ViewBackward0":
+        node = node.next_functions[0][0]
+    return type(node).__name__
+
+
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
-@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize(("reduction", "path"), [
+    ("mean", GRADIENT_IN_FORWARD), ("sum", GRADIENT_IN_FORWARD), ("mean", TWO_KERNELS),
+    ("sum", TWO_KERNELS), ("none", TWO_KERNELS)])
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 @pytest.mark.parametrize("shape", [(7, 33), (1, 5), (33,)])
-def test_cross_entropy_matches_torch(oracle, shape, dtype, reduction, label_smoothing):
+def test_cross_entropy_matches_torch(oracle, monkeypatch, shape, dtype, reduction, path,
+                                     label_smoothing):
     """Loss and the logits' gradient against torch's, with an ignored row where there are
-    several, for each reduction, with and without label smoothing."""
+    several, for each reduction, with and without label smoothing, the gradient written in
+    the forward or by the two kernels (forced: the record otherwise follows the last
+    backward)."""
+    record = _cross_entropy._FactorRecord.of(torch.empty(0))
+    monkeypatch.setattr(record, "not_one", lambda: path == TWO_KERNELS)
     torch.manual_seed(0)
     x = torch.randn(shape, dtype=dtype, requires_grad=True)
     target = torch.randint(0, shape[-1], shape[:-1])
@@ -417,6 +446,7 @@ def test_cross_entropy_matches_torch(oracle, shape, dtype, reduction, label_smoo
     g = torch.randn_like(want)
     tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {}
     assert got.shape == want.shape and got.dtype == want.dtype
+    assert _node(got) == path
     torch.testing.assert_close(got, want, **tol)
     torch.testing.assert_close(torch.autograd.grad(got, x, g), torch.autograd.grad(want, x, g),
                                **tol)
@@ -439,6 +469,83 @@ def test_cross_entropy_module_and_ignore_index(oracle):
     assert torch.isnan(got) and torch.isnan(theirs(x, ignored))
     (grad,) = torch.autograd.grad(got, x)
     assert torch.equal(grad, torch.zeros_like(x))
+
+
+@pytest.fixture
+def fresh_record(monkeypatch):
+    """No backward of a reduced loss recorded yet: the next writes its gradient in the
+    forward."""
+    monkeypatch.setattr(_cross_entropy._FactorRecord, "_kept", {})
+
+
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_cross_entropy_writes_the_gradient_in_the_forward_while_the_factor_is_one(
+        oracle, fresh_record, reduction, label_smoothing):
+    """A reduced loss writes the logits' gradient in its forward and its backward scales it
+    by the loss's gradient; a backward given another factor than one sends the next forward
+    to the two kernels, and one given one sends it back. Each loss and gradient is torch's."""
+    torch.manual_seed(2)
+    x = torch.randn(7, 33, dtype=F64, requires_grad=True)
+    target = torch.tensor([3, 0, -100, 11, 5, 32, 0])
+    kwargs = {"reduction": reduction, "label_smoothing": label_smoothing}
+    want = torch.nn.functional.cross_entropy(x, target, **kwargs)
+    for factor, node in [(1.0, GRADIENT_IN_FORWARD), (1.0, GRADIENT_IN_FORWARD),
+                         (0.25, GRADIENT_IN_FORWARD), (3.0, TWO_KERNELS),
+                         (1.0, TWO_KERNELS), (-2.0, GRADIENT_IN_FORWARD),
+                         (1.0, TWO_KERNELS), (1.0, GRADIENT_IN_FORWARD)]:
+        got = ft.cross_entropy(x, target, **kwargs)
+        assert _node(got) == node, factor
+        g = torch.tensor(factor, dtype=F64)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(torch.autograd.grad(got, x, g),
+                                   torch.autograd.grad(want, x, g, retain_graph=True))
+        assert _cross_entropy._FactorRecord.of(x).not_one() == (factor != 1)
+
+
+def test_cross_entropy_gradient_in_forward_only_where_it_is_wanted(oracle, fresh_record):
+    """Unreduced losses, logits without a gradient, no grad mode and saved-tensor hooks
+    (which may hand the backward a copy of the gradient it scales in place) keep the two
+    kernels; the forward that writes the gradient keeps it alone, not the logits."""
+    x = torch.randn(6, 16, requires_grad=True)
+    target = torch.tensor([1, 2, 3, 4, 5, 6])
+    loss = ft.cross_entropy(x, target)
+    (kept,) = loss.grad_fn.saved_tensors
+    assert kept.shape == x.shape and kept.data_ptr() != x.data_ptr()
+    assert _node(ft.cross_entropy(x, target, reduction="none")) == TWO_KERNELS
+    assert ft.cross_entropy(x.detach(), target).grad_fn is None
+    with torch.no_grad():
+        assert ft.cross_entropy(x, target).grad_fn is None
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t):
+        loss = ft.cross_entropy(x, target)
+    assert _node(loss) == TWO_KERNELS
+    torch.testing.assert_close(torch.autograd.grad(loss, x), torch.autograd.grad(
+        torch.nn.functional.cross_entropy(x, target), x))
+
+
+def test_cross_entropy_gradient_in_forward_serves_a_second_backward(oracle, fresh_record):
+    """retain_graph=True: a second backward scales again the gradient the first left
+    scaled; where the first scaled it by zero, nothing is left to scale and it is refused.
+    create_graph=True is refused by name."""
+    x = torch.randn(5, 9, dtype=F64, requires_grad=True)
+    target = torch.tensor([0, 8, 3, -100, 4])
+    want = torch.nn.functional.cross_entropy(x, target, label_smoothing=0.2)
+    got = ft.cross_entropy(x, target, label_smoothing=0.2)
+    assert _node(got) == GRADIENT_IN_FORWARD
+    for factor in (0.5, 3.0, 1.0):
+        g = torch.tensor(factor, dtype=F64)
+        torch.testing.assert_close(torch.autograd.grad(got, x, g, retain_graph=True),
+                                   torch.autograd.grad(want, x, g, retain_graph=True))
+    _cross_entropy._FactorRecord.of(x).record.fill_(0)
+    got = ft.cross_entropy(x, target)
+    torch.autograd.grad(got, x, torch.tensor(0.0, dtype=F64), retain_graph=True)
+    with pytest.raises(UnsupportedFusionError, match=r"scaled it by 0\.0"):
+        torch.autograd.grad(got, x)
+    _cross_entropy._FactorRecord.of(x).record.fill_(0)
+    with pytest.raises(UnsupportedFusionError, match="create_graph=True"):
+        torch.autograd.grad(ft.cross_entropy(x, target), x, create_graph=True)
 
 
 # ----- patch -----

@@ -1,6 +1,6 @@
 """The cross-entropy ops: fuser::cross_entropy over [rows, classes] logits with class-index
 targets, and its backward; apply_cross_entropy calls them (the op under torch.compile, else an
-autograd.Function: _eager.py).
+autograd.Function: _eager.py), or writes the gradient in the forward (below).
 
 The forward reads the logits once, in one fuser kernel (the log-sum-exp of each row, and its
 sum where labels are smoothed); the target's logit of each row is gathered by torch (one
@@ -10,15 +10,29 @@ once, scale * (softmax - smoothing / classes) a row, in one fuser kernel; the on
 then written into each row's target element, computed again from the gathered logit in the
 compute type, so that element is rounded once, as every other. It keeps the logits, the
 targets and the log-sum-exps, never the softmax.
+
+That reads the logits twice in a training step. Where the loss is reduced (mean or sum) and
+the logits want a gradient, the eager path writes it in the forward instead, for a loss
+gradient of one, in the kernel that reads the logits for the log-sum-exps
+(_GradientInForward): the step reads the logits once and writes their gradient once, and
+keeps the gradient, not the logits. Its backward scales the gradient in place by the loss's
+gradient, read on the device (fuser.rescale: a launch and no pass where it is one, as after a
+plain `loss.backward()`). A loss scaled before its backward (gradient accumulation, a
+GradScaler) would pay that pass on top: the rescale kernel records whether the factor was one,
+and where the last backward's was not, the next forward leaves the gradient to the backward.
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import Tensor
+from torch.autograd import forward_ad
 
+from fuser.errors import UnsupportedFusionError
 from fuser.torch import _fusions
-from fuser.torch._eager import dispatcher, eager_backward
+from fuser.torch._eager import _plain, dispatcher, eager_backward
 from fuser.torch._support import TORCH_DTYPES, forbid_double_backward, fuser_dtype
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -47,26 +61,31 @@ def _row_statistics(x: Tensor, row_sums: bool) -> tuple[Tensor, Tensor | None]:
     return outs[0].view(rows), outs[1].view(rows) if row_sums else None
 
 
+def _loss(lse: Tensor, sums: Tensor | None, logit: Tensor, valid: Tensor, classes: int,
+          smoothing: float, reduction: str) -> Tensor:
+    """The loss from each row's log-sum-exp, sum (where labels are smoothed) and target
+    logit, in the compute type: [rows] where reduction is 'none', else a scalar."""
+    losses = lse - logit
+    if sums is not None:
+        losses = (1 - smoothing) * losses + smoothing * (lse - sums / classes)
+    losses = torch.where(valid, losses, 0)
+    if reduction == "none":
+        return losses
+    if reduction == "sum":
+        return losses.sum()
+    return losses.sum() / valid.sum()
+
+
 def _cross_entropy(x: Tensor, target: Tensor, ignore_index: int, smoothing: float,
                    reduction: str) -> tuple[Tensor, Tensor]:
     """(loss, lse): the loss of logits x [rows, classes] for class indices `target` [rows]
     ([rows] where reduction is 'none', else a scalar; in x's dtype), and each row's
     log-sum-exp [rows] in the compute type."""
     x = x.contiguous()
-    classes = x.shape[1]
     lse, sums = _row_statistics(x, smoothing > 0)
     valid = target != ignore_index
     _, logit = _picked(x, target, valid, lse.dtype)
-    losses = lse - logit
-    if sums is not None:
-        losses = (1 - smoothing) * losses + smoothing * (lse - sums / classes)
-    losses = torch.where(valid, losses, 0)
-    if reduction == "none":
-        loss = losses
-    elif reduction == "sum":
-        loss = losses.sum()
-    else:
-        loss = losses.sum() / valid.sum()
+    loss = _loss(lse, sums, logit, valid, x.shape[1], smoothing, reduction)
     return loss.to(x.dtype), lse
 
 
@@ -92,6 +111,13 @@ def _cross_entropy_backward(grad: Tensor, x: Tensor, target: Tensor, lse: Tensor
     (out,) = _fusions.run(_fusions.cross_entropy_backward(fuser_dtype(x.dtype)),
                           [x, lse.view(rows, 1), scale.view(rows, 1), shift])
     index, logit = _picked(x, target, valid, lse.dtype)
+    return _with_one_hot(out, index, logit, lse, scale, shift, smoothing)
+
+
+def _with_one_hot(out: Tensor, index: Tensor, logit: Tensor, lse: Tensor, scale: Tensor,
+                  shift: float, smoothing: float) -> Tensor:
+    """`out` (the gradient but for its one-hot term) with each row's target element written
+    from the gathered logit in the compute type, so rounded once."""
     at_target = scale * (torch.exp(logit - lse) - shift - (1 - smoothing))
     return out.scatter_(1, index, at_target.to(out.dtype).unsqueeze(1))
 
@@ -128,10 +154,130 @@ def _grads(ctx, grad, _dlse):
     if grad is None:  # nothing used the loss
         return None, None, None, None, None
     backward = eager_backward(ctx, cross_entropy_backward, _cross_entropy_backward)
+    if backward is _cross_entropy_backward and ctx.reduction != "none":
+        _FactorRecord.of(x).write(grad)
     return (backward(grad, x, target, lse, ctx.ignore_index, ctx.smoothing, ctx.reduction),
             None, None, None, None)
 
 
 cross_entropy.register_autograd(_grads, setup_context=_setup)
 forbid_double_backward(cross_entropy_backward)
-apply_cross_entropy = dispatcher(cross_entropy, _cross_entropy, _setup, _grads)
+_two_kernels = dispatcher(cross_entropy, _cross_entropy, _setup, _grads)
+
+
+def apply_cross_entropy(x: Tensor, target: Tensor, ignore_index: int, smoothing: float,
+                        reduction: str) -> Tensor:
+    """The loss of logits x [rows, classes] for class indices `target` [rows]: the gradient
+    written in the forward where that saves a pass (_writes_gradient), else the two-kernel
+    ops."""
+    if _writes_gradient(x, reduction):
+        return _GradientInForward.apply(x, target, ignore_index, smoothing, reduction)
+    return _two_kernels(x, target, ignore_index, smoothing, reduction)[0]
+
+
+def _writes_gradient(x: Tensor, reduction: str) -> bool:
+    """Whether the forward writes the logits' gradient: on the eager path (nothing but
+    autograd watching, no forward-mode AD, no saved-tensor hooks), for a loss reduced to a
+    scalar whose gradient the last backward found to be one (or no backward yet), where the
+    logits want a gradient and there are rows."""
+    return (reduction != "none" and x.requires_grad and torch.is_grad_enabled()
+            and x.shape[0] > 0 and forward_ad._current_level < 0 and _plain(x)
+            and torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+            and not _FactorRecord.of(x).not_one())
+
+
+def _loss_and_gradient(x: Tensor, target: Tensor, ignore_index: int, smoothing: float,
+                       reduction: str) -> tuple[Tensor, Tensor]:
+    """(loss, grad): the loss as _cross_entropy gives it ('mean' or 'sum'), and the logits'
+    gradient for a loss gradient of one, from one fuser kernel over the logits."""
+    x = x.contiguous()
+    rows, classes = x.shape
+    dtype = _compute(x)
+    valid = target != ignore_index
+    scale = _row_scale(valid.new_ones((), dtype=dtype), valid, reduction, dtype)
+    shift = smoothing / classes
+    outs = _fusions.run(
+        _fusions.cross_entropy_forward_gradient(fuser_dtype(x.dtype), smoothing > 0),
+        [x, scale.view(rows, 1), shift])
+    lse, grad = outs[0].view(rows), outs[-1]
+    sums = outs[1].view(rows) if smoothing > 0 else None
+    index, logit = _picked(x, target, valid, dtype)
+    loss = _loss(lse, sums, logit, valid, classes, smoothing, reduction)
+    return loss.to(x.dtype), _with_one_hot(grad, index, logit, lse, scale, shift, smoothing)
+
+
+class _GradientInForward(torch.autograd.Function):
+    """Cross entropy whose forward writes the logits' gradient (for a loss gradient of one)
+    and keeps it, in place of the logits; the backward scales it in place by the loss's
+    gradient and hands it over. A second backward through the same graph
+    (retain_graph=True, gradcheck) finds it scaled by the first's factor (_scaled_again)."""
+
+    @staticmethod
+    def forward(ctx, x, target, ignore_index, smoothing, reduction):
+        loss, grad = _loss_and_gradient(x, target, ignore_index, smoothing, reduction)
+        ctx.save_for_backward(grad)
+        ctx.first_factor = None
+        return loss
+
+    @staticmethod
+    def backward(ctx, factor):
+        if torch.is_grad_enabled():
+            raise UnsupportedFusionError(
+                "fuser.torch.cross_entropy wrote the logits' gradient in its forward, which "
+                "has no derivative of its own: a backward with create_graph=True through it "
+                "is not supported; use torch.nn.functional.cross_entropy where second "
+                "derivatives are needed")
+        (grad,) = ctx.saved_tensors
+        factor = factor.to(grad.dtype).contiguous()
+        if ctx.first_factor is not None:
+            return _scaled_again(grad, ctx.first_factor, factor), None, None, None, None
+        _fusions.rescale(grad, factor, _FactorRecord.of(grad).record)
+        ctx.first_factor = factor
+        return grad, None, None, None, None
+
+
+def _scaled_again(grad: Tensor, first: Tensor, factor: Tensor) -> Tensor:
+    """The logits' gradient for the loss gradient `factor`, from the gradient the first
+    backward scaled in place by `first` (the saved tensor itself: _writes_gradient refuses
+    saved-tensor hooks, which could hand over a copy), rounded once more unless `first` is
+    one. Reads `first` on the host, which waits for the GPU: only a repeated backward does."""
+    c = _compute(grad)
+    first = first.to(c)
+    if not bool(torch.isfinite(first) & (first != 0)):
+        raise UnsupportedFusionError(
+            "fuser.torch.cross_entropy wrote the logits' gradient in its forward; the first "
+            f"backward through this loss scaled it by {first.item()}, which leaves nothing "
+            "to scale again for a second backward through the same graph. Compute the loss "
+            "again for each backward, or take reduction='none' (the two-kernel form, which "
+            "keeps the logits) and reduce the losses yourself")
+    return (grad.to(c) * (factor.to(c) / first)).to(grad.dtype)
+
+
+class _FactorRecord:
+    """Whether the last backward of a reduced loss was given a gradient other than one: an
+    int32 that the backward writes on the device (the rescale kernel, or the two-kernel
+    backward by an asynchronous copy) and the next forward reads without waiting for the
+    GPU, in pinned host memory for CUDA tensors (the device writes it through unified
+    addressing). Read early, it may miss the last backward; the forward after sees it."""
+
+    _kept: ClassVar[dict[bool, _FactorRecord]] = {}
+
+    def __init__(self, cuda: bool):
+        self.record = torch.zeros(1, dtype=torch.int32, pin_memory=cuda)
+        self._host = self.record.numpy()
+
+    @classmethod
+    def of(cls, x: Tensor) -> _FactorRecord:
+        """The record of x's kind of device (one for every CUDA device: pinned memory is
+        every device's)."""
+        found = cls._kept.get(x.is_cuda)
+        if found is None:
+            found = cls._kept[x.is_cuda] = cls(x.is_cuda)
+        return found
+
+    def not_one(self) -> bool:
+        return bool(self._host[0])
+
+    def write(self, factor: Tensor) -> None:
+        """Record whether `factor` (the loss's gradient) is not one, on its stream."""
+        self.record.copy_((factor != 1).view(1), non_blocking=True)

@@ -212,6 +212,20 @@ def softmax_backward(y_dtype: DataType, dy_dtype: DataType) -> FusionDefinition:
     return fd
 
 
+def _log_sum_exp(fd: FusionDefinition, xf, x):
+    """Each row's max + log(sum(exp(xf - max))) [N, 1] of xf, x [N, C] in the compute type."""
+    m = fd.ops.max(xf, dims=[1], keepdim=True)
+    e = fd.ops.exp(fd.ops.sub(xf, _row(fd, m, x)))
+    return fd.ops.add(fd.ops.log(fd.ops.sum(e, dims=[1], keepdim=True)), m)
+
+
+def _entropy_gradient(fd: FusionDefinition, xf, x, lse, scale, shift, dtype: DataType):
+    """scale * (exp(xf - lse) - shift) [N, C] in `dtype`: cross entropy's gradient but for
+    its one-hot term."""
+    p = fd.ops.exp(fd.ops.sub(xf, _row(fd, lse, x)))
+    return fd.ops.cast(fd.ops.mul(fd.ops.sub(p, shift), _row(fd, scale, x)), dtype)
+
+
 @cache
 def logsumexp_forward(dtype: DataType, row_sums: bool) -> FusionDefinition:
     """x [N, C] -> lse [N, 1] = max + log(sum(exp(x - max))) in the compute type, and where
@@ -222,11 +236,30 @@ def logsumexp_forward(dtype: DataType, row_sums: bool) -> FusionDefinition:
     with FusionDefinition(name) as fd:
         x = _matrix(fd, dtype)
         xf = fd.ops.cast(x, c)
-        m = fd.ops.max(xf, dims=[1], keepdim=True)
-        e = fd.ops.exp(fd.ops.sub(xf, _row(fd, m, x)))
-        fd.add_output(fd.ops.add(fd.ops.log(fd.ops.sum(e, dims=[1], keepdim=True)), m))
+        fd.add_output(_log_sum_exp(fd, xf, x))
         if row_sums:
             fd.add_output(fd.ops.sum(xf, dims=[1], keepdim=True))
+    return fd
+
+
+@cache
+def cross_entropy_forward_gradient(dtype: DataType, row_sums: bool) -> FusionDefinition:
+    """x [N, C], scale [N, 1], shift (a scalar) -> lse [N, 1] (and sum(x) [N, 1] where
+    `row_sums`), as logsumexp_forward, and the gradient cross_entropy_backward writes, from
+    the lse computed in the same kernel: the forward that writes the gradient too, reading
+    the logits once for both."""
+    c = compute_type(dtype)
+    name = f"cross_entropy_fwd_grad{'_rowsum' if row_sums else ''}_{_SHORT[dtype]}"
+    with FusionDefinition(name) as fd:
+        x = _matrix(fd, dtype)
+        scale = _per_row(fd, c)
+        shift = fd.define_scalar(dtype=c)
+        xf = fd.ops.cast(x, c)
+        lse = _log_sum_exp(fd, xf, x)
+        fd.add_output(lse)
+        if row_sums:
+            fd.add_output(fd.ops.sum(xf, dims=[1], keepdim=True))
+        fd.add_output(_entropy_gradient(fd, xf, x, lse, scale, shift, dtype))
     return fd
 
 
@@ -241,8 +274,7 @@ def cross_entropy_backward(dtype: DataType) -> FusionDefinition:
         x = _matrix(fd, dtype)
         lse, scale = _per_row(fd, c), _per_row(fd, c)
         shift = fd.define_scalar(dtype=c)
-        p = fd.ops.exp(fd.ops.sub(fd.ops.cast(x, c), _row(fd, lse, x)))
-        fd.add_output(fd.ops.cast(fd.ops.mul(fd.ops.sub(p, shift), _row(fd, scale, x)), dtype))
+        fd.add_output(_entropy_gradient(fd, fd.ops.cast(x, c), x, lse, scale, shift, dtype))
     return fd
 
 
@@ -250,3 +282,20 @@ def run(fd: FusionDefinition, inputs: list) -> list:
     """Execute `fd` on torch tensors (outputs allocated by torch, launched on its current
     stream): the one place fuser.torch's ops call the executor."""
     return fd.execute(inputs)
+
+
+def rescale(data, factor, record) -> None:
+    """Scale the contiguous CUDA tensor `data` in place by `factor` (a tensor of one element
+    of its dtype, on its device) unless that is one, on torch's current stream, and write
+    whether it was not (0 or 1) into `record`, an int32 tensor in pinned host memory:
+    fuser.rescale's kernel, the one place fuser.torch launches it."""
+    from fuser import rescale as kernels
+    from fuser.calls import in_context, stream_of
+    from fuser.driver import driver
+    from fuser.torch._support import fuser_dtype
+
+    device = data.device.index
+    k = kernels.kernel(kernels.plan(fuser_dtype(data.dtype), data.data_ptr()), device)
+    in_context(device, driver().primary_context(device), True, lambda: kernels.launch(
+        k, data.data_ptr(), factor.data_ptr(), record.data_ptr(), data.numel(),
+        stream_of(True, device)))

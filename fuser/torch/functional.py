@@ -204,6 +204,6 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
         raise BadInputError(f"{where}: target is on {target.device}, input on {input.device}; "
                             f"move target to {input.device}")
     rows = input.reshape(-1, input.shape[-1])
-    loss, _ = _cross_entropy.apply_cross_entropy(rows, target.reshape(-1), int(ignore_index),
+    loss = _cross_entropy.apply_cross_entropy(rows, target.reshape(-1), int(ignore_index),
                                                  float(label_smoothing), reduction)
     return loss.reshape(()) if reduction == "none" and input.dim() == 1 else loss
