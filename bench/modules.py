@@ -9,6 +9,11 @@ For each module and hidden size, two passes on [rows, hidden] inputs:
 - `forward`: y = m(x), x requiring grad as in training (so what autograd saves is made too);
 - `train`: the forward, then torch.autograd.grad(y, [x, *parameters], dy).
 
+Cross entropy has two more: `infer`, the forward under torch.no_grad (where fuser's forward
+reads the logits alone; in `forward` it writes their gradient too), and `train_scaled`, the
+train pass for a loss gradient of 0.5, as a loss scaled for gradient accumulation (fuser's
+forward then leaves the gradient to its backward, after the first call).
+
 Implementations: `fuser` (fuser.torch.RMSNorm / LayerNorm / Softmax / CrossEntropyLoss),
 `eager` (torch.nn's module), `compile` (torch.compile of torch.nn's module, default mode,
 dynamic=False, compiled afresh per size), `liger` (Liger-Kernel's LigerRMSNorm /
@@ -57,6 +62,7 @@ from bench.run import (
 
 MODULES = ("rmsnorm", "layernorm", "softmax", "cross_entropy")
 PASSES = ("forward", "train")
+LOSS_PASSES = ("infer", "forward", "train", "train_scaled")  # cross_entropy's (docstring)
 DEFAULT_HIDDEN = (1024, 4096, 8192, 16384, 32768)
 PARAMETERS = {"rmsnorm": 1, "layernorm": 2, "softmax": 0, "cross_entropy": 0}  # [hidden] ones
 RMS_EPS, LN_EPS = 1e-6, 1e-5
@@ -82,9 +88,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def pass_bytes(module: str, pass_: str, rows: int, hidden: int, itemsize: int) -> int:
     """The minimal bytes of one pass (module docstring): forward 2 [rows, hidden] tensors and
     P parameters; train 5 [rows, hidden] tensors and 3 P parameter-sized ones. Cross entropy:
-    the logits (forward), the logits and their gradient (train)."""
+    the logits (infer, forward), the logits and their gradient (train, train_scaled)."""
     if module == "cross_entropy":
-        return (1 if pass_ == "forward" else 2) * rows * hidden * itemsize
+        return (1 if pass_ in ("infer", "forward") else 2) * rows * hidden * itemsize
     big, params = (2, 1) if pass_ == "forward" else (5, 3)
     return (big * rows * hidden + params * PARAMETERS[module] * hidden) * itemsize
 
@@ -165,7 +171,8 @@ def with_parameters(m, params: list, device, dtype):
 
 def pass_fn(m, pass_: str, x, dy):
     """The timed call: the forward, the forward under torch.no_grad ("infer", as a model
-    serving requests runs it), or the forward and the gradients of x and the parameters."""
+    serving requests runs it), or the forward and the gradients of x and the parameters
+    (for dy, or dy / 2: "train_scaled")."""
     import torch
 
     if pass_ == "forward":
@@ -178,11 +185,17 @@ def pass_fn(m, pass_: str, x, dy):
 
         return infer
     wrt = [x, *m.parameters()]
+    if pass_ == "train_scaled":
+        dy = dy * 0.5
 
     def train():
         return torch.autograd.grad(m(x), wrt, dy)
 
     return train
+
+
+def passes(module: str) -> tuple[str, ...]:
+    return LOSS_PASSES if module == "cross_entropy" else PASSES
 
 
 def results(m, x, dy) -> list:
@@ -217,7 +230,7 @@ def bench_size(module: str, hidden: int, args, timer) -> dict[str, dict]:
     ref = results(reference, x.detach().double().requires_grad_(), dy.double())
     del reference
     entries = {}
-    for pass_ in PASSES:
+    for pass_ in passes(module):
         nbytes = pass_bytes(module, pass_, args.rows, hidden, ITEMSIZE[args.dtype])
         entries[pass_] = {"hidden": hidden, "rows": args.rows, "bytes": nbytes, "impls": {}}
         try:
@@ -296,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     for module in args.module:
         reports = {p: {"fusion": f"module-{module}-{p}", "command": command, "date": date,
                        **env, "dtype": args.dtype, "rows": args.rows, "timer": timer_desc,
-                       "pass": p, "results": []} for p in PASSES}
+                       "pass": p, "results": []} for p in passes(module)}
         for hidden in args.hidden:
             for pass_, entry in bench_size(module, hidden, args, timer).items():
                 reports[pass_]["results"].append(entry)

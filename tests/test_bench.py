@@ -456,8 +456,10 @@ def test_module_pass_bytes():
     assert pass_bytes("layernorm", "train", 4, 8, 4) == (5 * 4 * 8 + 3 * 2 * 8) * 4
     assert pass_bytes("softmax", "forward", 4, 8, 2) == 2 * 4 * 8 * 2
     # cross entropy: the logits; the logits and their gradient
-    assert pass_bytes("cross_entropy", "forward", 4, 8, 2) == 4 * 8 * 2
-    assert pass_bytes("cross_entropy", "train", 4, 8, 2) == 2 * 4 * 8 * 2
+    for pass_ in ("infer", "forward"):
+        assert pass_bytes("cross_entropy", pass_, 4, 8, 2) == 4 * 8 * 2
+    for pass_ in ("train", "train_scaled"):
+        assert pass_bytes("cross_entropy", pass_, 4, 8, 2) == 2 * 4 * 8 * 2
 
 
 def test_module_parse_args():
