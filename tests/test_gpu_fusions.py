@@ -355,8 +355,8 @@ def test_hinted_stages_of_capped_narrow_rows_match_reference_or_are_refused(rows
     assert not s.buffers_in_smem, s.reason
 
 
-UNSKEWED = [("rmsnorm_fwd", 65537, DataType.BFloat16), ("rmsnorm_fwd", 98305, DataType.Half),
-            ("rmsnorm_fwd", 32769, DataType.Float), ("layernorm_fwd", 49153, DataType.Float)]
+UNSKEWED = [("rmsnorm_fwd", 32769, DataType.Float), ("rmsnorm_fwd", 65537, DataType.Float),
+            ("layernorm_fwd", 49153, DataType.Float)]
 
 
 @pytest.mark.parametrize("rows", [7, 1000])
@@ -371,17 +371,24 @@ def test_rows_not_skewed_at_one_block_per_sm_match_reference(name, hidden, dtype
     assert not s.skew and "skewed rows would re-read" in s.reason, s.reason
 
 
+SKEWED_OVER_A_CLUSTER = [("layernorm_fwd", 65537, 4), ("layernorm_fwd", 98305, 8),
+                         ("layernorm_fwd", 131073, 8), ("rmsnorm_fwd", 65537, 4),
+                         ("rmsnorm_fwd", 81921, 4), ("rmsnorm_fwd", 98305, 4),
+                         ("rmsnorm_fwd", 131073, 8)]
+
+
 @pytest.mark.parametrize("rows", [7, 1000])
 @pytest.mark.parametrize("dtype", [DataType.BFloat16, DataType.Half], ids=lambda d: d.name)
-@pytest.mark.parametrize("hidden", [65537, 98305])
-def test_layernorm_forward_skewed_over_a_cluster_by_default_matches_reference(hidden, dtype,
-                                                                              rows, rng):
-    """LayerNorm forward over rows of single 2-byte elements whose one-block skewed rows
-    would lose takes skewed rows over a cluster, its columns in shared memory at the rows'
-    skew (row_search._clustered_skewed_step): 65537 a cluster of 4, 98305 of 8."""
-    fd = run_and_validate("layernorm_fwd", dtype, hidden, rows, rng)
+@pytest.mark.parametrize(("name", "hidden", "cluster"), SKEWED_OVER_A_CLUSTER,
+                         ids=[f"{n}-{h}" for n, h, _ in SKEWED_OVER_A_CLUSTER])
+def test_forward_skewed_over_a_cluster_by_default_matches_reference(name, hidden, cluster,
+                                                                    dtype, rows, rng):
+    """LayerNorm and RMSNorm forward over rows of single 2-byte elements whose one-block
+    skewed rows would lose, or that no block holds, take skewed rows over a cluster, their
+    columns in shared memory at the rows' skew (row_search._clustered_skewed_step)."""
+    fd = run_and_validate(name, dtype, hidden, rows, rng)
     s = fd.last_schedule()
-    assert s.skew and s.columns_at_skew and s.cluster == {65537: 4, 98305: 8}[hidden], s.reason
+    assert s.skew and s.columns_at_skew and s.cluster == cluster, s.reason
 
 
 def _variance_data(kind: str, x: np.ndarray) -> np.ndarray:

@@ -1088,9 +1088,8 @@ def test_rows_are_not_skewed_where_they_cannot_be(name, hidden, align, why):
 
 
 @pytest.mark.parametrize(("name", "dtype", "hidden"), [
-    ("rmsnorm_fwd", DataType.BFloat16, 65537),
-    ("rmsnorm_fwd", DataType.Half, 98305),
     ("rmsnorm_fwd", DataType.Float, 32769),
+    ("rmsnorm_fwd", DataType.Float, 40961),
     ("layernorm_fwd", DataType.Float, 49153),
 ])
 def test_skewed_rows_do_not_re_read_columns_at_one_block_per_sm(name, dtype, hidden):
@@ -1106,20 +1105,28 @@ def test_skewed_rows_do_not_re_read_columns_at_one_block_per_sm(name, dtype, hid
     assert skewed_loses(hinted) is not None
 
 
-@pytest.mark.parametrize(("dtype", "hidden", "cluster", "blocks"), [
-    (DataType.BFloat16, 65537, 4, 2), (DataType.Half, 98305, 8, 3)])
-def test_single_element_rows_under_heavier_columns_are_skewed_over_a_cluster(dtype, hidden,
-                                                                            cluster, blocks):
-    """LayerNorm forward's weight and bias outweigh its row: where one block's skewed rows
-    would re-read them, and the plain rows are single 2-byte elements, its rows are skewed
-    over the smallest cluster that keeps every buffer in shared memory (the columns at the
-    rows' skew) at two blocks per SM or more. RMSNorm forward's one column does not."""
-    info = analyze(ROW_FUSIONS["layernorm_fwd"](dtype).fusion)
+@pytest.mark.parametrize(("name", "dtype", "hidden", "cluster", "blocks"), [
+    ("layernorm_fwd", DataType.BFloat16, 65537, 4, 2),
+    ("layernorm_fwd", DataType.Half, 98305, 8, 3),
+    ("layernorm_fwd", DataType.BFloat16, 131073, 8, 2),  # no block holds the row
+    ("rmsnorm_fwd", DataType.BFloat16, 65537, 4, 3),
+    ("rmsnorm_fwd", DataType.BFloat16, 81921, 4, 2),
+    ("rmsnorm_fwd", DataType.Half, 98305, 4, 2),
+    ("rmsnorm_fwd", DataType.BFloat16, 131073, 8, 3),
+])
+def test_single_element_rows_under_columns_as_heavy_are_skewed_over_a_cluster(
+        name, dtype, hidden, cluster, blocks):
+    """LayerNorm forward's weight and bias, and RMSNorm forward's weight, weigh as much as
+    their row or more: where one block's skewed rows would re-read them, or no block holds
+    the row, and the plain rows are single 2-byte elements, the rows are skewed over the
+    smallest cluster that keeps every buffer in shared memory (the columns at the rows'
+    skew) at two blocks per SM or more."""
+    info = analyze(ROW_FUSIONS[name](dtype).fusion)
     s = schedule(info, Problem(hidden, 16384, 16), H100)
     assert (s.skew, s.cluster, s.blocks_per_sm) == (1, cluster, blocks), s.reason
     assert s.columns_at_skew and s.buffers_in_smem and str(s.dealing) == "strided", s
     assert f"skewed rows over a cluster of {cluster} keep the columns" in s.reason
-    fp32 = analyze(ROW_FUSIONS["layernorm_fwd"](DataType.Float).fusion)
+    fp32 = analyze(ROW_FUSIONS[name](DataType.Float).fusion)
     assert not schedule(fp32, Problem(49153, 16384, 16), H100).skew  # 4-byte elements
 
 

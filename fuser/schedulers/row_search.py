@@ -256,7 +256,8 @@ class RowSearch:
         if not self.hints.skewed:
             first = next(filter(None, map(self._probe, skewed)), None)
             why = skewed_loses(first) if first is not None else None
-            if why is not None:  # after the plain rows' steps, where nothing else fits
+            # one block's skewed rows lose, or no block holds one: over a cluster first
+            if first is None or why is not None:
                 clustered = self._clustered_skewed_step(steps)
                 return clustered + [replace(step, why="; ".join(filter(None, (step.why, why))))
                                     for step in steps] + skewed

@@ -83,17 +83,19 @@ def skewed_loses(schedule: RowSchedule) -> str | None:
 
 def clustered_skewed_rows(fusion: RowFusion, problem: Problem) -> bool:
     """Whether the search tries skewed rows over a cluster before the plain rows, where one
-    block's skewed rows lose (skewed_loses): the plain rows' vectors are at most
-    SKEWED_CLUSTER_MAX_NARROW_BYTES wide (single 2-byte elements: bf16 / fp16 65537 and
-    98305; fp32's 4-byte ones ran 0.89-0.92 plain at 32769-57345) and the column inputs weigh
-    more an element than the row inputs: LayerNorm forward's weight and bias, which the plain
-    rows read a single element at a time beside x (0.68 of the copy at 65537 on the H100,
-    where RMSNorm forward's one column ran 0.90; its skewed rows over a cluster are not
-    measured)."""
+    block's skewed rows lose (skewed_loses) or no block holds the row: the plain rows'
+    vectors are at most SKEWED_CLUSTER_MAX_NARROW_BYTES wide (single 2-byte elements: bf16 /
+    fp16 65537 to 131073; fp32's 4-byte ones ran 0.89-0.92 plain at 32769-57345) and the
+    column inputs weigh at least as much an element as the row inputs: LayerNorm forward's
+    weight and bias, RMSNorm forward's weight, which the plain rows read a single element at
+    a time beside x. bf16, 16384 rows, H100 80GB HBM3, fraction of the copy, plain -> skewed
+    over a cluster: LayerNorm 65537 0.68 -> 0.85, 98305 0.60 -> 0.87, 131073 0.59 -> 0.76;
+    RMSNorm 65537 0.91 -> 0.90, 81921 0.83 -> 0.89, 98305 0.86 -> 0.89, 131073 0.87 -> 0.88
+    (bench/TUNING.md, "skewed rows over a cluster")."""
     cols = sum(t.dtype.itemsize for t in fusion.cols)
     rows = sum(t.dtype.itemsize for t in fusion.full)
     return (fusion.vec(problem) * fusion.widest <= SKEWED_CLUSTER_MAX_NARROW_BYTES
-            and cols > rows)
+            and cols >= rows)
 
 
 def clustered_skewed_keeps(schedule: RowSchedule) -> bool:

@@ -279,5 +279,7 @@ class _FactorRecord:
         return bool(self._host[0])
 
     def write(self, factor: Tensor) -> None:
-        """Record whether `factor` (the loss's gradient) is not one, on its stream."""
-        self.record.copy_((factor != 1).view(1), non_blocking=True)
+        """Record whether `factor` (the loss's gradient) is not one, on its stream: an int32
+        computed on its device, copied as it is (a copy that converts the type on its way
+        to the host would wait for the GPU)."""
+        self.record.copy_((factor != 1).to(torch.int32).view(1), non_blocking=True)
