@@ -32,7 +32,6 @@ element size, whatever the dtype.
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
@@ -42,6 +41,7 @@ from fuser.device import DeviceSpec
 from fuser.driver import driver
 from fuser.launch import POINTER, EntryLauncher
 from fuser.loader import check_static_smem
+from fuser.once import OncePerKey
 from fuser.smem import SmemPlan
 
 if TYPE_CHECKING:
@@ -302,34 +302,29 @@ class PermuteKernel:
     block: tuple[int, int]
 
 
-_loaded: dict[tuple[PermutePlan, int], PermuteKernel] = {}
-_loaded_lock = threading.Lock()
+_loaded: OncePerKey[PermuteKernel] = OncePerKey()
 
 
 def kernel(p: PermutePlan, device_id: int) -> PermuteKernel:
     """`p`'s kernel, compiled (or read from the kernel cache) and loaded into device
     `device_id`'s primary context once per process."""
-    found = _loaded.get((p, device_id))
-    if found is not None:
-        return found
-    with _loaded_lock:
-        found = _loaded.get((p, device_id))
-        if found is not None:
-            return found
-        spec = DeviceSpec.from_gpu(device_id)
-        smem = p.smem(spec.smem_per_block_optin)
-        source, module_image = compiled(p, spec)
-        entry = entry_name(p)
-        gpu = driver()
-        with gpu.on_device(device_id):
-            module = gpu.load_module(module_image.cubin, f"the permute kernel {entry}")
-            fn = gpu.function(module, entry)
-            check_static_smem(entry, fn, smem, spec)
-            fn = gpu.allow_dynamic_smem(fn, smem.dynamic_bytes)
-        found = _loaded[(p, device_id)] = PermuteKernel(
-            p, source, EntryLauncher(entry, fn.handle, [POINTER, POINTER], fn.num_regs),
-            smem.dynamic_bytes, p.grid, p.block)
-        return found
+    return _loaded.get((p, device_id), lambda: _load(p, device_id))
+
+
+def _load(p: PermutePlan, device_id: int) -> PermuteKernel:
+    spec = DeviceSpec.from_gpu(device_id)
+    smem = p.smem(spec.smem_per_block_optin)
+    source, module_image = compiled(p, spec)
+    entry = entry_name(p)
+    gpu = driver()
+    with gpu.on_device(device_id):
+        module = gpu.load_module(module_image.cubin, f"the permute kernel {entry}")
+        fn = gpu.function(module, entry)
+        check_static_smem(entry, fn, smem, spec)
+        fn = gpu.allow_dynamic_smem(fn, smem.dynamic_bytes)
+    return PermuteKernel(p, source, EntryLauncher(entry, fn.handle, [POINTER, POINTER],
+                                                  fn.num_regs),
+                         smem.dynamic_bytes, p.grid, p.block)
 
 
 def launch(k: PermuteKernel, source: int, destination: int, stream: int) -> None:

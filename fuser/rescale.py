@@ -16,7 +16,6 @@ shape shares it.
 
 from __future__ import annotations
 
-import threading
 from ctypes import c_int64
 from dataclasses import dataclass
 
@@ -25,6 +24,7 @@ from fuser.device import DeviceSpec
 from fuser.driver import driver
 from fuser.dtypes import DataType
 from fuser.launch import POINTER, EntryLauncher
+from fuser.once import OncePerKey
 
 THREADS = 256
 UNROLL = 4  # vectors in flight per thread
@@ -73,34 +73,24 @@ class RescaleKernel:
     max_blocks: int
 
 
-_loaded: dict[tuple[RescalePlan, int], RescaleKernel] = {}
-_loaded_lock = threading.Lock()
+_loaded: OncePerKey[RescaleKernel] = OncePerKey()
 
 
-def kernel(p: RescalePlan, device_id: int) -> RescaleKernel:
+def _load(p: RescalePlan, device_id: int) -> RescaleKernel:
     """`p`'s kernel, compiled (or read from the kernel cache) and loaded into device
-    `device_id`'s primary context once per process."""
-    found = _loaded.get((p, device_id))
-    if found is not None:
-        return found
+    `device_id`'s primary context: once per process (_loaded)."""
     from fuser.cache import default_cache
 
-    with _loaded_lock:
-        found = _loaded.get((p, device_id))
-        if found is not None:
-            return found
-        spec = DeviceSpec.from_gpu(device_id)
-        image = default_cache().get_or_compile(render(p), p.entry, spec.arch,
-                                               (str(template_dir()),))
-        gpu = driver()
-        with gpu.on_device(device_id):
-            module = gpu.load_module(image.cubin, f"the rescale kernel {p.entry}")
-            fn = gpu.function(module, p.entry)
-        launcher = EntryLauncher(p.entry, fn.handle, [POINTER, POINTER, POINTER, c_int64],
-                                 fn.num_regs)
-        found = _loaded[(p, device_id)] = RescaleKernel(p, launcher,
-                                                        spec.sm_count * BLOCKS_PER_SM)
-        return found
+    spec = DeviceSpec.from_gpu(device_id)
+    image = default_cache().get_or_compile(render(p), p.entry, spec.arch,
+                                           (str(template_dir()),))
+    gpu = driver()
+    with gpu.on_device(device_id):
+        module = gpu.load_module(image.cubin, f"the rescale kernel {p.entry}")
+        fn = gpu.function(module, p.entry)
+    launcher = EntryLauncher(p.entry, fn.handle, [POINTER, POINTER, POINTER, c_int64],
+                             fn.num_regs)
+    return RescaleKernel(p, launcher, spec.sm_count * BLOCKS_PER_SM)
 
 
 def grid(p: RescalePlan, max_blocks: int, n: int) -> int:
@@ -111,8 +101,11 @@ def grid(p: RescalePlan, max_blocks: int, n: int) -> int:
     return max(1, min(max_blocks, -(-n // per_block)))
 
 
-def launch(k: RescaleKernel, data: int, factor: int, not_one: int, n: int, stream: int) -> None:
-    """Scale the `n` elements at `data` by the element at `factor` unless it is one, and write
-    whether it was not (an int, 0 or 1) at `not_one`, on `stream`."""
-    k.launcher(grid(k.plan, k.max_blocks, n), (THREADS, 1), 0, stream, (data, factor, not_one, n))
-
+def launch(dtype: DataType, device_id: int, data: int, factor: int, not_one: int, n: int,
+           stream: int) -> None:
+    """Scale the `n` elements of `dtype` at `data` by the element at `factor` unless it is
+    one, and write whether it was not (an int, 0 or 1) at `not_one`, on `stream` of device
+    `device_id` (its primary context current)."""
+    p = plan(dtype, data)
+    k = _loaded.get((p, device_id), lambda: _load(p, device_id))
+    k.launcher(grid(p, k.max_blocks, n), (THREADS, 1), 0, stream, (data, factor, not_one, n))

@@ -29,6 +29,7 @@ from fuser.driver import DriverError, Function
 from fuser.errors import BadInputError
 from fuser.fusions import FUSIONS, make_inputs
 from fuser.ir import Scalar
+from fuser.once import OncePerKey
 from fuser.schedulers import Hints
 from fuser.signature import Source
 
@@ -114,7 +115,7 @@ def _installed(monkeypatch, fake: RecordingDriver) -> RecordingDriver:
     for module in (executor, loader, calls, launch, tickets, permute, moves):
         monkeypatch.setattr(module, "driver", lambda: fake)
     monkeypatch.setattr(tickets, "_devices", {})
-    monkeypatch.setattr(permute, "_loaded", {})
+    monkeypatch.setattr(permute, "_loaded", OncePerKey())
     monkeypatch.setattr(loader, "_kernels", {})  # launchers hold the driver they were made with
     monkeypatch.setattr(calls, "_kept", {})
     monkeypatch.setattr(DeviceSpec, "from_gpu", staticmethod(lambda d: DeviceSpec.get("h200")))

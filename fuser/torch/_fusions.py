@@ -295,7 +295,6 @@ def rescale(data, factor, record) -> None:
     from fuser.torch._support import fuser_dtype
 
     device = data.device.index
-    k = kernels.kernel(kernels.plan(fuser_dtype(data.dtype), data.data_ptr()), device)
     in_context(device, driver().primary_context(device), True, lambda: kernels.launch(
-        k, data.data_ptr(), factor.data_ptr(), record.data_ptr(), data.numel(),
-        stream_of(True, device)))
+        fuser_dtype(data.dtype), device, data.data_ptr(), factor.data_ptr(), record.data_ptr(),
+        data.numel(), stream_of(True, device)))
