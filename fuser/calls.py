@@ -376,6 +376,12 @@ def in_context(device_id: int, context: int, torch_kind: bool, call: Callable[[]
         return call()
 
 
+def in_primary_context(device_id: int, torch_kind: bool, call: Callable[[], T]) -> T:
+    """call() with device `device_id`'s primary context current (in_context), for a launch
+    of a kernel outside a plan (the rescale kernel of fuser.torch's cross entropy)."""
+    return in_context(device_id, driver().primary_context(device_id), torch_kind, call)
+
+
 def _runtime_device(torch_kind: bool) -> int:
     """The CUDA runtime's current device of this thread, as torch or CuPy reads it."""
     if torch_kind:

@@ -21,6 +21,7 @@ from fuser import (
     loader,
     moves,
     permute,
+    rescale,
     segment,
     tickets,
 )
@@ -38,13 +39,14 @@ torch = pytest.importorskip("torch")
 
 class RecordingDriver:
     """What the executor and the launchers ask of the driver, answered for an H200; each
-    launch is recorded as (function handle, the address of its parameter addresses), each
-    cooperative launch's handle in `cooperative` too, each zeroed buffer in `zeroed`, each
-    allocation of device memory in `allocated` (refused while `out_of_memory`); every stream
-    captures while `capturing`."""
+    launch is recorded as (function handle, the address of its parameter addresses) and its
+    (grid, block, stream) in `configs`, each cooperative launch's handle in `cooperative`
+    too, each zeroed buffer in `zeroed`, each allocation of device memory in `allocated`
+    (refused while `out_of_memory`); every stream captures while `capturing`."""
 
     def __init__(self):
         self.launches: list[tuple[int, int]] = []
+        self.configs: list[tuple[int, int, int]] = []  # each launch's grid, block and stream
         self.handles: dict[str, int] = {}
         self.cooperative: list[int] = []
         self.zeroed: list[int] = []
@@ -93,6 +95,7 @@ class RecordingDriver:
                for i in range(c.numAttrs)):
             self.cooperative.append(function.value)
         self.launches.append((function.value, params.value))
+        self.configs.append((c.gridDimX, c.blockDimX, c.hStream))
         return 0
 
     def stream_capturing(self, stream):
@@ -112,10 +115,11 @@ class RecordingDriver:
 
 def _installed(monkeypatch, fake: RecordingDriver) -> RecordingDriver:
     """`fake` as every module's driver, an H200's spec, CPU tensors passing the checks."""
-    for module in (executor, loader, calls, launch, tickets, permute, moves):
+    for module in (executor, loader, calls, launch, tickets, permute, moves, rescale):
         monkeypatch.setattr(module, "driver", lambda: fake)
     monkeypatch.setattr(tickets, "_devices", {})
     monkeypatch.setattr(permute, "_loaded", OncePerKey())
+    monkeypatch.setattr(rescale, "_loaded", OncePerKey())
     monkeypatch.setattr(loader, "_kernels", {})  # launchers hold the driver they were made with
     monkeypatch.setattr(calls, "_kept", {})
     monkeypatch.setattr(DeviceSpec, "from_gpu", staticmethod(lambda d: DeviceSpec.get("h200")))
@@ -571,3 +575,30 @@ def test_an_input_copied_broadcast_is_made_again_by_each_later_call(gpu, monkeyp
         assert len(made) == calls_made and len(gpu.launches) == calls_made
         assert made[-1].is_contiguous()
         assert torch.equal(made[-1], b[:, None].expand(2, 3, 4, 8))
+
+
+def test_a_cross_entropy_backward_launches_the_rescale_kernel_on_the_calls_stream(gpu,
+                                                                                 monkeypatch):
+    """A loss whose forward wrote the logits' gradient: its backward launches the rescale
+    kernel once, with the gradient's address, the loss gradient's, the factor record's and
+    the element count, on the stream a call of that device goes to, one block per 8192 bf16
+    elements (256 threads, 4 vectors of 8 each)."""
+    import fuser.torch as ft
+    from fuser.torch import _cross_entropy
+
+    monkeypatch.setattr(_cross_entropy._FactorRecord, "_kept", {})
+    x = torch.zeros(33, 1000, dtype=torch.bfloat16, requires_grad=True)
+    loss = ft.cross_entropy(x, torch.arange(33))
+    gpu.launches.clear()
+    gpu.configs.clear()
+    factor = torch.tensor(0.5, dtype=torch.bfloat16)
+    (grad,) = torch.autograd.grad(loss, x, factor)
+    ((function, params),) = gpu.launches
+    assert {h: n for n, h in gpu.handles.items()}[function] == "rescale_bfloat16_v8"
+    addresses = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+    values = [ctypes.cast(addresses[i], ctypes.POINTER(t)).contents.value
+              for i, t in enumerate([ctypes.c_uint64] * 3 + [ctypes.c_int64])]
+    record = _cross_entropy._FactorRecord.of(x).record
+    assert values[0] == grad.data_ptr() and values[2] == record.data_ptr()
+    assert values[3] == 33 * 1000
+    assert len(gpu.configs) == 1 and gpu.configs[0] == (5, 256, 0x77)

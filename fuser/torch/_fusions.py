@@ -289,12 +289,11 @@ def rescale(data, factor, record) -> None:
     of its dtype, on its device) unless that is one, on torch's current stream, and write
     whether it was not (0 or 1) into `record`, an int32 tensor in pinned host memory:
     fuser.rescale's kernel, the one place fuser.torch launches it."""
+    from fuser import calls
     from fuser import rescale as kernels
-    from fuser.calls import in_context, stream_of
-    from fuser.driver import driver
     from fuser.torch._support import fuser_dtype
 
     device = data.device.index
-    in_context(device, driver().primary_context(device), True, lambda: kernels.launch(
+    calls.in_primary_context(device, True, lambda: kernels.launch(
         fuser_dtype(data.dtype), device, data.data_ptr(), factor.data_ptr(), record.data_ptr(),
-        data.numel(), stream_of(True, device)))
+        data.numel(), calls.stream_of(True, device)))
