@@ -32,7 +32,7 @@ from torch.autograd import forward_ad
 
 from fuser.errors import UnsupportedFusionError
 from fuser.torch import _fusions
-from fuser.torch._eager import _plain, dispatcher, eager_backward
+from fuser.torch._eager import dispatcher, eager_backward, plain
 from fuser.torch._support import TORCH_DTYPES, forbid_double_backward, fuser_dtype
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -181,7 +181,7 @@ def _writes_gradient(x: Tensor, reduction: str) -> bool:
     scalar whose gradient the last backward found to be one (or no backward yet), where the
     logits want a gradient and there are rows."""
     return (reduction != "none" and x.requires_grad and torch.is_grad_enabled()
-            and x.shape[0] > 0 and forward_ad._current_level < 0 and _plain(x)
+            and x.shape[0] > 0 and forward_ad._current_level < 0 and plain(x)
             and torch._C._autograd._top_saved_tensors_default_hooks(False) is None
             and not _FactorRecord.of(x).not_one())
 

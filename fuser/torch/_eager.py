@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 def dispatcher(op, impl: Callable, setup: Callable, grads: Callable) -> Callable:
     """A function of the op's arguments: the custom op `op` where anything but autograd must
-    see it (torch.compile, vmap, tracers: _plain), or the first argument is not a plain
+    see it (torch.compile, vmap, tracers: plain), or the first argument is not a plain
     tensor with data (fake, meta, a tensor subclass); else `impl` (the op's implementation),
     bare where autograd records nothing (_differentiated), or under an autograd.Function
     whose context `setup` fills and whose backward is `grads`, the op's own setup_context
@@ -43,7 +43,7 @@ def dispatcher(op, impl: Callable, setup: Callable, grads: Callable) -> Callable
                  {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
     def call(x, *args: Any):
-        if _plain(x):
+        if plain(x):
             if _differentiated(x, args):
                 return eager.apply(x, *args)
             return impl(x, *args)
@@ -66,7 +66,7 @@ def _differentiated(x, args: tuple) -> bool:
     return x.requires_grad or any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
 
-def _plain(x) -> bool:
+def plain(x) -> bool:
     """Whether nothing but autograd stands between the call and the kernels: a plain tensor
     with data, and nothing that must see the op (_watched)."""
     return type(x) is torch.Tensor and not x.is_meta and not _watched()
