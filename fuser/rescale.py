@@ -68,7 +68,6 @@ def render(p: RescalePlan) -> str:
 class RescaleKernel:
     """A loaded rescale kernel: its launcher and the grid's ceiling on its device."""
 
-    plan: RescalePlan
     launcher: EntryLauncher
     max_blocks: int
 
@@ -90,7 +89,7 @@ def _load(p: RescalePlan, device_id: int) -> RescaleKernel:
         fn = gpu.function(module, p.entry)
     launcher = EntryLauncher(p.entry, fn.handle, [POINTER, POINTER, POINTER, c_int64],
                              fn.num_regs)
-    return RescaleKernel(p, launcher, spec.sm_count * BLOCKS_PER_SM)
+    return RescaleKernel(launcher, spec.sm_count * BLOCKS_PER_SM)
 
 
 def grid(p: RescalePlan, max_blocks: int, n: int) -> int:

@@ -28,7 +28,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch_ddp_train as tiny  # noqa: E402
-from test_torch_api import GemmaRMSNorm  # noqa: E402
+from test_torch_api import GRADIENT_IN_FORWARD, TWO_KERNELS, GemmaRMSNorm  # noqa: E402
 
 import fuser.torch as ft  # noqa: E402
 from fuser import DataType  # noqa: E402
@@ -213,9 +213,6 @@ def _loss_and_grad(fn, logits, target, g, **kwargs) -> list:
     logits = logits.detach().requires_grad_()
     loss = fn(logits, target, **kwargs)
     return [loss, *torch.autograd.grad(loss, logits, g.to(loss.dtype).reshape(loss.shape))]
-
-
-GRADIENT_IN_FORWARD, TWO_KERNELS = "_GradientInForwardBackward", "fuser_cross_entropyBackward"
 
 
 def _force_path(monkeypatch, path: str) -> None:

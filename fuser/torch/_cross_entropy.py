@@ -61,19 +61,23 @@ def _row_statistics(x: Tensor, row_sums: bool) -> tuple[Tensor, Tensor | None]:
     return outs[0].view(rows), outs[1].view(rows) if row_sums else None
 
 
-def _loss(lse: Tensor, sums: Tensor | None, logit: Tensor, valid: Tensor, classes: int,
-          smoothing: float, reduction: str) -> Tensor:
+def _count(valid: Tensor, reduction: str) -> Tensor | None:
+    """The rows not ignored, which a mean divides by (None for the other reductions)."""
+    return valid.sum() if reduction == "mean" else None
+
+
+def _loss(lse: Tensor, sums: Tensor | None, logit: Tensor, valid: Tensor, count: Tensor | None,
+          classes: int, smoothing: float, reduction: str) -> Tensor:
     """The loss from each row's log-sum-exp, sum (where labels are smoothed) and target
-    logit, in the compute type: [rows] where reduction is 'none', else a scalar."""
+    logit, in the compute type: [rows] where reduction is 'none', else a scalar (a mean
+    divided by `count`, _count's)."""
     losses = lse - logit
     if sums is not None:
         losses = (1 - smoothing) * losses + smoothing * (lse - sums / classes)
     losses = torch.where(valid, losses, 0)
     if reduction == "none":
         return losses
-    if reduction == "sum":
-        return losses.sum()
-    return losses.sum() / valid.sum()
+    return losses.sum() if count is None else losses.sum() / count
 
 
 def _cross_entropy(x: Tensor, target: Tensor, ignore_index: int, smoothing: float,
@@ -85,15 +89,18 @@ def _cross_entropy(x: Tensor, target: Tensor, ignore_index: int, smoothing: floa
     lse, sums = _row_statistics(x, smoothing > 0)
     valid = target != ignore_index
     _, logit = _picked(x, target, valid, lse.dtype)
-    loss = _loss(lse, sums, logit, valid, x.shape[1], smoothing, reduction)
+    loss = _loss(lse, sums, logit, valid, _count(valid, reduction), x.shape[1], smoothing,
+                 reduction)
     return loss.to(x.dtype), lse
 
 
-def _row_scale(grad: Tensor, valid: Tensor, reduction: str, dtype: torch.dtype) -> Tensor:
-    """The loss's gradient for each row, 0 for an ignored one."""
+def _row_scale(grad: Tensor, valid: Tensor, count: Tensor | None, dtype: torch.dtype
+               ) -> Tensor:
+    """The loss's gradient for each row, 0 for an ignored one (a mean's divided by
+    `count`, _count's)."""
     grad = grad.to(dtype)
-    if reduction == "mean":
-        grad = grad / valid.sum()
+    if count is not None:
+        grad = grad / count
     return torch.where(valid, grad, 0)
 
 
@@ -106,7 +113,7 @@ def _cross_entropy_backward(grad: Tensor, x: Tensor, target: Tensor, lse: Tensor
     if rows == 0:
         return torch.empty_like(x)
     valid = target != ignore_index
-    scale = _row_scale(grad, valid, reduction, lse.dtype)
+    scale = _row_scale(grad, valid, _count(valid, reduction), lse.dtype)
     shift = smoothing / classes
     (out,) = _fusions.run(_fusions.cross_entropy_backward(fuser_dtype(x.dtype)),
                           [x, lse.view(rows, 1), scale.view(rows, 1), shift])
@@ -194,7 +201,8 @@ def _loss_and_gradient(x: Tensor, target: Tensor, ignore_index: int, smoothing: 
     rows, classes = x.shape
     dtype = _compute(x)
     valid = target != ignore_index
-    scale = _row_scale(valid.new_ones((), dtype=dtype), valid, reduction, dtype)
+    count = _count(valid, reduction)
+    scale = _row_scale(valid.new_ones((), dtype=dtype), valid, count, dtype)
     shift = smoothing / classes
     outs = _fusions.run(
         _fusions.cross_entropy_forward_gradient(fuser_dtype(x.dtype), smoothing > 0),
@@ -202,7 +210,7 @@ def _loss_and_gradient(x: Tensor, target: Tensor, ignore_index: int, smoothing: 
     lse, grad = outs[0].view(rows), outs[-1]
     sums = outs[1].view(rows) if smoothing > 0 else None
     index, logit = _picked(x, target, valid, dtype)
-    loss = _loss(lse, sums, logit, valid, classes, smoothing, reduction)
+    loss = _loss(lse, sums, logit, valid, count, classes, smoothing, reduction)
     return loss.to(x.dtype), _with_one_hot(grad, index, logit, lse, scale, shift, smoothing)
 
 

@@ -171,12 +171,14 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
                   ignore_index: int = -100, reduction: str = "mean",
                   label_smoothing: float = 0.0) -> Tensor:
     """torch.nn.functional.cross_entropy of logits `input` [N, C] (or [C]) and class indices
-    `target` [N] (or a scalar), without class weights: the log-sum-exp of each row in one
-    fuser kernel over the logits, their gradient in another (_cross_entropy.py). Logits of
-    more dimensions ([N, C, d1, ...], classes along dim 1, or [B, T, C] flattened by the
-    caller) are refused with the reshape that gives [N, C]. A class index outside [0, C)
-    other than ignore_index fails on the device, in torch's gather, as in torch's own loss
-    (checking it on the host would wait for the GPU every call)."""
+    `target` [N] (or a scalar), without class weights: one fuser kernel over the logits for
+    the log-sum-exp of each row, which also writes their gradient where the loss is reduced
+    and the logits want one, else another kernel writes it in the backward
+    (_cross_entropy.py). Logits of more dimensions ([N, C, d1, ...], classes along dim 1,
+    or [B, T, C] flattened by the caller) are refused with the reshape that gives [N, C]. A
+    class index outside [0, C) other than ignore_index fails on the device, in torch's
+    gather, as in torch's own loss (checking it on the host would wait for the GPU every
+    call)."""
     where = "fuser.torch.cross_entropy"
     check_float(where, "input", input)
     if weight is not None:
@@ -205,5 +207,5 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
                             f"move target to {input.device}")
     rows = input.reshape(-1, input.shape[-1])
     loss = _cross_entropy.apply_cross_entropy(rows, target.reshape(-1), int(ignore_index),
-                                                 float(label_smoothing), reduction)
+                                              float(label_smoothing), reduction)
     return loss.reshape(()) if reduction == "none" and input.dim() == 1 else loss
