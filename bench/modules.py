@@ -1,7 +1,7 @@
 """Module-level bandwidth: fuser.torch's modules against torch.nn's, eager and compiled, and
 Liger-Kernel's, called as a model calls them.
 
-    PYTHONPATH=. python3 bench/modules.py [--module rmsnorm,layernorm,softmax,cross_entropy]
+    PYTHONPATH=. python3 bench/modules.py [--module rmsnorm,layernorm,softmax,cross_entropy,...]
         [--hidden 1024,4096,...] [--rows 16384] [--dtype bf16] [--no-compile] [--out DIR]
 
 For each module and hidden size, two passes on [rows, hidden] inputs:
@@ -14,11 +14,15 @@ reads the logits alone; in `forward` it writes their gradient too), and `train_s
 train pass for a loss gradient of 0.5, as a loss scaled for gradient accumulation (fuser's
 forward then leaves the gradient to its backward, after the first call).
 
-Implementations: `fuser` (fuser.torch.RMSNorm / LayerNorm / Softmax / CrossEntropyLoss),
-`eager` (torch.nn's module), `compile` (torch.compile of torch.nn's module, default mode,
-dynamic=False, compiled afresh per size), `liger` (Liger-Kernel's LigerRMSNorm /
-LigerLayerNorm / LigerSoftmax / LigerCrossEntropyLoss with their defaults, LigerRMSNorm's
-in_place off, where liger_kernel imports), and `copy` (a device copy of the same bytes, the
+Modules: rmsnorm, layernorm, softmax and log_softmax (over the last dim), softmax_dim0 (over
+the rows: one outer kernel each way in fuser), cross_entropy.
+
+Implementations: `fuser` (fuser.torch.RMSNorm / LayerNorm / Softmax / LogSoftmax /
+CrossEntropyLoss), `eager` (torch.nn's module), `compile` (torch.compile of torch.nn's
+module, default mode, dynamic=False, compiled afresh per size), `liger` (Liger-Kernel's
+LigerRMSNorm / LigerLayerNorm / LigerSoftmax / LigerCrossEntropyLoss with their defaults,
+LigerRMSNorm's in_place off, where liger_kernel imports; it has no log_softmax and no softmax
+over dim 0), and `copy` (a device copy of the same bytes, the
 ceiling). `cross_entropy` is the mean loss of logits x [rows, hidden] (hidden classes) for
 random class indices, a scalar whose gradient is 1 in `train`; Liger's loss writes the
 logits' gradient over the logits in its forward, so it runs last. Every module has the same
@@ -60,11 +64,12 @@ from bench.run import (
     write_report,
 )
 
-MODULES = ("rmsnorm", "layernorm", "softmax", "cross_entropy")
+MODULES = ("rmsnorm", "layernorm", "softmax", "log_softmax", "softmax_dim0", "cross_entropy")
+SOFTMAX_DIMS = {"softmax": -1, "log_softmax": -1, "softmax_dim0": 0}
 PASSES = ("forward", "train")
 LOSS_PASSES = ("infer", "forward", "train", "train_scaled")  # cross_entropy's (docstring)
 DEFAULT_HIDDEN = (1024, 4096, 8192, 16384, 32768)
-PARAMETERS = {"rmsnorm": 1, "layernorm": 2, "softmax": 0, "cross_entropy": 0}  # [hidden] ones
+PARAMETERS = {"rmsnorm": 1, "layernorm": 2, "cross_entropy": 0, **dict.fromkeys(SOFTMAX_DIMS, 0)}
 RMS_EPS, LN_EPS = 1e-6, 1e-5
 
 
@@ -108,7 +113,9 @@ def torch_module(module: str, hidden: int):
         return torch.nn.RMSNorm(hidden, eps=RMS_EPS)
     if module == "layernorm":
         return torch.nn.LayerNorm(hidden, eps=LN_EPS)
-    return torch.nn.Softmax(dim=-1)
+    if module == "log_softmax":
+        return torch.nn.LogSoftmax(dim=-1)
+    return torch.nn.Softmax(dim=SOFTMAX_DIMS[module])
 
 
 def fuser_module(module: str, hidden: int):
@@ -120,7 +127,9 @@ def fuser_module(module: str, hidden: int):
         return ft.RMSNorm(hidden, eps=RMS_EPS)
     if module == "layernorm":
         return ft.LayerNorm(hidden, eps=LN_EPS)
-    return ft.Softmax(dim=-1)
+    if module == "log_softmax":
+        return ft.LogSoftmax(dim=-1)
+    return ft.Softmax(dim=SOFTMAX_DIMS[module])
 
 
 def liger_module(module: str, hidden: int):
@@ -243,7 +252,7 @@ def bench_size(module: str, hidden: int, args, timer) -> dict[str, dict]:
     makers = {"fuser": fuser_module, "eager": torch_module, "compile": torch_module,
               "liger": liger_module}
     for impl, make in makers.items():
-        skipped = _skipped(impl, args)
+        skipped = _skipped(impl, module, args)
         if skipped:
             for entry in entries.values():
                 entry["impls"][impl] = {"skipped": skipped}
@@ -276,10 +285,12 @@ def _made(make, module: str, hidden: int, target):
     return m if target is None else _targeted(m, target)
 
 
-def _skipped(impl: str, args) -> str | None:
+def _skipped(impl: str, module: str, args) -> str | None:
     """Why `impl` is not measured, or None."""
     if impl == "compile" and args.no_compile:
         return "--no-compile"
+    if impl == "liger" and module in ("log_softmax", "softmax_dim0"):
+        return f"Liger-Kernel has no {module} module"
     if impl == "liger":
         try:
             import liger_kernel  # noqa: F401

@@ -454,7 +454,9 @@ def test_module_pass_bytes():
     assert pass_bytes("rmsnorm", "forward", 4, 8, 2) == (2 * 4 * 8 + 8) * 2
     assert pass_bytes("rmsnorm", "train", 4, 8, 2) == (5 * 4 * 8 + 3 * 8) * 2
     assert pass_bytes("layernorm", "train", 4, 8, 4) == (5 * 4 * 8 + 3 * 2 * 8) * 4
-    assert pass_bytes("softmax", "forward", 4, 8, 2) == 2 * 4 * 8 * 2
+    for softmax in ("softmax", "log_softmax", "softmax_dim0"):
+        assert pass_bytes(softmax, "forward", 4, 8, 2) == 2 * 4 * 8 * 2
+        assert pass_bytes(softmax, "train", 4, 8, 2) == 5 * 4 * 8 * 2
     # cross entropy: the logits; the logits and their gradient
     for pass_ in ("infer", "forward"):
         assert pass_bytes("cross_entropy", pass_, 4, 8, 2) == 4 * 8 * 2

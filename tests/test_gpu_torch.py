@@ -140,15 +140,37 @@ def test_float16_norms_and_softmax(kind):
                              outputs_and_grads(torch.nn.Softmax(-1), x.double(), g.double()))
 
 
+SOFTMAX_MODULES = {"softmax": (ft.Softmax, torch.nn.Softmax),
+                   "log_softmax": (ft.LogSoftmax, torch.nn.LogSoftmax)}
+
+
 @pytest.mark.parametrize("dim", [-1, 0])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_softmax_matches_torch(shape, dtype, dim):
+@pytest.mark.parametrize("kind", list(SOFTMAX_MODULES))
+def test_softmax_matches_torch(kind, shape, dtype, dim):
+    ours, theirs = SOFTMAX_MODULES[kind]
     x = 4 * torch.randn(shape, device="cuda", dtype=dtype)
     g = torch.randn(shape, device="cuda", dtype=dtype)
-    assert_as_close_as_torch(outputs_and_grads(ft.Softmax(dim), x, g),
-                             outputs_and_grads(torch.nn.Softmax(dim), x, g),
-                             outputs_and_grads(torch.nn.Softmax(dim), x.double(), g.double()))
+    assert_as_close_as_torch(outputs_and_grads(ours(dim), x, g),
+                             outputs_and_grads(theirs(dim), x, g),
+                             outputs_and_grads(theirs(dim), x.double(), g.double()))
+
+
+@pytest.mark.parametrize(("shape", "dim"), [((8, 1024, 512), 1), ((3, 7, 1000), 1),
+                                            ((2, 3, 4099, 5), 2), ((4, 1, 9), 1),
+                                            ((1000, 3, 2), 1), ((2, 300000, 8), 1)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("kind", list(SOFTMAX_MODULES))
+def test_softmax_along_a_middle_dim_matches_torch(kind, shape, dtype, dim):
+    """One outer kernel per pass, a grid row of clusters per group of the dims before `dim`
+    (and the segments of a dim too tall to keep on chip, 300000)."""
+    ours, theirs = SOFTMAX_MODULES[kind]
+    x = 4 * torch.randn(shape, device="cuda", dtype=dtype)
+    g = torch.randn(shape, device="cuda", dtype=dtype)
+    assert_as_close_as_torch(outputs_and_grads(ours(dim), x, g),
+                             outputs_and_grads(theirs(dim), x, g),
+                             outputs_and_grads(theirs(dim), x.double(), g.double()))
 
 
 @pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")
@@ -330,6 +352,8 @@ def test_gradcheck_float64():
                                     label_smoothing=0.1), (x,)),
         (lambda x: ft.softmax(x, -1), (x,)),
         (lambda x: ft.softmax(x, 0), (x,)),
+        (lambda x: ft.log_softmax(x, -1), (x,)),
+        (lambda x: ft.log_softmax(x.reshape(4, 3, 11), 1), (x,)),
         (lambda x, r, w: dropped(ft.dropout_add_rms_norm, x, r, 33, w), (x, r, w)),
         (lambda x, w: dropped(ft.dropout_add_rms_norm, x, None, 33, w), (x, w)),
         (lambda x, r, w, b: dropped(ft.dropout_add_layer_norm, x, r, 33, w, b), (x, r, w, b)),

@@ -126,9 +126,11 @@ def test_dropout_add_modules_have_torchs_parameters():
     assert "p=0.1" in repr(rms)
 
 
-def test_softmax_module_defaults_to_the_last_dim():
+def test_softmax_modules_default_to_the_last_dim():
     assert ft.Softmax().dim == -1 and ft.Softmax(1).dim == 1
     assert isinstance(ft.Softmax(), torch.nn.Softmax)
+    assert ft.LogSoftmax().dim == -1 and ft.LogSoftmax(0).dim == 0
+    assert isinstance(ft.LogSoftmax(), torch.nn.LogSoftmax)
 
 
 # ----- numerics of the fusions (run by the oracle) against torch's modules -----
@@ -173,16 +175,51 @@ def test_multi_dim_normalized_shape(oracle):
     assert torch.autograd.gradcheck(lambda x, w, b: ft.layer_norm(x, (4, 5), w, b), (x, w, b))
 
 
+SOFTMAXES = {"softmax": (ft.softmax, torch.softmax, ft.Softmax, torch.nn.Softmax),
+             "log_softmax": (ft.log_softmax, torch.log_softmax, ft.LogSoftmax,
+                             torch.nn.LogSoftmax)}
+
+
 @pytest.mark.parametrize("dim", [-1, 0, 1, 2])
-def test_softmax_matches_torch_along_any_dim(oracle, dim):
+@pytest.mark.parametrize("kind", list(SOFTMAXES))
+def test_softmax_matches_torch_along_any_dim(oracle, kind, dim):
+    ours, theirs, our_module, their_module = SOFTMAXES[kind]
     x = torch.randn(3, 4, 5, dtype=F64, requires_grad=True)
-    y = ft.softmax(x, dim)
-    torch.testing.assert_close(y, torch.softmax(x, dim))
+    y = ours(x, dim)
+    torch.testing.assert_close(y, theirs(x, dim))
     assert y.is_contiguous()
-    assert torch.autograd.gradcheck(lambda x: ft.softmax(x, dim), (x,))
-    torch.testing.assert_close(ft.Softmax(dim)(x), torch.nn.Softmax(dim)(x))
-    torch.testing.assert_close(ft.softmax(x.float(), dim, dtype=F64), torch.softmax(
-        x.float(), dim, dtype=F64))
+    assert torch.autograd.gradcheck(lambda x: ours(x, dim), (x,))
+    torch.testing.assert_close(our_module(dim)(x), their_module(dim)(x))
+    torch.testing.assert_close(ours(x.float(), dim, dtype=F64), theirs(x.float(), dim,
+                                                                      dtype=F64))
+
+
+@pytest.mark.parametrize("kind", list(SOFTMAXES))
+@pytest.mark.parametrize(("shape", "dim", "operand"), [
+    ((6, 16), 1, (6, 16)), ((2, 3, 16), -1, (6, 16)), ((6, 16), 0, (1, 6, 16)),
+    ((2, 3, 4, 5), 1, (2, 3, 20)), ((2, 3, 4, 1, 1), 2, (6, 4)), ((7,), 0, (1, 7)),
+    ((1, 5, 1), 1, (1, 5)), ((), 0, (1, 1)), ((3, 1, 4), 1, (3, 1, 4))], ids=str)
+def test_softmax_runs_on_its_operand_in_place_one_fusion_a_pass(oracle, monkeypatch, kind,
+                                                                shape, dim, operand):
+    """Along the last dim (or a dim whose later dims are all of size 1) the fusion takes rows
+    [N, H]; along another, [G, N, H] around the dim, normalized along N in each group: one
+    fusion forward and one backward on views of x, y and dy, no moved copies, bf16 kept to
+    the fusion and its output in x's shape."""
+    ours, theirs = SOFTMAXES[kind][:2]
+    ran = []
+    monkeypatch.setattr(_fusions, "run", lambda fd, inputs: ran.append(
+        (fd.name, [tuple(t.shape) for t in inputs])) or run_on_oracle(fd, inputs))
+    x = torch.randn(shape, dtype=torch.bfloat16, requires_grad=True)
+    y = ours(x, dim)
+    (grad,) = torch.autograd.grad(y, x, torch.ones_like(y))
+    rank = 3 if len(operand) == 3 else 2
+    assert [(name.startswith(kind + ("_columns" if rank == 3 else "_")), shapes)
+            for name, shapes in ran] == [(True, [operand]), (True, [operand, operand])]
+    assert y.shape == grad.shape == x.shape and y.dtype == torch.bfloat16
+    want = theirs(x.double(), dim)
+    (want_grad,) = torch.autograd.grad(want, x, torch.ones_like(want))
+    torch.testing.assert_close(y.double(), want, atol=8e-3, rtol=8e-3)
+    torch.testing.assert_close(grad.double(), want_grad.double(), atol=3e-2, rtol=3e-2)
 
 
 def test_rms_norm_default_eps_is_torchs(oracle):
@@ -646,8 +683,11 @@ def _op_cases():
         (ops.layer_norm.default, (xg, None, None, None, bg, 1.0, 1e-5)),
         (ops.layer_norm.default, (xg, mask, rg, wg, bg, 1 / 0.7, 1e-5)),
         (ops.layer_norm.default, (xg, None, rg, wg, None, 1.0, 1e-5)),
-        (ops.softmax.default, (xg,)),
-        (ops.softmax.default, (xb,)),
+        (ops.softmax.default, (xg, 1, False)),
+        (ops.softmax.default, (xb, 1, False)),
+        (ops.softmax.default, (xg, 0, True)),
+        (ops.softmax.default, (xg.reshape(2, 3, 16).detach().requires_grad_(), 1, False)),
+        (ops.softmax.default, (xb.reshape(2, 3, 16), 2, True)),
         (ops.cross_entropy.default, (xg, torch.tensor([3, 0, -100, 15, 1, 2]), -100, 0.0,
                                      "mean")),
         (ops.cross_entropy.default, (xb, torch.tensor([3, 0, 4, 15, 1, 2]), -100, 0.1,
@@ -674,7 +714,11 @@ def test_backward_ops_opcheck(oracle):
     torch.library.opcheck(ops.layer_norm_backward.default, (dy, None, x, None, None, mean,
                                                             rstd_ln, w, torch.float32, 1.0,
                                                             True))
-    torch.library.opcheck(ops.softmax_backward.default, (dy, torch.softmax(x, -1)))
+    for dim in (0, 1):
+        torch.library.opcheck(ops.softmax_backward.default, (dy, torch.softmax(x, dim), dim,
+                                                             False))
+        torch.library.opcheck(ops.softmax_backward.default, (dy, torch.log_softmax(x, dim), dim,
+                                                             True))
     target = torch.tensor([3, 0, -100, 15, 1, 2])
     _, lse = ops.cross_entropy(x, target, -100, 0.1, "none")
     torch.library.opcheck(ops.cross_entropy_backward.default,
@@ -689,12 +733,13 @@ def test_fake_and_meta_tensors_give_shapes_without_running():
         y = ft.RMSNorm(64, dtype=torch.float32)(x)
         y2, h = ft.DropoutAddLayerNorm(64, p=0.1)(x, x)
         s = ft.softmax(x, 1)
+        ls = ft.log_softmax(x, -1)
         loss = ft.cross_entropy(x.reshape(6, 64), torch.zeros(6, dtype=torch.int64))
         losses = ft.cross_entropy(x.reshape(6, 64), torch.zeros(6, dtype=torch.int64),
                                   reduction="none")
     assert (loss.shape, loss.dtype, losses.shape) == ((), torch.bfloat16, (6,))
     assert (y.shape, y.dtype) == ((2, 3, 64), torch.bfloat16)
-    assert y2.shape == h.shape == (2, 3, 64) and s.shape == (2, 3, 64)
+    assert y2.shape == h.shape == (2, 3, 64) and s.shape == ls.shape == (2, 3, 64)
     meta = ft.LayerNorm(64, device="meta")(torch.empty(5, 64, device="meta"))
     assert meta.device.type == "meta" and meta.shape == (5, 64)
 
@@ -718,7 +763,8 @@ def test_saved_tensors_are_the_minimum(oracle):
     saved.clear()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         ft.softmax(x, -1)
-    assert saved == [(6, 16)]
+        ft.log_softmax(x, 0)
+    assert saved == [(6, 16), (6, 16)]
 
 
 def test_double_backward_raises_a_fuser_error(oracle):
@@ -805,6 +851,9 @@ def test_compile_aot_matches_eager(oracle):
     (lambda: ft.softmax(torch.ones(2, 4), 2), r"dim=2 .* pass an int from -2 to 1"),
     (lambda: ft.softmax(torch.ones(2, 4), None), r"dim=None"),
     (lambda: ft.softmax(torch.ones(2, 4, dtype=torch.complex64), -1), r"complex64"),
+    (lambda: ft.softmax(torch.ones(2, 4), True), r"dim=True .* pass an int from -2 to 1"),
+    (lambda: ft.log_softmax(torch.ones(2, 4), -3), r"log_softmax: dim=-3 .* from -2 to 1"),
+    (lambda: ft.log_softmax(torch.ones(2, 4), 0, dtype=torch.int32), r"torch.int32"),
     (lambda: ft.dropout_add_rms_norm(torch.ones(2, 4), None, 4, p=1.5),
      r"p=1.5; it must be in \[0, 1\]"),
     (lambda: ft.dropout_add_rms_norm(torch.ones(2, 4), torch.ones(4), 4),
@@ -862,14 +911,18 @@ def _fusion_cases() -> list:
             cases.append(pytest.param(lambda spec=spec, affine=affine: _fusions.norm_backward(
                 spec, affine), id=f"{spec.name('bwd')}-{spec}-{affine}"))
     for dtype in (DataType.BFloat16, DataType.Half, DataType.Float, DataType.Double):
-        cases.append(pytest.param(lambda d=dtype: _fusions.softmax_forward(d),
-                                  id=f"softmax-{dtype}"))
+        for log in (False, True):
+            for columns in (False, True):
+                cases.append(pytest.param(
+                    lambda d=dtype, log=log, columns=columns: _fusions.softmax_forward(
+                        d, log, columns), id=f"softmax-{dtype}-log{log}-columns{columns}"))
+                cases.append(pytest.param(
+                    lambda d=dtype, log=log, columns=columns: _fusions.softmax_backward(
+                        d, d, log, columns), id=f"softmax-bwd-{dtype}-log{log}-columns{columns}"))
         cases.append(pytest.param(lambda d=dtype: _fusions.logsumexp_forward(d, True),
                                   id=f"logsumexp-{dtype}"))
         cases.append(pytest.param(lambda d=dtype: _fusions.cross_entropy_backward(d),
                                   id=f"cross-entropy-bwd-{dtype}"))
-        cases.append(pytest.param(lambda d=dtype: _fusions.softmax_backward(d, d),
-                                  id=f"softmax-bwd-{dtype}"))
     return cases
 
 
@@ -878,6 +931,7 @@ def test_fusion_builds_offline(build):
     fd = build()
     rows, hidden = 7, 24578
     shapes = [None if not isinstance(v, FusionTensor) else (hidden,) if v.ndim == 1
+              else (3, rows, hidden) if v.ndim == 3
               else (rows, 1) if v.dims[1] is None or v.contiguity[1] is None else (rows, hidden)
               for v in fd.fusion.inputs]
     report = explain(fd, shapes, device="h200")

@@ -26,6 +26,7 @@ from fuser.torch.functional import (
     gemma_rms_norm,
     hf_rms_norm,
     layer_norm,
+    log_softmax,
     rms_norm,
     softmax,
 )
@@ -36,6 +37,7 @@ from fuser.torch.modules import (
     GemmaRMSNorm,
     HFRMSNorm,
     LayerNorm,
+    LogSoftmax,
     RMSNorm,
     Softmax,
 )
@@ -48,6 +50,7 @@ __all__ = [
     "GemmaRMSNorm",
     "HFRMSNorm",
     "LayerNorm",
+    "LogSoftmax",
     "RMSNorm",
     "Replacement",
     "Softmax",
@@ -57,6 +60,7 @@ __all__ = [
     "gemma_rms_norm",
     "hf_rms_norm",
     "layer_norm",
+    "log_softmax",
     "patch",
     "rms_norm",
     "softmax",

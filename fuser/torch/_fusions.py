@@ -185,30 +185,59 @@ def norm_backward(spec: NormSpec, affine_grads: bool) -> FusionDefinition:
     return fd
 
 
+def _operand(fd: FusionDefinition, dtype: DataType, columns: bool):
+    """A softmax's operand: [N, H] normalized along its rows (along H), or, for `columns`,
+    [G, N, H] normalized along N in each of G groups (torch's dim with the dims before it
+    flattened into G and those after it into H), which fuser runs as one outer kernel with a
+    grid row of clusters per group, reading x where it lies."""
+    rank = 3 if columns else 2
+    return fd.define_tensor(shape=[-1] * rank, contiguity=[True] * rank, dtype=dtype)
+
+
+def _spread(fd: FusionDefinition, t, like):
+    """A statistic reduced with keepdim ([N, 1], or [G, 1, H]) broadcast to `like`'s shape."""
+    return fd.ops.broadcast_in_dim(t, shape=like.shape(), broadcast_dims=list(range(like.ndim)))
+
+
+def _softmax_name(kind: str, dtype: DataType, log: bool, columns: bool) -> str:
+    return f"{'log_' if log else ''}softmax{'_columns' if columns else ''}_{kind}_{_SHORT[dtype]}"
+
+
 @cache
-def softmax_forward(dtype: DataType) -> FusionDefinition:
-    """x [N, H] -> softmax over H (max-subtracted), in x's dtype."""
+def softmax_forward(dtype: DataType, log: bool = False, columns: bool = False) -> FusionDefinition:
+    """softmax of x along its normalized axis (_operand), max-subtracted, in x's dtype; for
+    `log`, log_softmax: (x - max) - log(sum(exp(x - max))), as torch computes it."""
     c = compute_type(dtype)
-    with FusionDefinition(f"softmax_fwd_{_SHORT[dtype]}") as fd:
-        x = _matrix(fd, dtype)
+    with FusionDefinition(_softmax_name("fwd", dtype, log, columns)) as fd:
+        x = _operand(fd, dtype, columns)
         xf = fd.ops.cast(x, c)
-        e = fd.ops.exp(fd.ops.sub(xf, _row(fd, fd.ops.max(xf, dims=[1], keepdim=True), x)))
+        shifted = fd.ops.sub(xf, _spread(fd, fd.ops.max(xf, dims=[1], keepdim=True), x))
+        e = fd.ops.exp(shifted)
         s = fd.ops.sum(e, dims=[1], keepdim=True)
-        fd.add_output(fd.ops.cast(fd.ops.div(e, _row(fd, s, x)), dtype))
+        y = (fd.ops.sub(shifted, _spread(fd, fd.ops.log(s), x)) if log
+             else fd.ops.div(e, _spread(fd, s, x)))
+        fd.add_output(fd.ops.cast(y, dtype))
     return fd
 
 
 @cache
-def softmax_backward(y_dtype: DataType, dy_dtype: DataType) -> FusionDefinition:
-    """y [N, H] (softmax's output), dy [N, H] -> grad_x = y * (dy - sum(dy * y)), in y's
-    dtype."""
+def softmax_backward(y_dtype: DataType, dy_dtype: DataType, log: bool = False,
+                     columns: bool = False) -> FusionDefinition:
+    """y (softmax's output), dy -> grad_x = y * (dy - sum(dy * y)), or for `log` (y is
+    log_softmax's output) grad_x = dy - exp(y) * sum(dy), sums along the normalized axis, in
+    y's dtype."""
     c = compute_type(y_dtype, dy_dtype)
-    with FusionDefinition(f"softmax_bwd_{_SHORT[y_dtype]}") as fd:
-        y = _matrix(fd, y_dtype)
+    with FusionDefinition(_softmax_name("bwd", y_dtype, log, columns)) as fd:
+        y = _operand(fd, y_dtype, columns)
         yf = fd.ops.cast(y, c)
-        dy = fd.ops.cast(_matrix(fd, dy_dtype), c)
-        dot = fd.ops.sum(fd.ops.mul(dy, yf), dims=[1], keepdim=True)
-        fd.add_output(fd.ops.cast(fd.ops.mul(yf, fd.ops.sub(dy, _row(fd, dot, y))), y_dtype))
+        dy = fd.ops.cast(_operand(fd, dy_dtype, columns), c)
+        if log:
+            total = fd.ops.sum(dy, dims=[1], keepdim=True)
+            dx = fd.ops.sub(dy, fd.ops.mul(fd.ops.exp(yf), _spread(fd, total, y)))
+        else:
+            dot = fd.ops.sum(fd.ops.mul(dy, yf), dims=[1], keepdim=True)
+            dx = fd.ops.mul(yf, fd.ops.sub(dy, _spread(fd, dot, y)))
+        fd.add_output(fd.ops.cast(dx, y_dtype))
     return fd
 
 

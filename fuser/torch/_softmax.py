@@ -1,8 +1,17 @@
-"""The softmax ops: fuser::softmax over the last dimension of a [rows, hidden] tensor and its
-backward, grad_x = y * (dy - sum(dy * y)), which reads only the saved output y and dy;
-apply_softmax calls them (the op under torch.compile, else an autograd.Function: _eager.py)."""
+"""The softmax ops: fuser::softmax (softmax or log_softmax of x along `dim`) and its backward,
+which reads only the saved output y and dy: grad_x = y * (dy - sum(dy * y)) for softmax,
+dy - exp(y) * sum(dy) for log_softmax. apply_softmax calls them (the op under torch.compile,
+else an autograd.Function: _eager.py).
+
+Along the last dim (or one whose later dims are all of size 1) x is rows [N, H] for the row
+kernels. Along another dim x is [G, N, H] (the dims before it flattened into G, those after
+it into H), normalized along N in each group by one outer kernel that reads x and writes y
+where they lie: no copy of x moved to rows and of y moved back.
+"""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -14,28 +23,45 @@ from fuser.torch._fusions import softmax_forward as _forward_fusion
 from fuser.torch._support import forbid_double_backward, fuser_dtype
 
 
-def _run(fd, x: Tensor, inputs: list[Tensor]) -> Tensor:
-    if x.shape[0] == 0:  # fuser refuses empty tensors; a batch of no rows has nothing to do
-        return torch.empty_like(x, memory_format=torch.contiguous_format)
-    return _fusions.run(fd, [t.contiguous() for t in inputs])[0]
+def _operand_shape(shape: torch.Size, dim: int) -> tuple[int, ...]:
+    """x's shape as the fusions' operand for a softmax along `dim`: [N, H] rows where no dim
+    after `dim` is longer than one, else [G, N, H] (_fusions._operand)."""
+    groups, along, after = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
+    return (groups, along) if after == 1 else (groups, along, after)
 
 
-def _softmax(x: Tensor) -> Tensor:
-    """Softmax over the last dimension of x [rows, hidden], in x's dtype."""
-    return _run(_forward_fusion(fuser_dtype(x.dtype)), x, [x])
+def _run(forward: bool, tensors: list[Tensor], dim: int, log: bool) -> Tensor:
+    """The fusion of `tensors` (x, or y and dy) viewed as its operand; the output in y's
+    shape, contiguous."""
+    like = tensors[0]
+    if like.numel() == 0:  # fuser refuses empty tensors: nothing to normalize
+        return torch.empty_like(like, memory_format=torch.contiguous_format)
+    shape = _operand_shape(like.shape, dim)
+    columns = len(shape) == 3
+    dtypes = [fuser_dtype(t.dtype) for t in tensors]
+    fd = (_forward_fusion(dtypes[0], log, columns) if forward
+          else _backward_fusion(dtypes[0], dtypes[1], log, columns))
+    return _fusions.run(fd, [t.contiguous().view(shape) for t in tensors])[0].view(like.shape)
+
+
+def _softmax(x: Tensor, dim: int, log: bool) -> Tensor:
+    """Softmax (log_softmax where `log`) of x along `dim` (0 to x.dim() - 1), in x's
+    dtype."""
+    return _run(True, [x], dim, log)
 
 
 softmax = torch.library.custom_op("fuser::softmax", _softmax, mutates_args=())
 
 
 @softmax.register_fake
-def _(x):
+def _(x, dim, log):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-def _softmax_backward(dy: Tensor, y: Tensor) -> Tensor:
-    """grad_x of softmax from its output y and y's gradient dy, in y's dtype."""
-    return _run(_backward_fusion(fuser_dtype(y.dtype), fuser_dtype(dy.dtype)), y, [y, dy])
+def _softmax_backward(dy: Tensor, y: Tensor, dim: int, log: bool) -> Tensor:
+    """grad_x of softmax (log_softmax where `log`) along `dim` from its output y and y's
+    gradient dy, in y's dtype."""
+    return _run(False, [y, dy], dim, log)
 
 
 softmax_backward = torch.library.custom_op("fuser::softmax_backward", _softmax_backward,
@@ -43,17 +69,19 @@ softmax_backward = torch.library.custom_op("fuser::softmax_backward", _softmax_b
 
 
 @softmax_backward.register_fake
-def _(dy, y):
+def _(dy, y, dim, log):
     return torch.empty_like(y, memory_format=torch.contiguous_format)
 
 
 def _setup(ctx, inputs, output) -> None:
+    _, ctx.dim, ctx.log = inputs
     ctx.save_for_backward(output)
 
 
 def _grads(ctx, dy):
     (y,) = ctx.saved_tensors
-    return eager_backward(ctx, softmax_backward, _softmax_backward)(dy, y)
+    dx = eager_backward(ctx, softmax_backward, _softmax_backward)(dy, y, ctx.dim, ctx.log)
+    return dx, None, None
 
 
 softmax.register_autograd(_grads, setup_context=_setup)

@@ -1,12 +1,12 @@
-"""fuser.torch's functions: torch.nn.functional's rms_norm, layer_norm, softmax and
-cross_entropy, Hugging Face's Llama and Gemma RMSNorms, and the dropout + residual add + norm
-of pre-norm transformer blocks, on fuser's kernels.
+"""fuser.torch's functions: torch.nn.functional's rms_norm, layer_norm, softmax, log_softmax
+and cross_entropy, Hugging Face's Llama and Gemma RMSNorms, and the dropout + residual add +
+norm of pre-norm transformer blocks, on fuser's kernels.
 
 Each checks its arguments (a FuserError naming the value and what is allowed), flattens the
-leading dimensions into rows and calls a fuser op (_ops.py, _softmax.py, _cross_entropy.py);
-the reshapes are torch ops, so autograd and torch.compile see through them. Dropout masks
-come from torch's default generator (torch.manual_seed makes them repeatable; torch.compile
-draws them its own way).
+leading dimensions into rows (softmax's op views x around its dim itself) and calls a fuser op
+(_ops.py, _softmax.py, _cross_entropy.py); the reshapes are torch ops, so autograd and
+torch.compile see through them. Dropout masks come from torch's default generator
+(torch.manual_seed makes them repeatable; torch.compile draws them its own way).
 """
 
 from __future__ import annotations
@@ -150,21 +150,31 @@ def dropout_add_layer_norm(x: Tensor, residual: Tensor | None, normalized_shape,
     return _reshaped(y, x.shape), _reshaped(h, x.shape)
 
 
-def softmax(x: Tensor, dim: int | None, dtype: torch.dtype | None = None) -> Tensor:
-    """torch.softmax(x, dim, dtype). fuser normalizes along the last dimension: another dim
-    is moved last and back, each a copy (a contiguous output, as torch's)."""
-    where = "fuser.torch.softmax"
+def _softmax_along(where: str, x: Tensor, dim, dtype: torch.dtype | None, log: bool) -> Tensor:
+    """softmax's and log_softmax's shared body: x cast to `dtype` (as torch's dtype argument
+    does), the checks, then the op along dim, in place in x's layout (a contiguous output, as
+    torch's)."""
     x = x if dtype is None else x.to(dtype)
     check_float(where, "input", x)
     ndim = max(x.dim(), 1)
-    if not isinstance(dim, int) or not -ndim <= dim < ndim:
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -ndim <= dim < ndim:
         raise BadInputError(f"{where}: dim={dim!r} for an input of {x.dim()} dimensions; pass "
                             f"an int from {-ndim} to {ndim - 1}")
-    dim %= ndim
-    if dim != ndim - 1:
-        return softmax(x.movedim(dim, -1), -1).movedim(-1, dim).contiguous()
-    y = _softmax.apply_softmax(x if x.dim() == 2 else x.reshape(-1, x.shape[-1] if x.dim() else 1))
-    return _reshaped(y, x.shape)
+    if x.dim() == 0:
+        return _softmax.apply_softmax(x.reshape(1), 0, log).reshape(())
+    return _softmax.apply_softmax(x, dim % ndim, log)
+
+
+def softmax(x: Tensor, dim: int | None, dtype: torch.dtype | None = None) -> Tensor:
+    """torch.softmax(x, dim, dtype). Along the last dim x is rows for the row kernels; along
+    another, one outer kernel normalizes x where it lies (fuser/torch/_softmax.py)."""
+    return _softmax_along("fuser.torch.softmax", x, dim, dtype, log=False)
+
+
+def log_softmax(x: Tensor, dim: int | None, dtype: torch.dtype | None = None) -> Tensor:
+    """torch.log_softmax(x, dim, dtype): (x - max) - log(sum(exp(x - max))) along dim, its
+    backward from the output alone (dy - exp(y) * sum(dy)), as softmax."""
+    return _softmax_along("fuser.torch.log_softmax", x, dim, dtype, log=True)
 
 
 def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,

@@ -1,7 +1,7 @@
-"""fuser.torch's modules: drop-ins for torch.nn.RMSNorm, LayerNorm and Softmax (subclasses, so
-their constructors, parameters, state_dict keys and isinstance checks are torch's own), the
-dropout + residual add + norm modules of pre-norm transformer blocks, stand-ins for
-Hugging Face's LlamaRMSNorm and GemmaRMSNorm, and torch.nn.CrossEntropyLoss."""
+"""fuser.torch's modules: drop-ins for torch.nn.RMSNorm, LayerNorm, Softmax and LogSoftmax
+(subclasses, so their constructors, parameters, state_dict keys and isinstance checks are
+torch's own), the dropout + residual add + norm modules of pre-norm transformer blocks,
+stand-ins for Hugging Face's LlamaRMSNorm and GemmaRMSNorm, and torch.nn.CrossEntropyLoss."""
 
 from __future__ import annotations
 
@@ -35,6 +35,16 @@ class Softmax(torch.nn.Softmax):
 
     def forward(self, x: Tensor) -> Tensor:
         return F.softmax(x, self.dim)
+
+
+class LogSoftmax(torch.nn.LogSoftmax):
+    """torch.nn.LogSoftmax over `dim` (the last by default), on fuser's kernels."""
+
+    def __init__(self, dim: int = -1) -> None:
+        super().__init__(dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.log_softmax(x, self.dim)
 
 
 class HFRMSNorm(torch.nn.Module):
