@@ -271,6 +271,24 @@ def test_cross_entropy_matches_torch(monkeypatch, rows, classes, dtype, reductio
         _loss_and_grad(torch.nn.functional.cross_entropy, x.double(), target, g, **kwargs))
 
 
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize(("shape", "dtype"), [((4, 21, 64, 64), torch.bfloat16),
+                                              ((3, 1000, 7), torch.float32)], ids=str)
+def test_cross_entropy_of_classes_along_dim_1_matches_torch(shape, dtype, reduction):
+    """Logits [N, C, d1, ...] (a segmentation's per-pixel classes): the loss per element or
+    its mean, and the logits' gradient, as close to float64 as torch's own."""
+    x = (3 * torch.randn(shape, device="cuda")).to(dtype)
+    target = torch.randint(0, shape[1], shape[:1] + shape[2:], device="cuda")
+    target[:, ::3] = -100
+    g = torch.rand(target.shape if reduction == "none" else (), device="cuda",
+                   dtype=torch.float64)
+    kwargs = {"reduction": reduction, "label_smoothing": 0.1}
+    assert_as_close_as_torch(
+        _loss_and_grad(ft.cross_entropy, x, target, g, **kwargs),
+        _loss_and_grad(torch.nn.functional.cross_entropy, x, target, g, **kwargs),
+        _loss_and_grad(torch.nn.functional.cross_entropy, x.double(), target, g, **kwargs))
+
+
 def test_cross_entropy_follows_the_last_loss_gradient():
     """The rescale kernel records whether the loss's gradient was one: a backward given
     another factor sends the next forward to the two kernels, one given one sends it back;

@@ -463,7 +463,7 @@ def _node(loss) -> str:
     ("mean", GRADIENT_IN_FORWARD), ("sum", GRADIENT_IN_FORWARD), ("mean", TWO_KERNELS),
     ("sum", TWO_KERNELS), ("none", TWO_KERNELS)])
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
-@pytest.mark.parametrize("shape", [(7, 33), (1, 5), (33,)])
+@pytest.mark.parametrize("shape", [(7, 33), (1, 5), (33,), (2, 33, 4), (3, 5, 2, 3)])
 def test_cross_entropy_matches_torch(oracle, monkeypatch, shape, dtype, reduction, path,
                                      label_smoothing):
     """Loss and the logits' gradient against torch's, with an ignored row where there are
@@ -474,8 +474,9 @@ def test_cross_entropy_matches_torch(oracle, monkeypatch, shape, dtype, reductio
     monkeypatch.setattr(record, "not_one", lambda: path == TWO_KERNELS)
     torch.manual_seed(0)
     x = torch.randn(shape, dtype=dtype, requires_grad=True)
-    target = torch.randint(0, shape[-1], shape[:-1])
-    if len(shape) == 2 and shape[0] > 2:
+    classes = shape[1] if len(shape) > 2 else shape[-1]
+    target = torch.randint(0, classes, shape[:1] + shape[2:] if len(shape) > 2 else shape[:-1])
+    if len(shape) >= 2 and shape[0] > 2:
         target[2] = -100
     got = ft.cross_entropy(x, target, reduction=reduction, label_smoothing=label_smoothing)
     want = torch.nn.functional.cross_entropy(x, target, reduction=reduction,
@@ -864,8 +865,10 @@ def test_compile_aot_matches_eager(oracle):
                               reduction="avg"), r"reduction='avg'; pass one of 'mean'"),
     (lambda: ft.cross_entropy(torch.ones(2, 4), torch.zeros(2, dtype=torch.int64),
                               label_smoothing=1.5), r"label_smoothing=1.5; it must be in"),
-    (lambda: ft.cross_entropy(torch.ones(2, 4, 3), torch.zeros(2, 3, dtype=torch.int64)),
-     r"input has shape \[2, 4, 3\]; .* input.movedim\(1, -1\).reshape\(-1, C\)"),
+    (lambda: ft.cross_entropy(torch.ones(2, 4, 3), torch.zeros(2, 4, dtype=torch.int64)),
+     r"target has shape \[2, 4\]; for input of shape \[2, 4, 3\] it must be \[2, 3\]"),
+    (lambda: ft.cross_entropy(torch.ones(()), torch.zeros((), dtype=torch.int64)),
+     r"input is a scalar; fuser takes logits \[C\], \[N, C\] or \[N, C, d1, ...\]"),
     (lambda: ft.cross_entropy(torch.ones(2, 4), torch.zeros(2, 4)),
      r"target has dtype torch.float32; .* torch.int64"),
     (lambda: ft.cross_entropy(torch.ones(2, 4), torch.zeros(3, dtype=torch.int64)),

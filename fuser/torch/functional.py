@@ -180,15 +180,16 @@ def log_softmax(x: Tensor, dim: int | None, dtype: torch.dtype | None = None) ->
 def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
                   ignore_index: int = -100, reduction: str = "mean",
                   label_smoothing: float = 0.0) -> Tensor:
-    """torch.nn.functional.cross_entropy of logits `input` [N, C] (or [C]) and class indices
-    `target` [N] (or a scalar), without class weights: one fuser kernel over the logits for
-    the log-sum-exp of each row, which also writes their gradient where the loss is reduced
-    and the logits want one, else another kernel writes it in the backward
-    (_cross_entropy.py). Logits of more dimensions ([N, C, d1, ...], classes along dim 1,
-    or [B, T, C] flattened by the caller) are refused with the reshape that gives [N, C]. A
-    class index outside [0, C) other than ignore_index fails on the device, in torch's
-    gather, as in torch's own loss (checking it on the host would wait for the GPU every
-    call)."""
+    """torch.nn.functional.cross_entropy of logits `input` [N, C] (or [C], or [N, C, d1, ...]
+    with the classes along dim 1) and class indices `target` [N] (or a scalar, or
+    [N, d1, ...]), without class weights: one fuser kernel over the logits for the
+    log-sum-exp of each row, which also writes their gradient where the loss is reduced and
+    the logits want one, else another kernel writes it in the backward (_cross_entropy.py).
+    Logits [N, C, d1, ...] are moved to rows [N * d1 * ..., C] first (a copy, and one of
+    their gradient back); [B, T, C] logits are torch's [N, C, d1] form too, so a caller with
+    classes last flattens them to [B * T, C] (a view). A class index outside [0, C) other
+    than ignore_index fails on the device, in torch's gather, as in torch's own loss
+    (checking it on the host would wait for the GPU every call)."""
     where = "fuser.torch.cross_entropy"
     check_float(where, "input", input)
     if weight is not None:
@@ -200,22 +201,22 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
                             f"{', '.join(map(repr, _cross_entropy.REDUCTIONS))}")
     if not 0.0 <= label_smoothing <= 1.0:
         raise BadInputError(f"{where}: label_smoothing={label_smoothing}; it must be in [0, 1]")
-    if input.dim() not in (1, 2):
-        raise BadInputError(
-            f"{where}: input has shape {list(input.shape)}; fuser takes logits [N, C] or [C]: "
-            "for [N, C, d1, ...] pass input.movedim(1, -1).reshape(-1, C) and "
-            "target.reshape(-1)")
+    if input.dim() == 0:
+        raise BadInputError(f"{where}: input is a scalar; fuser takes logits [C], [N, C] or "
+                            "[N, C, d1, ...]")
     if target.dtype != torch.int64:
         raise BadInputError(
             f"{where}: target has dtype {target.dtype}; fuser takes class indices of dtype "
             "torch.int64 (targets of class probabilities are not supported)")
-    if target.shape != input.shape[:-1]:
+    target_shape = input.shape[:1] + input.shape[2:] if input.dim() > 2 else input.shape[:-1]
+    if target.shape != target_shape:
         raise BadInputError(f"{where}: target has shape {list(target.shape)}; for input of "
-                            f"shape {list(input.shape)} it must be {list(input.shape[:-1])}")
+                            f"shape {list(input.shape)} it must be {list(target_shape)}")
     if target.device != input.device:
         raise BadInputError(f"{where}: target is on {target.device}, input on {input.device}; "
                             f"move target to {input.device}")
-    rows = input.reshape(-1, input.shape[-1])
+    classes_last = input.movedim(1, -1) if input.dim() > 2 else input
+    rows = classes_last.reshape(-1, input.shape[1 if input.dim() > 1 else 0])
     loss = _cross_entropy.apply_cross_entropy(rows, target.reshape(-1), int(ignore_index),
                                               float(label_smoothing), reduction)
-    return loss.reshape(()) if reduction == "none" and input.dim() == 1 else loss
+    return loss.reshape(target_shape) if reduction == "none" else loss
