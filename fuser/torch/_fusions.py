@@ -37,9 +37,10 @@ def _per_row(fd: FusionDefinition, dtype: DataType):
     return fd.define_tensor(shape=[-1, 1], contiguity=[True, None], dtype=dtype)
 
 
-def _row(fd: FusionDefinition, t, like):
-    """A [N, 1] statistic broadcast to the [N, H] shape of `like`."""
-    return fd.ops.broadcast_in_dim(t, shape=like.shape(), broadcast_dims=[0, 1])
+def _spread(fd: FusionDefinition, t, like):
+    """A statistic reduced with keepdim ([N, 1] of rows, or [G, 1, H] along columns)
+    broadcast to `like`'s shape."""
+    return fd.ops.broadcast_in_dim(t, shape=like.shape(), broadcast_dims=list(range(like.ndim)))
 
 
 def _row_mean(fd: FusionDefinition, t, like):
@@ -132,11 +133,11 @@ def norm_forward(spec: NormSpec) -> FusionDefinition:
         if spec.rms:
             mean = None
             rstd = fd.ops.rsqrt(fd.ops.add(_row_mean(fd, fd.ops.mul(h, h), x), eps))
-            hhat = fd.ops.mul(h, _row(fd, rstd, x))
+            hhat = fd.ops.mul(h, _spread(fd, rstd, x))
         else:
             var, mean = fd.ops.var_mean(h, dims=[1], correction=0, keepdim=True)
             rstd = fd.ops.rsqrt(fd.ops.add(var, eps))
-            hhat = fd.ops.mul(fd.ops.sub(h, _row(fd, mean, x)), _row(fd, rstd, x))
+            hhat = fd.ops.mul(fd.ops.sub(h, _spread(fd, mean, x)), _spread(fd, rstd, x))
         if spec.hf:
             hhat = fd.ops.cast(fd.ops.cast(hhat, spec.x), c)
         y = hhat if w is None else fd.ops.mul(hhat, w)
@@ -161,16 +162,16 @@ def norm_backward(spec: NormSpec, affine_grads: bool) -> FusionDefinition:
     with FusionDefinition(spec.name("bwd")) as fd:
         x, h, keep = _sum_inputs(fd, spec)
         mean = None if spec.rms else _per_row(fd, c)
-        rstd = _row(fd, _per_row(fd, c), x)
+        rstd = _spread(fd, _per_row(fd, c), x)
         dy = fd.ops.cast(_matrix(fd, spec.out), c)
         w = _weight(fd, spec)
-        centered = h if mean is None else fd.ops.sub(h, _row(fd, mean, x))
+        centered = h if mean is None else fd.ops.sub(h, _spread(fd, mean, x))
         hhat = fd.ops.mul(centered, rstd)
         wdy = dy if w is None else fd.ops.mul(dy, w)
-        projection = _row(fd, _row_mean(fd, fd.ops.mul(wdy, hhat), x), x)
+        projection = _spread(fd, _row_mean(fd, fd.ops.mul(wdy, hhat), x), x)
         inner = fd.ops.sub(wdy, fd.ops.mul(hhat, projection))
         if mean is not None:
-            inner = fd.ops.sub(inner, _row(fd, _row_mean(fd, wdy, x), x))
+            inner = fd.ops.sub(inner, _spread(fd, _row_mean(fd, wdy, x), x))
         grad_h = fd.ops.mul(inner, rstd)
         if spec.adds:
             grad_h = fd.ops.add(grad_h, fd.ops.cast(_matrix(fd, spec.h), c))
@@ -192,11 +193,6 @@ def _operand(fd: FusionDefinition, dtype: DataType, columns: bool):
     grid row of clusters per group, reading x where it lies."""
     rank = 3 if columns else 2
     return fd.define_tensor(shape=[-1] * rank, contiguity=[True] * rank, dtype=dtype)
-
-
-def _spread(fd: FusionDefinition, t, like):
-    """A statistic reduced with keepdim ([N, 1], or [G, 1, H]) broadcast to `like`'s shape."""
-    return fd.ops.broadcast_in_dim(t, shape=like.shape(), broadcast_dims=list(range(like.ndim)))
 
 
 def _softmax_name(kind: str, dtype: DataType, log: bool, columns: bool) -> str:
@@ -244,15 +240,15 @@ def softmax_backward(y_dtype: DataType, dy_dtype: DataType, log: bool = False,
 def _log_sum_exp(fd: FusionDefinition, xf, x):
     """Each row's max + log(sum(exp(xf - max))) [N, 1] of xf, x [N, C] in the compute type."""
     m = fd.ops.max(xf, dims=[1], keepdim=True)
-    e = fd.ops.exp(fd.ops.sub(xf, _row(fd, m, x)))
+    e = fd.ops.exp(fd.ops.sub(xf, _spread(fd, m, x)))
     return fd.ops.add(fd.ops.log(fd.ops.sum(e, dims=[1], keepdim=True)), m)
 
 
 def _entropy_gradient(fd: FusionDefinition, xf, x, lse, scale, shift, dtype: DataType):
     """scale * (exp(xf - lse) - shift) [N, C] in `dtype`: cross entropy's gradient but for
     its one-hot term."""
-    p = fd.ops.exp(fd.ops.sub(xf, _row(fd, lse, x)))
-    return fd.ops.cast(fd.ops.mul(fd.ops.sub(p, shift), _row(fd, scale, x)), dtype)
+    p = fd.ops.exp(fd.ops.sub(xf, _spread(fd, lse, x)))
+    return fd.ops.cast(fd.ops.mul(fd.ops.sub(p, shift), _spread(fd, scale, x)), dtype)
 
 
 @cache
