@@ -289,6 +289,23 @@ def test_cross_entropy_of_classes_along_dim_1_matches_torch(shape, dtype, reduct
         _loss_and_grad(torch.nn.functional.cross_entropy, x.double(), target, g, **kwargs))
 
 
+def test_a_recorded_call_explains_the_schedule_that_ran():
+    """fuser.torch.recorded() on the GPU: each call's explanation (on the device the call ran
+    on, by default) has the schedule the executor ran for it."""
+    norm = _fill(ft.RMSNorm(4096, device="cuda", dtype=torch.bfloat16))
+    x = torch.randn(4, 1000, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    logits = torch.randn(512, 32000, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    with ft.recorded() as calls:
+        norm(x).sum().backward()
+        ft.softmax(x.detach(), 1)
+        ft.cross_entropy(logits, torch.randint(0, 32000, (512,), device="cuda")).backward()
+    torch.cuda.synchronize()
+    assert len({c.name for c in calls}) == len(calls) == 4, [str(c) for c in calls]
+    assert all(c.device == torch.cuda.current_device() for c in calls)
+    for call in calls:
+        assert call.explain().schedule == call.fusion.last_schedule(), str(call)
+
+
 def test_cross_entropy_follows_the_last_loss_gradient():
     """The rescale kernel records whether the loss's gradient was one: a backward given
     another factor sends the next forward to the two kernels, one given one sends it back;

@@ -26,6 +26,7 @@ import fuser.torch as ft  # noqa: E402
 from fuser import explain  # noqa: E402
 from fuser.dtypes import DataType  # noqa: E402
 from fuser.errors import BadInputError, UnsupportedFusionError  # noqa: E402
+from fuser.frontend import FusionDefinition  # noqa: E402
 from fuser.ir import Tensor as FusionTensor  # noqa: E402
 from fuser.reference import evaluate  # noqa: E402
 from fuser.torch import _cross_entropy, _fusions  # noqa: E402
@@ -62,7 +63,7 @@ def rescale_on_host(data, factor, record):
 
 @pytest.fixture
 def oracle(monkeypatch):
-    monkeypatch.setattr(_fusions, "run", run_on_oracle)
+    monkeypatch.setattr(FusionDefinition, "execute", run_on_oracle)
     monkeypatch.setattr(_fusions, "rescale", rescale_on_host)
 
 

@@ -3,6 +3,8 @@
     import fuser.torch
     norm = fuser.torch.RMSNorm(4096, device="cuda", dtype=torch.bfloat16)  # torch.nn.RMSNorm's
     replaced = fuser.torch.patch(model)   # a model's RMSNorm / LayerNorm / HF RMSNorms swapped
+    with fuser.torch.recorded() as calls:  # each fusion call, to print or .explain()
+        model(x)
     loss = fuser.torch.cross_entropy(logits, target)  # [N, C] logits, class indices
 
 Forward and backward run as torch.library custom ops (torch.ops.fuser.*) with fake
@@ -19,6 +21,7 @@ except ImportError as exc:
         "fuser with its torch extra (pip install 'fuser-kernels[torch]')"
     ) from exc
 
+from fuser.torch._record import FusionCall, recorded
 from fuser.torch.functional import (
     cross_entropy,
     dropout_add_layer_norm,
@@ -47,6 +50,7 @@ __all__ = [
     "CrossEntropyLoss",
     "DropoutAddLayerNorm",
     "DropoutAddRMSNorm",
+    "FusionCall",
     "GemmaRMSNorm",
     "HFRMSNorm",
     "LayerNorm",
@@ -62,6 +66,7 @@ __all__ = [
     "layer_norm",
     "log_softmax",
     "patch",
+    "recorded",
     "rms_norm",
     "softmax",
 ]

@@ -15,6 +15,7 @@ from functools import cache
 
 from fuser.dtypes import DataType
 from fuser.frontend import FusionDefinition
+from fuser.torch import _record
 
 _SHORT = {DataType.BFloat16: "bf16", DataType.Half: "f16", DataType.Float: "f32",
           DataType.Double: "f64"}
@@ -305,7 +306,10 @@ def cross_entropy_backward(dtype: DataType) -> FusionDefinition:
 
 def run(fd: FusionDefinition, inputs: list) -> list:
     """Execute `fd` on torch tensors (outputs allocated by torch, launched on its current
-    stream): the one place fuser.torch's ops call the executor."""
+    stream): the one place fuser.torch's ops call the executor, and where the recordings of
+    fuser.torch.recorded() see each call."""
+    if _record._open:
+        _record.note(fd, inputs)
     return fd.execute(inputs)
 
 
