@@ -164,7 +164,8 @@ def test_softmax_matches_torch(kind, shape, dtype, dim):
 @pytest.mark.parametrize("kind", list(SOFTMAX_MODULES))
 def test_softmax_along_a_middle_dim_matches_torch(kind, shape, dtype, dim):
     """One outer kernel per pass, a grid row of clusters per group of the dims before `dim`
-    (and the segments of a dim too tall to keep on chip, 300000)."""
+    (and the segments of a dim too tall to keep on chip, 300000); groups of fewer than
+    COLUMNS_MIN_GROUP elements ([1, 9], [3, 2]) moved to rows and back."""
     ours, theirs = SOFTMAX_MODULES[kind]
     x = 4 * torch.randn(shape, device="cuda", dtype=dtype)
     g = torch.randn(shape, device="cuda", dtype=dtype)

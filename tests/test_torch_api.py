@@ -197,15 +197,17 @@ def test_softmax_matches_torch_along_any_dim(oracle, kind, dim):
 
 @pytest.mark.parametrize("kind", list(SOFTMAXES))
 @pytest.mark.parametrize(("shape", "dim", "operand"), [
-    ((6, 16), 1, (6, 16)), ((2, 3, 16), -1, (6, 16)), ((6, 16), 0, (1, 6, 16)),
-    ((2, 3, 4, 5), 1, (2, 3, 20)), ((2, 3, 4, 1, 1), 2, (6, 4)), ((7,), 0, (1, 7)),
-    ((1, 5, 1), 1, (1, 5)), ((), 0, (1, 1)), ((3, 1, 4), 1, (3, 1, 4))], ids=str)
-def test_softmax_runs_on_its_operand_in_place_one_fusion_a_pass(oracle, monkeypatch, kind,
-                                                                shape, dim, operand):
+    ((6, 16), 1, (6, 16)), ((2, 3, 16), -1, (6, 16)), ((32, 16), 0, (1, 32, 16)),
+    ((2, 30, 4, 5), 1, (2, 30, 20)), ((2, 3, 4, 1, 1), 2, (6, 4)), ((7,), 0, (1, 7)),
+    ((1, 5, 1), 1, (1, 5)), ((), 0, (1, 1)), ((3, 1, 400), 1, (3, 1, 400)),
+    ((6, 16), 0, (16, 6)), ((2, 3, 4, 5), 1, (40, 3)), ((3, 1, 4), 1, (12, 1))], ids=str)
+def test_softmax_runs_on_its_operand_one_fusion_a_pass(oracle, monkeypatch, kind, shape, dim,
+                                                       operand):
     """Along the last dim (or a dim whose later dims are all of size 1) the fusion takes rows
-    [N, H]; along another, [G, N, H] around the dim, normalized along N in each group: one
-    fusion forward and one backward on views of x, y and dy, no moved copies, bf16 kept to
-    the fusion and its output in x's shape."""
+    [N, H]; along another, [G, N, H] around the dim, normalized along N in each group, or
+    for groups of fewer than COLUMNS_MIN_GROUP elements rows [G * H, N] moved from x, y and
+    dy: one fusion forward and one backward, bf16 kept to the fusion and its output in x's
+    shape, matching torch."""
     ours, theirs = SOFTMAXES[kind][:2]
     ran = []
     monkeypatch.setattr(_fusions, "run", lambda fd, inputs: ran.append(

@@ -6,7 +6,10 @@ else an autograd.Function: _eager.py).
 Along the last dim (or one whose later dims are all of size 1) x is rows [N, H] for the row
 kernels. Along another dim x is [G, N, H] (the dims before it flattened into G, those after
 it into H), normalized along N in each group by one outer kernel that reads x and writes y
-where they lie: no copy of x moved to rows and of y moved back.
+where they lie, with a grid row of blocks per group. A group smaller than COLUMNS_MIN_GROUP
+elements would give that kernel blocks of a few dozen threads each, one per group (100000
+groups of [3, 5]: 100000 blocks of 32 threads for 15 elements each), so such groups are
+moved instead: x to rows [G * H, N] and y back, a copy each way, around the row kernel.
 """
 
 from __future__ import annotations
@@ -22,26 +25,36 @@ from fuser.torch._fusions import softmax_backward as _backward_fusion
 from fuser.torch._fusions import softmax_forward as _forward_fusion
 from fuser.torch._support import forbid_double_backward, fuser_dtype
 
-
-def _operand_shape(shape: torch.Size, dim: int) -> tuple[int, ...]:
-    """x's shape as the fusions' operand for a softmax along `dim`: [N, H] rows where no dim
-    after `dim` is longer than one, else [G, N, H] (_fusions._operand)."""
-    groups, along, after = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
-    return (groups, along) if after == 1 else (groups, along, after)
+# Elements of a group below which a softmax along a dim other than the last moves its
+# operand to rows (module docstring): one warp of 16-byte vectors of 2-byte elements. Chosen
+# by the block sizes the outer scheduler gives such groups, not measured yet.
+COLUMNS_MIN_GROUP = 256
 
 
 def _run(forward: bool, tensors: list[Tensor], dim: int, log: bool) -> Tensor:
-    """The fusion of `tensors` (x, or y and dy) viewed as its operand; the output in y's
-    shape, contiguous."""
+    """The fusion of `tensors` (x, or y and dy) on their operand (module docstring); the
+    output in y's shape, contiguous."""
     like = tensors[0]
     if like.numel() == 0:  # fuser refuses empty tensors: nothing to normalize
         return torch.empty_like(like, memory_format=torch.contiguous_format)
-    shape = _operand_shape(like.shape, dim)
-    columns = len(shape) == 3
+    shape = like.shape
+    groups, along, after = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
+    columns = after > 1 and along * after >= COLUMNS_MIN_GROUP
+    moved = after > 1 and not columns
+
+    def operand(t: Tensor) -> Tensor:
+        t = t.contiguous().view(groups, along, after)
+        if columns:
+            return t
+        return (t.transpose(1, 2).contiguous() if moved else t).view(-1, along)
+
     dtypes = [fuser_dtype(t.dtype) for t in tensors]
     fd = (_forward_fusion(dtypes[0], log, columns) if forward
           else _backward_fusion(dtypes[0], dtypes[1], log, columns))
-    return _fusions.run(fd, [t.contiguous().view(shape) for t in tensors])[0].view(like.shape)
+    out = _fusions.run(fd, [operand(t) for t in tensors])[0]
+    if moved:
+        out = out.view(groups, after, along).transpose(1, 2).contiguous()
+    return out.view(shape)
 
 
 def _softmax(x: Tensor, dim: int, log: bool) -> Tensor:
