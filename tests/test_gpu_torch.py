@@ -274,10 +274,13 @@ def test_cross_entropy_matches_torch(monkeypatch, rows, classes, dtype, reductio
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 @pytest.mark.parametrize(("shape", "dtype"), [((4, 21, 64, 64), torch.bfloat16),
-                                              ((3, 1000, 7), torch.float32)], ids=str)
+                                              ((3, 1000, 7), torch.float32),
+                                              ((2, 150, 33, 31), torch.float16),
+                                              ((64, 5, 3), torch.bfloat16)], ids=str)
 def test_cross_entropy_of_classes_along_dim_1_matches_torch(shape, dtype, reduction):
-    """Logits [N, C, d1, ...] (a segmentation's per-pixel classes): the loss per element or
-    its mean, and the logits' gradient, as close to float64 as torch's own."""
+    """Logits [N, C, d1, ...] (a segmentation's per-pixel classes), read where they lie by
+    the outer kernels (moved to rows for [5, 3] groups): the loss per element or its mean,
+    and the logits' gradient, as close to float64 as torch's own."""
     x = (3 * torch.randn(shape, device="cuda")).to(dtype)
     target = torch.randint(0, shape[1], shape[:1] + shape[2:], device="cuda")
     target[:, ::3] = -100

@@ -466,7 +466,8 @@ def _node(loss) -> str:
     ("mean", GRADIENT_IN_FORWARD), ("sum", GRADIENT_IN_FORWARD), ("mean", TWO_KERNELS),
     ("sum", TWO_KERNELS), ("none", TWO_KERNELS)])
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
-@pytest.mark.parametrize("shape", [(7, 33), (1, 5), (33,), (2, 33, 4), (3, 5, 2, 3)])
+@pytest.mark.parametrize("shape", [(7, 33), (1, 5), (33,), (2, 33, 4), (3, 5, 2, 3),
+                                   (2, 40, 8), (3, 70, 2, 3)])
 def test_cross_entropy_matches_torch(oracle, monkeypatch, shape, dtype, reduction, path,
                                      label_smoothing):
     """Loss and the logits' gradient against torch's, with an ignored row where there are
@@ -491,6 +492,24 @@ def test_cross_entropy_matches_torch(oracle, monkeypatch, shape, dtype, reductio
     torch.testing.assert_close(got, want, **tol)
     torch.testing.assert_close(torch.autograd.grad(got, x, g), torch.autograd.grad(want, x, g),
                                **tol)
+
+
+@pytest.mark.parametrize(("shape", "operand"), [((2, 40, 8), (2, 40, 8)),
+                                                ((3, 70, 2, 3), (3, 70, 6)),
+                                                ((2, 33, 4), (8, 33)), ((5, 300, 1), (5, 300))])
+def test_cross_entropy_of_classes_along_dim_1_reads_them_in_place(oracle, monkeypatch,
+                                                                  shape, operand):
+    """Logits [N, C, d1, ...] go to the kernels as [N, C, d1 * ...] (classes along dim 1,
+    the fusions' columns form), but for groups of fewer than COLUMNS_MIN_GROUP elements,
+    moved to rows [N * d1 * ..., C]; trailing dims of one element are rows as they are."""
+    ran = []
+    monkeypatch.setattr(_fusions, "run", lambda fd, inputs: ran.append(
+        (fd.name, tuple(inputs[0].shape))) or run_on_oracle(fd, inputs))
+    x = torch.randn(shape, requires_grad=True)
+    target = torch.randint(0, shape[1], shape[:1] + shape[2:])
+    torch.autograd.grad(ft.cross_entropy(x, target), x)
+    assert ran and {op for _, op in ran} == {operand}  # one kernel or two (the record's form)
+    assert all(("_columns_" in name) == (len(operand) == 3) for name, _ in ran)
 
 
 def test_cross_entropy_module_and_ignore_index(oracle):
@@ -927,8 +946,16 @@ def _fusion_cases() -> list:
                         d, d, log, columns), id=f"softmax-bwd-{dtype}-log{log}-columns{columns}"))
         cases.append(pytest.param(lambda d=dtype: _fusions.logsumexp_forward(d, True),
                                   id=f"logsumexp-{dtype}"))
-        cases.append(pytest.param(lambda d=dtype: _fusions.cross_entropy_backward(d),
-                                  id=f"cross-entropy-bwd-{dtype}"))
+        for columns in (False, True):
+            cases.append(pytest.param(
+                lambda d=dtype, columns=columns: _fusions.cross_entropy_backward(d, columns),
+                id=f"cross-entropy-bwd-{dtype}-columns{columns}"))
+            for sums in (False, True):
+                cases.append(pytest.param(
+                    lambda d=dtype, c=columns, s=sums: _fusions.cross_entropy_forward_gradient(
+                        d, s, c), id=f"cross-entropy-fwd-grad-{dtype}-sums{sums}-columns{columns}"))
+        cases.append(pytest.param(lambda d=dtype: _fusions.logsumexp_forward(d, False, True),
+                                  id=f"logsumexp-columns-{dtype}"))
     return cases
 
 
@@ -937,7 +964,8 @@ def test_fusion_builds_offline(build):
     fd = build()
     rows, hidden = 7, 24578
     shapes = [None if not isinstance(v, FusionTensor) else (hidden,) if v.ndim == 1
-              else (3, rows, hidden) if v.ndim == 3
+              else ((3, 1, hidden) if v.contiguity[1] is None else (3, rows, hidden))
+              if v.ndim == 3
               else (rows, 1) if v.dims[1] is None or v.contiguity[1] is None else (rows, hidden)
               for v in fd.fusion.inputs]
     report = explain(fd, shapes, device="h200")

@@ -1,6 +1,9 @@
 """The cross-entropy ops: fuser::cross_entropy over [rows, classes] logits with class-index
-targets, and its backward; apply_cross_entropy calls them (the op under torch.compile, else an
-autograd.Function: _eager.py), or writes the gradient in the forward (below).
+targets [rows] (or logits [G, classes, H] with targets [G, H]: torch's [N, C, d1, ...] form,
+classes along dim 1, each position's log-sum-exp taken along them by one outer kernel where
+the logits lie), and its backward; apply_cross_entropy calls them (the op under
+torch.compile, else an autograd.Function: _eager.py), or writes the gradient in the forward
+(below).
 
 The forward reads the logits once, in one fuser kernel (the log-sum-exp of each row, and its
 sum where labels are smoothed); the target's logit of each row is gathered by torch (one
@@ -44,21 +47,29 @@ def _compute(x: Tensor) -> torch.dtype:
     return TORCH_DTYPES[_fusions.compute_type(fuser_dtype(x.dtype))]
 
 
+def _positions(x: Tensor) -> torch.Size:
+    """The shape of the per-position values of logits x (targets, losses, log-sum-exps): x's
+    without its classes (dim 1): [rows], or [G, H]."""
+    return x.shape[:1] + x.shape[2:]
+
+
 def _picked(x: Tensor, target: Tensor, valid: Tensor, dtype: torch.dtype) -> tuple:
-    """(each row's target index, 0 for an ignored row; the logit there, in `dtype`)."""
+    """(each row's target index, 0 for an ignored row, kept along dim 1; the logit there, in
+    `dtype`)."""
     index = torch.where(valid, target, 0).unsqueeze(1)
     return index, x.gather(1, index).squeeze(1).to(dtype)
 
 
 def _row_statistics(x: Tensor, row_sums: bool) -> tuple[Tensor, Tensor | None]:
-    """Each row's log-sum-exp [rows] and, where `row_sums`, its sum (else None), in the
+    """Each row's log-sum-exp (_positions) and, where `row_sums`, its sum (else None), in the
     compute type: one fuser kernel over the logits."""
-    rows = x.shape[0]
-    if rows == 0:  # fuser refuses empty tensors: no row, nothing to reduce
-        empty = x.new_empty((0,), dtype=_compute(x))
+    positions = _positions(x)
+    if x.numel() == 0:  # fuser refuses empty tensors: no row, nothing to reduce
+        empty = x.new_empty(positions, dtype=_compute(x))
         return empty, empty if row_sums else None
-    outs = _fusions.run(_fusions.logsumexp_forward(fuser_dtype(x.dtype), row_sums), [x])
-    return outs[0].view(rows), outs[1].view(rows) if row_sums else None
+    fd = _fusions.logsumexp_forward(fuser_dtype(x.dtype), row_sums, x.dim() == 3)
+    outs = _fusions.run(fd, [x])
+    return outs[0].view(positions), outs[1].view(positions) if row_sums else None
 
 
 def _count(valid: Tensor, reduction: str) -> Tensor | None:
@@ -84,7 +95,8 @@ def _cross_entropy(x: Tensor, target: Tensor, ignore_index: int, smoothing: floa
                    reduction: str) -> tuple[Tensor, Tensor]:
     """(loss, lse): the loss of logits x [rows, classes] for class indices `target` [rows]
     ([rows] where reduction is 'none', else a scalar; in x's dtype), and each row's
-    log-sum-exp [rows] in the compute type."""
+    log-sum-exp [rows] in the compute type; for x [G, classes, H], target, losses and
+    log-sum-exps [G, H]."""
     x = x.contiguous()
     lse, sums = _row_statistics(x, smoothing > 0)
     valid = target != ignore_index
@@ -109,14 +121,13 @@ def _cross_entropy_backward(grad: Tensor, x: Tensor, target: Tensor, lse: Tensor
     """The logits' gradient, in x's dtype: scale * (softmax(x) - smoothing / classes) less
     scale * (1 - smoothing) in each row's target element."""
     x = x.contiguous()
-    rows, classes = x.shape
-    if rows == 0:
+    if x.numel() == 0:
         return torch.empty_like(x)
     valid = target != ignore_index
     scale = _row_scale(grad, valid, _count(valid, reduction), lse.dtype)
-    shift = smoothing / classes
-    (out,) = _fusions.run(_fusions.cross_entropy_backward(fuser_dtype(x.dtype)),
-                          [x, lse.view(rows, 1), scale.view(rows, 1), shift])
+    shift = smoothing / x.shape[1]
+    (out,) = _fusions.run(_fusions.cross_entropy_backward(fuser_dtype(x.dtype), x.dim() == 3),
+                          [x, lse.unsqueeze(1), scale.unsqueeze(1), shift])
     index, logit = _picked(x, target, valid, lse.dtype)
     return _with_one_hot(out, index, logit, lse, scale, shift, smoothing)
 
@@ -134,9 +145,9 @@ cross_entropy = torch.library.custom_op("fuser::cross_entropy", _cross_entropy, 
 
 @cross_entropy.register_fake
 def _(x, target, ignore_index, smoothing, reduction):
-    rows = x.shape[0]
-    loss = x.new_empty((rows,) if reduction == "none" else ())
-    return loss, x.new_empty((rows,), dtype=_compute(x))
+    positions = _positions(x)
+    loss = x.new_empty(positions if reduction == "none" else ())
+    return loss, x.new_empty(positions, dtype=_compute(x))
 
 
 cross_entropy_backward = torch.library.custom_op(
@@ -188,7 +199,7 @@ def _writes_gradient(x: Tensor, reduction: str) -> bool:
     scalar whose gradient the last backward found to be one (or no backward yet), where the
     logits want a gradient and there are rows."""
     return (reduction != "none" and x.requires_grad and torch.is_grad_enabled()
-            and x.shape[0] > 0 and forward_ad._current_level < 0 and plain(x)
+            and x.numel() > 0 and forward_ad._current_level < 0 and plain(x)
             and torch._C._autograd._top_saved_tensors_default_hooks(False) is None
             and not _FactorRecord.of(x).not_one())
 
@@ -198,17 +209,17 @@ def _loss_and_gradient(x: Tensor, target: Tensor, ignore_index: int, smoothing: 
     """(loss, grad): the loss as _cross_entropy gives it ('mean' or 'sum'), and the logits'
     gradient for a loss gradient of one, from one fuser kernel over the logits."""
     x = x.contiguous()
-    rows, classes = x.shape
+    classes, positions = x.shape[1], _positions(x)
     dtype = _compute(x)
     valid = target != ignore_index
     count = _count(valid, reduction)
     scale = _row_scale(valid.new_ones((), dtype=dtype), valid, count, dtype)
     shift = smoothing / classes
-    outs = _fusions.run(
-        _fusions.cross_entropy_forward_gradient(fuser_dtype(x.dtype), smoothing > 0),
-        [x, scale.view(rows, 1), shift])
-    lse, grad = outs[0].view(rows), outs[-1]
-    sums = outs[1].view(rows) if smoothing > 0 else None
+    fd = _fusions.cross_entropy_forward_gradient(fuser_dtype(x.dtype), smoothing > 0,
+                                                 x.dim() == 3)
+    outs = _fusions.run(fd, [x, scale.unsqueeze(1), shift])
+    lse, grad = outs[0].view(positions), outs[-1]
+    sums = outs[1].view(positions) if smoothing > 0 else None
     index, logit = _picked(x, target, valid, dtype)
     loss = _loss(lse, sums, logit, valid, count, classes, smoothing, reduction)
     return loss.to(x.dtype), _with_one_hot(grad, index, logit, lse, scale, shift, smoothing)

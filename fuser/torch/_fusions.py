@@ -188,12 +188,24 @@ def norm_backward(spec: NormSpec, affine_grads: bool) -> FusionDefinition:
 
 
 def _operand(fd: FusionDefinition, dtype: DataType, columns: bool):
-    """A softmax's operand: [N, H] normalized along its rows (along H), or, for `columns`,
-    [G, N, H] normalized along N in each of G groups (torch's dim with the dims before it
-    flattened into G and those after it into H), which fuser runs as one outer kernel with a
-    grid row of clusters per group, reading x where it lies."""
+    """A softmax's or cross entropy's operand: [N, H] normalized along its rows (along H),
+    or, for `columns`, [G, N, H] normalized along N in each of G groups (torch's dim with the
+    dims before it flattened into G and those after it into H), which fuser runs as one
+    outer kernel with a grid row of clusters per group, reading x where it lies."""
     rank = 3 if columns else 2
     return fd.define_tensor(shape=[-1] * rank, contiguity=[True] * rank, dtype=dtype)
+
+
+def _statistic(fd: FusionDefinition, dtype: DataType, columns: bool):
+    """A value per normalized vector of an _operand: [N, 1], or [G, 1, H] for `columns`."""
+    if not columns:
+        return _per_row(fd, dtype)
+    return fd.define_tensor(shape=[-1, 1, -1], contiguity=[True, None, True], dtype=dtype)
+
+
+def _entropy_name(kind: str, dtype: DataType, row_sums: bool, columns: bool) -> str:
+    return (f"{kind}{'_rowsum' if row_sums else ''}{'_columns' if columns else ''}"
+            f"_{_SHORT[dtype]}")
 
 
 def _softmax_name(kind: str, dtype: DataType, log: bool, columns: bool) -> str:
@@ -239,28 +251,30 @@ def softmax_backward(y_dtype: DataType, dy_dtype: DataType, log: bool = False,
 
 
 def _log_sum_exp(fd: FusionDefinition, xf, x):
-    """Each row's max + log(sum(exp(xf - max))) [N, 1] of xf, x [N, C] in the compute type."""
+    """max + log(sum(exp(xf - max))) along dim 1 of xf (x [N, C] or [G, C, H], _operand),
+    kept ([N, 1] or [G, 1, H]), in the compute type."""
     m = fd.ops.max(xf, dims=[1], keepdim=True)
     e = fd.ops.exp(fd.ops.sub(xf, _spread(fd, m, x)))
     return fd.ops.add(fd.ops.log(fd.ops.sum(e, dims=[1], keepdim=True)), m)
 
 
 def _entropy_gradient(fd: FusionDefinition, xf, x, lse, scale, shift, dtype: DataType):
-    """scale * (exp(xf - lse) - shift) [N, C] in `dtype`: cross entropy's gradient but for
-    its one-hot term."""
+    """scale * (exp(xf - lse) - shift) in x's shape and `dtype`: cross entropy's gradient but
+    for its one-hot term."""
     p = fd.ops.exp(fd.ops.sub(xf, _spread(fd, lse, x)))
     return fd.ops.cast(fd.ops.mul(fd.ops.sub(p, shift), _spread(fd, scale, x)), dtype)
 
 
 @cache
-def logsumexp_forward(dtype: DataType, row_sums: bool) -> FusionDefinition:
+def logsumexp_forward(dtype: DataType, row_sums: bool, columns: bool = False
+                      ) -> FusionDefinition:
     """x [N, C] -> lse [N, 1] = max + log(sum(exp(x - max))) in the compute type, and where
     `row_sums` sum(x) [N, 1] too (label smoothing's term): cross entropy's forward, which
-    reads the logits once."""
+    reads the logits once. For `columns`, x [G, C, H] (classes along dim 1, as torch's
+    [N, C, d1, ...] logits) -> [G, 1, H] statistics."""
     c = compute_type(dtype)
-    name = f"logsumexp{'_rowsum' if row_sums else ''}_{_SHORT[dtype]}"
-    with FusionDefinition(name) as fd:
-        x = _matrix(fd, dtype)
+    with FusionDefinition(_entropy_name("logsumexp", dtype, row_sums, columns)) as fd:
+        x = _operand(fd, dtype, columns)
         xf = fd.ops.cast(x, c)
         fd.add_output(_log_sum_exp(fd, xf, x))
         if row_sums:
@@ -269,16 +283,17 @@ def logsumexp_forward(dtype: DataType, row_sums: bool) -> FusionDefinition:
 
 
 @cache
-def cross_entropy_forward_gradient(dtype: DataType, row_sums: bool) -> FusionDefinition:
+def cross_entropy_forward_gradient(dtype: DataType, row_sums: bool, columns: bool = False
+                                   ) -> FusionDefinition:
     """x [N, C], scale [N, 1], shift (a scalar) -> lse [N, 1] (and sum(x) [N, 1] where
     `row_sums`), as logsumexp_forward, and the gradient cross_entropy_backward writes, from
     the lse computed in the same kernel: the forward that writes the gradient too, reading
-    the logits once for both."""
+    the logits once for both. For `columns`, x [G, C, H] and [G, 1, H] statistics."""
     c = compute_type(dtype)
-    name = f"cross_entropy_fwd_grad{'_rowsum' if row_sums else ''}_{_SHORT[dtype]}"
-    with FusionDefinition(name) as fd:
-        x = _matrix(fd, dtype)
-        scale = _per_row(fd, c)
+    with FusionDefinition(_entropy_name("cross_entropy_fwd_grad", dtype, row_sums,
+                                        columns)) as fd:
+        x = _operand(fd, dtype, columns)
+        scale = _statistic(fd, c, columns)
         shift = fd.define_scalar(dtype=c)
         xf = fd.ops.cast(x, c)
         lse = _log_sum_exp(fd, xf, x)
@@ -290,15 +305,16 @@ def cross_entropy_forward_gradient(dtype: DataType, row_sums: bool) -> FusionDef
 
 
 @cache
-def cross_entropy_backward(dtype: DataType) -> FusionDefinition:
+def cross_entropy_backward(dtype: DataType, columns: bool = False) -> FusionDefinition:
     """x [N, C], lse [N, 1], scale [N, 1] (the loss's gradient for each row, 0 for an
     ignored one), shift (label smoothing's share of each class, a scalar) -> grad_x =
     scale * (exp(x - lse) - shift) [N, C] in x's dtype: cross entropy's gradient but for its
-    one-hot term, which the caller writes into the target's element after."""
+    one-hot term, which the caller writes into the target's element after. For `columns`,
+    x [G, C, H] and [G, 1, H] statistics."""
     c = compute_type(dtype)
-    with FusionDefinition(f"cross_entropy_bwd_{_SHORT[dtype]}") as fd:
-        x = _matrix(fd, dtype)
-        lse, scale = _per_row(fd, c), _per_row(fd, c)
+    with FusionDefinition(_entropy_name("cross_entropy_bwd", dtype, False, columns)) as fd:
+        x = _operand(fd, dtype, columns)
+        lse, scale = _statistic(fd, c, columns), _statistic(fd, c, columns)
         shift = fd.define_scalar(dtype=c)
         fd.add_output(_entropy_gradient(fd, fd.ops.cast(x, c), x, lse, scale, shift, dtype))
     return fd

@@ -6,10 +6,9 @@ else an autograd.Function: _eager.py).
 Along the last dim (or one whose later dims are all of size 1) x is rows [N, H] for the row
 kernels. Along another dim x is [G, N, H] (the dims before it flattened into G, those after
 it into H), normalized along N in each group by one outer kernel that reads x and writes y
-where they lie, with a grid row of blocks per group. A group smaller than COLUMNS_MIN_GROUP
-elements would give that kernel blocks of a few dozen threads each, one per group (100000
-groups of [3, 5]: 100000 blocks of 32 threads for 15 elements each), so such groups are
-moved instead: x to rows [G * H, N] and y back, a copy each way, around the row kernel.
+where they lie, with a grid row of blocks per group; smaller groups
+(_support.normalized_along_columns) are moved instead: x to rows [G * H, N] and y back, a
+copy each way, around the row kernel.
 """
 
 from __future__ import annotations
@@ -23,12 +22,7 @@ from fuser.torch import _fusions
 from fuser.torch._eager import dispatcher, eager_backward
 from fuser.torch._fusions import softmax_backward as _backward_fusion
 from fuser.torch._fusions import softmax_forward as _forward_fusion
-from fuser.torch._support import forbid_double_backward, fuser_dtype
-
-# Elements of a group below which a softmax along a dim other than the last moves its
-# operand to rows (module docstring): one warp of 16-byte vectors of 2-byte elements. Chosen
-# by the block sizes the outer scheduler gives such groups, not measured yet.
-COLUMNS_MIN_GROUP = 256
+from fuser.torch._support import forbid_double_backward, fuser_dtype, normalized_along_columns
 
 
 def _run(forward: bool, tensors: list[Tensor], dim: int, log: bool) -> Tensor:
@@ -39,7 +33,7 @@ def _run(forward: bool, tensors: list[Tensor], dim: int, log: bool) -> Tensor:
         return torch.empty_like(like, memory_format=torch.contiguous_format)
     shape = like.shape
     groups, along, after = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
-    columns = after > 1 and along * after >= COLUMNS_MIN_GROUP
+    columns = normalized_along_columns(along, after)
     moved = after > 1 and not columns
 
     def operand(t: Tensor) -> Tensor:

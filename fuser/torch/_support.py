@@ -52,6 +52,21 @@ def check_parameter(where: str, name: str, t: Tensor | None, shape: tuple[int, .
                             f"normalized shape {list(shape)}")
 
 
+# Elements of a group below which a normalization along a dim other than the last moves its
+# operand to rows: one warp of 16-byte vectors of 2-byte elements. The outer kernel gives a
+# smaller group a block of a few dozen threads (100000 groups of [3, 5]: 100000 blocks of 32
+# threads for 15 elements each), where the move is a copy each way around one row kernel.
+# Chosen by the block sizes the outer scheduler gives such groups, not measured yet.
+COLUMNS_MIN_GROUP = 256
+
+
+def normalized_along_columns(along: int, after: int) -> bool:
+    """Whether a softmax or cross entropy along a dim of `along` elements, followed by dims of
+    `after` elements together, runs on x where it lies, as groups [along, after] of the
+    outer kernel (else as rows [.., along]: x itself where `after` is one, else moved)."""
+    return after > 1 and along * after >= COLUMNS_MIN_GROUP
+
+
 def materialize(grad: Tensor | None, like: Tensor, dtype: torch.dtype) -> Tensor:
     """An output's gradient, zeros where nothing used the output (the ops ask autograd not to
     materialize them: most are statistics no one differentiates)."""

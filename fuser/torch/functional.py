@@ -22,6 +22,7 @@ from fuser.torch._support import (
     check_float,
     check_normalized_shape,
     check_parameter,
+    normalized_along_columns,
 )
 
 _EPS = {torch.float64: torch.finfo(torch.float64).eps}
@@ -185,7 +186,9 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
     [N, d1, ...]), without class weights: one fuser kernel over the logits for the
     log-sum-exp of each row, which also writes their gradient where the loss is reduced and
     the logits want one, else another kernel writes it in the backward (_cross_entropy.py).
-    Logits [N, C, d1, ...] are moved to rows [N * d1 * ..., C] first (a copy, and one of
+    Logits [N, C, d1, ...] are taken where they lie as [N, C, d1 * ...] (one outer kernel
+    along the classes, _cross_entropy.py), or, where C * d1 * ... is small
+    (_support.normalized_along_columns), moved to rows [N * d1 * ..., C] (a copy, and one of
     their gradient back); [B, T, C] logits are torch's [N, C, d1] form too, so a caller with
     classes last flattens them to [B * T, C] (a view). A class index outside [0, C) other
     than ignore_index fails on the device, in torch's gather, as in torch's own loss
@@ -215,8 +218,14 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
     if target.device != input.device:
         raise BadInputError(f"{where}: target is on {target.device}, input on {input.device}; "
                             f"move target to {input.device}")
-    classes_last = input.movedim(1, -1) if input.dim() > 2 else input
-    rows = classes_last.reshape(-1, input.shape[1 if input.dim() > 1 else 0])
-    loss = _cross_entropy.apply_cross_entropy(rows, target.reshape(-1), int(ignore_index),
+    classes = input.shape[1 if input.dim() > 1 else 0]
+    positions = math.prod(input.shape[2:])
+    if normalized_along_columns(classes, positions):
+        logits, targets = input.reshape(input.shape[0], classes, positions), target.reshape(
+            input.shape[0], positions)
+    else:
+        logits = (input.movedim(1, -1) if input.dim() > 2 else input).reshape(-1, classes)
+        targets = target.reshape(-1)
+    loss = _cross_entropy.apply_cross_entropy(logits, targets, int(ignore_index),
                                               float(label_smoothing), reduction)
     return loss.reshape(target_shape) if reduction == "none" else loss
