@@ -494,6 +494,33 @@ def test_cross_entropy_matches_torch(oracle, monkeypatch, shape, dtype, reductio
                                **tol)
 
 
+@pytest.mark.parametrize("path", [GRADIENT_IN_FORWARD, TWO_KERNELS])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("shape", [(7, 33), (33,), (2, 33, 4), (2, 40, 8)])
+def test_cross_entropy_with_class_weights_matches_torch(oracle, monkeypatch, shape, reduction,
+                                                        path):
+    """Each row's loss and gradient scaled by its target's weight, a mean divided by the sum
+    of the weights of the rows not ignored, as torch's; the weights get no gradient."""
+    record = _cross_entropy._FactorRecord.of(torch.empty(0))
+    monkeypatch.setattr(record, "not_one", lambda: path == TWO_KERNELS)
+    torch.manual_seed(1)
+    classes = shape[1] if len(shape) > 1 else shape[0]
+    x = torch.randn(shape, dtype=F64, requires_grad=True)
+    target = torch.randint(0, classes, shape[:1] + shape[2:] if len(shape) > 2 else shape[:-1])
+    if len(shape) > 1:
+        target[1] = -100
+    weight = torch.rand(classes, dtype=F64) + 0.5
+    got = ft.cross_entropy(x, target, weight, reduction=reduction)
+    want = torch.nn.functional.cross_entropy(x, target, weight, reduction=reduction)
+    g = torch.randn_like(want)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got, x, g), torch.autograd.grad(want, x, g))
+    if reduction != "none":
+        assert _node(got) == path
+    module = ft.CrossEntropyLoss(weight=weight, reduction=reduction)
+    torch.testing.assert_close(module(x, target), want)
+
+
 @pytest.mark.parametrize(("shape", "operand"), [((2, 40, 8), (2, 40, 8)),
                                                 ((3, 70, 2, 3), (3, 70, 6)),
                                                 ((2, 33, 4), (8, 33)), ((5, 300, 1), (5, 300))])
@@ -711,11 +738,17 @@ def _op_cases():
         (ops.softmax.default, (xg, 0, True)),
         (ops.softmax.default, (xg.reshape(2, 3, 16).detach().requires_grad_(), 1, False)),
         (ops.softmax.default, (xb.reshape(2, 3, 16), 2, True)),
-        (ops.cross_entropy.default, (xg, torch.tensor([3, 0, -100, 15, 1, 2]), -100, 0.0,
-                                     "mean")),
-        (ops.cross_entropy.default, (xb, torch.tensor([3, 0, 4, 15, 1, 2]), -100, 0.1,
+        (ops.cross_entropy.default, (xg, torch.tensor([3, 0, -100, 15, 1, 2]), None, -100,
+                                     0.0, "mean")),
+        (ops.cross_entropy.default, (xb, torch.tensor([3, 0, 4, 15, 1, 2]), None, -100, 0.1,
                                      "none")),
-        (ops.cross_entropy.default, (xg, torch.tensor([3, 0, 4, 15, 1, 2]), 4, 0.1, "sum")),
+        (ops.cross_entropy.default, (xg, torch.tensor([3, 0, 4, 15, 1, 2]), None, 4, 0.1,
+                                     "sum")),
+        (ops.cross_entropy.default, (xg, torch.tensor([3, 0, -100, 15, 1, 2]), w, -100, 0.0,
+                                     "mean")),
+        (ops.cross_entropy.default, (xg.reshape(2, 16, 3).detach().requires_grad_(),
+                                     torch.tensor([[3, 0, -100], [15, 1, 2]]), w, -100, 0.0,
+                                     "none")),
     ]
 
 
@@ -743,9 +776,12 @@ def test_backward_ops_opcheck(oracle):
         torch.library.opcheck(ops.softmax_backward.default, (dy, torch.log_softmax(x, dim), dim,
                                                              True))
     target = torch.tensor([3, 0, -100, 15, 1, 2])
-    _, lse = ops.cross_entropy(x, target, -100, 0.1, "none")
+    _, lse = ops.cross_entropy(x, target, None, -100, 0.1, "none")
     torch.library.opcheck(ops.cross_entropy_backward.default,
-                          (torch.randn(6), x, target, lse, -100, 0.1, "none"))
+                          (torch.randn(6), x, target, None, lse, -100, 0.1, "none"))
+    _, lse = ops.cross_entropy(x, target, w, -100, 0.0, "mean")
+    torch.library.opcheck(ops.cross_entropy_backward.default,
+                          (torch.randn(()), x, target, w, lse, -100, 0.0, "mean"))
 
 
 def test_fake_and_meta_tensors_give_shapes_without_running():
@@ -882,7 +918,17 @@ def test_compile_aot_matches_eager(oracle):
     (lambda: ft.dropout_add_rms_norm(torch.ones(2, 4), torch.ones(4), 4),
      r"residual has shape \[4\]; it must be the input's shape \[2, 4\]"),
     (lambda: ft.cross_entropy(torch.ones(2, 4), torch.zeros(2, dtype=torch.int64),
-                              weight=torch.ones(4)), r"class weights .* pass weight=None"),
+                              weight=torch.ones(4), label_smoothing=0.1),
+     r"class weights with label_smoothing=0.1 are not supported; pass label_smoothing=0.0"),
+    (lambda: ft.cross_entropy(torch.ones(2, 4), torch.zeros(2, dtype=torch.int64),
+                              weight=torch.ones(3)), r"weight has shape \[3\]; .* \[4\]"),
+    (lambda: ft.cross_entropy(torch.ones(2, 4, 5), torch.zeros(2, 5, dtype=torch.int64),
+                              weight=torch.ones(5)), r"weight has shape \[5\]; .* \[4\]"),
+    (lambda: ft.cross_entropy(torch.ones(2, 4), torch.zeros(2, dtype=torch.int64),
+                              weight=torch.ones(4, dtype=torch.int64)), r"weight has dtype"),
+    (lambda: ft.cross_entropy(torch.ones(2, 4), torch.zeros(2, dtype=torch.int64),
+                              weight=torch.ones(4, requires_grad=True)),
+     r"weight requires a gradient.* pass weight.detach\(\)"),
     (lambda: ft.cross_entropy(torch.ones(2, 4), torch.zeros(2, dtype=torch.int64),
                               reduction="avg"), r"reduction='avg'; pass one of 'mean'"),
     (lambda: ft.cross_entropy(torch.ones(2, 4), torch.zeros(2, dtype=torch.int64),

@@ -72,59 +72,81 @@ def _row_statistics(x: Tensor, row_sums: bool) -> tuple[Tensor, Tensor | None]:
     return outs[0].view(positions), outs[1].view(positions) if row_sums else None
 
 
-def _count(valid: Tensor, reduction: str) -> Tensor | None:
-    """The rows not ignored, which a mean divides by (None for the other reductions)."""
-    return valid.sum() if reduction == "mean" else None
+def _row_weights(weight: Tensor | None, target: Tensor, valid: Tensor, dtype: torch.dtype
+                 ) -> Tensor | None:
+    """Each row's class weight, weight[target] in `dtype` (None without class weights; an
+    ignored row's is read at class 0 and masked by its users)."""
+    if weight is None:
+        return None
+    return weight.to(dtype)[torch.where(valid, target, 0)]
 
 
-def _loss(lse: Tensor, sums: Tensor | None, logit: Tensor, valid: Tensor, count: Tensor | None,
-          classes: int, smoothing: float, reduction: str) -> Tensor:
-    """The loss from each row's log-sum-exp, sum (where labels are smoothed) and target
-    logit, in the compute type: [rows] where reduction is 'none', else a scalar (a mean
-    divided by `count`, _count's)."""
+def _count(valid: Tensor, weights: Tensor | None, reduction: str) -> Tensor | None:
+    """What a mean divides by: the rows not ignored, or with class weights the sum of their
+    weights (torch's weighted mean); None for the other reductions."""
+    if reduction != "mean":
+        return None
+    return valid.sum() if weights is None else torch.where(valid, weights, 0).sum()
+
+
+def _loss(lse: Tensor, sums: Tensor | None, logit: Tensor, valid: Tensor,
+          weights: Tensor | None, count: Tensor | None, classes: int, smoothing: float,
+          reduction: str) -> Tensor:
+    """The loss from each row's log-sum-exp, sum (where labels are smoothed), target logit
+    and class weight (_row_weights), in the compute type: [rows] where reduction is 'none',
+    else a scalar (a mean divided by `count`, _count's)."""
     losses = lse - logit
     if sums is not None:
         losses = (1 - smoothing) * losses + smoothing * (lse - sums / classes)
+    if weights is not None:
+        losses = losses * weights
     losses = torch.where(valid, losses, 0)
     if reduction == "none":
         return losses
     return losses.sum() if count is None else losses.sum() / count
 
 
-def _cross_entropy(x: Tensor, target: Tensor, ignore_index: int, smoothing: float,
-                   reduction: str) -> tuple[Tensor, Tensor]:
+def _cross_entropy(x: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,
+                   smoothing: float, reduction: str) -> tuple[Tensor, Tensor]:
     """(loss, lse): the loss of logits x [rows, classes] for class indices `target` [rows]
-    ([rows] where reduction is 'none', else a scalar; in x's dtype), and each row's
+    with optional class weights [classes] (not beside label smoothing: functional.py refuses
+    that) ([rows] where reduction is 'none', else a scalar; in x's dtype), and each row's
     log-sum-exp [rows] in the compute type; for x [G, classes, H], target, losses and
     log-sum-exps [G, H]."""
     x = x.contiguous()
     lse, sums = _row_statistics(x, smoothing > 0)
     valid = target != ignore_index
     _, logit = _picked(x, target, valid, lse.dtype)
-    loss = _loss(lse, sums, logit, valid, _count(valid, reduction), x.shape[1], smoothing,
-                 reduction)
+    weights = _row_weights(weight, target, valid, lse.dtype)
+    loss = _loss(lse, sums, logit, valid, weights, _count(valid, weights, reduction),
+                 x.shape[1], smoothing, reduction)
     return loss.to(x.dtype), lse
 
 
-def _row_scale(grad: Tensor, valid: Tensor, count: Tensor | None, dtype: torch.dtype
-               ) -> Tensor:
-    """The loss's gradient for each row, 0 for an ignored one (a mean's divided by
-    `count`, _count's)."""
+def _row_scale(grad: Tensor, valid: Tensor, weights: Tensor | None, count: Tensor | None,
+               dtype: torch.dtype) -> Tensor:
+    """The loss's gradient for each row, times its class weight, 0 for an ignored one (a
+    mean's divided by `count`, _count's)."""
     grad = grad.to(dtype)
     if count is not None:
         grad = grad / count
+    if weights is not None:
+        grad = grad * weights
     return torch.where(valid, grad, 0)
 
 
-def _cross_entropy_backward(grad: Tensor, x: Tensor, target: Tensor, lse: Tensor,
-                            ignore_index: int, smoothing: float, reduction: str) -> Tensor:
+def _cross_entropy_backward(grad: Tensor, x: Tensor, target: Tensor, weight: Tensor | None,
+                            lse: Tensor, ignore_index: int, smoothing: float, reduction: str
+                            ) -> Tensor:
     """The logits' gradient, in x's dtype: scale * (softmax(x) - smoothing / classes) less
-    scale * (1 - smoothing) in each row's target element."""
+    scale * (1 - smoothing) in each row's target element, scale the row's share of the
+    loss's gradient (its class weight's, with weights)."""
     x = x.contiguous()
     if x.numel() == 0:
         return torch.empty_like(x)
     valid = target != ignore_index
-    scale = _row_scale(grad, valid, _count(valid, reduction), lse.dtype)
+    weights = _row_weights(weight, target, valid, lse.dtype)
+    scale = _row_scale(grad, valid, weights, _count(valid, weights, reduction), lse.dtype)
     shift = smoothing / x.shape[1]
     (out,) = _fusions.run(_fusions.cross_entropy_backward(fuser_dtype(x.dtype), x.dim() == 3),
                           [x, lse.unsqueeze(1), scale.unsqueeze(1), shift])
@@ -144,7 +166,7 @@ cross_entropy = torch.library.custom_op("fuser::cross_entropy", _cross_entropy, 
 
 
 @cross_entropy.register_fake
-def _(x, target, ignore_index, smoothing, reduction):
+def _(x, target, weight, ignore_index, smoothing, reduction):
     positions = _positions(x)
     loss = x.new_empty(positions if reduction == "none" else ())
     return loss, x.new_empty(positions, dtype=_compute(x))
@@ -155,27 +177,27 @@ cross_entropy_backward = torch.library.custom_op(
 
 
 @cross_entropy_backward.register_fake
-def _(grad, x, target, lse, ignore_index, smoothing, reduction):
+def _(grad, x, target, weight, lse, ignore_index, smoothing, reduction):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 def _setup(ctx, inputs, output) -> None:
-    x, target, ignore_index, smoothing, reduction = inputs
+    x, target, weight, ignore_index, smoothing, reduction = inputs
     ctx.mark_non_differentiable(output[1])
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(x, target, output[1])
+    ctx.save_for_backward(x, target, weight, output[1])
     ctx.ignore_index, ctx.smoothing, ctx.reduction = ignore_index, smoothing, reduction
 
 
 def _grads(ctx, grad, _dlse):
-    x, target, lse = ctx.saved_tensors
+    x, target, weight, lse = ctx.saved_tensors
     if grad is None:  # nothing used the loss
-        return None, None, None, None, None
+        return None, None, None, None, None, None
     backward = eager_backward(ctx, cross_entropy_backward, _cross_entropy_backward)
     if backward is _cross_entropy_backward and ctx.reduction != "none":
         _FactorRecord.of(x).write(grad)
-    return (backward(grad, x, target, lse, ctx.ignore_index, ctx.smoothing, ctx.reduction),
-            None, None, None, None)
+    return (backward(grad, x, target, weight, lse, ctx.ignore_index, ctx.smoothing,
+                     ctx.reduction), None, None, None, None, None)
 
 
 cross_entropy.register_autograd(_grads, setup_context=_setup)
@@ -183,14 +205,14 @@ forbid_double_backward(cross_entropy_backward)
 _two_kernels = dispatcher(cross_entropy, _cross_entropy, _setup, _grads)
 
 
-def apply_cross_entropy(x: Tensor, target: Tensor, ignore_index: int, smoothing: float,
-                        reduction: str) -> Tensor:
-    """The loss of logits x [rows, classes] for class indices `target` [rows]: the gradient
-    written in the forward where that saves a pass (_writes_gradient), else the two-kernel
-    ops."""
+def apply_cross_entropy(x: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,
+                        smoothing: float, reduction: str) -> Tensor:
+    """The loss of logits x [rows, classes] for class indices `target` [rows] (and class
+    weights, or None): the gradient written in the forward where that saves a pass
+    (_writes_gradient), else the two-kernel ops."""
     if _writes_gradient(x, reduction):
-        return _GradientInForward.apply(x, target, ignore_index, smoothing, reduction)
-    return _two_kernels(x, target, ignore_index, smoothing, reduction)[0]
+        return _GradientInForward.apply(x, target, weight, ignore_index, smoothing, reduction)
+    return _two_kernels(x, target, weight, ignore_index, smoothing, reduction)[0]
 
 
 def _writes_gradient(x: Tensor, reduction: str) -> bool:
@@ -204,16 +226,17 @@ def _writes_gradient(x: Tensor, reduction: str) -> bool:
             and not _FactorRecord.of(x).not_one())
 
 
-def _loss_and_gradient(x: Tensor, target: Tensor, ignore_index: int, smoothing: float,
-                       reduction: str) -> tuple[Tensor, Tensor]:
+def _loss_and_gradient(x: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,
+                       smoothing: float, reduction: str) -> tuple[Tensor, Tensor]:
     """(loss, grad): the loss as _cross_entropy gives it ('mean' or 'sum'), and the logits'
     gradient for a loss gradient of one, from one fuser kernel over the logits."""
     x = x.contiguous()
     classes, positions = x.shape[1], _positions(x)
     dtype = _compute(x)
     valid = target != ignore_index
-    count = _count(valid, reduction)
-    scale = _row_scale(valid.new_ones((), dtype=dtype), valid, count, dtype)
+    weights = _row_weights(weight, target, valid, dtype)
+    count = _count(valid, weights, reduction)
+    scale = _row_scale(valid.new_ones((), dtype=dtype), valid, weights, count, dtype)
     shift = smoothing / classes
     fd = _fusions.cross_entropy_forward_gradient(fuser_dtype(x.dtype), smoothing > 0,
                                                  x.dim() == 3)
@@ -221,7 +244,7 @@ def _loss_and_gradient(x: Tensor, target: Tensor, ignore_index: int, smoothing: 
     lse, grad = outs[0].view(positions), outs[-1]
     sums = outs[1].view(positions) if smoothing > 0 else None
     index, logit = _picked(x, target, valid, dtype)
-    loss = _loss(lse, sums, logit, valid, count, classes, smoothing, reduction)
+    loss = _loss(lse, sums, logit, valid, weights, count, classes, smoothing, reduction)
     return loss.to(x.dtype), _with_one_hot(grad, index, logit, lse, scale, shift, smoothing)
 
 
@@ -232,8 +255,8 @@ class _GradientInForward(torch.autograd.Function):
     (retain_graph=True, gradcheck) finds it scaled by the first's factor (_scaled_again)."""
 
     @staticmethod
-    def forward(ctx, x, target, ignore_index, smoothing, reduction):
-        loss, grad = _loss_and_gradient(x, target, ignore_index, smoothing, reduction)
+    def forward(ctx, x, target, weight, ignore_index, smoothing, reduction):
+        loss, grad = _loss_and_gradient(x, target, weight, ignore_index, smoothing, reduction)
         ctx.save_for_backward(grad)
         ctx.first_factor = None
         return loss
@@ -249,10 +272,10 @@ class _GradientInForward(torch.autograd.Function):
         (grad,) = ctx.saved_tensors
         factor = factor.to(grad.dtype).contiguous()
         if ctx.first_factor is not None:
-            return _scaled_again(grad, ctx.first_factor, factor), None, None, None, None
+            return _scaled_again(grad, ctx.first_factor, factor), None, None, None, None, None
         _fusions.rescale(grad, factor, _FactorRecord.of(grad).record)
         ctx.first_factor = factor
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None
 
 
 def _scaled_again(grad: Tensor, first: Tensor, factor: Tensor) -> Tensor:

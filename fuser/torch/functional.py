@@ -183,7 +183,7 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
                   label_smoothing: float = 0.0) -> Tensor:
     """torch.nn.functional.cross_entropy of logits `input` [N, C] (or [C], or [N, C, d1, ...]
     with the classes along dim 1) and class indices `target` [N] (or a scalar, or
-    [N, d1, ...]), without class weights: one fuser kernel over the logits for the
+    [N, d1, ...]), with class weights [C] or without: one fuser kernel over the logits for the
     log-sum-exp of each row, which also writes their gradient where the loss is reduced and
     the logits want one, else another kernel writes it in the backward (_cross_entropy.py).
     Logits [N, C, d1, ...] are taken where they lie as [N, C, d1 * ...] (one outer kernel
@@ -192,13 +192,11 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
     their gradient back); [B, T, C] logits are torch's [N, C, d1] form too, so a caller with
     classes last flattens them to [B * T, C] (a view). A class index outside [0, C) other
     than ignore_index fails on the device, in torch's gather, as in torch's own loss
-    (checking it on the host would wait for the GPU every call)."""
+    (checking it on the host would wait for the GPU every call). Class weights scale each
+    row's loss and gradient by its target's weight (a mean divides by the weights' sum, as
+    torch's); beside label smoothing they are refused."""
     where = "fuser.torch.cross_entropy"
     check_float(where, "input", input)
-    if weight is not None:
-        raise BadInputError(f"{where}: class weights (weight of shape {list(weight.shape)}) "
-                            "are not supported; pass weight=None, or use "
-                            "torch.nn.functional.cross_entropy")
     if reduction not in _cross_entropy.REDUCTIONS:
         raise BadInputError(f"{where}: reduction={reduction!r}; pass one of "
                             f"{', '.join(map(repr, _cross_entropy.REDUCTIONS))}")
@@ -219,6 +217,8 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
         raise BadInputError(f"{where}: target is on {target.device}, input on {input.device}; "
                             f"move target to {input.device}")
     classes = input.shape[1 if input.dim() > 1 else 0]
+    if weight is not None:
+        _check_class_weights(where, weight, classes, input, label_smoothing)
     positions = math.prod(input.shape[2:])
     if normalized_along_columns(classes, positions):
         logits, targets = input.reshape(input.shape[0], classes, positions), target.reshape(
@@ -226,6 +226,26 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
     else:
         logits = (input.movedim(1, -1) if input.dim() > 2 else input).reshape(-1, classes)
         targets = target.reshape(-1)
-    loss = _cross_entropy.apply_cross_entropy(logits, targets, int(ignore_index),
+    loss = _cross_entropy.apply_cross_entropy(logits, targets, weight, int(ignore_index),
                                               float(label_smoothing), reduction)
     return loss.reshape(target_shape) if reduction == "none" else loss
+
+
+def _check_class_weights(where: str, weight: Tensor, classes: int, input: Tensor,
+                         label_smoothing: float) -> None:
+    """Class weights fuser takes: [C] of a float dtype on the logits' device, needing no
+    gradient (torch's loss has no derivative for them), without label smoothing."""
+    check_float(where, "weight", weight)
+    if tuple(weight.shape) != (classes,):
+        raise BadInputError(f"{where}: weight has shape {list(weight.shape)}; class weights "
+                            f"must be one per class, [{classes}]")
+    if weight.device != input.device:
+        raise BadInputError(f"{where}: weight is on {weight.device}, input on {input.device}; "
+                            f"move weight to {input.device}")
+    if weight.requires_grad and torch.is_grad_enabled():
+        raise BadInputError(f"{where}: weight requires a gradient, which the loss has no "
+                            "derivative for (torch's has none either); pass weight.detach()")
+    if label_smoothing > 0:
+        raise BadInputError(
+            f"{where}: class weights with label_smoothing={label_smoothing} are not supported; "
+            "pass label_smoothing=0.0 or weight=None, or use torch.nn.functional.cross_entropy")
