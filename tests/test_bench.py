@@ -366,7 +366,7 @@ def test_comparison_points_are_in_order_of_hidden_size():
 
 
 def test_bench_modules_import_without_torch():
-    code = ("import sys, bench.run, bench.baselines, bench.plot; "
+    code = ("import sys, bench.run, bench.baselines, bench.plot, bench.along_dim; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
 
@@ -474,6 +474,35 @@ def test_module_parse_args():
     assert (a.module, a.hidden, a.no_compile) == (["softmax"], [7, 24578], True)
     with pytest.raises(SystemExit):
         module_args(["--module", "groupnorm"])
+
+
+# ----- bench/along_dim.py -----------------------------------------------------------------------
+
+
+def test_along_dim_cases_pass_bytes_and_args():
+    pytest.importorskip("torch")
+    from bench.along_dim import CASES, FORMS, pass_bytes
+    from bench.along_dim import parse_args as along_args
+    from fuser.torch._support import normalized_along_columns
+
+    # softmax: x and y; a step adds y, dy and dx. Cross entropy: the logits, then their grad
+    assert pass_bytes("softmax", "forward", 10, 2) == 40
+    assert pass_bytes("log_softmax", "train", 10, 2) == 100
+    assert pass_bytes("cross_entropy", "forward", 10, 2) == 20
+    assert pass_bytes("cross_entropy", "train", 10, 2) == 40
+    a = along_args(["--case", "softmax_dim0_16384x4096", "--dtype", "fp16"])
+    assert (a.case, a.dtype) == (["softmax_dim0_16384x4096"], "fp16")
+    assert along_args([]).case == list(CASES)
+    with pytest.raises(SystemExit):
+        along_args(["--case", "softmax_dim7"])
+    # every case has a dim before others of more than one element, where the forms differ,
+    # and the cases fall on both sides of the default threshold
+    sides = set()
+    for op, shape, dim in CASES.values():
+        after = int(np.prod(shape[dim + 1:]))
+        assert after > 1 and op in ("softmax", "log_softmax", "cross_entropy")
+        sides.add(normalized_along_columns(shape[dim], after))
+    assert sides == {True, False} and FORMS["columns"] == 0
 
 
 def test_markdown_table_shows_liger_where_measured():
