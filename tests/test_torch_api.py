@@ -539,6 +539,18 @@ def test_cross_entropy_of_classes_along_dim_1_reads_them_in_place(oracle, monkey
     assert all(("_columns_" in name) == (len(operand) == 3) for name, _ in ran)
 
 
+def test_cross_entropy_ops_refuse_class_weights_beside_label_smoothing(oracle):
+    """The ops themselves (torch.ops.fuser.*, which skip the function's checks) refuse what
+    they would compute wrong."""
+    x, target, w = torch.randn(4, 8), torch.tensor([1, 2, 3, 4]), torch.rand(8)
+    with pytest.raises(BadInputError, match=r"class weights with label_smoothing=0.1"):
+        torch.ops.fuser.cross_entropy(x, target, w, -100, 0.1, "mean")
+    _, lse = torch.ops.fuser.cross_entropy(x, target, None, -100, 0.1, "mean")
+    with pytest.raises(BadInputError, match=r"class weights with label_smoothing=0.1"):
+        torch.ops.fuser.cross_entropy_backward(torch.ones(()), x, target, w, lse, -100, 0.1,
+                                               "mean")
+
+
 def test_cross_entropy_module_and_ignore_index(oracle):
     """CrossEntropyLoss is torch's module on fuser's op; a custom ignore_index; a batch
     whose rows are all ignored gives torch's nan mean and zero gradient."""

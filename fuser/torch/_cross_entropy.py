@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
-from fuser.errors import UnsupportedFusionError
+from fuser.errors import BadInputError, UnsupportedFusionError
 from fuser.torch import _fusions
 from fuser.torch._eager import dispatcher, eager_backward, plain
 from fuser.torch._support import TORCH_DTYPES, forbid_double_backward, fuser_dtype
@@ -72,12 +72,19 @@ def _row_statistics(x: Tensor, row_sums: bool) -> tuple[Tensor, Tensor | None]:
     return outs[0].view(positions), outs[1].view(positions) if row_sums else None
 
 
-def _row_weights(weight: Tensor | None, target: Tensor, valid: Tensor, dtype: torch.dtype
-                 ) -> Tensor | None:
+def _row_weights(weight: Tensor | None, target: Tensor, valid: Tensor, smoothing: float,
+                 dtype: torch.dtype) -> Tensor | None:
     """Each row's class weight, weight[target] in `dtype` (None without class weights; an
-    ignored row's is read at class 0 and masked by its users)."""
+    ignored row's is read at class 0 and masked by its users). Every path of the ops asks
+    this, so the ops refuse weights beside label smoothing as fuser.torch.cross_entropy
+    does: the smoothing term would need the weights per class in the kernels."""
     if weight is None:
         return None
+    if smoothing > 0:
+        raise BadInputError(
+            f"fuser::cross_entropy: class weights with label_smoothing={smoothing} are not "
+            "supported; pass label_smoothing=0.0 or weight=None, or use "
+            "torch.nn.functional.cross_entropy")
     return weight.to(dtype)[torch.where(valid, target, 0)]
 
 
@@ -108,16 +115,16 @@ def _loss(lse: Tensor, sums: Tensor | None, logit: Tensor, valid: Tensor,
 
 def _cross_entropy(x: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,
                    smoothing: float, reduction: str) -> tuple[Tensor, Tensor]:
-    """(loss, lse): the loss of logits x [rows, classes] for class indices `target` [rows]
-    with optional class weights [classes] (not beside label smoothing: functional.py refuses
-    that) ([rows] where reduction is 'none', else a scalar; in x's dtype), and each row's
-    log-sum-exp [rows] in the compute type; for x [G, classes, H], target, losses and
-    log-sum-exps [G, H]."""
+    """(loss, lse): the loss of logits x [rows, classes] for class indices `target` [rows],
+    with class weights [classes] or None (not beside label smoothing: _row_weights), in x's
+    dtype ([rows] where reduction is 'none', else a scalar), and each row's log-sum-exp
+    [rows] in the compute type; for x [G, classes, H], target, losses and log-sum-exps
+    [G, H]."""
     x = x.contiguous()
     lse, sums = _row_statistics(x, smoothing > 0)
     valid = target != ignore_index
     _, logit = _picked(x, target, valid, lse.dtype)
-    weights = _row_weights(weight, target, valid, lse.dtype)
+    weights = _row_weights(weight, target, valid, smoothing, lse.dtype)
     loss = _loss(lse, sums, logit, valid, weights, _count(valid, weights, reduction),
                  x.shape[1], smoothing, reduction)
     return loss.to(x.dtype), lse
@@ -145,7 +152,7 @@ def _cross_entropy_backward(grad: Tensor, x: Tensor, target: Tensor, weight: Ten
     if x.numel() == 0:
         return torch.empty_like(x)
     valid = target != ignore_index
-    weights = _row_weights(weight, target, valid, lse.dtype)
+    weights = _row_weights(weight, target, valid, smoothing, lse.dtype)
     scale = _row_scale(grad, valid, weights, _count(valid, weights, reduction), lse.dtype)
     shift = smoothing / x.shape[1]
     (out,) = _fusions.run(_fusions.cross_entropy_backward(fuser_dtype(x.dtype), x.dim() == 3),
@@ -234,7 +241,7 @@ def _loss_and_gradient(x: Tensor, target: Tensor, weight: Tensor | None, ignore_
     classes, positions = x.shape[1], _positions(x)
     dtype = _compute(x)
     valid = target != ignore_index
-    weights = _row_weights(weight, target, valid, dtype)
+    weights = _row_weights(weight, target, valid, smoothing, dtype)
     count = _count(valid, weights, reduction)
     scale = _row_scale(valid.new_ones((), dtype=dtype), valid, weights, count, dtype)
     shift = smoothing / classes
