@@ -102,3 +102,14 @@ def test_a_recorded_call_explains_itself(oracle, device):  # noqa: F811
     assert report.device.name.lower().startswith(device or "h200")
     assert "__global__" in report.source
     assert all(r.spill_stores == 0 for r in report.resources.values())
+
+
+def test_calls_under_torch_compile_are_recorded(oracle):  # noqa: F811
+    """torch.compile keeps fuser's custom ops in its graph; their implementations run the
+    fusions, so a compiled model's calls are recorded as an eager one's."""
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: ft.rms_norm(x, 32), fullgraph=True, backend="aot_eager")
+    x = torch.randn(4, 32, requires_grad=True)
+    with ft.recorded() as calls:
+        compiled(x).sum().backward()
+    assert [c.name for c in calls] == ["rms_norm_fwd_f32", "rms_norm_bwd_f32"]
