@@ -292,12 +292,15 @@ def test_cross_entropy_of_classes_along_dim_1_matches_torch(shape, dtype, reduct
         _loss_and_grad(torch.nn.functional.cross_entropy, x.double(), target, g, **kwargs))
 
 
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("path", [GRADIENT_IN_FORWARD, TWO_KERNELS])
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 @pytest.mark.parametrize("shape", [(300, 32000), (4, 21, 64, 64)], ids=str)
-def test_cross_entropy_with_class_weights_matches_torch(monkeypatch, shape, reduction, path):
+def test_cross_entropy_with_class_weights_matches_torch(monkeypatch, shape, reduction, path,
+                                                        label_smoothing):
     """Class weights: each row's loss and gradient scaled by its target's weight, a mean over
-    the weights' sum, as close to float64 as torch's own."""
+    the weights' sum, label smoothing's term weighted per class (the row kernels' column
+    input), as close to float64 as torch's own."""
     _force_path(monkeypatch, path)
     x = (3 * torch.randn(shape, device="cuda")).to(torch.bfloat16)
     target = torch.randint(0, shape[1], shape[:1] + shape[2:], device="cuda")
@@ -305,13 +308,13 @@ def test_cross_entropy_with_class_weights_matches_torch(monkeypatch, shape, redu
     weight = (torch.rand(shape[1], device="cuda") + 0.5).to(torch.bfloat16)  # torch's dtype
     g = torch.rand(target.shape if reduction == "none" else (), device="cuda",
                    dtype=torch.float64)
-    kwargs = {"weight": weight, "reduction": reduction}
+    kwargs = {"weight": weight, "reduction": reduction, "label_smoothing": label_smoothing}
     ours = _loss_and_grad(ft.cross_entropy, x, target, g, **kwargs)
     assert reduction == "none" or type(ours[0].grad_fn).__name__ == path
     assert_as_close_as_torch(
         ours, _loss_and_grad(torch.nn.functional.cross_entropy, x, target, g, **kwargs),
         _loss_and_grad(torch.nn.functional.cross_entropy, x.double(), target, g,
-                       weight=weight.double(), reduction=reduction))
+                       **{**kwargs, "weight": weight.double()}))
 
 
 def test_a_recorded_call_explains_the_schedule_that_ran():

@@ -494,13 +494,15 @@ def test_cross_entropy_matches_torch(oracle, monkeypatch, shape, dtype, reductio
                                **tol)
 
 
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.2])
 @pytest.mark.parametrize("path", [GRADIENT_IN_FORWARD, TWO_KERNELS])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("shape", [(7, 33), (33,), (2, 33, 4), (2, 40, 8)])
 def test_cross_entropy_with_class_weights_matches_torch(oracle, monkeypatch, shape, reduction,
-                                                        path):
+                                                        path, label_smoothing):
     """Each row's loss and gradient scaled by its target's weight, a mean divided by the sum
-    of the weights of the rows not ignored, as torch's; the weights get no gradient."""
+    of the weights of the rows not ignored, and label smoothing's term weighted per class,
+    as torch's; the weights get no gradient."""
     record = _cross_entropy._FactorRecord.of(torch.empty(0))
     monkeypatch.setattr(record, "not_one", lambda: path == TWO_KERNELS)
     torch.manual_seed(1)
@@ -510,15 +512,34 @@ def test_cross_entropy_with_class_weights_matches_torch(oracle, monkeypatch, sha
     if len(shape) > 1:
         target[1] = -100
     weight = torch.rand(classes, dtype=F64) + 0.5
-    got = ft.cross_entropy(x, target, weight, reduction=reduction)
-    want = torch.nn.functional.cross_entropy(x, target, weight, reduction=reduction)
+    kwargs = {"reduction": reduction, "label_smoothing": label_smoothing}
+    got = ft.cross_entropy(x, target, weight, **kwargs)
+    want = torch.nn.functional.cross_entropy(x, target, weight, **kwargs)
     g = torch.randn_like(want)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(torch.autograd.grad(got, x, g), torch.autograd.grad(want, x, g))
     if reduction != "none":
         assert _node(got) == path
-    module = ft.CrossEntropyLoss(weight=weight, reduction=reduction)
+    module = ft.CrossEntropyLoss(weight=weight, **kwargs)
     torch.testing.assert_close(module(x, target), want)
+
+
+def test_class_weights_beside_label_smoothing_take_the_row_kernels(oracle, monkeypatch):
+    """The smoothing term weighted per class is a column input of a row kernel: [N, C, d]
+    logits are moved to rows for it (the outer kernel would need it along its rows), and the
+    kernels get the weights, in the compute type, after the row scales."""
+    ran = []
+    monkeypatch.setattr(_fusions, "run", lambda fd, inputs: ran.append(
+        (fd.name, [tuple(t.shape) if isinstance(t, torch.Tensor) else t for t in inputs]))
+        or run_on_oracle(fd, inputs))
+    x = torch.randn(2, 40, 8, requires_grad=True)
+    target = torch.randint(0, 40, (2, 8))
+    torch.autograd.grad(ft.cross_entropy(x, target, torch.rand(40), label_smoothing=0.1), x)
+    assert ran and all("_weighted_" in name and "_columns" not in name for name, _ in ran)
+    assert ran[0][1][0] == (16, 40) and ran[0][1][-1] == (40,)
+    ran.clear()
+    torch.autograd.grad(ft.cross_entropy(x, target, torch.rand(40)), x)
+    assert ran and all("_weighted" not in name and "_columns_" in name for name, _ in ran)
 
 
 @pytest.mark.parametrize(("shape", "operand"), [((2, 40, 8), (2, 40, 8)),
@@ -537,18 +558,6 @@ def test_cross_entropy_of_classes_along_dim_1_reads_them_in_place(oracle, monkey
     torch.autograd.grad(ft.cross_entropy(x, target), x)
     assert ran and {op for _, op in ran} == {operand}  # one kernel or two (the record's form)
     assert all(("_columns_" in name) == (len(operand) == 3) for name, _ in ran)
-
-
-def test_cross_entropy_ops_refuse_class_weights_beside_label_smoothing(oracle):
-    """The ops themselves (torch.ops.fuser.*, which skip the function's checks) refuse what
-    they would compute wrong."""
-    x, target, w = torch.randn(4, 8), torch.tensor([1, 2, 3, 4]), torch.rand(8)
-    with pytest.raises(BadInputError, match=r"class weights with label_smoothing=0.1"):
-        torch.ops.fuser.cross_entropy(x, target, w, -100, 0.1, "mean")
-    _, lse = torch.ops.fuser.cross_entropy(x, target, None, -100, 0.1, "mean")
-    with pytest.raises(BadInputError, match=r"class weights with label_smoothing=0.1"):
-        torch.ops.fuser.cross_entropy_backward(torch.ones(()), x, target, w, lse, -100, 0.1,
-                                               "mean")
 
 
 def test_cross_entropy_module_and_ignore_index(oracle):
@@ -761,6 +770,8 @@ def _op_cases():
         (ops.cross_entropy.default, (xg.reshape(2, 16, 3).detach().requires_grad_(),
                                      torch.tensor([[3, 0, -100], [15, 1, 2]]), w, -100, 0.0,
                                      "none")),
+        (ops.cross_entropy.default, (xg, torch.tensor([3, 0, -100, 15, 1, 2]), w, -100, 0.1,
+                                     "sum")),
     ]
 
 
@@ -791,9 +802,10 @@ def test_backward_ops_opcheck(oracle):
     _, lse = ops.cross_entropy(x, target, None, -100, 0.1, "none")
     torch.library.opcheck(ops.cross_entropy_backward.default,
                           (torch.randn(6), x, target, None, lse, -100, 0.1, "none"))
-    _, lse = ops.cross_entropy(x, target, w, -100, 0.0, "mean")
-    torch.library.opcheck(ops.cross_entropy_backward.default,
-                          (torch.randn(()), x, target, w, lse, -100, 0.0, "mean"))
+    for smoothing in (0.0, 0.1):
+        _, lse = ops.cross_entropy(x, target, w, -100, smoothing, "mean")
+        torch.library.opcheck(ops.cross_entropy_backward.default,
+                              (torch.randn(()), x, target, w, lse, -100, smoothing, "mean"))
 
 
 def test_fake_and_meta_tensors_give_shapes_without_running():
@@ -930,9 +942,6 @@ def test_compile_aot_matches_eager(oracle):
     (lambda: ft.dropout_add_rms_norm(torch.ones(2, 4), torch.ones(4), 4),
      r"residual has shape \[4\]; it must be the input's shape \[2, 4\]"),
     (lambda: ft.cross_entropy(torch.ones(2, 4), torch.zeros(2, dtype=torch.int64),
-                              weight=torch.ones(4), label_smoothing=0.1),
-     r"class weights with label_smoothing=0.1 are not supported; pass label_smoothing=0.0"),
-    (lambda: ft.cross_entropy(torch.ones(2, 4), torch.zeros(2, dtype=torch.int64),
                               weight=torch.ones(3)), r"weight has shape \[3\]; .* \[4\]"),
     (lambda: ft.cross_entropy(torch.ones(2, 4, 5), torch.zeros(2, 5, dtype=torch.int64),
                               weight=torch.ones(5)), r"weight has shape \[5\]; .* \[4\]"),
@@ -1012,6 +1021,13 @@ def _fusion_cases() -> list:
                 cases.append(pytest.param(
                     lambda d=dtype, c=columns, s=sums: _fusions.cross_entropy_forward_gradient(
                         d, s, c), id=f"cross-entropy-fwd-grad-{dtype}-sums{sums}-columns{columns}"))
+        cases.append(pytest.param(
+            lambda d=dtype: _fusions.cross_entropy_forward_gradient(d, True, False, True),
+            id=f"cross-entropy-fwd-grad-weighted-{dtype}"))
+        cases.append(pytest.param(lambda d=dtype: _fusions.cross_entropy_backward(d, False, True),
+                                  id=f"cross-entropy-bwd-weighted-{dtype}"))
+        cases.append(pytest.param(lambda d=dtype: _fusions.logsumexp_forward(d, True, False, True),
+                                  id=f"logsumexp-weighted-{dtype}"))
         cases.append(pytest.param(lambda d=dtype: _fusions.logsumexp_forward(d, False, True),
                                   id=f"logsumexp-columns-{dtype}"))
     return cases

@@ -27,13 +27,14 @@ and where the last backward's was not, the next forward leaves the gradient to t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
-from fuser.errors import BadInputError, UnsupportedFusionError
+from fuser.errors import UnsupportedFusionError
 from fuser.torch import _fusions
 from fuser.torch._eager import dispatcher, eager_backward, plain
 from fuser.torch._support import TORCH_DTYPES, forbid_double_backward, fuser_dtype
@@ -60,31 +61,27 @@ def _picked(x: Tensor, target: Tensor, valid: Tensor, dtype: torch.dtype) -> tup
     return index, x.gather(1, index).squeeze(1).to(dtype)
 
 
-def _row_statistics(x: Tensor, row_sums: bool) -> tuple[Tensor, Tensor | None]:
-    """Each row's log-sum-exp (_positions) and, where `row_sums`, its sum (else None), in the
-    compute type: one fuser kernel over the logits."""
-    positions = _positions(x)
+def _row_statistics(x: Tensor, row_sums: bool, weight: Tensor | None
+                    ) -> tuple[Tensor, Tensor | None]:
+    """Each row's log-sum-exp (_positions) and, where `row_sums`, its sum (of x * weight with
+    class weights) or None, in the compute type: one fuser kernel over the logits."""
+    positions, dtype = _positions(x), _compute(x)
     if x.numel() == 0:  # fuser refuses empty tensors: no row, nothing to reduce
-        empty = x.new_empty(positions, dtype=_compute(x))
+        empty = x.new_empty(positions, dtype=dtype)
         return empty, empty if row_sums else None
-    fd = _fusions.logsumexp_forward(fuser_dtype(x.dtype), row_sums, x.dim() == 3)
-    outs = _fusions.run(fd, [x])
+    inputs = [x] if weight is None or not row_sums else [x, weight.to(dtype)]
+    fd = _fusions.logsumexp_forward(fuser_dtype(x.dtype), row_sums, x.dim() == 3,
+                                    len(inputs) > 1)
+    outs = _fusions.run(fd, inputs)
     return outs[0].view(positions), outs[1].view(positions) if row_sums else None
 
 
-def _row_weights(weight: Tensor | None, target: Tensor, valid: Tensor, smoothing: float,
-                 dtype: torch.dtype) -> Tensor | None:
+def _row_weights(weight: Tensor | None, target: Tensor, valid: Tensor, dtype: torch.dtype
+                 ) -> Tensor | None:
     """Each row's class weight, weight[target] in `dtype` (None without class weights; an
-    ignored row's is read at class 0 and masked by its users). Every path of the ops asks
-    this, so the ops refuse weights beside label smoothing as fuser.torch.cross_entropy
-    does: the smoothing term would need the weights per class in the kernels."""
+    ignored row's is read at class 0 and masked by its users)."""
     if weight is None:
         return None
-    if smoothing > 0:
-        raise BadInputError(
-            f"fuser::cross_entropy: class weights with label_smoothing={smoothing} are not "
-            "supported; pass label_smoothing=0.0 or weight=None, or use "
-            "torch.nn.functional.cross_entropy")
     return weight.to(dtype)[torch.where(valid, target, 0)]
 
 
@@ -97,16 +94,20 @@ def _count(valid: Tensor, weights: Tensor | None, reduction: str) -> Tensor | No
 
 
 def _loss(lse: Tensor, sums: Tensor | None, logit: Tensor, valid: Tensor,
-          weights: Tensor | None, count: Tensor | None, classes: int, smoothing: float,
-          reduction: str) -> Tensor:
-    """The loss from each row's log-sum-exp, sum (where labels are smoothed), target logit
-    and class weight (_row_weights), in the compute type: [rows] where reduction is 'none',
-    else a scalar (a mean divided by `count`, _count's)."""
+          weight: Tensor | None, weights: Tensor | None, count: Tensor | None, classes: int,
+          smoothing: float, reduction: str) -> Tensor:
+    """The loss from each row's log-sum-exp, sum (where labels are smoothed; of x * weight
+    with class weights), target logit and class weight (_row_weights), in the compute type:
+    [rows] where reduction is 'none', else a scalar (a mean divided by `count`, _count's).
+    With class weights, torch's: (1 - smoothing) * w[t] * (lse - x[t]) + smoothing *
+    (sum(w) * lse - sum(w * x)) / classes."""
     losses = lse - logit
-    if sums is not None:
-        losses = (1 - smoothing) * losses + smoothing * (lse - sums / classes)
     if weights is not None:
         losses = losses * weights
+    if sums is not None:
+        smooth = (lse - sums / classes if weight is None or weights is None
+                  else (weight.to(lse.dtype).sum() * lse - sums) / classes)
+        losses = (1 - smoothing) * losses + smoothing * smooth
     losses = torch.where(valid, losses, 0)
     if reduction == "none":
         return losses
@@ -116,56 +117,89 @@ def _loss(lse: Tensor, sums: Tensor | None, logit: Tensor, valid: Tensor,
 def _cross_entropy(x: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,
                    smoothing: float, reduction: str) -> tuple[Tensor, Tensor]:
     """(loss, lse): the loss of logits x [rows, classes] for class indices `target` [rows],
-    with class weights [classes] or None (not beside label smoothing: _row_weights), in x's
-    dtype ([rows] where reduction is 'none', else a scalar), and each row's log-sum-exp
-    [rows] in the compute type; for x [G, classes, H], target, losses and log-sum-exps
-    [G, H]."""
+    with class weights [classes] or None, in x's dtype ([rows] where reduction is 'none',
+    else a scalar), and each row's log-sum-exp [rows] in the compute type; for x
+    [G, classes, H], target, losses and log-sum-exps [G, H]."""
     x = x.contiguous()
-    lse, sums = _row_statistics(x, smoothing > 0)
+    lse, sums = _row_statistics(x, smoothing > 0, weight)
     valid = target != ignore_index
     _, logit = _picked(x, target, valid, lse.dtype)
-    weights = _row_weights(weight, target, valid, smoothing, lse.dtype)
-    loss = _loss(lse, sums, logit, valid, weights, _count(valid, weights, reduction),
+    weights = _row_weights(weight, target, valid, lse.dtype)
+    loss = _loss(lse, sums, logit, valid, weight, weights, _count(valid, weights, reduction),
                  x.shape[1], smoothing, reduction)
     return loss.to(x.dtype), lse
 
 
-def _row_scale(grad: Tensor, valid: Tensor, weights: Tensor | None, count: Tensor | None,
-               dtype: torch.dtype) -> Tensor:
-    """The loss's gradient for each row, times its class weight, 0 for an ignored one (a
-    mean's divided by `count`, _count's)."""
-    grad = grad.to(dtype)
+@dataclass(frozen=True)
+class _RowGradient:
+    """How the kernels write each row's gradient: scale * (softmax - shift) for a scalar
+    shift (label smoothing's share of each class), or, with class weights beside label
+    smoothing, scale * softmax - shift * weight for a shift per row; and `off` [rows], what
+    the row's target element has less than scale * softmax, its own shift and the one-hot
+    term together."""
+
+    scale: Tensor
+    shift: Tensor | float
+    off: Tensor
+
+    def at_target(self, logit: Tensor, lse: Tensor) -> Tensor:
+        """Each row's gradient at its target element, in the compute type."""
+        return self.scale * torch.exp(logit - lse) - self.off
+
+
+def _row_gradient(grad: Tensor, valid: Tensor, weight: Tensor | None, weights: Tensor | None,
+                  count: Tensor | None, classes: int, smoothing: float, dtype: torch.dtype
+                  ) -> _RowGradient:
+    """The rows' _RowGradient for the loss's gradient `grad` (a mean's divided by `count`,
+    _count's; 0 for an ignored row). Without class weights: scale s, shift smoothing /
+    classes, hot s * (1 - smoothing). With them, s * w[t] where torch's loss has w[t], and
+    beside label smoothing the smoothing term's derivative, s * smoothing / classes *
+    (sum(w) * softmax - w)."""
+    s = grad.to(dtype)
     if count is not None:
-        grad = grad / count
-    if weights is not None:
-        grad = grad * weights
-    return torch.where(valid, grad, 0)
+        s = s / count
+    s = torch.where(valid, s, 0)
+    if weight is None or weights is None:
+        shift = smoothing / classes
+        return _RowGradient(s, shift, s * (shift + 1 - smoothing))
+    nll = s * weights * (1 - smoothing)
+    if smoothing == 0:
+        return _RowGradient(nll, 0.0, nll)
+    share = s * (smoothing / classes)
+    return _RowGradient(nll + share * weight.to(dtype).sum(), share, share * weights + nll)
+
+
+def _gradient_kernel_inputs(rows: _RowGradient, weight: Tensor | None, dtype: torch.dtype
+                            ) -> tuple[bool, list]:
+    """(weighted, the inputs after x and before any lse): the scale and shift as the kernels
+    take them, and the class weights where the shift is per row."""
+    if isinstance(rows.shift, float) or weight is None:
+        return False, [rows.scale.unsqueeze(1), rows.shift]
+    return True, [rows.scale.unsqueeze(1), rows.shift.unsqueeze(1), weight.to(dtype)]
 
 
 def _cross_entropy_backward(grad: Tensor, x: Tensor, target: Tensor, weight: Tensor | None,
                             lse: Tensor, ignore_index: int, smoothing: float, reduction: str
                             ) -> Tensor:
-    """The logits' gradient, in x's dtype: scale * (softmax(x) - smoothing / classes) less
-    scale * (1 - smoothing) in each row's target element, scale the row's share of the
-    loss's gradient (its class weight's, with weights)."""
+    """The logits' gradient, in x's dtype: the rows' _RowGradient written by one fuser
+    kernel, then each row's target element."""
     x = x.contiguous()
     if x.numel() == 0:
         return torch.empty_like(x)
     valid = target != ignore_index
-    weights = _row_weights(weight, target, valid, smoothing, lse.dtype)
-    scale = _row_scale(grad, valid, weights, _count(valid, weights, reduction), lse.dtype)
-    shift = smoothing / x.shape[1]
-    (out,) = _fusions.run(_fusions.cross_entropy_backward(fuser_dtype(x.dtype), x.dim() == 3),
-                          [x, lse.unsqueeze(1), scale.unsqueeze(1), shift])
+    weights = _row_weights(weight, target, valid, lse.dtype)
+    rows = _row_gradient(grad, valid, weight, weights, _count(valid, weights, reduction),
+                         x.shape[1], smoothing, lse.dtype)
+    weighted, scales = _gradient_kernel_inputs(rows, weight, lse.dtype)
+    fd = _fusions.cross_entropy_backward(fuser_dtype(x.dtype), x.dim() == 3, weighted)
+    (out,) = _fusions.run(fd, [x, lse.unsqueeze(1), *scales])
     index, logit = _picked(x, target, valid, lse.dtype)
-    return _with_one_hot(out, index, logit, lse, scale, shift, smoothing)
+    return _with_one_hot(out, index, rows.at_target(logit, lse))
 
 
-def _with_one_hot(out: Tensor, index: Tensor, logit: Tensor, lse: Tensor, scale: Tensor,
-                  shift: float, smoothing: float) -> Tensor:
+def _with_one_hot(out: Tensor, index: Tensor, at_target: Tensor) -> Tensor:
     """`out` (the gradient but for its one-hot term) with each row's target element written
-    from the gathered logit in the compute type, so rounded once."""
-    at_target = scale * (torch.exp(logit - lse) - shift - (1 - smoothing))
+    from `at_target` (_RowGradient.at_target, in the compute type, so rounded once)."""
     return out.scatter_(1, index, at_target.to(out.dtype).unsqueeze(1))
 
 
@@ -241,18 +275,20 @@ def _loss_and_gradient(x: Tensor, target: Tensor, weight: Tensor | None, ignore_
     classes, positions = x.shape[1], _positions(x)
     dtype = _compute(x)
     valid = target != ignore_index
-    weights = _row_weights(weight, target, valid, smoothing, dtype)
+    weights = _row_weights(weight, target, valid, dtype)
     count = _count(valid, weights, reduction)
-    scale = _row_scale(valid.new_ones((), dtype=dtype), valid, weights, count, dtype)
-    shift = smoothing / classes
+    rows = _row_gradient(valid.new_ones((), dtype=dtype), valid, weight, weights, count,
+                         classes, smoothing, dtype)
+    weighted, scales = _gradient_kernel_inputs(rows, weight, dtype)
     fd = _fusions.cross_entropy_forward_gradient(fuser_dtype(x.dtype), smoothing > 0,
-                                                 x.dim() == 3)
-    outs = _fusions.run(fd, [x, scale.unsqueeze(1), shift])
+                                                 x.dim() == 3, weighted)
+    outs = _fusions.run(fd, [x, *scales])
     lse, grad = outs[0].view(positions), outs[-1]
     sums = outs[1].view(positions) if smoothing > 0 else None
     index, logit = _picked(x, target, valid, dtype)
-    loss = _loss(lse, sums, logit, valid, weights, count, classes, smoothing, reduction)
-    return loss.to(x.dtype), _with_one_hot(grad, index, logit, lse, scale, shift, smoothing)
+    loss = _loss(lse, sums, logit, valid, weight, weights, count, classes, smoothing,
+                 reduction)
+    return loss.to(x.dtype), _with_one_hot(grad, index, rows.at_target(logit, lse))
 
 
 class _GradientInForward(torch.autograd.Function):

@@ -203,9 +203,22 @@ def _statistic(fd: FusionDefinition, dtype: DataType, columns: bool):
     return fd.define_tensor(shape=[-1, 1, -1], contiguity=[True, None, True], dtype=dtype)
 
 
-def _entropy_name(kind: str, dtype: DataType, row_sums: bool, columns: bool) -> str:
-    return (f"{kind}{'_rowsum' if row_sums else ''}{'_columns' if columns else ''}"
-            f"_{_SHORT[dtype]}")
+def _entropy_name(kind: str, dtype: DataType, row_sums: bool, columns: bool,
+                  weighted: bool = False) -> str:
+    return (f"{kind}{'_rowsum' if row_sums else ''}{'_weighted' if weighted else ''}"
+            f"{'_columns' if columns else ''}_{_SHORT[dtype]}")
+
+
+def _per_class(fd: FusionDefinition, w, like):
+    """Class weights w [C] broadcast along `like`'s classes (dim 1)."""
+    return fd.ops.broadcast_in_dim(w, shape=like.shape(), broadcast_dims=[1])
+
+
+def _class_sums(fd: FusionDefinition, xf, x, w):
+    """sum(xf) along the classes, kept; with class weights w, sum(xf * w): label smoothing's
+    term of the loss."""
+    return fd.ops.sum(xf if w is None else fd.ops.mul(xf, _per_class(fd, w, x)), dims=[1],
+                      keepdim=True)
 
 
 def _softmax_name(kind: str, dtype: DataType, log: bool, columns: bool) -> str:
@@ -258,65 +271,83 @@ def _log_sum_exp(fd: FusionDefinition, xf, x):
     return fd.ops.add(fd.ops.log(fd.ops.sum(e, dims=[1], keepdim=True)), m)
 
 
-def _entropy_gradient(fd: FusionDefinition, xf, x, lse, scale, shift, dtype: DataType):
-    """scale * (exp(xf - lse) - shift) in x's shape and `dtype`: cross entropy's gradient but
-    for its one-hot term."""
+def _entropy_gradient(fd: FusionDefinition, xf, x, lse, scale, shift, dtype: DataType,
+                      w=None):
+    """scale * (exp(xf - lse) - shift) in x's shape and `dtype`, shift a scalar: cross
+    entropy's gradient but for its one-hot term; with class weights w [C] (beside label
+    smoothing), scale * exp(xf - lse) - shift * w, shift a statistic."""
     p = fd.ops.exp(fd.ops.sub(xf, _spread(fd, lse, x)))
-    return fd.ops.cast(fd.ops.mul(fd.ops.sub(p, shift), _spread(fd, scale, x)), dtype)
+    if w is None:
+        grad = fd.ops.mul(fd.ops.sub(p, shift), _spread(fd, scale, x))
+    else:
+        grad = fd.ops.sub(fd.ops.mul(p, _spread(fd, scale, x)),
+                          fd.ops.mul(_spread(fd, shift, x), _per_class(fd, w, x)))
+    return fd.ops.cast(grad, dtype)
 
 
 @cache
-def logsumexp_forward(dtype: DataType, row_sums: bool, columns: bool = False
-                      ) -> FusionDefinition:
+def logsumexp_forward(dtype: DataType, row_sums: bool, columns: bool = False,
+                      weighted: bool = False) -> FusionDefinition:
     """x [N, C] -> lse [N, 1] = max + log(sum(exp(x - max))) in the compute type, and where
     `row_sums` sum(x) [N, 1] too (label smoothing's term): cross entropy's forward, which
     reads the logits once. For `columns`, x [G, C, H] (classes along dim 1, as torch's
-    [N, C, d1, ...] logits) -> [G, 1, H] statistics."""
+    [N, C, d1, ...] logits) -> [G, 1, H] statistics. `weighted` (with `row_sums`): class
+    weights w [C] in the compute type after x, and the sums are of x * w."""
     c = compute_type(dtype)
-    with FusionDefinition(_entropy_name("logsumexp", dtype, row_sums, columns)) as fd:
+    name = _entropy_name("logsumexp", dtype, row_sums, columns, weighted)
+    with FusionDefinition(name) as fd:
         x = _operand(fd, dtype, columns)
+        w = _vector(fd, c) if weighted else None
         xf = fd.ops.cast(x, c)
         fd.add_output(_log_sum_exp(fd, xf, x))
         if row_sums:
-            fd.add_output(fd.ops.sum(xf, dims=[1], keepdim=True))
+            fd.add_output(_class_sums(fd, xf, x, w))
     return fd
 
 
 @cache
-def cross_entropy_forward_gradient(dtype: DataType, row_sums: bool, columns: bool = False
-                                   ) -> FusionDefinition:
+def cross_entropy_forward_gradient(dtype: DataType, row_sums: bool, columns: bool = False,
+                                   weighted: bool = False) -> FusionDefinition:
     """x [N, C], scale [N, 1], shift (a scalar) -> lse [N, 1] (and sum(x) [N, 1] where
     `row_sums`), as logsumexp_forward, and the gradient cross_entropy_backward writes, from
     the lse computed in the same kernel: the forward that writes the gradient too, reading
-    the logits once for both. For `columns`, x [G, C, H] and [G, 1, H] statistics."""
+    the logits once for both. For `columns`, x [G, C, H] and [G, 1, H] statistics.
+    `weighted` (with `row_sums`): shift a statistic and class weights w [C] after it, as
+    cross_entropy_backward's."""
     c = compute_type(dtype)
-    with FusionDefinition(_entropy_name("cross_entropy_fwd_grad", dtype, row_sums,
-                                        columns)) as fd:
+    name = _entropy_name("cross_entropy_fwd_grad", dtype, row_sums, columns, weighted)
+    with FusionDefinition(name) as fd:
         x = _operand(fd, dtype, columns)
         scale = _statistic(fd, c, columns)
-        shift = fd.define_scalar(dtype=c)
+        shift = _statistic(fd, c, columns) if weighted else fd.define_scalar(dtype=c)
+        w = _vector(fd, c) if weighted else None
         xf = fd.ops.cast(x, c)
         lse = _log_sum_exp(fd, xf, x)
         fd.add_output(lse)
         if row_sums:
-            fd.add_output(fd.ops.sum(xf, dims=[1], keepdim=True))
-        fd.add_output(_entropy_gradient(fd, xf, x, lse, scale, shift, dtype))
+            fd.add_output(_class_sums(fd, xf, x, w))
+        fd.add_output(_entropy_gradient(fd, xf, x, lse, scale, shift, dtype, w))
     return fd
 
 
 @cache
-def cross_entropy_backward(dtype: DataType, columns: bool = False) -> FusionDefinition:
+def cross_entropy_backward(dtype: DataType, columns: bool = False, weighted: bool = False
+                           ) -> FusionDefinition:
     """x [N, C], lse [N, 1], scale [N, 1] (the loss's gradient for each row, 0 for an
     ignored one), shift (label smoothing's share of each class, a scalar) -> grad_x =
     scale * (exp(x - lse) - shift) [N, C] in x's dtype: cross entropy's gradient but for its
     one-hot term, which the caller writes into the target's element after. For `columns`,
-    x [G, C, H] and [G, 1, H] statistics."""
+    x [G, C, H] and [G, 1, H] statistics. `weighted` (class weights beside label smoothing):
+    shift [N, 1] a statistic and class weights w [C] after it, grad_x = scale * exp(x - lse)
+    - shift * w."""
     c = compute_type(dtype)
-    with FusionDefinition(_entropy_name("cross_entropy_bwd", dtype, False, columns)) as fd:
+    name = _entropy_name("cross_entropy_bwd", dtype, False, columns, weighted)
+    with FusionDefinition(name) as fd:
         x = _operand(fd, dtype, columns)
         lse, scale = _statistic(fd, c, columns), _statistic(fd, c, columns)
-        shift = fd.define_scalar(dtype=c)
-        fd.add_output(_entropy_gradient(fd, fd.ops.cast(x, c), x, lse, scale, shift, dtype))
+        shift = _statistic(fd, c, columns) if weighted else fd.define_scalar(dtype=c)
+        w = _vector(fd, c) if weighted else None
+        fd.add_output(_entropy_gradient(fd, fd.ops.cast(x, c), x, lse, scale, shift, dtype, w))
     return fd
 
 

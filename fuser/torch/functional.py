@@ -193,8 +193,9 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
     classes last flattens them to [B * T, C] (a view). A class index outside [0, C) other
     than ignore_index fails on the device, in torch's gather, as in torch's own loss
     (checking it on the host would wait for the GPU every call). Class weights scale each
-    row's loss and gradient by its target's weight (a mean divides by the weights' sum, as
-    torch's); beside label smoothing they are refused."""
+    row's loss and gradient by its target's weight (a mean divides by the weights' sum), and
+    beside label smoothing weight its term per class, as torch's: the row kernels then take
+    the weights as a column input, so [N, C, d1, ...] logits are moved to rows for them."""
     where = "fuser.torch.cross_entropy"
     check_float(where, "input", input)
     if reduction not in _cross_entropy.REDUCTIONS:
@@ -218,9 +219,10 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
                             f"move target to {input.device}")
     classes = input.shape[1 if input.dim() > 1 else 0]
     if weight is not None:
-        _check_class_weights(where, weight, classes, input, label_smoothing)
+        _check_class_weights(where, weight, classes, input)
     positions = math.prod(input.shape[2:])
-    if normalized_along_columns(classes, positions):
+    per_class = weight is not None and label_smoothing > 0  # a column input: rows only
+    if normalized_along_columns(classes, positions) and not per_class:
         logits, targets = input.reshape(input.shape[0], classes, positions), target.reshape(
             input.shape[0], positions)
     else:
@@ -231,10 +233,9 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
     return loss.reshape(target_shape) if reduction == "none" else loss
 
 
-def _check_class_weights(where: str, weight: Tensor, classes: int, input: Tensor,
-                         label_smoothing: float) -> None:
+def _check_class_weights(where: str, weight: Tensor, classes: int, input: Tensor) -> None:
     """Class weights fuser takes: [C] of a float dtype on the logits' device, needing no
-    gradient (torch's loss has no derivative for them), without label smoothing."""
+    gradient (torch's loss has no derivative for them)."""
     check_float(where, "weight", weight)
     if tuple(weight.shape) != (classes,):
         raise BadInputError(f"{where}: weight has shape {list(weight.shape)}; class weights "
@@ -245,7 +246,3 @@ def _check_class_weights(where: str, weight: Tensor, classes: int, input: Tensor
     if weight.requires_grad and torch.is_grad_enabled():
         raise BadInputError(f"{where}: weight requires a gradient, which the loss has no "
                             "derivative for (torch's has none either); pass weight.detach()")
-    if label_smoothing > 0:
-        raise BadInputError(
-            f"{where}: class weights with label_smoothing={label_smoothing} are not supported; "
-            "pass label_smoothing=0.0 or weight=None, or use torch.nn.functional.cross_entropy")

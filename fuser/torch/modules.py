@@ -148,8 +148,7 @@ class DropoutAddLayerNorm(torch.nn.Module):
 
 class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
     """torch.nn.CrossEntropyLoss of logits and class indices on fuser's kernels
-    (fuser.torch.functional.cross_entropy): its constructor and state; class weights beside
-    label smoothing are refused when it is called."""
+    (fuser.torch.functional.cross_entropy): its constructor and state."""
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return F.cross_entropy(input, target, self.weight, self.ignore_index, self.reduction,
