@@ -152,9 +152,9 @@ def _row_gradient(grad: Tensor, valid: Tensor, weight: Tensor | None, weights: T
                   ) -> _RowGradient:
     """The rows' _RowGradient for the loss's gradient `grad` (a mean's divided by `count`,
     _count's; 0 for an ignored row). Without class weights: scale s, shift smoothing /
-    classes, hot s * (1 - smoothing). With them, s * w[t] where torch's loss has w[t], and
-    beside label smoothing the smoothing term's derivative, s * smoothing / classes *
-    (sum(w) * softmax - w)."""
+    classes, off s * (shift + 1 - smoothing). With them, s * w[t] where torch's loss has
+    w[t], and beside label smoothing the smoothing term's derivative, s * smoothing / classes
+    * (sum(w) * softmax - w)."""
     s = grad.to(dtype)
     if count is not None:
         s = s / count
