@@ -61,52 +61,63 @@ def _picked(x: Tensor, target: Tensor, valid: Tensor, dtype: torch.dtype) -> tup
     return index, x.gather(1, index).squeeze(1).to(dtype)
 
 
-def _row_statistics(x: Tensor, row_sums: bool, weight: Tensor | None
+@dataclass(frozen=True)
+class _ClassWeights:
+    """A call's class weights in the compute type, taken once: per class (what the kernels
+    read beside label smoothing), at each row's target (an ignored row's read at class 0 and
+    masked by its users) and their total (label smoothing's sum(w))."""
+
+    per_class: Tensor
+    per_row: Tensor
+    total: Tensor
+
+
+def _class_weights(weight: Tensor | None, target: Tensor, valid: Tensor, dtype: torch.dtype
+                   ) -> _ClassWeights | None:
+    """The call's _ClassWeights, None without class weights."""
+    if weight is None:
+        return None
+    per_class = weight.to(dtype)
+    return _ClassWeights(per_class, per_class[torch.where(valid, target, 0)], per_class.sum())
+
+
+def _row_statistics(x: Tensor, row_sums: bool, weights: _ClassWeights | None
                     ) -> tuple[Tensor, Tensor | None]:
-    """Each row's log-sum-exp (_positions) and, where `row_sums`, its sum (of x * weight with
+    """Each row's log-sum-exp (_positions) and, where `row_sums`, its sum (of x * w with
     class weights) or None, in the compute type: one fuser kernel over the logits."""
-    positions, dtype = _positions(x), _compute(x)
+    positions = _positions(x)
     if x.numel() == 0:  # fuser refuses empty tensors: no row, nothing to reduce
-        empty = x.new_empty(positions, dtype=dtype)
+        empty = x.new_empty(positions, dtype=_compute(x))
         return empty, empty if row_sums else None
-    inputs = [x] if weight is None or not row_sums else [x, weight.to(dtype)]
+    per_class = weights.per_class if row_sums and weights is not None else None
     fd = _fusions.logsumexp_forward(fuser_dtype(x.dtype), row_sums, x.dim() == 3,
-                                    len(inputs) > 1)
-    outs = _fusions.run(fd, inputs)
+                                    per_class is not None)
+    outs = _fusions.run(fd, [x] if per_class is None else [x, per_class])
     return outs[0].view(positions), outs[1].view(positions) if row_sums else None
 
 
-def _row_weights(weight: Tensor | None, target: Tensor, valid: Tensor, dtype: torch.dtype
-                 ) -> Tensor | None:
-    """Each row's class weight, weight[target] in `dtype` (None without class weights; an
-    ignored row's is read at class 0 and masked by its users)."""
-    if weight is None:
-        return None
-    return weight.to(dtype)[torch.where(valid, target, 0)]
-
-
-def _count(valid: Tensor, weights: Tensor | None, reduction: str) -> Tensor | None:
+def _count(valid: Tensor, weights: _ClassWeights | None, reduction: str) -> Tensor | None:
     """What a mean divides by: the rows not ignored, or with class weights the sum of their
     weights (torch's weighted mean); None for the other reductions."""
     if reduction != "mean":
         return None
-    return valid.sum() if weights is None else torch.where(valid, weights, 0).sum()
+    return valid.sum() if weights is None else torch.where(valid, weights.per_row, 0).sum()
 
 
 def _loss(lse: Tensor, sums: Tensor | None, logit: Tensor, valid: Tensor,
-          weight: Tensor | None, weights: Tensor | None, count: Tensor | None, classes: int,
-          smoothing: float, reduction: str) -> Tensor:
-    """The loss from each row's log-sum-exp, sum (where labels are smoothed; of x * weight
-    with class weights), target logit and class weight (_row_weights), in the compute type:
-    [rows] where reduction is 'none', else a scalar (a mean divided by `count`, _count's).
-    With class weights, torch's: (1 - smoothing) * w[t] * (lse - x[t]) + smoothing *
-    (sum(w) * lse - sum(w * x)) / classes."""
+          weights: _ClassWeights | None, count: Tensor | None, classes: int, smoothing: float,
+          reduction: str) -> Tensor:
+    """The loss from each row's log-sum-exp, sum (where labels are smoothed; of x * w with
+    class weights), target logit and class weight, in the compute type: [rows] where
+    reduction is 'none', else a scalar (a mean divided by `count`, _count's). With class
+    weights, torch's: (1 - smoothing) * w[t] * (lse - x[t]) + smoothing * (sum(w) * lse -
+    sum(w * x)) / classes."""
     losses = lse - logit
     if weights is not None:
-        losses = losses * weights
+        losses = losses * weights.per_row
     if sums is not None:
-        smooth = (lse - sums / classes if weight is None or weights is None
-                  else (weight.to(lse.dtype).sum() * lse - sums) / classes)
+        smooth = (lse - sums / classes if weights is None
+                  else (weights.total * lse - sums) / classes)
         losses = (1 - smoothing) * losses + smoothing * smooth
     losses = torch.where(valid, losses, 0)
     if reduction == "none":
@@ -121,11 +132,11 @@ def _cross_entropy(x: Tensor, target: Tensor, weight: Tensor | None, ignore_inde
     else a scalar), and each row's log-sum-exp [rows] in the compute type; for x
     [G, classes, H], target, losses and log-sum-exps [G, H]."""
     x = x.contiguous()
-    lse, sums = _row_statistics(x, smoothing > 0, weight)
     valid = target != ignore_index
+    weights = _class_weights(weight, target, valid, _compute(x))
+    lse, sums = _row_statistics(x, smoothing > 0, weights)
     _, logit = _picked(x, target, valid, lse.dtype)
-    weights = _row_weights(weight, target, valid, lse.dtype)
-    loss = _loss(lse, sums, logit, valid, weight, weights, _count(valid, weights, reduction),
+    loss = _loss(lse, sums, logit, valid, weights, _count(valid, weights, reduction),
                  x.shape[1], smoothing, reduction)
     return loss.to(x.dtype), lse
 
@@ -134,20 +145,33 @@ def _cross_entropy(x: Tensor, target: Tensor, weight: Tensor | None, ignore_inde
 class _RowGradient:
     """How the kernels write each row's gradient: scale * (softmax - shift) for a scalar
     shift (label smoothing's share of each class), or, with class weights beside label
-    smoothing, scale * softmax - shift * weight for a shift per row; and `off` [rows], what
-    the row's target element has less than scale * softmax, its own shift and the one-hot
-    term together."""
+    smoothing, scale * softmax - shift * per_class for a shift per row; and `off` [rows],
+    what the row's target element has less than scale * softmax, its own shift and the
+    one-hot term together."""
 
     scale: Tensor
     shift: Tensor | float
     off: Tensor
+    per_class: Tensor | None = None  # the class weights the shift multiplies, if any
+
+    @property
+    def weighted(self) -> bool:
+        """Whether the kernels take the weighted form (cross_entropy_backward's `weighted`)."""
+        return self.per_class is not None
+
+    def kernel_inputs(self) -> list:
+        """The kernels' inputs after x (and lse): the scale, the shift, the class weights."""
+        scale = self.scale.unsqueeze(1)
+        if isinstance(self.shift, float) or self.per_class is None:
+            return [scale, self.shift]
+        return [scale, self.shift.unsqueeze(1), self.per_class]
 
     def at_target(self, logit: Tensor, lse: Tensor) -> Tensor:
         """Each row's gradient at its target element, in the compute type."""
         return self.scale * torch.exp(logit - lse) - self.off
 
 
-def _row_gradient(grad: Tensor, valid: Tensor, weight: Tensor | None, weights: Tensor | None,
+def _row_gradient(grad: Tensor, valid: Tensor, weights: _ClassWeights | None,
                   count: Tensor | None, classes: int, smoothing: float, dtype: torch.dtype
                   ) -> _RowGradient:
     """The rows' _RowGradient for the loss's gradient `grad` (a mean's divided by `count`,
@@ -159,23 +183,15 @@ def _row_gradient(grad: Tensor, valid: Tensor, weight: Tensor | None, weights: T
     if count is not None:
         s = s / count
     s = torch.where(valid, s, 0)
-    if weight is None or weights is None:
+    if weights is None:
         shift = smoothing / classes
         return _RowGradient(s, shift, s * (shift + 1 - smoothing))
-    nll = s * weights * (1 - smoothing)
+    nll = s * weights.per_row * (1 - smoothing)
     if smoothing == 0:
         return _RowGradient(nll, 0.0, nll)
     share = s * (smoothing / classes)
-    return _RowGradient(nll + share * weight.to(dtype).sum(), share, share * weights + nll)
-
-
-def _gradient_kernel_inputs(rows: _RowGradient, weight: Tensor | None, dtype: torch.dtype
-                            ) -> tuple[bool, list]:
-    """(weighted, the inputs after x and before any lse): the scale and shift as the kernels
-    take them, and the class weights where the shift is per row."""
-    if isinstance(rows.shift, float) or weight is None:
-        return False, [rows.scale.unsqueeze(1), rows.shift]
-    return True, [rows.scale.unsqueeze(1), rows.shift.unsqueeze(1), weight.to(dtype)]
+    return _RowGradient(nll + share * weights.total, share, share * weights.per_row + nll,
+                        weights.per_class)
 
 
 def _cross_entropy_backward(grad: Tensor, x: Tensor, target: Tensor, weight: Tensor | None,
@@ -187,12 +203,11 @@ def _cross_entropy_backward(grad: Tensor, x: Tensor, target: Tensor, weight: Ten
     if x.numel() == 0:
         return torch.empty_like(x)
     valid = target != ignore_index
-    weights = _row_weights(weight, target, valid, lse.dtype)
-    rows = _row_gradient(grad, valid, weight, weights, _count(valid, weights, reduction),
-                         x.shape[1], smoothing, lse.dtype)
-    weighted, scales = _gradient_kernel_inputs(rows, weight, lse.dtype)
-    fd = _fusions.cross_entropy_backward(fuser_dtype(x.dtype), x.dim() == 3, weighted)
-    (out,) = _fusions.run(fd, [x, lse.unsqueeze(1), *scales])
+    weights = _class_weights(weight, target, valid, lse.dtype)
+    rows = _row_gradient(grad, valid, weights, _count(valid, weights, reduction), x.shape[1],
+                         smoothing, lse.dtype)
+    fd = _fusions.cross_entropy_backward(fuser_dtype(x.dtype), x.dim() == 3, rows.weighted)
+    (out,) = _fusions.run(fd, [x, lse.unsqueeze(1), *rows.kernel_inputs()])
     index, logit = _picked(x, target, valid, lse.dtype)
     return _with_one_hot(out, index, rows.at_target(logit, lse))
 
@@ -275,19 +290,17 @@ def _loss_and_gradient(x: Tensor, target: Tensor, weight: Tensor | None, ignore_
     classes, positions = x.shape[1], _positions(x)
     dtype = _compute(x)
     valid = target != ignore_index
-    weights = _row_weights(weight, target, valid, dtype)
+    weights = _class_weights(weight, target, valid, dtype)
     count = _count(valid, weights, reduction)
-    rows = _row_gradient(valid.new_ones((), dtype=dtype), valid, weight, weights, count,
-                         classes, smoothing, dtype)
-    weighted, scales = _gradient_kernel_inputs(rows, weight, dtype)
+    rows = _row_gradient(valid.new_ones((), dtype=dtype), valid, weights, count, classes,
+                         smoothing, dtype)
     fd = _fusions.cross_entropy_forward_gradient(fuser_dtype(x.dtype), smoothing > 0,
-                                                 x.dim() == 3, weighted)
-    outs = _fusions.run(fd, [x, *scales])
+                                                 x.dim() == 3, rows.weighted)
+    outs = _fusions.run(fd, [x, *rows.kernel_inputs()])
     lse, grad = outs[0].view(positions), outs[-1]
     sums = outs[1].view(positions) if smoothing > 0 else None
     index, logit = _picked(x, target, valid, dtype)
-    loss = _loss(lse, sums, logit, valid, weight, weights, count, classes, smoothing,
-                 reduction)
+    loss = _loss(lse, sums, logit, valid, weights, count, classes, smoothing, reduction)
     return loss.to(x.dtype), _with_one_hot(grad, index, rows.at_target(logit, lse))
 
 

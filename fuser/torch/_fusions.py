@@ -192,8 +192,9 @@ def _operand(fd: FusionDefinition, dtype: DataType, columns: bool):
     or, for `columns`, [G, N, H] normalized along N in each of G groups (torch's dim with the
     dims before it flattened into G and those after it into H), which fuser runs as one
     outer kernel with a grid row of clusters per group, reading x where it lies."""
-    rank = 3 if columns else 2
-    return fd.define_tensor(shape=[-1] * rank, contiguity=[True] * rank, dtype=dtype)
+    if not columns:
+        return _matrix(fd, dtype)
+    return fd.define_tensor(shape=[-1] * 3, contiguity=[True] * 3, dtype=dtype)
 
 
 def _statistic(fd: FusionDefinition, dtype: DataType, columns: bool):

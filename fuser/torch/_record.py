@@ -26,10 +26,8 @@ import torch
 
 from fuser.dtypes import DataType
 from fuser.frontend import FusionDefinition
-from fuser.torch._support import TORCH_DTYPES
+from fuser.torch._support import INPUT_DTYPES
 
-_DTYPES = {**{t: d for d, t in TORCH_DTYPES.items()}, torch.bool: DataType.Bool,
-           torch.int32: DataType.Int32, torch.int64: DataType.Int64}
 _open: list[list[FusionCall]] = []  # the recordings now open, innermost last
 _lock = threading.Lock()
 
@@ -75,7 +73,7 @@ def _call(fd: FusionDefinition, inputs: Sequence[Any]) -> FusionCall:
     for x in inputs:
         if isinstance(x, torch.Tensor):
             shapes.append(tuple(x.shape))
-            dtypes.append(_DTYPES[x.dtype])
+            dtypes.append(INPUT_DTYPES[x.dtype])
             device = x.device.index if x.is_cuda else device
         else:
             shapes.append(None)

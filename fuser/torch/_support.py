@@ -15,6 +15,10 @@ _ALLOWED = "torch.bfloat16, torch.float16, torch.float32, torch.float64"
 
 
 _FUSER_DTYPES = {t: d for d, t in TORCH_DTYPES.items()}
+# every torch dtype a fusion's input may have: the floats fuser.torch computes on, and the
+# masks and indices beside them (fuser.torch.recorded names each input's)
+INPUT_DTYPES = {**_FUSER_DTYPES, torch.bool: DataType.Bool, torch.int32: DataType.Int32,
+                torch.int64: DataType.Int64}
 
 
 def fuser_dtype(dtype: torch.dtype, where: str = "fuser.torch", name: str = "a tensor") -> DataType:
